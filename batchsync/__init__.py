@@ -1,0 +1,25 @@
+"""batchsync: call an API many times from plain Python, bounded and retried, one result each."""
+
+import logging
+
+from .api import fetch_all, run_all
+from .backoff import Backoff
+from .classify import Retryable
+from .result import AttemptRecord, Result, ResultSet, Summary
+from .spec import RequestSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttemptRecord",
+    "Backoff",
+    "RequestSpec",
+    "Result",
+    "ResultSet",
+    "Retryable",
+    "Summary",
+    "fetch_all",
+    "run_all",
+]
+
+logging.getLogger("batchsync").addHandler(logging.NullHandler())

@@ -1,0 +1,136 @@
+"""The one-call forms: ``run_all`` for any blocking callable, ``fetch_all`` for HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sized
+from functools import partial
+from typing import Any
+
+from .backoff import Backoff
+from .classify import Verdict, classify_raised, is_transient, success
+from .engine import Engine, Job, Task
+from .fetch import HttpJob
+from .options import EngineOptions, Expect, FetchOptions, build
+from .progress import Progress, wanted
+from .result import Result, ResultSet
+from .spec import item_label
+from .transport import SessionSource, Transport
+
+
+class _Collector:
+    """Keeps Results by index; safe to call from any worker thread."""
+
+    def __init__(self) -> None:
+        self._by_index: dict[int, Result] = {}
+
+    def __call__(self, result: Result) -> None:
+        self._by_index[result.index] = result
+
+    def in_order(self) -> list[Result]:
+        return [self._by_index[index] for index in range(len(self._by_index))]
+
+
+def _run(
+    job: Job, items: Iterable[object], options: EngineOptions, progress: bool | None
+) -> ResultSet:
+    collector = _Collector()
+    total = len(items) if isinstance(items, Sized) else None
+    started = time.monotonic()
+    with Progress(total, wanted(progress)) as bar:
+
+        def deliver(result: Result) -> None:
+            collector(result)
+            bar(result)
+
+        Engine(options).run(job, items, deliver)
+    return ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
+
+
+class CallJob:
+    """Runs a blocking callable per item; an attempt is one call, which cannot be cut short."""
+
+    timeout = None
+
+    def __init__(self, fn: Callable[[Any], Any], retry_if: Callable[[BaseException], bool]) -> None:
+        self._fn = fn
+        self._retry_if = retry_if
+
+    def prepare(self, item: object) -> Task:
+        url, item_id = item_label(item)
+        return Task(url, item_id, partial(self._call, item))
+
+    def _call(self, item: object, bound: float | None) -> Verdict:
+        try:
+            return success(self._fn(item))
+        except Exception as exc:  # the caller's errors become Results, never crashes
+            return classify_raised(exc, self._retry_if)
+
+
+def run_all(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    concurrency: int = 4,
+    attempts: int = 3,
+    budget: float = 60.0,
+    deadline: float | None = None,
+    retry_if: Callable[[BaseException], bool] | None = None,
+    backoff: Backoff = Backoff(),  # noqa: B008 - immutable
+    progress: bool | None = None,
+) -> ResultSet:
+    """Call ``fn(item)`` for every item with bounded concurrency and retries.
+
+    ``rs[i].data`` is what ``fn`` returned for ``items[i]``. An exception for which
+    ``retry_if`` is true (by default: timeouts, connection errors, ``Retryable``) is retried;
+    any other ends the item as a failure. Nothing ``fn`` raises escapes ``run_all``.
+    """
+    options = build(
+        EngineOptions,
+        concurrency=concurrency,
+        attempts=attempts,
+        budget=budget,
+        deadline=deadline,
+        backoff=backoff,
+    )
+    return _run(CallJob(fn, retry_if or is_transient), items, options, progress)
+
+
+def fetch_all(
+    items: Iterable[str | Mapping[str, Any]],
+    *,
+    concurrency: int = 10,
+    attempts: int = 3,
+    timeout: float = 10.0,
+    budget: float = 60.0,
+    deadline: float | None = None,
+    expect: Expect = "json",
+    headers: Mapping[str, str] | None = None,
+    session: SessionSource | None = None,
+    max_bytes: int = 32 * 2**20,
+    backoff: Backoff = Backoff(),  # noqa: B008 - immutable
+    progress: bool | None = None,
+) -> ResultSet:
+    """Fetch every item (a URL or a request mapping) and return one Result per item, in order.
+
+    ``headers`` go on every request and are treated as secrets: never logged, never sent to
+    another host on a redirect.
+    """
+    options = build(
+        FetchOptions,
+        concurrency=concurrency,
+        attempts=attempts,
+        timeout=timeout,
+        budget=budget,
+        deadline=deadline,
+        expect=expect,
+        headers=headers,
+        session=session,
+        max_bytes=max_bytes,
+        backoff=backoff,
+    )
+    transport = Transport(options.session, options.concurrency, secret_headers=headers or ())
+    try:
+        return _run(HttpJob(options, transport), items, options, progress)
+    finally:
+        transport.close()

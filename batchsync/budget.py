@@ -1,0 +1,42 @@
+"""Budget arithmetic: how much time an item may still spend, and which limit runs out first.
+
+All instants are readings of one monotonic clock; nothing here reads the clock itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Limit = Literal["budget", "deadline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """The two instants an item must finish by: its own budget's end and the batch deadline."""
+
+    budget_end: float
+    deadline_end: float | None = None
+
+    def tightest(self, now: float) -> tuple[float, Limit]:
+        """Seconds left before the nearest limit, and which limit that is."""
+        left = self.budget_end - now
+        if self.deadline_end is not None and self.deadline_end - now <= left:
+            return self.deadline_end - now, "deadline"
+        return left, "budget"
+
+    def attempt_bound(self, timeout: float, now: float) -> tuple[float, Limit | None]:
+        """How long the next attempt may run: min(timeout, budget left, deadline left).
+
+        Also says which limit set the bound (None when the attempt's own timeout did), so
+        that an attempt cut short by the budget or deadline is reported as such.
+        """
+        left, limit = self.tightest(now)
+        if timeout < left:
+            return timeout, None
+        return left, limit
+
+    def refuses_wait(self, wait: float, now: float) -> Limit | None:
+        """The limit that a wait of ``wait`` seconds would leave no time under, else None."""
+        left, limit = self.tightest(now)
+        return limit if wait >= left else None

@@ -1,0 +1,162 @@
+"""What one attempt's outcome means: success, worth retrying, or final.
+
+Pure functions of a status code, a header value or an exception; the engine acts on the Verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import requests
+import urllib3.exceptions
+
+from .backoff import parse_retry_after
+
+Outcome = Literal["success", "retry", "terminal"]
+
+ErrorKind = Literal[
+    "status",
+    "timeout",
+    "connection",
+    "invalid_body",
+    "invalid_request",
+    "redirect",
+    "budget",
+    "deadline",
+    "circuit_open",
+    "cancelled",
+    "exception",
+]
+
+RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one attempt, as the engine needs to see it."""
+
+    outcome: Outcome
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    status_code: int | None = None
+    data: Any = None
+    retry_after: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+def success(data: Any, status_code: int | None = None) -> Verdict:
+    return Verdict("success", status_code=status_code, data=data)
+
+
+def terminal(kind: ErrorKind, error: str, status_code: int | None = None) -> Verdict:
+    return Verdict("terminal", kind, error, status_code)
+
+
+def retry(
+    kind: ErrorKind, error: str, status_code: int | None = None, retry_after: float | None = None
+) -> Verdict:
+    return Verdict("retry", kind, error, status_code, retry_after=retry_after)
+
+
+class Retryable(Exception):
+    """Raise from a ``run_all`` callable to have the item retried.
+
+    ``retry_after`` (seconds) is a floor under the next wait, like an HTTP Retry-After.
+    """
+
+    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def classify_status(status_code: int, retry_after: str | None, now: float) -> Verdict | None:
+    """None for a 2xx (the body decides); otherwise a retry or terminal Verdict.
+
+    ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for HTTP-dates.
+    """
+    if 200 <= status_code < 300:
+        return None
+    error = f"HTTP {status_code}"
+    if status_code in RETRYABLE_STATUSES:
+        return retry("status", error, status_code, parse_retry_after(retry_after, now))
+    return terminal("status", error, status_code)
+
+
+def describe(exc: BaseException) -> str:
+    """One short line for an exception: its type and the innermost reason it carries."""
+    reason: BaseException = exc
+    # requests wraps urllib3's MaxRetryError, which wraps the real cause in `.reason`.
+    for _ in range(4):
+        inner = getattr(reason, "reason", None)
+        if isinstance(inner, BaseException):
+            reason = inner
+        elif reason.args and isinstance(reason.args[0], BaseException):
+            reason = reason.args[0]
+        else:
+            break
+    text = (str(reason) or type(reason).__name__).rstrip(".")
+    if "): " in text and "Pool(" in text:
+        text = text.split("): ", 1)[1]
+    return f"{type(exc).__name__}: {text}"
+
+
+def classify_http_exception(exc: Exception) -> Verdict:
+    """Map an exception raised while sending a request or reading its body to a Verdict."""
+    error = describe(exc)
+    # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return retry("connection", error)
+    if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
+        return retry("timeout", error)
+    if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError):
+        return terminal("connection", error)
+    if isinstance(exc, requests.TooManyRedirects):
+        return terminal("redirect", error)
+    if isinstance(
+        exc,
+        requests.exceptions.InvalidURL
+        | requests.exceptions.MissingSchema
+        | requests.exceptions.InvalidSchema
+        | requests.exceptions.InvalidHeader
+        | requests.exceptions.InvalidJSONError,
+    ):
+        return terminal("invalid_request", error)
+    if isinstance(exc, requests.exceptions.ContentDecodingError | urllib3.exceptions.DecodeError):
+        return terminal("invalid_body", error)
+    if isinstance(
+        exc,
+        requests.ConnectionError
+        | requests.exceptions.ChunkedEncodingError
+        | urllib3.exceptions.ProtocolError
+        | ConnectionError,
+    ):
+        return retry("connection", error)
+    return terminal("exception", error)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The default ``retry_if`` of ``run_all``: timeouts, connection errors and Retryable."""
+    return isinstance(
+        exc,
+        Retryable | TimeoutError | ConnectionError | requests.Timeout | requests.ConnectionError,
+    )
+
+
+def classify_raised(exc: Exception, retry_if: Callable[[BaseException], bool]) -> Verdict:
+    """Map an exception raised by a ``run_all`` callable to a Verdict."""
+    if isinstance(exc, TimeoutError | requests.Timeout):
+        kind: ErrorKind = "timeout"
+    elif isinstance(exc, ConnectionError | requests.ConnectionError):
+        kind = "connection"
+    else:
+        kind = "exception"
+    error = describe(exc)
+    if retry_if(exc):
+        retry_after = exc.retry_after if isinstance(exc, Retryable) else None
+        return retry(kind, error, retry_after=retry_after)
+    return terminal(kind, error)

@@ -1,0 +1,253 @@
+"""The generic engine: items through a thread pool, one worker per item from claim to Result.
+
+The main thread reads the input lazily and keeps at most ``2 * concurrency`` items handed to
+the pool and unfinished, so memory does not grow with the input. Each worker carries one item
+through its attempts, waits and give-up decisions, and delivers exactly one Result.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from .budget import Allowance
+from .classify import ErrorKind, Verdict, describe
+from .options import EngineOptions
+from .result import AttemptRecord, Result
+from .spec import InvalidItem, item_label
+
+log = logging.getLogger("batchsync")
+
+Deliver = Callable[[Result], None]
+
+_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """An item made ready to run: what to report it as, and how to make one attempt.
+
+    ``attempt(bound)`` makes one try that should end within ``bound`` seconds (None: no bound)
+    and says what came of it. ``max_attempts`` lowers the batch's attempts for this item, and
+    ``no_retry_reason`` says why.
+    """
+
+    url: str | None
+    id: Any
+    attempt: Callable[[float | None], Verdict]
+    max_attempts: int | None = None
+    no_retry_reason: str | None = None
+
+
+class Job(Protocol):
+    """What the engine runs: turns items into Tasks. ``timeout`` caps each attempt."""
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    def prepare(self, item: object) -> Task:
+        """A Task for the item; raises InvalidItem when it cannot be run at all."""
+        ...
+
+
+def _plural(count: int) -> str:
+    return f"{count} attempt" if count == 1 else f"{count} attempts"
+
+
+class Engine:
+    """Runs a Job over items with bounded concurrency; see the module docstring."""
+
+    def __init__(
+        self,
+        options: EngineOptions,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.options = options
+        self._clock = clock
+        self._rand = rand
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Take no new items; items waiting to retry end as ``cancelled``."""
+        self._stop.set()
+
+    def run(self, job: Job, items: Iterable[object], deliver: Deliver) -> None:
+        """Deliver one Result per item (from worker threads, in completion order)."""
+        options = self.options
+        self._stop.clear()
+        started = self._clock()
+        deadline_end = None if options.deadline is None else started + options.deadline
+        window_size = 2 * options.concurrency
+        window = threading.Semaphore(window_size)
+        failures: list[BaseException] = []
+
+        def work(index: int, item: object) -> None:
+            try:
+                deliver(self._carry_safely(job, index, item, deadline_end))
+            except BaseException as exc:  # a sink failed: stop the run and report it
+                failures.append(exc)
+                self._stop.set()
+            finally:
+                window.release()
+
+        pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
+        try:
+            for index, item in enumerate(items):
+                if self._stop.is_set():
+                    break
+                if deadline_end is not None and self._clock() >= deadline_end:
+                    deliver(self._unstarted(index, item, "deadline"))
+                    continue
+                self._acquire(window)
+                pool.submit(work, index, item)
+            for _ in range(window_size):
+                self._acquire(window)
+        except BaseException:
+            self._stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if failures:
+            raise failures[0]
+
+    def _acquire(self, window: threading.Semaphore) -> None:
+        # A timed wait keeps the main thread responsive to Ctrl-C.
+        while not window.acquire(timeout=_POLL_SECONDS):
+            pass
+
+    def _unstarted(self, index: int, item: object, kind: ErrorKind) -> Result:
+        url, item_id = item_label(item)
+        reason = {
+            "deadline": "batch deadline passed before the item started",
+            "cancelled": "batch stopped before the item started",
+        }.get(kind, kind)
+        return Result(index, url, False, item_id, error_kind=kind, error=reason)
+
+    def _carry_safely(
+        self, job: Job, index: int, item: object, deadline_end: float | None
+    ) -> Result:
+        try:
+            return self._carry(job, index, item, deadline_end)
+        except Exception as exc:  # a bug must not cost the item its Result
+            log.exception("internal error on item %d", index)
+            url, item_id = item_label(item)
+            return Result(
+                index,
+                url,
+                False,
+                item_id,
+                error_kind="exception",
+                error=f"internal error: {describe(exc)}",
+            )
+
+    def _carry(self, job: Job, index: int, item: object, deadline_end: float | None) -> Result:
+        """Claim to final Result: attempts, classification, waits and give-up decisions."""
+        claimed = self._clock()
+        if deadline_end is not None and claimed >= deadline_end:
+            return self._unstarted(index, item, "deadline")
+        if self._stop.is_set():
+            return self._unstarted(index, item, "cancelled")
+        try:
+            task = job.prepare(item)
+        except InvalidItem as exc:
+            url, item_id = item_label(item)
+            return Result(
+                index,
+                url,
+                False,
+                item_id,
+                error_kind="invalid_request",
+                error=str(exc),
+                elapsed=self._clock() - claimed,
+            )
+        allowance = Allowance(claimed + self.options.budget, deadline_end)
+        max_attempts = min(self.options.attempts, task.max_attempts or self.options.attempts)
+        records: list[AttemptRecord] = []
+
+        def finish(verdict: Verdict, error: str | None = None) -> Result:
+            return Result(
+                index=index,
+                url=task.url,
+                ok=verdict.ok,
+                id=task.id,
+                status_code=verdict.status_code,
+                attempts=len(records),
+                error_kind=verdict.error_kind,
+                error=error if error is not None else verdict.error,
+                data=verdict.data,
+                elapsed=self._clock() - claimed,
+                attempt_log=tuple(records),
+            )
+
+        last: Verdict | None = None
+        while True:
+            began = self._clock()
+            left, nearest = allowance.tightest(began)
+            if left <= 0:
+                return self._out_of_time(finish, last, nearest)
+            bound, limit = (
+                (None, None) if job.timeout is None else allowance.attempt_bound(job.timeout, began)
+            )
+            verdict = task.attempt(bound)
+            ended = self._clock()
+            if verdict.error_kind == "timeout" and limit is not None:
+                verdict = replace(
+                    verdict,
+                    outcome="terminal",
+                    error_kind=limit,
+                    error=f"{verdict.error} (cut short by the {limit})",
+                )
+            number = len(records) + 1
+            record = AttemptRecord(number, verdict.status_code, verdict.error_kind, ended - began)
+            last = verdict
+            if verdict.outcome != "retry" or number >= max_attempts:
+                records.append(record)
+                limited_by_task = max_attempts < self.options.attempts
+                return finish(verdict, self._final_error(verdict, number, task, limited_by_task))
+            wait = self.options.backoff.wait(number, verdict.retry_after, self._rand())
+            refused = allowance.refuses_wait(wait, ended)
+            if refused is not None:
+                records.append(record)
+                return finish(
+                    replace(verdict, error_kind=refused),
+                    f"{verdict.error} after {_plural(number)}; the next try in {wait:.2f} s "
+                    f"would pass the {refused}",
+                )
+            records.append(replace(record, wait=wait))
+            log.debug("retrying %s in %.2f s after %s", task.url, wait, verdict.error)
+            if self._stop.wait(wait):
+                return finish(
+                    replace(verdict, error_kind="cancelled"),
+                    f"{verdict.error} after {_plural(number)}; stopped while waiting to retry",
+                )
+
+    @staticmethod
+    def _final_error(
+        verdict: Verdict, number: int, task: Task, limited_by_task: bool
+    ) -> str | None:
+        if verdict.ok:
+            return None
+        if verdict.outcome == "retry" and limited_by_task and task.no_retry_reason:
+            return f"{verdict.error} after {_plural(number)} ({task.no_retry_reason})"
+        if verdict.outcome == "retry" or number > 1:
+            return f"{verdict.error} after {_plural(number)}"
+        return verdict.error
+
+    @staticmethod
+    def _out_of_time(
+        finish: Callable[[Verdict, str | None], Result], last: Verdict | None, limit: ErrorKind
+    ) -> Result:
+        if last is None:
+            return finish(Verdict("terminal", limit), f"no time left in the {limit}")
+        return finish(
+            replace(last, outcome="terminal", error_kind=limit),
+            f"{last.error}; no time left in the {limit} for another try",
+        )

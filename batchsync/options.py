@@ -1,0 +1,55 @@
+"""Validated options: every bad value is refused here, before any request is sent."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import requests
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .backoff import Backoff
+from .spec import one_line
+
+Expect = Literal["json", "text", "bytes"] | type[BaseModel]
+
+
+class EngineOptions(BaseModel):
+    """What every batch takes: how many at once, how many tries, how much time."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
+    )
+
+    concurrency: int = Field(default=10, ge=1)
+    attempts: int = Field(default=3, ge=1)
+    budget: float = Field(default=60.0, gt=0)
+    deadline: float | None = Field(default=None, gt=0)
+    backoff: Backoff = Backoff()
+
+
+class FetchOptions(EngineOptions):
+    """What an HTTP batch adds: per-attempt timeout, body handling, headers and session."""
+
+    timeout: float = Field(default=10.0, gt=0)
+    expect: Expect = "json"
+    headers: dict[str, str] | None = None
+    max_bytes: int = Field(default=32 * 2**20, ge=1)
+    session: Any = None
+
+    @field_validator("session")
+    @classmethod
+    def _session_or_factory(cls, value: object) -> object:
+        if value is None or isinstance(value, requests.Session) or callable(value):
+            return value
+        raise ValueError("must be a requests.Session or a zero-argument factory of one")
+
+
+OptionsT = TypeVar("OptionsT", bound=EngineOptions)
+
+
+def build(model: type[OptionsT], **values: Any) -> OptionsT:
+    """Validate options, turning pydantic's report into one ValueError line."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        raise ValueError(f"invalid option: {one_line(exc)}") from None

@@ -1,0 +1,224 @@
+"""What happened to each item: Result, its attempt log, and the ResultSet a batch returns."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+from pydantic import BaseModel
+
+from .classify import ErrorKind
+
+if TYPE_CHECKING:
+    import pandas
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt: its number, what came back, how long it took and the wait that followed."""
+
+    attempt: int
+    status_code: int | None
+    error_kind: ErrorKind | None
+    elapsed: float
+    wait: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "status_code": self.status_code,
+            "error_kind": self.error_kind,
+            "elapsed": round(self.elapsed, 6),
+            "wait": None if self.wait is None else round(self.wait, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The final outcome of one input item (the fields of the design's Result table)."""
+
+    index: int
+    url: str | None
+    ok: bool
+    id: Any = None
+    status_code: int | None = None
+    attempts: int = 0
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    data: Any = None
+    elapsed: float = 0.0
+    attempt_log: tuple[AttemptRecord, ...] = field(default=())
+    fallback_used: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; a pydantic model in ``data`` becomes its JSON form."""
+        data = self.data
+        if isinstance(data, BaseModel):
+            data = data.model_dump(mode="json")
+        return {
+            "index": self.index,
+            "url": self.url,
+            "id": self.id,
+            "ok": self.ok,
+            "status_code": self.status_code,
+            "attempts": self.attempts,
+            "error_kind": self.error_kind,
+            "error": self.error,
+            "data": data,
+            "elapsed": round(self.elapsed, 6),
+            "attempt_log": [record.to_dict() for record in self.attempt_log],
+            "fallback_used": self.fallback_used,
+        }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts by outcome, error kind and status code, plus request totals."""
+
+    total: int
+    ok: int
+    failed: int
+    error_kinds: dict[str, int]
+    status_codes: dict[int, int]
+    requests_sent: int
+    elapsed: float | None = None
+
+    @property
+    def requests_per_second(self) -> float | None:
+        if not self.elapsed:
+            return None
+        return self.requests_sent / self.elapsed
+
+    def __str__(self) -> str:
+        parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
+        if self.error_kinds:
+            kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
+            parts.append(f"({kinds})")
+        line = " ".join(parts)
+        if self.elapsed is not None:
+            line += f"; {self.requests_sent} requests in {self.elapsed:.2f} s"
+            rate = self.requests_per_second
+            if rate is not None:
+                line += f" ({rate:.0f}/s)"
+        return line
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[str, object]] = [
+            ("items", self.total),
+            ("ok", self.ok),
+            ("failed", self.failed),
+        ]
+        rows += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
+        rows += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
+        rows.append(("requests sent", self.requests_sent))
+        if self.elapsed is not None:
+            rows.append(("elapsed (s)", f"{self.elapsed:.2f}"))
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
+            f"<td>{html.escape(str(value))}</td></tr>"
+            for name, value in rows
+        )
+        return f"<table>{body}</table>"
+
+
+def summarize(results: Sequence[Result], elapsed: float | None = None) -> Summary:
+    ok = sum(1 for result in results if result.ok)
+    kinds = Counter[str](r.error_kind for r in results if r.error_kind is not None)
+    codes = Counter(result.status_code for result in results if result.status_code is not None)
+    return Summary(
+        total=len(results),
+        ok=ok,
+        failed=len(results) - ok,
+        error_kinds=dict(kinds),
+        status_codes=dict(codes),
+        requests_sent=sum(result.attempts for result in results),
+        elapsed=elapsed,
+    )
+
+
+# pandas dtypes of the typed columns; nullable ones where a Result may hold None.
+COLUMN_TYPES = {
+    "index": "int64",
+    "ok": "bool",
+    "status_code": "Int64",
+    "attempts": "int64",
+    "error_kind": "string",
+    "error": "string",
+    "elapsed": "float64",
+    "fallback_used": "Int64",
+}
+
+
+class ResultSet(Sequence[Result]):
+    """The Results of a batch, one per input item, in input order."""
+
+    def __init__(self, results: Sequence[Result], elapsed: float | None = None) -> None:
+        self._results = list(results)
+        self.elapsed = elapsed
+
+    @overload
+    def __getitem__(self, index: int) -> Result: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Result]: ...
+    def __getitem__(self, index: int | slice) -> Result | list[Result]:
+        return self._results[index]
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self._results)
+
+    def __repr__(self) -> str:
+        return f"<ResultSet {self.summary()}>"
+
+    @property
+    def ok(self) -> list[Result]:
+        return [result for result in self._results if result.ok]
+
+    @property
+    def failed(self) -> list[Result]:
+        return [result for result in self._results if not result.ok]
+
+    def summary(self) -> Summary:
+        return summarize(self._results, self.elapsed)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row per item, columns as the Result fields (needs the ``pandas`` extra)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError(
+                "ResultSet.to_pandas() needs pandas: pip install 'batchsync[pandas]'"
+            ) from exc
+        frame: pandas.DataFrame = pd.DataFrame.from_records(
+            [result.to_dict() for result in self._results],
+            columns=list(Result.__dataclass_fields__),
+        )
+        typed: pandas.DataFrame = frame.astype(COLUMN_TYPES)
+        return typed
+
+    def _repr_html_(self) -> str:
+        summary = self.summary()._repr_html_()
+        failed = self.failed
+        failures = failed[:10]
+        if not failures:
+            return summary
+        rows = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(value))}</td>"
+                for value in (r.index, r.url, r.status_code, r.error_kind, r.error)
+            )
+            + "</tr>"
+            for r in failures
+        )
+        head = "".join(
+            f"<th>{name}</th>" for name in ("index", "url", "status", "error kind", "error")
+        )
+        more = len(failed) - len(failures)
+        note = f"<p>… and {more} more failures</p>" if more > 0 else ""
+        return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"

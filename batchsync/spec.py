@@ -1,0 +1,111 @@
+"""Items in, RequestSpecs out: parse and validate what the caller gave, before anything is sent."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
+UNSAFE_METHODS = frozenset({"POST", "PATCH"})
+_METHOD = re.compile(r"^[A-Za-z]+$")
+
+
+class InvalidItem(ValueError):
+    """An item that cannot become a request; it ends as ``invalid_request`` with 0 attempts."""
+
+
+def check_url(url: str) -> str:
+    """The URL itself when it is an absolute http(s) URL with a host; else ValueError."""
+    try:
+        parsed = parse_url(url)
+    except LocationParseError as exc:
+        raise ValueError(f"not a valid URL: {exc}") from None
+    scheme = (parsed.scheme or "").lower()
+    if scheme not in ("http", "https"):
+        raise ValueError(f"scheme must be http or https, got {parsed.scheme or 'none'!r}")
+    if not parsed.host:
+        raise ValueError("URL has no host")
+    return url
+
+
+class RequestSpec(BaseModel):
+    """One request of a batch, as given in an item (a mapping, a JSON line, or just a URL)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    url: str
+    method: str = "GET"
+    headers: dict[str, str] | None = None
+    params: dict[str, Any] | None = None
+    json_body: Any = Field(default=None, alias="json")
+    data: str | dict[str, Any] | None = None
+    id: Any = None
+    idempotency_key: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _absolute_http_url(cls, value: str) -> str:
+        return check_url(value)
+
+    @field_validator("method")
+    @classmethod
+    def _method_token(cls, value: str) -> str:
+        if not _METHOD.match(value):
+            raise ValueError(f"not an HTTP method: {value!r}")
+        return value.upper()
+
+    @property
+    def retry_safe(self) -> bool:
+        """POST and PATCH may be repeated only when an idempotency key makes that safe."""
+        return self.method not in UNSAFE_METHODS or self.idempotency_key is not None
+
+    def to_item(self) -> dict[str, Any]:
+        """The item as it would be written in an input file (valid input again)."""
+        return self.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True) | {
+            "url": self.url
+        }
+
+
+def one_line(exc: ValidationError) -> str:
+    """A pydantic error as one line: ``field: message; field: message``."""
+    parts = []
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{location}: {message}" if location else message)
+    return "; ".join(parts)
+
+
+def parse_item(item: object) -> RequestSpec:
+    """A RequestSpec from a URL string, a mapping or a RequestSpec; InvalidItem otherwise."""
+    if isinstance(item, RequestSpec):
+        return item
+    if isinstance(item, str):
+        try:
+            return RequestSpec.model_construct(url=check_url(item))
+        except ValueError as exc:
+            raise InvalidItem(str(exc)) from None
+    if isinstance(item, Mapping):
+        try:
+            return RequestSpec.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidItem(one_line(exc)) from None
+    raise InvalidItem(
+        f"an item must be a URL string or a mapping with 'url', not {type(item).__name__}"
+    )
+
+
+def item_label(item: object) -> tuple[str | None, Any]:
+    """The (url, id) to report for an item, read without validating it."""
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, RequestSpec):
+        return item.url, item.id
+    if isinstance(item, Mapping):
+        url = item.get("url")
+        return (url if isinstance(url, str) else None), item.get("id")
+    return None, None

@@ -1,0 +1,52 @@
+"""The project's own mock server, started as a real process on a free port."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MOCK_SERVER = ROOT / "scripts" / "mock_server.py"
+
+
+@dataclass
+class MockServerProcess:
+    """A running ``scripts/mock_server.py`` and a window on what it saw."""
+
+    url: str
+    process: subprocess.Popen[str]
+
+    def _get(self, path: str) -> dict[str, Any]:
+        # urllib, not requests: the stats must not ride on the pools under test.
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            payload: dict[str, Any] = json.load(response)
+            return payload
+
+    def stats(self) -> dict[str, Any]:
+        return self._get("/stats")
+
+    def reset(self) -> None:
+        self._get("/stats/reset")
+
+    def count(self, target: str) -> int:
+        counts: dict[str, int] = self.stats()["counts"]
+        return counts.get(target, 0)
+
+
+def start_mock_server() -> MockServerProcess:
+    process = subprocess.Popen(
+        [sys.executable, str(MOCK_SERVER), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("listening on "):
+        process.kill()
+        raise RuntimeError(f"mock server did not start: {line!r}")
+    return MockServerProcess(line.split()[-1], process)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from batchsync import Backoff, Retryable, run_all
+
+FAST = Backoff(base=0.01, jitter=0.0)
+
+
+def test_results_are_what_the_callable_returned_in_input_order() -> None:
+    rs = run_all(lambda n: n * n, range(50), concurrency=4)
+    assert [r.data for r in rs] == [n * n for n in range(50)]
+    assert all(r.ok and r.attempts == 1 for r in rs)
+    assert len(rs.ok) == 50
+    assert rs.failed == []
+
+
+def test_transient_errors_are_retried_then_succeed() -> None:
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def flaky(n: int) -> int:
+        with lock:
+            calls[n] = calls.get(n, 0) + 1
+            tries = calls[n]
+        if tries < 3:
+            raise ConnectionResetError("reset by peer")
+        return n
+
+    rs = run_all(flaky, range(5), attempts=3, backoff=FAST)
+    assert all(r.ok and r.attempts == 3 for r in rs)
+    assert [record.error_kind for record in rs[0].attempt_log] == ["connection", "connection", None]
+
+
+def test_other_exceptions_are_terminal_and_never_escape() -> None:
+    calls = 0
+
+    def broken(item: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyError(item)
+
+    rs = run_all(broken, ["a"], attempts=5, backoff=FAST)
+    assert calls == 1
+    assert (rs[0].ok, rs[0].error_kind, rs[0].error, rs[0].attempts) == (
+        False,
+        "exception",
+        "KeyError: 'a'",
+        1,
+    )
+
+
+def test_retryable_with_retry_after_is_a_floor_under_the_wait() -> None:
+    seen: list[float] = []
+
+    def busy(item: str) -> str:
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            raise Retryable("busy", retry_after=0.3)
+        return item
+
+    rs = run_all(busy, ["a"], backoff=FAST)
+    assert rs[0].ok
+    assert seen[1] - seen[0] >= 0.3
+
+
+def test_retry_if_decides_what_is_retried() -> None:
+    rs = run_all(
+        lambda item: 1 / 0,
+        ["a"],
+        attempts=3,
+        backoff=FAST,
+        retry_if=lambda exc: isinstance(exc, ZeroDivisionError),
+    )
+    assert (rs[0].attempts, rs[0].error_kind) == (3, "exception")
+    assert rs[0].error == "ZeroDivisionError: division by zero after 3 attempts"
+
+
+def test_budget_stops_retries_whose_wait_does_not_fit() -> None:
+    def always_busy(item: str) -> None:
+        raise Retryable("busy", retry_after=30)
+
+    started = time.monotonic()
+    rs = run_all(always_busy, ["a"], budget=1.0)
+    assert time.monotonic() - started < 1.0
+    assert (rs[0].error_kind, rs[0].attempts) == ("budget", 1)
+
+
+def test_labels_come_from_url_items() -> None:
+    rs = run_all(lambda item: None, ["http://h.test/a", {"url": "http://h.test/b", "id": 9}, 3])
+    assert [(r.url, r.id) for r in rs] == [
+        ("http://h.test/a", None),
+        ("http://h.test/b", 9),
+        (None, None),
+    ]
+
+
+def test_empty_input_is_an_empty_result_set() -> None:
+    rs = run_all(lambda item: item, [])
+    assert len(rs) == 0
+    assert rs.summary().total == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"attempts": 0}, "attempts"),
+        ({"budget": -1}, "budget"),
+        ({"deadline": 0}, "deadline"),
+        ({"budget": float("nan")}, "budget"),
+    ],
+)
+def test_invalid_options_fail_before_any_call(options: dict[str, float], field: str) -> None:
+    calls: list[str] = []
+    with pytest.raises(ValueError, match=f"invalid option: {field}") as caught:
+        run_all(calls.append, ["a"], **options)  # type: ignore[arg-type]
+    assert calls == []
+    assert "\n" not in str(caught.value)
+
+
+def test_works_inside_a_running_event_loop() -> None:
+    async def notebook_cell() -> list[int]:
+        rs = run_all(lambda n: n + 1, [1, 2, 3])
+        return [r.data for r in rs]
+
+    assert asyncio.run(notebook_cell()) == [2, 3, 4]
