@@ -32,6 +32,7 @@ import argparse
 import email.utils
 import functools
 import json
+import sys
 import threading
 import time
 import zlib
@@ -256,6 +257,11 @@ class MockServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.stats = Stats()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
