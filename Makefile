@@ -16,6 +16,9 @@ $(STAMP): setup.cfg pyproject.toml
 test: install
 	$(BIN)/python -m pytest
 
+demo: install
+	$(BIN)/python scripts/demo.py
+
 lint: install
 	$(BIN)/ruff check batchsync tests scripts
 	$(BIN)/ruff format --check batchsync tests scripts

@@ -24,7 +24,7 @@ class _Collector:
     def __init__(self) -> None:
         self._by_index: dict[int, Result] = {}
 
-    def __call__(self, result: Result) -> None:
+    def __call__(self, result: Result, item: object) -> None:
         self._by_index[result.index] = result
 
     def in_order(self) -> list[Result]:
@@ -39,8 +39,8 @@ def _run(
     started = time.monotonic()
     with Progress(total, wanted(progress)) as bar:
 
-        def deliver(result: Result) -> None:
-            collector(result)
+        def deliver(result: Result, item: object) -> None:
+            collector(result, item)
             bar(result)
 
         Engine(options).run(job, items, deliver)
@@ -56,8 +56,11 @@ class CallJob:
         self._fn = fn
         self._retry_if = retry_if
 
+    def label(self, item: object) -> tuple[str | None, Any]:
+        return item_label(item)
+
     def prepare(self, item: object) -> Task:
-        url, item_id = item_label(item)
+        url, item_id = self.label(item)
         return Task(url, item_id, partial(self._call, item))
 
     def _call(self, item: object, bound: float | None) -> Verdict:

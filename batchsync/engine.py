@@ -19,12 +19,14 @@ from typing import Any, Protocol
 from .budget import Allowance
 from .classify import ErrorKind, Verdict, describe
 from .options import EngineOptions
+from .redact import redact_url
 from .result import AttemptRecord, Result
-from .spec import InvalidItem, item_label
+from .spec import InvalidItem
 
 log = logging.getLogger("batchsync")
 
-Deliver = Callable[[Result], None]
+# Receives each final Result with the item it is for, from worker threads.
+Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
 
@@ -54,6 +56,38 @@ class Job(Protocol):
     def prepare(self, item: object) -> Task:
         """A Task for the item; raises InvalidItem when it cannot be run at all."""
         ...
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        """The (url, id) to report for an item that never became a Task."""
+        ...
+
+
+def _log_retry(task: Task, verdict: Verdict, number: int, limit: int, wait: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    url = redact_url(task.url) if task.url else task.url
+    log.info(
+        "retry %s: %s (attempt %d of %d); waiting %.2f s",
+        url, verdict.error, number, limit, wait,
+        extra={
+            "url": url, "attempt": number, "status_code": verdict.status_code,
+            "error_kind": verdict.error_kind, "wait": wait,
+        },
+    )  # fmt: skip
+
+
+def _log_failure(result: Result) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    url = redact_url(result.url) if result.url else result.url
+    log.info(
+        "failed %s: %s",
+        url, result.error,
+        extra={
+            "url": url, "attempt": result.attempts, "status_code": result.status_code,
+            "error_kind": result.error_kind, "wait": None,
+        },
+    )  # fmt: skip
 
 
 def _plural(count: int) -> str:
@@ -89,9 +123,14 @@ class Engine:
         window = threading.Semaphore(window_size)
         failures: list[BaseException] = []
 
+        def deliver_logged(result: Result, item: object) -> None:
+            if not result.ok:
+                _log_failure(result)
+            deliver(result, item)
+
         def work(index: int, item: object) -> None:
             try:
-                deliver(self._carry_safely(job, index, item, deadline_end))
+                deliver_logged(self._carry_safely(job, index, item, deadline_end), item)
             except BaseException as exc:  # a sink failed: stop the run and report it
                 failures.append(exc)
                 self._stop.set()
@@ -104,7 +143,7 @@ class Engine:
                 if self._stop.is_set():
                     break
                 if deadline_end is not None and self._clock() >= deadline_end:
-                    deliver(self._unstarted(index, item, "deadline"))
+                    deliver_logged(self._unstarted(job, index, item, "deadline"), item)
                     continue
                 self._acquire(window)
                 pool.submit(work, index, item)
@@ -123,8 +162,8 @@ class Engine:
         while not window.acquire(timeout=_POLL_SECONDS):
             pass
 
-    def _unstarted(self, index: int, item: object, kind: ErrorKind) -> Result:
-        url, item_id = item_label(item)
+    def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
+        url, item_id = job.label(item)
         reason = {
             "deadline": "batch deadline passed before the item started",
             "cancelled": "batch stopped before the item started",
@@ -138,7 +177,7 @@ class Engine:
             return self._carry(job, index, item, deadline_end)
         except Exception as exc:  # a bug must not cost the item its Result
             log.exception("internal error on item %d", index)
-            url, item_id = item_label(item)
+            url, item_id = job.label(item)
             return Result(
                 index,
                 url,
@@ -152,13 +191,13 @@ class Engine:
         """Claim to final Result: attempts, classification, waits and give-up decisions."""
         claimed = self._clock()
         if deadline_end is not None and claimed >= deadline_end:
-            return self._unstarted(index, item, "deadline")
+            return self._unstarted(job, index, item, "deadline")
         if self._stop.is_set():
-            return self._unstarted(index, item, "cancelled")
+            return self._unstarted(job, index, item, "cancelled")
         try:
             task = job.prepare(item)
         except InvalidItem as exc:
-            url, item_id = item_label(item)
+            url, item_id = job.label(item)
             return Result(
                 index,
                 url,
@@ -222,7 +261,7 @@ class Engine:
                     f"would pass the {refused}",
                 )
             records.append(replace(record, wait=wait))
-            log.debug("retrying %s in %.2f s after %s", task.url, wait, verdict.error)
+            _log_retry(task, verdict, number, max_attempts, wait)
             if self._stop.wait(wait):
                 return finish(
                     replace(verdict, error_kind="cancelled"),

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import requests
 
@@ -13,7 +14,8 @@ from .classify import Verdict, classify_http_exception, classify_status, success
 from .decode import InvalidBody, decode_body
 from .engine import Task
 from .options import FetchOptions
-from .spec import InvalidItem, RequestSpec, parse_item
+from .redact import redact_text, secret_values
+from .spec import InvalidItem, RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Transport
 
 # Responses that carry no body to decode, whatever ``expect`` says.
@@ -32,12 +34,16 @@ class HttpJob:
     ) -> None:
         self._options = options
         self._transport = transport
+        self._secrets = secret_values(options.headers, all_secret=True)
         self._clock = clock
         self._unix_time = unix_time
 
     @property
     def timeout(self) -> float:
         return self._options.timeout
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        return item_label(item)
 
     def prepare(self, item: object) -> Task:
         spec = parse_item(item)
@@ -69,7 +75,10 @@ class HttpJob:
         try:
             return self._transport.session().prepare_request(request)
         except (requests.RequestException, ValueError, TypeError) as exc:
-            raise InvalidItem(f"cannot build the request: {exc}") from None
+            secrets = self._secrets | secret_values(spec.headers)
+            raise InvalidItem(
+                f"cannot build the request: {redact_text(str(exc), secrets)}"
+            ) from None
 
     def _attempt(self, request: requests.PreparedRequest, bound: float | None) -> Verdict:
         assert bound is not None
@@ -77,14 +86,19 @@ class HttpJob:
         try:
             response = self._transport.send(request, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
-            return classify_http_exception(exc)
+            return self._redacted(classify_http_exception(exc))
         status = response.status_code
         try:
             return self._judge(request, response, wall_end)
         except (InvalidBody, BodyTooLarge) as exc:
             return terminal("invalid_body", str(exc), status)
         except Exception as exc:  # a failure while reading the body keeps the status seen
-            return replace(classify_http_exception(exc), status_code=status)
+            return self._redacted(replace(classify_http_exception(exc), status_code=status))
+
+    def _redacted(self, verdict: Verdict) -> Verdict:
+        if not self._secrets or verdict.error is None:
+            return verdict
+        return replace(verdict, error=redact_text(verdict.error, self._secrets))
 
     def _judge(
         self, request: requests.PreparedRequest, response: requests.Response, wall_end: float

@@ -17,10 +17,9 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-SessionSource = requests.Session | Callable[[], requests.Session]
+from .redact import SECRET_HEADERS
 
-# Headers that must never follow a redirect to another host, whoever set them.
-ALWAYS_SECRET = frozenset({"authorization", "proxy-authorization", "cookie"})
+SessionSource = requests.Session | Callable[[], requests.Session]
 
 CHUNK_BYTES = 64 * 1024
 _MAX_CACHED_ORIGINS = 4096
@@ -90,7 +89,7 @@ class Transport:
         self._local = threading.local()
         self._made: list[requests.Session] = []
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
-        self._secret = ALWAYS_SECRET | {name.lower() for name in secret_headers}
+        self._secret = SECRET_HEADERS | {name.lower() for name in secret_headers}
         self._clock = clock
 
     def session(self) -> requests.Session:

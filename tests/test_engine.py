@@ -34,6 +34,9 @@ class ScriptedJob:
     bounds: list[float | None] = field(default_factory=list)
     prepared: list[str] = field(default_factory=list)
 
+    def label(self, item: object) -> tuple[str | None, Any]:
+        return str(item), None
+
     def prepare(self, item: object) -> Task:
         name = str(item)
         if name.startswith("bad"):
@@ -66,7 +69,8 @@ def run(job: ScriptedJob, items: Any, **options: Any) -> list[Result]:
     results: dict[int, Result] = {}
     lock = threading.Lock()
 
-    def deliver(result: Result) -> None:
+    def deliver(result: Result, item: object) -> None:
+        assert result.url == item
         with lock:
             assert result.index not in results, "two Results for one item"
             results[result.index] = result
@@ -109,7 +113,7 @@ def test_items_waiting_to_retry_count_against_the_concurrency() -> None:
     job.prepare = counting_prepare  # type: ignore[method-assign]
     results: list[Result] = []
 
-    def deliver(result: Result) -> None:
+    def deliver(result: Result, item: object) -> None:
         nonlocal in_progress
         with lock:
             in_progress -= 1
@@ -138,7 +142,7 @@ def test_input_is_consumed_lazily_through_a_bounded_window() -> None:
                 worst_gap = max(worst_gap, pulled - delivered)
             yield f"i{n}"
 
-    def deliver(result: Result) -> None:
+    def deliver(result: Result, item: object) -> None:
         nonlocal delivered
         with lock:
             delivered += 1
@@ -249,7 +253,7 @@ def test_a_bug_in_an_attempt_still_gives_the_item_its_result() -> None:
 
 
 def test_a_failing_sink_stops_the_run_and_raises() -> None:
-    def deliver(result: Result) -> None:
+    def deliver(result: Result, item: object) -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
@@ -264,6 +268,6 @@ def test_stop_cancels_items_waiting_to_retry() -> None:
     results: list[Result] = []
     threading.Timer(0.2, engine.stop).start()
     started = time.monotonic()
-    engine.run(job, ["a"], results.append)
+    engine.run(job, ["a"], lambda result, item: results.append(result))
     assert time.monotonic() - started < 5
     assert (results[0].error_kind, results[0].attempts) == ("cancelled", 1)

@@ -1,0 +1,5 @@
+"""``python -m batchsync``."""
+
+from .cli import main
+
+main()

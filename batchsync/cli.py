@@ -1,0 +1,201 @@
+"""``python -m batchsync``: options, messages and exit codes around the run in ``runner``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import click
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from .inputs import Input, InputError
+from .options import FetchOptions, build
+from .progress import wanted
+from .runner import run_batch
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+positive = click.FloatRange(min=0, min_open=True)
+
+
+def _parse_headers(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for number, value in enumerate(values, start=1):
+        name, colon, content = value.partition(":")
+        if not colon or not name.strip() or any(c.isspace() for c in name.strip()):
+            # Never echo the value: it is likely a secret.
+            raise click.BadParameter(f"header {number} is not in the form 'Name: value'")
+        headers[name.strip()] = content.strip()
+    return headers
+
+
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+    epilog=(
+        "INPUT holds one item per line: a URL, or a JSON object with url, method, headers, "
+        "params, json, data, id, idempotency_key. Blank lines and # comments are skipped; a "
+        "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
+        "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
+        "INPUT again). Exit status: 0 all ok, 1 some failed, 2 usage or input error, "
+        "130 interrupted."
+    ),
+)
+@click.argument("input_name", metavar="INPUT")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=10,
+    help="At most N items in progress at once.",
+)
+@click.option(
+    "--attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    help="Total tries per item, the first included.",
+)
+@click.option(
+    "--timeout",
+    type=positive,
+    default=10.0,
+    metavar="SECONDS",
+    help="Wall-clock bound of one attempt, body included.",
+)
+@click.option(
+    "--budget",
+    type=positive,
+    default=60.0,
+    metavar="SECONDS",
+    help="Seconds per item from when a worker takes it, retry waits included.",
+)
+@click.option(
+    "--deadline",
+    type=positive,
+    default=None,
+    metavar="SECONDS",
+    help="Seconds for the whole batch; items not started by then are not sent.  [default: none]",
+)
+@click.option(
+    "--expect",
+    type=click.Choice(["json", "text", "bytes"]),
+    default="json",
+    help="How to read bodies; bytes are written as base64.",
+)
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=32 * 2**20,
+    metavar="BYTES",
+    help="A larger body fails as invalid_body.",
+)
+@click.option(
+    "-H",
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="'Name: value'",
+    callback=_parse_headers,
+    help="Header for every request (repeatable). Values are never logged or "
+    "written out, and never sent to another host on a redirect.",
+)
+@click.option(
+    "-o",
+    "--output",
+    "prefix",
+    default="batch",
+    metavar="PREFIX",
+    help="Prefix of the output files.",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr.  [default: on for a terminal]",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    show_default=False,
+    help="Log each retry and failure (-vv: more).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def command(
+    *,
+    input_name: str,
+    concurrency: int,
+    attempts: int,
+    timeout: float,
+    budget: float,
+    deadline: float | None,
+    expect: str,
+    max_bytes: int,
+    headers: dict[str, str],
+    prefix: str,
+    progress: bool | None,
+    verbose: int,
+    quiet: bool,
+) -> int:
+    """Fetch every item of INPUT (a file, or - for stdin) with bounded concurrency and retries."""
+    try:
+        options = build(
+            FetchOptions,
+            concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
+            deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    folder = Path(prefix).parent
+    if not folder.is_dir():
+        raise click.UsageError(f"the output folder {folder} does not exist")
+    _configure_logging(verbose, quiet)
+    show_progress = not quiet and wanted(progress)
+    try:
+        source = Input(input_name)
+        total = source.count()
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        redirect: AbstractContextManager[object] = (
+            logging_redirect_tqdm() if show_progress else nullcontext()
+        )
+        with redirect:
+            outcome = run_batch(source, options, prefix, total, show_progress)
+    finally:
+        source.close()
+    if not quiet:
+        summary = outcome.summary
+        click.echo(f"{summary}", err=True)
+        click.echo(
+            f"results: {outcome.results_path}  failed: {outcome.failed_path} ({summary.failed})",
+            err=True,
+        )
+    return EXIT_OK if outcome.summary.failed == 0 else EXIT_FAILED
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = (
+        logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("batchsync")
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: exit 0 all ok, 1 some failed, 2 usage or input error, 130 interrupted."""
+    try:
+        code = command.main(args=argv, prog_name="batchsync", standalone_mode=False)
+    except click.ClickException as exc:
+        click.echo(f"Error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except (KeyboardInterrupt, click.Abort):
+        click.echo("Interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

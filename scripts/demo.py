@@ -1,0 +1,65 @@
+"""``make demo``: start the mock server, run batchsync on the bundled list, show what happened."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "demo-out"
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "mock_server.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    if not line.startswith("listening on "):
+        server.kill()
+        sys.exit(f"the mock server did not start: {line!r}")
+    return server, line.split()[-1]
+
+
+def show_table(results: Path) -> None:
+    print(f"{'#':>2}  {'ok':<5} {'status':>6} {'tries':>5}  {'error kind':<13} url / error")
+    for line in results.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        detail = r["error"] or r["url"]
+        print(
+            f"{r['index']:>2}  {r['ok']!s:<5} {r['status_code'] or '-':>6} {r['attempts']:>5}  "
+            f"{r['error_kind'] or '-':<13} {detail}"
+        )
+
+
+def main() -> int:
+    OUT.mkdir(exist_ok=True)
+    server, base = start_server()
+    try:
+        template = (ROOT / "examples" / "demo-urls.txt").read_text(encoding="utf-8")
+        urls = OUT / "urls.txt"
+        urls.write_text(template.replace("{base}", base), encoding="utf-8")
+        command = [sys.executable, "-m", "batchsync", str(urls.relative_to(ROOT)),
+                   "-o", "demo-out/batch", "--no-progress", "-v"]  # fmt: skip
+        print(f"mock server: {base}")
+        print("$ python -m batchsync", shlex.join(command[3:]), flush=True)
+        # The run's log and summary go to stderr; show them in order with the rest.
+        run = subprocess.run(command, cwd=ROOT, stderr=subprocess.STDOUT, check=False)
+        status = run.returncode
+        print(f"exit status: {status} (0 all ok, 1 some failed)\n")
+        show_table(OUT / "batch-results.jsonl")
+        print("\n$ cat demo-out/batch-failed.jsonl   # valid INPUT: re-run only the failures")
+        print((OUT / "batch-failed.jsonl").read_text(encoding="utf-8"), end="")
+        return 0 if status in (0, 1) else status
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""``make demo`` as a newcomer runs it: the bundled list against the bundled mock server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .mockserver import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_shows_each_outcome_and_the_failed_file() -> None:
+    done = subprocess.run(
+        [sys.executable, "scripts/demo.py"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "7 items: 4 ok, 3 failed (invalid_body 1, status 2)" in out
+    assert "HTTP 503 after 3 attempts" in out
+    assert "body is not JSON" in out
+    assert "retry " in out and "HTTP 429" in out
+    failed_section = out.split("batch-failed.jsonl   #", 1)[1].splitlines()[1:]
+    assert [line.split("/")[3] for line in failed_section] == ["404", "503", "broken-json"]
