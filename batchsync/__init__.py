@@ -4,6 +4,7 @@ import logging
 
 from .api import fetch_all, run_all
 from .backoff import Backoff
+from .batch import Batch
 from .classify import Retryable
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttemptRecord",
     "Backoff",
+    "Batch",
     "RequestSpec",
     "Result",
     "ResultSet",

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Sized
 from functools import partial
-from typing import Any
+from typing import Any, Unpack
 
 from .backoff import Backoff
+from .batch import Batch, FetchSettings, Item
 from .classify import Verdict, classify_raised, is_transient, success
 from .engine import Engine, Job, Task
-from .fetch import HttpJob
-from .options import EngineOptions, Expect, FetchOptions, build
+from .options import EngineOptions, build
 from .progress import Progress, wanted
 from .result import Result, ResultSet
 from .spec import item_label
-from .transport import SessionSource, Transport
 
 
 class _Collector:
@@ -43,7 +42,7 @@ def _run(
             collector(result, item)
             bar(result)
 
-        Engine(options).run(job, items, deliver)
+        Engine(options).run(job, enumerate(items), deliver)
     return ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
 
 
@@ -99,41 +98,13 @@ def run_all(
     return _run(CallJob(fn, retry_if or is_transient), items, options, progress)
 
 
-def fetch_all(
-    items: Iterable[str | Mapping[str, Any]],
-    *,
-    concurrency: int = 10,
-    attempts: int = 3,
-    timeout: float = 10.0,
-    budget: float = 60.0,
-    deadline: float | None = None,
-    expect: Expect = "json",
-    headers: Mapping[str, str] | None = None,
-    session: SessionSource | None = None,
-    max_bytes: int = 32 * 2**20,
-    backoff: Backoff = Backoff(),  # noqa: B008 - immutable
-    progress: bool | None = None,
-) -> ResultSet:
-    """Fetch every item (a URL or a request mapping) and return one Result per item, in order.
+def fetch_all(items: Iterable[Item], **options: Unpack[FetchSettings]) -> ResultSet:
+    """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in order.
 
-    ``headers`` go on every request and are treated as secrets: never logged, never sent to
-    another host on a redirect.
+    Options and their defaults: ``concurrency=10, attempts=3, timeout=10.0, budget=60.0,
+    deadline=None, expect="json", headers=None, session=None, max_bytes=32 MiB,
+    backoff=Backoff(), progress=None``. ``headers`` go on every request and are treated as
+    secrets: never logged, never sent to another host on a redirect. The one-call form of
+    ``Batch(items, **options).run()``.
     """
-    options = build(
-        FetchOptions,
-        concurrency=concurrency,
-        attempts=attempts,
-        timeout=timeout,
-        budget=budget,
-        deadline=deadline,
-        expect=expect,
-        headers=headers,
-        session=session,
-        max_bytes=max_bytes,
-        backoff=backoff,
-    )
-    transport = Transport(options.session, options.concurrency, secret_headers=headers or ())
-    try:
-        return _run(HttpJob(options, transport), items, options, progress)
-    finally:
-        transport.close()
+    return Batch(items, **options).run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import email.utils
 import math
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import UTC
 
 
 @dataclass(frozen=True)
@@ -71,5 +71,5 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         return None
     if when.tzinfo is None:
         # RFC 9110 dates are always GMT; a zone-less parse is still GMT.
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(when.timestamp() - now, 0.0)

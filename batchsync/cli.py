@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shlex
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from types import FrameType
 
 import click
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from .engine import Engine
 from .inputs import Input, InputError
+from .journal import JournalMismatch
 from .options import FetchOptions, build
 from .progress import wanted
-from .runner import run_batch
+from .redact import MASK
+from .runner import Outcome, run_batch
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 positive = click.FloatRange(min=0, min_open=True)
 
@@ -41,8 +50,9 @@ def _parse_headers(
         "params, json, data, id, idempotency_key. Blank lines and # comments are skipped; a "
         "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
         "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
-        "INPUT again). Exit status: 0 all ok, 1 some failed, 2 usage or input error, "
-        "130 interrupted."
+        "INPUT again). Each result is journaled as it is made: after a crash or Ctrl-C, the "
+        "same command with --resume fetches only the rest. Exit status: 0 all ok, 1 some "
+        "failed, 2 usage or input error, 130 interrupted."
     ),
 )
 @click.argument("input_name", metavar="INPUT")
@@ -109,7 +119,13 @@ def _parse_headers(
     "prefix",
     default="batch",
     metavar="PREFIX",
-    help="Prefix of the output files.",
+    help="Prefix of the output files (and of PREFIX-journal.sqlite3).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run journaled in PREFIX-journal.sqlite3: fetch only the items "
+    "that have no final result yet.",
 )
 @click.option(
     "--progress/--no-progress",
@@ -136,6 +152,7 @@ def command(
     max_bytes: int,
     headers: dict[str, str],
     prefix: str,
+    resume: bool,
     progress: bool | None,
     verbose: int,
     quiet: bool,
@@ -154,27 +171,92 @@ def command(
         raise click.UsageError(f"the output folder {folder} does not exist")
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
+    redirect: AbstractContextManager[object] = (
+        logging_redirect_tqdm() if show_progress else nullcontext()
+    )
     try:
         source = Input(input_name)
-        total = source.count()
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        redirect: AbstractContextManager[object] = (
-            logging_redirect_tqdm() if show_progress else nullcontext()
-        )
-        with redirect:
-            outcome = run_batch(source, options, prefix, total, show_progress)
+        with _stop_on_signals() as on_start, redirect:
+            outcome = run_batch(
+                source, options, prefix, resume=resume, progress=show_progress, on_start=on_start
+            )
+    except (InputError, JournalMismatch) as exc:
+        raise click.UsageError(str(exc)) from None
     finally:
         source.close()
+    return _report(outcome, quiet, click.get_current_context().obj or [])
+
+
+def _report(outcome: Outcome, quiet: bool, argv: Sequence[str]) -> int:
+    summary = outcome.summary
     if not quiet:
-        summary = outcome.summary
-        click.echo(f"{summary}", err=True)
+        if outcome.replaced_journal:
+            click.echo(
+                "Started afresh: replaced the journal of an earlier run (--resume continues one)",
+                err=True,
+            )
+        click.echo(str(summary), err=True)
         click.echo(
             f"results: {outcome.results_path}  failed: {outcome.failed_path} ({summary.failed})",
             err=True,
         )
-    return EXIT_OK if outcome.summary.failed == 0 else EXIT_FAILED
+    if outcome.stopped:
+        click.echo(
+            f"Interrupted: {summary.total} of {outcome.entries} done — resume with: "
+            f"{resume_command(argv)}",
+            err=True,
+        )
+        if outcome.abandoned:
+            # Attempts still in flight hold worker threads that the interpreter would wait for;
+            # everything finished is journaled and written, so leave now.
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if summary.failed == 0 else EXIT_FAILED
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues this run, with ``-H`` values masked."""
+    words: list[str] = []
+    masking = False
+    for word in argv:
+        if masking:
+            name = word.partition(":")[0]
+            words.append(f"{name}: {MASK}")
+            masking = False
+        elif word in ("-H", "--header"):
+            words.append(word)
+            masking = True
+        elif word.startswith(("--header=", "-H")):
+            flag, name = ("--header=", word[9:]) if word.startswith("--") else ("-H", word[2:])
+            words.append(f"{flag}{name.partition(':')[0]}: {MASK}")
+        elif word != "--resume":
+            words.append(word)
+    return shlex.join(["python", "-m", "batchsync", *words, "--resume"])
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[Callable[[Engine], None]]:
+    """First SIGINT/SIGTERM: stop the engine gracefully. A second one: quit at once."""
+    engines: list[Engine] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if engines and not engines[0].stopped:
+            os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")
+            engines[0].stop()
+            return
+        os.write(2, b"Interrupted: quitting now\n")
+        os._exit(EXIT_INTERRUPTED)
+
+    previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
+    try:
+        yield engines.append
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
@@ -190,11 +272,15 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: exit 0 all ok, 1 some failed, 2 usage or input error, 130 interrupted."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = command.main(args=argv, prog_name="batchsync", standalone_mode=False)
+        code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
+    except OSError as exc:  # e.g. the disk filled up under the journal or the output files
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
     except (KeyboardInterrupt, click.Abort):
         click.echo("Interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

@@ -29,6 +29,7 @@ log = logging.getLogger("batchsync")
 Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +102,38 @@ class Engine:
         self,
         options: EngineOptions,
         *,
+        grace: float = STOP_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.options = options
+        self._grace = grace
         self._clock = clock
         self._rand = rand
         self._stop = threading.Event()
+        self._stopped_at = 0.0
 
     def stop(self) -> None:
-        """Take no new items; items waiting to retry end as ``cancelled``."""
-        self._stop.set()
+        """Take no new items; items waiting to retry end as ``cancelled``.
 
-    def run(self, job: Job, items: Iterable[object], deliver: Deliver) -> None:
-        """Deliver one Result per item (from worker threads, in completion order)."""
+        Attempts in flight get ``grace`` seconds to end before ``run`` stops waiting for them.
+        """
+        if not self._stop.is_set():
+            self._stopped_at = self._clock()
+            self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, job: Job, items: Iterable[tuple[int, object]], deliver: Deliver) -> bool:
+        """Deliver one Result per (index, item) pair, from worker threads, as each finishes.
+
+        Returns False when, after a stop or an interrupt, attempts still in flight were
+        abandoned once the grace had passed (their worker threads end on their own, within
+        the attempt's timeout); True otherwise. A KeyboardInterrupt stops the run the same
+        way and is raised again; a second one during the grace is raised at once.
+        """
         options = self.options
         self._stop.clear()
         started = self._clock()
@@ -133,34 +152,48 @@ class Engine:
                 deliver_logged(self._carry_safely(job, index, item, deadline_end), item)
             except BaseException as exc:  # a sink failed: stop the run and report it
                 failures.append(exc)
-                self._stop.set()
+                self.stop()
             finally:
                 window.release()
 
         pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
+        finished = False
         try:
-            for index, item in enumerate(items):
-                if self._stop.is_set():
-                    break
+            for index, item in items:
                 if deadline_end is not None and self._clock() >= deadline_end:
                     deliver_logged(self._unstarted(job, index, item, "deadline"), item)
                     continue
-                self._acquire(window)
+                if not self._take(window):
+                    break
                 pool.submit(work, index, item)
-            for _ in range(window_size):
-                self._acquire(window)
+            finished = self._drain(window, window_size)
         except BaseException:
-            self._stop.set()
+            self.stop()
+            finished = self._drain(window, window_size)
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=finished, cancel_futures=True)
         if failures:
             raise failures[0]
+        return finished
 
-    def _acquire(self, window: threading.Semaphore) -> None:
-        # A timed wait keeps the main thread responsive to Ctrl-C.
-        while not window.acquire(timeout=_POLL_SECONDS):
-            pass
+    def _take(self, window: threading.Semaphore) -> bool:
+        """One slot of the window; False once the run is stopped."""
+        # A timed wait keeps the main thread responsive to Ctrl-C and to stop().
+        while not self._stop.is_set():
+            if window.acquire(timeout=_POLL_SECONDS):
+                return True
+        return False
+
+    def _drain(self, window: threading.Semaphore, size: int) -> bool:
+        """Wait until every item handed out has finished; after a stop, for the grace at most."""
+        taken = 0
+        while taken < size:
+            if window.acquire(timeout=_POLL_SECONDS):
+                taken += 1
+            elif self._stop.is_set() and self._clock() - self._stopped_at >= self._grace:
+                return False
+        return True
 
     def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
         url, item_id = job.label(item)

@@ -8,6 +8,7 @@ read at all raises ``InputError``.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import shutil
 import sys
@@ -198,6 +199,20 @@ class Input:
                 return
             for number, value in enumerate(_read_array(stream), start=1):
                 yield Entry(f"element {number}", value)
+
+    def identity(self) -> dict[str, str]:
+        """What a journal records of this input: name, size, SHA-256 and number of entries."""
+        digest = hashlib.sha256()
+        size = 0
+        with self._open() as stream:
+            for block in iter(lambda: stream.read(2**20), b""):
+                digest.update(block)
+                size += len(block)
+        name = self.name if self.path is None else str(self.path.resolve())
+        return {
+            "input": name, "size": str(size), "sha256": digest.hexdigest(),
+            "entries": str(self.count()),
+        }  # fmt: skip
 
     def count(self) -> int:
         """The number of entries; reads the whole input, so a broken JSON array fails here."""

@@ -3,6 +3,9 @@
 An SQLite file in WAL mode with one writer thread. Workers only enqueue; the writer commits
 whatever has queued up in one transaction (a group commit), so the cost per item stays small
 while a SIGKILL loses at most the items still in flight and the last few milliseconds.
+
+The ``meta`` table records what the journal was made for (the input's identity), so that a
+run does not resume a journal made for other input.
 """
 
 from __future__ import annotations
@@ -10,9 +13,8 @@ from __future__ import annotations
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from .result import Result, Summary
 
@@ -29,12 +31,18 @@ CREATE TABLE IF NOT EXISTS results (
 );
 """
 
+# The keys of the input identity that must match for a journal to be resumed.
+IDENTITY_KEYS = ("entries", "sha256")
+
 _BATCH_ROWS = 5000
-_STOP = None
 
 Row = tuple[int, int, str | None, int | None, int, str, str | None]
-# Turns (Result, the item's failed-request object or None) into the JSON texts to store.
+# Turns (Result, the item it is for) into the stored result JSON and failed-request JSON.
 Encode = Callable[[Result, object], tuple[str, str | None]]
+
+
+class JournalMismatch(ValueError):
+    """The journal was made for other input."""
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -54,40 +62,50 @@ def remove(path: Path) -> bool:
     return existed
 
 
-class Journal:
-    """Stores each final Result (as its output JSON) from any thread; see the module docstring.
+def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | None:
+    """Why a journal recorded for ``stored`` cannot be resumed for ``current``, or None."""
+    for key in IDENTITY_KEYS:
+        if stored.get(key) != current.get(key):
+            return f"its {key} was {stored.get(key)}, the input's is {current.get(key)}"
+    return None
 
-    ``encode(result, extra)`` runs on the writer thread and returns the stored result JSON and
-    the failed-request JSON (None for a success).
+
+class Journal:
+    """Stores each final Result from any thread; see the module docstring.
+
+    ``encode(result, item)`` runs on the writer thread. ``meta`` (the input's identity) is
+    recorded before anything else.
     """
 
-    def __init__(self, path: Path, encode: Encode) -> None:
+    def __init__(self, path: Path, encode: Encode, meta: Mapping[str, str]) -> None:
         self.path = path
         self._encode = encode
         self._db = connect(path)
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
         self._queue: queue.SimpleQueue[tuple[Result, object] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._closed = False
         self._writer = threading.Thread(target=self._write, name="batchsync-journal", daemon=True)
         self._writer.start()
 
-    def add(self, result: Result, extra: object) -> None:
+    def add(self, result: Result, item: object) -> None:
         """Queue a final Result; raises if the writer has failed (e.g. the disk is full)."""
         if self._error is not None:
             raise OSError(f"the journal {self.path} cannot be written: {self._error}")
-        self._queue.put((result, extra))
+        if not self._closed:
+            self._queue.put((result, item))
 
     def _write(self) -> None:
         while True:
             first = self._queue.get()
-            if first is _STOP:
-                return
-            pending: list[tuple[Result, object] | None] = [first]
+            pending = [first]
             while len(pending) < _BATCH_ROWS:
                 try:
                     pending.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = _STOP in pending
             rows = [self._row(*entry) for entry in pending if entry is not None]
             try:
                 with self._db:
@@ -98,45 +116,49 @@ class Journal:
             except sqlite3.Error as exc:
                 self._error = exc
                 return
-            if stop:
+            if None in pending:
                 return
 
-    def _row(self, result: Result, extra: object) -> Row:
-        record, request = self._encode(result, extra)
+    def _row(self, result: Result, item: object) -> Row:
+        record, request = self._encode(result, item)
         return (
             result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
             record, request,
         )  # fmt: skip
 
     def close(self) -> None:
-        """Write everything queued, then stop the writer."""
-        if self._writer.is_alive():
-            self._queue.put(_STOP)
+        """Write everything queued, then stop the writer; later adds are ignored."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
             self._writer.join()
-        self._db.close()
+            self._db.close()
         if self._error is not None:
             raise OSError(f"the journal {self.path} cannot be written: {self._error}")
 
-    def get_meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
-
-    def set_meta(self, values: dict[str, Any]) -> None:
-        with self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [(key, str(value)) for key, value in values.items()],
-            )
-
 
 class JournalReader:
-    """Reads a closed journal: rows in input order and counts by outcome."""
+    """Reads a journal: its identity, finished indexes, rows in input order, counts."""
 
     def __init__(self, path: Path) -> None:
         self._db = connect(path)
 
     def close(self) -> None:
         self._db.close()
+
+    def meta(self) -> dict[str, str]:
+        return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
+
+    def done(self, size: int) -> bytearray:
+        """One byte per input index below ``size``: 1 where a final Result is stored."""
+        marks = bytearray(size)
+        for (index,) in self._db.execute("SELECT idx FROM results WHERE idx < ?", (size,)):
+            marks[index] = 1
+        return marks
+
+    def records(self) -> Iterator[tuple[int, str]]:
+        for index, record in self._db.execute("SELECT idx, record FROM results ORDER BY idx"):
+            yield int(index), str(record)
 
     def rows(self) -> Iterator[tuple[str, str | None]]:
         cursor = self._db.execute("SELECT record, request FROM results ORDER BY idx")

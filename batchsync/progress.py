@@ -34,6 +34,7 @@ class Progress:
         self._lock = threading.Lock()
         self._done = 0
         self._failed = 0
+        self._requests = 0
         self._closing = threading.Event()
         self._bar: tqdm[NoReturn] | None = None
         self._painter: threading.Thread | None = None
@@ -41,8 +42,15 @@ class Progress:
     def __call__(self, result: Result) -> None:
         with self._lock:
             self._done += 1
+            self._requests += result.attempts
             if not result.ok:
                 self._failed += 1
+
+    @property
+    def requests(self) -> int:
+        """Requests sent for the Results counted so far."""
+        with self._lock:
+            return self._requests
 
     def __enter__(self) -> Progress:
         if self._enabled:

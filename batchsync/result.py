@@ -26,6 +26,13 @@ class AttemptRecord:
     elapsed: float
     wait: float | None = None
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
+        return cls(
+            record["attempt"], record["status_code"], record["error_kind"], record["elapsed"],
+            record["wait"],
+        )  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "attempt": self.attempt,
@@ -52,6 +59,20 @@ class Result:
     elapsed: float = 0.0
     attempt_log: tuple[AttemptRecord, ...] = field(default=())
     fallback_used: int | None = None
+
+    @property
+    def final(self) -> bool:
+        """False only for an item stopped while waiting to retry: a later run should redo it."""
+        return self.error_kind != "cancelled"
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Result:
+        """The Result a ``to_dict`` record was made from (``data`` in its JSON form)."""
+        fields = {name: record[name] for name in cls.__dataclass_fields__ if name in record}
+        fields["attempt_log"] = tuple(
+            AttemptRecord.from_dict(entry) for entry in record.get("attempt_log") or ()
+        )
+        return cls(**fields)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; a pydantic model in ``data`` becomes its JSON form."""

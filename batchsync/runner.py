@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .engine import Engine, Task
 from .fetch import HttpJob
 from .inputs import Entry, Input
-from .journal import Journal, JournalReader, remove
+from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
 from .progress import Progress
@@ -56,10 +57,15 @@ def encode(result: Result, entry: object) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How a run ended: counts over every finished item (earlier runs included when resumed)."""
+
     summary: Summary
+    entries: int
     results_path: Path
     failed_path: Path
     replaced_journal: bool
+    stopped: bool
+    abandoned: bool
 
 
 def journal_path(prefix: str) -> Path:
@@ -67,30 +73,64 @@ def journal_path(prefix: str) -> Path:
 
 
 def run_batch(
-    source: Input, options: FetchOptions, prefix: str, total: int | None, progress: bool
+    source: Input,
+    options: FetchOptions,
+    prefix: str,
+    *,
+    resume: bool,
+    progress: bool,
+    on_start: Callable[[Engine], None] = lambda engine: None,
 ) -> Outcome:
-    """Run every entry of ``source``, journal each Result, then write the output files."""
+    """Run every entry of ``source`` that has no final Result yet, journal each Result as it is
+    made, then write the output files from the journal in input order.
+
+    ``on_start`` sees the engine before the run, so the caller can stop it (on a signal).
+    Raises JournalMismatch when resuming a journal made for other input.
+    """
+    identity = source.identity()
+    entries = int(identity["entries"])
     path = journal_path(prefix)
-    replaced = remove(path)
-    journal = Journal(path, encode)
+    done = bytearray(entries)
+    replaced = False
+    if resume and path.exists():
+        reader = JournalReader(path)
+        try:
+            problem = mismatch(reader.meta(), identity)
+            if problem is not None:
+                raise JournalMismatch(
+                    f"{path} was made for other input ({problem}); run without --resume "
+                    "to start over"
+                )
+            done = reader.done(entries)
+        finally:
+            reader.close()
+    else:
+        replaced = remove(path)
+    pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
+    journal = Journal(path, encode, identity)
     transport = Transport(options.session, options.concurrency, options.headers or ())
+    engine = Engine(options)
+    on_start(engine)
     started = time.monotonic()
     try:
-        with Progress(total, progress) as bar:
+        with Progress(entries - sum(done), progress) as bar:
 
             def deliver(result: Result, entry: object) -> None:
-                journal.add(result, entry)
+                if result.final:
+                    journal.add(result, entry)
                 bar(result)
 
-            Engine(options).run(EntryJob(HttpJob(options, transport)), source, deliver)
+            finished = engine.run(EntryJob(HttpJob(options, transport)), pending, deliver)
     finally:
-        transport.close()
         journal.close()
+        transport.close()
     elapsed = time.monotonic() - started
     reader = JournalReader(path)
     try:
         results_path, failed_path = write_outputs(prefix, reader.rows())
-        summary = reader.summary(elapsed)
+        summary = replace(reader.summary(), requests_sent=bar.requests, elapsed=elapsed)
     finally:
         reader.close()
-    return Outcome(summary, results_path, failed_path, replaced)
+    return Outcome(
+        summary, entries, results_path, failed_path, replaced, engine.stopped, not finished
+    )

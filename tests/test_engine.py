@@ -76,7 +76,7 @@ def run(job: ScriptedJob, items: Any, **options: Any) -> list[Result]:
             results[result.index] = result
 
     options.setdefault("backoff", FAST)
-    Engine(EngineOptions(**options)).run(job, items, deliver)
+    Engine(EngineOptions(**options)).run(job, enumerate(items), deliver)
     return [results[index] for index in sorted(results)]
 
 
@@ -121,7 +121,7 @@ def test_items_waiting_to_retry_count_against_the_concurrency() -> None:
 
     started = time.monotonic()
     Engine(EngineOptions(concurrency=2, backoff=FAST)).run(
-        job, [f"i{n}" for n in range(6)], deliver
+        job, enumerate(f"i{n}" for n in range(6)), deliver
     )
     assert peak == 2
     assert len(results) == 6
@@ -147,7 +147,7 @@ def test_input_is_consumed_lazily_through_a_bounded_window() -> None:
         with lock:
             delivered += 1
 
-    Engine(EngineOptions(concurrency=4)).run(ScriptedJob(delay=0.002), items(), deliver)
+    Engine(EngineOptions(concurrency=4)).run(ScriptedJob(delay=0.002), enumerate(items()), deliver)
     assert delivered == 300
     assert worst_gap <= 2 * 4 + 1
 
@@ -258,7 +258,7 @@ def test_a_failing_sink_stops_the_run_and_raises() -> None:
 
     with pytest.raises(OSError, match="disk full"):
         Engine(EngineOptions(concurrency=2)).run(
-            ScriptedJob(), [f"i{n}" for n in range(50)], deliver
+            ScriptedJob(), enumerate(f"i{n}" for n in range(50)), deliver
         )
 
 
@@ -268,6 +268,6 @@ def test_stop_cancels_items_waiting_to_retry() -> None:
     results: list[Result] = []
     threading.Timer(0.2, engine.stop).start()
     started = time.monotonic()
-    engine.run(job, ["a"], lambda result, item: results.append(result))
+    engine.run(job, enumerate(["a"]), lambda result, item: results.append(result))
     assert time.monotonic() - started < 5
     assert (results[0].error_kind, results[0].attempts) == ("cancelled", 1)

@@ -1,0 +1,137 @@
+"""``Batch``: a fetch that can be interrupted and continued, for notebooks and long scripts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypedDict
+
+from pydantic import BaseModel
+
+from .backoff import Backoff
+from .engine import Engine
+from .fetch import HttpJob
+from .journal import Journal, JournalMismatch, JournalReader, mismatch
+from .options import Expect, FetchOptions, build
+from .output import dumps, public_record
+from .progress import Progress, wanted
+from .result import Result, ResultSet
+from .spec import RequestSpec, item_label
+from .transport import SessionSource, Transport
+
+Item = str | Mapping[str, Any] | RequestSpec
+
+
+class FetchSettings(TypedDict, total=False):
+    """The keyword options of ``fetch_all`` and ``Batch``; defaults live in FetchOptions."""
+
+    concurrency: int
+    attempts: int
+    timeout: float
+    budget: float
+    deadline: float | None
+    expect: Expect
+    headers: Mapping[str, str] | None
+    session: SessionSource | None
+    max_bytes: int
+    backoff: Backoff
+    progress: bool | None
+
+
+def fingerprint(items: Iterable[Item]) -> dict[str, str]:
+    """The identity a journal records for a list of items: their count and a SHA-256."""
+    digest = hashlib.sha256()
+    count = 0
+    for item in items:
+        value = item.to_item() if isinstance(item, RequestSpec) else item
+        digest.update(json.dumps(value, sort_keys=True, default=repr).encode())
+        digest.update(b"\n")
+        count += 1
+    return {"entries": str(count), "sha256": digest.hexdigest()}
+
+
+def _encode(result: Result, item: object) -> tuple[str, str | None]:
+    return dumps(public_record(result)), None
+
+
+class Batch:
+    """Fetch ``items`` in one or more ``run()`` calls; every finished Result is kept.
+
+    A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
+    items, gives requests in flight a short grace, keeps every finished Result in
+    ``results`` and raises; ``run()`` again fetches only the rest. With ``journal=`` each
+    final Result is also written to that SQLite file as it is made, so a new ``Batch`` over
+    the same items (after a crash, or in a new session) continues where the last one stopped.
+    """
+
+    def __init__(
+        self, items: Iterable[Item], *, journal: str | Path | None = None, **options: Any
+    ) -> None:
+        self.items: list[Item] = list(items)
+        self._progress: bool | None = options.pop("progress", None)
+        self.options = build(FetchOptions, **options)
+        self._done: dict[int, Result] = {}
+        self.elapsed = 0.0
+        self.journal = None if journal is None else Path(journal)
+        self._identity = fingerprint(self.items)
+        if self.journal is not None and self.journal.exists():
+            self._load(self.journal)
+
+    def _load(self, path: Path) -> None:
+        reader = JournalReader(path)
+        try:
+            problem = mismatch(reader.meta(), self._identity)
+            if problem is not None:
+                raise JournalMismatch(f"the journal {path} was made for other items ({problem})")
+            for index, record in reader.records():
+                self._done[index] = self._restore(index, json.loads(record))
+        finally:
+            reader.close()
+
+    def _restore(self, index: int, record: dict[str, Any]) -> Result:
+        """A journaled Result as this session would have made it: URL and data as given."""
+        result = Result.from_dict(record)
+        expect = self.options.expect
+        data = result.data
+        if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
+            data = expect.model_validate(data)
+        return replace(result, url=item_label(self.items[index])[0], data=data)
+
+    @property
+    def results(self) -> ResultSet:
+        """The finished Results in input order (all of them once ``pending`` is 0)."""
+        return ResultSet([self._done[i] for i in sorted(self._done)], elapsed=self.elapsed)
+
+    @property
+    def pending(self) -> int:
+        """How many items have no final Result yet."""
+        return len(self.items) - len(self._done)
+
+    def run(self) -> ResultSet:
+        """Fetch every item without a final Result; returns ``results``."""
+        options = self.options
+        todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
+        journal = None if self.journal is None else Journal(self.journal, _encode, self._identity)
+        transport = Transport(options.session, options.concurrency, options.headers or ())
+        started = time.monotonic()
+        try:
+            with Progress(self.pending, wanted(self._progress)) as bar:
+
+                def deliver(result: Result, item: object) -> None:
+                    if result.final:
+                        self._done[result.index] = result
+                        if journal is not None:
+                            journal.add(result, item)
+                    bar(result)
+
+                Engine(options).run(HttpJob(options, transport), todo, deliver)
+        finally:
+            self.elapsed += time.monotonic() - started
+            transport.close()
+            if journal is not None:
+                journal.close()
+        return self.results

@@ -1,0 +1,256 @@
+"""Nothing lost, nothing fetched twice: SIGKILL, SIGINT/SIGTERM and --resume, CLI and library."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchsync import Batch
+
+from .mockserver import MockServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchsync", *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batchsync", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def write_urls(folder: Path, server: MockServerProcess, count: int, delay: float) -> list[str]:
+    """``count`` unique URLs answering after ``delay``; returns their server-side targets."""
+    key = uuid.uuid4().hex[:8]
+    targets = [f"/ok/{key}-{n}?delay={delay}" for n in range(count)]
+    (folder / "urls.txt").write_text("".join(f"{server.url}{t}\n" for t in targets))
+    return targets
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def served(server: MockServerProcess, targets: list[str]) -> list[int]:
+    counts: dict[str, int] = server.stats()["counts"]
+    return [counts.get(target, 0) for target in targets]
+
+
+def results_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sigkill_then_resume_refetches_at_most_what_was_in_flight(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    targets = write_urls(tmp_path, server, 300, delay=0.05)
+    process = start_cli("urls.txt", "-c", "4", "--no-progress", cwd=tmp_path)
+    wait_until(lambda: sum(served(server, targets)) >= 100)
+    process.kill()
+    process.wait(timeout=10)
+    assert not (tmp_path / "batch-results.jsonl").exists()
+    resumed = run_cli("urls.txt", "-c", "4", "--resume", "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    counts = served(server, targets)
+    assert min(counts) == 1
+    # in flight at the kill: at most 4 attempts, plus a result or two not yet group-committed
+    assert sum(count - 1 for count in counts) <= 4 + 2
+    results = results_of(tmp_path / "batch-results.jsonl")
+    assert [r["index"] for r in results] == list(range(300))
+    assert all(r["ok"] for r in results)
+    assert "Started afresh" not in resumed.stderr
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_first_signal_stops_cleanly_writes_outputs_and_resumes(
+    server: MockServerProcess, tmp_path: Path, signal_number: int
+) -> None:
+    targets = write_urls(tmp_path, server, 120, delay=0.2)
+    process = start_cli("urls.txt", "-c", "4", "-o", "run", "--no-progress", cwd=tmp_path)
+    wait_until(lambda: sum(served(server, targets)) >= 12)
+    sent_at = time.monotonic()
+    process.send_signal(signal_number)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent_at < 5
+    assert process.returncode == 130
+    assert "Traceback" not in stderr
+    done = results_of(tmp_path / "run-results.jsonl")
+    assert 12 <= len(done) < 120
+    assert f"Interrupted: {len(done)} of 120 done — resume with: " in stderr
+    assert [r["index"] for r in done] == sorted(r["index"] for r in done)
+    assert (tmp_path / "run-failed.jsonl").read_text() == ""
+    command = stderr.split("resume with: ", 1)[1].splitlines()[0]
+    assert command == "python -m batchsync urls.txt -c 4 -o run --no-progress --resume"
+    resumed = run_cli(*shlex.split(command)[3:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert served(server, targets) == [1] * 120  # in-flight attempts finished before the stop
+    assert [r["index"] for r in results_of(tmp_path / "run-results.jsonl")] == list(range(120))
+
+
+def test_attempts_still_in_flight_after_the_grace_are_abandoned(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    slow = f"/ok/{uuid.uuid4().hex[:8]}?delay=20"
+    (tmp_path / "urls.txt").write_text(f"{server.url}/ok/quick\n{server.url}{slow}\n")
+    process = start_cli("urls.txt", "--timeout", "60", "--no-progress", cwd=tmp_path)
+    wait_until(lambda: server.count(slow) == 1)
+    sent_at = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert 2.5 < time.monotonic() - sent_at < 8  # the 3 s grace, then out
+    assert process.returncode == 130
+    assert "Interrupted: 1 of 2 done" in stderr
+    assert len(results_of(tmp_path / "batch-results.jsonl")) == 1
+
+
+def test_a_second_signal_quits_at_once(server: MockServerProcess, tmp_path: Path) -> None:
+    slow = f"/ok/{uuid.uuid4().hex[:8]}?delay=20"
+    (tmp_path / "urls.txt").write_text(f"{server.url}{slow}\n")
+    process = start_cli("urls.txt", "--timeout", "60", "--no-progress", cwd=tmp_path)
+    wait_until(lambda: server.count(slow) == 1)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    sent_at = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent_at < 1.5
+    assert process.returncode == 130
+    assert "Traceback" not in stderr
+
+
+def test_resume_refuses_a_journal_made_for_other_input(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    write_urls(tmp_path, server, 3, delay=0)
+    assert run_cli("urls.txt", cwd=tmp_path).returncode == 0
+    before = (tmp_path / "batch-results.jsonl").read_text()
+    targets = write_urls(tmp_path, server, 3, delay=0)
+    refused = run_cli("urls.txt", "--resume", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("Error: batch-journal.sqlite3 was made for other input")
+    assert refused.stderr.count("\n") == 1
+    assert served(server, targets) == [0, 0, 0]
+    assert (tmp_path / "batch-results.jsonl").read_text() == before
+
+
+def test_a_run_without_resume_starts_afresh_and_says_so(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    targets = write_urls(tmp_path, server, 3, delay=0)
+    assert run_cli("urls.txt", cwd=tmp_path).returncode == 0
+    again = run_cli("urls.txt", cwd=tmp_path)
+    assert again.returncode == 0
+    assert "Started afresh: replaced the journal of an earlier run" in again.stderr
+    assert served(server, targets) == [2, 2, 2]
+
+
+def test_resuming_a_finished_run_fetches_nothing(server: MockServerProcess, tmp_path: Path) -> None:
+    targets = write_urls(tmp_path, server, 5, delay=0)
+    (tmp_path / "urls.txt").write_text(
+        (tmp_path / "urls.txt").read_text() + f"{server.url}/404/{uuid.uuid4().hex}\n"
+    )
+    first = run_cli("urls.txt", cwd=tmp_path)
+    assert first.returncode == 1
+    before = (tmp_path / "batch-results.jsonl").read_text()
+    again = run_cli("urls.txt", "--resume", cwd=tmp_path)
+    assert again.returncode == 1
+    assert served(server, targets) == [1] * 5
+    assert (tmp_path / "batch-results.jsonl").read_text() == before
+    assert len((tmp_path / "batch-failed.jsonl").read_text().splitlines()) == 1
+
+
+def interrupt_main_when(condition: Callable[[], bool]) -> threading.Thread:
+    """Raise KeyboardInterrupt in the main thread once ``condition`` holds: a kernel interrupt."""
+
+    def watch() -> None:
+        wait_until(condition)
+        _thread.interrupt_main()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_batch_keeps_what_finished_on_interrupt_and_continues(
+    server: MockServerProcess,
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    targets = [f"/ok/{key}-{n}?delay=0.1" for n in range(60)]
+    batch = Batch([server.url + t for t in targets], concurrency=4)
+    interrupt_main_when(lambda: sum(served(server, targets)) >= 10)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        batch.run()
+    assert time.monotonic() - started < 10
+    finished = batch.results
+    assert 10 <= len(finished) < 60
+    assert batch.pending == 60 - len(finished)
+    assert all(r.ok for r in finished)
+    assert not [t for t in threading.enumerate() if t.name.startswith("batchsync_")]
+    rs = batch.run()
+    assert batch.pending == 0
+    assert [r.index for r in rs] == list(range(60))
+    assert [r.url for r in rs] == [server.url + t for t in targets]
+    assert served(server, targets) == [1] * 60
+
+
+def test_batch_with_a_journal_continues_in_a_new_batch(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    targets = [f"/ok/{key}-{n}?delay=0.1" for n in range(40)]
+    items = [server.url + t for t in targets]
+    journal = tmp_path / "run.sqlite3"
+    first = Batch(items, concurrency=4, journal=journal)
+    interrupt_main_when(lambda: sum(served(server, targets)) >= 8)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    finished = len(first.results)
+    second = Batch(items, concurrency=4, journal=journal)  # e.g. after a kernel restart
+    assert len(second.results) == finished
+    assert second.results[0].to_dict() == first.results[0].to_dict()  # times kept to the µs
+    rs = second.run()
+    assert len(rs) == 40 and all(r.ok for r in rs)
+    assert served(server, targets) == [1] * 40
+    with pytest.raises(ValueError, match="made for other items"):
+        Batch([*items, server.url + "/ok/extra"], journal=journal)
+
+
+def test_the_console_script_handles_sigint_in_a_process_group(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Ctrl-C in a terminal reaches the whole process group; the run still ends cleanly."""
+    targets = write_urls(tmp_path, server, 40, delay=0.2)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "batchsync", "urls.txt", "-c", "2", "--no-progress"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_until(lambda: sum(served(server, targets)) >= 4)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "resume with: python -m batchsync urls.txt -c 2 --no-progress --resume" in stderr

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from batchsync.batch import Item, fingerprint
+from batchsync.journal import Journal, JournalReader, mismatch, remove
+from batchsync.result import AttemptRecord, Result
+from batchsync.spec import RequestSpec
+
+IDENTITY = {"input": "urls.txt", "size": "10", "sha256": "abc", "entries": "3"}
+
+
+def encode(result: Result, item: object) -> tuple[str, str | None]:
+    return json.dumps(result.to_dict()), None if result.ok else json.dumps({"url": item})
+
+
+def make(index: int, ok: bool = True) -> Result:
+    return Result(
+        index, f"http://h.test/{index}", ok, status_code=200 if ok else 503, attempts=1,
+        error_kind=None if ok else "status", attempt_log=(AttemptRecord(1, 200, None, 0.1),),
+    )  # fmt: skip
+
+
+def test_results_added_from_many_threads_come_back_in_input_order(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path, encode, IDENTITY)
+
+    def add_every_fourth(start: int) -> None:
+        for i in range(start, 1000, 4):
+            journal.add(make(i, i % 3 != 0), f"u{i}")
+
+    threads = [threading.Thread(target=add_every_fourth, args=(start,)) for start in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    journal.close()
+    reader = JournalReader(path)
+    rows = list(reader.rows())
+    assert [json.loads(record)["index"] for record, _ in rows] == list(range(1000))
+    assert all((request is None) == (i % 3 != 0) for i, (_, request) in enumerate(rows))
+    summary = reader.summary()
+    assert (summary.total, summary.failed) == (1000, 334)
+    assert summary.error_kinds == {"status": 334}
+    assert reader.meta() == IDENTITY
+    done = reader.done(1200)
+    assert sum(done) == 1000 and done[999] == 1 and done[1000] == 0
+    reader.close()
+
+
+def test_what_is_added_is_readable_before_close(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path, encode, IDENTITY)
+    journal.add(make(0), "u0")
+    for _ in range(200):  # the group commit lands within milliseconds
+        reader = JournalReader(path)
+        found = sum(reader.done(1))
+        reader.close()
+        if found:
+            break
+        threading.Event().wait(0.01)
+    assert found == 1
+    journal.close()
+
+
+def test_adds_after_close_are_ignored(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY)
+    journal.close()
+    journal.add(make(0), "late")
+    journal.close()
+    reader = JournalReader(tmp_path / "j.sqlite3")
+    assert list(reader.rows()) == []
+    reader.close()
+
+
+def test_a_writer_failure_surfaces_on_the_next_add(tmp_path: Path) -> None:
+    def broken(result: Result, item: object) -> tuple[str, str | None]:
+        return "x", None
+
+    journal = Journal(tmp_path / "j.sqlite3", broken, IDENTITY)
+    journal._db.execute("DROP TABLE results")
+    journal.add(make(0), "u")
+    journal._writer.join(timeout=5)
+    with pytest.raises(OSError, match="cannot be written"):
+        journal.add(make(1), "u")
+    with pytest.raises(OSError, match="cannot be written"):
+        journal.close()
+
+
+def test_remove_deletes_the_journal_and_its_wal(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    Journal(path, encode, IDENTITY).close()
+    Path(f"{path}-wal").write_bytes(b"")
+    assert remove(path) is True
+    assert list(tmp_path.iterdir()) == []
+    assert remove(path) is False
+
+
+def test_mismatch_names_what_differs() -> None:
+    assert mismatch(IDENTITY, dict(IDENTITY, input="elsewhere/urls.txt")) is None
+    assert mismatch(IDENTITY, dict(IDENTITY, sha256="def")) == (
+        "its sha256 was abc, the input's is def"
+    )
+    assert mismatch(IDENTITY, dict(IDENTITY, entries="4")) == "its entries was 3, the input's is 4"
+
+
+def test_result_round_trips_through_its_dict() -> None:
+    result = make(5, ok=False)
+    assert Result.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_fingerprint_depends_on_every_item_and_their_order() -> None:
+    items: list[Item] = ["http://h.test/a", {"url": "http://h.test/b", "id": 1}]
+    same: list[Item] = ["http://h.test/a", {"id": 1, "url": "http://h.test/b"}]
+    assert fingerprint(items) == fingerprint(same)
+    assert fingerprint(items)["entries"] == "2"
+    assert fingerprint(items) != fingerprint(list(reversed(items)))
+    specs = [RequestSpec(url="http://h.test/a", method="POST", idempotency_key="k")]
+    assert fingerprint(specs) == fingerprint(list(specs))
+    assert fingerprint(specs) != fingerprint([RequestSpec(url="http://h.test/a")])
