@@ -6,6 +6,7 @@ from .api import fetch_all, run_all
 from .backoff import Backoff
 from .batch import Batch
 from .classify import Retryable
+from .limits import Breaker
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
 
@@ -15,6 +16,7 @@ __all__ = [
     "AttemptRecord",
     "Backoff",
     "Batch",
+    "Breaker",
     "RequestSpec",
     "Result",
     "ResultSet",

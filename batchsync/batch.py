@@ -16,6 +16,7 @@ from .backoff import Backoff
 from .engine import Engine
 from .fetch import HttpJob
 from .journal import Journal, JournalMismatch, JournalReader, mismatch
+from .limits import Breaker, CooldownScope
 from .options import Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Progress, wanted
@@ -39,6 +40,11 @@ class FetchSettings(TypedDict, total=False):
     session: SessionSource | None
     max_bytes: int
     backoff: Backoff
+    rate: float | None
+    per_host: int | None
+    cooldown: CooldownScope
+    breaker: Breaker | None
+    adaptive: bool
     progress: bool | None
 
 
@@ -76,6 +82,7 @@ class Batch:
         self.options = build(FetchOptions, **options)
         self._done: dict[int, Result] = {}
         self.elapsed = 0.0
+        self._gates = self.options.gates()
         self.journal = None if journal is None else Path(journal)
         self._identity = fingerprint(self.items)
         if self.journal is not None and self.journal.exists():
@@ -104,7 +111,12 @@ class Batch:
     @property
     def results(self) -> ResultSet:
         """The finished Results in input order (all of them once ``pending`` is 0)."""
-        return ResultSet([self._done[i] for i in sorted(self._done)], elapsed=self.elapsed)
+        return ResultSet(
+            [self._done[i] for i in sorted(self._done)],
+            elapsed=self.elapsed,
+            waits=self._gates.waits.seconds,
+            circuits_opened=self._gates.circuits_opened,
+        )
 
     @property
     def pending(self) -> int:
@@ -128,7 +140,8 @@ class Batch:
                             journal.add(result, item)
                     bar(result)
 
-                Engine(options).run(HttpJob(options, transport), todo, deliver)
+                engine = Engine(options, gates=self._gates)
+                engine.run(HttpJob(options, transport), todo, deliver)
         finally:
             self.elapsed += time.monotonic() - started
             transport.close()

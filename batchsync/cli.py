@@ -19,6 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from .engine import Engine
 from .inputs import Input, InputError
 from .journal import JournalMismatch
+from .limits import Breaker, CooldownScope
 from .options import FetchOptions, build
 from .progress import wanted
 from .redact import MASK
@@ -41,6 +42,16 @@ def _parse_headers(
             raise click.BadParameter(f"header {number} is not in the form 'Name: value'")
         headers[name.strip()] = content.strip()
     return headers
+
+
+def _parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Breaker | None:
+    if value == "off":
+        return None
+    failures, colon, reset = value.partition(":")
+    try:
+        return Breaker(int(failures), float(reset) if colon else Breaker.reset)
+    except ValueError as exc:
+        raise click.BadParameter(f"expected FAILURES:SECONDS or off ({exc})") from None
 
 
 @click.command(
@@ -104,6 +115,42 @@ def _parse_headers(
     help="A larger body fails as invalid_body.",
 )
 @click.option(
+    "--rate",
+    type=positive,
+    default=None,
+    metavar="PER_SECOND",
+    help="At most this many attempts a second over all workers, retries included "
+    "(bursts of up to the concurrency).  [default: none]",
+)
+@click.option(
+    "--per-host",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="At most N attempts in flight to one host.  [default: none]",
+)
+@click.option(
+    "--cooldown",
+    type=click.Choice(["host", "global", "off"]),
+    default="host",
+    help="After a 429 or 503 with Retry-After, hold every worker's attempts to that host "
+    "(or to all hosts) until it has passed.",
+)
+@click.option(
+    "--breaker",
+    default="10:30",
+    metavar="FAILURES:SECONDS|off",
+    callback=_parse_breaker,
+    help="Open a host's circuit after FAILURES consecutive failures (items for it then end "
+    "as circuit_open); let one probe through after SECONDS.",
+)
+@click.option(
+    "--adaptive",
+    is_flag=True,
+    help="Find the API's capacity: raise the attempts in flight (up to the concurrency) "
+    "until 429, 503 or timeouts, then halve them.",
+)
+@click.option(
     "-H",
     "--header",
     "headers",
@@ -150,6 +197,11 @@ def command(
     deadline: float | None,
     expect: str,
     max_bytes: int,
+    rate: float | None,
+    per_host: int | None,
+    cooldown: CooldownScope,
+    breaker: Breaker | None,
+    adaptive: bool,
     headers: dict[str, str],
     prefix: str,
     resume: bool,
@@ -163,6 +215,7 @@ def command(
             FetchOptions,
             concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
+            rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

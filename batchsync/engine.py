@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from .budget import Allowance
 from .classify import ErrorKind, Verdict, describe
+from .limits import GLOBAL, Gates
 from .options import EngineOptions
 from .redact import redact_url
 from .result import AttemptRecord, Result
@@ -30,6 +31,8 @@ Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 3.0
+# What the gates are told when an attempt raised instead of returning a Verdict.
+_NOT_SENT = Verdict("terminal", "exception", "the attempt raised")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +41,7 @@ class Task:
 
     ``attempt(bound)`` makes one try that should end within ``bound`` seconds (None: no bound)
     and says what came of it. ``max_attempts`` lowers the batch's attempts for this item, and
-    ``no_retry_reason`` says why.
+    ``no_retry_reason`` says why. ``host`` is the key of the per-host limits.
     """
 
     url: str | None
@@ -46,6 +49,7 @@ class Task:
     attempt: Callable[[float | None], Verdict]
     max_attempts: int | None = None
     no_retry_reason: str | None = None
+    host: str | None = None
 
 
 class Job(Protocol):
@@ -102,11 +106,13 @@ class Engine:
         self,
         options: EngineOptions,
         *,
+        gates: Gates | None = None,
         grace: float = STOP_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.options = options
+        self._gates = gates
         self._grace = grace
         self._clock = clock
         self._rand = rand
@@ -261,14 +267,25 @@ class Engine:
 
         last: Verdict | None = None
         while True:
-            began = self._clock()
-            left, nearest = allowance.tightest(began)
+            left, nearest = allowance.tightest(self._clock())
             if left <= 0:
-                return self._out_of_time(finish, last, nearest)
+                return self._refused(finish, last, nearest, task)
+            admission = None
+            if self._gates is not None:
+                admitted = self._gates.admit(task.host or GLOBAL, allowance, self._stop)
+                if isinstance(admitted, str):
+                    return self._refused(finish, last, admitted, task)
+                admission = admitted
+            began = self._clock()
             bound, limit = (
                 (None, None) if job.timeout is None else allowance.attempt_bound(job.timeout, began)
             )
-            verdict = task.attempt(bound)
+            verdict = _NOT_SENT
+            try:
+                verdict = task.attempt(bound)
+            finally:
+                if admission is not None and self._gates is not None:
+                    self._gates.release(admission, verdict)
             ended = self._clock()
             if verdict.error_kind == "timeout" and limit is not None:
                 verdict = replace(
@@ -314,12 +331,19 @@ class Engine:
         return verdict.error
 
     @staticmethod
-    def _out_of_time(
-        finish: Callable[[Verdict, str | None], Result], last: Verdict | None, limit: ErrorKind
+    def _refused(
+        finish: Callable[[Verdict, str | None], Result],
+        last: Verdict | None,
+        kind: ErrorKind,
+        task: Task,
     ) -> Result:
+        """The Result of an item stopped before its next attempt was sent."""
+        reason = {
+            "budget": "no time left in the budget",
+            "deadline": "no time left before the deadline",
+            "cancelled": "stopped before the next try",
+            "circuit_open": f"the circuit for {task.host} is open",
+        }.get(kind, kind)
         if last is None:
-            return finish(Verdict("terminal", limit), f"no time left in the {limit}")
-        return finish(
-            replace(last, outcome="terminal", error_kind=limit),
-            f"{last.error}; no time left in the {limit} for another try",
-        )
+            return finish(Verdict("terminal", kind), reason)
+        return finish(replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}")

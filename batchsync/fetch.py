@@ -16,7 +16,7 @@ from .engine import Task
 from .options import FetchOptions
 from .redact import redact_text, secret_values
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
-from .transport import BodyTooLarge, Transport
+from .transport import BodyTooLarge, Transport, host_of
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
@@ -48,14 +48,16 @@ class HttpJob:
     def prepare(self, item: object) -> Task:
         spec = parse_item(item)
         request = self._prepare_request(spec)
+        host = host_of(spec.url)
         if spec.retry_safe:
-            return Task(spec.url, spec.id, partial(self._attempt, request))
+            return Task(spec.url, spec.id, partial(self._attempt, request), host=host)
         return Task(
             spec.url,
             spec.id,
             partial(self._attempt, request),
             max_attempts=1,
             no_retry_reason=f"{spec.method} is not retried without an idempotency_key",
+            host=host,
         )
 
     def _prepare_request(self, spec: RequestSpec) -> requests.PreparedRequest:

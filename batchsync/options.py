@@ -8,6 +8,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .backoff import Backoff
+from .limits import Breaker, CooldownScope, Gates, build_gates
 from .spec import one_line
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
@@ -28,13 +29,24 @@ class EngineOptions(BaseModel):
 
 
 class FetchOptions(EngineOptions):
-    """What an HTTP batch adds: per-attempt timeout, body handling, headers and session."""
+    """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
 
     timeout: float = Field(default=10.0, gt=0)
+    rate: float | None = Field(default=None, gt=0)
+    per_host: int | None = Field(default=None, ge=1)
+    cooldown: CooldownScope = "host"
+    breaker: Breaker | None = Breaker()
+    adaptive: bool = False
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     max_bytes: int = Field(default=32 * 2**20, ge=1)
     session: Any = None
+
+    def gates(self) -> Gates:
+        return build_gates(
+            concurrency=self.concurrency, rate=self.rate, per_host=self.per_host,
+            cooldown=self.cooldown, breaker=self.breaker, adaptive=self.adaptive,
+        )  # fmt: skip
 
     @field_validator("session")
     @classmethod

@@ -106,6 +106,8 @@ class Summary:
     status_codes: dict[int, int]
     requests_sent: int
     elapsed: float | None = None
+    waits: dict[str, float] = field(default_factory=dict)
+    circuits_opened: int = 0
 
     @property
     def requests_per_second(self) -> float | None:
@@ -124,6 +126,13 @@ class Summary:
             rate = self.requests_per_second
             if rate is not None:
                 line += f" ({rate:.0f}/s)"
+        if self.waits:
+            waited = ", ".join(
+                f"{gate} {seconds:.1f} s" for gate, seconds in sorted(self.waits.items())
+            )
+            line += f"; waited for {waited}"
+        if self.circuits_opened:
+            line += f"; {self.circuits_opened} circuit(s) opened"
         return line
 
     def _repr_html_(self) -> str:
@@ -137,6 +146,9 @@ class Summary:
         rows.append(("requests sent", self.requests_sent))
         if self.elapsed is not None:
             rows.append(("elapsed (s)", f"{self.elapsed:.2f}"))
+        rows += [(f"waited for {gate} (s)", f"{s:.2f}") for gate, s in sorted(self.waits.items())]
+        if self.circuits_opened:
+            rows.append(("circuits opened", self.circuits_opened))
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
             f"<td>{html.escape(str(value))}</td></tr>"
@@ -145,7 +157,12 @@ class Summary:
         return f"<table>{body}</table>"
 
 
-def summarize(results: Sequence[Result], elapsed: float | None = None) -> Summary:
+def summarize(
+    results: Sequence[Result],
+    elapsed: float | None = None,
+    waits: dict[str, float] | None = None,
+    circuits_opened: int = 0,
+) -> Summary:
     ok = sum(1 for result in results if result.ok)
     kinds = Counter[str](r.error_kind for r in results if r.error_kind is not None)
     codes = Counter(result.status_code for result in results if result.status_code is not None)
@@ -157,6 +174,8 @@ def summarize(results: Sequence[Result], elapsed: float | None = None) -> Summar
         status_codes=dict(codes),
         requests_sent=sum(result.attempts for result in results),
         elapsed=elapsed,
+        waits=dict(waits or {}),
+        circuits_opened=circuits_opened,
     )
 
 
@@ -176,9 +195,17 @@ COLUMN_TYPES = {
 class ResultSet(Sequence[Result]):
     """The Results of a batch, one per input item, in input order."""
 
-    def __init__(self, results: Sequence[Result], elapsed: float | None = None) -> None:
+    def __init__(
+        self,
+        results: Sequence[Result],
+        elapsed: float | None = None,
+        waits: dict[str, float] | None = None,
+        circuits_opened: int = 0,
+    ) -> None:
         self._results = list(results)
         self.elapsed = elapsed
+        self.waits = dict(waits or {})
+        self.circuits_opened = circuits_opened
 
     @overload
     def __getitem__(self, index: int) -> Result: ...
@@ -205,7 +232,7 @@ class ResultSet(Sequence[Result]):
         return [result for result in self._results if not result.ok]
 
     def summary(self) -> Summary:
-        return summarize(self._results, self.elapsed)
+        return summarize(self._results, self.elapsed, self.waits, self.circuits_opened)
 
     def to_pandas(self) -> pandas.DataFrame:
         """One row per item, columns as the Result fields (needs the ``pandas`` extra)."""

@@ -109,7 +109,8 @@ def run_batch(
     pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
     journal = Journal(path, encode, identity)
     transport = Transport(options.session, options.concurrency, options.headers or ())
-    engine = Engine(options)
+    gates = options.gates()
+    engine = Engine(options, gates=gates)
     on_start(engine)
     started = time.monotonic()
     try:
@@ -128,7 +129,13 @@ def run_batch(
     reader = JournalReader(path)
     try:
         results_path, failed_path = write_outputs(prefix, reader.rows())
-        summary = replace(reader.summary(), requests_sent=bar.requests, elapsed=elapsed)
+        summary = replace(
+            reader.summary(),
+            requests_sent=bar.requests,
+            elapsed=elapsed,
+            waits=gates.waits.seconds,
+            circuits_opened=gates.circuits_opened,
+        )
     finally:
         reader.close()
     return Outcome(

@@ -59,6 +59,17 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
+def host_of(url: str) -> str:
+    """The host (and port, when given) a URL's per-host limits are counted under."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
+
+
 class Transport:
     """Sends prepared requests and reads their bodies, each attempt within a wall-clock bound.
 

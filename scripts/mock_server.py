@@ -12,18 +12,28 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /404[/anything]                  always 404
     /broken-json                     200 with a body that is not JSON
     /retry-after-60                  always 429 with Retry-After: 60
+    /account/ACCOUNT/...?retry_after=N   the first request of an ACCOUNT: 429 with Retry-After: N
+                                     for the whole account; every later one: 200
+    /limited/...?max_inflight=K&max_rate=R&work=S&family=F
+                                     a server with a capacity: 429 when more than K requests of
+                                     family F are in flight or more than R arrived in the last
+                                     second; else 200 after S seconds of work
+    /503-then-ok/FAMILY/...?after=N  the first N requests of a FAMILY: 503; later ones: 200
     /trickle?interval=S&bytes=N      200 headers at once, then one body byte every S seconds
     /huge?mb=N&gzip=1&chunked=1      200 with an N MiB body: gzip-compressed (gzip=1), or
                                      without a Content-Length (chunked=1)
     /text, /bytes                    200 text/plain UTF-8, 200 application/octet-stream
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
-    /stats                           JSON: requests per target, peak concurrency, connections
+    /stats?log=1                     JSON: requests per target, peak concurrency, connections
+                                     (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
 
 Every path except /stats counts towards the stats: ``counts`` (per path with query),
-``requests``, ``peak_concurrency`` (requests being handled at once) and ``connections``
-(TCP connections that carried at least one of those requests).
+``requests``, ``peak_concurrency`` (requests being handled at once), ``peak_by_host`` (the
+same per Host header), ``connections`` (TCP connections that carried at least one of those
+requests) and ``log`` (arrival ``t`` and ``end`` as Unix times, ``target``, ``host``,
+``status``).
 """
 
 from __future__ import annotations
@@ -56,39 +66,72 @@ class Stats:
             self.counts: Counter[str] = Counter()
             self.in_flight = 0
             self.peak = 0
+            self.in_flight_by_host: Counter[str] = Counter()
+            self.peak_by_host: dict[str, int] = {}
+            self.family_in_flight: Counter[str] = Counter()
+            self.family_arrivals: dict[str, list[float]] = {}
             self.connections = 0
-            self.seen_once: set[str] = set()
+            self.seen: Counter[str] = Counter()
+            self.log: list[dict[str, Any]] = []
 
     def connected(self) -> None:
         with self._lock:
             self.connections += 1
 
-    def begin(self, target: str) -> None:
+    def begin(self, target: str, host: str) -> dict[str, Any]:
+        """Count a request in; returns its log entry, whose status ``end`` fills in."""
+        entry: dict[str, Any] = {"t": time.time(), "target": target, "host": host, "status": None}
         with self._lock:
             self.counts[target] += 1
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
+            self.in_flight_by_host[host] += 1
+            self.peak_by_host[host] = max(
+                self.peak_by_host.get(host, 0), self.in_flight_by_host[host]
+            )
+            self.log.append(entry)
+        return entry
 
-    def end(self) -> None:
+    def end(self, entry: dict[str, Any], status: int | None) -> None:
         with self._lock:
             self.in_flight -= 1
+            self.in_flight_by_host[entry["host"]] -= 1
+            entry["status"] = status
+            entry["end"] = time.time()
 
-    def first_time(self, key: str) -> bool:
+    def times_seen(self, key: str) -> int:
+        """How many times ``key`` was seen before, counting this one in."""
         with self._lock:
-            if key in self.seen_once:
-                return False
-            self.seen_once.add(key)
-            return True
+            self.seen[key] += 1
+            return self.seen[key]
 
-    def snapshot(self) -> dict[str, Any]:
+    def over_limit(self, family: str, max_in_flight: int, max_rate: float) -> bool:
+        """Count a request of ``family`` in; True when it is one too many (in flight or per s)."""
+        now = time.monotonic()
         with self._lock:
-            return {
+            arrivals = [t for t in self.family_arrivals.get(family, []) if now - t < 1.0]
+            arrivals.append(now)
+            self.family_arrivals[family] = arrivals
+            self.family_in_flight[family] += 1
+            return self.family_in_flight[family] > max_in_flight or len(arrivals) > max_rate
+
+    def leave_family(self, family: str) -> None:
+        with self._lock:
+            self.family_in_flight[family] -= 1
+
+    def snapshot(self, with_log: bool) -> dict[str, Any]:
+        with self._lock:
+            report = {
                 "counts": dict(self.counts),
                 "requests": sum(self.counts.values()),
                 "peak_concurrency": self.peak,
+                "peak_by_host": dict(self.peak_by_host),
                 "in_flight": self.in_flight,
                 "connections": self.connections,
             }
+            if with_log:
+                report["log"] = [dict(entry) for entry in self.log]
+            return report
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -113,7 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path, query = parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()}
         if path == "/stats":
-            self._json(200, self.server.stats.snapshot())
+            self._json(200, self.server.stats.snapshot(with_log=query.get("log") == "1"))
             return
         if path == "/stats/reset":
             self.server.stats.reset()
@@ -123,13 +166,18 @@ class Handler(BaseHTTPRequestHandler):
         if not self.counted_connection:
             self.counted_connection = True
             stats.connected()
-        stats.begin(self.path)
+        entry = stats.begin(self.path, self.headers.get("Host", ""))
+        self.status: int | None = None
         try:
             self._route(path, query, body)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
-            stats.end()
+            stats.end(entry, self.status)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.status = code
+        super().send_response(code, message)
 
     def _route(self, path: str, query: dict[str, str], body: bytes) -> None:
         head = "/" + path.strip("/").split("/", 1)[0]
@@ -140,13 +188,30 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"path": path, "ok": True})
         elif head in ("/429-once", "/429-date"):
             wait = float(query.get("retry_after", "1"))
-            if self.server.stats.first_time(path):
+            if self.server.stats.times_seen(path) == 1:
                 when = (
                     email.utils.formatdate(time.time() + wait, usegmt=True)
                     if head == "/429-date"
                     else f"{wait:g}"
                 )
                 self._json(429, {"error": "slow down"}, {"Retry-After": when})
+            else:
+                self._json(200, {"path": path, "ok": True})
+        elif head == "/account":
+            account = path.strip("/").split("/")[1]
+            if self.server.stats.times_seen(f"account {account}") == 1:
+                retry_after = query.get("retry_after", "1")
+                self._json(429, {"error": "account limit"}, {"Retry-After": retry_after})
+            else:
+                self._json(200, {"path": path, "ok": True})
+        elif head == "/limited":
+            self._limited(query)
+        elif head == "/503-then-ok":
+            family = path.strip("/").split("/")[1]
+            if self.server.stats.times_seen(f"503-then-ok {family}") <= int(
+                query.get("after", "3")
+            ):
+                self._json(503, {"error": "unavailable"})
             else:
                 self._json(200, {"path": path, "ok": True})
         elif head == "/503":
@@ -199,6 +264,23 @@ class Handler(BaseHTTPRequestHandler):
 
     def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json", headers)
+
+    def _limited(self, query: dict[str, str]) -> None:
+        """A server with a capacity: 429 past ``max_inflight`` at once or ``max_rate`` a second."""
+        stats = self.server.stats
+        family = query.get("family", "limited")
+        over = stats.over_limit(
+            family, int(query.get("max_inflight", "1000000")), float(query.get("max_rate", "inf"))
+        )
+        if not over:
+            time.sleep(float(query.get("work", "0")))
+        # The request stops counting once its work is done, before the answer goes out.
+        stats.leave_family(family)
+        if over:
+            extra = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
+            self._json(429, {"error": "over capacity"}, extra)
+        else:
+            self._json(200, {"ok": True})
 
     def _trickle(self, interval: float, size: int) -> None:
         self.send_response(200)

@@ -21,17 +21,17 @@ class MockServerProcess:
     url: str
     process: subprocess.Popen[str]
 
-    def _get(self, path: str) -> dict[str, Any]:
+    def get(self, path: str) -> dict[str, Any]:
         # urllib, not requests: the stats must not ride on the pools under test.
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             payload: dict[str, Any] = json.load(response)
             return payload
 
     def stats(self) -> dict[str, Any]:
-        return self._get("/stats")
+        return self.get("/stats")
 
     def reset(self) -> None:
-        self._get("/stats/reset")
+        self.get("/stats/reset")
 
     def count(self, target: str) -> int:
         counts: dict[str, int] = self.stats()["counts"]

@@ -1,0 +1,468 @@
+"""Flow control: what an attempt must pass before it is sent, and what it tells on the way back.
+
+Each limit is a small interface with an in-process implementation here; a shared backend
+(several processes or machines) implements the same interfaces. ``Gates`` runs them in the
+design's order — circuit breaker, concurrency slots, cooldown, rate token — each wait bounded
+by what is left of the item's budget and the batch deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar
+
+from .budget import Allowance
+from .classify import ErrorKind, Verdict
+
+BreakerState = Literal["closed", "probe", "open"]
+CooldownScope = Literal["host", "global", "off"]
+GLOBAL = "*"
+_POLL_SECONDS = 0.05
+# Adaptive concurrency keeps this share of its limit on a congestion signal.
+DECREASE = 0.5
+T = TypeVar("T")
+
+
+class RateLimiter(Protocol):
+    """A token bucket shared by every worker: each attempt takes one token."""
+
+    def reserve(self) -> float:
+        """Take a token; the seconds to wait before it may be used."""
+        ...
+
+    def refund(self) -> None:
+        """Give back a reserved token that will not be used."""
+        ...
+
+
+class SlotPool(Protocol):
+    """At most N attempts in flight per key (a host)."""
+
+    def enter(self, key: str, timeout: float) -> bool:
+        """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
+        ...
+
+    def leave(self, key: str) -> None: ...
+
+
+class CooldownBoard(Protocol):
+    """Times until which attempts to a key are held, as servers asked with Retry-After."""
+
+    def hold(self, key: str, seconds: float) -> None: ...
+
+    def remaining(self, key: str) -> float:
+        """Seconds left in the key's cooldown (0 when there is none)."""
+        ...
+
+
+class BreakerBackend(Protocol):
+    """A circuit breaker per host."""
+
+    def check(self, key: str) -> BreakerState:
+        """``closed``: go; ``probe``: go, as the one trial of a half-open circuit; ``open``: no."""
+        ...
+
+    def record(self, key: str, failed: bool, probe: bool) -> None:
+        """What an admitted attempt came to (``failed``: a retryable failure other than 429)."""
+        ...
+
+    def abandon(self, key: str, probe: bool) -> None:
+        """An admitted attempt was not sent after all."""
+        ...
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up: no 1-s window sees more than
+    rate + burst attempts, and a long run averages the rate."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self._rate = rate
+        self._burst = float(burst)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tokens = float(burst)
+        self._updated = clock()
+
+    def reserve(self) -> float:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+            self._updated = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+
+    def refund(self) -> None:
+        with self._lock:
+            self._tokens = min(self._burst, self._tokens + 1.0)
+
+
+class HostSlots:
+    """At most ``limit`` attempts in flight per key; waiters wake as soon as a slot frees."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._in_flight: dict[str, int] = {}
+        self._changed = threading.Condition()
+
+    def enter(self, key: str, timeout: float) -> bool:
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: self._in_flight.get(key, 0) < self._limit, timeout
+            ):
+                return False
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            return True
+
+    def leave(self, key: str) -> None:
+        with self._changed:
+            left = self._in_flight[key] - 1
+            if left:
+                self._in_flight[key] = left
+            else:
+                del self._in_flight[key]
+            self._changed.notify_all()
+
+
+class Cooldowns:
+    """Cooldown ends per key, in memory."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, key: str, seconds: float) -> None:
+        with self._lock:
+            until = self._clock() + seconds
+            if until > self._until.get(key, 0.0):
+                self._until[key] = until
+
+    def remaining(self, key: str) -> float:
+        until = self._until.get(key)
+        if until is None:
+            return 0.0
+        left = until - self._clock()
+        if left <= 0:
+            with self._lock:
+                if self._until.get(key) == until:
+                    del self._until[key]
+            return 0.0
+        return left
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """Circuit breaker settings: open a host's circuit after ``failures`` consecutive
+    retryable failures (429 aside); let one probe through after ``reset`` seconds."""
+
+    failures: int = 10
+    reset: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.failures < 1:
+            raise ValueError(f"breaker failures must be at least 1, got {self.failures}")
+        if not (math.isfinite(self.reset) and self.reset > 0):
+            raise ValueError(f"breaker reset must be a positive number, got {self.reset}")
+
+
+@dataclass
+class _Circuit:
+    failures: int = 0
+    opened_at: float | None = None
+    probing: bool = False
+
+
+class CircuitBreaker:
+    """Opens a host's circuit after ``failures`` consecutive retryable failures; after
+    ``reset`` seconds one probe goes through (half-open): success closes it, failure reopens."""
+
+    def __init__(
+        self, failures: int, reset: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._threshold = failures
+        self._reset = reset
+        self._clock = clock
+        self._circuits: dict[str, _Circuit] = {}
+        self._lock = threading.Lock()
+        self.opened = 0
+
+    def check(self, key: str) -> BreakerState:
+        if key not in self._circuits:  # the healthy path takes no lock
+            return "closed"
+        with self._lock:
+            circuit = self._circuits.get(key)
+            if circuit is None or circuit.opened_at is None:
+                return "closed"
+            if circuit.probing or self._clock() - circuit.opened_at < self._reset:
+                return "open"
+            circuit.probing = True
+            return "probe"
+
+    def record(self, key: str, failed: bool, probe: bool) -> None:
+        if not failed and key not in self._circuits:
+            return
+        with self._lock:
+            circuit = self._circuits.setdefault(key, _Circuit())
+            if probe:
+                circuit.probing = False
+            if not failed:
+                circuit.failures = 0
+                circuit.opened_at = None
+                if not circuit.probing:
+                    del self._circuits[key]
+                return
+            circuit.failures += 1
+            if probe or (circuit.opened_at is None and circuit.failures >= self._threshold):
+                if circuit.opened_at is None:
+                    self.opened += 1
+                circuit.opened_at = self._clock()
+
+    def abandon(self, key: str, probe: bool) -> None:
+        if probe:
+            with self._lock:
+                circuit = self._circuits.get(key)
+                if circuit is not None:
+                    circuit.probing = False
+
+
+class AdaptiveLimit:
+    """Additive increase, multiplicative decrease of the attempts in flight, from 1 to ``ceiling``.
+
+    Starts at 1 and grows by one per success (slow start) until the first congestion signal
+    (429, 503, timeout); then it halves on congestion — at most once per round of attempts —
+    and grows by one after each ``limit`` successes.
+    """
+
+    def __init__(self, ceiling: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ceiling = ceiling
+        self._clock = clock
+        self.limit = 1
+        self._in_flight = 0
+        self._successes = 0
+        self._slow_start = True
+        self._last_cut = float("-inf")
+        self._changed = threading.Condition()
+
+    def enter(self, timeout: float) -> float | None:
+        """Wait up to ``timeout`` for room; the admission time, or None."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._in_flight < self.limit, timeout):
+                return None
+            self._in_flight += 1
+            return self._clock()
+
+    def leave(self, started: float, congested: bool | None) -> None:
+        """One attempt done: ``congested`` True or False, or None when it was never sent."""
+        with self._changed:
+            self._in_flight -= 1
+            if congested:
+                self._cut(started)
+            elif congested is not None:
+                self._grow()
+            self._changed.notify_all()
+
+    def _cut(self, started: float) -> None:
+        # React once per round: signals from attempts sent before the last cut describe
+        # the old limit.
+        if started >= self._last_cut:
+            self.limit = max(1, int(self.limit * DECREASE))
+            self._slow_start = False
+            self._successes = 0
+            self._last_cut = self._clock()
+
+    def _grow(self) -> None:
+        self._successes += 1
+        if self._slow_start or self._successes >= self.limit:
+            self.limit = min(self._ceiling, self.limit + 1)
+            self._successes = 0
+
+
+@dataclass
+class Admission:
+    """An attempt let through the gates; handed back to ``Gates.release`` afterwards."""
+
+    host: str
+    probe: bool
+    slot: bool
+    adaptive_since: float | None
+
+
+@dataclass
+class WaitStats:
+    """Seconds spent waiting at each gate, summed over all attempts."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, gate: str, seconds: float) -> None:
+        if seconds > 0:
+            with self.lock:
+                self.seconds[gate] = self.seconds.get(gate, 0.0) + seconds
+
+
+def is_congestion(verdict: Verdict) -> bool:
+    """429, 503 and timeouts say the server is overloaded."""
+    return verdict.status_code in (429, 503) or verdict.error_kind == "timeout"
+
+
+def is_breaker_failure(verdict: Verdict) -> bool:
+    """A retryable failure that says the host is unhealthy (429 only says "slower")."""
+    return verdict.outcome == "retry" and verdict.status_code != 429
+
+
+class Gates:
+    """The limits an attempt passes, in order; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        rate: RateLimiter | None = None,
+        slots: SlotPool | None = None,
+        cooldowns: CooldownBoard | None = None,
+        cooldown_scope: CooldownScope = "host",
+        breaker: BreakerBackend | None = None,
+        adaptive: AdaptiveLimit | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rate = rate
+        self._slots = slots
+        self._cooldowns = None if cooldown_scope == "off" else cooldowns
+        self._scope = cooldown_scope
+        self._breaker = breaker
+        self._adaptive = adaptive
+        self._clock = clock
+        self.waits = WaitStats()
+        self.circuit_refusals = 0
+
+    @property
+    def circuits_opened(self) -> int:
+        return self._breaker.opened if isinstance(self._breaker, CircuitBreaker) else 0
+
+    def _cooldown_key(self, host: str) -> str:
+        return GLOBAL if self._scope == "global" else host
+
+    def admit(
+        self, host: str, allowance: Allowance, stop: threading.Event
+    ) -> Admission | ErrorKind:
+        """Wait at each gate; an Admission, or the kind that ends the item instead."""
+        probe = False
+        if self._breaker is not None:
+            state = self._breaker.check(host)
+            if state == "open":
+                self.circuit_refusals += 1
+                return "circuit_open"
+            probe = state == "probe"
+        admission = Admission(host, probe, slot=False, adaptive_since=None)
+        refusal = self._pass(admission, allowance, stop)
+        if refusal is not None:
+            self._undo(admission)
+            return refusal
+        return admission
+
+    def _pass(
+        self, admission: Admission, allowance: Allowance, stop: threading.Event
+    ) -> ErrorKind | None:
+        if self._adaptive is not None:
+            since, refusal = self._wait_for("adaptive", self._adaptive.enter, allowance, stop)
+            if refusal is not None:
+                return refusal
+            admission.adaptive_since = since
+        if self._slots is not None:
+            slots = self._slots
+            taken, refusal = self._wait_for(
+                "host_slot", lambda t: slots.enter(admission.host, t) or None, allowance, stop
+            )
+            if refusal is not None:
+                return refusal
+            admission.slot = bool(taken)
+        if self._cooldowns is not None:
+            held = self._cooldowns.remaining(self._cooldown_key(admission.host))
+            refusal = self._sleep("cooldown", held, allowance, stop)
+            if refusal is not None:
+                return refusal
+        if self._rate is not None:
+            refusal = self._sleep("token", self._rate.reserve(), allowance, stop)
+            if refusal is not None:
+                self._rate.refund()
+                return refusal
+        return None
+
+    def _sleep(
+        self, gate: str, seconds: float, allowance: Allowance, stop: threading.Event
+    ) -> ErrorKind | None:
+        if seconds <= 0:
+            return None
+        left, limit = allowance.tightest(self._clock())
+        if seconds >= left:
+            return limit
+        if stop.wait(seconds):
+            return "cancelled"
+        self.waits.add(gate, seconds)
+        return None
+
+    def _wait_for(
+        self,
+        gate: str,
+        attempt: Callable[[float], T | None],
+        allowance: Allowance,
+        stop: threading.Event,
+    ) -> tuple[T | None, ErrorKind | None]:
+        """Call ``attempt(timeout)`` in short rounds until it gives a value or time runs out."""
+        began = self._clock()
+        while True:
+            left, limit = allowance.tightest(self._clock())
+            if left <= 0:
+                return None, limit
+            if stop.is_set():
+                return None, "cancelled"
+            value = attempt(min(left, _POLL_SECONDS))
+            if value is not None:
+                self.waits.add(gate, self._clock() - began)
+                return value, None
+
+    def _undo(self, admission: Admission) -> None:
+        if self._breaker is not None:
+            self._breaker.abandon(admission.host, admission.probe)
+        if admission.slot and self._slots is not None:
+            self._slots.leave(admission.host)
+        if admission.adaptive_since is not None and self._adaptive is not None:
+            self._adaptive.leave(admission.adaptive_since, congested=None)
+
+    def release(self, admission: Admission, verdict: Verdict) -> None:
+        """Give back the slots and tell each limit what the attempt came to."""
+        if admission.slot and self._slots is not None:
+            self._slots.leave(admission.host)
+        if admission.adaptive_since is not None and self._adaptive is not None:
+            self._adaptive.leave(admission.adaptive_since, is_congestion(verdict))
+        if self._breaker is not None:
+            self._breaker.record(admission.host, is_breaker_failure(verdict), admission.probe)
+        if (
+            self._cooldowns is not None
+            and verdict.retry_after
+            and verdict.status_code in (429, 503)
+        ):
+            self._cooldowns.hold(self._cooldown_key(admission.host), verdict.retry_after)
+
+
+def build_gates(
+    *,
+    concurrency: int,
+    rate: float | None,
+    per_host: int | None,
+    cooldown: CooldownScope,
+    breaker: Breaker | None,
+    adaptive: bool,
+) -> Gates:
+    """The in-process gates for a run's settings."""
+    return Gates(
+        rate=None if rate is None else TokenBucket(rate, burst=concurrency),
+        slots=None if per_host is None else HostSlots(per_host),
+        cooldowns=Cooldowns(),
+        cooldown_scope=cooldown,
+        breaker=None if breaker is None else CircuitBreaker(breaker.failures, breaker.reset),
+        adaptive=AdaptiveLimit(concurrency) if adaptive else None,
+    )

@@ -1,0 +1,291 @@
+"""The flow-control pieces on a fake clock, and the gates' order and refusals."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from batchsync.budget import Allowance
+from batchsync.classify import retry, success, terminal
+from batchsync.limits import (
+    AdaptiveLimit,
+    Admission,
+    Breaker,
+    CircuitBreaker,
+    Cooldowns,
+    Gates,
+    HostSlots,
+    TokenBucket,
+    is_breaker_failure,
+    is_congestion,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_allows_a_burst_then_spaces_tokens_at_the_rate() -> None:
+    clock = Clock()
+    bucket = TokenBucket(rate=10, burst=3, clock=clock)
+    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert [round(bucket.reserve(), 3) for _ in range(3)] == [0.1, 0.2, 0.3]
+    clock.now += 1.0  # the debt is paid and 0.6 s of tokens saved up, capped at the burst
+    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert round(bucket.reserve(), 3) == 0.1
+
+
+def test_a_refunded_token_serves_the_next_caller() -> None:
+    bucket = TokenBucket(rate=1, burst=1, clock=Clock())
+    assert bucket.reserve() == 0.0
+    assert bucket.reserve() == pytest.approx(1.0)
+    bucket.refund()
+    assert bucket.reserve() == pytest.approx(1.0)
+
+
+def test_host_slots_count_per_host() -> None:
+    slots = HostSlots(2)
+    assert slots.enter("a", 0) and slots.enter("a", 0)
+    assert not slots.enter("a", 0.01)
+    assert slots.enter("b", 0)
+    slots.leave("a")
+    assert slots.enter("a", 0)
+
+
+def test_a_freed_host_slot_wakes_a_waiter_at_once() -> None:
+    slots = HostSlots(1)
+    slots.enter("a", 0)
+    threading.Timer(0.1, slots.leave, args=("a",)).start()
+    started = time.monotonic()
+    assert slots.enter("a", 5)
+    assert time.monotonic() - started < 1
+
+
+def test_cooldowns_keep_the_latest_end_and_expire() -> None:
+    clock = Clock()
+    board = Cooldowns(clock)
+    assert board.remaining("h") == 0.0
+    board.hold("h", 5)
+    board.hold("h", 2)
+    assert board.remaining("h") == 5.0
+    assert board.remaining("other") == 0.0
+    clock.now += 5
+    assert board.remaining("h") == 0.0
+
+
+def test_breaker_opens_after_consecutive_failures_only() -> None:
+    breaker = CircuitBreaker(failures=3, reset=10, clock=Clock())
+    for _ in range(2):
+        breaker.record("h", failed=True, probe=False)
+    breaker.record("h", failed=False, probe=False)  # a success resets the count
+    for _ in range(2):
+        breaker.record("h", failed=True, probe=False)
+    assert breaker.check("h") == "closed"
+    breaker.record("h", failed=True, probe=False)
+    assert breaker.check("h") == "open"
+    assert breaker.check("other") == "closed"
+    assert breaker.opened == 1
+
+
+def test_breaker_half_opens_for_one_probe_after_the_reset() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=1, reset=10, clock=clock)
+    breaker.record("h", failed=True, probe=False)
+    clock.now += 9.9
+    assert breaker.check("h") == "open"
+    clock.now += 0.1
+    assert breaker.check("h") == "probe"
+    assert breaker.check("h") == "open"  # one probe at a time
+    breaker.record("h", failed=True, probe=True)  # the probe failed: open again, for 10 s more
+    clock.now += 5
+    assert breaker.check("h") == "open"
+    clock.now += 5
+    assert breaker.check("h") == "probe"
+    breaker.record("h", failed=False, probe=True)
+    assert breaker.check("h") == "closed"
+    assert breaker.opened == 1
+
+
+def test_an_abandoned_probe_lets_another_one_through() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=1, reset=1, clock=clock)
+    breaker.record("h", failed=True, probe=False)
+    clock.now += 1
+    assert breaker.check("h") == "probe"
+    breaker.abandon("h", probe=True)
+    assert breaker.check("h") == "probe"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"), [({"failures": 0}, "failures"), ({"reset": 0}, "reset")]
+)
+def test_breaker_settings_are_checked(fields: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Breaker(**fields)  # type: ignore[arg-type]
+
+
+def test_what_counts_for_the_breaker_and_for_congestion() -> None:
+    assert is_breaker_failure(retry("status", "HTTP 503", 503))
+    assert is_breaker_failure(retry("timeout", "timed out"))
+    assert not is_breaker_failure(retry("status", "HTTP 429", 429))
+    assert not is_breaker_failure(terminal("status", "HTTP 404", 404))
+    assert not is_breaker_failure(success(None, 200))
+    assert is_congestion(retry("status", "HTTP 429", 429))
+    assert is_congestion(retry("status", "HTTP 503", 503))
+    assert is_congestion(retry("timeout", "timed out"))
+    assert not is_congestion(retry("status", "HTTP 500", 500))
+
+
+def test_adaptive_limit_slow_starts_then_halves_once_per_round() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(ceiling=16, clock=clock)
+    assert limit.limit == 1
+    for _ in range(5):
+        started = limit.enter(0)
+        assert started is not None
+        limit.leave(started, congested=False)
+    assert limit.limit == 6
+    sent = [limit.enter(0) for _ in range(6)]
+    assert None not in sent
+    assert limit.enter(0) is None  # full
+    clock.now += 1
+    for started in sent:  # all six were sent before the cut: only the first one counts
+        assert started is not None
+        limit.leave(started, congested=True)
+    assert limit.limit == 3
+    for _ in range(3):  # after slow start: +1 per round of `limit` successes
+        started = limit.enter(0)
+        assert started is not None
+        limit.leave(started, congested=False)
+    assert limit.limit == 4
+
+
+def test_adaptive_limit_stays_between_one_and_the_ceiling() -> None:
+    limit = AdaptiveLimit(ceiling=2, clock=Clock())
+    for _ in range(10):
+        started = limit.enter(0)
+        assert started is not None
+        limit.leave(started, congested=False)
+    assert limit.limit == 2
+    clock = Clock()
+    low = AdaptiveLimit(ceiling=8, clock=clock)
+    for _ in range(3):
+        clock.now += 1
+        started = low.enter(0)
+        assert started is not None
+        low.leave(started, congested=True)
+    assert low.limit == 1
+
+
+def admitted(gates: Gates, host: str = "h", budget: float = 10.0) -> Admission | str:
+    return gates.admit(host, Allowance(time.monotonic() + budget), threading.Event())
+
+
+def test_an_open_circuit_refuses_at_once() -> None:
+    breaker = CircuitBreaker(failures=1, reset=60)
+    breaker.record("h", failed=True, probe=False)
+    gates = Gates(breaker=breaker)
+    assert admitted(gates) == "circuit_open"
+    assert gates.circuit_refusals == 1
+    assert isinstance(admitted(gates, host="other"), Admission)
+
+
+def test_a_cooldown_longer_than_the_budget_gives_up_without_waiting() -> None:
+    board = Cooldowns()
+    board.hold("h", 60)
+    gates = Gates(cooldowns=board)
+    started = time.monotonic()
+    assert admitted(gates, budget=1.0) == "budget"
+    assert time.monotonic() - started < 0.1
+    assert isinstance(admitted(gates, host="elsewhere"), Admission)
+
+
+def test_a_global_cooldown_holds_every_host() -> None:
+    board = Cooldowns()
+    gates = Gates(cooldowns=board, cooldown_scope="global")
+    admission = admitted(gates, host="a")
+    assert isinstance(admission, Admission)
+    gates.release(admission, retry("status", "HTTP 429", 429, retry_after=60))
+    assert admitted(gates, host="b", budget=1.0) == "budget"
+
+
+def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> None:
+    board = Cooldowns()
+    gates = Gates(cooldowns=board)
+    for verdict in (
+        retry("status", "HTTP 500", 500, retry_after=5),
+        retry("status", "HTTP 429", 429),
+        success(None, 200),
+    ):
+        admission = admitted(gates)
+        assert isinstance(admission, Admission)
+        gates.release(admission, verdict)
+        assert board.remaining("h") == 0
+    admission = admitted(gates)
+    assert isinstance(admission, Admission)
+    gates.release(admission, retry("status", "HTTP 503", 503, retry_after=5))
+    assert 4 < board.remaining("h") <= 5
+
+
+def test_cooldown_off_ignores_retry_after() -> None:
+    gates = Gates(cooldowns=Cooldowns(), cooldown_scope="off")
+    admission = admitted(gates)
+    assert isinstance(admission, Admission)
+    gates.release(admission, retry("status", "HTTP 429", 429, retry_after=60))
+    assert isinstance(admitted(gates, budget=1.0), Admission)
+
+
+def test_a_token_wait_past_the_budget_gives_up_and_returns_the_token() -> None:
+    bucket = TokenBucket(rate=0.5, burst=1)
+    gates = Gates(rate=bucket)
+    assert isinstance(admitted(gates), Admission)
+    assert admitted(gates, budget=1.0) == "budget"  # the next token is 2 s away
+    assert bucket.reserve() == pytest.approx(2.0, abs=0.05)  # the refunded token is not lost
+
+
+def test_gates_record_time_spent_waiting() -> None:
+    gates = Gates(rate=TokenBucket(rate=10, burst=1))
+    for _ in range(3):
+        admission = admitted(gates)
+        assert isinstance(admission, Admission)
+        gates.release(admission, success(None, 200))
+    # the first token is saved up; the next two come 0.1 s apart
+    assert gates.waits.seconds["token"] == pytest.approx(0.2, abs=0.05)
+
+
+def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:
+    slots = HostSlots(1)
+    gates = Gates(slots=slots)
+    first = admitted(gates)
+    assert isinstance(first, Admission)
+    assert admitted(gates, budget=0.2) == "budget"  # no slot came within the budget
+    gates.release(first, success(None, 200))
+    assert isinstance(admitted(gates), Admission)
+
+
+def test_a_stop_cancels_a_wait_at_the_gates() -> None:
+    board = Cooldowns()
+    board.hold("h", 30)
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    assert Gates(cooldowns=board).admit("h", Allowance(time.monotonic() + 60), stop) == (
+        "cancelled"
+    )
+
+
+def test_a_refused_probe_is_given_back() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=1, reset=1, clock=clock)
+    breaker.record("h", failed=True, probe=False)
+    clock.now += 1
+    board = Cooldowns()
+    board.hold("h", 60)
+    gates = Gates(breaker=breaker, cooldowns=board)
+    assert admitted(gates, budget=1) == "budget"
+    assert breaker.check("h") == "probe"
