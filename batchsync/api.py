@@ -10,7 +10,7 @@ from typing import Any, Unpack
 from .backoff import Backoff
 from .batch import Batch, FetchSettings, Item
 from .classify import Verdict, classify_raised, is_transient, success
-from .engine import Engine, Job, Task
+from .engine import Engine, Job, Route, Task
 from .options import EngineOptions, build
 from .progress import Progress, wanted
 from .result import Result, ResultSet
@@ -60,9 +60,9 @@ class CallJob:
 
     def prepare(self, item: object) -> Task:
         url, item_id = self.label(item)
-        return Task(url, item_id, partial(self._call, item))
+        return Task(url, item_id, Route(partial(self._call, item)), subject=item)
 
-    def _call(self, item: object, bound: float | None) -> Verdict:
+    def _call(self, item: object, bound: float | None, so_far: Result | None) -> Verdict:
         try:
             return success(self._fn(item))
         except Exception as exc:  # the caller's errors become Results, never crashes

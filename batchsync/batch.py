@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -15,12 +15,13 @@ from pydantic import BaseModel
 from .backoff import Backoff
 from .engine import Engine
 from .fetch import HttpJob
+from .hedge import HedgeAfter
 from .journal import Journal, JournalMismatch, JournalReader, mismatch
 from .limits import Breaker, CooldownScope
 from .options import Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Progress, wanted
-from .result import Result, ResultSet
+from .result import AttemptRecord, Result, ResultSet
 from .spec import RequestSpec, item_label
 from .transport import SessionSource, Transport
 
@@ -45,6 +46,11 @@ class FetchSettings(TypedDict, total=False):
     cooldown: CooldownScope
     breaker: Breaker | None
     adaptive: bool
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
+    dedup: bool
+    hedge_after: HedgeAfter | None
+    on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None
+    on_result: Callable[[Result], None] | None
     progress: bool | None
 
 
@@ -129,6 +135,7 @@ class Batch:
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
         journal = None if self.journal is None else Journal(self.journal, _encode, self._identity)
         transport = Transport(options.session, options.concurrency, options.headers or ())
+        job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
         try:
             with Progress(self.pending, wanted(self._progress)) as bar:
@@ -140,10 +147,10 @@ class Batch:
                             journal.add(result, item)
                     bar(result)
 
-                engine = Engine(options, gates=self._gates)
-                engine.run(HttpJob(options, transport), todo, deliver)
+                Engine(options, gates=self._gates).run(job, todo, deliver)
         finally:
             self.elapsed += time.monotonic() - started
+            job.close()
             transport.close()
             if journal is not None:
                 journal.close()

@@ -43,6 +43,7 @@ class Verdict:
     status_code: int | None = None
     data: Any = None
     retry_after: float | None = None
+    hedged: bool = False
 
     @property
     def ok(self) -> bool:

@@ -54,11 +54,26 @@ def _parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Br
         raise click.BadParameter(f"expected FAILURES:SECONDS or off ({exc})") from None
 
 
+def _parse_hedge_after(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | str | None:
+    if value is None or value == "p95":
+        return value
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise click.BadParameter("expected a number of seconds above 0, or p95")
+    return seconds
+
+
 @click.command(
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
     epilog=(
         "INPUT holds one item per line: a URL, or a JSON object with url, method, headers, "
-        "params, json, data, id, idempotency_key. Blank lines and # comments are skipped; a "
+        "params, json, data, id, idempotency_key, fallbacks (URLs tried after url has used "
+        "its retries). Blank lines and # comments are skipped; a "
         "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
         "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
         "INPUT again). Each result is journaled as it is made: after a crash or Ctrl-C, the "
@@ -151,6 +166,19 @@ def _parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Br
     "until 429, 503 or timeouts, then halve them.",
 )
 @click.option(
+    "--dedup/--no-dedup",
+    default=True,
+    help="Send identical GET/HEAD requests that are in flight together once.",
+)
+@click.option(
+    "--hedge-after",
+    default=None,
+    metavar="SECONDS|p95",
+    callback=_parse_hedge_after,
+    help="GETs unanswered after this long get a second identical request; the first "
+    "answer wins.  [default: off]",
+)
+@click.option(
     "-H",
     "--header",
     "headers",
@@ -202,6 +230,8 @@ def command(
     cooldown: CooldownScope,
     breaker: Breaker | None,
     adaptive: bool,
+    dedup: bool,
+    hedge_after: float | str | None,
     headers: dict[str, str],
     prefix: str,
     resume: bool,
@@ -216,6 +246,7 @@ def command(
             concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
+            dedup=dedup, hedge_after=hedge_after,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

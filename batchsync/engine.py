@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -35,21 +35,80 @@ STOP_GRACE_SECONDS = 3.0
 _NOT_SENT = Verdict("terminal", "exception", "the attempt raised")
 
 
+# One attempt: given the seconds it may take (None: no bound) and, on a fallback route, the
+# Result the item has come to so far; says what came of it.
+Attempt = Callable[[float | None, "Result | None"], Verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One way to an item's data: its own request, or a fallback tried after it.
+
+    ``max_attempts`` lowers the batch's attempts on this route and ``no_retry_reason`` says
+    why; ``host`` is the key of the per-host limits. An ungated route (a local fallback that
+    calls no API) passes no rate, slot or breaker.
+    """
+
+    attempt: Attempt
+    host: str | None = None
+    max_attempts: int | None = None
+    no_retry_reason: str | None = None
+    gated: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
-    """An item made ready to run: what to report it as, and how to make one attempt.
+    """An item made ready to run.
 
-    ``attempt(bound)`` makes one try that should end within ``bound`` seconds (None: no bound)
-    and says what came of it. ``max_attempts`` lowers the batch's attempts for this item, and
-    ``no_retry_reason`` says why. ``host`` is the key of the per-host limits.
+    ``route`` is the item's own request; ``fallbacks`` are tried in order after it has used
+    up its retries on a retryable failure (never after a final one). Items whose
+    ``dedup_key`` is equal and in flight together are sent once. ``subject`` is what
+    ``on_attempt`` hooks are shown (the RequestSpec for HTTP).
     """
 
     url: str | None
     id: Any
-    attempt: Callable[[float | None], Verdict]
-    max_attempts: int | None = None
-    no_retry_reason: str | None = None
-    host: str | None = None
+    route: Route
+    fallbacks: tuple[Route, ...] = ()
+    dedup_key: Hashable | None = None
+    subject: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    """An item waiting for an identical one in flight to land."""
+
+    index: int
+    item: object
+    url: str | None
+    id: Any
+    claimed: float
+
+
+class _Flights:
+    """Identical requests in flight: the first is sent, copies wait for its Result.
+
+    A key is kept only while its first request is in flight, so memory stays bounded.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._copies: dict[Hashable, list[_Copy]] = {}
+
+    def join(self, key: Hashable, copy: _Copy) -> bool:
+        """True when an identical request is in flight (``copy`` now waits for it); else
+        the caller leads: it sends the request and must ``land`` the key."""
+        with self._lock:
+            waiting = self._copies.get(key)
+            if waiting is None:
+                self._copies[key] = []
+                return False
+            waiting.append(copy)
+            return True
+
+    def land(self, key: Hashable) -> list[_Copy]:
+        with self._lock:
+            return self._copies.pop(key)
 
 
 class Job(Protocol):
@@ -67,32 +126,55 @@ class Job(Protocol):
         ...
 
 
-def _log_retry(task: Task, verdict: Verdict, number: int, limit: int, wait: float) -> None:
+def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
-    url = redact_url(task.url) if task.url else task.url
+    shown = redact_url(url) if url else url
     log.info(
         "retry %s: %s (attempt %d of %d); waiting %.2f s",
-        url, verdict.error, number, limit, wait,
+        shown, verdict.error, number, limit, wait,
         extra={
-            "url": url, "attempt": number, "status_code": verdict.status_code,
+            "url": shown, "attempt": number, "status_code": verdict.status_code,
             "error_kind": verdict.error_kind, "wait": wait,
         },
     )  # fmt: skip
+
+
+def _describe_attempts(records: tuple[AttemptRecord, ...]) -> str:
+    """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
+    parts = []
+    for record in records:
+        part = f"#{record.attempt} {record.status_code or record.error_kind or 'ok'}"
+        if record.fallback is not None:
+            part += f" (fallback {record.fallback})"
+        if record.wait is not None:
+            part += f" wait {record.wait:.2f} s"
+        parts.append(part)
+    return ", ".join(parts)
 
 
 def _log_failure(result: Result) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     url = redact_url(result.url) if result.url else result.url
+    attempts = f" [{_describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
     log.info(
-        "failed %s: %s",
-        url, result.error,
+        "failed %s: %s%s",
+        url, result.error, attempts,
         extra={
             "url": url, "attempt": result.attempts, "status_code": result.status_code,
             "error_kind": result.error_kind, "wait": None,
         },
     )  # fmt: skip
+
+
+def _call_hook(hook: Callable[..., None] | None, *args: object) -> None:
+    if hook is None:
+        return
+    try:
+        hook(*args)
+    except Exception:  # a caller's hook must never end a worker
+        log.exception("a batchsync hook raised; carrying on")
 
 
 def _plural(count: int) -> str:
@@ -113,6 +195,7 @@ class Engine:
     ) -> None:
         self.options = options
         self._gates = gates
+        self._flights = _Flights()
         self._grace = grace
         self._clock = clock
         self._rand = rand
@@ -151,16 +234,20 @@ class Engine:
         def deliver_logged(result: Result, item: object) -> None:
             if not result.ok:
                 _log_failure(result)
+            _call_hook(self.options.on_result, result)
             deliver(result, item)
 
         def work(index: int, item: object) -> None:
-            try:
-                deliver_logged(self._carry_safely(job, index, item, deadline_end), item)
-            except BaseException as exc:  # a sink failed: stop the run and report it
-                failures.append(exc)
-                self.stop()
-            finally:
-                window.release()
+            # The item's Result, with copies for identical items that waited on it; nothing
+            # when this item itself waits on an identical one (its slot is given back then).
+            for result, its_item in self._carry(job, index, item, deadline_end):
+                try:
+                    deliver_logged(result, its_item)
+                except BaseException as exc:  # a sink failed: stop the run and report it
+                    failures.append(exc)
+                    self.stop()
+                finally:
+                    window.release()
 
         pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
         finished = False
@@ -209,141 +296,203 @@ class Engine:
         }.get(kind, kind)
         return Result(index, url, False, item_id, error_kind=kind, error=reason)
 
-    def _carry_safely(
+    def _carry(
         self, job: Job, index: int, item: object, deadline_end: float | None
-    ) -> Result:
-        try:
-            return self._carry(job, index, item, deadline_end)
-        except Exception as exc:  # a bug must not cost the item its Result
-            log.exception("internal error on item %d", index)
-            url, item_id = job.label(item)
-            return Result(
-                index,
-                url,
-                False,
-                item_id,
-                error_kind="exception",
-                error=f"internal error: {describe(exc)}",
-            )
-
-    def _carry(self, job: Job, index: int, item: object, deadline_end: float | None) -> Result:
-        """Claim to final Result: attempts, classification, waits and give-up decisions."""
+    ) -> list[tuple[Result, object]]:
+        """Claim to final Result; see ``work`` in ``run``. Never raises."""
         claimed = self._clock()
+        try:
+            task = self._prepare(job, index, item, claimed, deadline_end)
+            if isinstance(task, Result):
+                return [(task, item)]
+        except Exception as exc:  # a bug must not cost the item its Result
+            return [(self._internal_error(job, index, item, exc), item)]
+        key = task.dedup_key
+        copy = _Copy(index, item, task.url, task.id, claimed)
+        if key is not None and self._flights.join(key, copy):
+            return []
+        try:
+            result = self._attempts(task, index, claimed, deadline_end, job.timeout)
+        except Exception as exc:
+            result = self._internal_error(job, index, item, exc)
+        finally:
+            copies = self._flights.land(key) if key is not None else []
+        return [(result, item), *((self._copy(result, copy), copy.item) for copy in copies)]
+
+    def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
+        log.exception("internal error on item %d", index)
+        url, item_id = job.label(item)
+        error = f"internal error: {describe(exc)}"
+        return Result(index, url, False, item_id, error_kind="exception", error=error)
+
+    def _copy(self, result: Result, copy: _Copy) -> Result:
+        """The Result of an item that shared an identical item's request: none of its own."""
+        return replace(
+            result, index=copy.index, url=copy.url, id=copy.id, attempts=0, attempt_log=(),
+            elapsed=self._clock() - copy.claimed,
+        )  # fmt: skip
+
+    def _prepare(
+        self, job: Job, index: int, item: object, claimed: float, deadline_end: float | None
+    ) -> Task | Result:
+        """The item's Task, or the Result of an item that is not to be sent at all."""
         if deadline_end is not None and claimed >= deadline_end:
             return self._unstarted(job, index, item, "deadline")
         if self._stop.is_set():
             return self._unstarted(job, index, item, "cancelled")
         try:
-            task = job.prepare(item)
+            return job.prepare(item)
         except InvalidItem as exc:
             url, item_id = job.label(item)
             return Result(
-                index,
-                url,
-                False,
-                item_id,
-                error_kind="invalid_request",
-                error=str(exc),
+                index, url, False, item_id, error_kind="invalid_request", error=str(exc),
                 elapsed=self._clock() - claimed,
-            )
+            )  # fmt: skip
+
+    def _attempts(
+        self,
+        task: Task,
+        index: int,
+        claimed: float,
+        deadline_end: float | None,
+        timeout: float | None,
+    ) -> Result:
+        """The item's route, then its fallbacks while they are allowed, to a final Result."""
         allowance = Allowance(claimed + self.options.budget, deadline_end)
-        max_attempts = min(self.options.attempts, task.max_attempts or self.options.attempts)
         records: list[AttemptRecord] = []
+        errors: list[str] = []
 
-        def finish(verdict: Verdict, error: str | None = None) -> Result:
+        def result(verdict: Verdict, error: str | None, fallback: int | None) -> Result:
             return Result(
-                index=index,
-                url=task.url,
-                ok=verdict.ok,
-                id=task.id,
+                index=index, url=task.url, ok=verdict.ok, id=task.id,
                 status_code=verdict.status_code,
-                attempts=len(records),
-                error_kind=verdict.error_kind,
-                error=error if error is not None else verdict.error,
-                data=verdict.data,
-                elapsed=self._clock() - claimed,
-                attempt_log=tuple(records),
-            )
+                attempts=sum(2 if record.hedged else 1 for record in records),
+                error_kind=verdict.error_kind, error=error, data=verdict.data,
+                elapsed=self._clock() - claimed, attempt_log=tuple(records),
+                fallback_used=fallback,
+            )  # fmt: skip
 
+        so_far: Result | None = None
+        for position, route in enumerate((task.route, *task.fallbacks)):
+            fallback = position - 1 if position else None
+            verdict, error = self._follow(
+                route, fallback, task=task, allowance=allowance, timeout=timeout,
+                records=records, so_far=so_far,
+            )  # fmt: skip
+            if verdict.ok:
+                return result(verdict, None, fallback)
+            errors.append(error if fallback is None else f"fallback {fallback}: {error}")
+            so_far = result(verdict, "; ".join(errors), None)
+            if not _may_fall_back(verdict, primary=fallback is None):
+                break
+        assert so_far is not None
+        return so_far
+
+    def _follow(
+        self,
+        route: Route,
+        fallback: int | None,
+        *,
+        task: Task,
+        allowance: Allowance,
+        timeout: float | None,
+        records: list[AttemptRecord],
+        so_far: Result | None,
+    ) -> tuple[Verdict, str]:
+        """Attempts on one route until success, a final failure or no retries left.
+
+        Returns the last Verdict — its outcome ``retry`` only when the retries ran out — and
+        the route's error line.
+        """
+        attempts = self.options.attempts
+        max_attempts = min(attempts, route.max_attempts or attempts)
+        number = 0
         last: Verdict | None = None
         while True:
             left, nearest = allowance.tightest(self._clock())
             if left <= 0:
-                return self._refused(finish, last, nearest, task)
+                return self._stopped_short(last, nearest, route)
             admission = None
-            if self._gates is not None:
-                admitted = self._gates.admit(task.host or GLOBAL, allowance, self._stop)
+            if self._gates is not None and route.gated:
+                admitted = self._gates.admit(route.host or GLOBAL, allowance, self._stop)
                 if isinstance(admitted, str):
-                    return self._refused(finish, last, admitted, task)
+                    return self._stopped_short(last, admitted, route)
                 admission = admitted
             began = self._clock()
             bound, limit = (
-                (None, None) if job.timeout is None else allowance.attempt_bound(job.timeout, began)
+                (None, None) if timeout is None else allowance.attempt_bound(timeout, began)
             )
             verdict = _NOT_SENT
             try:
-                verdict = task.attempt(bound)
+                verdict = route.attempt(bound, so_far)
             finally:
                 if admission is not None and self._gates is not None:
                     self._gates.release(admission, verdict)
             ended = self._clock()
             if verdict.error_kind == "timeout" and limit is not None:
                 verdict = replace(
-                    verdict,
-                    outcome="terminal",
-                    error_kind=limit,
+                    verdict, outcome="terminal", error_kind=limit,
                     error=f"{verdict.error} (cut short by the {limit})",
-                )
-            number = len(records) + 1
-            record = AttemptRecord(number, verdict.status_code, verdict.error_kind, ended - began)
+                )  # fmt: skip
+            number += 1
             last = verdict
+            record = AttemptRecord(
+                len(records) + 1, verdict.status_code, verdict.error_kind, ended - began,
+                fallback=fallback, hedged=verdict.hedged,
+            )  # fmt: skip
             if verdict.outcome != "retry" or number >= max_attempts:
-                records.append(record)
-                limited_by_task = max_attempts < self.options.attempts
-                return finish(verdict, self._final_error(verdict, number, task, limited_by_task))
+                self._record(records, record, task)
+                limited = max_attempts < attempts
+                return verdict, self._final_error(verdict, number, route, limited)
             wait = self.options.backoff.wait(number, verdict.retry_after, self._rand())
             refused = allowance.refuses_wait(wait, ended)
             if refused is not None:
-                records.append(record)
-                return finish(
-                    replace(verdict, error_kind=refused),
+                self._record(records, record, task)
+                return replace(verdict, outcome="terminal", error_kind=refused), (
                     f"{verdict.error} after {_plural(number)}; the next try in {wait:.2f} s "
-                    f"would pass the {refused}",
+                    f"would pass the {refused}"
                 )
-            records.append(replace(record, wait=wait))
-            _log_retry(task, verdict, number, max_attempts, wait)
+            self._record(records, replace(record, wait=wait), task)
+            _log_retry(task.url, verdict, number, max_attempts, wait)
             if self._stop.wait(wait):
-                return finish(
-                    replace(verdict, error_kind="cancelled"),
-                    f"{verdict.error} after {_plural(number)}; stopped while waiting to retry",
+                return replace(verdict, outcome="terminal", error_kind="cancelled"), (
+                    f"{verdict.error} after {_plural(number)}; stopped while waiting to retry"
                 )
 
-    @staticmethod
-    def _final_error(
-        verdict: Verdict, number: int, task: Task, limited_by_task: bool
-    ) -> str | None:
-        if verdict.ok:
-            return None
-        if verdict.outcome == "retry" and limited_by_task and task.no_retry_reason:
-            return f"{verdict.error} after {_plural(number)} ({task.no_retry_reason})"
-        if verdict.outcome == "retry" or number > 1:
-            return f"{verdict.error} after {_plural(number)}"
-        return verdict.error
+    def _record(self, records: list[AttemptRecord], record: AttemptRecord, task: Task) -> None:
+        records.append(record)
+        _call_hook(self.options.on_attempt, task.subject, record)
 
     @staticmethod
-    def _refused(
-        finish: Callable[[Verdict, str | None], Result],
-        last: Verdict | None,
-        kind: ErrorKind,
-        task: Task,
-    ) -> Result:
-        """The Result of an item stopped before its next attempt was sent."""
+    def _final_error(verdict: Verdict, number: int, route: Route, limited: bool) -> str:
+        error = verdict.error or ""
+        if verdict.ok:
+            return error
+        if verdict.outcome == "retry" and limited and route.no_retry_reason:
+            return f"{error} after {_plural(number)} ({route.no_retry_reason})"
+        if verdict.outcome == "retry" or number > 1:
+            return f"{error} after {_plural(number)}"
+        return error
+
+    @staticmethod
+    def _stopped_short(last: Verdict | None, kind: ErrorKind, route: Route) -> tuple[Verdict, str]:
+        """A route ended before its next attempt was sent: by a limit, a stop or an open circuit."""
         reason = {
             "budget": "no time left in the budget",
             "deadline": "no time left before the deadline",
             "cancelled": "stopped before the next try",
-            "circuit_open": f"the circuit for {task.host} is open",
+            "circuit_open": f"the circuit for {route.host} is open",
         }.get(kind, kind)
         if last is None:
-            return finish(Verdict("terminal", kind), reason)
-        return finish(replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}")
+            return Verdict("terminal", kind, reason), reason
+        return replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}"
+
+
+def _may_fall_back(verdict: Verdict, primary: bool) -> bool:
+    """Fallbacks follow a route that ran out of retries or met an open circuit; after the
+    item's own route, never a final answer (a 404); never once time is up or the run stops."""
+    if verdict.error_kind in ("budget", "deadline", "cancelled"):
+        return False
+    if verdict.error_kind == "circuit_open" or verdict.outcome == "retry":
+        return True
+    return not primary

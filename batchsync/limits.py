@@ -363,6 +363,11 @@ class Gates:
             return refusal
         return admission
 
+    def try_admit(self, host: str) -> Admission | None:
+        """Admit an extra request (a hedge) only if every gate has room right now."""
+        admitted = self.admit(host, Allowance(self._clock()), threading.Event())
+        return admitted if isinstance(admitted, Admission) else None
+
     def _pass(
         self, admission: Admission, allowance: Allowance, stop: threading.Event
     ) -> ErrorKind | None:
@@ -415,14 +420,14 @@ class Gates:
         began = self._clock()
         while True:
             left, limit = allowance.tightest(self._clock())
-            if left <= 0:
-                return None, limit
             if stop.is_set():
                 return None, "cancelled"
-            value = attempt(min(left, _POLL_SECONDS))
+            value = attempt(max(0.0, min(left, _POLL_SECONDS)))
             if value is not None:
                 self.waits.add(gate, self._clock() - began)
                 return value, None
+            if left <= 0:
+                return None, limit
 
     def _undo(self, admission: Admission) -> None:
         if self._breaker is not None:

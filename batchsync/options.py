@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .backoff import Backoff
 from .limits import Breaker, CooldownScope, Gates, build_gates
-from .spec import one_line
+from .result import AttemptRecord, Result
+from .spec import RequestSpec, one_line
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 
@@ -26,6 +28,9 @@ class EngineOptions(BaseModel):
     budget: float = Field(default=60.0, gt=0)
     deadline: float | None = Field(default=None, gt=0)
     backoff: Backoff = Backoff()
+    # Hooks, called from worker threads; an exception in one is logged and ignored.
+    on_attempt: Callable[[Any, AttemptRecord], None] | None = None
+    on_result: Callable[[Result], None] | None = None
 
 
 class FetchOptions(EngineOptions):
@@ -37,6 +42,9 @@ class FetchOptions(EngineOptions):
     cooldown: CooldownScope = "host"
     breaker: Breaker | None = Breaker()
     adaptive: bool = False
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
+    dedup: bool = True
+    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     max_bytes: int = Field(default=32 * 2**20, ge=1)

@@ -18,19 +18,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
-    """One attempt: its number, what came back, how long it took and the wait that followed."""
+    """One attempt: its number, what came back, how long it took and the wait that followed.
+
+    ``fallback`` is the index of the fallback route it was made on (None: the item's own);
+    ``hedged`` says a second identical request was raced against it.
+    """
 
     attempt: int
     status_code: int | None
     error_kind: ErrorKind | None
     elapsed: float
     wait: float | None = None
+    fallback: int | None = None
+    hedged: bool = False
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
         return cls(
             record["attempt"], record["status_code"], record["error_kind"], record["elapsed"],
-            record["wait"],
+            record["wait"], record.get("fallback"), record.get("hedged", False),
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -40,6 +46,8 @@ class AttemptRecord:
             "error_kind": self.error_kind,
             "elapsed": round(self.elapsed, 6),
             "wait": None if self.wait is None else round(self.wait, 6),
+            "fallback": self.fallback,
+            "hedged": self.hedged,
         }
 
 

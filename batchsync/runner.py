@@ -110,6 +110,7 @@ def run_batch(
     journal = Journal(path, encode, identity)
     transport = Transport(options.session, options.concurrency, options.headers or ())
     gates = options.gates()
+    job = HttpJob(options, transport, gates)
     engine = Engine(options, gates=gates)
     on_start(engine)
     started = time.monotonic()
@@ -121,9 +122,10 @@ def run_batch(
                     journal.add(result, entry)
                 bar(result)
 
-            finished = engine.run(EntryJob(HttpJob(options, transport)), pending, deliver)
+            finished = engine.run(EntryJob(job), pending, deliver)
     finally:
         journal.close()
+        job.close()
         transport.close()
     elapsed = time.monotonic() - started
     reader = JournalReader(path)

@@ -45,11 +45,17 @@ class RequestSpec(BaseModel):
     data: str | dict[str, Any] | None = None
     id: Any = None
     idempotency_key: str | None = None
+    fallbacks: list[str] | None = None
 
     @field_validator("url")
     @classmethod
     def _absolute_http_url(cls, value: str) -> str:
         return check_url(value)
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _fallback_urls(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [check_url(url) for url in value]
 
     @field_validator("method")
     @classmethod

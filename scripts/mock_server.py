@@ -19,6 +19,7 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      family F are in flight or more than R arrived in the last
                                      second; else 200 after S seconds of work
     /503-then-ok/FAMILY/...?after=N  the first N requests of a FAMILY: 503; later ones: 200
+    /jitter/FAMILY/...?every=N&slow=S  200; every Nth request of a FAMILY only after S seconds
     /trickle?interval=S&bytes=N      200 headers at once, then one body byte every S seconds
     /huge?mb=N&gzip=1&chunked=1      200 with an N MiB body: gzip-compressed (gzip=1), or
                                      without a Content-Length (chunked=1)
@@ -214,6 +215,14 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(503, {"error": "unavailable"})
             else:
                 self._json(200, {"path": path, "ok": True})
+        elif head == "/jitter":
+            family = path.strip("/").split("/")[1]
+            if (
+                self.server.stats.times_seen(f"jitter {family}") % int(query.get("every", "20"))
+                == 0
+            ):
+                time.sleep(float(query.get("slow", "2")))
+            self._json(200, {"path": path, "ok": True})
         elif head == "/503":
             extra = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
             self._json(503, {"error": "unavailable"}, extra)

@@ -259,3 +259,34 @@ def test_the_console_script_is_installed(tmp_path: Path) -> None:
     )
     assert done.returncode == 0
     assert "Usage: batchsync [OPTIONS] INPUT" in done.stdout
+
+
+def test_fallbacks_dedup_and_the_attempt_log_from_the_shell(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    marker = key()
+    item = {"url": f"{server.url}/503/{marker}", "fallbacks": [f"{server.url}/ok/{marker}-m"]}
+    same = f"{server.url}/ok/{marker}-same?delay=0.3"
+    down = f"{server.url}/503/{marker}-down"
+    lines = [json.dumps(item), same, same, down]
+    (tmp_path / "urls.txt").write_text("\n".join(lines) + "\n")
+    done = batchsync("urls.txt", "-v", "--attempts", "2", "-c", "4", cwd=tmp_path)
+    assert done.returncode == 1
+    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    assert results[0]["fallback_used"] == 0
+    assert [entry["fallback"] for entry in results[0]["attempt_log"]] == [None, None, 0]
+    assert sorted(r["attempts"] for r in results[1:3]) == [0, 1]
+    assert server.count(f"/ok/{marker}-same?delay=0.3") == 1
+    assert f"failed {down}: HTTP 503 after 2 attempts [#1 503 wait " in done.stderr
+    assert read_jsonl(tmp_path / "batch-failed.jsonl") == [{"url": down}]
+    again = batchsync("urls.txt", "--no-dedup", "-o", "nodedup", "-c", "4", cwd=tmp_path)
+    assert again.returncode == 1
+    assert server.count(f"/ok/{marker}-same?delay=0.3") == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_hedge_delay_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/x\n")
+    done = batchsync("urls.txt", "--hedge-after", value, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "expected a number of seconds above 0, or p95" in done.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from batchsync.backoff import Backoff
 from batchsync.classify import Verdict, retry, success, terminal
-from batchsync.engine import Engine, Task
+from batchsync.engine import Engine, Route, Task
 from batchsync.options import EngineOptions
 from batchsync.result import Result
 from batchsync.spec import InvalidItem
@@ -44,13 +44,12 @@ class ScriptedJob:
         with self.lock:
             self.prepared.append(name)
         answers = iter(self.script.get(name, [success(name)]))
-        return Task(
-            name,
-            None,
-            lambda bound: self._attempt(answers, bound),
+        route = Route(
+            lambda bound, so_far: self._attempt(answers, bound),
             max_attempts=self.max_attempts,
             no_retry_reason="scripted",
         )
+        return Task(name, None, route)
 
     def _attempt(self, answers: Iterator[Verdict], bound: float | None) -> Verdict:
         with self.lock:
@@ -242,10 +241,10 @@ def test_an_invalid_item_costs_no_attempt() -> None:
 def test_a_bug_in_an_attempt_still_gives_the_item_its_result() -> None:
     class BrokenJob(ScriptedJob):
         def prepare(self, item: object) -> Task:
-            def explode(bound: float | None) -> Verdict:
+            def explode(bound: float | None, so_far: Result | None) -> Verdict:
                 raise RuntimeError("bug")
 
-            return Task(str(item), None, explode)
+            return Task(str(item), None, Route(explode))
 
     (result,) = run(BrokenJob(), ["a"])
     assert (result.ok, result.error_kind) == (False, "exception")

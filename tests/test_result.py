@@ -89,7 +89,15 @@ def test_to_dict_is_json_ready_and_has_every_field() -> None:
         "fallback_used",
     }
     assert rows[0]["attempt_log"] == [
-        {"attempt": 1, "status_code": 200, "error_kind": None, "elapsed": 0.01, "wait": None}
+        {
+            "attempt": 1,
+            "status_code": 200,
+            "error_kind": None,
+            "elapsed": 0.01,
+            "wait": None,
+            "fallback": None,
+            "hedged": False,
+        }
     ]
     assert rows[3]["data"] == {"sku": "x"}
 
