@@ -11,6 +11,7 @@ from .backoff import Backoff
 from .batch import Batch, FetchSettings, Item
 from .classify import Verdict, classify_raised, is_transient, success
 from .engine import Engine, Job, Route, Task
+from .observe import log_summary
 from .options import EngineOptions, build
 from .progress import Progress, wanted
 from .result import Result, ResultSet
@@ -36,14 +37,12 @@ def _run(
     collector = _Collector()
     total = len(items) if isinstance(items, Sized) else None
     started = time.monotonic()
-    with Progress(total, wanted(progress)) as bar:
-
-        def deliver(result: Result, item: object) -> None:
-            collector(result, item)
-            bar(result)
-
-        Engine(options).run(job, enumerate(items), deliver)
-    return ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
+    bar = Progress(total, wanted(progress))
+    with bar:
+        Engine(options, observers=[bar]).run(job, enumerate(items), collector)
+    results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
+    log_summary(results.summary())
+    return results
 
 
 class CallJob:

@@ -17,12 +17,15 @@ from .engine import Engine
 from .fetch import HttpJob
 from .hedge import HedgeAfter
 from .journal import Journal, JournalMismatch, JournalReader, mismatch
-from .limits import Breaker, CooldownScope
+from .limits import Breaker, CooldownScope, Gates
+from .metrics import metrics_for
+from .observe import Observer, log_summary
 from .options import Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Progress, wanted
 from .result import AttemptRecord, Result, ResultSet
 from .spec import RequestSpec, item_label
+from .tracing import Tracing, tracer_for
 from .transport import SessionSource, Transport
 
 Item = str | Mapping[str, Any] | RequestSpec
@@ -51,7 +54,21 @@ class FetchSettings(TypedDict, total=False):
     hedge_after: HedgeAfter | None
     on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None
     on_result: Callable[[Result], None] | None
+    secret_headers: tuple[str, ...]
+    metrics: Any
+    tracer: Any
     progress: bool | None
+
+
+def run_observers(options: FetchOptions, gates: Gates, progress: Progress) -> list[Observer]:
+    """Who watches a run: the progress counts, and metrics and traces when asked for."""
+    observers: list[Observer] = [progress]
+    if options.metrics is not None:
+        observers.append(metrics_for(options.metrics, gates))
+    tracer = tracer_for(options.tracer)
+    if tracer is not None:
+        observers.append(Tracing(tracer))
+    return observers
 
 
 def fingerprint(items: Iterable[Item]) -> dict[str, str]:
@@ -134,7 +151,7 @@ class Batch:
         options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
         journal = None if self.journal is None else Journal(self.journal, _encode, self._identity)
-        transport = Transport(options.session, options.concurrency, options.headers or ())
+        transport = Transport(options.session, options.concurrency, options.secrets())
         job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
         try:
@@ -145,13 +162,17 @@ class Batch:
                         self._done[result.index] = result
                         if journal is not None:
                             journal.add(result, item)
-                    bar(result)
 
-                Engine(options, gates=self._gates).run(job, todo, deliver)
+                observers = run_observers(options, self._gates, bar)
+                engine = Engine(
+                    options, gates=self._gates, observers=observers, abort=transport.abort
+                )
+                engine.run(job, todo, deliver)
         finally:
             self.elapsed += time.monotonic() - started
             job.close()
             transport.close()
             if journal is not None:
                 journal.close()
+            log_summary(self.results.summary())
         return self.results

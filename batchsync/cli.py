@@ -189,6 +189,20 @@ def _parse_hedge_after(
     "written out, and never sent to another host on a redirect.",
 )
 @click.option(
+    "--secret-header",
+    "secret_headers",
+    multiple=True,
+    metavar="NAME",
+    help="Treat this item header as a secret too, like Authorization (repeatable).",
+)
+@click.option(
+    "--metrics-port",
+    default=None,
+    metavar="[HOST:]PORT",
+    help="Serve Prometheus metrics on this port (HOST defaults to 127.0.0.1) while the run "
+    "goes; needs the metrics extra.",
+)
+@click.option(
     "-o",
     "--output",
     "prefix",
@@ -233,6 +247,8 @@ def command(
     dedup: bool,
     hedge_after: float | str | None,
     headers: dict[str, str],
+    secret_headers: tuple[str, ...],
+    metrics_port: str | None,
     prefix: str,
     resume: bool,
     progress: bool | None,
@@ -246,7 +262,7 @@ def command(
             concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
-            dedup=dedup, hedge_after=hedge_after,
+            dedup=dedup, hedge_after=hedge_after, secret_headers=secret_headers,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -263,7 +279,8 @@ def command(
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        with _stop_on_signals() as on_start, redirect:
+        with _stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
+            options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
                 source, options, prefix, resume=resume, progress=show_progress, on_start=on_start
             )
@@ -272,6 +289,31 @@ def command(
     finally:
         source.close()
     return _report(outcome, quiet, click.get_current_context().obj or [])
+
+
+@contextlib.contextmanager
+def _metrics_server(where: str | None) -> Iterator[object]:
+    """A Prometheus registry served over HTTP for the run's duration (None: no metrics)."""
+    if where is None:
+        yield None
+        return
+    host, _, port = where.rpartition(":")
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise click.UsageError(
+            "--metrics-port needs prometheus-client: pip install 'batchsync[metrics]'"
+        ) from None
+    registry = CollectorRegistry()
+    try:
+        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(f"cannot serve metrics on {where}: {exc}") from None
+    try:
+        yield registry
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _report(outcome: Outcome, quiet: bool, argv: Sequence[str]) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from .budget import Allowance
 from .classify import ErrorKind, Verdict, describe
 from .limits import GLOBAL, Gates
+from .observe import Hooks, Observer, Observers
 from .options import EngineOptions
 from .redact import redact_url
 from .result import AttemptRecord, Result
@@ -31,6 +32,7 @@ Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 3.0
+ABORT_GRACE_SECONDS = 1.0
 # What the gates are told when an attempt raised instead of returning a Verdict.
 _NOT_SENT = Verdict("terminal", "exception", "the attempt raised")
 
@@ -168,15 +170,6 @@ def _log_failure(result: Result) -> None:
     )  # fmt: skip
 
 
-def _call_hook(hook: Callable[..., None] | None, *args: object) -> None:
-    if hook is None:
-        return
-    try:
-        hook(*args)
-    except Exception:  # a caller's hook must never end a worker
-        log.exception("a batchsync hook raised; carrying on")
-
-
 def _plural(count: int) -> str:
     return f"{count} attempt" if count == 1 else f"{count} attempts"
 
@@ -189,12 +182,17 @@ class Engine:
         options: EngineOptions,
         *,
         gates: Gates | None = None,
+        observers: Iterable[Observer] = (),
+        abort: Callable[[], None] | None = None,
         grace: float = STOP_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.options = options
         self._gates = gates
+        self._abort = abort
+        hooks = [Hooks(options.on_attempt, options.on_result)]
+        self._observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
         self._clock = clock
@@ -219,9 +217,10 @@ class Engine:
         """Deliver one Result per (index, item) pair, from worker threads, as each finishes.
 
         Returns False when, after a stop or an interrupt, attempts still in flight were
-        abandoned once the grace had passed (their worker threads end on their own, within
-        the attempt's timeout); True otherwise. A KeyboardInterrupt stops the run the same
-        way and is raised again; a second one during the grace is raised at once.
+        abandoned once the grace had passed and ``abort`` (if any) did not end them (their
+        worker threads end on their own, within the attempt's timeout); True otherwise. A
+        KeyboardInterrupt stops the run the same way and is raised again; a second one during
+        the grace is raised at once.
         """
         options = self.options
         self._stop.clear()
@@ -234,7 +233,7 @@ class Engine:
         def deliver_logged(result: Result, item: object) -> None:
             if not result.ok:
                 _log_failure(result)
-            _call_hook(self.options.on_result, result)
+            self._observers.item_finished(result)
             deliver(result, item)
 
         def work(index: int, item: object) -> None:
@@ -279,12 +278,23 @@ class Engine:
         return False
 
     def _drain(self, window: threading.Semaphore, size: int) -> bool:
-        """Wait until every item handed out has finished; after a stop, for the grace at most."""
+        """Wait until every item handed out has finished.
+
+        After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
+        end as ``cancelled``) and they get a moment more. False if some are still running.
+        """
         taken = 0
+        aborted_at: float | None = None
         while taken < size:
             if window.acquire(timeout=_POLL_SECONDS):
                 taken += 1
-            elif self._stop.is_set() and self._clock() - self._stopped_at >= self._grace:
+                continue
+            if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
+                continue
+            if self._abort is not None and aborted_at is None:
+                self._abort()
+                aborted_at = self._clock()
+            elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
                 return False
         return True
 
@@ -311,6 +321,7 @@ class Engine:
         copy = _Copy(index, item, task.url, task.id, claimed)
         if key is not None and self._flights.join(key, copy):
             return []
+        self._observers.item_started(index, task)
         try:
             result = self._attempts(task, index, claimed, deadline_end, job.timeout)
         except Exception as exc:
@@ -376,7 +387,7 @@ class Engine:
         for position, route in enumerate((task.route, *task.fallbacks)):
             fallback = position - 1 if position else None
             verdict, error = self._follow(
-                route, fallback, task=task, allowance=allowance, timeout=timeout,
+                route, fallback, index=index, task=task, allowance=allowance, timeout=timeout,
                 records=records, so_far=so_far,
             )  # fmt: skip
             if verdict.ok:
@@ -393,6 +404,7 @@ class Engine:
         route: Route,
         fallback: int | None,
         *,
+        index: int,
         task: Task,
         allowance: Allowance,
         timeout: float | None,
@@ -418,6 +430,7 @@ class Engine:
                 if isinstance(admitted, str):
                     return self._stopped_short(last, admitted, route)
                 admission = admitted
+            self._observers.attempt_started(index)
             began = self._clock()
             bound, limit = (
                 (None, None) if timeout is None else allowance.attempt_bound(timeout, began)
@@ -441,27 +454,29 @@ class Engine:
                 fallback=fallback, hedged=verdict.hedged,
             )  # fmt: skip
             if verdict.outcome != "retry" or number >= max_attempts:
-                self._record(records, record, task)
+                self._record(records, record, index, task)
                 limited = max_attempts < attempts
                 return verdict, self._final_error(verdict, number, route, limited)
             wait = self.options.backoff.wait(number, verdict.retry_after, self._rand())
             refused = allowance.refuses_wait(wait, ended)
             if refused is not None:
-                self._record(records, record, task)
+                self._record(records, record, index, task)
                 return replace(verdict, outcome="terminal", error_kind=refused), (
                     f"{verdict.error} after {_plural(number)}; the next try in {wait:.2f} s "
                     f"would pass the {refused}"
                 )
-            self._record(records, replace(record, wait=wait), task)
+            self._record(records, replace(record, wait=wait), index, task)
             _log_retry(task.url, verdict, number, max_attempts, wait)
             if self._stop.wait(wait):
                 return replace(verdict, outcome="terminal", error_kind="cancelled"), (
                     f"{verdict.error} after {_plural(number)}; stopped while waiting to retry"
                 )
 
-    def _record(self, records: list[AttemptRecord], record: AttemptRecord, task: Task) -> None:
+    def _record(
+        self, records: list[AttemptRecord], record: AttemptRecord, index: int, task: Task
+    ) -> None:
         records.append(record)
-        _call_hook(self.options.on_attempt, task.subject, record)
+        self._observers.attempt_finished(index, task, record)
 
     @staticmethod
     def _final_error(verdict: Verdict, number: int, route: Route, limited: bool) -> str:

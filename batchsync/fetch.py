@@ -24,7 +24,7 @@ from .engine import Route, Task
 from .hedge import HedgeDelay, Hedger
 from .limits import Gates
 from .options import FetchOptions
-from .redact import redact_text, secret_values
+from .redact import redact_text
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Transport, host_of
@@ -48,7 +48,7 @@ class HttpJob:
     ) -> None:
         self._options = options
         self._transport = transport
-        self._secrets = secret_values(options.headers, all_secret=True)
+        self._secrets = options.secrets()
         self._clock = clock
         self._unix_time = unix_time
         self._hedger: Hedger | None = None
@@ -62,7 +62,9 @@ class HttpJob:
         return self._options.timeout
 
     def close(self) -> None:
+        """End the hedging threads; requests that lost a race are cut, not waited for."""
         if self._hedger is not None:
+            self._transport.abort()
             self._hedger.close()
 
     def label(self, item: object) -> tuple[str | None, Any]:
@@ -120,7 +122,7 @@ class HttpJob:
         try:
             return self._transport.session().prepare_request(request)
         except (requests.RequestException, ValueError, TypeError) as exc:
-            secrets = self._secrets | secret_values(spec.headers)
+            secrets = self._secrets.values(spec.headers)
             raise InvalidItem(
                 f"cannot build the request: {redact_text(str(exc), secrets)}"
             ) from None
@@ -173,9 +175,9 @@ class HttpJob:
             return self._redacted(replace(classify_http_exception(exc), status_code=status))
 
     def _redacted(self, verdict: Verdict) -> Verdict:
-        if not self._secrets or verdict.error is None:
+        if not self._secrets.batch_values or verdict.error is None:
             return verdict
-        return replace(verdict, error=redact_text(verdict.error, self._secrets))
+        return replace(verdict, error=redact_text(verdict.error, self._secrets.batch_values))
 
     def _judge(
         self, request: requests.PreparedRequest, response: requests.Response, wall_end: float

@@ -13,6 +13,7 @@ from typing import Literal
 
 from .classify import Verdict
 from .limits import Gates
+from .result import percentile
 
 HedgeAfter = float | Literal["p95"]
 
@@ -22,13 +23,6 @@ Exchange = Callable[[threading.Event], Verdict]
 _MIN_SAMPLES = 20
 _SAMPLES_KEPT = 1000
 _RECOMPUTE_EVERY = 50
-
-
-def percentile(samples: list[float], share: float) -> float:
-    """The value below which ``share`` of the samples lie (nearest rank)."""
-    ordered = sorted(samples)
-    rank = min(len(ordered) - 1, max(0, int(share * len(ordered) + 0.5) - 1))
-    return ordered[rank]
 
 
 class HedgeDelay:
@@ -82,7 +76,7 @@ class Hedger:
         self._clock = clock
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def run(self, exchange: Exchange, host: str) -> Verdict:
         delay = self._delay.current()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from .result import Result, Summary
+from .result import PERCENTILES, Result, Summary, rank
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -26,6 +26,8 @@ CREATE TABLE IF NOT EXISTS results (
     error_kind TEXT,
     status_code INTEGER,
     attempts INTEGER NOT NULL,
+    elapsed REAL NOT NULL,
+    backoff REAL NOT NULL,
     record TEXT NOT NULL,
     request TEXT
 );
@@ -36,7 +38,7 @@ IDENTITY_KEYS = ("entries", "sha256")
 
 _BATCH_ROWS = 5000
 
-Row = tuple[int, int, str | None, int | None, int, str, str | None]
+Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None]
 # Turns (Result, the item it is for) into the stored result JSON and failed-request JSON.
 Encode = Callable[[Result, object], tuple[str, str | None]]
 
@@ -111,7 +113,7 @@ class Journal:
                 with self._db:
                     self._db.execute("BEGIN")
                     self._db.executemany(
-                        "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows
+                        "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                     )
             except sqlite3.Error as exc:
                 self._error = exc
@@ -121,9 +123,10 @@ class Journal:
 
     def _row(self, result: Result, item: object) -> Row:
         record, request = self._encode(result, item)
+        backoff = sum(attempt.wait or 0.0 for attempt in result.attempt_log)
         return (
             result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
-            record, request,
+            result.elapsed, backoff, record, request,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -166,10 +169,20 @@ class JournalReader:
             yield str(record), None if request is None else str(request)
 
     def summary(self, elapsed: float | None = None) -> Summary:
+        """Counts and statistics over every stored Result, computed in SQLite."""
         db = self._db
-        total, ok, sent = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(ok), 0), COALESCE(SUM(attempts), 0) FROM results"
+        total, ok, sent, backoff = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(ok), 0), COALESCE(SUM(attempts), 0),"
+            " COALESCE(SUM(backoff), 0) FROM results"
         ).fetchone()
+        (started,) = db.execute("SELECT COUNT(*) FROM results WHERE attempts > 0").fetchone()
+        latency = {
+            name: db.execute(
+                "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed LIMIT 1 OFFSET ?",
+                (rank(started, share),),
+            ).fetchone()[0]
+            for name, share in PERCENTILES.items()
+        } if started else {}  # fmt: skip
         kinds = db.execute(
             "SELECT error_kind, COUNT(*) FROM results WHERE error_kind IS NOT NULL GROUP BY 1"
         ).fetchall()
@@ -179,4 +192,5 @@ class JournalReader:
         return Summary(
             total=total, ok=ok, failed=total - ok, error_kinds=dict(kinds),
             status_codes=dict(codes), requests_sent=sent, elapsed=elapsed,
+            waits={"backoff": backoff} if backoff else {}, latency=latency,
         )  # fmt: skip

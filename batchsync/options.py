@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .backoff import Backoff
 from .limits import Breaker, CooldownScope, Gates, build_gates
+from .redact import Secrets
 from .result import AttemptRecord, Result
 from .spec import RequestSpec, one_line
 
@@ -45,10 +46,18 @@ class FetchOptions(EngineOptions):
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
     dedup: bool = True
     hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
+    # A prometheus_client CollectorRegistry to keep the run's metrics in.
+    metrics: Any = None
+    # An OpenTelemetry tracer; None: the global provider's, when one is configured.
+    tracer: Any = None
     expect: Expect = "json"
     headers: dict[str, str] | None = None
+    secret_headers: tuple[str, ...] = ()
     max_bytes: int = Field(default=32 * 2**20, ge=1)
     session: Any = None
+
+    def secrets(self) -> Secrets:
+        return Secrets.of(self.headers, self.secret_headers)
 
     def gates(self) -> Gates:
         return build_gates(

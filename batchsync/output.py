@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .inputs import Entry
-from .redact import public_headers, redact_url
+from .redact import Secrets, redact_url
 from .result import Result
 from .spec import InvalidItem, parse_item
 
@@ -29,12 +29,12 @@ def public_record(result: Result) -> dict[str, Any]:
     return record
 
 
-def failed_request(entry: Entry) -> dict[str, Any]:
+def failed_request(entry: Entry, secrets: Secrets) -> dict[str, Any]:
     """The request object that re-runs a failed entry: valid INPUT, without secret headers.
 
-    Batch-wide ``-H`` headers are never part of it; an item's own Authorization, Cookie and
-    Proxy-Authorization are dropped too. An entry that was not a valid item is written back
-    as given, so that it is not lost from the list.
+    Batch-wide ``-H`` headers are never part of it; an item's own secret headers
+    (Authorization, Cookie, Proxy-Authorization and any declared secret) are dropped too.
+    An entry that was not a valid item is written back as given, so that it is not lost.
     """
     if entry.problem is None:
         try:
@@ -44,7 +44,7 @@ def failed_request(entry: Entry) -> dict[str, Any]:
         else:
             request = spec.to_item()
             request["url"] = redact_url(spec.url)
-            headers = public_headers(spec.headers)
+            headers = secrets.public(spec.headers)
             if headers:
                 request["headers"] = headers
             else:
@@ -53,7 +53,7 @@ def failed_request(entry: Entry) -> dict[str, Any]:
     if isinstance(entry.item, Mapping):
         request = dict(entry.item)
         if isinstance(request.get("headers"), Mapping):
-            request["headers"] = public_headers(request["headers"])
+            request["headers"] = secrets.public(request["headers"])
         if isinstance(request.get("url"), str):
             request["url"] = redact_url(request["url"])
         return request

@@ -1,32 +1,43 @@
-"""A progress bar (tqdm.auto) fed by Results, redrawn a few times a second by its own thread."""
+"""A progress bar (tqdm.auto) fed by the run, redrawn a few times a second by its own thread."""
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from types import TracebackType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from tqdm.auto import tqdm
 
-from .result import Result
+from .observe import Observer
+from .result import AttemptRecord, Result
+
+if TYPE_CHECKING:
+    from .engine import Task
 
 REFRESH_SECONDS = 0.25
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where tqdm.auto draws a widget)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and type(shell).__module__.startswith("ipykernel")
+
+
 def wanted(progress: bool | None) -> bool:
-    """True/False as given; None means on when stderr is a terminal."""
+    """True/False as given; None means on for a terminal or a notebook, off otherwise."""
     if progress is not None:
         return progress
     isatty = getattr(sys.stderr, "isatty", None)
-    return bool(isatty and isatty())
+    return bool(isatty and isatty()) or in_notebook()
 
 
-class Progress:
-    """Counts Results as they come (a lock and two additions each) and redraws off the hot path.
-
-    Use as a context manager; calling the object records one Result.
-    """
+class Progress(Observer):
+    """Counts what the run reports (a lock and a few additions per event) and redraws off the
+    hot path: done, ok, failed, items waiting to retry, and requests/s. Use as a context
+    manager; the counts are kept even when no bar is shown."""
 
     def __init__(self, total: int | None, enabled: bool) -> None:
         self._enabled = enabled
@@ -35,24 +46,38 @@ class Progress:
         self._done = 0
         self._failed = 0
         self._requests = 0
+        self._retrying: set[int] = set()
+        self._started = time.monotonic()
         self._closing = threading.Event()
         self._bar: tqdm[NoReturn] | None = None
         self._painter: threading.Thread | None = None
 
-    def __call__(self, result: Result) -> None:
+    def attempt_started(self, index: int) -> None:
+        if self._retrying:
+            with self._lock:
+                self._retrying.discard(index)
+
+    def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
+        if record.wait is not None:
+            with self._lock:
+                self._retrying.add(index)
+
+    def item_finished(self, result: Result) -> None:
         with self._lock:
             self._done += 1
             self._requests += result.attempts
             if not result.ok:
                 self._failed += 1
+            self._retrying.discard(result.index)
 
     @property
     def requests(self) -> int:
-        """Requests sent for the Results counted so far."""
+        """Requests sent for the items finished so far."""
         with self._lock:
             return self._requests
 
     def __enter__(self) -> Progress:
+        self._started = time.monotonic()
         if self._enabled:
             self._bar = tqdm(total=self._total, unit="item", dynamic_ncols=True)
             self._painter = threading.Thread(
@@ -81,7 +106,12 @@ class Progress:
     def _paint(self) -> None:
         assert self._bar is not None
         with self._lock:
-            done, failed = self._done, self._failed
+            done, failed, requests, retrying = (
+                self._done, self._failed, self._requests, len(self._retrying)
+            )  # fmt: skip
+        rate = requests / max(time.monotonic() - self._started, 1e-9)
         self._bar.n = done
-        self._bar.set_postfix(ok=done - failed, failed=failed, refresh=False)
+        self._bar.set_postfix(
+            ok=done - failed, failed=failed, retrying=retrying, req_s=f"{rate:.0f}", refresh=False
+        )
         self._bar.refresh()

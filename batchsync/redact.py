@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 # Headers whose values are secrets wherever they come from.
@@ -26,15 +27,6 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def secret_values(headers: Mapping[str, str] | None, all_secret: bool = False) -> set[str]:
-    """The values among ``headers`` that must never be shown (every one when ``all_secret``)."""
-    return {
-        value
-        for name, value in (headers or {}).items()
-        if value and (all_secret or name.lower() in SECRET_HEADERS)
-    }
-
-
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every occurrence of a secret value replaced by the mask."""
     for secret in sorted(secrets, key=len, reverse=True):
@@ -43,9 +35,30 @@ def redact_text(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def public_headers(headers: Mapping[str, str] | None) -> dict[str, str] | None:
-    """The headers without the secret ones, for writing out."""
-    if headers is None:
-        return None
-    kept = {name: value for name, value in headers.items() if name.lower() not in SECRET_HEADERS}
-    return kept or None
+@dataclass(frozen=True)
+class Secrets:
+    """Which headers are secret: Authorization, Cookie and Proxy-Authorization always, plus
+    every batch-wide header (``-H``) and any other name the caller declares."""
+
+    names: frozenset[str] = SECRET_HEADERS
+    batch_values: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, batch_headers: Mapping[str, str] | None, declared: Iterable[str] = ()) -> Secrets:
+        headers = batch_headers or {}
+        names = SECRET_HEADERS | {name.lower() for name in (*headers, *declared)}
+        return cls(names, frozenset(value for value in headers.values() if value))
+
+    def is_secret(self, name: str) -> bool:
+        return name.lower() in self.names
+
+    def values(self, item_headers: Mapping[str, str] | None = None) -> set[str]:
+        """Every secret value in play: the batch's, and the item's secret headers'."""
+        found = set(self.batch_values)
+        found.update(v for k, v in (item_headers or {}).items() if v and self.is_secret(k))
+        return found
+
+    def public(self, headers: Mapping[str, str] | None) -> dict[str, str] | None:
+        """The headers without the secret ones, for writing out."""
+        kept = {k: v for k, v in (headers or {}).items() if not self.is_secret(k)}
+        return kept or None

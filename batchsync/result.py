@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -103,9 +104,28 @@ class Result:
         }
 
 
+PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+
+
+def rank(count: int, share: float) -> int:
+    """The 0-based position of the ``share`` percentile among ``count`` sorted values."""
+    return min(count - 1, max(0, math.ceil(share * count) - 1))
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """The ``share`` percentile of ``values`` by nearest rank."""
+    ordered = sorted(values)
+    return ordered[rank(len(ordered), share)]
+
+
 @dataclass(frozen=True)
 class Summary:
-    """Counts by outcome, error kind and status code, plus request totals."""
+    """Counts by outcome, error kind and status code, and the run's statistics.
+
+    ``latency`` holds p50/p95/p99 of the item times (claim to Result) of the items that sent
+    at least one request; ``waits`` the seconds spent waiting, by cause (``backoff`` between
+    attempts, and each gate: ``token``, ``cooldown``, ``host_slot``, ``adaptive``).
+    """
 
     total: int
     ok: int
@@ -116,32 +136,58 @@ class Summary:
     elapsed: float | None = None
     waits: dict[str, float] = field(default_factory=dict)
     circuits_opened: int = 0
+    latency: dict[str, float] = field(default_factory=dict)
+    # Requests sent during ``elapsed``, when some items were finished by an earlier run.
+    run_requests: int | None = None
 
     @property
     def requests_per_second(self) -> float | None:
         if not self.elapsed:
             return None
-        return self.requests_sent / self.elapsed
+        sent = self.requests_sent if self.run_requests is None else self.run_requests
+        return sent / self.elapsed
+
+    @property
+    def attempts_per_item(self) -> float | None:
+        return self.requests_sent / self.total if self.total else None
+
+    def _facts(self) -> list[tuple[str, str]]:
+        """The statistics as (name, value) pairs, for both the text and the HTML form."""
+        facts = [("requests", str(self.requests_sent))]
+        if self.attempts_per_item is not None:
+            facts.append(("per item", f"{self.attempts_per_item:.2f}"))
+        if self.elapsed is not None:
+            facts.append(("elapsed", f"{self.elapsed:.2f} s"))
+        if self.requests_per_second is not None:
+            facts.append(("requests/s", f"{self.requests_per_second:.0f}"))
+        facts += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
+        facts += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
+        if self.circuits_opened:
+            facts.append(("circuits opened", str(self.circuits_opened)))
+        return facts
 
     def __str__(self) -> str:
         parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
         if self.error_kinds:
             kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
-            parts.append(f"({kinds})")
-        line = " ".join(parts)
+            parts[0] += f" ({kinds})"
+        sent = f"{self.requests_sent} requests"
+        if self.attempts_per_item is not None:
+            sent += f" ({self.attempts_per_item:.2f} per item)"
         if self.elapsed is not None:
-            line += f"; {self.requests_sent} requests in {self.elapsed:.2f} s"
-            rate = self.requests_per_second
-            if rate is not None:
-                line += f" ({rate:.0f}/s)"
+            sent += f" in {self.elapsed:.2f} s"
+        if self.requests_per_second is not None:
+            sent += f", {self.requests_per_second:.0f}/s"
+        parts.append(sent)
+        if self.latency:
+            parts.append("latency " + ", ".join(f"{k} {v:.3f} s" for k, v in self.latency.items()))
         if self.waits:
-            waited = ", ".join(
-                f"{gate} {seconds:.1f} s" for gate, seconds in sorted(self.waits.items())
+            parts.append(
+                "waited: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
             )
-            line += f"; waited for {waited}"
         if self.circuits_opened:
-            line += f"; {self.circuits_opened} circuit(s) opened"
-        return line
+            parts.append(f"{self.circuits_opened} circuit(s) opened")
+        return "; ".join(parts)
 
     def _repr_html_(self) -> str:
         rows: list[tuple[str, object]] = [
@@ -151,12 +197,7 @@ class Summary:
         ]
         rows += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
         rows += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
-        rows.append(("requests sent", self.requests_sent))
-        if self.elapsed is not None:
-            rows.append(("elapsed (s)", f"{self.elapsed:.2f}"))
-        rows += [(f"waited for {gate} (s)", f"{s:.2f}") for gate, s in sorted(self.waits.items())]
-        if self.circuits_opened:
-            rows.append(("circuits opened", self.circuits_opened))
+        rows += self._facts()
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
             f"<td>{html.escape(str(value))}</td></tr>"
@@ -172,6 +213,11 @@ def summarize(
     circuits_opened: int = 0,
 ) -> Summary:
     ok = sum(1 for result in results if result.ok)
+    times = sorted(r.elapsed for r in results if r.attempts)
+    backoff = sum(record.wait or 0.0 for r in results for record in r.attempt_log)
+    all_waits = dict(waits or {})
+    if backoff:
+        all_waits["backoff"] = backoff
     kinds = Counter[str](r.error_kind for r in results if r.error_kind is not None)
     codes = Counter(result.status_code for result in results if result.status_code is not None)
     return Summary(
@@ -182,9 +228,20 @@ def summarize(
         status_codes=dict(codes),
         requests_sent=sum(result.attempts for result in results),
         elapsed=elapsed,
-        waits=dict(waits or {}),
+        waits=all_waits,
         circuits_opened=circuits_opened,
+        latency={name: times[rank(len(times), share)] for name, share in PERCENTILES.items()}
+        if times
+        else {},
     )
+
+
+def _pandas() -> Any:
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError("this needs pandas: pip install 'batchsync[pandas]'") from exc
+    return pd
 
 
 # pandas dtypes of the typed columns; nullable ones where a Result may hold None.
@@ -242,20 +299,38 @@ class ResultSet(Sequence[Result]):
     def summary(self) -> Summary:
         return summarize(self._results, self.elapsed, self.waits, self.circuits_opened)
 
-    def to_pandas(self) -> pandas.DataFrame:
-        """One row per item, columns as the Result fields (needs the ``pandas`` extra)."""
-        try:
-            import pandas as pd
-        except ImportError as exc:
-            raise ImportError(
-                "ResultSet.to_pandas() needs pandas: pip install 'batchsync[pandas]'"
-            ) from exc
+    def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
+        """One row per item with typed columns (needs the ``pandas`` extra).
+
+        ``expand=True`` replaces the ``data`` column by the successes' JSON bodies spread
+        into ``data.``-prefixed columns (see ``data_frame``).
+        """
+        pd = _pandas()
         frame: pandas.DataFrame = pd.DataFrame.from_records(
             [result.to_dict() for result in self._results],
             columns=list(Result.__dataclass_fields__),
         )
         typed: pandas.DataFrame = frame.astype(COLUMN_TYPES)
-        return typed
+        if not expand:
+            return typed
+        bodies = self.data_frame().add_prefix("data.")
+        expanded: pandas.DataFrame = typed.drop(columns="data").merge(
+            bodies, how="left", left_on="index", right_index=True
+        )
+        return expanded
+
+    def data_frame(self) -> pandas.DataFrame:
+        """The JSON bodies of the successes as columns (``pandas.json_normalize``), indexed
+        by the item's index; a body that is not an object lands in a ``value`` column."""
+        pd = _pandas()
+        ok = [result for result in self._results if result.ok]
+        rows = []
+        for result in ok:
+            data = result.to_dict()["data"]
+            rows.append(data if isinstance(data, dict) else {"value": data})
+        frame: pandas.DataFrame = pd.json_normalize(rows)
+        frame.index = pd.Index([result.index for result in ok], name="index")
+        return frame
 
     def _repr_html_(self) -> str:
         summary = self.summary()._repr_html_()

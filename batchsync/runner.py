@@ -6,9 +6,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .batch import run_observers
 from .engine import Engine, Task
 from .fetch import HttpJob
 from .inputs import Entry, Input
@@ -16,6 +18,7 @@ from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
 from .progress import Progress
+from .redact import Secrets
 from .result import Result, Summary
 from .spec import InvalidItem, item_label
 from .transport import Transport
@@ -47,11 +50,11 @@ class EntryJob:
             raise InvalidItem(f"{entry.where}: {exc}") from None
 
 
-def encode(result: Result, entry: object) -> tuple[str, str | None]:
+def encode(secrets: Secrets, result: Result, entry: object) -> tuple[str, str | None]:
     """The journal's stored texts: the output record, and the re-run request when it failed."""
     request = None
     if not result.ok and isinstance(entry, Entry):
-        request = dumps(failed_request(entry))
+        request = dumps(failed_request(entry, secrets))
     return dumps(public_record(result)), request
 
 
@@ -107,20 +110,21 @@ def run_batch(
     else:
         replaced = remove(path)
     pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
-    journal = Journal(path, encode, identity)
-    transport = Transport(options.session, options.concurrency, options.headers or ())
+    journal = Journal(path, partial(encode, options.secrets()), identity)
+    transport = Transport(options.session, options.concurrency, options.secrets())
     gates = options.gates()
     job = HttpJob(options, transport, gates)
-    engine = Engine(options, gates=gates)
+    bar = Progress(entries - sum(done), progress)
+    observers = run_observers(options, gates, bar)
+    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
     on_start(engine)
     started = time.monotonic()
     try:
-        with Progress(entries - sum(done), progress) as bar:
+        with bar:
 
             def deliver(result: Result, entry: object) -> None:
                 if result.final:
                     journal.add(result, entry)
-                bar(result)
 
             finished = engine.run(EntryJob(job), pending, deliver)
     finally:
@@ -131,11 +135,12 @@ def run_batch(
     reader = JournalReader(path)
     try:
         results_path, failed_path = write_outputs(prefix, reader.rows())
+        stored = reader.summary()
         summary = replace(
-            reader.summary(),
-            requests_sent=bar.requests,
+            stored,
+            run_requests=bar.requests,
             elapsed=elapsed,
-            waits=gates.waits.seconds,
+            waits=stored.waits | gates.waits.seconds,
             circuits_opened=gates.circuits_opened,
         )
     finally:

@@ -6,18 +6,23 @@ Everything that touches a socket lives here; deciding what a response means does
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
-from .redact import SECRET_HEADERS
+from .redact import Secrets
 
 SessionSource = requests.Session | Callable[[], requests.Session]
 
@@ -33,11 +38,62 @@ class BodyTooLarge(ValueError):
     """The (decompressed) body passed ``max_bytes``."""
 
 
-def fit_session(session: requests.Session, pool_size: int) -> requests.Session:
+class _Tracked:
+    """Mixed into urllib3's connection classes: a connection enters its ledger on connect."""
+
+    ledger: ConnectionLedger
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.ledger.add(self)
+
+
+class ConnectionLedger:
+    """The connections a Transport's pools open, so that a stop can cut those in flight.
+
+    Blocking socket reads cannot be interrupted from another thread, but shutting the socket
+    down ends them at once: that is how an interrupted batch leaves no thread behind.
+    """
+
+    def __init__(self) -> None:
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self.pool_classes = {
+            "http": self._pool(HTTPConnectionPool, HTTPConnection),
+            "https": self._pool(HTTPSConnectionPool, HTTPSConnection),
+        }
+
+    def _pool(self, pool: type[HTTPConnectionPool], connection: type) -> type:
+        tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), {"ledger": self})
+        return type(f"Tracked{pool.__name__}", (pool,), {"ConnectionCls": tracked})
+
+    def add(self, connection: object) -> None:
+        with self._lock:
+            self._connections.add(connection)
+
+    def abort(self) -> int:
+        """Shut down every open connection's socket; how many there were."""
+        with self._lock:
+            connections = list(self._connections)
+        cut = 0
+        for connection in connections:
+            sock = getattr(connection, "sock", None)
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+        return cut
+
+
+def fit_session(
+    session: requests.Session, pool_size: int, ledger: ConnectionLedger | None = None
+) -> requests.Session:
     """Size the session's HTTP adapters' pools to ``pool_size`` and turn urllib3's retries off.
 
     The engine owns retries; a pool smaller than the number of workers would open and discard
-    connections ("Connection pool is full").
+    connections ("Connection pool is full"). With a ``ledger``, pools that urllib3's own
+    classes would make record their connections in it.
     """
     for adapter in session.adapters.values():
         if not isinstance(adapter, HTTPAdapter):
@@ -51,6 +107,9 @@ def fit_session(session: requests.Session, pool_size: int) -> requests.Session:
                 pool_size,
                 block=adapter._pool_block,
             )
+        manager = adapter.poolmanager
+        if ledger is not None and manager.pool_classes_by_scheme == DEFAULT_POOL_CLASSES:
+            manager.pool_classes_by_scheme = ledger.pool_classes
     return session
 
 
@@ -82,16 +141,17 @@ class Transport:
         self,
         session: SessionSource | None,
         pool_size: int,
-        secret_headers: Iterable[str] = (),
+        secrets: Secrets = Secrets(),  # noqa: B008 - immutable
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._factory: Callable[[], requests.Session] | None = None
         self._shared: requests.Session | None = None
+        self.ledger = ConnectionLedger()
         if session is None:
-            self._shared = fit_session(requests.Session(), pool_size)
+            self._shared = fit_session(requests.Session(), pool_size, self.ledger)
             self._owns_session = True
         elif isinstance(session, requests.Session):
-            self._shared = fit_session(session, pool_size)
+            self._shared = fit_session(session, pool_size, self.ledger)
             self._owns_session = False
         else:
             self._factory = session
@@ -100,7 +160,7 @@ class Transport:
         self._local = threading.local()
         self._made: list[requests.Session] = []
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
-        self._secret = SECRET_HEADERS | {name.lower() for name in secret_headers}
+        self._secrets = secrets
         self._clock = clock
 
     def session(self) -> requests.Session:
@@ -113,10 +173,14 @@ class Transport:
             made = self._factory()
             if not isinstance(made, requests.Session):
                 raise TypeError(f"session factory returned {type(made).__name__}, not a Session")
-            session = fit_session(made, self._pool_size)
+            session = fit_session(made, self._pool_size, self.ledger)
             self._local.session = session
             self._made.append(session)
         return session
+
+    def abort(self) -> None:
+        """Cut every connection, those in flight included: their attempts end at once."""
+        self.ledger.abort()
 
     def close(self) -> None:
         """Close the sessions batchsync made; a caller's own session stays open."""
@@ -175,7 +239,7 @@ class Transport:
             assert follow.url is not None
             if session.should_strip_auth(first_url, follow.url):
                 for name in list(follow.headers):
-                    if name.lower() in self._secret:
+                    if self._secrets.is_secret(name):
                         del follow.headers[name]
             response = self._send_once(session, follow, wall_end)
         return response

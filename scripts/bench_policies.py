@@ -19,7 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync import fetch_all
-from batchsync.hedge import percentile
+from batchsync.result import percentile
 from tests.mockserver import MockServerProcess, start_mock_server
 
 

@@ -254,3 +254,19 @@ def test_the_console_script_handles_sigint_in_a_process_group(
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130
     assert "resume with: python -m batchsync urls.txt -c 2 --no-progress --resume" in stderr
+
+
+def test_an_interrupt_cuts_slow_requests_and_leaves_no_thread_behind(
+    server: MockServerProcess,
+) -> None:
+    slow = f"/ok/{uuid.uuid4().hex[:8]}?delay=30"
+    quick = f"{server.url}/ok/{uuid.uuid4().hex[:8]}"
+    batch = Batch([server.url + slow, quick], timeout=60, hedge_after=5)
+    interrupt_main_when(lambda: server.count(slow) == 1)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        batch.run()
+    assert time.monotonic() - started < 6  # the 3 s grace, then the request is cut
+    assert [r.url for r in batch.results] == [quick]
+    assert batch.pending == 1
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("batchsync")]

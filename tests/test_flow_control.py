@@ -171,7 +171,7 @@ def test_the_cli_applies_rate_and_per_host_limits(
     arrivals = [entry["t"] for entry in log_of(fresh_server, marker)]
     assert busiest_second(arrivals) <= 20 + 8
     assert max(fresh_server.stats()["peak_by_host"].values()) <= 2
-    assert "waited for" in done.stderr and "token" in done.stderr
+    assert "waited: " in done.stderr and " token " in done.stderr
     results = [json.loads(line) for line in (tmp_path / "batch-results.jsonl").open()]
     assert len(results) == 60
 

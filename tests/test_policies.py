@@ -12,7 +12,8 @@ import pytest
 
 from batchsync import AttemptRecord, Backoff, Breaker, RequestSpec, Result, fetch_all
 from batchsync.classify import Verdict, retry, success
-from batchsync.hedge import HedgeDelay, Hedger, percentile
+from batchsync.hedge import HedgeDelay, Hedger
+from batchsync.result import percentile
 
 from .mockserver import MockServerProcess
 
@@ -260,4 +261,5 @@ def test_hooks_see_every_attempt_and_result_and_cannot_break_the_run(
         (items[1], 1), (items[1], 2),
     ]  # fmt: skip
     assert [record.wait is not None for url, record in attempts if url == items[1]] == [True, False]
-    assert "a batchsync hook raised" in caplog.text
+    assert "a batchsync hook or observer raised in attempt_finished" in caplog.text
+    assert "a batchsync hook or observer raised in item_finished" in caplog.text

@@ -123,3 +123,43 @@ def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match=r"batchsync\[pandas\]"):
         sample().to_pandas()
+
+
+def test_summary_has_latency_percentiles_attempts_per_item_and_backoff() -> None:
+    results = [
+        Result(n, f"http://h.test/{n}", True, attempts=1, elapsed=n / 100) for n in range(1, 101)
+    ]
+    results.append(
+        Result(101, "http://h.test/x", False, attempts=2, elapsed=9.0,
+               attempt_log=(AttemptRecord(1, 503, "status", 0.1, wait=1.5),
+                            AttemptRecord(2, 503, "status", 0.1)))
+    )  # fmt: skip
+    summary = ResultSet(results, elapsed=10.0).summary()
+    assert summary.latency == {"p50": 0.51, "p95": 0.96, "p99": 1.0}
+    assert summary.attempts_per_item == pytest.approx(102 / 101)
+    assert summary.waits == {"backoff": 1.5}
+    text = str(summary)
+    assert "latency p50 0.510 s, p95 0.960 s, p99 1.000 s" in text
+    assert "waited: backoff 1.5 s" in text
+    page = ResultSet(results).summary()._repr_html_()
+    assert "latency p99" in page
+
+
+def test_to_pandas_can_spread_the_json_bodies_into_columns() -> None:
+    pytest.importorskip("pandas")
+    rs = ResultSet(
+        [
+            Result(0, "u0", True, data={"sku": "a", "price": {"eur": 2}}),
+            Result(1, "u1", False, error_kind="status"),
+            Result(2, "u2", True, data=[1, 2]),
+        ]
+    )
+    bodies = rs.data_frame()
+    assert list(bodies.index) == [0, 2]
+    assert bodies.loc[0, "price.eur"] == 2
+    assert bodies.loc[2, "value"] == [1, 2]
+    wide = rs.to_pandas(expand=True)
+    assert len(wide) == 3
+    assert "data" not in wide.columns
+    assert wide.loc[0, "data.sku"] == "a"
+    assert wide["data.sku"].isna().tolist() == [False, True, True]

@@ -1,0 +1,96 @@
+"""Watching a run: the Observer interface the engine reports to, and the caller's hooks.
+
+Observers are called from worker threads as things happen. The progress bar, metrics and
+tracing are observers; so are the ``on_attempt`` / ``on_result`` hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .result import AttemptRecord, Result, Summary
+
+if TYPE_CHECKING:
+    from .engine import Task
+
+log = logging.getLogger("batchsync")
+
+
+class Observer:
+    """Does nothing; subclasses override what they want to see. Must be thread-safe."""
+
+    def item_started(self, index: int, task: Task) -> None:
+        """A worker took the item and is about to make its first attempt."""
+
+    def attempt_started(self, index: int) -> None:
+        """An attempt passed the gates and is being sent."""
+
+    def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
+        """An attempt ended; ``record.wait`` is set when the item now waits to retry."""
+
+    def item_finished(self, result: Result) -> None:
+        """The item's final Result (also for items never started and copies of dedup)."""
+
+
+class Hooks(Observer):
+    """The caller's ``on_attempt(spec, record)`` and ``on_result(result)``."""
+
+    def __init__(
+        self,
+        on_attempt: Callable[[Any, AttemptRecord], None] | None,
+        on_result: Callable[[Result], None] | None,
+    ) -> None:
+        self._on_attempt = on_attempt
+        self._on_result = on_result
+
+    def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
+        if self._on_attempt is not None:
+            self._on_attempt(task.subject, record)
+
+    def item_finished(self, result: Result) -> None:
+        if self._on_result is not None:
+            self._on_result(result)
+
+
+class Observers(Observer):
+    """Tells every observer; one that raises is logged and never ends a worker or an item."""
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self._all = tuple(observers)
+
+    def __bool__(self) -> bool:
+        return bool(self._all)
+
+    def _tell(self, event: str, *args: object) -> None:
+        for observer in self._all:
+            try:
+                getattr(observer, event)(*args)
+            except Exception:
+                log.exception("a batchsync hook or observer raised in %s; carrying on", event)
+
+    def item_started(self, index: int, task: Task) -> None:
+        self._tell("item_started", index, task)
+
+    def attempt_started(self, index: int) -> None:
+        self._tell("attempt_started", index)
+
+    def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
+        self._tell("attempt_finished", index, task, record)
+
+    def item_finished(self, result: Result) -> None:
+        self._tell("item_finished", result)
+
+
+def log_summary(summary: Summary) -> None:
+    """One record for a finished (or interrupted) run, with its counts as ``extra`` fields."""
+    log.info(
+        "batch done: %s",
+        summary,
+        extra={
+            "total": summary.total, "ok": summary.ok, "failed": summary.failed,
+            "error_kinds": summary.error_kinds, "requests": summary.requests_sent,
+            "elapsed": summary.elapsed,
+        },
+    )  # fmt: skip
