@@ -19,6 +19,14 @@ test: install
 demo: install
 	$(BIN)/python scripts/demo.py
 
+# The peers from the bench extra; nginx for the fast server when the machine can install it
+# (without it, the bundled asyncio server stands in and the report says so).
+bench: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	command -v nginx >/dev/null || (command -v apt-get >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null) || true
+	$(BIN)/python scripts/bench.py
+
 lint: install
 	$(BIN)/ruff check batchsync tests scripts
 	$(BIN)/ruff format --check batchsync tests scripts

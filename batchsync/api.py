@@ -13,7 +13,7 @@ from .classify import Verdict, classify_raised, is_transient, success
 from .engine import Engine, Job, Route, Task
 from .observe import log_summary
 from .options import EngineOptions, build
-from .progress import Progress, wanted
+from .progress import counter, wanted
 from .result import Result, ResultSet
 from .spec import item_label
 
@@ -37,11 +37,11 @@ def _run(
     collector = _Collector()
     total = len(items) if isinstance(items, Sized) else None
     started = time.monotonic()
-    bar = Progress(total, wanted(progress))
+    bar = counter(total, wanted(progress))
     with bar:
         Engine(options, observers=[bar]).run(job, enumerate(items), collector)
     results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
-    log_summary(results.summary())
+    log_summary(results.summary)
     return results
 
 

@@ -22,8 +22,8 @@ from .metrics import metrics_for
 from .observe import Observer, log_summary
 from .options import Expect, FetchOptions, build
 from .output import dumps, public_record
-from .progress import Progress, wanted
-from .result import AttemptRecord, Result, ResultSet
+from .progress import Tally, counter, wanted
+from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec, item_label
 from .tracing import Tracing, tracer_for
 from .transport import SessionSource, Transport
@@ -60,7 +60,7 @@ class FetchSettings(TypedDict, total=False):
     progress: bool | None
 
 
-def run_observers(options: FetchOptions, gates: Gates, progress: Progress) -> list[Observer]:
+def run_observers(options: FetchOptions, gates: Gates, progress: Tally) -> list[Observer]:
     """Who watches a run: the progress counts, and metrics and traces when asked for."""
     observers: list[Observer] = [progress]
     if options.metrics is not None:
@@ -107,7 +107,7 @@ class Batch:
         self.elapsed = 0.0
         self._gates = self.options.gates()
         self.journal = None if journal is None else Path(journal)
-        self._identity = fingerprint(self.items)
+        self._identity = {} if journal is None else fingerprint(self.items)
         if self.journal is not None and self.journal.exists():
             self._load(self.journal)
 
@@ -141,6 +141,9 @@ class Batch:
             circuits_opened=self._gates.circuits_opened,
         )
 
+    def _summary(self) -> Summary:
+        return self.results.summary()
+
     @property
     def pending(self) -> int:
         """How many items have no final Result yet."""
@@ -155,7 +158,7 @@ class Batch:
         job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
         try:
-            with Progress(self.pending, wanted(self._progress)) as bar:
+            with counter(self.pending, wanted(self._progress)) as bar:
 
                 def deliver(result: Result, item: object) -> None:
                     if result.final:
@@ -174,5 +177,5 @@ class Batch:
             transport.close()
             if journal is not None:
                 journal.close()
-            log_summary(self.results.summary())
+            log_summary(self._summary)
         return self.results

@@ -11,7 +11,7 @@ from typing import Literal
 Limit = Literal["budget", "deadline"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
 class Allowance:
     """The two instants an item must finish by: its own budget's end and the batch deadline."""
 

@@ -33,7 +33,7 @@ ErrorKind = Literal[
 RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
 class Verdict:
     """The outcome of one attempt, as the engine needs to see it."""
 

@@ -8,6 +8,7 @@ through its attempts, waits and give-up decisions, and delivers exactly one Resu
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 import time
@@ -31,6 +32,7 @@ log = logging.getLogger("batchsync")
 Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
+_DRAIN_POLL_SECONDS = 0.01
 STOP_GRACE_SECONDS = 3.0
 ABORT_GRACE_SECONDS = 1.0
 # What the gates are told when an attempt raised instead of returning a Verdict.
@@ -42,7 +44,7 @@ _NOT_SENT = Verdict("terminal", "exception", "the attempt raised")
 Attempt = Callable[[float | None, "Result | None"], Verdict]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
 class Route:
     """One way to an item's data: its own request, or a fallback tried after it.
 
@@ -58,7 +60,7 @@ class Route:
     gated: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
 class Task:
     """An item made ready to run.
 
@@ -76,7 +78,7 @@ class Task:
     subject: object = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
 class _Copy:
     """An item waiting for an identical one in flight to land."""
 
@@ -85,6 +87,33 @@ class _Copy:
     url: str | None
     id: Any
     claimed: float
+
+
+class _Window:
+    """At most ``size`` items handed to the workers and unfinished: one token per slot.
+
+    A SimpleQueue of tokens rather than a Semaphore: taking and giving cost a C call each.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(size):
+            self._tokens.put(None)
+
+    def take(self, timeout: float) -> bool:
+        try:
+            self._tokens.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
+
+    def give(self) -> None:
+        self._tokens.put(None)
+
+    def all_back(self) -> bool:
+        """Every slot free: nothing handed out is unfinished."""
+        return self._tokens.qsize() == self.size
 
 
 class _Flights:
@@ -191,7 +220,11 @@ class Engine:
         self.options = options
         self._gates = gates
         self._abort = abort
-        hooks = [Hooks(options.on_attempt, options.on_result)]
+        hooks = (
+            [Hooks(options.on_attempt, options.on_result)]
+            if (options.on_attempt or options.on_result)
+            else []
+        )
         self._observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
@@ -226,8 +259,8 @@ class Engine:
         self._stop.clear()
         started = self._clock()
         deadline_end = None if options.deadline is None else started + options.deadline
-        window_size = 2 * options.concurrency
-        window = threading.Semaphore(window_size)
+        window = _Window(2 * options.concurrency)
+        handed_out: queue.SimpleQueue[tuple[int, object] | None] = queue.SimpleQueue()
         failures: list[BaseException] = []
 
         def deliver_logged(result: Result, item: object) -> None:
@@ -236,19 +269,23 @@ class Engine:
             self._observers.item_finished(result)
             deliver(result, item)
 
-        def work(index: int, item: object) -> None:
-            # The item's Result, with copies for identical items that waited on it; nothing
-            # when this item itself waits on an identical one (its slot is given back then).
-            for result, its_item in self._carry(job, index, item, deadline_end):
-                try:
-                    deliver_logged(result, its_item)
-                except BaseException as exc:  # a sink failed: stop the run and report it
-                    failures.append(exc)
-                    self.stop()
-                finally:
-                    window.release()
+        def worker() -> None:
+            # Each result frees a slot of the window: the item's own, and one per copy of an
+            # identical item that waited on it (a copy leaves its slot taken until then).
+            while (entry := handed_out.get()) is not None:
+                index, item = entry
+                for result, its_item in self._carry(job, index, item, deadline_end):
+                    try:
+                        deliver_logged(result, its_item)
+                    except BaseException as exc:  # a sink failed: stop the run and report it
+                        failures.append(exc)
+                        self.stop()
+                    finally:
+                        window.give()
 
         pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
+        for _ in range(options.concurrency):
+            pool.submit(worker)
         finished = False
         try:
             for index, item in items:
@@ -257,38 +294,38 @@ class Engine:
                     continue
                 if not self._take(window):
                     break
-                pool.submit(work, index, item)
-            finished = self._drain(window, window_size)
+                handed_out.put((index, item))
+            finished = self._drain(window)
         except BaseException:
             self.stop()
-            finished = self._drain(window, window_size)
+            finished = self._drain(window)
             raise
         finally:
-            pool.shutdown(wait=finished, cancel_futures=True)
+            for _ in range(options.concurrency):
+                handed_out.put(None)
+            pool.shutdown(wait=finished)
         if failures:
             raise failures[0]
         return finished
 
-    def _take(self, window: threading.Semaphore) -> bool:
+    def _take(self, window: _Window) -> bool:
         """One slot of the window; False once the run is stopped."""
         # A timed wait keeps the main thread responsive to Ctrl-C and to stop().
         while not self._stop.is_set():
-            if window.acquire(timeout=_POLL_SECONDS):
+            if window.take(_POLL_SECONDS):
                 return True
         return False
 
-    def _drain(self, window: threading.Semaphore, size: int) -> bool:
+    def _drain(self, window: _Window) -> bool:
         """Wait until every item handed out has finished.
 
         After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
         end as ``cancelled``) and they get a moment more. False if some are still running.
         """
-        taken = 0
+        # Polling rather than taking the tokens: an interrupt in the middle loses none.
         aborted_at: float | None = None
-        while taken < size:
-            if window.acquire(timeout=_POLL_SECONDS):
-                taken += 1
-                continue
+        while not window.all_back():
+            time.sleep(_DRAIN_POLL_SECONDS)
             if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
                 continue
             if self._abort is not None and aborted_at is None:
@@ -318,8 +355,9 @@ class Engine:
         except Exception as exc:  # a bug must not cost the item its Result
             return [(self._internal_error(job, index, item, exc), item)]
         key = task.dedup_key
-        copy = _Copy(index, item, task.url, task.id, claimed)
-        if key is not None and self._flights.join(key, copy):
+        if key is not None and self._flights.join(
+            key, _Copy(index, item, task.url, task.id, claimed)
+        ):
             return []
         self._observers.item_started(index, task)
         try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import requests
@@ -27,7 +27,7 @@ from .options import FetchOptions
 from .redact import redact_text
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
-from .transport import BodyTooLarge, Transport, host_of
+from .transport import BodyTooLarge, Outgoing, Reply, Transport, Wire, host_of
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
@@ -49,6 +49,8 @@ class HttpJob:
         self._options = options
         self._transport = transport
         self._secrets = options.secrets()
+        # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
+        self._lean = options.on_attempt is None and not options.fallbacks
         self._clock = clock
         self._unix_time = unix_time
         self._hedger: Hedger | None = None
@@ -71,6 +73,13 @@ class HttpJob:
         return item_label(item)
 
     def prepare(self, item: object) -> Task:
+        if isinstance(item, str) and self._lean:
+            wire = self._transport.wire("GET", item, self._lane_headers)
+            if wire is not None:
+                # The common case, kept lean: a plain URL straight to the fast lane.
+                dedup = item if self._options.dedup else None
+                route = Route(partial(self._attempt, wire, self._hedge_host(wire.host)), wire.host)
+                return Task(item, None, route, dedup_key=dedup, subject=item)
         spec = parse_item(item)
         routes = [self._url_route(spec, url) for url in (spec.url, *(spec.fallbacks or ()))]
         routes += [
@@ -82,11 +91,12 @@ class HttpJob:
         )
 
     def _url_route(self, spec: RequestSpec, url: str) -> Route:
-        request = self._prepare_request(spec, url)
-        host = host_of(url)
+        request = self._outgoing(spec, url)
+        host = request.host if isinstance(request, Wire) else host_of(url)
         # Only GETs are hedged: a second copy of anything else could change something twice.
-        hedge_host = host if self._hedger is not None and spec.method == "GET" else None
-        attempt = partial(self._attempt, request, hedge_host)
+        attempt = partial(
+            self._attempt, request, self._hedge_host(host) if spec.method == "GET" else None
+        )
         if spec.retry_safe:
             return Route(attempt, host)
         reason = f"{spec.method} is not retried without an idempotency_key"
@@ -101,12 +111,44 @@ class HttpJob:
             or spec.data is not None
         ):
             return None
+        if spec.method == "GET" and not (spec.params or spec.headers or spec.fallbacks):
+            return spec.url  # the same key as a plain URL item's
         params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
         headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
         return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
 
+    def _outgoing(self, spec: RequestSpec, url: str) -> Outgoing:
+        """The request as it goes out, built once and reused by every attempt: the fast form
+        when the transport allows it (bodiless GET/HEAD, no params), else prepared by requests."""
+        if (
+            self._transport.fast
+            and spec.json_body is None
+            and spec.data is None
+            and not spec.params
+        ):
+            item_headers = dict(spec.headers or {})
+            if spec.idempotency_key is not None:
+                item_headers["Idempotency-Key"] = spec.idempotency_key
+            headers = (
+                self._transport.headers_with(self._options.headers, item_headers)
+                if item_headers
+                else self._lane_headers
+            )
+            wire = self._transport.wire(spec.method, url, headers)
+            if wire is not None:
+                return wire
+        return self._prepare_request(spec, url)
+
+    def _hedge_host(self, host: str) -> str | None:
+        return host if self._hedger is not None else None
+
+    @cached_property
+    def _lane_headers(self) -> Mapping[str, str]:
+        """The headers of a fast-lane request without headers of its own."""
+        return self._transport.headers_with(self._options.headers)
+
     def _prepare_request(self, spec: RequestSpec, url: str) -> requests.PreparedRequest:
-        """The request as it goes on the wire, built once and reused by every attempt."""
+        """The request prepared by the session: headers merged, auth and cookies applied."""
         headers = dict(self._options.headers or {})
         headers.update(spec.headers or {})
         if spec.idempotency_key is not None:
@@ -141,7 +183,7 @@ class HttpJob:
 
     def _attempt(
         self,
-        request: requests.PreparedRequest,
+        request: Outgoing,
         hedge_host: str | None,
         bound: float | None,
         so_far: Result | None,
@@ -153,22 +195,19 @@ class HttpJob:
         return self._exchange(request, wall_end, None)
 
     def _exchange(
-        self,
-        request: requests.PreparedRequest,
-        wall_end: float,
-        lost: threading.Event | None,
+        self, request: Outgoing, wall_end: float, lost: threading.Event | None
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
         try:
-            response = self._transport.send(request, wall_end)
+            reply = self._transport.send(request, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
             return self._redacted(classify_http_exception(exc))
         if lost is not None and lost.is_set():
-            response.close()
+            reply.close()
             return _LOST
-        status = response.status_code
+        status = reply.status
         try:
-            return self._judge(request, response, wall_end)
+            return self._judge(request.method, reply, wall_end)
         except (InvalidBody, BodyTooLarge) as exc:
             return terminal("invalid_body", str(exc), status)
         except Exception as exc:  # a failure while reading the body keeps the status seen
@@ -179,16 +218,16 @@ class HttpJob:
             return verdict
         return replace(verdict, error=redact_text(verdict.error, self._secrets.batch_values))
 
-    def _judge(
-        self, request: requests.PreparedRequest, response: requests.Response, wall_end: float
-    ) -> Verdict:
-        status = response.status_code
-        failed = classify_status(status, response.headers.get("Retry-After"), self._unix_time())
-        if failed is not None:
-            self._transport.discard(response, wall_end)
-            return failed
-        body = self._transport.read_body(response, wall_end, self._options.max_bytes)
-        if request.method == "HEAD" or status in _NO_BODY_STATUSES:
+    def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
+        status = reply.status
+        if not 200 <= status < 300:  # (header look-ups and the clock only when needed)
+            failed = classify_status(status, reply.headers.get("Retry-After"), self._unix_time())
+            if failed is not None:
+                self._transport.discard(reply, wall_end)
+                return failed
+        body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
+        if method == "HEAD" or status in _NO_BODY_STATUSES:
             return success(None, status)
-        data = decode_body(body, self._options.expect, response.headers.get("Content-Type"))
-        return success(data, status)
+        expect = self._options.expect
+        content_type = reply.headers.get("Content-Type") if expect == "text" else None
+        return success(decode_body(body, expect, content_type), status)

@@ -55,36 +55,60 @@ class Hooks(Observer):
 
 
 class Observers(Observer):
-    """Tells every observer; one that raises is logged and never ends a worker or an item."""
+    """Tells every observer; one that raises is logged and never ends a worker or an item.
+
+    Only the observers that override an event are called for it.
+    """
 
     def __init__(self, observers: Iterable[Observer] = ()) -> None:
-        self._all = tuple(observers)
+        present = tuple(observers)
 
-    def __bool__(self) -> bool:
-        return bool(self._all)
+        def overriding(event: str) -> tuple[Callable[..., None], ...]:
+            base = getattr(Observer, event)
+            return tuple(
+                getattr(o, event) for o in present if getattr(type(o), event, base) is not base
+            )
 
-    def _tell(self, event: str, *args: object) -> None:
-        for observer in self._all:
+        self._item_started = overriding("item_started")
+        self._attempt_started = overriding("attempt_started")
+        self._attempt_finished = overriding("attempt_finished")
+        self._item_finished = overriding("item_finished")
+
+    @staticmethod
+    def _tell(calls: tuple[Callable[..., None], ...], *args: object) -> None:
+        for call in calls:
             try:
-                getattr(observer, event)(*args)
+                call(*args)
             except Exception:
-                log.exception("a batchsync hook or observer raised in %s; carrying on", event)
+                log.exception(
+                    "a batchsync hook or observer raised in %s; carrying on", call.__name__
+                )
 
     def item_started(self, index: int, task: Task) -> None:
-        self._tell("item_started", index, task)
+        if self._item_started:
+            self._tell(self._item_started, index, task)
 
     def attempt_started(self, index: int) -> None:
-        self._tell("attempt_started", index)
+        if self._attempt_started:
+            self._tell(self._attempt_started, index)
 
     def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
-        self._tell("attempt_finished", index, task, record)
+        if self._attempt_finished:
+            self._tell(self._attempt_finished, index, task, record)
 
     def item_finished(self, result: Result) -> None:
-        self._tell("item_finished", result)
+        if self._item_finished:
+            self._tell(self._item_finished, result)
 
 
-def log_summary(summary: Summary) -> None:
-    """One record for a finished (or interrupted) run, with its counts as ``extra`` fields."""
+def log_summary(results: Callable[[], Summary]) -> None:
+    """One record for a finished (or interrupted) run, with its counts as ``extra`` fields.
+
+    ``results`` makes the Summary, only when the record is wanted.
+    """
+    if not log.isEnabledFor(logging.INFO):
+        return
+    summary = results()
     log.info(
         "batch done: %s",
         summary,

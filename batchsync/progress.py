@@ -1,4 +1,4 @@
-"""A progress bar (tqdm.auto) fed by the run, redrawn a few times a second by its own thread."""
+"""Counting a run's results, and a progress bar (tqdm.auto) redrawn by its own thread."""
 
 from __future__ import annotations
 
@@ -34,18 +34,50 @@ def wanted(progress: bool | None) -> bool:
     return bool(isatty and isatty()) or in_notebook()
 
 
-class Progress(Observer):
-    """Counts what the run reports (a lock and a few additions per event) and redraws off the
-    hot path: done, ok, failed, items waiting to retry, and requests/s. Use as a context
-    manager; the counts are kept even when no bar is shown."""
+class Tally(Observer):
+    """Counts finished items, failures and requests sent: a lock and three additions per item.
 
-    def __init__(self, total: int | None, enabled: bool) -> None:
-        self._enabled = enabled
-        self._total = total
+    A context manager, like Progress, so either serves the same ``with`` block.
+    """
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done = 0
         self._failed = 0
         self._requests = 0
+
+    def item_finished(self, result: Result) -> None:
+        with self._lock:
+            self._done += 1
+            self._requests += result.attempts
+            if not result.ok:
+                self._failed += 1
+
+    @property
+    def requests(self) -> int:
+        """Requests sent for the items finished so far."""
+        with self._lock:
+            return self._requests
+
+    def __enter__(self) -> Tally:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class Progress(Tally):
+    """A Tally shown as a bar — done/total, ok, failed, items waiting to retry, requests/s —
+    that its own thread redraws a few times a second, off the hot path."""
+
+    def __init__(self, total: int | None) -> None:
+        super().__init__()
+        self._total = total
         self._retrying: set[int] = set()
         self._started = time.monotonic()
         self._closing = threading.Event()
@@ -63,27 +95,18 @@ class Progress(Observer):
                 self._retrying.add(index)
 
     def item_finished(self, result: Result) -> None:
-        with self._lock:
-            self._done += 1
-            self._requests += result.attempts
-            if not result.ok:
-                self._failed += 1
-            self._retrying.discard(result.index)
-
-    @property
-    def requests(self) -> int:
-        """Requests sent for the items finished so far."""
-        with self._lock:
-            return self._requests
+        super().item_finished(result)
+        if self._retrying:
+            with self._lock:
+                self._retrying.discard(result.index)
 
     def __enter__(self) -> Progress:
         self._started = time.monotonic()
-        if self._enabled:
-            self._bar = tqdm(total=self._total, unit="item", dynamic_ncols=True)
-            self._painter = threading.Thread(
-                target=self._paint_until_closed, name="batchsync-progress", daemon=True
-            )
-            self._painter.start()
+        self._bar = tqdm(total=self._total, unit="item", dynamic_ncols=True)
+        self._painter = threading.Thread(
+            target=self._paint_until_closed, name="batchsync-progress", daemon=True
+        )
+        self._painter.start()
         return self
 
     def __exit__(
@@ -115,3 +138,8 @@ class Progress(Observer):
             ok=done - failed, failed=failed, retrying=retrying, req_s=f"{rate:.0f}", refresh=False
         )
         self._bar.refresh()
+
+
+def counter(total: int | None, show: bool) -> Tally:
+    """A Progress bar when it is to be shown, else a plain Tally."""
+    return Progress(total) if show else Tally()

@@ -17,7 +17,7 @@ from .inputs import Entry, Input
 from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
-from .progress import Progress
+from .progress import counter
 from .redact import Secrets
 from .result import Result, Summary
 from .spec import InvalidItem, item_label
@@ -114,7 +114,7 @@ def run_batch(
     transport = Transport(options.session, options.concurrency, options.secrets())
     gates = options.gates()
     job = HttpJob(options, transport, gates)
-    bar = Progress(entries - sum(done), progress)
+    bar = counter(entries - sum(done), progress)
     observers = run_observers(options, gates, bar)
     engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
     on_start(engine)

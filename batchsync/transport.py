@@ -6,21 +6,28 @@ Everything that touches a socket lives here; deciding what a response means does
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
+from requests.cookies import extract_cookies_to_jar
+from requests.models import REDIRECT_STATI
+from requests.structures import CaseInsensitiveDict
+from requests.utils import get_netrc_auth, select_proxy
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ClosedPoolError, LocationParseError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
-from urllib3.util import Retry
+from urllib3.util import Retry, parse_url
 
 from .redact import Secrets
 
@@ -28,6 +35,69 @@ SessionSource = requests.Session | Callable[[], requests.Session]
 
 CHUNK_BYTES = 64 * 1024
 _MAX_CACHED_ORIGINS = 4096
+
+
+Origin = tuple[str, str, int | None]
+
+# Bodiless methods the fast lane sends; everything else goes the full requests way.
+_FAST_METHODS = frozenset({"GET", "HEAD"})
+# Characters that requests would percent-encode or otherwise rewrite in a URL.
+_NOT_PLAIN = re.compile(r"[\s\"<>\\^`{|}]")
+
+
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
+class Wire:
+    """A bodiless request as the fast lane sends it: straight to the origin's urllib3 pool."""
+
+    method: str
+    url: str
+    origin: Origin
+    host: str
+    target: str
+    headers: Mapping[str, str]
+
+
+Outgoing = Wire | requests.PreparedRequest
+
+# requests' own adapter send; when something has patched it, the fast lane stands aside.
+_ADAPTER_SEND = HTTPAdapter.send
+
+
+@dataclass(slots=True)
+class Reply:
+    """A response whose headers have come: status, headers and the raw stream of its body."""
+
+    status: int
+    headers: Mapping[str, str]
+    raw: Any
+    closer: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        """Close the stream (and its connection) and hand the connection slot back."""
+        if self.closer is not None:
+            self.closer()
+            return
+        self.raw.close()
+        self.raw.release_conn()
+
+
+# scheme://host[:port][/path?query][#fragment], the common shape, split without parse_url.
+_PLAIN_URL = re.compile(r"(https?)://([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?(/[^#]*)?(?:#.*)?")
+
+
+def _split_plain(url: str) -> tuple[Origin, str] | None:
+    """A URL's origin and request target; None for a URL that is not http(s) with a host."""
+    match = _PLAIN_URL.fullmatch(url)
+    if match is not None and int(match[3] or 1) <= 65535:
+        port = int(match[3]) if match[3] else None
+        return (match[1], match[2].lower(), port), match[4] or "/"
+    try:
+        parts = parse_url(url)
+    except LocationParseError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.host:
+        return None
+    return (parts.scheme, parts.host.lower(), parts.port), parts.request_uri
 
 
 class AttemptTimedOut(TimeoutError):
@@ -156,6 +226,9 @@ class Transport:
         else:
             self._factory = session
             self._owns_session = True
+        self._fast = session is None
+        self._jar_used = False
+        self._lanes: dict[Origin, HTTPConnectionPool | None] = {}
         self._pool_size = pool_size
         self._local = threading.local()
         self._made: list[requests.Session] = []
@@ -207,6 +280,76 @@ class Transport:
             raise AttemptTimedOut("attempt timed out")
         return left
 
+    @property
+    def fast(self) -> bool:
+        """Whether requests may take the fast lane at all (see ``wire``)."""
+        return self._fast and not self._jar_used and HTTPAdapter.send is _ADAPTER_SEND
+
+    def headers_with(self, *layers: Mapping[str, str] | None) -> Mapping[str, str]:
+        """The session's default headers overlaid with ``layers``, as requests merges them."""
+        merged = CaseInsensitiveDict(self.session().headers)
+        for layer in layers:
+            merged.update(layer or {})
+        return {name: value for name, value in merged.items() if value is not None}
+
+    def wire(self, method: str, url: str, headers: Mapping[str, str]) -> Wire | None:
+        """The fast form of a bodiless GET/HEAD to a plain URL, or None when it must go the
+        full requests way: a caller's session, a proxy or netrc entry for the host, cookies
+        in the jar, a URL that requests would rewrite, or ``HTTPAdapter.send`` patched (by a
+        mocking library that wants to see every request). ``headers`` are sent as given
+        (see ``headers_with``)."""
+        if (
+            not self.fast
+            or method not in _FAST_METHODS
+            or not url.isascii()
+            or _NOT_PLAIN.search(url)
+        ):
+            return None
+        split = _split_plain(url)
+        if split is None:
+            return None
+        origin, target = split
+        if self._lane(origin, url) is None:
+            return None
+        host = f"{origin[1]}:{origin[2]}" if origin[2] else origin[1]
+        return Wire(method, url, origin, host, target, headers)
+
+    def _lane(self, origin: Origin, url: str) -> HTTPConnectionPool | None:
+        """The urllib3 pool that serves an origin directly, or None when it must not."""
+        if origin in self._lanes:
+            return self._lanes[origin]
+        session = self.session()
+        settings = self._environment(session, url)
+        adapter = session.get_adapter(url)
+        pool = None
+        if (
+            type(adapter) is HTTPAdapter
+            and select_proxy(url, settings["proxies"]) is None
+            and not (session.trust_env and get_netrc_auth(url))
+        ):
+            probe = requests.Request("GET", url).prepare()
+            pool = adapter.get_connection_with_tls_context(
+                probe, settings["verify"], None, settings["cert"]
+            )
+        if len(self._lanes) >= _MAX_CACHED_ORIGINS:
+            self._lanes.clear()
+        self._lanes[origin] = pool
+        return pool
+
+    def send(self, request: Outgoing, wall_end: float) -> Reply:
+        """Send ``request``, following redirects, until a final response's headers arrive.
+
+        Secret headers go only to the request's own host: a redirect elsewhere drops them.
+        The caller must read or close the returned Reply.
+        """
+        if isinstance(request, Wire):
+            return self._send_wire(request, wall_end)
+        session = self.session()
+        assert request.url is not None
+        return self._settle(
+            session, request.url, self._send_once(session, request, wall_end), wall_end
+        )
+
     def _send_once(
         self, session: requests.Session, request: requests.PreparedRequest, wall_end: float
     ) -> requests.Response:
@@ -219,16 +362,49 @@ class Transport:
             **self._environment(session, request.url),
         )
 
-    def send(self, request: requests.PreparedRequest, wall_end: float) -> requests.Response:
-        """Send ``request``, following redirects, until a final response's headers arrive.
+    def _send_wire(self, wire: Wire, wall_end: float) -> Reply:
+        pool = self._lanes[wire.origin]
+        assert pool is not None
+        left = self._left(wall_end)
+        try:
+            raw = pool.urlopen(
+                wire.method, wire.target, headers=wire.headers, retries=False, redirect=False,
+                assert_same_host=False, preload_content=False, decode_content=False,
+                timeout=left,
+            )  # fmt: skip
+        except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
+            del self._lanes[wire.origin]
+            self._lane(wire.origin, wire.url)
+            return self._send_wire(wire, wall_end)
+        if "set-cookie" in raw.headers or (
+            raw.status in REDIRECT_STATI and "location" in raw.headers
+        ):
+            # Cookies and redirects are the session's business: hand over to requests.
+            session = self.session()
+            prepared = session.prepare_request(
+                requests.Request(wire.method, wire.url, headers=dict(wire.headers))
+            )
+            adapter = session.get_adapter(wire.url)
+            assert isinstance(adapter, HTTPAdapter)
+            response = adapter.build_response(prepared, raw)
+            extract_cookies_to_jar(session.cookies, prepared, raw)
+            if session.cookies:
+                self._jar_used = True
+            # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
+            response._next = next(  # type: ignore[assignment]
+                session.resolve_redirects(response, prepared, yield_requests=True), None
+            )
+            return self._settle(session, wire.url, response, wall_end)
+        return Reply(raw.status, raw.headers, raw)
 
-        Secret headers go only to the request's own host: a redirect elsewhere drops them.
-        The caller must read or close the returned response.
-        """
-        session = self.session()
-        first_url = request.url
-        assert first_url is not None
-        response = self._send_once(session, request, wall_end)
+    def _settle(
+        self,
+        session: requests.Session,
+        first_url: str,
+        response: requests.Response,
+        wall_end: float,
+    ) -> Reply:
+        """Follow redirects from ``response`` to the final one."""
         hops = 0
         while response.is_redirect and response.next is not None:
             follow = response.next
@@ -242,26 +418,23 @@ class Transport:
                     if self._secrets.is_secret(name):
                         del follow.headers[name]
             response = self._send_once(session, follow, wall_end)
-        return response
+        return Reply(response.status_code, response.headers, response.raw, response.close)
 
-    def read_body(self, response: requests.Response, wall_end: float, max_bytes: int) -> bytearray:
+    def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
         """The decompressed body, read in chunks; refused past ``max_bytes`` or ``wall_end``.
 
         Each read waits at most for the time the attempt has left, so a server that trickles
         its body cannot hold the attempt past its bound.
         """
-        raw = response.raw
-        declared = response.headers.get("Content-Length")
-        if (
-            declared is not None
-            and declared.isdigit()
-            and int(declared) > max_bytes
-            and not response.headers.get("Content-Encoding")
-        ):
-            response.close()
+        raw = reply.raw
+        declared = reply.headers.get("Content-Length")
+        # Without an encoding, the declared length is the body's: check it, and stop reading
+        # once it has all come.
+        counted = declared is not None and not reply.headers.get("Content-Encoding")
+        if counted and declared and declared.isdigit() and int(declared) > max_bytes:
+            reply.close()
             raise BodyTooLarge(f"body of {declared} bytes is over max_bytes {max_bytes}")
-        connection = getattr(raw, "connection", None)
-        sock = getattr(connection, "sock", None)
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         try:
             while True:
@@ -274,16 +447,18 @@ class Transport:
                 body += chunk
                 if len(body) > max_bytes:
                     raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
+                if counted and getattr(raw, "length_remaining", None) == 0:
+                    break
         except BaseException:
-            response.close()
+            reply.close()
             raise
         raw.release_conn()
         return body
 
-    def discard(self, response: requests.Response, wall_end: float) -> None:
+    def discard(self, reply: Reply, wall_end: float) -> None:
         """Drop a response we do not need, keeping its connection when the body is small."""
         # On any failure read_body has closed the response; nothing of it is kept.
         with contextlib.suppress(
             BodyTooLarge, OSError, requests.RequestException, urllib3.exceptions.HTTPError
         ):
-            self.read_body(response, wall_end, CHUNK_BYTES)
+            self.read_body(reply, wall_end, CHUNK_BYTES)

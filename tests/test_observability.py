@@ -46,7 +46,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_progress_counts_retrying_items_and_requests() -> None:
-    progress = Progress(total=2, enabled=False)
+    progress = Progress(total=2)
     task = Task("u", None, Route(lambda bound, so_far: None))  # type: ignore[arg-type, return-value]
     progress.attempt_finished(0, task, AttemptRecord(1, 503, "status", 0.1, wait=0.5))
     progress.attempt_finished(1, task, AttemptRecord(1, 503, "status", 0.1, wait=0.5))
