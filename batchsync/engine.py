@@ -1,8 +1,9 @@
 """The generic engine: items through a thread pool, one worker per item from claim to Result.
 
-The main thread reads the input lazily and keeps at most ``2 * concurrency`` items handed to
-the pool and unfinished, so memory does not grow with the input. Each worker carries one item
-through its attempts, waits and give-up decisions, and delivers exactly one Result.
+Workers read the input lazily themselves, one item at a time, and at most ``2 * concurrency``
+items are claimed and unfinished (items waiting on an identical request included), so memory
+does not grow with the input. Each worker carries one item through its attempts, waits and
+give-up decisions, and delivers exactly one Result.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -32,7 +33,6 @@ log = logging.getLogger("batchsync")
 Deliver = Callable[[Result, object], None]
 
 _POLL_SECONDS = 0.1
-_DRAIN_POLL_SECONDS = 0.01
 STOP_GRACE_SECONDS = 3.0
 ABORT_GRACE_SECONDS = 1.0
 # What the gates are told when an attempt raised instead of returning a Verdict.
@@ -90,13 +90,12 @@ class _Copy:
 
 
 class _Window:
-    """At most ``size`` items handed to the workers and unfinished: one token per slot.
+    """A counting semaphore of ``size`` slots.
 
-    A SimpleQueue of tokens rather than a Semaphore: taking and giving cost a C call each.
+    A SimpleQueue of tokens rather than threading.Semaphore: taking and giving cost a C call.
     """
 
     def __init__(self, size: int) -> None:
-        self.size = size
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(size):
             self._tokens.put(None)
@@ -111,35 +110,47 @@ class _Window:
     def give(self) -> None:
         self._tokens.put(None)
 
-    def all_back(self) -> bool:
-        """Every slot free: nothing handed out is unfinished."""
-        return self._tokens.qsize() == self.size
+
+class _Flight:
+    """One request in flight and the identical items waiting for its Result."""
+
+    __slots__ = ("copies", "landed", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.copies: list[_Copy] = []
+        self.landed = False
 
 
 class _Flights:
     """Identical requests in flight: the first is sent, copies wait for its Result.
 
-    A key is kept only while its first request is in flight, so memory stays bounded.
+    A key is kept only while its first request is in flight, so memory stays bounded. No
+    lock is shared between keys: the dict's own atomic setdefault/pop decide who leads.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._copies: dict[Hashable, list[_Copy]] = {}
+        self._flights: dict[Hashable, _Flight] = {}
 
     def join(self, key: Hashable, copy: _Copy) -> bool:
         """True when an identical request is in flight (``copy`` now waits for it); else
         the caller leads: it sends the request and must ``land`` the key."""
-        with self._lock:
-            waiting = self._copies.get(key)
-            if waiting is None:
-                self._copies[key] = []
+        while True:
+            fresh = _Flight()
+            flight = self._flights.setdefault(key, fresh)
+            if flight is fresh:
                 return False
-            waiting.append(copy)
-            return True
+            with flight.lock:
+                if not flight.landed:
+                    flight.copies.append(copy)
+                    return True
+            # That flight landed as we came: lead the next one.
 
     def land(self, key: Hashable) -> list[_Copy]:
-        with self._lock:
-            return self._copies.pop(key)
+        flight = self._flights.pop(key)
+        with flight.lock:
+            flight.landed = True
+            return flight.copies
 
 
 class Job(Protocol):
@@ -203,6 +214,75 @@ def _plural(count: int) -> str:
     return f"{count} attempt" if count == 1 else f"{count} attempts"
 
 
+class _Run:
+    """One run's shared state and the loop each worker runs."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: Job,
+        source: Iterator[tuple[int, object]],
+        deliver: Deliver,
+        deadline_end: float | None,
+    ) -> None:
+        self._engine = engine
+        self._job = job
+        self._source = source
+        self._source_lock = threading.Lock()
+        self._deliver = deliver
+        self._deadline_end = deadline_end
+        # Items parked on an identical request in flight: at most one per worker.
+        self._parked = _Window(engine.options.concurrency)
+        self.failures: list[BaseException] = []
+
+    def work(self) -> None:
+        """Claim items until there are none; each worker carries one item at a time."""
+        engine = self._engine
+        while (entry := self._claim()) is not None:
+            index, item = entry
+            delivered = engine.carry(self._job, index, item, self._deadline_end)
+            if not delivered:  # parked on an identical request: hold a slot until it lands
+                if not self._hold_slot():
+                    return
+                continue
+            for result, its_item in delivered:
+                self._hand_over(result, its_item)
+            for _ in delivered[1:]:  # the copies that were parked on this one
+                self._parked.give()
+
+    def _claim(self) -> tuple[int, object] | None:
+        """The next item, read lazily by whichever worker is free; None when done."""
+        with self._source_lock:
+            if self._engine.stopped:
+                return None
+            try:
+                return next(self._source)
+            except StopIteration:
+                return None
+            except BaseException as exc:  # the input failed: stop the run and report it
+                self._fail(exc)
+                return None
+
+    def _hold_slot(self) -> bool:
+        while not self._engine.stopped:
+            if self._parked.take(_POLL_SECONDS):
+                return True
+        return False
+
+    def _hand_over(self, result: Result, item: object) -> None:
+        if not result.ok:
+            _log_failure(result)
+        self._engine.observers.item_finished(result)
+        try:
+            self._deliver(result, item)
+        except BaseException as exc:  # a sink failed: stop the run and report it
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+        self._engine.stop()
+
+
 class Engine:
     """Runs a Job over items with bounded concurrency; see the module docstring."""
 
@@ -225,7 +305,7 @@ class Engine:
             if (options.on_attempt or options.on_result)
             else []
         )
-        self._observers = Observers([*observers, *hooks])
+        self.observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
         self._clock = clock
@@ -259,73 +339,34 @@ class Engine:
         self._stop.clear()
         started = self._clock()
         deadline_end = None if options.deadline is None else started + options.deadline
-        window = _Window(2 * options.concurrency)
-        handed_out: queue.SimpleQueue[tuple[int, object] | None] = queue.SimpleQueue()
-        failures: list[BaseException] = []
-
-        def deliver_logged(result: Result, item: object) -> None:
-            if not result.ok:
-                _log_failure(result)
-            self._observers.item_finished(result)
-            deliver(result, item)
-
-        def worker() -> None:
-            # Each result frees a slot of the window: the item's own, and one per copy of an
-            # identical item that waited on it (a copy leaves its slot taken until then).
-            while (entry := handed_out.get()) is not None:
-                index, item = entry
-                for result, its_item in self._carry(job, index, item, deadline_end):
-                    try:
-                        deliver_logged(result, its_item)
-                    except BaseException as exc:  # a sink failed: stop the run and report it
-                        failures.append(exc)
-                        self.stop()
-                    finally:
-                        window.give()
-
+        run = _Run(self, job, iter(items), deliver, deadline_end)
         pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
-        for _ in range(options.concurrency):
-            pool.submit(worker)
+        workers = [pool.submit(run.work) for _ in range(options.concurrency)]
         finished = False
         try:
-            for index, item in items:
-                if deadline_end is not None and self._clock() >= deadline_end:
-                    deliver_logged(self._unstarted(job, index, item, "deadline"), item)
-                    continue
-                if not self._take(window):
-                    break
-                handed_out.put((index, item))
-            finished = self._drain(window)
+            finished = self._drain(workers)
         except BaseException:
             self.stop()
-            finished = self._drain(window)
+            finished = self._drain(workers)
             raise
         finally:
-            for _ in range(options.concurrency):
-                handed_out.put(None)
             pool.shutdown(wait=finished)
-        if failures:
-            raise failures[0]
+        if run.failures:
+            raise run.failures[0]
         return finished
 
-    def _take(self, window: _Window) -> bool:
-        """One slot of the window; False once the run is stopped."""
-        # A timed wait keeps the main thread responsive to Ctrl-C and to stop().
-        while not self._stop.is_set():
-            if window.take(_POLL_SECONDS):
-                return True
-        return False
-
-    def _drain(self, window: _Window) -> bool:
-        """Wait until every item handed out has finished.
+    def _drain(self, workers: list[Future[None]]) -> bool:
+        """Wait until every worker has run out of items.
 
         After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
         end as ``cancelled``) and they get a moment more. False if some are still running.
         """
-        # Polling rather than taking the tokens: an interrupt in the middle loses none.
         aborted_at: float | None = None
-        while not window.all_back():
-            time.sleep(_DRAIN_POLL_SECONDS)
+        while True:
+            # A timed wait keeps the main thread responsive to Ctrl-C.
+            _, running = wait(workers, timeout=_POLL_SECONDS)
+            if not running:
+                return True
             if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
                 continue
             if self._abort is not None and aborted_at is None:
@@ -333,7 +374,6 @@ class Engine:
                 aborted_at = self._clock()
             elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
                 return False
-        return True
 
     def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
         url, item_id = job.label(item)
@@ -343,10 +383,11 @@ class Engine:
         }.get(kind, kind)
         return Result(index, url, False, item_id, error_kind=kind, error=reason)
 
-    def _carry(
+    def carry(
         self, job: Job, index: int, item: object, deadline_end: float | None
     ) -> list[tuple[Result, object]]:
-        """Claim to final Result; see ``work`` in ``run``. Never raises."""
+        """Claim to final Result: the item's Result, then one for each identical item that
+        waited on it; nothing when the item itself waits on an identical one. Never raises."""
         claimed = self._clock()
         try:
             task = self._prepare(job, index, item, claimed, deadline_end)
@@ -359,7 +400,7 @@ class Engine:
             key, _Copy(index, item, task.url, task.id, claimed)
         ):
             return []
-        self._observers.item_started(index, task)
+        self.observers.item_started(index, task)
         try:
             result = self._attempts(task, index, claimed, deadline_end, job.timeout)
         except Exception as exc:
@@ -468,7 +509,7 @@ class Engine:
                 if isinstance(admitted, str):
                     return self._stopped_short(last, admitted, route)
                 admission = admitted
-            self._observers.attempt_started(index)
+            self.observers.attempt_started(index)
             began = self._clock()
             bound, limit = (
                 (None, None) if timeout is None else allowance.attempt_bound(timeout, began)
@@ -514,7 +555,7 @@ class Engine:
         self, records: list[AttemptRecord], record: AttemptRecord, index: int, task: Task
     ) -> None:
         records.append(record)
-        self._observers.attempt_finished(index, task, record)
+        self.observers.attempt_finished(index, task, record)
 
     @staticmethod
     def _final_error(verdict: Verdict, number: int, route: Route, limited: bool) -> str:

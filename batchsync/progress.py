@@ -34,30 +34,59 @@ def wanted(progress: bool | None) -> bool:
     return bool(isatty and isatty()) or in_notebook()
 
 
-class Tally(Observer):
-    """Counts finished items, failures and requests sent: a lock and three additions per item.
+class _Counts:
+    """One worker thread's share of a Tally."""
 
+    __slots__ = ("done", "failed", "requests")
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.failed = 0
+        self.requests = 0
+
+
+class Tally(Observer):
+    """Counts finished items, failures and requests sent.
+
+    Each worker thread counts into its own share, so counting takes no lock; reading sums
+    the shares (the bar does that a few times a second, the summary once).
     A context manager, like Progress, so either serves the same ``with`` block.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._done = 0
-        self._failed = 0
-        self._requests = 0
+        self._local = threading.local()
+        self._shares: list[_Counts] = []
+
+    def _share(self) -> _Counts:
+        share: _Counts | None = getattr(self._local, "share", None)
+        if share is None:
+            share = self._local.share = _Counts()
+            with self._lock:
+                self._shares.append(share)
+        return share
 
     def item_finished(self, result: Result) -> None:
+        share = self._share()
+        share.done += 1
+        share.requests += result.attempts
+        if not result.ok:
+            share.failed += 1
+
+    def counts(self) -> tuple[int, int, int]:
+        """(done, failed, requests) so far."""
         with self._lock:
-            self._done += 1
-            self._requests += result.attempts
-            if not result.ok:
-                self._failed += 1
+            shares = list(self._shares)
+        return (
+            sum(share.done for share in shares),
+            sum(share.failed for share in shares),
+            sum(share.requests for share in shares),
+        )
 
     @property
     def requests(self) -> int:
         """Requests sent for the items finished so far."""
-        with self._lock:
-            return self._requests
+        return self.counts()[2]
 
     def __enter__(self) -> Tally:
         return self
@@ -128,10 +157,9 @@ class Progress(Tally):
 
     def _paint(self) -> None:
         assert self._bar is not None
+        done, failed, requests = self.counts()
         with self._lock:
-            done, failed, requests, retrying = (
-                self._done, self._failed, self._requests, len(self._retrying)
-            )  # fmt: skip
+            retrying = len(self._retrying)
         rate = requests / max(time.monotonic() - self._started, 1e-9)
         self._bar.n = done
         self._bar.set_postfix(

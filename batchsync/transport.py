@@ -428,9 +428,10 @@ class Transport:
         """
         raw = reply.raw
         declared = reply.headers.get("Content-Length")
+        encoded = bool(reply.headers.get("Content-Encoding"))
         # Without an encoding, the declared length is the body's: check it, and stop reading
         # once it has all come.
-        counted = declared is not None and not reply.headers.get("Content-Encoding")
+        counted = declared is not None and not encoded
         if counted and declared and declared.isdigit() and int(declared) > max_bytes:
             reply.close()
             raise BodyTooLarge(f"body of {declared} bytes is over max_bytes {max_bytes}")
@@ -441,7 +442,7 @@ class Transport:
                 left = self._left(wall_end)
                 if sock is not None:
                     sock.settimeout(left)
-                chunk = raw.read1(CHUNK_BYTES, decode_content=True)
+                chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
                 if not chunk:
                     break
                 body += chunk

@@ -26,6 +26,7 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /text, /bytes                    200 text/plain UTF-8, 200 application/octet-stream
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
+    /set-cookie?name=N&value=V       200 that sets a cookie
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -253,6 +254,9 @@ class Handler(BaseHTTPRequestHandler):
                     "body": body.decode("utf-8", errors="replace"),
                 },
             )
+        elif head == "/set-cookie":
+            cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
+            self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
         elif head == "/redirect":
             code = int(query.get("code", "302"))
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -157,3 +158,44 @@ def test_huge_bodies_are_refused_without_being_held(server: MockServerProcess) -
     report = json.loads(probe.stdout)
     assert report["kinds"] == ["invalid_body"] * 3
     assert report["peak_rss_mib"] < 100
+
+
+def test_a_cookie_set_by_a_response_goes_with_later_requests(server: MockServerProcess) -> None:
+    """As with a plain requests.Session: the session's jar keeps what responses set."""
+    items = [f"{server.url}/set-cookie?name=flavour&value=oat", f"{server.url}/echo"]
+    rs = fetch_all(items, concurrency=1)
+    assert rs[1].data["headers"]["Cookie"] == "flavour=oat"
+
+
+def test_a_callers_session_keeps_its_auth_hooks_and_headers(server: MockServerProcess) -> None:
+    import requests
+
+    session = requests.Session()
+    session.auth = ("ann", "secret")
+    session.headers["X-App"] = "7"
+    seen: list[int] = []
+    session.hooks["response"].append(lambda response, **kwargs: seen.append(response.status_code))
+    rs = fetch_all([f"{server.url}/echo", f"{server.url}/404/{key()}"], session=session)
+    echoed = rs[0].data["headers"]
+    assert echoed["Authorization"] == "Basic YW5uOnNlY3JldA=="
+    assert echoed["X-App"] == "7"
+    assert sorted(seen) == [200, 404]
+
+
+PROXY_PROBE = """
+import json, sys
+from batchsync import fetch_all
+rs = fetch_all(["http://api.example.invalid/ok/through-the-proxy"], attempts=1)
+print(json.dumps([rs[0].ok, rs[0].data]))
+"""
+
+
+def test_a_proxy_from_the_environment_is_honoured(server: MockServerProcess) -> None:
+    """The fast lane stands aside for proxied hosts: the request reaches the (local) proxy."""
+    env = {**os.environ, "HTTP_PROXY": server.url, "NO_PROXY": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", PROXY_PROBE], env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    ok, data = json.loads(done.stdout)
+    assert ok and data == {"path": "/ok/through-the-proxy", "ok": True}
