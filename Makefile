@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install services test lint demo bench clean
 
 install: $(STAMP)
 
@@ -13,7 +13,17 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+# redis-server for the shared-limits tests (they start their own on a free port); installed
+# from Debian's packages when missing and the machine allows it.
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q
+
+services:
+	command -v redis-server >/dev/null || (command -v apt-get >/dev/null && \
+		($(APT_INSTALL) redis-server >/dev/null || \
+		 (apt-get update -q >/dev/null && $(APT_INSTALL) redis-server >/dev/null))) || \
+		echo "redis-server is not installed: the shared-limits tests will be skipped"
+
+test: install services
 	$(BIN)/python -m pytest
 
 demo: install
@@ -24,7 +34,8 @@ demo: install
 bench: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	command -v nginx >/dev/null || (command -v apt-get >/dev/null && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null) || true
+		($(APT_INSTALL) nginx-light >/dev/null || \
+		 (apt-get update -q >/dev/null && $(APT_INSTALL) nginx-light >/dev/null))) || true
 	$(BIN)/python scripts/bench.py
 
 lint: install

@@ -57,6 +57,10 @@ class FetchSettings(TypedDict, total=False):
     secret_headers: tuple[str, ...]
     metrics: Any
     tracer: Any
+    limits: Any
+    deny_private: bool
+    namespace: str
+    lease_ttl: float
     progress: bool | None
 
 
@@ -154,7 +158,7 @@ class Batch:
         options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
         journal = None if self.journal is None else Journal(self.journal, _encode, self._identity)
-        transport = Transport(options.session, options.concurrency, options.secrets())
+        transport = Transport.for_options(options)
         job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
         try:

@@ -5,6 +5,7 @@ Pure functions of a status code, a header value or an exception; the engine acts
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,6 +14,7 @@ import requests
 import urllib3.exceptions
 
 from .backoff import parse_retry_after
+from .guard import PrivateAddress
 
 Outcome = Literal["success", "retry", "terminal"]
 
@@ -31,6 +33,10 @@ ErrorKind = Literal[
 ]
 
 RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
+
+# urllib3 opens its messages with the connection or pool they came from: "HTTPConnection(
+# host='h', port=80): ..." says nothing the Result does not, so it goes.
+_CONNECTION_PREFIX = re.compile(r"^\w*(?:Connection|ConnectionPool)\(host=[^)]*\):\s*")
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -100,14 +106,14 @@ def describe(exc: BaseException) -> str:
             reason = reason.args[0]
         else:
             break
-    text = (str(reason) or type(reason).__name__).rstrip(".")
-    if "): " in text and "Pool(" in text:
-        text = text.split("): ", 1)[1]
+    text = _CONNECTION_PREFIX.sub("", (str(reason) or type(reason).__name__).rstrip("."))
     return f"{type(exc).__name__}: {text}"
 
 
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
+    if isinstance(exc, PrivateAddress):
+        return terminal("invalid_request", str(exc))
     error = describe(exc)
     # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
     if isinstance(exc, urllib3.exceptions.NewConnectionError):

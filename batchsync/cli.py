@@ -16,14 +16,15 @@ from types import FrameType
 import click
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .engine import Engine
+from .dask import connect as connect_dask
 from .inputs import Input, InputError
 from .journal import JournalMismatch
 from .limits import Breaker, CooldownScope
 from .options import FetchOptions, build
 from .progress import wanted
 from .redact import MASK
-from .runner import Outcome, run_batch
+from .runner import Outcome, Stoppable, run_batch
+from .shared import RedisLimits
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -196,6 +197,48 @@ def _parse_hedge_after(
     help="Treat this item header as a secret too, like Authorization (repeatable).",
 )
 @click.option(
+    "--deny-private",
+    is_flag=True,
+    help="Refuse hosts that resolve to loopback, private, link-local or multicast addresses "
+    "(checked after DNS, on every redirect and on each connection), for URL lists from "
+    "elsewhere.",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    default=None,
+    metavar="URL",
+    help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
+    "through this Redis server, e.g. redis://127.0.0.1:6379/0; needs the redis extra.",
+)
+@click.option(
+    "--namespace",
+    default="batchsync",
+    help="The shared quota's name in Redis: processes with the same one share their limits.",
+)
+@click.option(
+    "--lease-ttl",
+    type=positive,
+    default=10.0,
+    metavar="SECONDS",
+    help="With --redis: how long the per-host slots of a process that died stay taken.",
+)
+@click.option(
+    "--dask",
+    "dask_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Run the batch on the Dask cluster at ADDRESS (tcp://scheduler:8786), a partition "
+    "per task; add --redis so that all workers share the limits; needs the dask extra.",
+)
+@click.option(
+    "--partition-size",
+    type=click.IntRange(min=1),
+    default=1000,
+    metavar="N",
+    help="With --dask: items per partition.",
+)
+@click.option(
     "--metrics-port",
     default=None,
     metavar="[HOST:]PORT",
@@ -248,6 +291,12 @@ def command(
     hedge_after: float | str | None,
     headers: dict[str, str],
     secret_headers: tuple[str, ...],
+    deny_private: bool,
+    redis_url: str | None,
+    namespace: str,
+    lease_ttl: float,
+    dask_address: str | None,
+    partition_size: int,
     metrics_port: str | None,
     prefix: str,
     resume: bool,
@@ -263,12 +312,20 @@ def command(
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
             dedup=dedup, hedge_after=hedge_after, secret_headers=secret_headers,
+            deny_private=deny_private,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     folder = Path(prefix).parent
     if not folder.is_dir():
         raise click.UsageError(f"the output folder {folder} does not exist")
+    try:
+        if redis_url is not None:
+            shared = RedisLimits(redis_url, namespace, lease_ttl)
+            options = options.model_copy(update={"limits": shared})
+        cluster = None if dask_address is None else connect_dask(dask_address)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     redirect: AbstractContextManager[object] = (
@@ -282,12 +339,15 @@ def command(
         with _stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
-                source, options, prefix, resume=resume, progress=show_progress, on_start=on_start
-            )
+                source, options, prefix, resume=resume, progress=show_progress,
+                on_start=on_start, dask=cluster, partition_size=partition_size,
+            )  # fmt: skip
     except (InputError, JournalMismatch) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
         source.close()
+        if cluster is not None:
+            cluster.close()
     return _report(outcome, quiet, click.get_current_context().obj or [])
 
 
@@ -365,9 +425,9 @@ def resume_command(argv: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def _stop_on_signals() -> Iterator[Callable[[Engine], None]]:
-    """First SIGINT/SIGTERM: stop the engine gracefully. A second one: quit at once."""
-    engines: list[Engine] = []
+def _stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
+    """First SIGINT/SIGTERM: stop the run gracefully. A second one: quit at once."""
+    engines: list[Stoppable] = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if engines and not engines[0].stopped:

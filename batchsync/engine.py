@@ -35,8 +35,6 @@ Deliver = Callable[[Result, object], None]
 _POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 3.0
 ABORT_GRACE_SECONDS = 1.0
-# What the gates are told when an attempt raised instead of returning a Verdict.
-_NOT_SENT = Verdict("terminal", "exception", "the attempt raised")
 
 
 # One attempt: given the seconds it may take (None: no bound) and, on a fallback route, the
@@ -514,12 +512,13 @@ class Engine:
             bound, limit = (
                 (None, None) if timeout is None else allowance.attempt_bound(timeout, began)
             )
-            verdict = _NOT_SENT
             try:
                 verdict = route.attempt(bound, so_far)
-            finally:
-                if admission is not None and self._gates is not None:
-                    self._gates.release(admission, verdict)
+            except Exception as exc:  # a bug in an attempt: that attempt's final failure
+                log.exception("internal error in an attempt of %s", task.url)
+                verdict = Verdict("terminal", "exception", f"internal error: {describe(exc)}")
+            if admission is not None and self._gates is not None:
+                self._gates.release(admission, verdict)
             ended = self._clock()
             if verdict.error_kind == "timeout" and limit is not None:
                 verdict = replace(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -21,6 +22,7 @@ from .classify import (
 )
 from .decode import InvalidBody, decode_body
 from .engine import Route, Task
+from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
 from .limits import Gates
 from .options import FetchOptions
@@ -76,11 +78,14 @@ class HttpJob:
         if isinstance(item, str) and self._lean:
             wire = self._transport.wire("GET", item, self._lane_headers)
             if wire is not None:
+                self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
                 route = Route(partial(self._attempt, wire, self._hedge_host(wire.host)), wire.host)
                 return Task(item, None, route, dedup_key=dedup, subject=item)
         spec = parse_item(item)
+        for url in (spec.url, *(spec.fallbacks or ())):
+            self._guarded(urlsplit(url).hostname or "")
         routes = [self._url_route(spec, url) for url in (spec.url, *(spec.fallbacks or ()))]
         routes += [
             Route(partial(self._call_fallback, fallback, spec), gated=False, max_attempts=1)
@@ -138,6 +143,15 @@ class HttpJob:
             if wire is not None:
                 return wire
         return self._prepare_request(spec, url)
+
+    def _guarded(self, host: str) -> None:
+        """With deny_private, refuse (as an invalid item) a host that resolves privately."""
+        guard = self._transport.guard
+        if guard is not None:
+            try:
+                guard.check(host)
+            except PrivateAddress as exc:
+                raise InvalidItem(str(exc)) from None
 
     def _hedge_host(self, host: str) -> str | None:
         return host if self._hedger is not None else None

@@ -87,64 +87,77 @@ def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
             yield entry
 
 
-def _read_array(stream: IO[bytes]) -> Iterator[Any]:
+class _ArrayReader:
     """The elements of a JSON array, decoded one at a time from a byte stream."""
-    decoder = json.JSONDecoder()
-    reader = codecs.getincrementaldecoder("utf-8-sig")()
-    buffer = ""
-    position = 0
-    at_end = False
 
-    def more() -> bool:
-        nonlocal buffer, position, at_end
-        if at_end:
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._decoder = json.JSONDecoder()
+        self._text = codecs.getincrementaldecoder("utf-8-sig")()
+        self._buffer = ""
+        self._position = 0
+        self._at_end = False
+
+    def _more(self) -> bool:
+        """Read another chunk onto what is left of the buffer; False at the end."""
+        if self._at_end:
             return False
-        chunk = stream.read(_ARRAY_CHUNK)
-        at_end = not chunk
-        buffer = buffer[position:] + reader.decode(chunk, final=at_end)
-        position = 0
+        chunk = self._stream.read(_ARRAY_CHUNK)
+        self._at_end = not chunk
+        try:
+            text = self._text.decode(chunk, final=self._at_end)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"the JSON array is not UTF-8 text: {exc.reason}") from None
+        self._buffer = self._buffer[self._position :] + text
+        self._position = 0
         return True
 
-    def next_char() -> str:
-        nonlocal position
+    def _next_char(self) -> str:
+        """The next character that is not white space (it stays unread)."""
         while True:
-            while position < len(buffer) and buffer[position].isspace():
-                position += 1
-            if position < len(buffer):
-                return buffer[position]
-            if not more():
+            while self._position < len(self._buffer) and self._buffer[self._position].isspace():
+                self._position += 1
+            if self._position < len(self._buffer):
+                return self._buffer[self._position]
+            if not self._more():
                 raise InputError("the JSON array ends too soon")
 
-    if next_char() != "[":
-        raise InputError("not a JSON array")
-    position += 1
-    if next_char() == "]":
-        return
-    count = 0
-    while True:
-        next_char()
-        try:
-            value, end = decoder.raw_decode(buffer, position)
-        except RecursionError:
-            raise InputError(
-                f"element {count + 1} of the JSON array is nested too deeply"
-            ) from None
-        except ValueError:
-            value, end = None, -1
-        if end < 0 or (end == len(buffer) and not at_end):
-            # The value may go on past what has been read (a number, a cut string): read on.
-            if more():
-                continue
-            raise InputError(f"element {count + 1} of the JSON array is not valid JSON")
-        count += 1
-        position = end
-        yield value
-        separator = next_char()
-        position += 1
-        if separator == "]":
+    def _value(self, number: int) -> Any:
+        """The element starting here; reads on while it may continue past the buffer."""
+        while True:
+            try:
+                value, end = self._decoder.raw_decode(self._buffer, self._position)
+            except RecursionError:
+                raise InputError(
+                    f"element {number} of the JSON array is nested too deeply"
+                ) from None
+            except ValueError:
+                value, end = None, -1
+            if end >= 0 and (end < len(self._buffer) or self._at_end):
+                self._position = end
+                return value
+            # A number or a string may go on past what has been read: read on.
+            if not self._more():
+                raise InputError(f"element {number} of the JSON array is not valid JSON")
+            self._next_char()
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._next_char() != "[":
+            raise InputError("not a JSON array")
+        self._position += 1
+        if self._next_char() == "]":
             return
-        if separator != ",":
-            raise InputError(f"expected ',' or ']' after element {count} of the JSON array")
+        number = 0
+        while True:
+            number += 1
+            self._next_char()
+            yield self._value(number)
+            separator = self._next_char()
+            self._position += 1
+            if separator == "]":
+                return
+            if separator != ",":
+                raise InputError(f"expected ',' or ']' after element {number} of the JSON array")
 
 
 class Input:
@@ -197,7 +210,7 @@ class Input:
             if not self.is_array:
                 yield from _read_lines(stream)
                 return
-            for number, value in enumerate(_read_array(stream), start=1):
+            for number, value in enumerate(_ArrayReader(stream), start=1):
                 yield Entry(f"element {number}", value)
 
     def identity(self) -> dict[str, str]:
@@ -216,7 +229,4 @@ class Input:
 
     def count(self) -> int:
         """The number of entries; reads the whole input, so a broken JSON array fails here."""
-        try:
-            return sum(1 for _ in self)
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{self.name} is not UTF-8 text: {exc.reason}") from None
+        return sum(1 for _ in self)

@@ -8,6 +8,8 @@ by what is left of the item's budget and the batch deadline.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import threading
 import time
@@ -22,9 +24,28 @@ BreakerState = Literal["closed", "probe", "open"]
 CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
 _POLL_SECONDS = 0.05
+_BACKEND_RETRY_SECONDS = 0.5
+_WARN_EVERY_SECONDS = 10.0
+log = logging.getLogger("batchsync")
 # Adaptive concurrency keeps this share of its limit on a congestion signal.
 DECREASE = 0.5
 T = TypeVar("T")
+
+
+class LimitsUnavailable(Exception):
+    """A shared limits backend cannot be reached; the gates wait and ask again."""
+
+
+class SharedLimits(Protocol):
+    """A backend that keeps the limits for several processes (see ``shared.RedisLimits``)."""
+
+    def token_bucket(self, rate: float, burst: int) -> RateLimiter: ...
+
+    def slots(self, limit: int) -> SlotPool: ...
+
+    def cooldowns(self) -> CooldownBoard: ...
+
+    def breaker(self, failures: int, reset: float) -> BreakerBackend: ...
 
 
 class RateLimiter(Protocol):
@@ -72,6 +93,11 @@ class BreakerBackend(Protocol):
 
     def abandon(self, key: str, probe: bool) -> None:
         """An admitted attempt was not sent after all."""
+        ...
+
+    @property
+    def opened(self) -> int:
+        """How many circuits this process saw open."""
         ...
 
 
@@ -337,10 +363,11 @@ class Gates:
         self._clock = clock
         self.waits = WaitStats()
         self.circuit_refusals = 0
+        self._last_warning = float("-inf")
 
     @property
     def circuits_opened(self) -> int:
-        return self._breaker.opened if isinstance(self._breaker, CircuitBreaker) else 0
+        return 0 if self._breaker is None else self._breaker.opened
 
     def _cooldown_key(self, host: str) -> str:
         return GLOBAL if self._scope == "global" else host
@@ -348,7 +375,31 @@ class Gates:
     def admit(
         self, host: str, allowance: Allowance, stop: threading.Event
     ) -> Admission | ErrorKind:
-        """Wait at each gate; an Admission, or the kind that ends the item instead."""
+        """Wait at each gate; an Admission, or the kind that ends the item instead.
+
+        While a shared backend cannot be reached, wait and ask again (fail closed): an item
+        is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
+        """
+        while True:
+            try:
+                return self._admit_once(host, allowance, stop)
+            except LimitsUnavailable as exc:
+                self._unavailable(exc)
+                left, limit = allowance.tightest(self._clock())
+                if left <= _BACKEND_RETRY_SECONDS:
+                    return limit
+                if stop.wait(_BACKEND_RETRY_SECONDS):
+                    return "cancelled"
+
+    def _unavailable(self, exc: LimitsUnavailable) -> None:
+        now = self._clock()
+        if now - self._last_warning >= _WARN_EVERY_SECONDS:
+            self._last_warning = now
+            log.warning("shared limits unavailable, holding attempts until they answer: %s", exc)
+
+    def _admit_once(
+        self, host: str, allowance: Allowance, stop: threading.Event
+    ) -> Admission | ErrorKind:
         probe = False
         if self._breaker is not None:
             state = self._breaker.check(host)
@@ -357,7 +408,11 @@ class Gates:
                 return "circuit_open"
             probe = state == "probe"
         admission = Admission(host, probe, slot=False, adaptive_since=None)
-        refusal = self._pass(admission, allowance, stop)
+        try:
+            refusal = self._pass(admission, allowance, stop)
+        except LimitsUnavailable:
+            self._undo(admission)
+            raise
         if refusal is not None:
             self._undo(admission)
             return refusal
@@ -430,27 +485,33 @@ class Gates:
                 return None, limit
 
     def _undo(self, admission: Admission) -> None:
-        if self._breaker is not None:
-            self._breaker.abandon(admission.host, admission.probe)
-        if admission.slot and self._slots is not None:
-            self._slots.leave(admission.host)
         if admission.adaptive_since is not None and self._adaptive is not None:
             self._adaptive.leave(admission.adaptive_since, congested=None)
+        # A backend that cannot be reached forgets on its own: leases and probes expire.
+        with contextlib.suppress(LimitsUnavailable):
+            if self._breaker is not None:
+                self._breaker.abandon(admission.host, admission.probe)
+            if admission.slot and self._slots is not None:
+                self._slots.leave(admission.host)
 
     def release(self, admission: Admission, verdict: Verdict) -> None:
         """Give back the slots and tell each limit what the attempt came to."""
-        if admission.slot and self._slots is not None:
-            self._slots.leave(admission.host)
         if admission.adaptive_since is not None and self._adaptive is not None:
             self._adaptive.leave(admission.adaptive_since, is_congestion(verdict))
-        if self._breaker is not None:
-            self._breaker.record(admission.host, is_breaker_failure(verdict), admission.probe)
-        if (
-            self._cooldowns is not None
-            and verdict.retry_after
-            and verdict.status_code in (429, 503)
-        ):
-            self._cooldowns.hold(self._cooldown_key(admission.host), verdict.retry_after)
+        try:
+            if admission.slot and self._slots is not None:
+                self._slots.leave(admission.host)
+            if self._breaker is not None:
+                failed = is_breaker_failure(verdict)
+                self._breaker.record(admission.host, failed, admission.probe)
+            if (
+                self._cooldowns is not None
+                and verdict.retry_after
+                and verdict.status_code in (429, 503)
+            ):
+                self._cooldowns.hold(self._cooldown_key(admission.host), verdict.retry_after)
+        except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
+            self._unavailable(exc)
 
 
 def build_gates(
@@ -461,13 +522,24 @@ def build_gates(
     cooldown: CooldownScope,
     breaker: Breaker | None,
     adaptive: bool,
+    shared: SharedLimits | None = None,
 ) -> Gates:
-    """The in-process gates for a run's settings."""
+    """The gates for a run's settings: in-process, or kept by a ``shared`` backend (the
+    adaptive limit is always this process's own)."""
+    if shared is None:
+        return Gates(
+            rate=None if rate is None else TokenBucket(rate, burst=concurrency),
+            slots=None if per_host is None else HostSlots(per_host),
+            cooldowns=Cooldowns(),
+            cooldown_scope=cooldown,
+            breaker=None if breaker is None else CircuitBreaker(breaker.failures, breaker.reset),
+            adaptive=AdaptiveLimit(concurrency) if adaptive else None,
+        )
     return Gates(
-        rate=None if rate is None else TokenBucket(rate, burst=concurrency),
-        slots=None if per_host is None else HostSlots(per_host),
-        cooldowns=Cooldowns(),
+        rate=None if rate is None else shared.token_bucket(rate, concurrency),
+        slots=None if per_host is None else shared.slots(per_host),
+        cooldowns=shared.cooldowns(),
         cooldown_scope=cooldown,
-        breaker=None if breaker is None else CircuitBreaker(breaker.failures, breaker.reset),
+        breaker=None if breaker is None else shared.breaker(breaker.failures, breaker.reset),
         adaptive=AdaptiveLimit(concurrency) if adaptive else None,
     )

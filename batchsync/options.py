@@ -9,7 +9,8 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .backoff import Backoff
-from .limits import Breaker, CooldownScope, Gates, build_gates
+from .guard import Guard
+from .limits import Breaker, CooldownScope, Gates, SharedLimits, build_gates
 from .redact import Secrets
 from .result import AttemptRecord, Result
 from .spec import RequestSpec, one_line
@@ -50,19 +51,37 @@ class FetchOptions(EngineOptions):
     metrics: Any = None
     # An OpenTelemetry tracer; None: the global provider's, when one is configured.
     tracer: Any = None
+    # Limits shared by several processes: a redis:// URL (or a SharedLimits backend), the
+    # namespace naming the shared quota, and how long a slot lease lives without renewal.
+    limits: Any = None
+    deny_private: bool = False
+    namespace: str = "batchsync"
+    lease_ttl: float = Field(default=10.0, gt=0)
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     secret_headers: tuple[str, ...] = ()
     max_bytes: int = Field(default=32 * 2**20, ge=1)
     session: Any = None
 
+    def guard(self) -> Guard | None:
+        return Guard() if self.deny_private else None
+
     def secrets(self) -> Secrets:
         return Secrets.of(self.headers, self.secret_headers)
+
+    def shared(self) -> SharedLimits | None:
+        """The shared limits backend; connecting to it checks that it answers (ValueError)."""
+        if self.limits is None or not isinstance(self.limits, str):
+            return self.limits
+        from .shared import RedisLimits
+
+        return RedisLimits(self.limits, self.namespace, self.lease_ttl)
 
     def gates(self) -> Gates:
         return build_gates(
             concurrency=self.concurrency, rate=self.rate, per_host=self.per_host,
             cooldown=self.cooldown, breaker=self.breaker, adaptive=self.adaptive,
+            shared=self.shared(),
         )  # fmt: skip
 
     @field_validator("session")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .batch import run_observers
 from .engine import Engine, Task
@@ -17,13 +17,22 @@ from .inputs import Entry, Input
 from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
-from .progress import counter
+from .progress import Tally, counter
 from .redact import Secrets
 from .result import Result, Summary
 from .spec import InvalidItem, item_label
 from .transport import Transport
 
 log = logging.getLogger("batchsync")
+
+
+class Stoppable(Protocol):
+    """What runs a batch, as a signal handler sees it (the engine, or a cluster's feeder)."""
+
+    def stop(self) -> None: ...
+
+    @property
+    def stopped(self) -> bool: ...
 
 
 class EntryJob:
@@ -82,13 +91,17 @@ def run_batch(
     *,
     resume: bool,
     progress: bool,
-    on_start: Callable[[Engine], None] = lambda engine: None,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
+    dask: Any = None,
+    partition_size: int = 1000,
 ) -> Outcome:
     """Run every entry of ``source`` that has no final Result yet, journal each Result as it is
     made, then write the output files from the journal in input order.
 
-    ``on_start`` sees the engine before the run, so the caller can stop it (on a signal).
-    Raises JournalMismatch when resuming a journal made for other input.
+    ``on_start`` sees what runs the batch before it starts, so the caller can stop it (on a
+    signal). With ``dask`` (a ``distributed.Client``), partitions of the input run on that
+    cluster instead of here. Raises JournalMismatch when resuming a journal made for other
+    input.
     """
     identity = source.identity()
     entries = int(identity["entries"])
@@ -111,13 +124,7 @@ def run_batch(
         replaced = remove(path)
     pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
     journal = Journal(path, partial(encode, options.secrets()), identity)
-    transport = Transport(options.session, options.concurrency, options.secrets())
-    gates = options.gates()
-    job = HttpJob(options, transport, gates)
     bar = counter(entries - sum(done), progress)
-    observers = run_observers(options, gates, bar)
-    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
-    on_start(engine)
     started = time.monotonic()
     try:
         with bar:
@@ -126,11 +133,15 @@ def run_batch(
                 if result.final:
                     journal.add(result, entry)
 
-            finished = engine.run(EntryJob(job), pending, deliver)
+            if dask is None:
+                ran = _run_here(options, pending, deliver, bar, on_start)
+            else:
+                ran = _run_on_cluster(
+                    dask, partition_size, options=options, pending=pending, deliver=deliver,
+                    bar=bar, on_start=on_start,
+                )  # fmt: skip
     finally:
         journal.close()
-        job.close()
-        transport.close()
     elapsed = time.monotonic() - started
     reader = JournalReader(path)
     try:
@@ -140,11 +151,66 @@ def run_batch(
             stored,
             run_requests=bar.requests,
             elapsed=elapsed,
-            waits=stored.waits | gates.waits.seconds,
-            circuits_opened=gates.circuits_opened,
+            waits=stored.waits | ran.waits,
+            circuits_opened=ran.circuits_opened,
         )
     finally:
         reader.close()
     return Outcome(
-        summary, entries, results_path, failed_path, replaced, engine.stopped, not finished
+        summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned
     )
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """How the fetching part of a run ended."""
+
+    stopped: bool
+    abandoned: bool
+    waits: dict[str, float]
+    circuits_opened: int
+
+
+def _run_here(
+    options: FetchOptions,
+    pending: Iterator[tuple[int, Entry]],
+    deliver: Callable[[Result, object], None],
+    bar: Tally,
+    on_start: Callable[[Stoppable], None],
+) -> _Ran:
+    """Fetch on this machine's thread pool."""
+    transport = Transport.for_options(options)
+    gates = options.gates()
+    job = HttpJob(options, transport, gates)
+    observers = run_observers(options, gates, bar)
+    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
+    on_start(engine)
+    try:
+        finished = engine.run(EntryJob(job), pending, deliver)
+    finally:
+        job.close()
+        transport.close()
+    return _Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
+
+
+def _run_on_cluster(
+    client: Any,
+    partition_size: int,
+    *,
+    options: FetchOptions,
+    pending: Iterator[tuple[int, Entry]],
+    deliver: Callable[[Result, object], None],
+    bar: Tally,
+    on_start: Callable[[Stoppable], None],
+) -> _Ran:
+    """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
+    from .dask import Distributor, partitions, worker_settings
+
+    distributor = Distributor(client, worker_settings(options), entries=True)
+    on_start(distributor)
+    for partition, results in distributor.run(partitions(pending, partition_size)):
+        entries = dict(partition)
+        for result in results:
+            bar.item_finished(result)
+            deliver(result, entries[result.index])
+    return _Ran(distributor.stopped, False, {}, 0)

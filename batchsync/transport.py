@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import requests
@@ -29,7 +29,11 @@ from urllib3.exceptions import ClosedPoolError, LocationParseError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry, parse_url
 
+from .guard import Guard, PrivateAddress
 from .redact import Secrets
+
+if TYPE_CHECKING:
+    from .options import FetchOptions
 
 SessionSource = requests.Session | Callable[[], requests.Session]
 
@@ -115,6 +119,13 @@ class _Tracked:
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
+        guard = self.ledger.guard
+        if guard is not None:
+            try:
+                guard.check_peer(self.sock)  # type: ignore[attr-defined]
+            except PrivateAddress:
+                self.close()  # type: ignore[attr-defined]
+                raise
         self.ledger.add(self)
 
 
@@ -125,7 +136,8 @@ class ConnectionLedger:
     down ends them at once: that is how an interrupted batch leaves no thread behind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.pool_classes = {
@@ -212,11 +224,13 @@ class Transport:
         session: SessionSource | None,
         pool_size: int,
         secrets: Secrets = Secrets(),  # noqa: B008 - immutable
+        guard: Guard | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._factory: Callable[[], requests.Session] | None = None
         self._shared: requests.Session | None = None
-        self.ledger = ConnectionLedger()
+        self.ledger = ConnectionLedger(guard)
+        self._guard = guard
         if session is None:
             self._shared = fit_session(requests.Session(), pool_size, self.ledger)
             self._owns_session = True
@@ -235,6 +249,14 @@ class Transport:
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
         self._secrets = secrets
         self._clock = clock
+
+    @classmethod
+    def for_options(cls, options: FetchOptions) -> Transport:
+        return cls(options.session, options.concurrency, options.secrets(), options.guard())
+
+    @property
+    def guard(self) -> Guard | None:
+        return self._guard
 
     def session(self) -> requests.Session:
         """The session this worker thread uses."""
@@ -413,6 +435,8 @@ class Transport:
             if hops > session.max_redirects:
                 raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
             assert follow.url is not None
+            if self._guard is not None:
+                self._guard.check(urlsplit(follow.url).hostname or "")
             if session.should_strip_auth(first_url, follow.url):
                 for name in list(follow.headers):
                     if self._secrets.is_secret(name):

@@ -27,6 +27,7 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
     /set-cookie?name=N&value=V       200 that sets a cookie
+    /half                            200 announcing 100 bytes, then 9 of them and a hang-up
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -254,6 +255,14 @@ class Handler(BaseHTTPRequestHandler):
                     "body": body.decode("utf-8", errors="replace"),
                 },
             )
+        elif head == "/half":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"cut": "')
+            self.wfile.flush()
+            self.close_connection = True
         elif head == "/set-cookie":
             cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
             self._json(200, {"set": cookie}, {"Set-Cookie": cookie})

@@ -17,6 +17,7 @@ from batchsync.limits import (
     Cooldowns,
     Gates,
     HostSlots,
+    LimitsUnavailable,
     TokenBucket,
     is_breaker_failure,
     is_congestion,
@@ -289,3 +290,37 @@ def test_a_refused_probe_is_given_back() -> None:
     gates = Gates(breaker=breaker, cooldowns=board)
     assert admitted(gates, budget=1) == "budget"
     assert breaker.check("h") == "probe"
+
+
+class FlakyBucket:
+    """A shared rate limiter whose backend is down until ``up`` is set."""
+
+    def __init__(self) -> None:
+        self.up = threading.Event()
+        self.asked = 0
+
+    def reserve(self) -> float:
+        self.asked += 1
+        if not self.up.is_set():
+            raise LimitsUnavailable("Redis at redis://127.0.0.1:1/0: connection refused")
+        return 0.0
+
+    def refund(self) -> None:
+        """Nothing to give back."""
+
+
+def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
+    bucket = FlakyBucket()
+    gates = Gates(rate=bucket)
+    threading.Timer(0.8, bucket.up.set).start()
+    started = time.monotonic()
+    assert isinstance(admitted(gates, budget=10), Admission)
+    assert 0.7 < time.monotonic() - started < 3
+    assert bucket.asked >= 2
+
+
+def test_a_backend_down_for_the_whole_budget_never_lets_the_attempt_through() -> None:
+    bucket = FlakyBucket()
+    started = time.monotonic()
+    assert admitted(Gates(rate=bucket), budget=1.2) == "budget"
+    assert time.monotonic() - started < 2

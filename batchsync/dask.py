@@ -1,0 +1,194 @@
+"""Batches too big for one machine, split across a Dask cluster (the optional ``dask`` extra).
+
+The items are cut into partitions; each partition runs on a worker with the normal engine
+(its own thread pool), and the limits are shared through Redis (``limits="redis://..."``) so
+that the whole cluster keeps to one quota. A worker lost mid-partition has its partition run
+again by Dask. On the client, each finished partition goes to the journal, so a restarted
+client redoes only the partitions that had not finished.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from .batch import Item, _encode, fingerprint
+from .journal import Journal, JournalMismatch, JournalReader, mismatch
+from .options import FetchOptions, build
+from .result import Result, ResultSet
+
+# A run of (index, item) pairs; the indexes are the items' places in the whole batch.
+Partition = list[tuple[int, Any]]
+
+# Partitions in flight at once, per worker thread of the cluster: enough to keep every worker
+# busy, few enough that the client holds little.
+_OUTSTANDING_PER_WORKER = 2
+
+
+def run_partition(partition: Partition, settings: dict[str, Any], entries: bool) -> list[Result]:
+    """Run on a worker: the engine over one partition; the Results keep their batch indexes.
+
+    ``entries`` says the items are input Entries (from the CLI) rather than fetch_all items.
+    """
+    from .engine import Engine
+    from .fetch import HttpJob
+    from .runner import EntryJob
+    from .transport import Transport
+
+    options = build(FetchOptions, **settings)
+    transport = Transport.for_options(options)
+    gates = options.gates()
+    http = HttpJob(options, transport, gates)
+    collected: dict[int, Result] = {}
+    try:
+        engine = Engine(options, gates=gates, abort=transport.abort)
+        engine.run(
+            EntryJob(http) if entries else http,
+            partition,
+            lambda result, item: collected.__setitem__(result.index, result),
+        )
+    finally:
+        http.close()
+        transport.close()
+    return [collected[index] for index in sorted(collected)]
+
+
+def connect(address: str) -> Any:
+    """A client of the Dask scheduler at ``address``; ValueError when it cannot be reached."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ValueError("--dask needs dask.distributed: pip install 'batchsync[dask]'") from None
+    try:
+        return Client(address, timeout=10)
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+
+
+def worker_settings(options: FetchOptions) -> dict[str, Any]:
+    """The options a worker needs, in a form that travels: shared limits by their URL; the
+    session, hooks, metrics registry and tracer stay on the client."""
+    settings = options.model_dump(
+        exclude={"session", "on_attempt", "on_result", "metrics", "tracer", "fallbacks"},
+        exclude_defaults=True,
+    )
+    url = getattr(options.limits, "url", options.limits)
+    if url is not None:
+        settings["limits"] = url
+    return settings
+
+
+def partitions(pairs: Iterable[tuple[int, Any]], size: int) -> Iterator[Partition]:
+    """The (index, item) pairs cut into lists of at most ``size``, read lazily."""
+    source = iter(pairs)
+    while chunk := list(islice(source, size)):
+        yield chunk
+
+
+class Distributor:
+    """Submits partitions to a cluster, a bounded number at a time, and yields each one's
+    Results as it finishes. ``stop()`` ends it early: nothing more is submitted, what is
+    outstanding is cancelled."""
+
+    def __init__(self, client: Any, settings: dict[str, Any], entries: bool) -> None:
+        self._client = client
+        self._settings = {name: value for name, value in settings.items() if name != "progress"}
+        self._entries = entries
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, work: Iterable[Partition]) -> Iterator[tuple[Partition, list[Result]]]:
+        from distributed import as_completed
+
+        threads = sum(self._client.nthreads().values()) or 1
+        outstanding = _OUTSTANDING_PER_WORKER * threads
+        source = iter(work)
+        submitted: dict[Any, Partition] = {}
+        finished = as_completed()
+
+        def submit_next() -> None:
+            partition = next(source, None)
+            if partition is not None and not self._stop.is_set():
+                future = self._client.submit(
+                    run_partition, partition, self._settings, self._entries, pure=False
+                )
+                submitted[future] = partition
+                finished.add(future)
+
+        for _ in range(outstanding):
+            submit_next()
+        try:
+            for future in finished:
+                partition = submitted.pop(future)
+                yield partition, future.result()
+                if self._stop.is_set():
+                    break
+                submit_next()
+        finally:
+            for future in submitted:
+                future.cancel()
+
+
+def fetch_all(
+    items: Iterable[Item],
+    client: Any,
+    *,
+    partition_size: int = 1000,
+    journal: str | Path | None = None,
+    **options: Any,
+) -> ResultSet:
+    """``batchsync.fetch_all`` on a Dask cluster: one Result per item, in input order.
+
+    ``client`` is a ``distributed.Client``; ``options`` are those of ``fetch_all`` (give
+    ``limits="redis://..."`` so that all workers share one quota). With ``journal=``, each
+    finished partition is recorded, and a new call over the same items after a client
+    restart runs only the items whose partitions had not finished.
+    """
+    listed = list(items)
+    settings = dict(options)
+    build(FetchOptions, **{k: v for k, v in settings.items() if k != "progress"})
+    if partition_size < 1:
+        raise ValueError(f"partition_size must be at least 1, got {partition_size}")
+    done = _finished(Path(journal), listed) if journal is not None else {}
+    store = None
+    if journal is not None:
+        store = Journal(Path(journal), _encode, fingerprint(listed))
+    todo = partitions(
+        ((index, item) for index, item in enumerate(listed) if index not in done), partition_size
+    )
+    started = time.monotonic()
+    try:
+        for _, results in Distributor(client, settings, entries=False).run(todo):
+            for result in results:
+                done[result.index] = result
+                if store is not None:
+                    store.add(result, None)
+    finally:
+        if store is not None:
+            store.close()
+    return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
+
+
+def _finished(path: Path, items: list[Item]) -> dict[int, Result]:
+    """The Results a journal kept for these items (ValueError for a journal of other items)."""
+    if not path.exists():
+        return {}
+    reader = JournalReader(path)
+    try:
+        problem = mismatch(reader.meta(), fingerprint(items))
+        if problem is not None:
+            raise JournalMismatch(f"the journal {path} was made for other items ({problem})")
+        return {index: Result.from_dict(json.loads(record)) for index, record in reader.records()}
+    finally:
+        reader.close()

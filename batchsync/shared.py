@@ -1,0 +1,296 @@
+"""Limits shared through Redis (the optional ``redis`` extra), for several processes or machines.
+
+The same interfaces as the in-process limits in ``limits.py``: a token bucket, per-host slots,
+cooldowns and circuit breakers, each kept in Redis under one namespace (the shared quota).
+Every decision is one atomic Lua script on the Redis server's clock, so processes on machines
+whose clocks disagree still agree on the limits. Slots are leases with a TTL that a holder
+renews while it holds them: a process killed with SIGKILL gives its slots back within the TTL.
+
+When Redis cannot be reached, every call raises LimitsUnavailable; the gates then wait and
+ask again (fail closed) — never send without the limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from .limits import BreakerState, LimitsUnavailable
+from .redact import redact_url
+
+log = logging.getLogger("batchsync")
+T = TypeVar("T")
+
+# Server time in seconds, as a float, inside a script.
+_NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+
+TOKEN_BUCKET = (
+    _NOW
+    + """
+local rate, burst, take = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, math.min(burst, tokens + (now - at) * rate) - take)
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
+if tokens >= 0 then return '0' end
+return tostring(-tokens / rate)
+"""
+)
+
+TAKE_LEASE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 60)
+return 1
+"""
+)
+
+RENEW_LEASES = (
+    _NOW
+    + """
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
+end
+return #KEYS
+"""
+)
+
+HOLD = """
+local ms = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ms then redis.call('SET', KEYS[1], '1', 'PX', ms) end
+return 1
+"""
+
+BREAKER_CHECK = (
+    _NOW
+    + """
+local opened = tonumber(redis.call('HGET', KEYS[1], 'opened'))
+if not opened then return 'closed' end
+local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until')) or 0
+if probe_until > now or now - opened < tonumber(ARGV[1]) then return 'open' end
+redis.call('HSET', KEYS[1], 'probe_until', tostring(now + tonumber(ARGV[1])))
+return 'probe'
+"""
+)
+
+BREAKER_RECORD = (
+    _NOW
+    + """
+local failed, probe, threshold = ARGV[1] == '1', ARGV[2] == '1', tonumber(ARGV[3])
+if probe then redis.call('HDEL', KEYS[1], 'probe_until') end
+if not failed then redis.call('DEL', KEYS[1]) return 0 end
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+redis.call('EXPIRE', KEYS[1], 86400)
+local opened = redis.call('HGET', KEYS[1], 'opened')
+if probe or (not opened and failures >= threshold) then
+  redis.call('HSET', KEYS[1], 'opened', tostring(now))
+  if not opened then return 1 end
+end
+return 0
+"""
+)
+
+
+def _client_for(url: str) -> Any:
+    try:
+        import redis
+    except ImportError:
+        raise ValueError(
+            "shared limits need the redis client: pip install 'batchsync[redis]'"
+        ) from None
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+class RedisLimits:
+    """A Redis server (``redis://host:6379/0``) holding the limits of one ``namespace``.
+
+    Connecting checks that the server answers; a server that does not is a ValueError.
+    """
+
+    def __init__(self, url: str, namespace: str = "batchsync", lease_ttl: float = 10.0) -> None:
+        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"not a Redis URL: {redact_url(url)}")
+        if lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl}")
+        self.url = url
+        self.namespace = namespace
+        self.lease_ttl = lease_ttl
+        self._redis = _client_for(url)
+        try:
+            self._redis.ping()
+        except Exception as exc:  # every failure to reach it is the same to the caller
+            raise ValueError(f"cannot reach Redis at {redact_url(url)}: {exc}") from None
+        self._errors = self._redis_errors()
+
+    @staticmethod
+    def _redis_errors() -> tuple[type[BaseException], ...]:
+        import redis
+
+        return (redis.RedisError, OSError)
+
+    def key(self, *parts: str) -> str:
+        return ":".join(("batchsync", self.namespace, *parts))
+
+    def call(self, action: Callable[[], T]) -> T:
+        """Run a Redis call; a failure to reach Redis becomes LimitsUnavailable."""
+        try:
+            return action()
+        except self._errors as exc:
+            raise LimitsUnavailable(f"Redis at {redact_url(self.url)}: {exc}") from exc
+
+    def script(self, source: str) -> Any:
+        return self._redis.register_script(source)
+
+    def token_bucket(self, rate: float, burst: int) -> RedisTokenBucket:
+        return RedisTokenBucket(self, rate, burst)
+
+    def slots(self, limit: int) -> RedisLeases:
+        return RedisLeases(self, limit)
+
+    def cooldowns(self) -> RedisCooldowns:
+        return RedisCooldowns(self)
+
+    def breaker(self, failures: int, reset: float) -> RedisBreaker:
+        return RedisBreaker(self, failures, reset)
+
+    @property
+    def redis(self) -> Any:
+        return self._redis
+
+
+class RedisTokenBucket:
+    """The shared token bucket (see limits.RateLimiter)."""
+
+    def __init__(self, limits: RedisLimits, rate: float, burst: int) -> None:
+        self._limits = limits
+        self._key = limits.key("rate")
+        self._script = limits.script(TOKEN_BUCKET)
+        self._args = (rate, burst)
+
+    def _take(self, count: int) -> float:
+        rate, burst = self._args
+        wait = self._limits.call(lambda: self._script(keys=[self._key], args=[rate, burst, count]))
+        return float(wait)
+
+    def reserve(self) -> float:
+        return self._take(1)
+
+    def refund(self) -> None:
+        self._take(-1)
+
+
+class RedisLeases:
+    """Per-host slots as leases (see limits.SlotPool): a sorted set per host, lease id ->
+    expiry on the server's clock. A thread renews this process's leases every third of the
+    TTL; leases of a process that died simply expire."""
+
+    def __init__(self, limits: RedisLimits, limit: int) -> None:
+        self._limits = limits
+        self._limit = limit
+        self._take = limits.script(TAKE_LEASE)
+        self._renew = limits.script(RENEW_LEASES)
+        self._held: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._pause = threading.Event()
+
+    def enter(self, key: str, timeout: float) -> bool:
+        lease = uuid.uuid4().hex
+        slots = self._limits.key("slots", key)
+        args = [self._limit, self._limits.lease_ttl, lease]
+        took = self._limits.call(lambda: self._take(keys=[slots], args=args))
+        if not took:
+            # Slots free up in another process: nothing to wake us, so look again shortly.
+            self._pause.wait(min(timeout, 0.02))
+            return False
+        with self._lock:
+            self._held.setdefault(key, []).append(lease)
+            if self._renewer is None:
+                self._renewer = threading.Thread(
+                    target=self._renew_while_held, name="batchsync-leases", daemon=True
+                )
+                self._renewer.start()
+        return True
+
+    def leave(self, key: str) -> None:
+        with self._lock:
+            leases = self._held.get(key)
+            lease = leases.pop() if leases else None
+            if leases == []:
+                del self._held[key]
+        if lease is not None:
+            slots = self._limits.key("slots", key)
+            self._limits.call(lambda: self._limits.redis.zrem(slots, lease))
+
+    def _renew_while_held(self) -> None:
+        """Renew this process's leases every third of the TTL; end when none are held."""
+        while not self._pause.wait(self._limits.lease_ttl / 3):
+            with self._lock:
+                held = [(key, lease) for key, leases in self._held.items() for lease in leases]
+                if not held:
+                    self._renewer = None
+                    return
+            keys = [self._limits.key("slots", key) for key, _ in held]
+            args = [self._limits.lease_ttl, *(lease for _, lease in held)]
+            try:
+                self._limits.call(partial(self._renew, keys=keys, args=args))
+            except LimitsUnavailable as exc:
+                log.warning("cannot renew slot leases: %s", exc)
+
+
+class RedisCooldowns:
+    """Cooldowns as keys with a millisecond expiry (see limits.CooldownBoard)."""
+
+    def __init__(self, limits: RedisLimits) -> None:
+        self._limits = limits
+        self._hold = limits.script(HOLD)
+
+    def hold(self, key: str, seconds: float) -> None:
+        name = self._limits.key("cooldown", key)
+        milliseconds = max(1, int(seconds * 1000))
+        self._limits.call(lambda: self._hold(keys=[name], args=[milliseconds]))
+
+    def remaining(self, key: str) -> float:
+        name = self._limits.key("cooldown", key)
+        milliseconds = int(self._limits.call(lambda: self._limits.redis.pttl(name)))
+        return max(milliseconds, 0) / 1000
+
+
+class RedisBreaker:
+    """Circuit breakers shared by every process (see limits.BreakerBackend)."""
+
+    def __init__(self, limits: RedisLimits, failures: int, reset: float) -> None:
+        self._limits = limits
+        self._failures = failures
+        self._reset = reset
+        self._check = limits.script(BREAKER_CHECK)
+        self._record = limits.script(BREAKER_RECORD)
+        self.opened = 0
+
+    def check(self, key: str) -> BreakerState:
+        name = self._limits.key("breaker", key)
+        state = self._limits.call(lambda: self._check(keys=[name], args=[self._reset]))
+        text = state.decode() if isinstance(state, bytes) else str(state)
+        assert text in ("closed", "probe", "open")
+        return text  # type: ignore[return-value]
+
+    def record(self, key: str, failed: bool, probe: bool) -> None:
+        name = self._limits.key("breaker", key)
+        args = [int(failed), int(probe), self._failures]
+        if self._limits.call(lambda: self._record(keys=[name], args=args)):
+            self.opened += 1
+
+    def abandon(self, key: str, probe: bool) -> None:
+        if probe:
+            name = self._limits.key("breaker", key)
+            self._limits.call(lambda: self._limits.redis.hdel(name, "probe_until"))

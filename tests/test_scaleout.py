@@ -1,0 +1,255 @@
+"""Shared limits in a real Redis, and batches on a real Dask cluster, judged by the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchsync import fetch_all
+
+from .mockserver import MockServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A real redis-server on 127.0.0.1 (CI installs it; elsewhere its absence skips)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (the Makefile installs it for CI)")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def namespace() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def log_of(server: MockServerProcess, marker: str) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = server.get("/stats?log=1")["log"]
+    return sorted((e for e in entries if marker in e["target"]), key=lambda e: e["t"])
+
+
+def busiest_second(times: list[float]) -> int:
+    times = sorted(times)
+    most, start = 0, 0
+    for end, moment in enumerate(times):
+        while moment - times[start] >= 1.0:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def in_flight_peak(entries: list[dict[str, Any]]) -> int:
+    """The most requests the server was handling at once, from their arrival and end times."""
+    events = sorted([(e["t"], 1) for e in entries] + [(e["end"], -1) for e in entries])
+    peak = current = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def start_cli(folder: Path, urls: list[str], *options: str) -> subprocess.Popen[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "urls.txt").write_text("\n".join(urls) + "\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchsync", "urls.txt", *options],
+        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_three_processes_share_one_quota(
+    server: MockServerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    marker, quota = uuid.uuid4().hex[:8], namespace()
+    options = ("--concurrency", "8", "--per-host", "5", "--rate", "40",
+               "--redis", redis_url, "--namespace", quota)  # fmt: skip
+    runs = [
+        start_cli(
+            tmp_path / f"p{n}",
+            [f"{server.url}/ok/{marker}-{n}-{i}?delay=0.2" for i in range(60)],
+            *options,
+        )
+        for n in range(3)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    entries = log_of(server, marker)
+    assert len(entries) == 180
+    assert in_flight_peak(entries) <= 5
+    assert busiest_second([e["t"] for e in entries]) <= 40 + 8
+
+
+def test_a_429_seen_by_one_process_holds_the_others(
+    server: MockServerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    marker, quota = uuid.uuid4().hex[:8], namespace()
+    options = ("--concurrency", "3", "--redis", redis_url, "--namespace", quota)
+    account = f"{server.url}/account/{marker}"
+    runs = [
+        start_cli(
+            tmp_path / f"p{n}",
+            [f"{account}/{n}-{i}?retry_after=1.5&delay=0.05" for i in range(15)],
+            *options,
+        )
+        for n in range(3)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    entries = log_of(server, marker)
+    (refused,) = [e for e in entries if e["status"] == 429]
+    inside = [e for e in entries if refused["end"] + 0.15 < e["t"] < refused["end"] + 1.4]
+    assert inside == []
+    assert len({e["target"].split("/")[3].split("-")[0] for e in entries}) == 3
+
+
+def test_slots_of_a_killed_process_come_back_within_the_lease(
+    server: MockServerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    marker, quota = uuid.uuid4().hex[:8], namespace()
+    shared = ("--per-host", "2", "--redis", redis_url, "--namespace", quota,
+              "--lease-ttl", "2", "--timeout", "60")  # fmt: skip
+    holder = start_cli(
+        tmp_path / "holder", [f"{server.url}/ok/{marker}-held-{i}?delay=30" for i in range(4)],
+        *shared,
+    )  # fmt: skip
+    give_up = time.monotonic() + 30
+    while len(log_of(server, f"{marker}-held")) < 2:
+        assert time.monotonic() < give_up
+        time.sleep(0.05)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    killed_at = time.time()
+    other = start_cli(tmp_path / "other", [f"{server.url}/ok/{marker}-next"], *shared)
+    _, err = other.communicate(timeout=60)
+    assert other.returncode == 0, err
+    (first,) = log_of(server, f"{marker}-next")
+    waited = first["t"] - killed_at
+    assert 0.5 < waited < 3.5  # the dead holder's leases expire within the 2 s TTL
+
+
+def test_an_unreachable_redis_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/x\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "batchsync", "urls.txt", "--redis", "redis://127.0.0.1:1/0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("Error: cannot reach Redis at redis://127.0.0.1:1/0")
+    assert done.stderr.count("\n") == 1
+
+
+def test_the_library_shares_limits_through_redis(server: MockServerProcess, redis_url: str) -> None:
+    marker, quota = uuid.uuid4().hex[:8], namespace()
+    urls = [f"{server.url}/ok/{marker}-{i}?delay=0.1" for i in range(30)]
+    results: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda part=part: results.extend(
+                fetch_all(part, concurrency=6, per_host=3, limits=redis_url, namespace=quota)
+            )
+        )
+        for part in (urls[:15], urls[15:])
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 30 and all(r.ok for r in results)
+    assert in_flight_peak(log_of(server, marker)) <= 3
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    distributed = pytest.importorskip("distributed")
+    local = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    client = distributed.Client(local)
+    yield client
+    client.close()
+    local.close()
+
+
+def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: Any) -> None:
+    from batchsync.dask import fetch_all as fetch_on_cluster
+
+    marker = uuid.uuid4().hex[:8]
+    urls = [f"{server.url}/ok/{marker}-{i}?delay=0.01" for i in range(5000)]
+    pids = list(cluster.run(os.getpid).values())
+    victim = pids[0]
+
+    def kill_one_worker() -> None:
+        while len(log_of(server, marker)) < 1000:
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one_worker, daemon=True)
+    killer.start()
+    rs = fetch_on_cluster(urls, cluster, partition_size=250, concurrency=8)
+    killer.join(timeout=1)
+    assert not killer.is_alive(), "the worker was not killed mid-run"
+    assert len(rs) == 5000
+    assert [r.url for r in rs] == urls
+    assert [r.index for r in rs] == list(range(5000))
+    assert all(r.ok for r in rs)
+
+
+def test_the_cli_runs_on_a_dask_cluster_with_a_journal(
+    server: MockServerProcess, cluster: Any, tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex[:8]
+    address = cluster.scheduler.address
+    urls = [f"{server.url}/ok/{marker}-{i}" for i in range(300)] + [f"{server.url}/404/{marker}"]
+    run = start_cli(tmp_path, urls, "--dask", address, "--partition-size", "50")
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    results = [json.loads(line) for line in (tmp_path / "batch-results.jsonl").open()]
+    assert [r["url"] for r in results] == urls
+    assert [r["ok"] for r in results].count(False) == 1
+    assert json.loads((tmp_path / "batch-failed.jsonl").read_text()) == {"url": urls[-1]}
+    again = start_cli(tmp_path, urls, "--dask", address, "--resume")
+    again.communicate(timeout=120)
+    assert len(log_of(server, marker)) == 301  # the resumed run had nothing left to fetch
