@@ -17,11 +17,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.mockserver import MockServerProcess, start_mock_server
+from tests.mockserver import busiest_second, start_mock_server
 
 
 def run_cli(folder: Path, urls: list[str], *options: str) -> float:
@@ -34,20 +33,6 @@ def run_cli(folder: Path, urls: list[str], *options: str) -> float:
     return time.monotonic() - started
 
 
-def log_of(server: MockServerProcess, marker: str) -> list[dict[str, Any]]:
-    return [e for e in server.get("/stats?log=1")["log"] if marker in e["target"]]
-
-
-def busiest_second(times: list[float]) -> int:
-    times = sorted(times)
-    most, start = 0, 0
-    for end, moment in enumerate(times):
-        while moment - times[start] >= 1.0:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
 def main() -> None:
     server = start_mock_server()
     try:
@@ -56,7 +41,7 @@ def main() -> None:
             marker = uuid.uuid4().hex[:8]
             run_cli(folder, [f"{server.url}/ok/{marker}-{n}" for n in range(300)],
                     "--rate", "50", "-c", "10")  # fmt: skip
-            arrivals = sorted(e["t"] for e in log_of(server, marker))
+            arrivals = sorted(e["t"] for e in server.log(marker))
             average = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
             print(f"--rate 50 -c 10, 300 requests: busiest 1-s window {busiest_second(arrivals)}"
                   f" requests (limit 50 + burst 10), average {average:.1f}/s")  # fmt: skip
@@ -68,7 +53,7 @@ def main() -> None:
                 ]
                 seconds = run_cli(folder, urls, "-c", "16", "--attempts", "50", "--breaker",
                                   "off", "--budget", "300", *options)  # fmt: skip
-                refused = sum(1 for e in log_of(server, family) if e["status"] == 429)
+                refused = sum(1 for e in server.log(family) if e["status"] == 429)
                 label = " ".join(options) or "without --adaptive"
                 print(f"limited server, -c 16, {label}: {refused} x 429, {seconds:.1f} s")
     finally:

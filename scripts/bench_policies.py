@@ -14,18 +14,12 @@ from __future__ import annotations
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync import fetch_all
 from batchsync.result import percentile
-from tests.mockserver import MockServerProcess, start_mock_server
-
-
-def sent(server: MockServerProcess, marker: str) -> int:
-    log: list[dict[str, Any]] = server.get("/stats?log=1")["log"]
-    return sum(1 for entry in log if marker in entry["target"])
+from tests.mockserver import start_mock_server
 
 
 def main() -> None:
@@ -37,7 +31,9 @@ def main() -> None:
                 f"{server.url}/ok/{marker}-{n}?delay=0.2" for n in range(100) for _ in range(5)
             ]
             fetch_all(items, concurrency=20, dedup=dedup)
-            print(f"dedup {'on ' if dedup else 'off'}: 500 items, {sent(server, marker)} requests")
+            print(
+                f"dedup {'on ' if dedup else 'off'}: 500 items, {len(server.log(marker))} requests"
+            )
         for hedge_after in (None, 0.2, "p95"):
             marker = uuid.uuid4().hex[:8]
             rs = fetch_all(
@@ -48,7 +44,7 @@ def main() -> None:
             print(
                 f"hedge_after={hedge_after!s:<4}: p50 {percentile(latencies, 0.5):.3f} s, "
                 f"p99 {percentile(latencies, 0.99):.3f} s, max {latencies[-1]:.3f} s, "
-                f"{sent(server, marker) - 400} extra requests"
+                f"{len(server.log(marker)) - 400} extra requests"
             )
     finally:
         server.process.terminate()

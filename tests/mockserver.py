@@ -37,6 +37,32 @@ class MockServerProcess:
         counts: dict[str, int] = self.stats()["counts"]
         return counts.get(target, 0)
 
+    def log(self, marker: str) -> list[dict[str, Any]]:
+        """The requests whose target contains ``marker``, by arrival."""
+        entries: list[dict[str, Any]] = self.get("/stats?log=1")["log"]
+        return sorted((e for e in entries if marker in e["target"]), key=lambda e: e["t"])
+
+
+def busiest_second(times: list[float]) -> int:
+    """The most arrivals in any window of one second."""
+    times = sorted(times)
+    most, start = 0, 0
+    for end, moment in enumerate(times):
+        while moment - times[start] >= 1.0:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def in_flight_peak(entries: list[dict[str, Any]]) -> int:
+    """The most requests the server was handling at once, from their arrival and end times."""
+    events = sorted([(e["t"], 1) for e in entries] + [(e["end"], -1) for e in entries])
+    peak = current = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
 
 def start_mock_server() -> MockServerProcess:
     process = subprocess.Popen(

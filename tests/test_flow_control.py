@@ -14,30 +14,13 @@ import pytest
 
 from batchsync import Backoff, Breaker, fetch_all
 
-from .mockserver import MockServerProcess
+from .mockserver import MockServerProcess, busiest_second
 
 pytestmark = pytest.mark.integration
 
 
 def key() -> str:
     return uuid.uuid4().hex[:10]
-
-
-def log_of(server: MockServerProcess, marker: str) -> list[dict[str, Any]]:
-    """The server's log entries whose target contains ``marker``, by arrival."""
-    with_log: list[dict[str, Any]] = server.get("/stats?log=1")["log"]
-    return sorted((e for e in with_log if marker in e["target"]), key=lambda e: e["t"])
-
-
-def busiest_second(times: list[float]) -> int:
-    """The most arrivals in any window of one second."""
-    times = sorted(times)
-    most, start = 0, 0
-    for end, moment in enumerate(times):
-        while moment - times[start] >= 1.0:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
 
 
 def other_host(server: MockServerProcess) -> str:
@@ -52,7 +35,7 @@ def test_rate_limit_holds_every_one_second_window(server: MockServerProcess) -> 
     elapsed = time.monotonic() - started
     assert all(r.ok for r in rs)
     assert elapsed >= 1.6  # 10 at once, then 90 at 50/s
-    arrivals = [entry["t"] for entry in log_of(server, marker)]
+    arrivals = [entry["t"] for entry in server.log(marker)]
     assert len(arrivals) == 100
     assert busiest_second(arrivals) <= 60
     assert rs.summary().waits["token"] > 0
@@ -79,7 +62,7 @@ def cooldown_run(server: MockServerProcess, scope: str) -> tuple[float, list[dic
     items = [item for pair in zip(account, elsewhere, strict=True) for item in pair]
     rs = fetch_all(items, concurrency=4, cooldown=scope, backoff=Backoff(base=0.05))  # type: ignore[arg-type]
     assert all(r.ok for r in rs)
-    log = log_of(server, marker)
+    log = server.log(marker)
     (refused,) = [entry for entry in log if entry["status"] == 429]
     return refused["end"], log
 
@@ -102,7 +85,7 @@ def test_an_open_circuit_ends_items_without_sending_them(server: MockServerProce
         [f"{server.url}/503/{marker}/{n}" for n in range(20)],
         concurrency=2, attempts=1, breaker=Breaker(failures=3, reset=60),
     )  # fmt: skip
-    sent = log_of(server, marker)
+    sent = server.log(marker)
     assert len(sent) <= 3 + 1  # the threshold, plus one already in flight when it opened
     refused = [r for r in rs if r.error_kind == "circuit_open"]
     assert len(refused) == 20 - len(sent)
@@ -126,7 +109,7 @@ def test_a_half_open_circuit_lets_one_probe_through(server: MockServerProcess) -
     assert [(r.error_kind, r.attempts) for r in rs] == [
         ("status", 1), ("status", 1), ("circuit_open", 0), (None, 1), (None, 1), (None, 1),
     ]  # fmt: skip
-    assert len(log_of(server, f"/503-then-ok/{family}/")) == 4
+    assert len(server.log(f"/503-then-ok/{family}/")) == 4
 
 
 def limiter_run(server: MockServerProcess, adaptive: bool) -> tuple[int, float]:
@@ -143,7 +126,7 @@ def limiter_run(server: MockServerProcess, adaptive: bool) -> tuple[int, float]:
     )  # fmt: skip
     elapsed = time.monotonic() - started
     assert all(r.ok for r in rs)
-    refused = [e for e in log_of(server, family) if e["status"] == 429]
+    refused = [e for e in server.log(family) if e["status"] == 429]
     return len(refused), elapsed
 
 
@@ -168,7 +151,7 @@ def test_the_cli_applies_rate_and_per_host_limits(
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    arrivals = [entry["t"] for entry in log_of(fresh_server, marker)]
+    arrivals = [entry["t"] for entry in fresh_server.log(marker)]
     assert busiest_second(arrivals) <= 20 + 8
     assert max(fresh_server.stats()["peak_by_host"].values()) <= 2
     assert "waited: " in done.stderr and " token " in done.stderr

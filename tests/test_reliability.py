@@ -162,30 +162,45 @@ def start_server_on(port: int) -> subprocess.Popen[str]:
     return process
 
 
+class Outage:
+    """A mock server of its own that goes down after ``after`` results (as an on_result hook),
+    and comes back half a second later when ``back`` is set."""
+
+    def __init__(self, after: int, back: bool) -> None:
+        self.port = free_port()
+        self._servers = [start_server_on(self.port)]
+        self._after = after
+        self._back = back
+        self._finished = 0
+
+    def urls(self, count: int) -> list[str]:
+        return [f"http://127.0.0.1:{self.port}/ok/{n}?delay=0.02" for n in range(count)]
+
+    def __call__(self, result: Result) -> None:
+        self._finished += 1
+        if self._finished == self._after:
+            self._servers[0].kill()
+            if self._back:
+                restart = lambda: self._servers.append(start_server_on(self.port))  # noqa: E731
+                threading.Timer(0.5, restart).start()
+
+    def end(self) -> None:
+        for server in self._servers:
+            server.kill()
+
+
 @pytest.mark.integration
 def test_a_server_killed_and_restarted_mid_batch() -> None:
-    port = free_port()
-    process = start_server_on(port)
-    urls = [f"http://127.0.0.1:{port}/ok/{n}?delay=0.02" for n in range(200)]
-    restarted: list[subprocess.Popen[str]] = []
-    finished = 0
-
-    def count(result: Result) -> None:
-        nonlocal finished
-        finished += 1
-        if finished == 50:
-            process.kill()
-            threading.Timer(0.5, lambda: restarted.append(start_server_on(port))).start()
-
+    outage = Outage(after=50, back=True)
+    urls = outage.urls(200)
     try:
         # Without the breaker, retries carry every item over the outage.
         rs = fetch_all(
-            urls, concurrency=8, attempts=6, backoff=Backoff(base=0.2, max=1.0), on_result=count,
-            breaker=None,
+            urls, concurrency=8, attempts=6, backoff=Backoff(base=0.2, max=1.0),
+            on_result=outage, breaker=None,
         )  # fmt: skip
     finally:
-        for server in [process, *restarted]:
-            server.kill()
+        outage.end()
     assert [r.url for r in rs] == urls
     assert [r for r in rs if not r.ok] == []
     kinds = {record.error_kind for r in rs for record in r.attempt_log}
@@ -195,21 +210,12 @@ def test_a_server_killed_and_restarted_mid_batch() -> None:
 
 @pytest.mark.integration
 def test_a_server_that_stays_down_opens_the_circuit() -> None:
-    port = free_port()
-    process = start_server_on(port)
-    urls = [f"http://127.0.0.1:{port}/ok/{n}?delay=0.02" for n in range(200)]
-    finished = 0
-
-    def count(result: Result) -> None:
-        nonlocal finished
-        finished += 1
-        if finished == 50:
-            process.kill()
-
+    outage = Outage(after=50, back=False)
+    urls = outage.urls(200)
     try:
-        rs = fetch_all(urls, concurrency=8, attempts=3, backoff=FAST, on_result=count)
+        rs = fetch_all(urls, concurrency=8, attempts=3, backoff=FAST, on_result=outage)
     finally:
-        process.kill()
+        outage.end()
     assert [r.url for r in rs] == urls
     assert sum(r.ok for r in rs) >= 50
     assert {r.error_kind for r in rs} <= {None, "connection", "circuit_open"}

@@ -20,7 +20,7 @@ import pytest
 
 from batchsync import fetch_all
 
-from .mockserver import MockServerProcess
+from .mockserver import MockServerProcess, busiest_second, in_flight_peak
 
 pytestmark = pytest.mark.integration
 
@@ -64,31 +64,6 @@ def namespace() -> str:
     return uuid.uuid4().hex[:10]
 
 
-def log_of(server: MockServerProcess, marker: str) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = server.get("/stats?log=1")["log"]
-    return sorted((e for e in entries if marker in e["target"]), key=lambda e: e["t"])
-
-
-def busiest_second(times: list[float]) -> int:
-    times = sorted(times)
-    most, start = 0, 0
-    for end, moment in enumerate(times):
-        while moment - times[start] >= 1.0:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
-def in_flight_peak(entries: list[dict[str, Any]]) -> int:
-    """The most requests the server was handling at once, from their arrival and end times."""
-    events = sorted([(e["t"], 1) for e in entries] + [(e["end"], -1) for e in entries])
-    peak = current = 0
-    for _, change in events:
-        current += change
-        peak = max(peak, current)
-    return peak
-
-
 def start_cli(folder: Path, urls: list[str], *options: str) -> subprocess.Popen[str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "urls.txt").write_text("\n".join(urls) + "\n")
@@ -115,7 +90,7 @@ def test_three_processes_share_one_quota(
     for run in runs:
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
-    entries = log_of(server, marker)
+    entries = server.log(marker)
     assert len(entries) == 180
     assert in_flight_peak(entries) <= 5
     assert busiest_second([e["t"] for e in entries]) <= 40 + 8
@@ -138,7 +113,7 @@ def test_a_429_seen_by_one_process_holds_the_others(
     for run in runs:
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
-    entries = log_of(server, marker)
+    entries = server.log(marker)
     (refused,) = [e for e in entries if e["status"] == 429]
     inside = [e for e in entries if refused["end"] + 0.15 < e["t"] < refused["end"] + 1.4]
     assert inside == []
@@ -156,7 +131,7 @@ def test_slots_of_a_killed_process_come_back_within_the_lease(
         *shared,
     )  # fmt: skip
     give_up = time.monotonic() + 30
-    while len(log_of(server, f"{marker}-held")) < 2:
+    while len(server.log(f"{marker}-held")) < 2:
         assert time.monotonic() < give_up
         time.sleep(0.05)
     holder.send_signal(signal.SIGKILL)
@@ -165,7 +140,7 @@ def test_slots_of_a_killed_process_come_back_within_the_lease(
     other = start_cli(tmp_path / "other", [f"{server.url}/ok/{marker}-next"], *shared)
     _, err = other.communicate(timeout=60)
     assert other.returncode == 0, err
-    (first,) = log_of(server, f"{marker}-next")
+    (first,) = server.log(f"{marker}-next")
     waited = first["t"] - killed_at
     assert 0.5 < waited < 3.5  # the dead holder's leases expire within the 2 s TTL
 
@@ -198,7 +173,7 @@ def test_the_library_shares_limits_through_redis(server: MockServerProcess, redi
     for thread in threads:
         thread.join()
     assert len(results) == 30 and all(r.ok for r in results)
-    assert in_flight_peak(log_of(server, marker)) <= 3
+    assert in_flight_peak(server.log(marker)) <= 3
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +197,7 @@ def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: A
     victim = pids[0]
 
     def kill_one_worker() -> None:
-        while len(log_of(server, marker)) < 1000:
+        while len(server.log(marker)) < 1000:
             time.sleep(0.05)
         os.kill(victim, signal.SIGKILL)
 
@@ -252,4 +227,4 @@ def test_the_cli_runs_on_a_dask_cluster_with_a_journal(
     assert json.loads((tmp_path / "batch-failed.jsonl").read_text()) == {"url": urls[-1]}
     again = start_cli(tmp_path, urls, "--dask", address, "--resume")
     again.communicate(timeout=120)
-    assert len(log_of(server, marker)) == 301  # the resumed run had nothing left to fetch
+    assert len(server.log(marker)) == 301  # the resumed run had nothing left to fetch
