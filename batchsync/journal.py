@@ -176,16 +176,20 @@ class JournalReader:
             " COALESCE(SUM(backoff), 0) FROM results"
         ).fetchone()
         (started,) = db.execute("SELECT COUNT(*) FROM results WHERE attempts > 0").fetchone()
-        wanted = {rank(started, share): name for name, share in PERCENTILES.items()}
-        latency: dict[str, float] = {}
+        # Several percentiles may fall on one position (few items): each gets its value.
+        wanted: dict[int, list[str]] = {}
+        for name, share in PERCENTILES.items():
+            wanted.setdefault(rank(started, share), []).append(name)
+        found: dict[str, float] = {}
         sorted_times = db.execute(
             "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed"
         )  # one sort, read as a stream: nothing held but the three values
         for position, (seconds,) in enumerate(sorted_times):
-            if position in wanted:
-                latency[wanted[position]] = seconds
-            if len(latency) == len(wanted):
+            for name in wanted.get(position, ()):
+                found[name] = seconds
+            if len(found) == len(PERCENTILES):
                 break
+        latency = {name: found[name] for name in PERCENTILES if name in found}
         kinds = db.execute(
             "SELECT error_kind, COUNT(*) FROM results WHERE error_kind IS NOT NULL GROUP BY 1"
         ).fetchall()

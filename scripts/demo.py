@@ -10,20 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-out"
+sys.path.insert(0, str(ROOT))
 
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "mock_server.py"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    line = server.stdout.readline()
-    if not line.startswith("listening on "):
-        server.kill()
-        sys.exit(f"the mock server did not start: {line!r}")
-    return server, line.split()[-1]
+from tests.mockserver import start_mock_server  # noqa: E402
 
 
 def show_table(results: Path) -> None:
@@ -39,7 +28,8 @@ def show_table(results: Path) -> None:
 
 def main() -> int:
     OUT.mkdir(exist_ok=True)
-    server, base = start_server()
+    server = start_mock_server()
+    base = server.url
     try:
         template = (ROOT / "examples" / "demo-urls.txt").read_text(encoding="utf-8")
         urls = OUT / "urls.txt"
@@ -57,8 +47,8 @@ def main() -> int:
         print((OUT / "batch-failed.jsonl").read_text(encoding="utf-8"), end="")
         return 0 if status in (0, 1) else status
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.process.terminate()
+        server.process.wait(timeout=10)
 
 
 if __name__ == "__main__":

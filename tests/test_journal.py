@@ -122,3 +122,14 @@ def test_fingerprint_depends_on_every_item_and_their_order() -> None:
     specs = [RequestSpec(url="http://h.test/a", method="POST", idempotency_key="k")]
     assert fingerprint(specs) == fingerprint(list(specs))
     assert fingerprint(specs) != fingerprint([RequestSpec(url="http://h.test/a")])
+
+
+def test_the_summary_has_every_percentile_even_for_few_items(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path, encode, IDENTITY)
+    for index, elapsed in enumerate([0.5, 0.1, 0.3]):
+        journal.add(Result(index, f"u{index}", True, attempts=1, elapsed=elapsed), None)
+    journal.close()
+    reader = JournalReader(path)
+    assert reader.summary().latency == {"p50": 0.3, "p95": 0.5, "p99": 0.5}
+    reader.close()
