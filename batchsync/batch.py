@@ -75,7 +75,7 @@ def run_observers(options: FetchOptions, gates: Gates, progress: Tally) -> list[
     return observers
 
 
-def fingerprint(items: Iterable[Item]) -> dict[str, str]:
+def identity_of(items: Iterable[Item]) -> dict[str, str]:
     """The identity a journal records for a list of items: their count and a SHA-256."""
     digest = hashlib.sha256()
     count = 0
@@ -87,7 +87,8 @@ def fingerprint(items: Iterable[Item]) -> dict[str, str]:
     return {"entries": str(count), "sha256": digest.hexdigest()}
 
 
-def _encode(result: Result, item: object) -> tuple[str, str | None]:
+def encode_result(result: Result, item: object) -> tuple[str, str | None]:
+    """The journal's stored text for a library Result (there is no failed file to feed)."""
     return dumps(public_record(result)), None
 
 
@@ -111,7 +112,7 @@ class Batch:
         self.elapsed = 0.0
         self._gates = self.options.gates()
         self.journal = None if journal is None else Path(journal)
-        self._identity = {} if journal is None else fingerprint(self.items)
+        self._identity = {} if journal is None else identity_of(self.items)
         if self.journal is not None and self.journal.exists():
             self._load(self.journal)
 
@@ -157,7 +158,7 @@ class Batch:
         """Fetch every item without a final Result; returns ``results``."""
         options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
-        journal = None if self.journal is None else Journal(self.journal, _encode, self._identity)
+        journal = None if self.journal is None else Journal(self.journal, encode_result, self._identity)
         transport = Transport.for_options(options)
         job = HttpJob(options, transport, self._gates)
         started = time.monotonic()

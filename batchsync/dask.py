@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from .batch import Item, _encode, fingerprint
+from .batch import Item, encode_result, identity_of
 from .journal import Journal, JournalMismatch, JournalReader, mismatch
 from .options import FetchOptions, build
 from .result import Result, ResultSet
@@ -163,7 +163,7 @@ def fetch_all(
     done = _finished(Path(journal), listed) if journal is not None else {}
     store = None
     if journal is not None:
-        store = Journal(Path(journal), _encode, fingerprint(listed))
+        store = Journal(Path(journal), encode_result, identity_of(listed))
     todo = partitions(
         ((index, item) for index, item in enumerate(listed) if index not in done), partition_size
     )
@@ -186,7 +186,7 @@ def _finished(path: Path, items: list[Item]) -> dict[int, Result]:
         return {}
     reader = JournalReader(path)
     try:
-        problem = mismatch(reader.meta(), fingerprint(items))
+        problem = mismatch(reader.meta(), identity_of(items))
         if problem is not None:
             raise JournalMismatch(f"the journal {path} was made for other items ({problem})")
         return {index: Result.from_dict(json.loads(record)) for index, record in reader.records()}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from batchsync.batch import Item, fingerprint
+from batchsync.batch import Item, identity_of
 from batchsync.journal import Journal, JournalReader, mismatch, remove
 from batchsync.result import AttemptRecord, Result
 from batchsync.spec import RequestSpec
@@ -116,12 +116,12 @@ def test_result_round_trips_through_its_dict() -> None:
 def test_fingerprint_depends_on_every_item_and_their_order() -> None:
     items: list[Item] = ["http://h.test/a", {"url": "http://h.test/b", "id": 1}]
     same: list[Item] = ["http://h.test/a", {"id": 1, "url": "http://h.test/b"}]
-    assert fingerprint(items) == fingerprint(same)
-    assert fingerprint(items)["entries"] == "2"
-    assert fingerprint(items) != fingerprint(list(reversed(items)))
+    assert identity_of(items) == identity_of(same)
+    assert identity_of(items)["entries"] == "2"
+    assert identity_of(items) != identity_of(list(reversed(items)))
     specs = [RequestSpec(url="http://h.test/a", method="POST", idempotency_key="k")]
-    assert fingerprint(specs) == fingerprint(list(specs))
-    assert fingerprint(specs) != fingerprint([RequestSpec(url="http://h.test/a")])
+    assert identity_of(specs) == identity_of(list(specs))
+    assert identity_of(specs) != identity_of([RequestSpec(url="http://h.test/a")])
 
 
 def test_the_summary_has_every_percentile_even_for_few_items(tmp_path: Path) -> None:
