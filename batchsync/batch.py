@@ -158,7 +158,9 @@ class Batch:
         """Fetch every item without a final Result; returns ``results``."""
         options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
-        journal = None if self.journal is None else Journal(self.journal, encode_result, self._identity)
+        journal = (
+            None if self.journal is None else Journal(self.journal, encode_result, self._identity)
+        )
         transport = Transport.for_options(options)
         job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
