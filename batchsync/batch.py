@@ -13,8 +13,7 @@ from typing import Any, TypedDict
 from pydantic import BaseModel
 
 from .backoff import Backoff
-from .engine import Engine
-from .fetch import HttpJob
+from .fetch import run_http
 from .hedge import HedgeAfter
 from .journal import Journal, JournalMismatch, JournalReader, mismatch
 from .limits import Breaker, CooldownScope, Gates
@@ -26,7 +25,7 @@ from .progress import Tally, counter, wanted
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec, item_label
 from .tracing import Tracing, tracer_for
-from .transport import SessionSource, Transport
+from .transport import SessionSource
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -161,8 +160,6 @@ class Batch:
         journal = (
             None if self.journal is None else Journal(self.journal, encode_result, self._identity)
         )
-        transport = Transport.for_options(options)
-        job = HttpJob(options, transport, self._gates)
         started = time.monotonic()
         try:
             with counter(self.pending, wanted(self._progress)) as bar:
@@ -174,14 +171,9 @@ class Batch:
                             journal.add(result, item)
 
                 observers = run_observers(options, self._gates, bar)
-                engine = Engine(
-                    options, gates=self._gates, observers=observers, abort=transport.abort
-                )
-                engine.run(job, todo, deliver)
+                run_http(options, self._gates, todo, deliver, observers=observers)
         finally:
             self.elapsed += time.monotonic() - started
-            job.close()
-            transport.close()
             if journal is not None:
                 journal.close()
             log_summary(self._summary)

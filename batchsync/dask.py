@@ -35,26 +35,17 @@ def run_partition(partition: Partition, settings: dict[str, Any], entries: bool)
 
     ``entries`` says the items are input Entries (from the CLI) rather than fetch_all items.
     """
-    from .engine import Engine
-    from .fetch import HttpJob
-    from .runner import EntryJob
-    from .transport import Transport
+    from .fetch import run_http
 
     options = build(FetchOptions, **settings)
-    transport = Transport.for_options(options)
-    gates = options.gates()
-    http = HttpJob(options, transport, gates)
     collected: dict[int, Result] = {}
-    try:
-        engine = Engine(options, gates=gates, abort=transport.abort)
-        engine.run(
-            EntryJob(http) if entries else http,
-            partition,
-            lambda result, item: collected.__setitem__(result.index, result),
-        )
-    finally:
-        http.close()
-        transport.close()
+    run_http(
+        options,
+        options.gates(),
+        partition,
+        lambda result, item: collected.__setitem__(result.index, result),
+        entries=entries,
+    )
     return [collected[index] for index in sorted(collected)]
 
 

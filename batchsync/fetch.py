@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -21,10 +21,12 @@ from .classify import (
     terminal,
 )
 from .decode import InvalidBody, decode_body
-from .engine import Route, Task
+from .engine import Deliver, Engine, Route, Task
 from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
+from .inputs import Entry
 from .limits import Gates
+from .observe import Observer
 from .options import FetchOptions
 from .redact import redact_text
 from .result import Result
@@ -245,3 +247,54 @@ class HttpJob:
         expect = self._options.expect
         content_type = reply.headers.get("Content-Type") if expect == "text" else None
         return success(decode_body(body, expect, content_type), status)
+
+
+class EntryJob:
+    """The HTTP job over input Entries; an entry that is no item fails with its line number."""
+
+    def __init__(self, inner: HttpJob) -> None:
+        self._inner = inner
+
+    @property
+    def timeout(self) -> float:
+        return self._inner.timeout
+
+    def label(self, entry: object) -> tuple[str | None, Any]:
+        assert isinstance(entry, Entry)
+        return item_label(entry.item)
+
+    def prepare(self, entry: object) -> Task:
+        assert isinstance(entry, Entry)
+        if entry.problem is not None:
+            raise InvalidItem(f"{entry.where}: {entry.problem}")
+        try:
+            return self._inner.prepare(entry.item)
+        except InvalidItem as exc:
+            raise InvalidItem(f"{entry.where}: {exc}") from None
+
+
+def run_http(
+    options: FetchOptions,
+    gates: Gates,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    observers: Iterable[Observer] = (),
+    entries: bool = False,
+    on_start: Callable[[Engine], None] = lambda engine: None,
+) -> tuple[Engine, bool]:
+    """One HTTP run: transport, job and engine, set up and taken down together.
+
+    ``entries`` says the items are input Entries (the CLI's). Returns the engine (to ask
+    whether it was stopped) and what ``Engine.run`` returned.
+    """
+    transport = Transport.for_options(options)
+    job = HttpJob(options, transport, gates)
+    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
+    on_start(engine)
+    try:
+        finished = engine.run(EntryJob(job) if entries else job, items, deliver)
+    finally:
+        job.close()
+        transport.close()
+    return engine, finished

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .batch import run_observers
-from .engine import Engine, Task
-from .fetch import HttpJob
+from .fetch import run_http
 from .inputs import Entry, Input
 from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
 from .options import FetchOptions
@@ -20,8 +19,6 @@ from .output import dumps, failed_request, public_record, write_outputs
 from .progress import Tally, counter
 from .redact import Secrets
 from .result import Result, Summary
-from .spec import InvalidItem, item_label
-from .transport import Transport
 
 log = logging.getLogger("batchsync")
 
@@ -33,30 +30,6 @@ class Stoppable(Protocol):
 
     @property
     def stopped(self) -> bool: ...
-
-
-class EntryJob:
-    """The HTTP job over input Entries; an entry that is no item fails with its line number."""
-
-    def __init__(self, inner: HttpJob) -> None:
-        self._inner = inner
-
-    @property
-    def timeout(self) -> float:
-        return self._inner.timeout
-
-    def label(self, entry: object) -> tuple[str | None, Any]:
-        assert isinstance(entry, Entry)
-        return item_label(entry.item)
-
-    def prepare(self, entry: object) -> Task:
-        assert isinstance(entry, Entry)
-        if entry.problem is not None:
-            raise InvalidItem(f"{entry.where}: {entry.problem}")
-        try:
-            return self._inner.prepare(entry.item)
-        except InvalidItem as exc:
-            raise InvalidItem(f"{entry.where}: {exc}") from None
 
 
 def encode(secrets: Secrets, result: Result, entry: object) -> tuple[str, str | None]:
@@ -179,17 +152,11 @@ def _run_here(
     on_start: Callable[[Stoppable], None],
 ) -> _Ran:
     """Fetch on this machine's thread pool."""
-    transport = Transport.for_options(options)
     gates = options.gates()
-    job = HttpJob(options, transport, gates)
     observers = run_observers(options, gates, bar)
-    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
-    on_start(engine)
-    try:
-        finished = engine.run(EntryJob(job), pending, deliver)
-    finally:
-        job.close()
-        transport.close()
+    engine, finished = run_http(
+        options, gates, pending, deliver, observers=observers, entries=True, on_start=on_start
+    )
     return _Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
 
 

@@ -69,38 +69,29 @@ class Tracing(Observer):
     def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
         with self._lock:
             span = self._attempts.pop(index, None)
-        if span is None:
-            return
-        span.set_attributes(
-            _attributes(
-                attempt=record.attempt,
-                status_code=record.status_code,
-                error_kind=record.error_kind,
-                retry_wait=record.wait,
-                fallback=record.fallback,
-                hedged=record.hedged,
-            )
-        )
-        if record.error_kind is not None:
-            span.set_status(self._trace.StatusCode.ERROR, record.error_kind)
-        span.end()
+        error = record.error_kind
+        self._end(
+            span, error, attempt=record.attempt, status_code=record.status_code,
+            error_kind=error, retry_wait=record.wait, fallback=record.fallback,
+            hedged=record.hedged,
+        )  # fmt: skip
 
     def item_finished(self, result: Result) -> None:
         with self._lock:
             span = self._items.pop(result.index, None)
+        error = None if result.ok else result.error or ""
+        self._end(
+            span, error, ok=result.ok, attempts=result.attempts, status_code=result.status_code,
+            error_kind=result.error_kind, fallback_used=result.fallback_used,
+        )  # fmt: skip
+
+    def _end(self, span: Any, error: str | None, **attributes: object) -> None:
+        """Set a span's attributes, mark it failed when there is an ``error``, and end it."""
         if span is None:
             return
-        span.set_attributes(
-            _attributes(
-                ok=result.ok,
-                attempts=result.attempts,
-                status_code=result.status_code,
-                error_kind=result.error_kind,
-                fallback_used=result.fallback_used,
-            )
-        )
-        if not result.ok:
-            span.set_status(self._trace.StatusCode.ERROR, result.error or "")
+        span.set_attributes(_attributes(**attributes))
+        if error is not None:
+            span.set_status(self._trace.StatusCode.ERROR, error)
         span.end()
 
 
