@@ -30,6 +30,7 @@ from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry, parse_url
 
 from .guard import Guard, PrivateAddress
+from .headers import QuickHeadersResponse
 from .redact import Secrets
 
 if TYPE_CHECKING:
@@ -113,9 +114,11 @@ class BodyTooLarge(ValueError):
 
 
 class _Tracked:
-    """Mixed into urllib3's connection classes: a connection enters its ledger on connect."""
+    """Mixed into urllib3's connection classes: a connection enters its ledger on connect,
+    and reads its responses' headers the quick way."""
 
     ledger: ConnectionLedger
+    response_class = QuickHeadersResponse
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]

@@ -1,0 +1,134 @@
+"""The quick header parser gives the stdlib's HTTPMessage and response state in every case."""
+
+from __future__ import annotations
+
+import email.message
+import http.client
+import io
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchsync.headers import QuickHeadersResponse, QuickMessage, parse_headers
+
+
+def stdlib_message(block: bytes) -> http.client.HTTPMessage:
+    return http.client.parse_headers(io.BytesIO(block))
+
+
+def quick_message(block: bytes) -> http.client.HTTPMessage:
+    return parse_headers(io.BytesIO(block))
+
+
+def snapshot(message: email.message.Message) -> dict[str, Any]:
+    """Everything a message holds, in comparable form (defects by type, parts recursively)."""
+    state = {name: value for name, value in vars(message).items() if name != "policy"}
+    state["defects"] = [type(defect).__name__ for defect in message.defects]
+    if isinstance(message._payload, list):  # type: ignore[attr-defined]
+        state["_payload"] = [snapshot(part) for part in message._payload]  # type: ignore[attr-defined]
+    state["items"] = message.items()
+    return state
+
+
+def looked_up(message: email.message.Message, names: list[str]) -> list[Any]:
+    return [(message.get(name), message.get_all(name)) for name in names]
+
+
+NAMES = ["Content-Type", "content-length", "Set-Cookie", "X-A", "connection", "Transfer-Encoding"]
+
+EXAMPLES = [
+    b"Content-Type: application/json\r\nContent-Length: 11\r\n\r\n",
+    b"Server: nginx\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-A:  spaced  \r\n\r\n",
+    b"X-A:\r\nX-B:\t\ttabbed\n\n",
+    b"X-Folded: one\r\n two\r\nX-A: b\r\n\r\n",  # folded: the email parser's way
+    b"no colon here\r\nX-A: b\r\n\r\n",  # malformed: the rest becomes the payload
+    b": no name\r\n\r\n",
+    b"From nobody\r\nX-A: b\r\n\r\n",
+    b"X-A: b\r\n",  # stream ended before the blank line
+    b"Content-Type: multipart/byteranges; boundary=3d6b6a416f9b5\r\n\r\n",
+    b"Content-Type: message/rfc822\r\n\r\n",
+    b"X-A: caf\xe9 \x00 \x7f\r\n\r\n",
+    b"X-A: b\rX-B: c\r\n\r\n",  # a bare CR is a line break to the email parser
+    b"\r\n",
+]
+
+
+@pytest.mark.parametrize("block", EXAMPLES)
+def test_message_matches_the_stdlib(block: bytes) -> None:
+    expected, quick = stdlib_message(block), quick_message(block)
+    assert isinstance(quick, QuickMessage)
+    assert snapshot(quick) == snapshot(expected)
+    assert looked_up(quick, NAMES) == looked_up(expected, NAMES)
+
+
+def test_plain_headers_take_the_quick_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of the module: a plain block never reaches the email parser."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("email parser used")
+
+    monkeypatch.setattr("email.parser.Parser.parsestr", refuse)
+    message = quick_message(EXAMPLES[1])
+    assert message.get_all("Set-Cookie") == ["a=1", "b=2"]
+    assert message["x-a"] == "spaced  "
+
+
+header_line = st.one_of(
+    st.builds(
+        lambda name, gap, value, end: name + b":" + gap + value + end,
+        st.sampled_from([b"X-A", b"content-type", b"Content-Length", b"Set-Cookie", b"A!#~"]),
+        st.sampled_from([b"", b" ", b"\t ", b"  "]),
+        st.sampled_from([b"", b"b", b"multipart/mixed", b"Message/Http", b"x \t", b"\xff\x01"]),
+        st.sampled_from([b"\r\n", b"\n", b"\r", b"\r\r\n"]),
+    ),
+    st.sampled_from([b" folded\r\n", b"\tfolded\n", b"From x\r\n", b"junk\r\n", b": v\r\n"]),
+    st.binary(max_size=12).map(lambda raw: raw.replace(b"\n", b"") + b"\r\n"),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(header_line, max_size=6), st.sampled_from([b"\r\n", b"\n", b""]))
+def test_any_header_block_matches_the_stdlib(lines: list[bytes], end: bytes) -> None:
+    block = b"".join(lines) + end
+    expected, quick = stdlib_message(block), quick_message(block)
+    assert snapshot(quick) == snapshot(expected)
+    assert looked_up(quick, NAMES) == looked_up(expected, NAMES)
+
+
+class _Socket:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self._data))
+
+
+RESPONSES = [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "GET"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "GET"),
+    (b"HTTP/1.0 200 OK\r\n\r\nuntil close", "GET"),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", "GET"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "HEAD"),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", "GET"),
+    (b"HTTP/1.1 100 Continue\r\nX-A: b\r\n\r\nHTTP/1.1 201 OK\r\nContent-Length: 0\r\n\r\n", "GET"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\nX-F: a\r\n b\r\n\r\n", "GET"),
+]
+
+
+@pytest.mark.parametrize(("raw", "method"), RESPONSES)
+def test_response_state_matches_the_stdlib(raw: bytes, method: str) -> None:
+    states = []
+    for response_class in (http.client.HTTPResponse, QuickHeadersResponse):
+        response = response_class(_Socket(raw), method=method)  # type: ignore[arg-type]
+        response.begin()
+        fields = (response.status, response.reason, response.version, response.chunked)
+        framing = (response.length, response.will_close, response.msg.items(), response.read())
+        states.append((fields, framing))
+    assert states[0] == states[1]
+
+
+def test_the_stdlib_begin_still_reads_headers_through_parse_headers() -> None:
+    """QuickHeadersResponse relies on it; were it to change, the quick path would be skipped."""
+    assert "parse_headers" in http.client.HTTPResponse.begin.__code__.co_names
