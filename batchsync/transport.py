@@ -105,6 +105,20 @@ def _split_plain(url: str) -> tuple[Origin, str] | None:
     return (parts.scheme, parts.host.lower(), parts.port), parts.request_uri
 
 
+# How far past an attempt's end a socket read may be allowed to wait (see _passes_end).
+READ_END_SLACK = 0.05
+
+
+def _passes_end(timeout: float | None, left: float) -> bool:
+    """Whether a read with the socket's current ``timeout`` could wait past the attempt's end
+    (``left`` seconds away) by more than READ_END_SLACK.
+
+    The timeout urllib3 set when sending was the time left then, so after a prompt reply it
+    still fits: re-arming it costs a system call that gives up the GIL, on every response.
+    """
+    return timeout is None or timeout - left > READ_END_SLACK
+
+
 class AttemptTimedOut(TimeoutError):
     """The attempt used up its wall-clock allowance (connect, headers and body together)."""
 
@@ -450,8 +464,8 @@ class Transport:
     def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
         """The decompressed body, read in chunks; refused past ``max_bytes`` or ``wall_end``.
 
-        Each read waits at most for the time the attempt has left, so a server that trickles
-        its body cannot hold the attempt past its bound.
+        Each read waits at most for the time the attempt has left (within READ_END_SLACK), so
+        a server that trickles or stalls its body cannot hold the attempt past its bound.
         """
         raw = reply.raw
         declared = reply.headers.get("Content-Length")
@@ -467,7 +481,7 @@ class Transport:
         try:
             while True:
                 left = self._left(wall_end)
-                if sock is not None:
+                if sock is not None and _passes_end(sock.gettimeout(), left):
                     sock.settimeout(left)
                 chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
                 if not chunk:

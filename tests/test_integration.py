@@ -107,6 +107,17 @@ def test_a_trickling_body_cannot_hold_an_attempt_past_its_timeout(
     assert rs[0].elapsed < 1.5
 
 
+def test_a_body_that_stalls_after_late_headers_is_cut_at_the_attempt_end(
+    server: MockServerProcess,
+) -> None:
+    """The socket's read timeout is re-armed to the time left once the headers came late:
+    the first body read must not wait the attempt's whole timeout again."""
+    path = f"/trickle/{key()}?delay=1.2&interval=5&bytes=2"
+    rs = fetch_all([server.url + path], timeout=2.0, attempts=1)
+    assert (rs[0].error_kind, rs[0].status_code) == ("timeout", 200)
+    assert 1.9 < rs[0].elapsed < 2.6  # waiting the timeout again would end at about 3.2 s
+
+
 def test_empty_input_and_invalid_options(fresh_server: MockServerProcess) -> None:
     assert len(fetch_all([])) == 0
     with pytest.raises(ValueError, match="concurrency"):
