@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from batchsync.batch import Item, identity_of
-from batchsync.journal import Journal, JournalReader, mismatch, remove
+from batchsync.journal import Journal, JournalReader, linger_for, mismatch, remove
 from batchsync.result import AttemptRecord, Result
 from batchsync.spec import RequestSpec
 
@@ -65,6 +67,60 @@ def test_what_is_added_is_readable_before_close(tmp_path: Path) -> None:
         threading.Event().wait(0.01)
     assert found == 1
     journal.close()
+
+
+@pytest.mark.parametrize(
+    ("results", "seconds", "linger"),
+    [(0, 1.0, 0.0), (999, 1.0, 0.0), (1000, 1.0, 0.02), (2500, 2.0, 0.02), (1500, 2.0, 0.0)],
+)
+def test_the_writer_lingers_only_in_a_busy_run(results: int, seconds: float, linger: float) -> None:
+    assert linger_for(results, seconds) == linger
+
+
+class CountingConnection:
+    """Wraps the writer's connection to note when each transaction begins."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.begun: list[float] = []
+
+    def __enter__(self) -> Any:
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: object) -> Any:
+        return self.inner.__exit__(*exc)
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "BEGIN":
+            self.begun.append(time.monotonic())
+        return self.inner.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_busy_run_commits_in_groups_a_slow_one_at_once(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY)
+    counting = journal._db = CountingConnection(journal._db)  # type: ignore[assignment]
+    started = time.monotonic()
+    index = 0
+    while time.monotonic() - started < 1.6:  # well over 1000 results a second
+        journal.add(make(index), f"u{index}")
+        index += 1
+        time.sleep(0.0002)
+    busy_end = time.monotonic()
+    journal.close()
+    late = [t for t in counting.begun if t > busy_end - 0.5]
+    assert index > 1600
+    assert len(late) <= 0.5 / 0.02 + 10  # one commit per 20 ms once the rate was seen
+
+    slow = Journal(tmp_path / "slow.sqlite3", encode, IDENTITY)
+    counting = slow._db = CountingConnection(slow._db)  # type: ignore[assignment]
+    for index in range(20):
+        slow.add(make(index), f"u{index}")
+        time.sleep(0.02)
+    slow.close()
+    assert len(counting.begun) >= 18  # each result committed as soon as it came
 
 
 def test_adds_after_close_are_ignored(tmp_path: Path) -> None:
