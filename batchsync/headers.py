@@ -14,6 +14,7 @@ import email.parser
 import http.client
 import re
 import types
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 # The limits http.client applies to a header block.
@@ -87,16 +88,19 @@ def parse_headers(fp: BinaryIO, _class: Any = None) -> http.client.HTTPMessage:
     return message_from_lines(read_header_lines(fp))
 
 
-class QuickHeadersResponse(http.client.HTTPResponse):
-    """An ``http.client`` response whose headers are read by ``parse_headers`` above.
-
-    ``begin`` is http.client's own, run with ``parse_headers`` bound to this module's: the
+def _begin_with_quick_headers() -> Callable[[http.client.HTTPResponse], None]:
+    """http.client's own ``begin``, run with ``parse_headers`` bound to this module's: the
     status line, chunking, lengths and keep-alive are decided exactly as the running Python
-    decides them.
-    """
+    decides them. On a Python whose ``begin`` is not built that way, the stdlib's as it is."""
+    begin = http.client.HTTPResponse.begin
+    code = begin.__code__
+    if code.co_freevars or "parse_headers" not in code.co_names:
+        return begin
+    globals_ = {**vars(http.client), "parse_headers": parse_headers}
+    return types.FunctionType(code, globals_, "begin", begin.__defaults__)
 
-    begin = types.FunctionType(
-        http.client.HTTPResponse.begin.__code__,
-        {**vars(http.client), "parse_headers": parse_headers},
-        "begin",
-    )
+
+class QuickHeadersResponse(http.client.HTTPResponse):
+    """An ``http.client`` response whose headers are read by ``parse_headers`` above."""
+
+    begin = _begin_with_quick_headers()

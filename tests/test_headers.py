@@ -8,10 +8,13 @@ import io
 from typing import Any
 
 import pytest
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchsync import fetch_all
 from batchsync.headers import QuickHeadersResponse, QuickMessage, parse_headers
+from tests.mockserver import MockServerProcess
 
 
 def stdlib_message(block: bytes) -> http.client.HTTPMessage:
@@ -129,6 +132,30 @@ def test_response_state_matches_the_stdlib(raw: bytes, method: str) -> None:
     assert states[0] == states[1]
 
 
-def test_the_stdlib_begin_still_reads_headers_through_parse_headers() -> None:
-    """QuickHeadersResponse relies on it; were it to change, the quick path would be skipped."""
+def test_the_quick_begin_is_in_effect_on_this_python() -> None:
+    """It relies on the stdlib's begin reading headers through parse_headers; on a Python
+    where that changes, the stdlib's begin is kept and this test says so."""
     assert "parse_headers" in http.client.HTTPResponse.begin.__code__.co_names
+    assert QuickHeadersResponse.begin is not http.client.HTTPResponse.begin
+
+
+def test_real_responses_skip_the_email_parser(
+    server: MockServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end, on the fast lane and through a caller's session: no email parsing, and
+    the headers requests needs (cookies, redirects) still work."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("email parser used")
+
+    monkeypatch.setattr("email.parser.Parser.parsestr", refuse)
+    target = f"{server.url}/ok/quick"
+    items = [
+        target,
+        f"{server.url}/redirect?to={target}",
+        f"{server.url}/set-cookie?name=a&value=1",
+    ]
+    assert all(result.ok for result in fetch_all(items))
+    with requests.Session() as session:
+        assert all(result.ok for result in fetch_all(items, session=session))
+        assert session.cookies.get("a") == "1"
