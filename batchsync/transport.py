@@ -105,18 +105,22 @@ def _split_plain(url: str) -> tuple[Origin, str] | None:
     return (parts.scheme, parts.host.lower(), parts.port), parts.request_uri
 
 
-# How far past an attempt's end a socket read may be allowed to wait (see _passes_end).
+# How far past an attempt's end a socket read may be allowed to wait (see _passes_end): this
+# share of the time the attempt had when it was sent, and at least READ_END_SLACK seconds.
+READ_END_SHARE = 0.02
 READ_END_SLACK = 0.05
 
 
 def _passes_end(timeout: float | None, left: float) -> bool:
     """Whether a read with the socket's current ``timeout`` could wait past the attempt's end
-    (``left`` seconds away) by more than READ_END_SLACK.
+    (``left`` seconds away) by more than the slack.
 
     The timeout urllib3 set when sending was the time left then, so after a prompt reply it
     still fits: re-arming it costs a system call that gives up the GIL, on every response.
     """
-    return timeout is None or timeout - left > READ_END_SLACK
+    if timeout is None:
+        return True
+    return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
 
 
 class AttemptTimedOut(TimeoutError):
@@ -464,7 +468,7 @@ class Transport:
     def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
         """The decompressed body, read in chunks; refused past ``max_bytes`` or ``wall_end``.
 
-        Each read waits at most for the time the attempt has left (within READ_END_SLACK), so
+        Each read waits at most for the time the attempt has left (give or take the slack), so
         a server that trickles or stalls its body cannot hold the attempt past its bound.
         """
         raw = reply.raw
