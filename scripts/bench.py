@@ -9,7 +9,8 @@ server) and (b) a server that answers after 50 ms (``scripts/bench_server.py``).
 method and concurrency: median requests/s, CPU ms per request, efficiency against the ideal
 N / 50 ms, connections the server saw opened, peak RSS, and the ratio to the hand-rolled
 baseline of the same run. A peer that is not installed is skipped with a note. Then the CLI's
-peak RSS for 10^4..10^6 items. Writes docs/benchmarks.md and docs/benchmarks.png.
+peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against these medians.
+Writes docs/benchmarks.md and docs/benchmarks.png.
 """
 
 from __future__ import annotations
@@ -213,6 +214,48 @@ def table(
     return lines
 
 
+def targets(
+    fast: dict[tuple[str, int], Runs],
+    slow: dict[tuple[str, int], Runs],
+    memory: list[tuple[int, float, float]],
+) -> list[str]:
+    """The speed targets batchsync is held to, each checked against this run's medians."""
+
+    def rate(results: dict[tuple[str, int], Runs], method: str, concurrency: int) -> float | None:
+        runs = results.get((method, concurrency))
+        return statistics.median(runs.rates) if runs else None
+
+    checks: list[tuple[str, str, bool | None]] = []
+    ours, base = rate(fast, "batchsync", 32), rate(fast, "baseline", 32)
+    if ours and base:
+        checks.append(("fast server, c=32: ≥ 2.5x the baseline", f"{ours / base:.2f}x",
+                       ours / base >= 2.5))  # fmt: skip
+    ours = rate(slow, "batchsync", 64)
+    if ours:
+        share = ours / (64 / LATENCY)
+        checks.append(("50 ms server, c=64: ≥ 85 % of N/L", f"{share:.0%}", share >= 0.85))
+    for name, results in (("fast server", fast), ("50 ms server", slow)):
+        ours, peer = rate(results, "batchsync", 256), rate(results, "urllib3", 256)
+        if ours and peer:
+            checks.append((f"{name}, c=256: ahead of urllib3 threads",
+                           f"{ours:.0f} vs {peer:.0f} req/s", ours > peer))  # fmt: skip
+    most = max(
+        (max(runs.connections) / concurrency
+         for results in (fast, slow) for (method, concurrency), runs in results.items()
+         if method.startswith("batchsync")),
+        default=0.0,
+    )  # fmt: skip
+    checks.append(("connections opened ≤ concurrency", f"at most {most:.0%} of it", most <= 1))
+    if memory:
+        peaks = [rss for _, rss, _ in memory]
+        flat = max(peaks) <= 1.25 * min(peaks)
+        shown = " / ".join(f"{rss:.0f}" for rss in peaks)
+        checks.append(("CLI peak RSS flat in the number of items", f"{shown} MiB", flat))
+    lines = ["| target | measured | met |", "| --- | --- | --- |"]
+    lines += [f"| {what} | {value} | {'yes' if met else 'no'} |" for what, value, met in checks]
+    return lines
+
+
 def plot(
     fast: dict[tuple[str, int], Runs], slow: dict[tuple[str, int], Runs],
     methods: list[str], levels: list[int], path: Path,
@@ -313,6 +356,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
+    goals = targets(fast, slow, memory)
+    print("\n".join(goals))
     lines = [
         "# Benchmarks",
         "",
@@ -326,6 +371,13 @@ def main() -> None:
         "and process start-up included.",
         "",
         *(f"* {note}" for note in notes),
+        "",
+        "## Targets",
+        "",
+        "batchsync is `fetch_all` with all its machinery on (results, retry bookkeeping, "
+        "limits); medians of this run.",
+        "",
+        *goals,
         "",
         f"![requests/s against concurrency]({picture.name})",
         "",
