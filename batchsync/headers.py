@@ -1,7 +1,7 @@
 """Response headers read without the email package: the same HTTPMessage at a fraction of the cost.
 
 ``http.client`` hands every response's header block to ``email.parser``, a general MIME parser
-that costs more CPU than the rest of a small response's handling together. The header blocks
+that took about a sixth of the instructions batchsync spends on a small request. The header blocks
 HTTP servers send are nearly always plain ``Name: value`` lines, and for those the message is
 built here directly; anything else (folded lines, malformed lines, multipart or message
 bodies that the email parser treats specially) still goes through ``email.parser``, so the
@@ -39,7 +39,7 @@ def read_header_lines(fp: BinaryIO) -> list[bytes]:
         lines.append(line)
         if len(lines) > MAX_HEADERS:
             raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
-        if line in (b"\r\n", b"\n", b""):
+        if not line or line in _END_OF_HEADERS:
             return lines
 
 
@@ -83,7 +83,7 @@ def message_from_lines(lines: list[bytes]) -> http.client.HTTPMessage:
     return message
 
 
-def parse_headers(fp: BinaryIO, _class: Any = None) -> http.client.HTTPMessage:
+def parse_headers(fp: BinaryIO) -> http.client.HTTPMessage:
     """``http.client.parse_headers`` with the quick path."""
     return message_from_lines(read_header_lines(fp))
 
