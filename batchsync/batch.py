@@ -25,7 +25,7 @@ from .progress import Tally, counter, wanted
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec, item_label
 from .tracing import Tracing, tracer_for
-from .transport import SessionSource
+from .transport import Cert, SessionSource, Verify
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -41,6 +41,8 @@ class FetchSettings(TypedDict, total=False):
     expect: Expect
     headers: Mapping[str, str] | None
     session: SessionSource | None
+    verify: Verify | None
+    cert: Cert | None
     max_bytes: int
     backoff: Backoff
     rate: float | None

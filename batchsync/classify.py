@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "invalid_body",
     "invalid_request",
     "redirect",
+    "tls",
     "budget",
     "deadline",
     "circuit_open",
@@ -37,6 +38,8 @@ RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
 # urllib3 opens its messages with the connection or pool they came from: "HTTPConnection(
 # host='h', port=80): ..." says nothing the Result does not, so it goes.
 _CONNECTION_PREFIX = re.compile(r"^\w*(?:Connection|ConnectionPool)\(host=[^)]*\):\s*")
+# OpenSSL's messages end with where in CPython's ssl module they were raised: "(_ssl.c:1000)".
+_SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:\d+\)")
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -50,6 +53,9 @@ class Verdict:
     data: Any = None
     retry_after: float | None = None
     hedged: bool = False
+    # Where the response came from after redirects (already redacted), and how many.
+    final_url: str | None = None
+    redirects: int = 0
 
     @property
     def ok(self) -> bool:
@@ -121,7 +127,7 @@ def classify_http_exception(exc: Exception) -> Verdict:
     if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
         return retry("timeout", error)
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError):
-        return terminal("connection", error)
+        return terminal("tls", _SSL_SOURCE.sub("", error))
     if isinstance(exc, requests.TooManyRedirects):
         return terminal("redirect", error)
     if isinstance(

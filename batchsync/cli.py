@@ -8,12 +8,14 @@ import os
 import shlex
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import FrameType
 
 import click
+import urllib3
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .dask import connect as connect_dask
@@ -204,6 +206,36 @@ def _parse_hedge_after(
     "elsewhere.",
 )
 @click.option(
+    "--cacert",
+    type=click.Path(exists=True, readable=True),
+    default=None,
+    metavar="FILE",
+    help="Trust the CA certificates in FILE (PEM; or a directory of them) instead of the "
+    "default bundle; wins over REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE.",
+)
+@click.option(
+    "--cert",
+    "client_cert",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    default=None,
+    metavar="FILE",
+    help="Client certificate (PEM) to present, with its key unless --key is given.",
+)
+@click.option(
+    "--key",
+    "client_key",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    default=None,
+    metavar="FILE",
+    help="Private key (PEM) of the --cert client certificate.",
+)
+@click.option(
+    "-k",
+    "--insecure",
+    is_flag=True,
+    help="Do not verify servers' certificates (for test servers only).",
+)
+@click.option(
     "--redis",
     "redis_url",
     default=None,
@@ -292,6 +324,10 @@ def command(
     headers: dict[str, str],
     secret_headers: tuple[str, ...],
     deny_private: bool,
+    cacert: str | None,
+    client_cert: str | None,
+    client_key: str | None,
+    insecure: bool,
     redis_url: str | None,
     namespace: str,
     lease_ttl: float,
@@ -305,6 +341,12 @@ def command(
     quiet: bool,
 ) -> int:
     """Fetch every item of INPUT (a file, or - for stdin) with bounded concurrency and retries."""
+    if insecure and cacert is not None:
+        raise click.UsageError("--insecure and --cacert contradict each other: give one")
+    if client_key is not None and client_cert is None:
+        raise click.UsageError("--key needs --cert")
+    if insecure:  # asked for in so many words: no warning per request
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
     try:
         options = build(
             FetchOptions,
@@ -312,7 +354,8 @@ def command(
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
             dedup=dedup, hedge_after=hedge_after, secret_headers=secret_headers,
-            deny_private=deny_private,
+            deny_private=deny_private, verify=False if insecure else cacert,
+            cert=client_cert if client_key is None else (client_cert, client_key),
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

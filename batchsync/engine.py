@@ -184,13 +184,23 @@ def _describe_attempts(records: tuple[AttemptRecord, ...]) -> str:
     """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
     parts = []
     for record in records:
-        part = f"#{record.attempt} {record.status_code or record.error_kind or 'ok'}"
+        part = f"#{record.attempt} {_what_happened(record)}"
         if record.fallback is not None:
             part += f" (fallback {record.fallback})"
         if record.wait is not None:
             part += f" wait {record.wait:.2f} s"
         parts.append(part)
     return ", ".join(parts)
+
+
+def _what_happened(record: AttemptRecord) -> str:
+    """An attempt's outcome in a word: its status when that decided it, else what ended it
+    (a timeout whose headers said 200 is a timeout)."""
+    if record.error_kind in (None, "status"):
+        return str(record.status_code or record.error_kind or "ok")
+    if record.status_code is not None:
+        return f"{record.error_kind} (HTTP {record.status_code})"
+    return record.error_kind
 
 
 def _log_failure(result: Result) -> None:
@@ -457,7 +467,7 @@ class Engine:
                 attempts=sum(2 if record.hedged else 1 for record in records),
                 error_kind=verdict.error_kind, error=error, data=verdict.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),
-                fallback_used=fallback,
+                fallback_used=fallback, final_url=verdict.final_url, redirects=verdict.redirects,
             )  # fmt: skip
 
         so_far: Result | None = None

@@ -28,7 +28,7 @@ from .inputs import Entry
 from .limits import Gates
 from .observe import Observer
 from .options import FetchOptions
-from .redact import redact_text
+from .redact import redact_text, redact_url
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Reply, Transport, Wire, host_of
@@ -223,11 +223,14 @@ class HttpJob:
             return _LOST
         status = reply.status
         try:
-            return self._judge(request.method, reply, wall_end)
+            verdict = self._judge(request.method, reply, wall_end)
         except (InvalidBody, BodyTooLarge) as exc:
-            return terminal("invalid_body", str(exc), status)
+            verdict = terminal("invalid_body", str(exc), status)
         except Exception as exc:  # a failure while reading the body keeps the status seen
-            return self._redacted(replace(classify_http_exception(exc), status_code=status))
+            verdict = self._redacted(replace(classify_http_exception(exc), status_code=status))
+        verdict.final_url = redact_url(reply.url)
+        verdict.redirects = reply.redirects
+        return verdict
 
     def _redacted(self, verdict: Verdict) -> Verdict:
         if not self._secrets.batch_values or verdict.error is None:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import email.parser
 import http.client
+import inspect
 import re
 import types
 from collections.abc import Callable
 from typing import Any, BinaryIO
-
-# The limits http.client applies to a header block.
-MAX_LINE = 65536
-MAX_HEADERS = 100
 
 # One plain header line: a name of printable ASCII (no colon), a colon, then a value without
 # CR or LF. ``email``'s compat32 policy drops the spaces and tabs before the value.
@@ -27,20 +24,6 @@ _PLAIN_LINE = re.compile(rb"([!-9;-~]+):[ \t]*([^\r\n]*)\r?\n")
 _END_OF_HEADERS = (b"\r\n", b"\n")
 # Content types for which the email parser looks into the (empty) body and builds parts.
 _SPECIAL_TYPE = re.compile(rb"multipart|message", re.IGNORECASE)
-
-
-def read_header_lines(fp: BinaryIO) -> list[bytes]:
-    """The header lines up to and including the blank line (or end of stream) that ends them."""
-    lines = []
-    while True:
-        line = fp.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise http.client.LineTooLong("header line")
-        lines.append(line)
-        if len(lines) > MAX_HEADERS:
-            raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
-        if not line or line in _END_OF_HEADERS:
-            return lines
 
 
 class QuickMessage(http.client.HTTPMessage):
@@ -83,24 +66,80 @@ def message_from_lines(lines: list[bytes]) -> http.client.HTTPMessage:
     return message
 
 
-def parse_headers(fp: BinaryIO) -> http.client.HTTPMessage:
-    """``http.client.parse_headers`` with the quick path."""
-    return message_from_lines(read_header_lines(fp))
+# The stdlib pieces the quick path stands on, as this module found them at import.
+_STDLIB_BEGIN = http.client.HTTPResponse.begin
+_STDLIB_PARSE_HEADERS = http.client.parse_headers
+_STDLIB_READ_HEADERS: Callable[[BinaryIO], list[bytes]] | None = getattr(
+    http.client, "_read_headers", None
+)
 
 
-def _begin_with_quick_headers() -> Callable[[http.client.HTTPResponse], None]:
-    """http.client's own ``begin``, run with ``parse_headers`` bound to this module's: the
-    status line, chunking, lengths and keep-alive are decided exactly as the running Python
-    decides them. On a Python whose ``begin`` is not built that way, the stdlib's as it is."""
-    begin = http.client.HTTPResponse.begin
+def parse_headers(
+    fp: BinaryIO, _class: type[http.client.HTTPMessage] = http.client.HTTPMessage
+) -> http.client.HTTPMessage:
+    """``http.client.parse_headers`` with the quick path.
+
+    The lines are read by the stdlib's own ``_read_headers``, so ``http.client._MAXLINE`` and
+    ``_MAXHEADERS`` apply as they are set at the time of the call.
+    """
+    if _class is not http.client.HTTPMessage or _STDLIB_READ_HEADERS is None:
+        return _STDLIB_PARSE_HEADERS(fp, _class)
+    return message_from_lines(_STDLIB_READ_HEADERS(fp))
+
+
+def _has_expected_shape(begin: Callable[..., Any]) -> bool:
+    """Whether ``begin`` and this Python's header functions are the ones the quick path was
+    built for: ``begin(self)`` with no defaults or closures that reads the header block
+    through a global ``parse_headers(fp, _class=HTTPMessage)``, and a ``_read_headers(fp)``."""
     code = begin.__code__
-    if code.co_freevars or "parse_headers" not in code.co_names:
-        return begin
+    read = getattr(_STDLIB_READ_HEADERS, "__code__", None)
+    return (
+        code.co_argcount == 1
+        and not code.co_kwonlyargcount
+        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        and begin.__defaults__ is None
+        and begin.__kwdefaults__ is None
+        and not code.co_freevars
+        and "parse_headers" in code.co_names
+        and _STDLIB_PARSE_HEADERS.__code__.co_varnames[:2] == ("fp", "_class")
+        and _STDLIB_PARSE_HEADERS.__defaults__ == (http.client.HTTPMessage,)
+        and read is not None
+        and read.co_argcount == 1
+        and _STDLIB_READ_HEADERS.__defaults__ is None  # type: ignore[union-attr]
+    )
+
+
+def _quick_begin_of(
+    begin: Callable[..., Any],
+) -> Callable[[http.client.HTTPResponse], None] | None:
+    """``begin`` (http.client's own), run with ``parse_headers`` bound to this module's: the
+    status line, chunking, lengths and keep-alive are decided exactly as the running Python
+    decides them. None for a ``begin`` not built the way the quick path expects."""
+    if not _has_expected_shape(begin):
+        return None
     globals_ = {**vars(http.client), "parse_headers": parse_headers}
-    return types.FunctionType(code, globals_, "begin", begin.__defaults__)
+    return types.FunctionType(begin.__code__, globals_, "begin")
+
+
+_QUICK_BEGIN = _quick_begin_of(_STDLIB_BEGIN)
+
+
+def quick_path_in_effect() -> bool:
+    """Whether responses are read the quick way now: the shape was as expected at import,
+    and nothing has replaced the stdlib pieces since (a patch is honoured by stepping aside)."""
+    return (
+        _QUICK_BEGIN is not None
+        and http.client.HTTPResponse.begin is _STDLIB_BEGIN
+        and http.client.parse_headers is _STDLIB_PARSE_HEADERS
+        and getattr(http.client, "_read_headers", None) is _STDLIB_READ_HEADERS
+    )
 
 
 class QuickHeadersResponse(http.client.HTTPResponse):
     """An ``http.client`` response whose headers are read by ``parse_headers`` above."""
 
-    begin = _begin_with_quick_headers()
+    def begin(self) -> None:
+        if quick_path_in_effect():
+            _QUICK_BEGIN(self)  # type: ignore[misc]
+        else:
+            http.client.HTTPResponse.begin(self)

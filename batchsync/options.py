@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import requests
@@ -62,6 +63,10 @@ class FetchOptions(EngineOptions):
     secret_headers: tuple[str, ...] = ()
     max_bytes: int = Field(default=32 * 2**20, ge=1)
     session: Any = None
+    # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
+    # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
+    verify: bool | str | None = None
+    cert: str | tuple[str, str] | None = None
 
     def guard(self) -> Guard | None:
         return Guard() if self.deny_private else None
@@ -83,6 +88,21 @@ class FetchOptions(EngineOptions):
             cooldown=self.cooldown, breaker=self.breaker, adaptive=self.adaptive,
             shared=self.shared(),
         )  # fmt: skip
+
+    @field_validator("verify")
+    @classmethod
+    def _ca_exists(cls, value: bool | str | None) -> bool | str | None:
+        if isinstance(value, str) and not Path(value).exists():
+            raise ValueError(f"no CA bundle or directory at {value}")
+        return value
+
+    @field_validator("cert")
+    @classmethod
+    def _cert_files_exist(cls, value: str | tuple[str, str] | None) -> object:
+        for path in (value,) if isinstance(value, str) else value or ():
+            if not Path(path).is_file():
+                raise ValueError(f"no certificate or key file at {path}")
+        return value
 
     @field_validator("session")
     @classmethod

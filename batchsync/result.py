@@ -68,6 +68,8 @@ class Result:
     elapsed: float = 0.0
     attempt_log: tuple[AttemptRecord, ...] = field(default=())
     fallback_used: int | None = None
+    final_url: str | None = None
+    redirects: int = 0
 
     @property
     def final(self) -> bool:
@@ -91,6 +93,8 @@ class Result:
         return {
             "index": self.index,
             "url": self.url,
+            "final_url": self.final_url,
+            "redirects": self.redirects,
             "id": self.id,
             "ok": self.ok,
             "status_code": self.status_code,
@@ -254,6 +258,7 @@ COLUMN_TYPES = {
     "error": "string",
     "elapsed": "float64",
     "fallback_used": "Int64",
+    "redirects": "int64",
 }
 
 
@@ -342,13 +347,14 @@ class ResultSet(Sequence[Result]):
             "<tr>"
             + "".join(
                 f"<td>{html.escape(str(value))}</td>"
-                for value in (r.index, r.url, r.status_code, r.error_kind, r.error)
+                for value in (r.index, r.url, r.final_url, r.status_code, r.error_kind, r.error)
             )
             + "</tr>"
             for r in failures
         )
         head = "".join(
-            f"<th>{name}</th>" for name in ("index", "url", "status", "error kind", "error")
+            f"<th>{name}</th>"
+            for name in ("index", "url", "final url", "status", "error kind", "error")
         )
         more = len(failed) - len(failures)
         note = f"<p>… and {more} more failures</p>" if more > 0 else ""

@@ -25,9 +25,9 @@ from requests.structures import CaseInsensitiveDict
 from requests.utils import get_netrc_auth, select_proxy
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ClosedPoolError, LocationParseError
+from urllib3.exceptions import ClosedPoolError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
-from urllib3.util import Retry, parse_url
+from urllib3.util import Retry
 
 from .guard import Guard, PrivateAddress
 from .headers import QuickHeadersResponse
@@ -37,20 +37,46 @@ if TYPE_CHECKING:
     from .options import FetchOptions
 
 SessionSource = requests.Session | Callable[[], requests.Session]
+# As in requests: verify a path to a CA bundle (or directory), True (certifi), or False; cert
+# a client certificate file, or a (certificate, key) pair of files.
+Verify = bool | str
+Cert = str | tuple[str, str]
 
 CHUNK_BYTES = 64 * 1024
+# Per-origin look-ups kept at most; past that the cache starts afresh (entries are re-derived
+# on demand, so forgetting one costs a look-up, never a request).
 _MAX_CACHED_ORIGINS = 4096
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 Origin = tuple[str, str, int | None]
 
 # Bodiless methods the fast lane sends; everything else goes the full requests way.
 _FAST_METHODS = frozenset({"GET", "HEAD"})
-# Characters that requests would percent-encode or otherwise rewrite in a URL.
-_NOT_PLAIN = re.compile(r"[\s\"<>\\^`{|}]")
 
 
-@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
+def host_key(scheme: str, host: str, port: int | None) -> str:
+    """The key a host's limits are counted under: lower-case host, IPv6 in brackets, and the
+    port when it is not the scheme's default. Every lane and backend uses this one."""
+    host = host.lower()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    if port is None or port == _DEFAULT_PORTS.get(scheme.lower()):
+        return host
+    return f"{host}:{port}"
+
+
+def host_of(url: str) -> str:
+    """``host_key`` of a URL ("" for one without a host)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return host_key(parts.scheme, parts.hostname or "", port)
+
+
+@dataclass(slots=True)  # built per item; only ``pool`` changes, when its pool was closed
 class Wire:
     """A bodiless request as the fast lane sends it: straight to the origin's urllib3 pool."""
 
@@ -60,6 +86,7 @@ class Wire:
     host: str
     target: str
     headers: Mapping[str, str]
+    pool: HTTPConnectionPool
 
 
 Outgoing = Wire | requests.PreparedRequest
@@ -70,11 +97,14 @@ _ADAPTER_SEND = HTTPAdapter.send
 
 @dataclass(slots=True)
 class Reply:
-    """A response whose headers have come: status, headers and the raw stream of its body."""
+    """A response whose headers have come: status, headers and the raw stream of its body,
+    the URL it came from and how many redirects led there."""
 
     status: int
     headers: Mapping[str, str]
     raw: Any
+    url: str
+    redirects: int = 0
     closer: Callable[[], None] | None = None
 
     def close(self) -> None:
@@ -86,23 +116,29 @@ class Reply:
         self.raw.release_conn()
 
 
-# scheme://host[:port][/path?query][#fragment], the common shape, split without parse_url.
-_PLAIN_URL = re.compile(r"(https?)://([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?(/[^#]*)?(?:#.*)?")
+# The URLs the fast lane takes: http(s), a host name or IPv4 address, an optional port, and a
+# path and query of only the characters that requests and urllib3 send as they are (RFC 3986
+# unreserved, sub-delims, ":@/" and "?" in the query). No userinfo (requests turns it into
+# Authorization), no percent-escape (requests re-quotes them), no IPv6 literal. Dot segments
+# and an empty query are ruled out below.
+_PLAIN = r"[A-Za-z0-9._~!$&'()*+,;=:@/-]"
+_LANE_URL = re.compile(
+    rf"(https?)://([A-Za-z0-9][A-Za-z0-9.-]*)(?::([0-9]{{1,5}}))?"
+    rf"(/{_PLAIN}*)?(\?(?:{_PLAIN}|\?)+)?(?:#(?:{_PLAIN}|\?)*)?"
+)
+_DOT_SEGMENT = re.compile(r"/\.\.?(?:/|$)")
 
 
-def _split_plain(url: str) -> tuple[Origin, str] | None:
-    """A URL's origin and request target; None for a URL that is not http(s) with a host."""
-    match = _PLAIN_URL.fullmatch(url)
-    if match is not None and int(match[3] or 1) <= 65535:
-        port = int(match[3]) if match[3] else None
-        return (match[1], match[2].lower(), port), match[4] or "/"
-    try:
-        parts = parse_url(url)
-    except LocationParseError:
+def lane_split(url: str) -> tuple[Origin, str] | None:
+    """A URL's origin and request target when requests would send that target unchanged;
+    None for any URL that requests would rewrite (normalise, quote, or add auth for)."""
+    match = _LANE_URL.fullmatch(url)
+    if match is None:
         return None
-    if parts.scheme not in ("http", "https") or not parts.host:
-        return None
-    return (parts.scheme, parts.host.lower(), parts.port), parts.request_uri
+    scheme, host, port, path, query = match.groups()
+    if (path and _DOT_SEGMENT.search(path)) or (port and not 0 < int(port) <= 65535):
+        return None  # (requests sends a port of 0 as no port at all)
+    return (scheme, host.lower(), int(port) if port else None), (path or "/") + (query or "")
 
 
 # How far past an attempt's end a socket read may be allowed to wait (see _passes_end): this
@@ -189,55 +225,75 @@ class ConnectionLedger:
         return cut
 
 
-def fit_session(
-    session: requests.Session, pool_size: int, ledger: ConnectionLedger | None = None
-) -> requests.Session:
-    """Size the session's HTTP adapters' pools to ``pool_size`` and turn urllib3's retries off.
+_LENT: weakref.WeakSet[requests.Session] = weakref.WeakSet()
+_LENT_LOCK = threading.Lock()
 
-    The engine owns retries; a pool smaller than the number of workers would open and discard
-    connections ("Connection pool is full"). With a ``ledger``, pools that urllib3's own
-    classes would make record their connections in it.
+
+def fit_session(
+    session: requests.Session, pool_size: int, ledger: ConnectionLedger
+) -> Callable[[], None]:
+    """Fit a session for one run; returns what puts it back as it was.
+
+    Each of the session's HTTP adapters gets, for the run, a pool manager of its own (made by
+    the adapter's ``init_poolmanager``, so a subclass's TLS settings stay) with pools of at
+    least ``pool_size`` connections (smaller would open and discard connections), whose
+    connections enter the run's ``ledger`` (which cuts them on a stop and checks their peer),
+    and urllib3's retries off (the engine owns retries). The returned callable closes the
+    run's connections and restores each adapter's own manager, proxy managers and retries.
+    A session serves one run at a time: lending it to a second one raises ValueError.
     """
+    with _LENT_LOCK:
+        if session in _LENT:
+            raise ValueError(
+                "this requests.Session is in use by another batchsync run; "
+                "give each run its own session, or a factory of sessions"
+            )
+        _LENT.add(session)
+    kept = []
     for adapter in session.adapters.values():
         if not isinstance(adapter, HTTPAdapter):
             continue
+        kept.append(
+            (adapter, adapter.max_retries, adapter._pool_connections, adapter._pool_maxsize,
+             adapter.poolmanager, adapter.proxy_manager)
+        )  # fmt: skip
+        own = adapter.poolmanager
         adapter.max_retries = Retry(0, read=False)
-        if adapter._pool_maxsize < pool_size:
-            adapter._pool_maxsize = pool_size
-            adapter._pool_connections = max(adapter._pool_connections, pool_size)
-            adapter.init_poolmanager(
-                adapter._pool_connections,
-                pool_size,
-                block=adapter._pool_block,
-            )
+        adapter.proxy_manager = {}
+        connections = max(adapter._pool_connections, pool_size)
+        maxsize = max(adapter._pool_maxsize, pool_size)
+        adapter.init_poolmanager(connections, maxsize, block=adapter._pool_block)
         manager = adapter.poolmanager
-        if ledger is not None and manager.pool_classes_by_scheme == DEFAULT_POOL_CLASSES:
+        for name, value in own.connection_pool_kw.items():
+            manager.connection_pool_kw.setdefault(name, value)
+        if own.pool_classes_by_scheme == DEFAULT_POOL_CLASSES:
             manager.pool_classes_by_scheme = ledger.pool_classes
-    return session
+        else:
+            manager.pool_classes_by_scheme = own.pool_classes_by_scheme
 
+    def restore() -> None:
+        for adapter, retries, connections, maxsize, manager, proxies in kept:
+            adapter.poolmanager.clear()
+            for proxy in adapter.proxy_manager.values():
+                proxy.clear()
+            adapter.max_retries = retries
+            adapter._pool_connections = connections
+            adapter._pool_maxsize = maxsize
+            adapter.poolmanager = manager
+            adapter.proxy_manager = proxies
+        with _LENT_LOCK:
+            _LENT.discard(session)
 
-def origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
-
-
-def host_of(url: str) -> str:
-    """The host (and port, when given) a URL's per-host limits are counted under."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return f"{host}:{port}" if port else host
+    return restore
 
 
 class Transport:
     """Sends prepared requests and reads their bodies, each attempt within a wall-clock bound.
 
-    A ``requests.Session`` instance is shared by all workers; a factory is called once per
-    worker thread. Environment settings (proxies, CA bundle) are looked up once per origin
-    instead of on every request, and still honoured.
+    A ``requests.Session`` instance is shared by all workers (and left as it was when the run
+    closes); a factory is called once per worker thread. Environment settings (proxies, CA
+    bundle) are looked up once per origin instead of on every request, and still honoured;
+    an explicit ``verify`` / ``cert`` wins over them and over the session's own.
     """
 
     def __init__(
@@ -245,39 +301,50 @@ class Transport:
         session: SessionSource | None,
         pool_size: int,
         secrets: Secrets = Secrets(),  # noqa: B008 - immutable
+        *,
         guard: Guard | None = None,
         clock: Callable[[], float] = time.monotonic,
+        verify: Verify | None = None,
+        cert: Cert | None = None,
     ) -> None:
         self._factory: Callable[[], requests.Session] | None = None
         self._shared: requests.Session | None = None
         self.ledger = ConnectionLedger(guard)
         self._guard = guard
+        self._pool_size = pool_size
+        self._restores: list[Callable[[], None]] = []
+        self._made: list[requests.Session] = []
         if session is None:
-            self._shared = fit_session(requests.Session(), pool_size, self.ledger)
-            self._owns_session = True
+            self._shared = self._fitted(requests.Session())
+            self._made.append(self._shared)
         elif isinstance(session, requests.Session):
-            self._shared = fit_session(session, pool_size, self.ledger)
-            self._owns_session = False
+            self._shared = self._fitted(session)
         else:
             self._factory = session
-            self._owns_session = True
         self._fast = session is None
         self._jar_used = False
         self._lanes: dict[Origin, HTTPConnectionPool | None] = {}
-        self._pool_size = pool_size
         self._local = threading.local()
-        self._made: list[requests.Session] = []
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
+        self._verify = verify
+        self._cert = cert
         self._secrets = secrets
         self._clock = clock
 
     @classmethod
     def for_options(cls, options: FetchOptions) -> Transport:
-        return cls(options.session, options.concurrency, options.secrets(), options.guard())
+        return cls(
+            options.session, options.concurrency, options.secrets(), guard=options.guard(),
+            verify=options.verify, cert=options.cert,
+        )  # fmt: skip
 
     @property
     def guard(self) -> Guard | None:
         return self._guard
+
+    def _fitted(self, session: requests.Session) -> requests.Session:
+        self._restores.append(fit_session(session, self._pool_size, self.ledger))
+        return session
 
     def session(self) -> requests.Session:
         """The session this worker thread uses."""
@@ -289,7 +356,7 @@ class Transport:
             made = self._factory()
             if not isinstance(made, requests.Session):
                 raise TypeError(f"session factory returned {type(made).__name__}, not a Session")
-            session = fit_session(made, self._pool_size, self.ledger)
+            session = self._fitted(made)
             self._local.session = session
             self._made.append(session)
         return session
@@ -299,20 +366,25 @@ class Transport:
         self.ledger.abort()
 
     def close(self) -> None:
-        """Close the sessions batchsync made; a caller's own session stays open."""
-        if self._owns_session and self._shared is not None:
-            self._shared.close()
+        """Close the run's connections, put every session back as it was, and close the
+        sessions batchsync made; a caller's own session stays open."""
+        for restore in self._restores:
+            restore()
+        self._restores.clear()
         for session in self._made:
             session.close()
         self._made.clear()
 
     def _environment(self, session: requests.Session, url: str) -> dict[str, Any]:
-        key = (id(session), origin_of(url))
+        """proxies, verify and cert for a URL, as ``Session.request`` would merge them, but
+        with an explicit ``verify`` / ``cert`` of the run winning over the environment."""
+        parts = urlsplit(url)
+        key = (id(session), f"{parts.scheme}://{parts.netloc}".lower())
         settings = self._settings.get(key)
         if settings is None:
             if len(self._settings) >= _MAX_CACHED_ORIGINS:
                 self._settings.clear()
-            merged = session.merge_environment_settings(url, {}, None, None, None)
+            merged = session.merge_environment_settings(url, {}, None, self._verify, self._cert)
             settings = {name: merged[name] for name in ("proxies", "verify", "cert")}
             self._settings[key] = settings
         return settings
@@ -336,29 +408,28 @@ class Transport:
         return {name: value for name, value in merged.items() if value is not None}
 
     def wire(self, method: str, url: str, headers: Mapping[str, str]) -> Wire | None:
-        """The fast form of a bodiless GET/HEAD to a plain URL, or None when it must go the
-        full requests way: a caller's session, a proxy or netrc entry for the host, cookies
-        in the jar, a URL that requests would rewrite, or ``HTTPAdapter.send`` patched (by a
-        mocking library that wants to see every request). ``headers`` are sent as given
-        (see ``headers_with``)."""
-        if (
-            not self.fast
-            or method not in _FAST_METHODS
-            or not url.isascii()
-            or _NOT_PLAIN.search(url)
-        ):
+        """The fast form of a bodiless GET/HEAD, or None when it must go the full requests
+        way: a caller's session, a URL that requests would rewrite or add auth for (see
+        ``lane_split``), a proxy or netrc entry for the host, cookies in the jar, or
+        ``HTTPAdapter.send`` patched (by a mocking library that wants to see every request).
+        ``headers`` are sent as given (see ``headers_with``)."""
+        if not self.fast or method not in _FAST_METHODS:
             return None
-        split = _split_plain(url)
+        split = lane_split(url)
         if split is None:
             return None
         origin, target = split
-        if self._lane(origin, url) is None:
+        pool = self._lane(origin, url)
+        if pool is None:
             return None
-        host = f"{origin[1]}:{origin[2]}" if origin[2] else origin[1]
-        return Wire(method, url, origin, host, target, headers)
+        return Wire(method, url, origin, host_key(*origin), target, headers, pool)
 
     def _lane(self, origin: Origin, url: str) -> HTTPConnectionPool | None:
-        """The urllib3 pool that serves an origin directly, or None when it must not."""
+        """The urllib3 pool that serves an origin directly, or None when it must not.
+
+        The pool and its TLS settings are the ones ``HTTPAdapter.send`` would use: the same
+        look-up and the same ``cert_verify`` (certifi unless told otherwise).
+        """
         if origin in self._lanes:
             return self._lanes[origin]
         session = self.session()
@@ -371,9 +442,11 @@ class Transport:
             and not (session.trust_env and get_netrc_auth(url))
         ):
             probe = requests.Request("GET", url).prepare()
+            assert probe.url is not None
             pool = adapter.get_connection_with_tls_context(
                 probe, settings["verify"], None, settings["cert"]
             )
+            adapter.cert_verify(pool, probe.url, settings["verify"], settings["cert"])
         if len(self._lanes) >= _MAX_CACHED_ORIGINS:
             self._lanes.clear()
         self._lanes[origin] = pool
@@ -406,27 +479,26 @@ class Transport:
         )
 
     def _send_wire(self, wire: Wire, wall_end: float) -> Reply:
-        pool = self._lanes[wire.origin]
-        assert pool is not None
         left = self._left(wall_end)
         try:
-            raw = pool.urlopen(
+            raw = wire.pool.urlopen(
                 wire.method, wire.target, headers=wire.headers, retries=False, redirect=False,
                 assert_same_host=False, preload_content=False, decode_content=False,
                 timeout=left,
             )  # fmt: skip
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
-            del self._lanes[wire.origin]
-            self._lane(wire.origin, wire.url)
+            self._lanes.pop(wire.origin, None)
+            pool = self._lane(wire.origin, wire.url)
+            if pool is None:
+                return self.send(self._prepared(wire), wall_end)
+            wire.pool = pool
             return self._send_wire(wire, wall_end)
         if "set-cookie" in raw.headers or (
             raw.status in REDIRECT_STATI and "location" in raw.headers
         ):
             # Cookies and redirects are the session's business: hand over to requests.
             session = self.session()
-            prepared = session.prepare_request(
-                requests.Request(wire.method, wire.url, headers=dict(wire.headers))
-            )
+            prepared = self._prepared(wire)
             adapter = session.get_adapter(wire.url)
             assert isinstance(adapter, HTTPAdapter)
             response = adapter.build_response(prepared, raw)
@@ -438,7 +510,12 @@ class Transport:
                 session.resolve_redirects(response, prepared, yield_requests=True), None
             )
             return self._settle(session, wire.url, response, wall_end)
-        return Reply(raw.status, raw.headers, raw)
+        return Reply(raw.status, raw.headers, raw, wire.url)
+
+    def _prepared(self, wire: Wire) -> requests.PreparedRequest:
+        """The request the fast-lane ``wire`` stands for, prepared by the session."""
+        request = requests.Request(wire.method, wire.url, headers=dict(wire.headers))
+        return self.session().prepare_request(request)
 
     def _settle(
         self,
@@ -463,7 +540,10 @@ class Transport:
                     if self._secrets.is_secret(name):
                         del follow.headers[name]
             response = self._send_once(session, follow, wall_end)
-        return Reply(response.status_code, response.headers, response.raw, response.close)
+        return Reply(
+            response.status_code, response.headers, response.raw, response.url or first_url,
+            hops, response.close,
+        )  # fmt: skip
 
     def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
         """The decompressed body, read in chunks; refused past ``max_bytes`` or ``wall_end``.

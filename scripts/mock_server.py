@@ -23,6 +23,7 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /trickle?interval=S&bytes=N      200 headers at once, then one body byte every S seconds
     /huge?mb=N&gzip=1&chunked=1      200 with an N MiB body: gzip-compressed (gzip=1), or
                                      without a Content-Length (chunked=1)
+    /many-headers?n=N                200 with N extra headers (X-Header-0 ... ; default 150)
     /text, /bytes                    200 text/plain UTF-8, 200 application/octet-stream
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
@@ -240,6 +241,9 @@ class Handler(BaseHTTPRequestHandler):
             self._huge(
                 int(query.get("mb", "256")), query.get("gzip") == "1", query.get("chunked") == "1"
             )
+        elif head == "/many-headers":
+            extra = {f"X-Header-{n}": str(n) for n in range(int(query.get("n", "150")))}
+            self._json(200, {"headers": len(extra)}, extra)
         elif head == "/text":
             self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
         elif head == "/bytes":

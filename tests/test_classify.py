@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ssl
+
 import pytest
 import requests
 import urllib3.exceptions
@@ -53,7 +55,8 @@ def test_retry_after_is_carried_on_retryable_statuses() -> None:
         (urllib3.exceptions.ProtocolError("reset"), "retry", "connection"),
         (urllib3.exceptions.NewConnectionError(None, "refused"), "retry", "connection"),  # type: ignore[arg-type]
         (requests.exceptions.ChunkedEncodingError("cut"), "retry", "connection"),
-        (requests.exceptions.SSLError("bad cert"), "terminal", "connection"),
+        (requests.exceptions.SSLError("bad cert"), "terminal", "tls"),
+        (urllib3.exceptions.SSLError("handshake"), "terminal", "tls"),
         (requests.TooManyRedirects("loop"), "terminal", "redirect"),
         (requests.exceptions.InvalidURL("bad"), "terminal", "invalid_request"),
         (requests.exceptions.ContentDecodingError("gzip"), "terminal", "invalid_body"),
@@ -115,3 +118,18 @@ def test_a_custom_retry_if_decides() -> None:
     assert verdict.outcome == "retry"
     verdict = classify_raised(TimeoutError("never again"), lambda exc: False)
     assert (verdict.outcome, verdict.error_kind) == ("terminal", "timeout")
+
+
+def test_a_tls_failure_is_one_line_without_openssls_source_position() -> None:
+    reason = ssl.SSLCertVerificationError(
+        1,
+        "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed "
+        "certificate (_ssl.c:1006)",
+    )
+    verdict = classify_http_exception(urllib3.exceptions.SSLError(reason))
+    assert (verdict.outcome, verdict.error_kind, verdict.error) == (
+        "terminal",
+        "tls",
+        "SSLError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
+        "self-signed certificate",
+    )

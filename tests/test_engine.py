@@ -12,9 +12,9 @@ import pytest
 
 from batchsync.backoff import Backoff
 from batchsync.classify import Verdict, retry, success, terminal
-from batchsync.engine import Engine, Route, Task
+from batchsync.engine import Engine, Route, Task, _describe_attempts
 from batchsync.options import EngineOptions
-from batchsync.result import Result
+from batchsync.result import AttemptRecord, Result
 from batchsync.spec import InvalidItem
 
 FAST = Backoff(base=0.01, factor=2.0, max=0.05, jitter=0.0)
@@ -270,3 +270,23 @@ def test_stop_cancels_items_waiting_to_retry() -> None:
     engine.run(job, enumerate(["a"]), lambda result, item: results.append(result))
     assert time.monotonic() - started < 5
     assert (results[0].error_kind, results[0].attempts) == ("cancelled", 1)
+
+
+@pytest.mark.parametrize(
+    ("record", "shown"),
+    [
+        (AttemptRecord(1, 503, "status", 0.1, wait=0.5), "#1 503 wait 0.50 s"),
+        (AttemptRecord(1, 200, None, 0.1), "#1 200"),
+        (AttemptRecord(1, None, "connection", 0.1), "#1 connection"),
+        # headers said 200, then the body timed out: that attempt was a timeout
+        (AttemptRecord(1, 200, "timeout", 2.0, wait=0.5), "#1 timeout (HTTP 200) wait 0.50 s"),
+        (
+            AttemptRecord(2, 200, "invalid_body", 0.1, fallback=0),
+            "#2 invalid_body (HTTP 200) (fallback 0)",
+        ),
+    ],
+)
+def test_the_attempt_log_line_says_what_ended_each_attempt(
+    record: AttemptRecord, shown: str
+) -> None:
+    assert _describe_attempts((record,)) == shown

@@ -16,7 +16,6 @@ from requests.adapters import HTTPAdapter
 from responses import matchers
 
 from batchsync import Backoff, fetch_all
-from batchsync.transport import fit_session
 
 FAST = Backoff(base=0.01, jitter=0.0)
 API = "http://api.test"
@@ -242,11 +241,3 @@ def test_a_session_factory_is_called_once_per_worker_thread(
     rs = fetch_all([f"{API}/a"] * 40, concurrency=3, session=factory)
     assert all(r.ok for r in rs)
     assert 1 <= made == len(threads) <= 3
-
-
-def test_pools_are_sized_to_the_concurrency_and_retries_are_off() -> None:
-    session = fit_session(requests.Session(), 48)
-    for adapter in session.adapters.values():
-        assert isinstance(adapter, HTTPAdapter)
-        assert adapter.poolmanager.connection_pool_kw["maxsize"] == 48
-        assert adapter.max_retries.total == 0

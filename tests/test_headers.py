@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchsync import fetch_all
-from batchsync.headers import QuickHeadersResponse, QuickMessage, parse_headers
+from batchsync.headers import (
+    QuickHeadersResponse,
+    QuickMessage,
+    _quick_begin_of,
+    parse_headers,
+    quick_path_in_effect,
+)
 from tests.mockserver import MockServerProcess
 
 
@@ -136,7 +142,66 @@ def test_the_quick_begin_is_in_effect_on_this_python() -> None:
     """It relies on the stdlib's begin reading headers through parse_headers; on a Python
     where that changes, the stdlib's begin is kept and this test says so."""
     assert "parse_headers" in http.client.HTTPResponse.begin.__code__.co_names
-    assert QuickHeadersResponse.begin is not http.client.HTTPResponse.begin
+    assert quick_path_in_effect()
+
+
+def begun(raw: bytes) -> http.client.HTTPResponse:
+    response = QuickHeadersResponse(_Socket(raw))  # type: ignore[arg-type]
+    response.begin()
+    return response
+
+
+MANY_HEADERS = b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 150 + b"Content-Length: 0\r\n\r\n"
+
+
+def test_the_header_limits_apply_as_set_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(http.client.HTTPException, match="got more than 100 headers"):
+        begun(MANY_HEADERS)
+    monkeypatch.setattr(http.client, "_MAXHEADERS", 1000)  # the usual workaround
+    assert len(begun(MANY_HEADERS).msg.get_all("X-A") or ()) == 150
+    monkeypatch.setattr(http.client, "_MAXLINE", 20)
+    with pytest.raises(http.client.LineTooLong):
+        begun(b"HTTP/1.1 200 OK\r\nX-Long: " + b"x" * 30 + b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("patched", ["parse_headers", "_read_headers"])
+def test_a_patched_stdlib_parser_is_honoured(monkeypatch: pytest.MonkeyPatch, patched: str) -> None:
+    """Something that replaced the stdlib's header functions sees every response."""
+    seen = []
+    original = getattr(http.client, patched)
+
+    def spy(*args: Any) -> Any:
+        seen.append(patched)
+        return original(*args)
+
+    monkeypatch.setattr(http.client, patched, spy)
+    assert not quick_path_in_effect()
+    assert begun(RESPONSES[0][0]).read() == b"hello"
+    assert seen
+
+
+def test_an_unexpected_begin_keeps_the_stdlib_parser() -> None:
+    """The quick begin is built only from a begin of the exact shape it was written for."""
+
+    def begin_with_a_default(self: Any, strict: bool = False) -> None:
+        parse_headers(self.fp)
+
+    for shape in (begin_with_a_default, lambda self, *extra: parse_headers(self.fp)):
+        assert _quick_begin_of(shape) is None
+    assert _quick_begin_of(http.client.HTTPResponse.begin) is not None
+
+
+@pytest.mark.integration
+def test_the_header_limit_workaround_works_end_to_end(
+    server: MockServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{server.url}/many-headers?n=150"
+    refused = fetch_all([url, {"url": url, "params": {"lane": "requests"}}], attempts=1)
+    assert [r.error_kind for r in refused] == ["connection", "connection"]
+    assert all("got more than 100 headers" in (r.error or "") for r in refused)
+    monkeypatch.setattr(http.client, "_MAXHEADERS", 1000)
+    accepted = fetch_all([url, {"url": url, "params": {"lane": "requests"}}], attempts=1)
+    assert [r.data for r in accepted] == [{"headers": 150}, {"headers": 150}]
 
 
 def test_real_responses_skip_the_email_parser(

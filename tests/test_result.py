@@ -77,6 +77,8 @@ def test_to_dict_is_json_ready_and_has_every_field() -> None:
     assert set(rows[0]) == {
         "index",
         "url",
+        "final_url",
+        "redirects",
         "id",
         "ok",
         "status_code",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+from urllib.parse import urlsplit
 
-from batchsync.transport import _passes_end
+import pytest
+import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchsync.transport import _passes_end, host_key, host_of, lane_split
 
 
 @pytest.mark.parametrize(
@@ -23,3 +28,82 @@ def test_a_read_timeout_is_re_armed_only_when_it_could_pass_the_attempt_end(
     timeout: float | None, left: float, passes: bool
 ) -> None:
     assert _passes_end(timeout, left) is passes
+
+
+# Characters a URL's path and query are drawn from: mostly those sent as they are, and now and
+# then one of every other class that requests treats in its own way.
+URL_CHARACTERS = list("aZ09-._~!$&'()*+,;=:@/?#" * 8 + '%[] "<>\\^`{|}\x00\x7fé')
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    scheme=st.sampled_from(["http", "https", "HTTP", "ftp"]),
+    userinfo=st.sampled_from(["", "u:p@", "u@", ":@"]),
+    host=st.sampled_from(["h.test", "H.Test", "127.0.0.1", "[::1]", ".h", "h..t", "-h", "é.test"]),
+    port=st.sampled_from(["", ":8080", ":80", ":", ":0", ":99999", ":08"]),
+    rest=st.tuples(st.sampled_from(["", "/", "?", "#"]), st.text(URL_CHARACTERS, max_size=24)),
+)
+def test_the_fast_lane_takes_only_urls_that_requests_sends_unchanged(
+    scheme: str, userinfo: str, host: str, port: str, rest: tuple[str, str]
+) -> None:
+    url = f"{scheme}://{userinfo}{host}{port}{''.join(rest)}"
+    split = lane_split(url)
+    if split is None:
+        return
+    (lane_scheme, lane_host, lane_port), target = split
+    prepared = requests.Request("GET", url).prepare()  # must not raise: requests takes it
+    assert prepared.url is not None
+    assert (prepared.path_url, "Authorization" in prepared.headers) == (target, False)
+    parts = urlsplit(prepared.url)
+    assert (parts.scheme, parts.hostname, parts.port) == (lane_scheme, lane_host, lane_port)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/ok",
+        "https://api.example.com/v2/customers/42/orders?since=2024-01-01&page=3",
+        "http://h.test/a/b.json?x=1&y=a,b;c=d:e@f/g?h",
+        "http://h.test",
+        "http://h.test/p#section",
+        "http://h.test/p/.hidden/..x",
+    ],
+)
+def test_common_urls_take_the_fast_lane(url: str) -> None:
+    assert lane_split(url) is not None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:pw@h.test/",  # requests sends Basic auth
+        "http://h.test/anything/a/../b/./c",  # requests removes dot segments
+        "http://h.test/p?a=%41",  # requests unquotes unreserved escapes
+        "http://h.test/p?",  # requests drops an empty query
+        "http://[::1]:8080/",
+        "http://h.test/ünï",
+        "http://h.test/a b",
+    ],
+)
+def test_urls_that_requests_rewrites_step_aside(url: str) -> None:
+    assert lane_split(url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        ("http://H.test/x", "h.test"),
+        ("http://h.test:80/x", "h.test"),
+        ("https://h.test:443/x", "h.test"),
+        ("http://h.test:8080/x", "h.test:8080"),
+        ("https://h.test:80/x", "h.test:80"),
+        ("http://[::1]:8080/x", "[::1]:8080"),
+        ("http://[::1]/x", "[::1]"),
+        ("http://u:p@h.test:8080/x", "h.test:8080"),
+    ],
+)
+def test_one_host_key_whichever_lane(url: str, key: str) -> None:
+    assert host_of(url) == key
+    split = lane_split(url)
+    if split is not None:
+        assert host_key(*split[0]) == key

@@ -1,0 +1,506 @@
+"""Differential tests: batchsync puts on the wire exactly what plain ``requests`` would.
+
+Every case sends the same item twice to a recording raw-socket server (``tests.rawserver``):
+once through a fresh ``requests.Session().request(...)`` (the reference) and once through
+``fetch_all``, and compares the raw bytes of every request the server received (request line,
+headers in order and case, body). TLS cases compare outcomes (ok / failed) first, and bytes
+when both succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import certifi
+import pytest
+import requests
+import trustme
+
+from batchsync import ResultSet, fetch_all
+from batchsync import transport as transport_module
+from batchsync.transport import Transport
+from tests.rawserver import RawServer
+
+pytestmark = pytest.mark.integration
+
+# Everything in the environment that changes what requests sends or whom it trusts. Each test
+# starts without them; a case that needs one sets it.
+_ENVIRONMENT = (
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NETRC",
+    *(
+        name
+        for proxy in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+        for name in (proxy, proxy.upper())
+    ),
+)
+
+TItem = str | Mapping[str, Any]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for name in _ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    # No ~/.netrc of the machine's either.
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One ``Session.request`` of the reference run."""
+
+    method: str
+    url: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def reference(calls: list[Call], **kwargs: Any) -> list[requests.Response]:
+    """The reference run: one fresh Session doing ``calls`` in order, redirects followed."""
+    with requests.Session() as session:
+        return [
+            session.request(call.method, call.url, timeout=10, **call.kwargs, **kwargs)
+            for call in calls
+        ]
+
+
+def batch(items: list[TItem], **options: Any) -> ResultSet:
+    """The batchsync run: one fresh ``fetch_all``, one worker, one attempt, bytes kept."""
+    settings: dict[str, Any] = {"concurrency": 1, "attempts": 1, "expect": "bytes"} | options
+    return fetch_all(items, **settings)
+
+
+@dataclass
+class Exchange:
+    responses: list[requests.Response]
+    results: ResultSet
+    expected: list[bytes]  # what the server saw from requests
+    seen: list[bytes]  # what the server saw from batchsync
+
+
+def exchange(
+    recorder: RawServer, items: list[TItem], calls: list[Call], **options: Any
+) -> Exchange:
+    """Both runs against ``recorder``, each with a clean recording."""
+    recorder.clear()
+    responses = reference(calls)
+    expected = recorder.requests()
+    recorder.clear()
+    results = batch(items, **options)
+    seen = recorder.requests()
+    recorder.clear()
+    return Exchange(responses, results, expected, seen)
+
+
+def difference(seen: list[bytes], expected: list[bytes]) -> str:
+    """The first request that differs, line by line (- requests, + batchsync)."""
+    if len(seen) != len(expected):
+        return f"batchsync sent {len(seen)} requests, requests {len(expected)}"
+    for index, (mine, theirs) in enumerate(zip(seen, expected, strict=True)):
+        if mine != theirs:
+            diff = difflib.ndiff(
+                [repr(line) for line in theirs.split(b"\r\n")],
+                [repr(line) for line in mine.split(b"\r\n")],
+            )
+            changed = [line for line in diff if line[:1] in "-+?"]
+            return f"request {index} differs (- requests, + batchsync):\n" + "\n".join(changed)
+    return "same"
+
+
+def assert_same_bytes(done: Exchange) -> None:
+    assert done.expected, "the reference run sent nothing: a harness bug"
+    assert all(response.ok for response in done.responses)
+    assert done.seen == done.expected, difference(done.seen, done.expected)
+    assert [r.error for r in done.results if not r.ok] == []
+
+
+@dataclass(frozen=True)
+class Case:
+    """Items for fetch_all and the equivalent reference calls. In URLs, ``{base}`` stands for
+    the server's URL and ``{port}`` for its port."""
+
+    id: str
+    items: list[TItem]
+    calls: list[Call]
+    host: str = "127.0.0.1"
+    # A check on the harness: what the reference's last request must hold.
+    reference_has: bytes = b""
+
+
+def url_case(case_id: str, url: str, host: str = "127.0.0.1", reference_has: bytes = b"") -> Case:
+    return Case(case_id, [url], [Call("GET", url)], host, reference_has)
+
+
+CASES = [
+    url_case("plain", "{base}/plain"),
+    Case("head", [{"url": "{base}/head", "method": "HEAD"}], [Call("HEAD", "{base}/head")]),
+    url_case(
+        "credentials",
+        "http://user:pw@127.0.0.1:{port}/basic",
+        reference_has=b"\r\nAuthorization: Basic dXNlcjpwdw==\r\n",
+    ),
+    url_case("dot-segments", "{base}/anything/a/../b/./c", reference_has=b"GET /anything/b/c "),
+    url_case("percent-escapes", "{base}/p%41th?a=%41&b=%7e", reference_has=b"GET /pAth?a=A&b=~ "),
+    url_case("ipv6", "{base}/v6", host="::1"),
+    url_case("unicode", "{base}/ünïcode/ä?q=ö"),
+    url_case("query", "{base}/q?x=1&y=two&empty="),
+    url_case("empty-query", "{base}/ends?"),
+    url_case("uppercase-scheme", "HTTP://127.0.0.1:{port}/Up"),
+    Case(
+        "params",
+        [{"url": "{base}/p", "params": {"a": "1", "b": "x y"}}],
+        [Call("GET", "{base}/p", {"params": {"a": "1", "b": "x y"}})],
+    ),
+    Case(
+        "headers",
+        [{"url": "{base}/h", "headers": {"X-Custom": "1", "Accept": "text/plain"}}],
+        [Call("GET", "{base}/h", {"headers": {"X-Custom": "1", "Accept": "text/plain"}})],
+    ),
+    url_case("redirect", "{base}/redirect?to=/target", reference_has=b"GET /target "),
+    Case(
+        "cookies",
+        ["{base}/set-cookie?name=flavour&value=oat", "{base}/later"],
+        [Call("GET", "{base}/set-cookie?name=flavour&value=oat"), Call("GET", "{base}/later")],
+        reference_has=b"\r\nCookie: flavour=oat\r\n",
+    ),
+    Case(
+        "post-json",
+        [{"url": "{base}/post", "method": "POST", "json": {"a": 1}}],
+        [Call("POST", "{base}/post", {"json": {"a": 1}})],
+    ),
+]
+
+
+def fill(text: str, recorder: RawServer) -> str:
+    return text.replace("{base}", recorder.url).replace("{port}", str(recorder.port))
+
+
+def filled(case: Case, recorder: RawServer) -> tuple[list[TItem], list[Call]]:
+    items: list[TItem] = [
+        fill(item, recorder)
+        if isinstance(item, str)
+        else {**item, "url": fill(item["url"], recorder)}
+        for item in case.items
+    ]
+    calls = [Call(call.method, fill(call.url, recorder), call.kwargs) for call in case.calls]
+    return items, calls
+
+
+def raw_server(host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None) -> RawServer:
+    try:
+        return RawServer(host, ssl_context)
+    except OSError as exc:  # no IPv6 loopback on this machine
+        pytest.skip(f"cannot listen on {host}: {exc}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_same_bytes_as_requests(case: Case) -> None:
+    with raw_server(case.host) as recorder:
+        items, calls = filled(case, recorder)
+        done = exchange(recorder, items, calls)
+        assert case.reference_has in done.expected[-1]
+        assert_same_bytes(done)
+
+
+def test_netrc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login nu password np\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    with raw_server() as recorder:
+        url = f"{recorder.url}/netrc"
+        done = exchange(recorder, [url], [Call("GET", url)])
+        assert b"\r\nAuthorization: Basic " in done.expected[0]  # requests read the file
+        assert_same_bytes(done)
+
+
+def test_proxy_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    with raw_server() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        url = "http://127.0.0.1:1/via-proxy"  # nothing listens there: only the proxy answers
+        done = exchange(proxy, [url], [Call("GET", url)])
+        assert done.expected[0].startswith(b"GET http://127.0.0.1:1/via-proxy HTTP/1.1\r\n")
+        assert_same_bytes(done)
+
+
+# -- where the response came from ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "redirects"), [("/plain", 0), ("/redirect?to=/target", 1)], ids=["plain", "redirect"]
+)
+def test_final_url_and_redirects(path: str, redirects: int) -> None:
+    with raw_server() as recorder:
+        url = recorder.url + path
+        done = exchange(recorder, [url], [Call("GET", url)])
+        response = done.responses[0]
+        assert len(response.history) == redirects
+        assert done.results[0].final_url == response.url
+        assert done.results[0].redirects == redirects
+
+
+def test_final_url_masks_the_password() -> None:
+    with raw_server() as recorder:
+        url = f"http://user:pw@127.0.0.1:{recorder.port}/basic"
+        done = exchange(recorder, [url], [Call("GET", url)])
+        assert ":pw@" in done.responses[0].url
+        assert done.results[0].final_url == done.responses[0].url.replace(":pw@", ":***@")
+        assert done.results[0].redirects == 0
+
+
+# -- the fast lane ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def session_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs that went through ``requests.Session.send`` (the fast lane bypasses it)."""
+    sent: list[str] = []
+    original = requests.Session.send
+
+    def counting(self: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        sent.append(str(request.url))
+        return original(self, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", counting)
+    return sent
+
+
+def test_plain_gets_take_the_fast_lane(session_sends: list[str]) -> None:
+    with raw_server() as recorder:
+        urls = [f"{recorder.url}/fast/{i}" for i in range(20)]
+        rs = fetch_all(urls, concurrency=4, attempts=1, expect="bytes")
+        assert [r.error for r in rs if not r.ok] == []
+        assert len(recorder.requests()) == 20
+        assert session_sends == []
+        # The counter works: an item with params goes through Session.send.
+        assert fetch_all([{"url": f"{recorder.url}/slow", "params": {"a": "1"}}])[0].ok
+        assert len(session_sends) == 1
+
+
+def test_credentials_step_aside_from_the_fast_lane(session_sends: list[str]) -> None:
+    with raw_server() as recorder:
+        rs = fetch_all([f"http://user:pw@127.0.0.1:{recorder.port}/basic"], attempts=1)
+        assert rs[0].ok
+        assert len(session_sends) > 0
+
+
+# -- TLS: whom batchsync trusts --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A test CA whose certificate is in ``pem`` and a server context with a certificate from
+    it for 127.0.0.1 (trusted by nobody unless told)."""
+
+    pem: Path
+    server_context: ssl.SSLContext
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "::1", "localhost").configure_cert(context)
+    pem = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    return Authority(pem, context)
+
+
+@pytest.fixture
+def tls_server(authority: Authority) -> Iterator[RawServer]:
+    with raw_server(ssl_context=authority.server_context) as recorder:
+        yield recorder
+
+
+LANES = ["plain-url", "params"]
+
+
+def tls_item(recorder: RawServer, lane: str) -> tuple[TItem, Call]:
+    """An item and its reference call; a plain URL and an item with params take different
+    ways through batchsync (the fast lane, and a request prepared by the session)."""
+    if lane == "plain-url":
+        url = f"{recorder.url}/tls"
+        return url, Call("GET", url)
+    params = {"lane": "params"}
+    return {"url": f"{recorder.url}/tls", "params": params}, Call(
+        "GET", f"{recorder.url}/tls", {"params": params}
+    )
+
+
+def reference_ok(call: Call, **kwargs: Any) -> bool:
+    """Whether plain requests succeeds; False only for an SSLError (anything else is a bug)."""
+    try:
+        reference([call], **kwargs)
+    except requests.exceptions.SSLError:
+        return False
+    return True
+
+
+def compare_tls(
+    recorder: RawServer, lane: str, expect_ok: bool, reference_kwargs: Mapping[str, Any],
+    **options: Any,
+) -> ResultSet:  # fmt: skip
+    """Same outcome as requests (which must be ``expect_ok``), and same bytes when ok."""
+    item, call = tls_item(recorder, lane)
+    recorder.clear()
+    assert reference_ok(call, **reference_kwargs) is expect_ok, "the reference run surprised"
+    expected = recorder.requests()
+    recorder.clear()
+    rs = batch([item], **options)
+    seen = recorder.requests()
+    assert rs[0].ok is expect_ok, f"{rs[0].error_kind}: {rs[0].error}"
+    if expect_ok:
+        assert seen == expected, difference(seen, expected)
+    return rs
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_ca_from_requests_ca_bundle(
+    lane: str, tls_server: RawServer, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.pem))
+    compare_tls(tls_server, lane, True, {})
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_explicit_verify_wins_over_the_environment(
+    lane: str, tls_server: RawServer, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())  # valid, but not our CA
+    _, call = tls_item(tls_server, lane)
+    assert not reference_ok(call), "the environment's bundle must not trust the test CA"
+    compare_tls(tls_server, lane, True, {"verify": str(authority.pem)}, verify=str(authority.pem))
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_ssl_cert_file_is_not_trusted(
+    lane: str, tls_server: RawServer, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests trusts certifi (or REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE), never OpenSSL's
+    # SSL_CERT_FILE.
+    monkeypatch.setenv("SSL_CERT_FILE", str(authority.pem))
+    rs = compare_tls(tls_server, lane, False, {})
+    assert rs[0].error_kind == "tls"
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_verify_false(lane: str, tls_server: RawServer) -> None:
+    compare_tls(tls_server, lane, True, {"verify": False}, verify=False)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_unknown_ca_fails_once_as_tls(lane: str, tls_server: RawServer) -> None:
+    rs = compare_tls(tls_server, lane, False, {}, attempts=3)
+    assert (rs[0].error_kind, rs[0].attempts) == ("tls", 1)
+
+
+# -- client certificates and the command line --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mutual(tmp_path_factory: pytest.TempPathFactory) -> tuple[Authority, Path, Path]:
+    """A server that asks for a client certificate from its CA, and one such certificate's
+    certificate and key files."""
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    ca.configure_trust(context)
+    context.verify_mode = ssl.CERT_REQUIRED
+    folder = tmp_path_factory.mktemp("mutual")
+    pem, cert, key = folder / "ca.pem", folder / "client.pem", folder / "client.key"
+    ca.cert_pem.write_to_path(str(pem))
+    client = ca.issue_cert("client@batchsync.test")
+    client.cert_chain_pems[0].write_to_path(str(cert))
+    client.private_key_pem.write_to_path(str(key))
+    return Authority(pem, context), cert, key
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_client_certificate(lane: str, mutual: tuple[Authority, Path, Path]) -> None:
+    authority, cert, key = mutual
+    with raw_server(ssl_context=authority.server_context) as recorder:
+        ca = str(authority.pem)
+        pair = (str(cert), str(key))
+        compare_tls(recorder, lane, True, {"verify": ca, "cert": pair}, verify=ca, cert=pair)
+        refused = batch([tls_item(recorder, lane)[0]], verify=ca)
+        assert not refused[0].ok
+        assert refused[0].error_kind in ("tls", "connection")  # the server hangs up
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batchsync", *args, "-q", "--attempts", "1"],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
+    )  # fmt: skip
+
+
+def test_cli_tls_options(
+    tls_server: RawServer, authority: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())  # the options must win over it
+    (tmp_path / "urls.txt").write_text(f"{tls_server.url}/a\n")
+    untrusted = cli("urls.txt", cwd=tmp_path)
+    assert untrusted.returncode == 1
+    result = json.loads((tmp_path / "batch-results.jsonl").read_text())
+    assert (result["error_kind"], result["attempts"]) == ("tls", 1)
+    assert cli("urls.txt", "--cacert", str(authority.pem), cwd=tmp_path).returncode == 0
+    insecure = cli("urls.txt", "--insecure", cwd=tmp_path)
+    assert insecure.returncode == 0
+    assert "InsecureRequestWarning" not in insecure.stderr
+    for wrong in (
+        ["--insecure", "--cacert", str(authority.pem)],
+        ["--key", str(authority.pem)],
+        ["--cacert", str(tmp_path / "missing.pem")],
+    ):
+        refused = cli("urls.txt", *wrong, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert "--cacert" in cli("--help", cwd=tmp_path).stdout
+
+
+def test_library_tls_options_are_checked_before_anything_is_sent(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no CA bundle"):
+        fetch_all(["https://127.0.0.1:1/"], verify=str(tmp_path / "missing.pem"))
+    with pytest.raises(ValueError, match="no certificate or key file"):
+        fetch_all(["https://127.0.0.1:1/"], cert=str(tmp_path / "missing.pem"))
+
+
+def test_the_fast_lane_survives_forgetting_origins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More origins than the look-up cache keeps, and than the pool manager keeps pools for:
+    a request prepared before its origin was forgotten (an item about to retry) still goes."""
+    monkeypatch.setattr(transport_module, "_MAX_CACHED_ORIGINS", 4)
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(raw_server()) for _ in range(12)]
+        transport = Transport(None, 1)
+        headers = transport.headers_with()
+        wires = [transport.wire("GET", f"{s.url}/many/{i}", headers) for i, s in enumerate(servers)]
+        try:
+            for wire in wires:
+                assert wire is not None
+                reply = transport.send(wire, time.monotonic() + 10)
+                assert (
+                    reply.status,
+                    bytes(transport.read_body(reply, time.monotonic() + 10, 99)),
+                ) == (
+                    200,
+                    b'{"ok": true}',
+                )
+        finally:
+            transport.close()
+        assert [len(s.requests()) for s in servers] == [1] * 12
