@@ -6,6 +6,7 @@ Pure functions of a status code, a header value or an exception; the engine acts
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,6 +77,10 @@ def retry(
     return Verdict("retry", kind, error, status_code, retry_after=retry_after)
 
 
+class BadRedirect(Exception):
+    """A redirect that cannot be followed (its Location is not a URL requests can read)."""
+
+
 class Retryable(Exception):
     """Raise from a ``run_all`` callable to have the item retried.
 
@@ -100,10 +105,10 @@ def classify_status(status_code: int, retry_after: str | None, now: float) -> Ve
     return terminal("status", error, status_code)
 
 
-def describe(exc: BaseException) -> str:
-    """One short line for an exception: its type and the innermost reason it carries."""
+def innermost(exc: BaseException) -> BaseException:
+    """The real cause an exception carries: requests wraps urllib3's MaxRetryError, which
+    wraps it in ``.reason`` (or as its first argument)."""
     reason: BaseException = exc
-    # requests wraps urllib3's MaxRetryError, which wraps the real cause in `.reason`.
     for _ in range(4):
         inner = getattr(reason, "reason", None)
         if isinstance(inner, BaseException):
@@ -112,6 +117,12 @@ def describe(exc: BaseException) -> str:
             reason = reason.args[0]
         else:
             break
+    return reason
+
+
+def describe(exc: BaseException) -> str:
+    """One short line for an exception: its type and the innermost reason it carries."""
+    reason = innermost(exc)
     text = _CONNECTION_PREFIX.sub("", (str(reason) or type(reason).__name__).rstrip("."))
     return f"{type(exc).__name__}: {text}"
 
@@ -127,8 +138,11 @@ def classify_http_exception(exc: Exception) -> Verdict:
     if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
         return retry("timeout", error)
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError):
+        if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            # The peer hung up during the handshake: said nothing about trust, may not recur.
+            return retry("connection", _SSL_SOURCE.sub("", error))
         return terminal("tls", _SSL_SOURCE.sub("", error))
-    if isinstance(exc, requests.TooManyRedirects):
+    if isinstance(exc, requests.TooManyRedirects | BadRedirect):
         return terminal("redirect", error)
     if isinstance(
         exc,

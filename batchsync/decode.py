@@ -44,3 +44,5 @@ def decode_body(body: bytes | bytearray, expect: object, content_type: str | Non
         return json.loads(body)
     except ValueError as exc:
         raise InvalidBody(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidBody("body is JSON nested too deeply to read") from None

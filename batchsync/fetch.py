@@ -31,7 +31,7 @@ from .options import FetchOptions
 from .redact import redact_text, redact_url
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
-from .transport import BodyTooLarge, Outgoing, Reply, Transport, Wire, host_of
+from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire, host_of
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
@@ -114,6 +114,7 @@ class HttpJob:
         if (
             not self._options.dedup
             or spec.method not in _DEDUP_METHODS
+            or spec.idempotency_key is not None  # each key is a request of its own
             or spec.json_body is not None
             or spec.data is not None
         ):
@@ -133,7 +134,7 @@ class HttpJob:
             and spec.data is None
             and not spec.params
         ):
-            item_headers = dict(spec.headers or {})
+            item_headers: dict[str, str | None] = dict(spec.headers or {})
             if spec.idempotency_key is not None:
                 item_headers["Idempotency-Key"] = spec.idempotency_key
             headers = (
@@ -163,22 +164,22 @@ class HttpJob:
         """The headers of a fast-lane request without headers of its own."""
         return self._transport.headers_with(self._options.headers)
 
-    def _prepare_request(self, spec: RequestSpec, url: str) -> requests.PreparedRequest:
+    def _prepare_request(self, spec: RequestSpec, url: str) -> Recipe:
         """The request prepared by the session: headers merged, auth and cookies applied."""
-        headers = dict(self._options.headers or {})
+        headers: dict[str, str | None] = dict(self._options.headers or {})
         headers.update(spec.headers or {})
         if spec.idempotency_key is not None:
             headers["Idempotency-Key"] = spec.idempotency_key
         request = requests.Request(
             spec.method,
             url,
-            headers=headers,
+            headers=headers,  # type: ignore[arg-type]  # None leaves a header out, as documented
             params=spec.params or {},
             json=spec.json_body,
             data=spec.data,
         )
         try:
-            return self._transport.session().prepare_request(request)
+            return self._transport.prepare(request)
         except (requests.RequestException, ValueError, TypeError) as exc:
             secrets = self._secrets.values(spec.headers)
             raise InvalidItem(
@@ -214,6 +215,14 @@ class HttpJob:
         self, request: Outgoing, wall_end: float, lost: threading.Event | None
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
+        try:
+            return self._exchange_watched(request, wall_end, lost)
+        finally:
+            self._transport.finish()
+
+    def _exchange_watched(
+        self, request: Outgoing, wall_end: float, lost: threading.Event | None
+    ) -> Verdict:
         try:
             reply = self._transport.send(request, wall_end)
         except Exception as exc:  # every failure is classified, none escapes

@@ -14,7 +14,7 @@ from .guard import Guard
 from .limits import Breaker, CooldownScope, Gates, SharedLimits, build_gates
 from .redact import Secrets
 from .result import AttemptRecord, Result
-from .spec import RequestSpec, one_line
+from .spec import RequestSpec, check_headers, one_line
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 
@@ -88,6 +88,13 @@ class FetchOptions(EngineOptions):
             cooldown=self.cooldown, breaker=self.breaker, adaptive=self.adaptive,
             shared=self.shared(),
         )  # fmt: skip
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value:
+            check_headers(value)
+        return value
 
     @field_validator("verify")
     @classmethod

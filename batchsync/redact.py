@@ -52,13 +52,19 @@ class Secrets:
     def is_secret(self, name: str) -> bool:
         return name.lower() in self.names
 
-    def values(self, item_headers: Mapping[str, str] | None = None) -> set[str]:
+    def is_declared(self, name: str) -> bool:
+        """A secret by the run's say-so (a batch header, a declared name), which requests
+        does not know to keep from other hosts."""
+        name = name.lower()
+        return name in self.names and name not in SECRET_HEADERS
+
+    def values(self, item_headers: Mapping[str, str | None] | None = None) -> set[str]:
         """Every secret value in play: the batch's, and the item's secret headers'."""
         found = set(self.batch_values)
         found.update(v for k, v in (item_headers or {}).items() if v and self.is_secret(k))
         return found
 
-    def public(self, headers: Mapping[str, str] | None) -> dict[str, str] | None:
+    def public(self, headers: Mapping[str, str | None] | None) -> dict[str, str | None] | None:
         """The headers without the secret ones, for writing out."""
         kept = {k: v for k, v in (headers or {}).items() if not self.is_secret(k)}
         return kept or None

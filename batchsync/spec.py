@@ -18,6 +18,36 @@ class InvalidItem(ValueError):
     """An item that cannot become a request; it ends as ``invalid_request`` with 0 attempts."""
 
 
+# requests' own rules for a header (``requests.utils.check_header_validity``): a name without
+# colons, whitespace first or line breaks; a value that starts with no whitespace and has no
+# line breaks. Plus what http.client cannot send (beyond latin-1) and what no server should get
+# (NUL). Messages name the header, never its value: values are often secrets.
+_HEADER_NAME = re.compile(r"[^:\s][^:\r\n]*")
+_HEADER_VALUE = re.compile(r"(?:\S[^\r\n\x00]*)?")
+
+
+def check_headers(headers: Mapping[str, str | None]) -> None:
+    """ValueError naming the first header that cannot be sent as given (a None value, as in
+    requests, leaves the header out)."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name) or not name.isascii():
+            raise ValueError(f"not a valid header name: {name!r}")
+        if value is None:
+            continue
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(
+                f"header {name}: its value has a line break, a NUL or leading whitespace"
+            )
+        if not value.isascii():
+            try:
+                value.encode("latin-1")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"header {name}: its value has characters that HTTP headers cannot carry "
+                    "(beyond latin-1)"
+                ) from None
+
+
 def check_url(url: str) -> str:
     """The URL itself when it is an absolute http(s) URL with a host; else ValueError."""
     try:
@@ -39,7 +69,7 @@ class RequestSpec(BaseModel):
 
     url: str
     method: str = "GET"
-    headers: dict[str, str] | None = None
+    headers: dict[str, str | None] | None = None
     params: dict[str, Any] | None = None
     json_body: Any = Field(default=None, alias="json")
     data: str | dict[str, Any] | None = None
@@ -51,6 +81,13 @@ class RequestSpec(BaseModel):
     @classmethod
     def _absolute_http_url(cls, value: str) -> str:
         return check_url(value)
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str | None] | None) -> dict[str, str | None] | None:
+        if value:
+            check_headers(value)
+        return value
 
     @field_validator("fallbacks")
     @classmethod

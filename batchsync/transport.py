@@ -22,16 +22,17 @@ from requests.adapters import HTTPAdapter
 from requests.cookies import extract_cookies_to_jar
 from requests.models import REDIRECT_STATI
 from requests.structures import CaseInsensitiveDict
-from requests.utils import get_netrc_auth, select_proxy
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_netrc_auth, select_proxy
+from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
+from .classify import BadRedirect, describe
 from .guard import Guard, PrivateAddress
 from .headers import QuickHeadersResponse
 from .redact import Secrets
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .options import FetchOptions
@@ -89,10 +90,26 @@ class Wire:
     pool: HTTPConnectionPool
 
 
-Outgoing = Wire | requests.PreparedRequest
-
-# requests' own adapter send; when something has patched it, the fast lane stands aside.
+# requests' own sends; when something has patched one (a mocking library, instrumentation
+# that adds trace headers), the fast lane stands aside so that it sees every request.
 _ADAPTER_SEND = HTTPAdapter.send
+_SESSION_SEND = requests.Session.send
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """A request for the full requests way: as the caller built it, and as the session
+    prepared it when the item was claimed (prepared again when cookies may have come since)."""
+
+    request: requests.Request
+    prepared: requests.PreparedRequest
+
+    @property
+    def method(self) -> str | None:
+        return self.prepared.method
+
+
+Outgoing = Wire | Recipe
 
 
 @dataclass(slots=True)
@@ -116,15 +133,16 @@ class Reply:
         self.raw.release_conn()
 
 
-# The URLs the fast lane takes: http(s), a host name or IPv4 address, an optional port, and a
-# path and query of only the characters that requests and urllib3 send as they are (RFC 3986
-# unreserved, sub-delims, ":@/" and "?" in the query). No userinfo (requests turns it into
-# Authorization), no percent-escape (requests re-quotes them), no IPv6 literal. Dot segments
-# and an empty query are ruled out below.
+# The URLs the fast lane takes: those requests sends as written and reports as written (its
+# ``Response.url``): http(s), a lower-case host name or IPv4 address, a port without leading
+# zeros, a path, and a query of only the characters that requests and urllib3 pass through
+# unchanged (RFC 3986 unreserved, sub-delims, ":@/" and "?" in the query). No userinfo
+# (requests turns it into Authorization), no percent-escape (requests re-quotes them), no
+# fragment, no IPv6 literal. Dot segments are ruled out below.
 _PLAIN = r"[A-Za-z0-9._~!$&'()*+,;=:@/-]"
 _LANE_URL = re.compile(
-    rf"(https?)://([A-Za-z0-9][A-Za-z0-9.-]*)(?::([0-9]{{1,5}}))?"
-    rf"(/{_PLAIN}*)?(\?(?:{_PLAIN}|\?)+)?(?:#(?:{_PLAIN}|\?)*)?"
+    rf"(https?)://([a-z0-9][a-z0-9.-]*)(?::([1-9][0-9]{{0,4}}))?"
+    rf"(/{_PLAIN}*)(\?(?:{_PLAIN}|\?)+)?"
 )
 _DOT_SEGMENT = re.compile(r"/\.\.?(?:/|$)")
 
@@ -136,9 +154,9 @@ def lane_split(url: str) -> tuple[Origin, str] | None:
     if match is None:
         return None
     scheme, host, port, path, query = match.groups()
-    if (path and _DOT_SEGMENT.search(path)) or (port and not 0 < int(port) <= 65535):
-        return None  # (requests sends a port of 0 as no port at all)
-    return (scheme, host.lower(), int(port) if port else None), (path or "/") + (query or "")
+    if _DOT_SEGMENT.search(path) or (port and int(port) > 65535):
+        return None
+    return (scheme, host, int(port) if port else None), path + (query or "")
 
 
 # How far past an attempt's end a socket read may be allowed to wait (see _passes_end): this
@@ -159,6 +177,10 @@ def _passes_end(timeout: float | None, left: float) -> bool:
     return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
 
 
+def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
+    return BadRedirect(f"cannot follow a redirect: {exc.reason} in its Location")
+
+
 class AttemptTimedOut(TimeoutError):
     """The attempt used up its wall-clock allowance (connect, headers and body together)."""
 
@@ -168,22 +190,29 @@ class BodyTooLarge(ValueError):
 
 
 class _Tracked:
-    """Mixed into urllib3's connection classes: a connection enters its ledger on connect,
-    and reads its responses' headers the quick way."""
+    """Mixed into urllib3's connection classes: a connection enters its ledger as its socket
+    connects, has its peer checked before any byte (a TLS ClientHello included) is sent, is
+    watched for its attempt's end, and reads its responses' headers the quick way."""
 
     ledger: ConnectionLedger
     response_class = QuickHeadersResponse
 
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
         guard = self.ledger.guard
         if guard is not None:
             try:
-                guard.check_peer(self.sock)  # type: ignore[attr-defined]
+                guard.check_peer(sock)
             except PrivateAddress:
-                self.close()  # type: ignore[attr-defined]
+                sock.close()
                 raise
         self.ledger.add(self)
+        self.ledger.watchdog.attach(sock)
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        self.ledger.watchdog.attach(self.sock)  # type: ignore[attr-defined]  # (a reused one)
+        super().request(*args, **kwargs)  # type: ignore[misc]
 
 
 class ConnectionLedger:
@@ -193,18 +222,30 @@ class ConnectionLedger:
     down ends them at once: that is how an interrupted batch leaves no thread behind.
     """
 
-    def __init__(self, guard: Guard | None = None) -> None:
+    def __init__(self, guard: Guard | None = None, watchdog: Watchdog | None = None) -> None:
         self.guard = guard
+        self.watchdog = watchdog or Watchdog()
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self.pool_classes = {
-            "http": self._pool(HTTPConnectionPool, HTTPConnection),
-            "https": self._pool(HTTPSConnectionPool, HTTPSConnection),
-        }
+        self._tracked: dict[type, type] = {}
+        self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
 
-    def _pool(self, pool: type[HTTPConnectionPool], connection: type) -> type:
-        tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), {"ledger": self})
-        return type(f"Tracked{pool.__name__}", (pool,), {"ConnectionCls": tracked})
+    def tracked(self, pool_classes: Mapping[str, type]) -> dict[str, type]:
+        """Pool classes like ``pool_classes`` (urllib3's or an adapter's own) whose
+        connections are this ledger's."""
+        return {scheme: self._track(pool) for scheme, pool in pool_classes.items()}
+
+    def _track(self, pool: type) -> type:
+        if getattr(pool, "ledger", None) is self:
+            return pool
+        if pool not in self._tracked:
+            connection = pool.ConnectionCls  # type: ignore[attr-defined]
+            tracked = type(
+                f"Tracked{connection.__name__}", (_Tracked, connection), {"ledger": self}
+            )
+            members = {"ledger": self, "ConnectionCls": tracked}
+            self._tracked[pool] = type(f"Tracked{pool.__name__}", (pool,), members)
+        return self._tracked[pool]
 
     def add(self, connection: object) -> None:
         with self._lock:
@@ -225,7 +266,7 @@ class ConnectionLedger:
         return cut
 
 
-_LENT: weakref.WeakSet[requests.Session] = weakref.WeakSet()
+_LENT: weakref.WeakSet[HTTPAdapter] = weakref.WeakSet()
 _LENT_LOCK = threading.Lock()
 
 
@@ -234,29 +275,27 @@ def fit_session(
 ) -> Callable[[], None]:
     """Fit a session for one run; returns what puts it back as it was.
 
-    Each of the session's HTTP adapters gets, for the run, a pool manager of its own (made by
-    the adapter's ``init_poolmanager``, so a subclass's TLS settings stay) with pools of at
-    least ``pool_size`` connections (smaller would open and discard connections), whose
-    connections enter the run's ``ledger`` (which cuts them on a stop and checks their peer),
-    and urllib3's retries off (the engine owns retries). The returned callable closes the
-    run's connections and restores each adapter's own manager, proxy managers and retries.
-    A session serves one run at a time: lending it to a second one raises ValueError.
+    Each of the session's HTTP adapters (once, however often it is mounted) gets, for the run,
+    a pool manager of its own (made by the adapter's ``init_poolmanager``, so a subclass's TLS
+    settings stay) with pools of at least ``pool_size`` connections (smaller would open and
+    discard connections), whose connections enter the run's ``ledger`` (which cuts them on a
+    stop, watches them for their attempt's end and checks their peer), and urllib3's retries
+    off (the engine owns retries). The returned callable closes the run's connections and puts
+    every attribute of each adapter back. An adapter serves one run at a time: lending it to
+    a second one at once raises ValueError.
     """
+    adapters = list(
+        {id(a): a for a in session.adapters.values() if isinstance(a, HTTPAdapter)}.values()
+    )
     with _LENT_LOCK:
-        if session in _LENT:
+        if any(adapter in _LENT for adapter in adapters):
             raise ValueError(
-                "this requests.Session is in use by another batchsync run; "
-                "give each run its own session, or a factory of sessions"
+                "this requests.Session (or one of its adapters) is in use by another batchsync "
+                "run; give each run its own session, or a factory of sessions"
             )
-        _LENT.add(session)
-    kept = []
-    for adapter in session.adapters.values():
-        if not isinstance(adapter, HTTPAdapter):
-            continue
-        kept.append(
-            (adapter, adapter.max_retries, adapter._pool_connections, adapter._pool_maxsize,
-             adapter.poolmanager, adapter.proxy_manager)
-        )  # fmt: skip
+        _LENT.update(adapters)
+    kept = [(adapter, dict(vars(adapter))) for adapter in adapters]
+    for adapter in adapters:
         own = adapter.poolmanager
         adapter.max_retries = Retry(0, read=False)
         adapter.proxy_manager = {}
@@ -266,23 +305,18 @@ def fit_session(
         manager = adapter.poolmanager
         for name, value in own.connection_pool_kw.items():
             manager.connection_pool_kw.setdefault(name, value)
-        if own.pool_classes_by_scheme == DEFAULT_POOL_CLASSES:
-            manager.pool_classes_by_scheme = ledger.pool_classes
-        else:
-            manager.pool_classes_by_scheme = own.pool_classes_by_scheme
+        manager.pool_classes_by_scheme = ledger.tracked(own.pool_classes_by_scheme)
 
     def restore() -> None:
-        for adapter, retries, connections, maxsize, manager, proxies in kept:
+        for adapter, state in reversed(kept):
             adapter.poolmanager.clear()
             for proxy in adapter.proxy_manager.values():
                 proxy.clear()
-            adapter.max_retries = retries
-            adapter._pool_connections = connections
-            adapter._pool_maxsize = maxsize
-            adapter.poolmanager = manager
-            adapter.proxy_manager = proxies
+            vars(adapter).clear()
+            vars(adapter).update(state)
         with _LENT_LOCK:
-            _LENT.discard(session)
+            for adapter in adapters:
+                _LENT.discard(adapter)
 
     return restore
 
@@ -309,10 +343,12 @@ class Transport:
     ) -> None:
         self._factory: Callable[[], requests.Session] | None = None
         self._shared: requests.Session | None = None
-        self.ledger = ConnectionLedger(guard)
+        self.ledger = ConnectionLedger(guard, Watchdog(clock))
         self._guard = guard
         self._pool_size = pool_size
         self._restores: list[Callable[[], None]] = []
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
         self._made: list[requests.Session] = []
         if session is None:
             self._shared = self._fitted(requests.Session())
@@ -322,11 +358,11 @@ class Transport:
         else:
             self._factory = session
         self._fast = session is None
-        self._jar_used = False
         self._lanes: dict[Origin, HTTPConnectionPool | None] = {}
         self._local = threading.local()
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
-        self._verify = verify
+        # True said in so many words means certifi's bundle, whatever the environment says.
+        self._verify = DEFAULT_CA_BUNDLE_PATH if verify is True else verify
         self._cert = cert
         self._secrets = secrets
         self._clock = clock
@@ -343,7 +379,11 @@ class Transport:
         return self._guard
 
     def _fitted(self, session: requests.Session) -> requests.Session:
-        self._restores.append(fit_session(session, self._pool_size, self.ledger))
+        """``session``, fitted for this run once (a factory may hand out one session twice)."""
+        with self._lock:
+            if not any(session is fitted for fitted in self._sessions):
+                self._restores.append(fit_session(session, self._pool_size, self.ledger))
+                self._sessions.append(session)
         return session
 
     def session(self) -> requests.Session:
@@ -358,7 +398,6 @@ class Transport:
                 raise TypeError(f"session factory returned {type(made).__name__}, not a Session")
             session = self._fitted(made)
             self._local.session = session
-            self._made.append(session)
         return session
 
     def abort(self) -> None:
@@ -368,12 +407,14 @@ class Transport:
     def close(self) -> None:
         """Close the run's connections, put every session back as it was, and close the
         sessions batchsync made; a caller's own session stays open."""
+        self.ledger.watchdog.close()
         for restore in self._restores:
             restore()
         self._restores.clear()
-        for session in self._made:
+        for session in self._made if self._factory is None else self._sessions:
             session.close()
         self._made.clear()
+        self._sessions.clear()
 
     def _environment(self, session: requests.Session, url: str) -> dict[str, Any]:
         """proxies, verify and cert for a URL, as ``Session.request`` would merge them, but
@@ -398,14 +439,26 @@ class Transport:
     @property
     def fast(self) -> bool:
         """Whether requests may take the fast lane at all (see ``wire``)."""
-        return self._fast and not self._jar_used and HTTPAdapter.send is _ADAPTER_SEND
+        return (
+            self._fast
+            and HTTPAdapter.send is _ADAPTER_SEND
+            and requests.Session.send is _SESSION_SEND
+            and not self._has_cookies(self.session())
+        )
 
-    def headers_with(self, *layers: Mapping[str, str] | None) -> Mapping[str, str]:
+    @staticmethod
+    def _has_cookies(session: requests.Session) -> bool:
+        """Whether the session's jar holds anything (without taking the jar's lock)."""
+        return bool(session.cookies._cookies)  # type: ignore[attr-defined]
+
+    def headers_with(self, *layers: Mapping[str, str | None] | None) -> Mapping[str, str]:
         """The session's default headers overlaid with ``layers``, as requests merges them."""
-        merged = CaseInsensitiveDict(self.session().headers)
+        merged: CaseInsensitiveDict[str | bytes | None] = CaseInsensitiveDict(
+            self.session().headers
+        )
         for layer in layers:
             merged.update(layer or {})
-        return {name: value for name, value in merged.items() if value is not None}
+        return {name: value for name, value in merged.items() if isinstance(value, str)}
 
     def wire(self, method: str, url: str, headers: Mapping[str, str]) -> Wire | None:
         """The fast form of a bodiless GET/HEAD, or None when it must go the full requests
@@ -456,30 +509,61 @@ class Transport:
         """Send ``request``, following redirects, until a final response's headers arrive.
 
         Secret headers go only to the request's own host: a redirect elsewhere drops them.
-        The caller must read or close the returned Reply.
+        The caller must read or close the returned Reply, and call ``finish`` when the
+        attempt is over.
         """
-        if isinstance(request, Wire):
-            return self._send_wire(request, wall_end)
-        session = self.session()
-        assert request.url is not None
-        return self._settle(
-            session, request.url, self._send_once(session, request, wall_end), wall_end
-        )
+        try:
+            if isinstance(request, Wire):
+                return self._send_wire(request, wall_end)
+            session = self.session()
+            prepared = request.prepared
+            if self._has_cookies(session):  # as fresh as the jar, as a new request would be
+                prepared = self.prepare(request.request).prepared
+            assert prepared.url is not None
+            response = self._send_once(session, prepared, wall_end)
+            return self._settle(session, prepared.url, response, wall_end)
+        except Exception as exc:
+            raise self._cut_short(exc, wall_end) from exc
+
+    def prepare(self, request: requests.Request) -> Recipe:
+        """``request`` prepared by the session (headers merged, auth and cookies applied),
+        with the redirect drain (see ``drain_redirect``)."""
+        prepared = self.session().prepare_request(request)
+        prepared.hooks["response"].insert(0, self.drain_redirect)
+        return Recipe(request, prepared)
+
+    def finish(self) -> None:
+        """This thread's attempt is over: its connection is no longer watched."""
+        self.ledger.watchdog.disarm()
+
+    def _cut_short(self, exc: Exception, wall_end: float) -> Exception:
+        """The exception to report: a timeout when the attempt's end had come (the watchdog
+        cut its socket, so the read or write failed in whatever way that phase fails)."""
+        if isinstance(exc, AttemptTimedOut) or self._clock() < wall_end:
+            return exc
+        return AttemptTimedOut(f"attempt timed out ({describe(exc)})")
 
     def _send_once(
         self, session: requests.Session, request: requests.PreparedRequest, wall_end: float
     ) -> requests.Response:
         assert request.url is not None
-        return session.send(
-            request,
-            allow_redirects=False,
-            stream=True,
-            timeout=self._left(wall_end),
-            **self._environment(session, request.url),
-        )
+        self.ledger.watchdog.arm(wall_end)
+        try:
+            return session.send(
+                request,
+                allow_redirects=False,
+                stream=True,
+                timeout=self._left(wall_end),
+                **self._environment(session, request.url),
+            )
+        except UnicodeDecodeError as exc:  # requests decodes Location as UTF-8
+            raise _unreadable_location(exc) from None
 
     def _send_wire(self, wire: Wire, wall_end: float) -> Reply:
+        if self._has_cookies(self.session()):  # cookies came since it was claimed
+            return self.send(self._recipe(wire), wall_end)
         left = self._left(wall_end)
+        self.ledger.watchdog.arm(wall_end)
         try:
             raw = wire.pool.urlopen(
                 wire.method, wire.target, headers=wire.headers, retries=False, redirect=False,
@@ -490,7 +574,7 @@ class Transport:
             self._lanes.pop(wire.origin, None)
             pool = self._lane(wire.origin, wire.url)
             if pool is None:
-                return self.send(self._prepared(wire), wall_end)
+                return self.send(self._recipe(wire), wall_end)
             wire.pool = pool
             return self._send_wire(wire, wall_end)
         if "set-cookie" in raw.headers or (
@@ -498,24 +582,41 @@ class Transport:
         ):
             # Cookies and redirects are the session's business: hand over to requests.
             session = self.session()
-            prepared = self._prepared(wire)
+            prepared = self._recipe(wire).prepared
             adapter = session.get_adapter(wire.url)
             assert isinstance(adapter, HTTPAdapter)
-            response = adapter.build_response(prepared, raw)
+            response = self.drain_redirect(adapter.build_response(prepared, raw))
             extract_cookies_to_jar(session.cookies, prepared, raw)
-            if session.cookies:
-                self._jar_used = True
             # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
-            response._next = next(  # type: ignore[assignment]
-                session.resolve_redirects(response, prepared, yield_requests=True), None
-            )
+            try:
+                response._next = next(
+                    session.resolve_redirects(response, prepared, yield_requests=True), None
+                )
+            except UnicodeDecodeError as exc:
+                raise BadRedirect(
+                    f"cannot follow a redirect: {exc.reason} in its Location"
+                ) from None
             return self._settle(session, wire.url, response, wall_end)
         return Reply(raw.status, raw.headers, raw, wire.url)
 
-    def _prepared(self, wire: Wire) -> requests.PreparedRequest:
-        """The request the fast-lane ``wire`` stands for, prepared by the session."""
-        request = requests.Request(wire.method, wire.url, headers=dict(wire.headers))
-        return self.session().prepare_request(request)
+    def _recipe(self, wire: Wire) -> Recipe:
+        """The request the fast-lane ``wire`` stands for, for the full requests way."""
+        return self.prepare(requests.Request(wire.method, wire.url, headers=dict(wire.headers)))
+
+    def drain_redirect(self, response: requests.Response, *args: Any, **kwargs: Any) -> Any:
+        """A response hook, run before any other: discards a redirect's body within the
+        attempt's end and ``CHUNK_BYTES`` (a larger one drops the connection). requests would
+        read it whole, however large or slow, to follow the redirect."""
+        end = self.ledger.watchdog.end()
+        if not response.is_redirect or end is None:
+            return response
+        reply = Reply(response.status_code, response.headers, response.raw, "", 0, response.close)
+        # Past CHUNK_BYTES read_body closes it: the connection goes instead of the rest.
+        with contextlib.suppress(BodyTooLarge):
+            self.read_body(reply, end, CHUNK_BYTES, rearm=True)
+        response._content = b""
+        response._content_consumed = True
+        return response
 
     def _settle(
         self,
@@ -535,9 +636,11 @@ class Transport:
             assert follow.url is not None
             if self._guard is not None:
                 self._guard.check(urlsplit(follow.url).hostname or "")
+            # requests has already dealt with Authorization, Cookie and Proxy-Authorization
+            # for the new URL; the run's own secret headers are batchsync's to drop.
             if session.should_strip_auth(first_url, follow.url):
                 for name in list(follow.headers):
-                    if self._secrets.is_secret(name):
+                    if self._secrets.is_declared(name):
                         del follow.headers[name]
             response = self._send_once(session, follow, wall_end)
         return Reply(
@@ -545,11 +648,15 @@ class Transport:
             hops, response.close,
         )  # fmt: skip
 
-    def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
+    def read_body(
+        self, reply: Reply, wall_end: float, max_bytes: int, *, rearm: bool = False
+    ) -> bytearray:
         """The decompressed body, read in chunks; refused past ``max_bytes`` or ``wall_end``.
 
         Each read waits at most for the time the attempt has left (give or take the slack), so
-        a server that trickles or stalls its body cannot hold the attempt past its bound.
+        a server that trickles or stalls its body cannot hold the attempt past its bound. The
+        connection goes back to the pool only when the watchdog has not cut it; ``rearm``
+        keeps watching the attempt after that (it goes on: a redirect's next hop).
         """
         raw = reply.raw
         declared = reply.headers.get("Content-Length")
@@ -575,10 +682,22 @@ class Transport:
                     raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
                 if counted and getattr(raw, "length_remaining", None) == 0:
                     break
+        except BodyTooLarge:
+            reply.close()
+            raise
+        except Exception as exc:
+            reply.close()
+            raise self._cut_short(exc, wall_end) from exc
         except BaseException:
             reply.close()
             raise
+        watchdog = self.ledger.watchdog
+        if watchdog.disarm():  # cut as the body completed: the connection is not reusable
+            reply.close()
+            raise AttemptTimedOut("attempt timed out")
         raw.release_conn()
+        if rearm:
+            watchdog.arm(wall_end)
         return body
 
     def discard(self, reply: Reply, wall_end: float) -> None:

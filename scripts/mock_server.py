@@ -29,6 +29,15 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /redirect?to=URL&code=302        a redirect to URL
     /set-cookie?name=N&value=V       200 that sets a cookie
     /half                            200 announcing 100 bytes, then 9 of them and a hang-up
+  Hostile servers, for testing that every phase of an attempt stays within its limits:
+    /trickle-headers?interval=S&lines=N  the status line, then one header line every S seconds
+                                     (N of them, default 60), then a small JSON body
+    /redirect-body?to=URL&mb=N&interval=S  a 302 to URL (default /ok) with an N MiB body
+                                     (default 300), or, with interval, one byte every S seconds
+    /stall-upload?hold=S             never reads the request body; closes after S seconds
+    /bad-location                    a 302 whose Location is not UTF-8
+    /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
+    /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -155,6 +164,9 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_GET
 
     def _handle(self) -> None:
+        if self.path.startswith("/stall-upload"):  # before reading the body: that is the point
+            self._stall_upload()
+            return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         parts = urlsplit(self.path)
@@ -244,6 +256,21 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/many-headers":
             extra = {f"X-Header-{n}": str(n) for n in range(int(query.get("n", "150")))}
             self._json(200, {"headers": len(extra)}, extra)
+        elif head == "/trickle-headers":
+            self._trickle_headers(
+                float(query.get("interval", "0.1")), int(query.get("lines", "60"))
+            )
+        elif head == "/redirect-body":
+            self._redirect_body(
+                query.get("to", "/ok"), int(query.get("mb", "300")), query.get("interval")
+            )
+        elif head == "/bad-location":
+            self._send(302, b"", "text/plain", {"Location": "/ok/\xff\xfe"})
+        elif head == "/deep":
+            depth = int(query.get("depth", "1000"))
+            self._send(200, b"[" * depth + b"]" * depth, "application/json")
+        elif head == "/surrogate":
+            self._send(200, b'{"name": "\\ud800"}', "application/json")
         elif head == "/text":
             self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
         elif head == "/bytes":
@@ -318,6 +345,43 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(interval)
             self.wfile.write(b" ")
             self.wfile.flush()
+
+    def _trickle_headers(self, interval: float, lines: int) -> None:
+        self.send_response(200)
+        self.wfile.write(b"".join(self._headers_buffer))
+        self._headers_buffer = []
+        self.wfile.flush()
+        for number in range(lines):
+            time.sleep(interval)
+            self.wfile.write(b"X-Trickle-%d: %d\r\n" % (number, number))
+            self.wfile.flush()
+        body = b'{"trickled": true}'
+        self.wfile.write(
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        self.wfile.write(body)
+
+    def _redirect_body(self, to: str, mebibytes: int, interval: str | None) -> None:
+        self.send_response(302)
+        self.send_header("Location", to)
+        self.send_header("Content-Type", "text/plain")
+        size = 1000 if interval else mebibytes * MIB
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if interval:
+            for _ in range(size):
+                time.sleep(float(interval))
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            return
+        block = b" " * MIB
+        for _ in range(mebibytes):
+            self.wfile.write(block)
+
+    def _stall_upload(self) -> None:
+        self.close_connection = True
+        query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
+        time.sleep(float(query.get("hold", "10")))
 
     def _huge(self, mebibytes: int, compressed: bool, chunked: bool) -> None:
         self.send_response(200)

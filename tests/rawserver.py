@@ -9,6 +9,8 @@ used as a forward proxy, absolute-form ``http://host:port/path?query``):
 
 * ``/redirect?to=PATH``: ``302 Found`` with ``Location: PATH`` and a small body;
 * ``/set-cookie?name=N&value=V``: ``200 OK`` with ``Set-Cookie: N=V; Path=/``;
+* ``/cookie-gate?name=N&value=V``: ``503`` with that Set-Cookie until a request carries the
+  cookie, then ``200``;
 * anything else: ``200 OK``, ``Content-Type: application/json``, body ``{"ok": true}``.
 
 Every response carries Content-Length (a HEAD gets the header but no body). Connections are
@@ -29,7 +31,7 @@ _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
 _IO_TIMEOUT = 10.0
 _JSON_BODY = b'{"ok": true}'
-_REASONS = {200: "OK", 302: "Found", 400: "Bad Request"}
+_REASONS = {200: "OK", 302: "Found", 400: "Bad Request", 503: "Service Unavailable"}
 
 
 def _header_value(head: bytes, name: bytes) -> bytes | None:
@@ -51,7 +53,7 @@ def _response(
     return head + body if send_body else head
 
 
-def answer(method: str, target: str) -> bytes:
+def answer(method: str, target: str, head: bytes = b"") -> bytes:
     """The full response to a request with this method and request target."""
     parts = urlsplit(target)  # absolute-form (proxy) targets too: only path and query count
     query = parse_qs(parts.query, keep_blank_values=True)
@@ -65,6 +67,11 @@ def answer(method: str, target: str) -> bytes:
             send_body=send_body,
         )
     headers = [("Content-Type", "application/json")]
+    if parts.path == "/cookie-gate":  # 503 and the cookie, until the request carries it
+        cookie = f"{query.get('name', ['n'])[0]}={query.get('value', ['v'])[0]}"
+        if cookie.encode() not in (_header_value(head, b"cookie") or b""):
+            headers.append(("Set-Cookie", f"{cookie}; Path=/"))
+            return _response(503, headers, _JSON_BODY, send_body=send_body)
     if parts.path == "/set-cookie":
         name = query.get("name", ["n"])[0]
         value = query.get("value", ["v"])[0]
@@ -224,7 +231,7 @@ class RawServer:
             target, _, version = rest.rpartition(" ")
             with self._lock:  # recorded before the answer goes out: the client sees it then
                 self._recorded.append(head + body)
-            stream.sendall(answer(method, target))
+            stream.sendall(answer(method, target, head))
             connection_value = (_header_value(head, b"connection") or b"").lower()
             if connection_value == b"close" or (
                 version == "HTTP/1.0" and connection_value != b"keep-alive"

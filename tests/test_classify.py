@@ -133,3 +133,10 @@ def test_a_tls_failure_is_one_line_without_openssls_source_position() -> None:
         "SSLError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
         "self-signed certificate",
     )
+
+
+def test_a_peer_that_hangs_up_during_the_handshake_is_a_connection_failure() -> None:
+    """It said nothing about trust, and a busy load balancer may not do it again."""
+    eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol (_ssl.c:992)")
+    verdict = classify_http_exception(urllib3.exceptions.SSLError(eof))
+    assert (verdict.outcome, verdict.error_kind) == ("retry", "connection")

@@ -27,7 +27,7 @@ import pytest
 import requests
 import trustme
 
-from batchsync import ResultSet, fetch_all
+from batchsync import Backoff, ResultSet, fetch_all
 from batchsync import transport as transport_module
 from batchsync.transport import Transport
 from tests.rawserver import RawServer
@@ -268,15 +268,16 @@ def test_final_url_masks_the_password() -> None:
 
 @pytest.fixture
 def session_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The URLs that went through ``requests.Session.send`` (the fast lane bypasses it)."""
+    """The URLs the session prepared a request for: the fast lane prepares none. (Spying on
+    ``Session.send`` itself would rightly turn the fast lane off.)"""
     sent: list[str] = []
-    original = requests.Session.send
+    original = requests.Session.prepare_request
 
-    def counting(self: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+    def counting(self: requests.Session, request: requests.Request) -> Any:
         sent.append(str(request.url))
-        return original(self, request, **kwargs)
+        return original(self, request)
 
-    monkeypatch.setattr(requests.Session, "send", counting)
+    monkeypatch.setattr(requests.Session, "prepare_request", counting)
     return sent
 
 
@@ -504,3 +505,156 @@ def test_the_fast_lane_survives_forgetting_origins(monkeypatch: pytest.MonkeyPat
         finally:
             transport.close()
         assert [len(s.requests()) for s in servers] == [1] * 12
+
+
+# -- what an adversarial review found ----------------------------------------------------------
+
+
+FOUND_CASES = [
+    Case(  # a cookie set on the requests path, then a plain URL (a login, then GETs)
+        "cookie-from-a-prepared-request",
+        [{"url": "{base}/set-cookie?name=sid&value=abc", "params": {"a": "1"}}, "{base}/later"],
+        [
+            Call("GET", "{base}/set-cookie?name=sid&value=abc", {"params": {"a": "1"}}),
+            Call("GET", "{base}/later"),
+        ],
+        reference_has=b"\r\nCookie: sid=abc\r\n",
+    ),
+    Case(  # a None value leaves the header out, as in requests
+        "none-header",
+        [{"url": "{base}/h", "headers": {"Accept": None, "X-A": "1"}}],
+        [Call("GET", "{base}/h", {"headers": {"Accept": None, "X-A": "1"}})],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FOUND_CASES, ids=[case.id for case in FOUND_CASES])
+def test_same_bytes_as_requests_found_by_review(case: Case) -> None:
+    test_same_bytes_as_requests(case)
+
+
+@pytest.mark.parametrize("lane", ["fast", "requests"])
+def test_a_retry_carries_the_cookie_its_first_try_was_given(lane: str) -> None:
+    """A new request would carry it: so does the retry of one prepared before it came."""
+    with raw_server() as recorder:
+        url = f"{recorder.url}/cookie-gate?name=sid&value=abc"
+        item: TItem = url if lane == "fast" else {"url": url, "params": {"a": "1"}}
+        rs = fetch_all([item], attempts=2, backoff=Backoff(base=0.01, jitter=0))
+        seen = recorder.requests()
+    assert [r.status_code for r in rs] == [200]
+    assert len(seen) == 2 and b"\r\nCookie: sid=abc\r\n" in seen[1]
+
+
+def two_servers_exchange(items: list[TItem], calls: list[Call]) -> tuple[Any, Any]:
+    """Both runs against two recorders (the second is ``{other}``); each recorder's bytes."""
+    with raw_server() as first, raw_server() as second:
+
+        def filled_url(url: str) -> str:
+            return fill(url, first).replace("{other}", second.url)
+
+        batch_items: list[TItem] = [
+            filled_url(i) if isinstance(i, str) else {**i, "url": filled_url(i["url"])}
+            for i in items
+        ]
+        reference([Call(c.method, filled_url(c.url), c.kwargs) for c in calls])
+        expected = (first.requests(), second.requests())
+        first.clear()
+        second.clear()
+        rs = batch(batch_items)
+        assert [r.error for r in rs if not r.ok] == []
+        return expected, (first.requests(), second.requests())
+
+
+def test_a_redirect_to_another_port_keeps_what_requests_rebuilds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests strips auth on a redirect to another origin, then adds the new one's from
+    .netrc; and cookies, which ignore ports, go along. batchsync must not strip them again."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login nu password np\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    items: list[TItem] = [
+        "{base}/set-cookie?name=flavour&value=oat",
+        "{base}/redirect?to={other}/landed",
+    ]
+    calls = [Call("GET", url) for url in items if isinstance(url, str)]
+    expected, seen = two_servers_exchange(items, calls)
+    assert b"\r\nAuthorization: Basic " in expected[1][0]
+    assert b"\r\nCookie: flavour=oat\r\n" in expected[1][0]
+    assert seen == expected
+
+
+def test_batch_headers_still_stay_off_other_origins() -> None:
+    with raw_server() as first, raw_server() as second:
+        url = f"{first.url}/redirect?to={second.url}/landed"
+        rs = batch([url], headers={"X-Api-Key": "k1", "Authorization": "Bearer t1"})
+        assert rs[0].ok and rs[0].redirects == 1
+        assert b"X-Api-Key" in first.requests()[0]
+        landed = second.requests()[0]
+        assert b"X-Api-Key" not in landed and b"Bearer t1" not in landed
+
+
+def test_a_wrapped_session_send_sees_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instrumentation (OpenTelemetry's for requests) wraps Session.send to add headers."""
+    original = requests.Session.send
+
+    def traced(self: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        request.headers["traceparent"] = "00-trace-span-01"
+        return original(self, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", traced)
+    with raw_server() as recorder:
+        assert batch([f"{recorder.url}/traced"])[0].ok
+        assert b"\r\ntraceparent: 00-trace-span-01\r\n" in recorder.requests()[0]
+
+
+def test_a_factory_may_hand_out_one_session() -> None:
+    shared = requests.Session()
+    with raw_server() as recorder:
+        urls = [f"{recorder.url}/shared/{i}" for i in range(6)]
+        rs = fetch_all(urls, concurrency=3, session=lambda: shared)
+    assert [r.error for r in rs if not r.ok] == []
+
+
+def test_final_url_is_the_same_whichever_lane() -> None:
+    with raw_server() as recorder:
+        for path in ("?q=1#frag", "/p#frag", "", "/P/q?x=1"):
+            url = f"HTTP://127.0.0.1:{recorder.port}{path}"
+            response = reference([Call("GET", url)])[0]
+            lanes = batch([url, {"url": url, "params": {}}], concurrency=2)
+            assert [r.final_url for r in lanes] == [response.url] * 2, url
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_tls_verify_true_in_so_many_words_means_certifi(
+    lane: str, tls_server: RawServer, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.pem))
+    item, _ = tls_item(tls_server, lane)
+    assert batch([item])[0].ok  # the environment's bundle, as in requests
+    rs = batch([item], verify=True)  # explicit: certifi, which does not know the test CA
+    assert rs[0].error_kind == "tls"
+
+
+class ContextAdapter(requests.adapters.HTTPAdapter):
+    """The usual recipe for an adapter with its own TLS settings."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.ssl_context = context
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ssl_context"] = self.ssl_context
+        super().init_poolmanager(*args, **kwargs)
+
+
+def test_an_adapters_own_tls_context_is_kept(tls_server: RawServer, authority: Authority) -> None:
+    context = ssl.create_default_context(cafile=str(authority.pem))
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("https://", ContextAdapter(context))
+    url = f"{tls_server.url}/own-context"
+    assert session.get(url, timeout=10).ok  # requests trusts it through the adapter
+    rs = batch([url, {"url": url, "params": {"a": "1"}}], session=session, concurrency=2)
+    assert [r.error for r in rs if not r.ok] == []
+    assert session.adapters["https://"].ssl_context is context  # type: ignore[attr-defined]

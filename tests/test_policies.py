@@ -260,3 +260,12 @@ def test_hooks_see_every_attempt_and_result_and_cannot_break_the_run(
     assert [record.wait is not None for url, record in attempts if url == items[1]] == [True, False]
     assert "a batchsync hook or observer raised in attempt_finished" in caplog.text
     assert "a batchsync hook or observer raised in item_finished" in caplog.text
+
+
+@pytest.mark.integration
+def test_items_with_their_own_idempotency_keys_are_never_merged(server: MockServerProcess) -> None:
+    url = f"{server.url}/ok/keyed?delay=0.3"
+    items = [{"url": url, "idempotency_key": f"key-{n}"} for n in range(4)]
+    rs = fetch_all(items, concurrency=4, dedup=True)
+    assert all(r.ok and r.attempts == 1 for r in rs)
+    assert server.count("/ok/keyed?delay=0.3") == 4

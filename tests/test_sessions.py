@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.util import Retry
 
 from batchsync import fetch_all
@@ -23,9 +24,9 @@ def adapter_state(session: requests.Session) -> list[tuple[Any, ...]]:
         assert isinstance(adapter, HTTPAdapter)
         manager = adapter.poolmanager
         state.append(
-            (prefix, id(adapter), id(adapter.max_retries), adapter._pool_connections,
-             adapter._pool_maxsize, id(manager), dict(manager.connection_pool_kw),
-             dict(manager.pool_classes_by_scheme), id(adapter.proxy_manager))
+            (prefix, id(adapter), {name: id(value) for name, value in vars(adapter).items()},
+             adapter._pool_connections, adapter._pool_maxsize, dict(manager.connection_pool_kw),
+             dict(manager.pool_classes_by_scheme))
         )  # fmt: skip
     return state
 
@@ -118,3 +119,38 @@ def test_two_runs_with_one_session_from_two_threads_leave_it_as_it_was(
         thread.join()
     assert "ok" in outcomes and set(outcomes) <= {"ok", "refused"}
     assert adapter_state(session) == before
+
+
+@pytest.mark.integration
+def test_an_adapter_mounted_twice_is_lent_once_and_handed_back(server: MockServerProcess) -> None:
+    adapter = HTTPAdapter(max_retries=Retry(3))
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    before = adapter_state(session)
+    url = f"{server.url}/ok/mounted-twice"
+    assert fetch_all([url], session=session)[0].ok
+    assert fetch_all([url], session=session, deny_private=True)[0].error_kind == "invalid_request"
+    assert adapter_state(session) == before
+    assert adapter.max_retries.total == 3
+    assert session.get(url, timeout=10).status_code == 200
+    assert fetch_all([url], session=session)[0].ok  # no guard left over from the last run
+
+
+class OwnPool(HTTPConnectionPool):
+    """A caller's own pool class, as some adapters install."""
+
+
+def test_an_adapters_own_pool_classes_are_watched_and_checked(
+    monkeypatch: pytest.MonkeyPatch, server: MockServerProcess
+) -> None:
+    session = requests.Session()
+    adapter = session.adapters["http://"]
+    assert isinstance(adapter, HTTPAdapter)
+    adapter.poolmanager.pool_classes_by_scheme = {"http": OwnPool, "https": OwnPool}
+    # The name check passes (as after DNS rebinding); the connection's peer must still fail.
+    monkeypatch.setattr(Guard, "check", lambda self, host: None)
+    rs = fetch_all([f"{server.url}/ok/own-pool"], session=session, deny_private=True)
+    assert rs[0].error_kind == "invalid_request"
+    assert "connected to 127.0.0.1" in (rs[0].error or "")
+    assert adapter.poolmanager.pool_classes_by_scheme["http"] is OwnPool
