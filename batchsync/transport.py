@@ -195,12 +195,14 @@ class _Tracked:
     watched for its attempt's end, and reads its responses' headers the quick way."""
 
     ledger: ConnectionLedger
+    # False for the connections to a proxy: the proxy's own address is the caller's choice.
+    peer_check = True
     response_class = QuickHeadersResponse
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
         guard = self.ledger.guard
-        if guard is not None:
+        if guard is not None and self.peer_check:
             try:
                 guard.check_peer(sock)
             except PrivateAddress:
@@ -227,25 +229,27 @@ class ConnectionLedger:
         self.watchdog = watchdog or Watchdog()
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._tracked: dict[type, type] = {}
+        self._tracked: dict[tuple[type, bool], type] = {}
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
 
-    def tracked(self, pool_classes: Mapping[str, type]) -> dict[str, type]:
+    def tracked(
+        self, pool_classes: Mapping[str, type], *, peer_check: bool = True
+    ) -> dict[str, type]:
         """Pool classes like ``pool_classes`` (urllib3's or an adapter's own) whose
         connections are this ledger's."""
-        return {scheme: self._track(pool) for scheme, pool in pool_classes.items()}
+        return {scheme: self._track(pool, peer_check) for scheme, pool in pool_classes.items()}
 
-    def _track(self, pool: type) -> type:
+    def _track(self, pool: type, peer_check: bool) -> type:
         if getattr(pool, "ledger", None) is self:
             return pool
-        if pool not in self._tracked:
+        key = (pool, peer_check)
+        if key not in self._tracked:
             connection = pool.ConnectionCls  # type: ignore[attr-defined]
-            tracked = type(
-                f"Tracked{connection.__name__}", (_Tracked, connection), {"ledger": self}
-            )
+            members = {"ledger": self, "peer_check": peer_check}
+            tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
             members = {"ledger": self, "ConnectionCls": tracked}
-            self._tracked[pool] = type(f"Tracked{pool.__name__}", (pool,), members)
-        return self._tracked[pool]
+            self._tracked[key] = type(f"Tracked{pool.__name__}", (pool,), members)
+        return self._tracked[key]
 
     def add(self, connection: object) -> None:
         with self._lock:
@@ -264,6 +268,19 @@ class ConnectionLedger:
                 sock.shutdown(socket.SHUT_RDWR)
                 cut += 1
         return cut
+
+
+def _tracking_proxies(make: Callable[..., Any], ledger: ConnectionLedger) -> Callable[..., Any]:
+    """An adapter's ``proxy_manager_for`` whose managers' connections are ``ledger``'s (cut
+    on a stop, watched for their attempt's end); the proxy's own address is not checked."""
+
+    def proxy_manager_for(proxy: str, **kwargs: Any) -> Any:
+        manager = make(proxy, **kwargs)
+        classes = manager.pool_classes_by_scheme
+        manager.pool_classes_by_scheme = ledger.tracked(classes, peer_check=False)
+        return manager
+
+    return proxy_manager_for
 
 
 _LENT: weakref.WeakSet[HTTPAdapter] = weakref.WeakSet()
@@ -306,6 +323,9 @@ def fit_session(
         for name, value in own.connection_pool_kw.items():
             manager.connection_pool_kw.setdefault(name, value)
         manager.pool_classes_by_scheme = ledger.tracked(own.pool_classes_by_scheme)
+        adapter.proxy_manager_for = _tracking_proxies(  # type: ignore[method-assign]
+            adapter.proxy_manager_for, ledger
+        )
 
     def restore() -> None:
         for adapter, state in reversed(kept):

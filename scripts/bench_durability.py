@@ -5,9 +5,11 @@
 
 Peak RSS: each size runs ``python -m batchsync`` as a child process on a generated input
 where 1 item in 100 is a real request to the bundled mock server and the rest fail fast as
-``invalid_request``; the child's peak RSS comes from ``wait4``. Journal overhead: the same
-batch of real requests through ``Batch`` with and without ``journal=``, interleaved, median
-of the repeats (bound by the mock server), and the journal on its own.
+``invalid_request``, and again where every item fails at once (the journal's worst case:
+results come faster than SQLite commits them); the child's peak RSS comes from ``wait4``.
+Journal overhead: the same batch of real requests through ``Batch`` with and without
+``journal=``, interleaved, median of the repeats (bound by the mock server), and the journal
+on its own.
 """
 
 from __future__ import annotations
@@ -34,17 +36,22 @@ from tests.mockserver import start_mock_server
 REAL_EVERY = 100
 
 
-def write_input(path: Path, size: int, base: str) -> None:
+def write_input(path: Path, size: int, base: str, real_every: int | None) -> None:
     with path.open("w", encoding="utf-8") as out:
         for n in range(size):
-            out.write(f"{base}/ok/{n}\n" if n % REAL_EVERY == 0 else f"ftp://files.test/{n}\n")
+            real = real_every is not None and n % real_every == 0
+            out.write(f"{base}/ok/{n}\n" if real else f"ftp://files.test/{n}\n")
 
 
-def peak_rss(size: int, base: str, folder: Path) -> tuple[float, float]:
-    """(peak RSS in MiB, seconds) of one CLI run over ``size`` items."""
-    urls = folder / f"items-{size}.txt"
-    write_input(urls, size, base)
-    command = [sys.executable, "-m", "batchsync", str(urls), "-o", str(folder / f"out-{size}"),
+def peak_rss(
+    size: int, base: str, folder: Path, real_every: int | None = REAL_EVERY
+) -> tuple[float, float]:
+    """(peak RSS in MiB, seconds) of one CLI run over ``size`` items, one in ``real_every``
+    a real request (None: every item fails at once)."""
+    name = f"{size}-{real_every or 'none'}"
+    urls = folder / f"items-{name}.txt"
+    write_input(urls, size, base, real_every)
+    command = [sys.executable, "-m", "batchsync", str(urls), "-o", str(folder / f"out-{name}"),
                "-q", "-c", "16"]  # fmt: skip
     started = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
@@ -95,8 +102,10 @@ def main() -> None:
             print("| items | real requests | peak RSS (MiB) | seconds |")
             print("| ---: | ---: | ---: | ---: |")
             for size in args.sizes:
-                rss, seconds = peak_rss(size, server.url, folder)
-                print(f"| {size:,} | {size // REAL_EVERY:,} | {rss:.0f} | {seconds:.1f} |")
+                for real_every in (REAL_EVERY, None):
+                    rss, seconds = peak_rss(size, server.url, folder, real_every)
+                    real = size // real_every if real_every else 0
+                    print(f"| {size:,} | {real:,} | {rss:.0f} | {seconds:.1f} |")
             plain, journaled = journal_rates(server.url, folder, args.journal_items, args.repeats)
             print()
             print(f"journal overhead, {args.journal_items} requests, concurrency 16, "

@@ -221,3 +221,14 @@ def test_a_header_the_cli_cannot_send_is_a_usage_error(tmp_path: Any) -> None:
     assert done.returncode == 2
     assert "Bearer" not in done.stderr and "Injected" not in done.stderr
     assert not (tmp_path / "batch-results.jsonl").exists()
+
+
+def test_a_trickling_proxy_is_cut_at_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections to a proxy are watched like any other."""
+    with dribbler(STATUS_AND_HEADERS) as proxy:
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        took, rs = timed(["http://127.0.0.1:1/via-proxy"], timeout=1)
+    assert (rs[0].error_kind, rs[0].attempts) == ("timeout", 1)
+    assert took < 1 + SLACK
