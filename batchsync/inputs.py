@@ -1,8 +1,9 @@
 """Reading INPUT lazily: one item per line (a URL or a JSON object), or one JSON array.
 
 Every entry becomes an ``Entry``: the item, or the reason it is not one (reported later as
-that item's ``invalid_request`` Result, with its line number). Only an input that cannot be
-read at all raises ``InputError``.
+that item's ``invalid_request`` Result, with its line or element number) — such as a line or
+an array element longer than 1 MiB, which is skipped without being parsed. Only an input that
+cannot be read at all raises ``InputError``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -20,8 +22,20 @@ from pathlib import Path
 from typing import IO, Any
 
 MAX_LINE_BYTES = 2**20
+MAX_ELEMENT_BYTES = MAX_LINE_BYTES
 _ARRAY_CHUNK = 2**16
 _SHOWN_CHARS = 200
+
+# Where a JSON array's scanner must look next. Each pattern matches (maybe nothing) up to where
+# the scanner has to decide something; possessive, so that no match keeps state to backtrack into.
+_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+# within an element's brackets: up to the next bracket, or a string that goes on past the chunk
+_NESTED = re.compile(r'(?:[^"\[\]{}]++|' + _STRING + r")*+", re.DOTALL)
+# at the element's own level: the same, and up to a ','
+_TOP = re.compile(r'(?:[^"\[\]{},]++|' + _STRING + r")*+", re.DOTALL)
+_BLANK = re.compile(r"\s*+")  # what str.isspace() calls blank
+_AFTER_ELEMENT = re.compile(r"\s*+([,\]])\s*+")
+_DECODER = json.JSONDecoder()
 
 
 class InputError(Exception):
@@ -88,76 +102,178 @@ def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
 
 
 class _ArrayReader:
-    """The elements of a JSON array, decoded one at a time from a byte stream."""
+    """The elements of a JSON array as Entries, read from a byte stream in one pass.
+
+    The text is read a chunk at a time. An element that lies whole within a chunk is decoded
+    there, at once. Otherwise a scanner finds where the element ends — the ``,`` or ``]`` at
+    its own level, outside strings — without decoding it, and then its text, and only that,
+    goes to the JSON decoder, once. An element longer than MAX_ELEMENT_BYTES of UTF-8 (from its
+    first non-blank character to the ``,`` or ``]`` after it) is not kept: it is passed over as
+    it is read and becomes that element's problem, its content neither parsed nor shown. So
+    time is linear in the input, and memory holds a chunk and at most one element of up to
+    MAX_ELEMENT_BYTES.
+
+    What is read must be UTF-8 and each element that is kept valid JSON, else InputError; text
+    after the closing ``]`` is ignored.
+    """
 
     def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
-        self._decoder = json.JSONDecoder()
-        self._text = codecs.getincrementaldecoder("utf-8-sig")()
-        self._buffer = ""
-        self._position = 0
-        self._at_end = False
+        # where the scanner is within the current element
+        self._nesting = 0
+        self._in_string = False
+        self._escaped = False
 
-    def _more(self) -> bool:
-        """Read another chunk onto what is left of the buffer; False at the end."""
-        if self._at_end:
-            return False
-        chunk = self._stream.read(_ARRAY_CHUNK)
-        self._at_end = not chunk
-        try:
-            text = self._text.decode(chunk, final=self._at_end)
-        except UnicodeDecodeError as exc:
-            raise InputError(f"the JSON array is not UTF-8 text: {exc.reason}") from None
-        self._buffer = self._buffer[self._position :] + text
-        self._position = 0
-        return True
-
-    def _next_char(self) -> str:
-        """The next character that is not white space (it stays unread)."""
+    def _chunks(self) -> Iterator[str]:
+        """The stream's text a chunk at a time, a leading BOM dropped."""
+        utf8 = codecs.getincrementaldecoder("utf-8-sig")()
         while True:
-            while self._position < len(self._buffer) and self._buffer[self._position].isspace():
-                self._position += 1
-            if self._position < len(self._buffer):
-                return self._buffer[self._position]
-            if not self._more():
-                raise InputError("the JSON array ends too soon")
-
-    def _value(self, number: int) -> Any:
-        """The element starting here; reads on while it may continue past the buffer."""
-        while True:
+            chunk = self._stream.read(_ARRAY_CHUNK)
             try:
-                value, end = self._decoder.raw_decode(self._buffer, self._position)
-            except RecursionError:
-                raise InputError(
-                    f"element {number} of the JSON array is nested too deeply"
-                ) from None
-            except ValueError:
-                value, end = None, -1
-            if end >= 0 and (end < len(self._buffer) or self._at_end):
-                self._position = end
-                return value
-            # A number or a string may go on past what has been read: read on.
-            if not self._more():
-                raise InputError(f"element {number} of the JSON array is not valid JSON")
-            self._next_char()
+                text = utf8.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise InputError(f"the JSON array is not UTF-8 text: {exc.reason}") from None
+            if text:
+                yield text
+            if not chunk:
+                return
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._next_char() != "[":
+    def __iter__(self) -> Iterator[Entry]:
+        chunks = self._chunks()
+        text, pos = self._blank(chunks, "", 0)
+        if text[pos] != "[":
             raise InputError("not a JSON array")
-        self._position += 1
-        if self._next_char() == "]":
+        text, pos = self._blank(chunks, text, pos + 1)
+        if text[pos] == "]":
             return
         number = 0
-        while True:
+        while True:  # at the first character of an element
             number += 1
-            self._next_char()
-            yield self._value(number)
-            separator = self._next_char()
-            self._position += 1
-            if separator == "]":
+            where = f"element {number}"
+            try:  # the element and the ',' or ']' after it lie within this chunk
+                value, end = _DECODER.raw_decode(text, pos)
+                after = _AFTER_ELEMENT.match(text, end)
+            except (ValueError, RecursionError):
+                after = None
+            # (not longer than MAX_ELEMENT_BYTES either: at most 4 bytes a character)
+            if after is not None and (after.start(1) - pos) * 4 <= MAX_ELEMENT_BYTES:
+                yield Entry(where, value)
+                closing = after[1] == "]"
+                pos = after.end()
+            else:
+                text, end, kept = self._element(number, chunks, text, pos)
+                if kept is None:
+                    yield Entry(where, {}, f"longer than {MAX_ELEMENT_BYTES} bytes")
+                else:
+                    yield Entry(where, _decode_element(number, kept))
+                closing = text[end] == "]"
+                pos = end + 1
+            if closing:
                 return
-            if separator != ",":
-                raise InputError(f"expected ',' or ']' after element {number} of the JSON array")
+            text, pos = self._blank(chunks, text, pos)
+
+    @staticmethod
+    def _blank(chunks: Iterator[str], text: str, pos: int) -> tuple[str, int]:
+        """The chunk and position of the first non-blank character from ``pos`` on."""
+        pos = _past(_BLANK, text, pos)
+        while pos == len(text):
+            text = _next_chunk(chunks)
+            pos = _past(_BLANK, text, 0)
+        return text, pos
+
+    def _element(
+        self, number: int, chunks: Iterator[str], text: str, pos: int
+    ) -> tuple[str, int, str | None]:
+        """The element starting at ``pos``, read on through ``chunks`` as far as it goes: the
+        chunk where it ends, where its ``,`` or ``]`` is in that chunk, and its text (None if
+        it is longer than MAX_ELEMENT_BYTES, whose text is not kept)."""
+        self._nesting, self._in_string, self._escaped = 0, False, False
+        parts: list[str] = []
+        size = 0
+        while True:
+            end = self._scan(text, pos)
+            if size <= MAX_ELEMENT_BYTES:
+                piece = text[pos:end] if end >= 0 else text[pos:]
+                size += len(piece) if piece.isascii() else len(piece.encode())
+                parts.append(piece)
+                if size > MAX_ELEMENT_BYTES:
+                    parts.clear()
+            if end >= 0:
+                return text, end, "".join(parts) if size <= MAX_ELEMENT_BYTES else None
+            following = next(chunks, None)
+            if following is None:
+                if size <= MAX_ELEMENT_BYTES:  # what is wrong with it, if anything
+                    _decode_element(number, "".join(parts))
+                raise InputError("the JSON array ends too soon")
+            text, pos = following, 0
+
+    def _scan(self, text: str, pos: int) -> int:
+        """Where the current element ends in ``text`` (its ``,`` or ``]``), scanning on from
+        ``pos``; -1 if it goes on past this chunk."""
+        nesting, in_string, escaped = self._nesting, self._in_string, self._escaped
+        end, size = -1, len(text)
+        while pos < size:
+            if in_string:
+                # a string that goes on from an earlier chunk (maybe megabytes): from escape
+                # to escape at the speed of str.find, the next quote found once
+                if escaped:
+                    pos, escaped = pos + 1, False
+                quote = text.find('"', pos)
+                while True:
+                    if 0 <= quote < pos:
+                        quote = text.find('"', pos)
+                    backslash = text.find("\\", pos, size if quote < 0 else quote)
+                    if backslash < 0:
+                        break
+                    pos = backslash + 2
+                escaped = pos > size
+                in_string = quote < 0
+                pos = size if in_string else quote + 1
+                continue
+            pos = _past(_NESTED if nesting else _TOP, text, pos)
+            if pos == size:
+                break
+            char = text[pos]
+            if not nesting and char in ",]":
+                end = pos
+                break
+            pos += 1
+            if char == '"':  # a string that goes on past this chunk
+                in_string = True
+            elif char in "[{":
+                nesting += 1
+            elif nesting:
+                nesting -= 1
+            # else a '}' with nothing open: the decoder will find the element is not JSON
+        self._nesting, self._in_string, self._escaped = nesting, in_string, escaped
+        return end
+
+
+def _past(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    """Where ``pattern``, which matches anywhere (maybe nothing), stops matching from ``pos``."""
+    match = pattern.match(text, pos)
+    assert match is not None
+    return match.end()
+
+
+def _next_chunk(chunks: Iterator[str]) -> str:
+    text = next(chunks, None)
+    if text is None:
+        raise InputError("the JSON array ends too soon")
+    return text
+
+
+def _decode_element(number: int, text: str) -> Any:
+    """One element's value, from its text (blank space around it allowed)."""
+    try:
+        value, end = _DECODER.raw_decode(text, _past(_BLANK, text, 0))
+    except RecursionError:
+        raise InputError(f"element {number} of the JSON array is nested too deeply") from None
+    except ValueError:
+        raise InputError(f"element {number} of the JSON array is not valid JSON") from None
+    if _past(_BLANK, text, end) < len(text):
+        raise InputError(f"expected ',' or ']' after element {number} of the JSON array")
+    return value
 
 
 class Input:
@@ -210,8 +326,7 @@ class Input:
             if not self.is_array:
                 yield from _read_lines(stream)
                 return
-            for number, value in enumerate(_ArrayReader(stream), start=1):
-                yield Entry(f"element {number}", value)
+            yield from _ArrayReader(stream)
 
     def identity(self) -> dict[str, str]:
         """What a journal records of this input: name, size, SHA-256 and number of entries."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +13,16 @@ from urllib3.util import parse_url
 
 UNSAFE_METHODS = frozenset({"POST", "PATCH"})
 _METHOD = re.compile(r"^[A-Za-z]+$")
+
+
+def not_a_number(value: Any) -> bool:
+    """Whether ``value`` holds a NaN or an infinity, which strict JSON (every output file, the
+    journal) cannot. (Other objects are the library caller's business; a journal checks them.)"""
+    try:
+        json.dumps(value, allow_nan=False, default=repr)
+    except ValueError:
+        return True
+    return False
 
 
 class InvalidItem(ValueError):
@@ -89,6 +100,13 @@ class RequestSpec(BaseModel):
             check_headers(value)
         return value
 
+    @field_validator("id")
+    @classmethod
+    def _strict_json_id(cls, value: Any) -> Any:
+        if not_a_number(value):
+            raise ValueError("NaN and Infinity cannot be written as JSON")
+        return value
+
     @field_validator("fallbacks")
     @classmethod
     def _fallback_urls(cls, value: list[str] | None) -> list[str] | None:
@@ -149,6 +167,7 @@ def item_label(item: object) -> tuple[str | None, Any]:
     if isinstance(item, RequestSpec):
         return item.url, item.id
     if isinstance(item, Mapping):
-        url = item.get("url")
-        return (url if isinstance(url, str) else None), item.get("id")
+        url, item_id = item.get("url"), item.get("id")
+        # An id that cannot be written out is refused with the item (see RequestSpec).
+        return (url if isinstance(url, str) else None), None if not_a_number(item_id) else item_id
     return None, None
