@@ -212,9 +212,17 @@ class _Tracked:
         self.ledger.watchdog.attach(sock)
         return sock
 
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        self.ledger.watchdog.attach(self.sock)  # type: ignore[attr-defined]  # (a reused one)
-        super().request(*args, **kwargs)  # type: ignore[misc]
+
+class _TrackedPool:
+    """Mixed into urllib3's pool classes: a kept-alive connection taken for a request is
+    attached to the attempt's watch (a new one is attached as its socket connects)."""
+
+    ledger: ConnectionLedger
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        connection = super()._get_conn(timeout)  # type: ignore[misc]
+        self.ledger.watchdog.attach(connection.sock)
+        return connection
 
 
 class ConnectionLedger:
@@ -248,7 +256,7 @@ class ConnectionLedger:
             members = {"ledger": self, "peer_check": peer_check}
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
             members = {"ledger": self, "ConnectionCls": tracked}
-            self._tracked[key] = type(f"Tracked{pool.__name__}", (pool,), members)
+            self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)
         return self._tracked[key]
 
     def add(self, connection: object) -> None:
@@ -460,10 +468,11 @@ class Transport:
     def fast(self) -> bool:
         """Whether requests may take the fast lane at all (see ``wire``)."""
         return (
-            self._fast
+            self._shared is not None
+            and self._fast
             and HTTPAdapter.send is _ADAPTER_SEND
             and requests.Session.send is _SESSION_SEND
-            and not self._has_cookies(self.session())
+            and not self._has_cookies(self._shared)
         )
 
     @staticmethod
@@ -580,7 +589,8 @@ class Transport:
             raise _unreadable_location(exc) from None
 
     def _send_wire(self, wire: Wire, wall_end: float) -> Reply:
-        if self._has_cookies(self.session()):  # cookies came since it was claimed
+        assert self._shared is not None  # (the fast lane is for batchsync's own session)
+        if self._has_cookies(self._shared):  # cookies came since it was claimed
             return self.send(self._recipe(wire), wall_end)
         left = self._left(wall_end)
         self.ledger.watchdog.arm(wall_end)

@@ -58,10 +58,16 @@ class Watchdog:
         return slot
 
     def arm(self, end: float) -> None:
-        """This thread's attempt must be over by ``end`` (a reading of the clock)."""
+        """This thread's attempt must be over by ``end`` (a reading of the clock).
+
+        No lock: the slot is unarmed (the last ``disarm`` took the lock, so no cut of an
+        earlier attempt is under way), or armed with this same end (a redirect's next hop).
+        ``end`` is set last, as the watcher reads it first.
+        """
         slot = self._slot()
-        with slot.lock:
-            slot.end, slot.sock, slot.cut = end, None, False
+        if slot.end != end:
+            slot.sock, slot.cut = None, False
+            slot.end = end
 
     def attach(self, sock: socket.socket | None) -> None:
         """The socket this thread's armed attempt now reads or writes."""
@@ -79,7 +85,7 @@ class Watchdog:
         stop watching it. True when the watcher had cut it, so its connection must not be
         reused and the attempt counts as timed out."""
         slot: _Slot | None = getattr(self._local, "slot", None)
-        if slot is None:
+        if slot is None or slot.end is None:  # only this thread arms it: nothing to undo
             return False
         with slot.lock:
             cut = slot.cut
@@ -96,11 +102,12 @@ class Watchdog:
                 if end is None or end > now:
                     continue
                 with slot.lock:
-                    if slot.end is None or slot.end > now or slot.sock is None or slot.cut:
+                    end, sock = slot.end, slot.sock
+                    if end is None or end > now or sock is None or slot.cut:
                         continue
                     slot.cut = True
                     with contextlib.suppress(OSError):
-                        slot.sock.shutdown(socket.SHUT_RDWR)
+                        sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Stop the watcher thread."""

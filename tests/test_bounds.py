@@ -232,3 +232,14 @@ def test_a_trickling_proxy_is_cut_at_the_timeout(monkeypatch: pytest.MonkeyPatch
         took, rs = timed(["http://127.0.0.1:1/via-proxy"], timeout=1)
     assert (rs[0].error_kind, rs[0].attempts) == ("timeout", 1)
     assert took < 1 + SLACK
+
+
+@pytest.mark.parametrize("lane", ["fast", "requests"])
+def test_a_kept_alive_connection_is_watched_too(server: MockServerProcess, lane: str) -> None:
+    """The second request reuses the first one's connection, then its headers trickle."""
+    urls = [f"{server.url}/ok/kept-alive", f"{server.url}/trickle-headers?interval=0.1&lines=60"]
+    items = urls if lane == "fast" else [{"url": url, "params": {"a": "1"}} for url in urls]
+    started = time.monotonic()
+    rs = fetch_all(items, attempts=1, timeout=1, concurrency=1)
+    assert [r.error_kind for r in rs] == [None, "timeout"]
+    assert time.monotonic() - started < 1 + SLACK
