@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from .backoff import Backoff
 from .fetch import run_http
 from .hedge import HedgeAfter
-from .journal import Journal, JournalMismatch, JournalReader, mismatch
+from .journal import Journal, JournalMismatch, JournalReader, locked, mismatch
 from .limits import Breaker, CooldownScope, Gates
 from .metrics import metrics_for
 from .observe import Observer, log_summary
@@ -88,6 +89,24 @@ def identity_of(items: Iterable[Item]) -> dict[str, str]:
     return {"entries": str(count), "sha256": digest.hexdigest()}
 
 
+def _check_ids(items: list[Item]) -> None:
+    """ValueError naming the first item whose ``id`` a journal cannot store as JSON."""
+    for index, item in enumerate(items):
+        # The id as given (item_label reports a NaN one as None).
+        if isinstance(item, RequestSpec):
+            item_id = item.id
+        elif isinstance(item, Mapping):
+            item_id = item.get("id")
+        else:
+            continue
+        try:
+            json.dumps(item_id, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"item {index}: its id {item_id!r} cannot be stored in the journal ({exc})"
+            ) from None
+
+
 def encode_result(result: Result, item: object) -> tuple[str, str | None]:
     """The journal's stored text for a library Result (there is no failed file to feed)."""
     return dumps(public_record(result)), None
@@ -101,6 +120,8 @@ class Batch:
     ``results`` and raises; ``run()`` again fetches only the rest. With ``journal=`` each
     final Result is also written to that SQLite file as it is made, so a new ``Batch`` over
     the same items (after a crash, or in a new session) continues where the last one stopped.
+    A journal that another run is using, or items whose ``id`` JSON cannot store, are a
+    ``ValueError`` before anything is sent.
     """
 
     def __init__(
@@ -114,11 +135,17 @@ class Batch:
         self._gates = self.options.gates()
         self.journal = None if journal is None else Path(journal)
         self._identity = {} if journal is None else identity_of(self.items)
-        if self.journal is not None and self.journal.exists():
-            self._load(self.journal)
+        if self.journal is not None:
+            _check_ids(self.items)
+            with locked(self.journal):
+                if self.journal.exists():
+                    self._load(self.journal)
 
     def _load(self, path: Path) -> None:
-        reader = JournalReader(path)
+        try:
+            reader = JournalReader(path)
+        except JournalMismatch as exc:
+            raise JournalMismatch(f"{exc}: give another journal, or delete it") from None
         try:
             problem = mismatch(reader.meta(), self._identity)
             if problem is not None:
@@ -159,24 +186,26 @@ class Batch:
         """Fetch every item without a final Result; returns ``results``."""
         options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
-        journal = (
-            None if self.journal is None else Journal(self.journal, encode_result, self._identity)
-        )
-        started = time.monotonic()
-        try:
-            with counter(self.pending, wanted(self._progress)) as bar:
+        with contextlib.ExitStack() as held:
+            journal = None
+            if self.journal is not None:
+                held.enter_context(locked(self.journal))  # JournalInUse: another run has it
+                journal = Journal(self.journal, encode_result, self._identity)
+            started = time.monotonic()
+            try:
+                with counter(self.pending, wanted(self._progress)) as bar:
 
-                def deliver(result: Result, item: object) -> None:
-                    if result.final:
-                        self._done[result.index] = result
-                        if journal is not None:
-                            journal.add(result, item)
+                    def deliver(result: Result, item: object) -> None:
+                        if result.final:
+                            self._done[result.index] = result
+                            if journal is not None:
+                                journal.add(result, item)
 
-                observers = run_observers(options, self._gates, bar)
-                run_http(options, self._gates, todo, deliver, observers=observers)
-        finally:
-            self.elapsed += time.monotonic() - started
-            if journal is not None:
-                journal.close()
-            log_summary(self._summary)
+                    observers = run_observers(options, self._gates, bar)
+                    run_http(options, self._gates, todo, deliver, observers=observers)
+            finally:
+                self.elapsed += time.monotonic() - started
+                if journal is not None:
+                    journal.close()
+                log_summary(self._summary)
         return self.results

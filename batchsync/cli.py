@@ -20,7 +20,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .dask import connect as connect_dask
 from .inputs import Input, InputError
-from .journal import JournalMismatch
+from .journal import JournalUnusable
 from .limits import Breaker, CooldownScope
 from .options import FetchOptions, build
 from .progress import wanted
@@ -28,7 +28,7 @@ from .redact import MASK
 from .runner import Outcome, Stoppable, run_batch
 from .shared import RedisLimits
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 positive = click.FloatRange(min=0, min_open=True)
@@ -81,7 +81,9 @@ def _parse_hedge_after(
         "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
         "INPUT again). Each result is journaled as it is made: after a crash or Ctrl-C, the "
         "same command with --resume fetches only the rest. Exit status: 0 all ok, 1 some "
-        "failed, 2 usage or input error, 130 interrupted."
+        "failed (outputs written), 2 usage or input error (nothing sent), 3 the run could not "
+        "be completed: the journal or output files could not be written (outputs not "
+        "replaced; fix the cause and rerun with --resume), 130 interrupted."
     ),
 )
 @click.argument("input_name", metavar="INPUT")
@@ -385,7 +387,7 @@ def command(
                 source, options, prefix, resume=resume, progress=show_progress,
                 on_start=on_start, dask=cluster, partition_size=partition_size,
             )  # fmt: skip
-    except (InputError, JournalMismatch) as exc:
+    except (InputError, JournalUnusable) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
         source.close()
@@ -500,7 +502,8 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: exit 0 all ok, 1 some failed, 2 usage or input error, 130 interrupted."""
+    """Entry point: exit 0 all ok, 1 some failed, 2 usage or input error, 3 the run could not
+    be completed (journal or output files not writable), 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)
@@ -508,8 +511,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
     except OSError as exc:  # e.g. the disk filled up under the journal or the output files
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        click.echo(
+            f"Error: {exc}; the outputs were not replaced: fix the cause and rerun with --resume",
+            err=True,
+        )
+        sys.exit(EXIT_INCOMPLETE)
     except (KeyboardInterrupt, click.Abort):
         click.echo("Interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

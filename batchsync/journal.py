@@ -5,18 +5,25 @@ whatever has queued up in one transaction (a group commit; in a busy run, every 
 the cost per item stays small while a SIGKILL loses at most the items still in flight and
 the last few milliseconds.
 
-The ``meta`` table records what the journal was made for (the input's identity), so that a
-run does not resume a journal made for other input.
+The ``meta`` table records what the journal was made for (the input's identity) and its
+``schema``, so that a run does not resume a journal made for other input, by an older
+batchsync, or by something else altogether. Anything the writer cannot store fails the run
+(``JournalFailed``) rather than losing a Result quietly; a lock file beside the journal keeps
+a second run from using the same journal at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 from .result import PERCENTILES, Result, Summary, rank
 
@@ -37,8 +44,16 @@ CREATE TABLE IF NOT EXISTS results (
 
 # The keys of the input identity that must match for a journal to be resumed.
 IDENTITY_KEYS = ("entries", "sha256")
+# The ``meta`` row that marks a journal of this layout; journals without it are refused.
+SCHEMA_VERSION = "batchsync-journal 2"
 
 _BATCH_ROWS = 5000
+# Results waiting for the writer at most (besides the group it is storing): beyond that,
+# workers wait (back-pressure), so a run whose results come faster than SQLite commits them
+# does not grow without bound.
+QUEUE_ROWS = 5000
+# How often a worker waiting for room in the queue checks that the writer is still alive.
+_PUT_POLL_SECONDS = 0.1
 # From this many results a second, the writer lets results gather for _LINGER_SECONDS before
 # each commit: a writer that keeps up would otherwise commit every result or two, and
 # thousands of small commits a second cost a busy run more than a tenth of its speed. Slower
@@ -57,8 +72,20 @@ def linger_for(results: int, seconds: float) -> float:
     return _LINGER_SECONDS if results >= BUSY_RESULTS_PER_SECOND * seconds else 0.0
 
 
-class JournalMismatch(ValueError):
-    """The journal was made for other input."""
+class JournalUnusable(ValueError):
+    """The journal cannot be used for this run; found before anything is sent."""
+
+
+class JournalMismatch(JournalUnusable):
+    """The journal was made for other input, by an older batchsync, or is not a journal."""
+
+
+class JournalInUse(JournalUnusable):
+    """Another run (or another ``Batch``) holds the journal's lock."""
+
+
+class JournalFailed(OSError):
+    """A Result could not be stored: the run cannot be completed."""
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -68,6 +95,35 @@ def connect(path: Path) -> sqlite3.Connection:
     connection.execute("PRAGMA synchronous=NORMAL")
     connection.executescript(SCHEMA)
     return connection
+
+
+def _storable(text: str) -> str:
+    """``text`` as SQLite can store it: a file name that is not UTF-8 (its bytes kept by
+    Python as lone surrogates) keeps them as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lock_path(path: Path) -> Path:
+    return Path(f"{path}.lock")
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the journal's lock file for the block: JournalInUse when another run holds it.
+
+    An exclusive ``flock``, released by the kernel when the process dies, so a killed run
+    never leaves a stale lock. Creating the lock file also proves the folder writable (an
+    OSError otherwise). The file stays: deleting it would let two runs lock different files.
+    """
+    descriptor = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalInUse(f"the journal {path} is in use by another run") from None
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def remove(path: Path) -> bool:
@@ -90,7 +146,9 @@ class Journal:
     """Stores each final Result from any thread; see the module docstring.
 
     ``encode(result, item)`` runs on the writer thread. ``meta`` (the input's identity) is
-    recorded before anything else.
+    recorded before anything else, with the schema version. Workers wait while
+    ``QUEUE_ROWS`` Results are queued; once the writer has failed, ``add`` and ``close``
+    raise JournalFailed.
     """
 
     def __init__(self, path: Path, encode: Encode, meta: Mapping[str, str]) -> None:
@@ -99,21 +157,43 @@ class Journal:
         self._db = connect(path)
         with self._db:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [(key, _storable(value)) for key, value in meta.items()]
+                + [("schema", SCHEMA_VERSION)],
+            )
         self._queue: queue.SimpleQueue[tuple[Result, object] | None] = queue.SimpleQueue()
+        # Room in the queue: each add takes a place, and the writer gives back what it took
+        # once per group (a bounded queue.Queue, waking a worker on every get, cut the
+        # journal's pace by a quarter).
+        self._room = threading.Semaphore(QUEUE_ROWS)
         self._error: BaseException | None = None
         self._closed = False
         self._writer = threading.Thread(target=self._write, name="batchsync-journal", daemon=True)
         self._writer.start()
 
     def add(self, result: Result, item: object) -> None:
-        """Queue a final Result; raises if the writer has failed (e.g. the disk is full)."""
-        if self._error is not None:
-            raise OSError(f"the journal {self.path} cannot be written: {self._error}")
-        if not self._closed:
-            self._queue.put((result, item))
+        """Queue a final Result, waiting while the queue is full; raises JournalFailed once the
+        writer has failed (the disk is full, a Result cannot be encoded, ...)."""
+        while not self._closed:
+            if self._error is not None:
+                raise self._failure()
+            # With a timeout: a writer that dies meanwhile must not hold this worker forever.
+            if self._room.acquire(timeout=_PUT_POLL_SECONDS):
+                self._queue.put((result, item))
+                return
+
+    def _failure(self) -> JournalFailed:
+        reason = str(self._error) or type(self._error).__name__
+        return JournalFailed(f"the journal {self.path} cannot be written: {reason}")
 
     def _write(self) -> None:
+        try:
+            self._write_until_closed()
+        except BaseException as exc:  # whatever it is, the run must hear of it
+            self._error = exc
+
+    def _write_until_closed(self) -> None:
         linger = 0.0
         window_start, window_results = time.monotonic(), 0
         while True:
@@ -126,16 +206,15 @@ class Journal:
                     pending.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            rows = [self._row(*entry) for entry in pending if entry is not None]
-            try:
-                with self._db:
-                    self._db.execute("BEGIN")
-                    self._db.executemany(
-                        "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
-                    )
-            except sqlite3.Error as exc:
-                self._error = exc
-                return
+            taken = [entry for entry in pending if entry is not None]
+            if taken:
+                self._room.release(len(taken))
+            rows = [self._row(*entry) for entry in taken]
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                )
             if None in pending:
                 return
             window_results += len(rows)
@@ -153,21 +232,57 @@ class Journal:
         )  # fmt: skip
 
     def close(self) -> None:
-        """Write everything queued, then stop the writer; later adds are ignored."""
+        """Write everything queued, then stop the writer; later adds are ignored. Raises
+        JournalFailed if anything could not be written."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             self._writer.join()
             self._db.close()
         if self._error is not None:
-            raise OSError(f"the journal {self.path} cannot be written: {self._error}")
+            raise self._failure()
+
+
+def _open_for_reading(path: Path) -> sqlite3.Connection:
+    """A connection to read a journal of this layout; JournalMismatch for anything else
+    (not SQLite, another program's database, an older layout, an unreadable file).
+
+    The check runs on a read-only connection, so a file that is not ours stays exactly as it
+    was. Ours is then read on a plain connection: closing the last connection to a journal
+    folds its WAL back in and removes the -wal and -shm files, which a read-only one cannot.
+    """
+    uri = f"file:{quote(os.fsencode(path))}?mode=ro"  # a name may hold ? # or %
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as check:
+            problem = _layout_problem(check)
+    except sqlite3.Error as exc:  # not SQLite at all, or unreadable
+        problem = f"cannot be read as a batchsync journal ({exc})"
+    if problem is not None:
+        raise JournalMismatch(f"{path} {problem}")
+    return sqlite3.connect(path, check_same_thread=False)
+
+
+def _layout_problem(db: sqlite3.Connection) -> str | None:
+    """Why ``db`` is not a journal of this layout, or None."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
+        return "is not a batchsync journal"
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if row is None:
+        return "was made by an older batchsync (or is not a batchsync journal)"
+    if row[0] != SCHEMA_VERSION:
+        return f"was made by another batchsync ({row[0]}, not {SCHEMA_VERSION})"
+    return None
 
 
 class JournalReader:
-    """Reads a journal: its identity, finished indexes, rows in input order, counts."""
+    """Reads a journal: its identity, finished indexes, rows in input order, counts.
+
+    Opens the file read-only and checks that it is a journal of this batchsync's layout
+    (JournalMismatch otherwise), so that a foreign or older file is left exactly as it was.
+    """
 
     def __init__(self, path: Path) -> None:
-        self._db = connect(path)
+        self._db = _open_for_reading(path)
 
     def close(self) -> None:
         self._db.close()

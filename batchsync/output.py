@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
@@ -61,26 +62,35 @@ def failed_request(entry: Entry, secrets: Secrets) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[IO[str]]:
-    """Write to a temporary file beside ``path`` and rename it over ``path`` only on success."""
-    # A plain exclusive open, so the file gets the usual permissions (umask), not 0600.
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+def atomic_files(*paths: Path) -> Iterator[list[IO[str]]]:
+    """Write to temporary files beside ``paths``; rename them over ``paths`` only once every
+    one is written and synced, so a failure (a full disk) replaces none of them."""
+    # Plain exclusive opens, so the files get the usual permissions (umask), not 0600.
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    temporaries = [path.with_name(f".{path.name}.{token}.tmp") for path in paths]
     try:
-        with temporary.open("x", encoding="utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        temporary.replace(path)
+        with contextlib.ExitStack() as stack:
+            handles: list[IO[str]] = [
+                stack.enter_context(temporary.open("x", encoding="utf-8"))
+                for temporary in temporaries
+            ]
+            yield handles
+            for handle in handles:
+                handle.flush()
+                os.fsync(handle.fileno())
+        for temporary, path in zip(temporaries, paths, strict=True):
+            temporary.replace(path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
+        for temporary in temporaries:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
         raise
 
 
 def write_outputs(prefix: str, rows: Iterable[tuple[str, str | None]]) -> tuple[Path, Path]:
     """Write both output files from (result JSON, failed request JSON or None) rows in order."""
     results_path, failed_path = output_paths(prefix)
-    with atomic_file(results_path) as results, atomic_file(failed_path) as failed:
+    with atomic_files(results_path, failed_path) as (results, failed):
         for record, request in rows:
             results.write(record)
             results.write("\n")
@@ -91,5 +101,29 @@ def write_outputs(prefix: str, rows: Iterable[tuple[str, str | None]]) -> tuple[
 
 
 def dumps(value: object) -> str:
-    """Compact JSON, UTF-8 kept as is."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """Compact strict JSON, so that the journal and the output files hold only lines any JSON
+    reader takes back: UTF-8 kept as is, except in text UTF-8 cannot encode (a lone surrogate,
+    from a JSON escape such as "\\ud800"), which is written with ASCII escapes; a NaN or an
+    infinity (which Python's JSON reader accepts, in a body or an input line) is written as
+    null, as JavaScript's JSON.stringify does."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return dumps(_finite(value))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN and infinity replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -13,7 +15,18 @@ from typing import Any, Protocol
 from .batch import run_observers
 from .fetch import run_http
 from .inputs import Entry, Input
-from .journal import Journal, JournalMismatch, JournalReader, mismatch, remove
+from .journal import (
+    Encode,
+    Journal,
+    JournalFailed,
+    JournalInUse,
+    JournalMismatch,
+    JournalReader,
+    JournalUnusable,
+    locked,
+    mismatch,
+    remove,
+)
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
 from .progress import Tally, counter
@@ -38,6 +51,10 @@ def encode(secrets: Secrets, result: Result, entry: object) -> tuple[str, str | 
     if not result.ok and isinstance(entry, Entry):
         request = dumps(failed_request(entry, secrets))
     return dumps(public_record(result)), request
+
+
+class MissingResults(OSError):
+    """The journal does not hold a Result for every item of a run that was not stopped."""
 
 
 @dataclass(frozen=True)
@@ -73,65 +90,112 @@ def run_batch(
 
     ``on_start`` sees what runs the batch before it starts, so the caller can stop it (on a
     signal). With ``dask`` (a ``distributed.Client``), partitions of the input run on that
-    cluster instead of here. Raises JournalMismatch when resuming a journal made for other
-    input.
+    cluster instead of here. Before anything is sent, raises JournalUnusable when the prefix
+    is in use by another run, its folder cannot be written, or (resuming) the journal was made
+    for other input or is not a journal of this batchsync. Raises OSError (JournalFailed,
+    MissingResults) when the run cannot be completed; the output files are then left as
+    they were.
     """
     identity = source.identity()
     entries = int(identity["entries"])
     path = journal_path(prefix)
-    done = bytearray(entries)
-    replaced = False
-    if resume and path.exists():
-        reader = JournalReader(path)
+    with contextlib.ExitStack() as held:
         try:
-            problem = mismatch(reader.meta(), identity)
-            if problem is not None:
-                raise JournalMismatch(
-                    f"{path} was made for other input ({problem}); run without --resume "
-                    "to start over"
-                )
-            done = reader.done(entries)
+            # Held until the outputs are written: a second run with this prefix would
+            # remove this run's journal or replace its outputs.
+            held.enter_context(locked(path))
+        except JournalInUse:
+            raise JournalInUse(f"the output prefix {prefix} is in use by another run") from None
+        except OSError as exc:
+            raise JournalUnusable(
+                f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
+            ) from None
+        done = bytearray(entries)
+        replaced = False
+        if resume and path.exists():
+            done = _finished(path, identity, entries)
+        else:
+            replaced = remove(path)
+        pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
+        journal = _create(path, partial(encode, options.secrets()), identity)
+        bar = counter(entries - sum(done), progress)
+        started = time.monotonic()
+        try:
+            with bar:
+
+                def deliver(result: Result, entry: object) -> None:
+                    if result.final:
+                        journal.add(result, entry)
+
+                if dask is None:
+                    ran = _run_here(options, pending, deliver, bar, on_start)
+                else:
+                    ran = _run_on_cluster(
+                        dask, partition_size, options=options, pending=pending,
+                        deliver=deliver, bar=bar, on_start=on_start,
+                    )  # fmt: skip
         finally:
-            reader.close()
-    else:
-        replaced = remove(path)
-    pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
-    journal = Journal(path, partial(encode, options.secrets()), identity)
-    bar = counter(entries - sum(done), progress)
-    started = time.monotonic()
-    try:
-        with bar:
-
-            def deliver(result: Result, entry: object) -> None:
-                if result.final:
-                    journal.add(result, entry)
-
-            if dask is None:
-                ran = _run_here(options, pending, deliver, bar, on_start)
-            else:
-                ran = _run_on_cluster(
-                    dask, partition_size, options=options, pending=pending, deliver=deliver,
-                    bar=bar, on_start=on_start,
-                )  # fmt: skip
-    finally:
-        journal.close()
-    elapsed = time.monotonic() - started
-    reader = JournalReader(path)
-    try:
-        results_path, failed_path = write_outputs(prefix, reader.rows())
-        stored = reader.summary()
-        summary = replace(
-            stored,
-            run_requests=bar.requests,
-            elapsed=elapsed,
-            waits=stored.waits | ran.waits,
-            circuits_opened=ran.circuits_opened,
-        )
-    finally:
-        reader.close()
+            journal.close()
+        elapsed = time.monotonic() - started
+        results_path, failed_path, stored = _write(path, prefix, entries, ran.stopped)
+    summary = replace(
+        stored,
+        run_requests=bar.requests,
+        elapsed=elapsed,
+        waits=stored.waits | ran.waits,
+        circuits_opened=ran.circuits_opened,
+    )
     return Outcome(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned
     )
+
+
+def _finished(path: Path, identity: Mapping[str, str], entries: int) -> bytearray:
+    """The entries a journal being resumed has final Results for; read-only."""
+    hint = "run without --resume to start over"
+    try:
+        reader = JournalReader(path)
+    except JournalMismatch as exc:
+        raise JournalMismatch(f"{exc}: {hint}") from None
+    try:
+        problem = mismatch(reader.meta(), identity)
+        if problem is not None:
+            raise JournalMismatch(f"{path} was made for other input ({problem}); {hint}")
+        return reader.done(entries)
+    finally:
+        reader.close()
+
+
+def _create(path: Path, store: Encode, identity: Mapping[str, str]) -> Journal:
+    """A new (or resumed) journal, or JournalUnusable before anything is sent."""
+    try:
+        return Journal(path, store, identity)
+    except sqlite3.Error as exc:
+        raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
+
+
+def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, Path, Summary]:
+    """Write the output files from the journal; their paths and the stored Results' summary.
+
+    Checks first that the journal holds one Result per entry (unless the run was stopped):
+    a results file must never lack a line while the run reports success.
+    """
+    try:
+        reader = JournalReader(path)
+    except JournalMismatch as exc:
+        raise JournalFailed(str(exc)) from None
+    try:
+        stored = reader.summary()
+        if not stopped and stored.total != entries:
+            raise MissingResults(
+                f"the journal {path} holds {stored.total} results for {entries} items"
+            )
+        results_path, failed_path = write_outputs(prefix, reader.rows())
+    except sqlite3.Error as exc:
+        raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None
+    finally:
+        reader.close()
+    return results_path, failed_path, stored
 
 
 @dataclass(frozen=True)

@@ -348,9 +348,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _trickle_headers(self, interval: float, lines: int) -> None:
         self.send_response(200)
-        self.wfile.write(b"".join(self._headers_buffer))
-        self._headers_buffer = []
-        self.wfile.flush()
+        self.flush_headers()  # the status line (and Server, Date) without the blank line
         for number in range(lines):
             time.sleep(interval)
             self.wfile.write(b"X-Trickle-%d: %d\r\n" % (number, number))

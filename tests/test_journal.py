@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from batchsync.batch import Item, identity_of
-from batchsync.journal import Journal, JournalReader, linger_for, mismatch, remove
+from batchsync.journal import (
+    SCHEMA_VERSION,
+    Journal,
+    JournalReader,
+    linger_for,
+    mismatch,
+    remove,
+)
 from batchsync.result import AttemptRecord, Result
 from batchsync.spec import RequestSpec
 
@@ -48,7 +55,7 @@ def test_results_added_from_many_threads_come_back_in_input_order(tmp_path: Path
     summary = reader.summary()
     assert (summary.total, summary.failed) == (1000, 334)
     assert summary.error_kinds == {"status": 334}
-    assert reader.meta() == IDENTITY
+    assert reader.meta() == dict(IDENTITY, schema=SCHEMA_VERSION)
     done = reader.done(1200)
     assert sum(done) == 1000 and done[999] == 1 and done[1000] == 0
     reader.close()
@@ -187,3 +194,14 @@ def test_the_summary_has_every_percentile_even_for_few_items(tmp_path: Path) -> 
     reader = JournalReader(path)
     assert reader.summary().latency == {"p50": 0.3, "p95": 0.5, "p99": 0.5}
     reader.close()
+
+
+def test_a_journal_whose_name_holds_uri_characters_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "run?mode=rw#1 %41.sqlite3"
+    journal = Journal(path, encode, IDENTITY)
+    journal.add(make(0), "u0")
+    journal.close()
+    reader = JournalReader(path)
+    assert sum(reader.done(1)) == 1
+    reader.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no WAL files left
