@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -469,10 +470,40 @@ def resume_command(argv: Sequence[str]) -> str:
     return shlex.join(["python", "-m", "batchsync", *words, "--resume"])
 
 
+# A stop signal that came before the run began (see ``main``): the run stops as it starts.
+_signalled_early = threading.Event()
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Until the run's own handlers take over, a stop signal is only noted: Python's default
+    raises KeyboardInterrupt wherever the program happens to be, which can leave a lock (the
+    logging module's, say) held for ever and the run hung."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        number: signal.signal(number, lambda signum, frame: _signalled_early.set())
+        for number in STOP_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        _signalled_early.clear()
+
+
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
     """First SIGINT/SIGTERM: stop the run gracefully. A second one: quit at once."""
     engines: list[Stoppable] = []
+
+    def started(run: Stoppable) -> None:
+        engines.append(run)
+        if _signalled_early.is_set():
+            os.write(2, b"Stopping: interrupted before the run began\n")
+            run.stop()
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if engines and not engines[0].stopped:
@@ -484,7 +515,7 @@ def _stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
 
     previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
     try:
-        yield engines.append
+        yield started
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
@@ -506,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     be completed (journal or output files not writable), 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)
+        with _signals_deferred():
+            code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)

@@ -1,0 +1,167 @@
+"""The CLI's promise over random mixes of hostile bodies, ids, server faults and signals.
+
+Every run ends in one of two ways: the results file has exactly one line per input, in input
+order, the failed file holds exactly the failures, and the exit status matches them (0 all
+ok, 1 some failed; 130 after a signal, with the lines of what finished); or the run fails
+loudly (exit 2 or 3, one ``Error:`` line). Nothing in between, and never a traceback.
+
+Each example runs ``batchsync.cli.main`` in a forked child (cheap: everything is imported),
+so that 150 examples fit in about half a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchsync import cli  # imported here: a child's signal must find main() running
+from tests.mockserver import MockServerProcess
+
+pytestmark = pytest.mark.integration
+
+# Paths of the mock server (see scripts/mock_server.py), the hostile ones among them.
+PATHS = [
+    "/ok/{key}",
+    "/ok/{key}?delay=0.2",
+    "/503/{key}",
+    "/404/{key}",
+    "/429-once/{key}?retry_after=0",
+    "/broken-json",
+    "/surrogate",
+    "/deep?depth=3000",
+    "/bad-location",
+    "/redirect?to=/ok/{key}",
+    "/half",
+    "/trickle-headers?interval=0.05&lines=3",
+    "/huge?mb=2",
+]
+IDS = [None, 7, "plain", "\ud800", "caf\u00e9", {"nested": [1, "\udfff"]}, "NaN"]
+BROKEN_LINES = [
+    "not a url",
+    '{"url": 5}',
+    "{broken json",
+    "http://127.0.0.1:1/refused",
+    '{"url": "http://h/", "method": "TRACE"}',
+]
+
+
+def strict_json(text: str) -> Any:
+    """JSON without NaN or Infinity, as every line the CLI writes must be."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@st.composite
+def input_lines(draw: st.DrawFn, base: str) -> list[str]:
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        if draw(st.integers(0, 5)) == 0:
+            lines.append(draw(st.sampled_from(BROKEN_LINES)))
+            continue
+        url = base + draw(st.sampled_from(PATHS)).format(key=uuid.uuid4().hex[:8])
+        item_id = draw(st.sampled_from(IDS))
+        if item_id is None:
+            lines.append(url)
+        elif item_id == "NaN":
+            lines.append(f'{{"url": "{url}", "id": NaN}}')
+        else:
+            lines.append(json.dumps({"url": url, "id": item_id}))
+    return lines
+
+
+def run_cli(args: list[str], folder: Path, signal_after: float | None) -> tuple[int, str]:
+    """The CLI in a forked child; its exit status and stderr."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code, entered = 98, False
+        try:
+            # As batchsync's main() does first: a signal now stops the run as it starts.
+            signal.signal(signal.SIGINT, lambda signum, frame: cli._signalled_early.set())
+            os.chdir(folder)
+            out = os.open("stderr.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            entered = True
+            cli.main(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 97
+        except KeyboardInterrupt:  # before main() began: as a Ctrl-C before the program ran
+            code = 99 if entered else 130
+        except BaseException:
+            code = 99
+        finally:
+            os._exit(code)
+    if signal_after is not None:
+        time.sleep(signal_after)
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:  # a hung run: a failure, not a hung suite
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1, "the run hung"
+        time.sleep(0.01)
+    err = folder / "stderr.txt"  # (none when the signal came before the child got that far)
+    stderr = err.read_text(errors="replace") if err.exists() else ""
+    return os.waitstatus_to_exitcode(waited[1]), stderr
+
+
+def check_run(folder: Path, entries: int, code: int, stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr
+    assert code in (0, 1, 2, 3, 130), (code, stderr)
+    if code in (2, 3):
+        assert "Error: " in stderr, stderr
+        return
+    results_path, failed_path = folder / "batch-results.jsonl", folder / "batch-failed.jsonl"
+    if code == 130 and not results_path.exists():
+        return  # stopped before the run began: nothing to write
+    results = [strict_json(line) for line in results_path.read_text().splitlines()]
+    failed = [strict_json(line) for line in failed_path.read_text().splitlines()]
+    indexes = [r["index"] for r in results]
+    if code == 130:
+        assert indexes == sorted(set(indexes)) and all(0 <= i < entries for i in indexes)
+    else:
+        assert indexes == list(range(entries)), (indexes, stderr)
+        assert code == (0 if all(r["ok"] for r in results) else 1), stderr
+    assert len(failed) == sum(1 for r in results if not r["ok"])
+
+
+@pytest.fixture(scope="module")
+def folders() -> Any:
+    with tempfile.TemporaryDirectory() as top:
+        yield Path(top)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_every_run_ends_whole_or_loudly(
+    server: MockServerProcess, folders: Path, data: st.DataObject
+) -> None:
+    lines = data.draw(input_lines(server.url), label="lines")
+    signal_after = data.draw(st.none() | st.floats(0.0, 0.6), label="signal_after")
+    attempts = data.draw(st.sampled_from(["1", "2"]), label="attempts")
+    folder = folders / uuid.uuid4().hex
+    folder.mkdir()
+    (folder / "in.txt").write_text(
+        "\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass"
+    )
+    args = ["in.txt", "-q", "-c", "4", "--attempts", attempts, "--timeout", "2", "--budget", "3"]
+    code, stderr = run_cli(args, folder, signal_after)
+    check_run(folder, len(lines), code, stderr)
