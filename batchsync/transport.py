@@ -377,10 +377,10 @@ class Transport:
         self._restores: list[Callable[[], None]] = []
         self._sessions: list[requests.Session] = []
         self._lock = threading.Lock()
-        self._made: list[requests.Session] = []
+        # Sessions batchsync made (its own, or a factory's) are closed with the run.
+        self._owns_sessions = not isinstance(session, requests.Session)
         if session is None:
             self._shared = self._fitted(requests.Session())
-            self._made.append(self._shared)
         elif isinstance(session, requests.Session):
             self._shared = self._fitted(session)
         else:
@@ -439,9 +439,9 @@ class Transport:
         for restore in self._restores:
             restore()
         self._restores.clear()
-        for session in self._made if self._factory is None else self._sessions:
-            session.close()
-        self._made.clear()
+        if self._owns_sessions:
+            for session in self._sessions:
+                session.close()
         self._sessions.clear()
 
     def _environment(self, session: requests.Session, url: str) -> dict[str, Any]:
@@ -552,7 +552,9 @@ class Transport:
             response = self._send_once(session, prepared, wall_end)
             return self._settle(session, prepared.url, response, wall_end)
         except Exception as exc:
-            raise self._cut_short(exc, wall_end) from exc
+            if self._ended(exc, wall_end):
+                raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
+            raise
 
     def prepare(self, request: requests.Request) -> Recipe:
         """``request`` prepared by the session (headers merged, auth and cookies applied),
@@ -565,12 +567,11 @@ class Transport:
         """This thread's attempt is over: its connection is no longer watched."""
         self.ledger.watchdog.disarm()
 
-    def _cut_short(self, exc: Exception, wall_end: float) -> Exception:
-        """The exception to report: a timeout when the attempt's end had come (the watchdog
-        cut its socket, so the read or write failed in whatever way that phase fails)."""
-        if isinstance(exc, AttemptTimedOut) or self._clock() < wall_end:
-            return exc
-        return AttemptTimedOut(f"attempt timed out ({describe(exc)})")
+    def _ended(self, exc: Exception, wall_end: float) -> bool:
+        """Whether ``exc`` is the attempt's end coming rather than a failure of its own: the
+        watchdog cut its socket, so the read or write failed in whatever way that phase fails.
+        (An AttemptTimedOut says so already.)"""
+        return not isinstance(exc, AttemptTimedOut) and self._clock() >= wall_end
 
     def _send_once(
         self, session: requests.Session, request: requests.PreparedRequest, wall_end: float
@@ -717,7 +718,9 @@ class Transport:
             raise
         except Exception as exc:
             reply.close()
-            raise self._cut_short(exc, wall_end) from exc
+            if self._ended(exc, wall_end):
+                raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
+            raise
         except BaseException:
             reply.close()
             raise
