@@ -108,8 +108,9 @@ def dumps(value: object) -> str:
     null, as JavaScript's JSON.stringify does."""
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        return dumps(_finite(value))
+    except ValueError:  # a NaN or an infinity (anything else raises again, out of here)
+        value = _finite(value)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if not text.isascii():
         try:
             text.encode("utf-8")
