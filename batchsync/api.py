@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sized
+from dataclasses import replace
 from functools import partial
 from typing import Any, Unpack
 
@@ -14,8 +15,12 @@ from .engine import Engine, Job, Route, Task
 from .observe import log_summary
 from .options import EngineOptions, build
 from .progress import counter, wanted
+from .redact import Secrets, watching
 from .result import Result, ResultSet
 from .spec import item_label
+
+# Secrets masked by their shape alone (URL userinfo, secret query parameters).
+_SHAPES = Secrets()
 
 
 class _Collector:
@@ -38,7 +43,7 @@ def _run(
     total = len(items) if isinstance(items, Sized) else None
     started = time.monotonic()
     bar = counter(total, wanted(progress))
-    with bar:
+    with bar, watching(_SHAPES):
         Engine(options, observers=[bar]).run(job, enumerate(items), collector)
     results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
     log_summary(results.summary)
@@ -55,7 +60,8 @@ class CallJob:
         self._retry_if = retry_if
 
     def label(self, item: object) -> tuple[str | None, Any]:
-        return item_label(item)
+        url, item_id = item_label(item)
+        return (None if url is None else _SHAPES.url(url)), item_id
 
     def prepare(self, item: object) -> Task:
         url, item_id = self.label(item)
@@ -65,7 +71,9 @@ class CallJob:
         try:
             return success(self._fn(item))
         except Exception as exc:  # the caller's errors become Results, never crashes
-            return classify_raised(exc, self._retry_if)
+            verdict = classify_raised(exc, self._retry_if)
+            # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
+            return replace(verdict, error=_SHAPES.text(verdict.error or ""))
 
 
 def run_all(

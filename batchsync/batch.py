@@ -24,7 +24,7 @@ from .options import Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Tally, counter, wanted
 from .result import AttemptRecord, Result, ResultSet, Summary
-from .spec import RequestSpec, item_label
+from .spec import RequestSpec
 from .tracing import Tracing, tracer_for
 from .transport import Cert, SessionSource, Verify
 
@@ -57,6 +57,8 @@ class FetchSettings(TypedDict, total=False):
     on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None
     on_result: Callable[[Result], None] | None
     secret_headers: tuple[str, ...]
+    secret_params: tuple[str, ...]
+    cookies: bool
     metrics: Any
     tracer: Any
     limits: Any
@@ -156,13 +158,13 @@ class Batch:
             reader.close()
 
     def _restore(self, index: int, record: dict[str, Any]) -> Result:
-        """A journaled Result as this session would have made it: URL and data as given."""
+        """A journaled Result as this session would have made it: its data as given."""
         result = Result.from_dict(record)
         expect = self.options.expect
         data = result.data
         if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
             data = expect.model_validate(data)
-        return replace(result, url=item_label(self.items[index])[0], data=data)
+        return replace(result, data=data)
 
     @property
     def results(self) -> ResultSet:

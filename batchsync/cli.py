@@ -25,7 +25,7 @@ from .journal import JournalUnusable
 from .limits import Breaker, CooldownScope
 from .options import FetchOptions, build
 from .progress import wanted
-from .redact import MASK
+from .redact import MASK, Secrets
 from .runner import Outcome, Stoppable, run_batch
 from .shared import RedisLimits
 
@@ -177,6 +177,12 @@ def _parse_hedge_after(
     help="Send identical GET/HEAD requests that are in flight together once.",
 )
 @click.option(
+    "--cookies/--no-cookies",
+    default=True,
+    help="Keep the cookies responses set, each sent back only to the origin (scheme, host, "
+    "port) that set it.",
+)
+@click.option(
     "--hedge-after",
     default=None,
     metavar="SECONDS|p95",
@@ -200,6 +206,14 @@ def _parse_hedge_after(
     multiple=True,
     metavar="NAME",
     help="Treat this item header as a secret too, like Authorization (repeatable).",
+)
+@click.option(
+    "--secret-param",
+    "secret_params",
+    multiple=True,
+    metavar="NAME",
+    help="Treat this query parameter's value as a secret too, like api_key, token or sig "
+    "(repeatable; names are case-insensitive).",
 )
 @click.option(
     "--deny-private",
@@ -323,9 +337,11 @@ def command(
     breaker: Breaker | None,
     adaptive: bool,
     dedup: bool,
+    cookies: bool,
     hedge_after: float | str | None,
     headers: dict[str, str],
     secret_headers: tuple[str, ...],
+    secret_params: tuple[str, ...],
     deny_private: bool,
     cacert: str | None,
     client_cert: str | None,
@@ -356,7 +372,8 @@ def command(
             concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
-            dedup=dedup, hedge_after=hedge_after, secret_headers=secret_headers,
+            dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
+            secret_params=secret_params,
             deny_private=deny_private, verify=False if insecure else cacert,
             cert=client_cert if client_key is None else (client_cert, client_key),
         )  # fmt: skip
@@ -394,7 +411,7 @@ def command(
         source.close()
         if cluster is not None:
             cluster.close()
-    return _report(outcome, quiet, click.get_current_context().obj or [])
+    return _report(outcome, quiet, click.get_current_context().obj or [], options.secrets())
 
 
 @contextlib.contextmanager
@@ -422,7 +439,7 @@ def _metrics_server(where: str | None) -> Iterator[object]:
         server.server_close()
 
 
-def _report(outcome: Outcome, quiet: bool, argv: Sequence[str]) -> int:
+def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets) -> int:
     summary = outcome.summary
     if not quiet:
         if outcome.replaced_journal:
@@ -438,7 +455,7 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str]) -> int:
     if outcome.stopped:
         click.echo(
             f"Interrupted: {summary.total} of {outcome.entries} done — resume with: "
-            f"{resume_command(argv)}",
+            f"{resume_command(argv, secrets)}",
             err=True,
         )
         if outcome.abandoned:
@@ -450,24 +467,56 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str]) -> int:
     return EXIT_OK if summary.failed == 0 else EXIT_FAILED
 
 
-def resume_command(argv: Sequence[str]) -> str:
-    """The command line that continues this run, with ``-H`` values masked."""
+def resume_command(argv: Sequence[str], secrets: Secrets) -> str:
+    """The command line that continues this run: ``argv`` read as click reads it (short flags
+    run together, ``--name=value``), ``-H`` values masked and every word masked by
+    ``secrets`` (the Redis URL's password, secret query parameters)."""
+    options = {
+        name: param
+        for param in command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+    }
     words: list[str] = []
-    masking = False
-    for word in argv:
-        if masking:
-            name = word.partition(":")[0]
-            words.append(f"{name}: {MASK}")
-            masking = False
-        elif word in ("-H", "--header"):
+    rest = iter(argv)
+    for word in rest:
+        if word == "--":  # everything after it is INPUT
+            words.extend((word, *rest))
+        elif not word.startswith("-") or word == "-":
             words.append(word)
-            masking = True
-        elif word.startswith(("--header=", "-H")):
-            flag, name = ("--header=", word[9:]) if word.startswith("--") else ("-H", word[2:])
-            words.append(f"{flag}{name.partition(':')[0]}: {MASK}")
-        elif word != "--resume":
-            words.append(word)
-    return shlex.join(["python", "-m", "batchsync", *words, "--resume"])
+        elif word.startswith("--"):
+            name, equals, given = word.partition("=")
+            option = options.get(name)
+            value = given if equals else None
+            if option is not None and _takes_value(option) and not equals:
+                value = next(rest, "")
+            words.extend(_shown_option(name, option, value))
+        else:  # short options, maybe run together (-vH 'Name: value', -c8)
+            for position in range(1, len(word)):
+                name = f"-{word[position]}"
+                option = options.get(name)
+                if option is not None and _takes_value(option):
+                    value = word[position + 1 :] or next(rest, "")
+                    words.extend(_shown_option(name, option, value))
+                    break
+                words.extend(_shown_option(name, option, None))
+    words = [secrets.text(word) for word in words]
+    end = words.index("--") if "--" in words else len(words)
+    return shlex.join(["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]])
+
+
+def _takes_value(option: click.Option) -> bool:
+    return not option.is_flag and not option.count
+
+
+def _shown_option(name: str, option: click.Option | None, value: str | None) -> list[str]:
+    if option is not None and option.name == "resume":
+        return []
+    if value is None:
+        return [name]
+    if option is not None and option.name == "headers":
+        value = f"{value.partition(':')[0]}: {MASK}"
+    return [name, value]
 
 
 # A stop signal that came before the run began (see ``main``): the run stops as it starts.

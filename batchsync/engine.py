@@ -19,11 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .budget import Allowance
-from .classify import ErrorKind, Verdict, describe
+from .classify import ErrorKind, Verdict
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
 from .options import EngineOptions
-from .redact import redact_url
 from .result import AttemptRecord, Result
 from .spec import InvalidItem
 
@@ -169,12 +168,11 @@ class Job(Protocol):
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
-    shown = redact_url(url) if url else url
     log.info(
         "retry %s: %s (attempt %d of %d); waiting %.2f s",
-        shown, verdict.error, number, limit, wait,
+        url, verdict.error, number, limit, wait,
         extra={
-            "url": shown, "attempt": number, "status_code": verdict.status_code,
+            "url": url, "attempt": number, "status_code": verdict.status_code,
             "error_kind": verdict.error_kind, "wait": wait,
         },
     )  # fmt: skip
@@ -206,7 +204,7 @@ def _what_happened(record: AttemptRecord) -> str:
 def _log_failure(result: Result) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
-    url = redact_url(result.url) if result.url else result.url
+    url = result.url
     attempts = f" [{_describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
     log.info(
         "failed %s: %s%s",
@@ -420,7 +418,8 @@ class Engine:
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
         log.exception("internal error on item %d", index)
         url, item_id = job.label(item)
-        error = f"internal error: {describe(exc)}"
+        # (the kind only: the message could hold anything the item held)
+        error = f"internal error: {type(exc).__name__}"
         return Result(index, url, False, item_id, error_kind="exception", error=error)
 
     def _copy(self, result: Result, copy: _Copy) -> Result:
@@ -526,7 +525,7 @@ class Engine:
                 verdict = route.attempt(bound, so_far)
             except Exception as exc:  # a bug in an attempt: that attempt's final failure
                 log.exception("internal error in an attempt of %s", task.url)
-                verdict = Verdict("terminal", "exception", f"internal error: {describe(exc)}")
+                verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
             if admission is not None and self._gates is not None:
                 self._gates.release(admission, verdict)
             ended = self._clock()

@@ -28,7 +28,7 @@ from .inputs import Entry
 from .limits import Gates
 from .observe import Observer
 from .options import FetchOptions
-from .redact import redact_text, redact_url
+from .redact import Secrets, watching
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire, host_of
@@ -73,36 +73,66 @@ class HttpJob:
             self._transport.abort()
             self._hedger.close()
 
+    @property
+    def secrets(self) -> Secrets:
+        return self._secrets
+
     def label(self, item: object) -> tuple[str | None, Any]:
-        return item_label(item)
+        url, item_id = item_label(item)
+        return (None if url is None else self._secrets.url(url)), item_id
 
     def prepare(self, item: object) -> Task:
+        """The item's Task; InvalidItem (its message masked) when it cannot be sent."""
+        try:
+            return self._prepare(item)
+        except InvalidItem as exc:
+            raise InvalidItem(self._secrets.text(str(exc), self._item_secrets(item))) from None
+
+    def _prepare(self, item: object) -> Task:
         if isinstance(item, str) and self._lean:
             wire = self._transport.wire("GET", item, self._lane_headers)
             if wire is not None:
                 self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
-                route = Route(partial(self._attempt, wire, self._hedge_host(wire.host)), wire.host)
-                return Task(item, None, route, dedup_key=dedup, subject=item)
+                attempt = partial(self._attempt, wire, self._hedge_host(wire.host), frozenset())
+                shown = self._secrets.url(item)
+                return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
         spec = parse_item(item)
         for url in (spec.url, *(spec.fallbacks or ())):
             self._guarded(urlsplit(url).hostname or "")
-        routes = [self._url_route(spec, url) for url in (spec.url, *(spec.fallbacks or ()))]
+        own = self._item_secrets(spec)
+        routes = [self._url_route(spec, url, own) for url in (spec.url, *(spec.fallbacks or ()))]
         routes += [
-            Route(partial(self._call_fallback, fallback, spec), gated=False, max_attempts=1)
+            Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
             for fallback in self._options.fallbacks
         ]
         return Task(
-            spec.url, spec.id, routes[0], tuple(routes[1:]), self._dedup_key(spec), subject=spec
-        )
+            self._secrets.url(spec.url), spec.id, routes[0], tuple(routes[1:]),
+            self._dedup_key(spec), subject=spec,
+        )  # fmt: skip
 
-    def _url_route(self, spec: RequestSpec, url: str) -> Route:
+    def _item_secrets(self, item: object) -> frozenset[str]:
+        """An item's own secret values (see ``Secrets.of_item``), read from a RequestSpec or
+        from whatever was given, valid or not."""
+        headers: Mapping[str, Any] | None
+        params: Mapping[str, Any] | None
+        if isinstance(item, RequestSpec):
+            urls, headers, params = [item.url, *(item.fallbacks or ())], item.headers, item.params
+        elif isinstance(item, Mapping):
+            urls = [url for url in (item.get("url"), *_listed(item.get("fallbacks")))
+                    if isinstance(url, str)]  # fmt: skip
+            headers, params = _mapping(item.get("headers")), _mapping(item.get("params"))
+        else:
+            urls, headers, params = [item] if isinstance(item, str) else [], None, None
+        return self._secrets.of_item(urls, headers, params)
+
+    def _url_route(self, spec: RequestSpec, url: str, own: frozenset[str]) -> Route:
         request = self._outgoing(spec, url)
         host = request.host if isinstance(request, Wire) else host_of(url)
         # Only GETs are hedged: a second copy of anything else could change something twice.
         attempt = partial(
-            self._attempt, request, self._hedge_host(host) if spec.method == "GET" else None
+            self._attempt, request, self._hedge_host(host) if spec.method == "GET" else None, own
         )
         if spec.retry_safe:
             return Route(attempt, host)
@@ -181,35 +211,40 @@ class HttpJob:
         try:
             return self._transport.prepare(request)
         except (requests.RequestException, ValueError, TypeError) as exc:
-            secrets = self._secrets.values(spec.headers)
-            raise InvalidItem(
-                f"cannot build the request: {redact_text(str(exc), secrets)}"
-            ) from None
+            raise InvalidItem(f"cannot build the request: {exc}") from None
 
     def _call_fallback(
         self,
         fallback: Callable[[RequestSpec, Result | None], Any],
         spec: RequestSpec,
+        own: frozenset[str],
         bound: float | None,
         so_far: Result | None,
     ) -> Verdict:
         try:
             return success(fallback(spec, so_far))
         except Exception as exc:  # the caller's fallback failing is that route's failure
-            return terminal("exception", describe(exc))
+            return terminal("exception", self._secrets.text(describe(exc), own))
 
     def _attempt(
         self,
         request: Outgoing,
         hedge_host: str | None,
+        own: frozenset[str],
         bound: float | None,
         so_far: Result | None,
     ) -> Verdict:
         assert bound is not None
         wall_end = self._clock() + bound
         if hedge_host is not None and self._hedger is not None:
-            return self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
-        return self._exchange(request, wall_end, None)
+            verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
+        else:
+            verdict = self._exchange(request, wall_end, None)
+        if verdict.error is not None:
+            verdict = replace(verdict, error=self._secrets.text(verdict.error, own))
+        if verdict.final_url is not None:
+            verdict.final_url = self._secrets.url(verdict.final_url)
+        return verdict
 
     def _exchange(
         self, request: Outgoing, wall_end: float, lost: threading.Event | None
@@ -226,7 +261,7 @@ class HttpJob:
         try:
             reply = self._transport.send(request, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
-            return self._redacted(classify_http_exception(exc))
+            return classify_http_exception(exc)
         if lost is not None and lost.is_set():
             reply.close()
             return _LOST
@@ -236,15 +271,10 @@ class HttpJob:
         except (InvalidBody, BodyTooLarge) as exc:
             verdict = terminal("invalid_body", str(exc), status)
         except Exception as exc:  # a failure while reading the body keeps the status seen
-            verdict = self._redacted(replace(classify_http_exception(exc), status_code=status))
-        verdict.final_url = redact_url(reply.url)
+            verdict = replace(classify_http_exception(exc), status_code=status)
+        verdict.final_url = reply.url
         verdict.redirects = reply.redirects
         return verdict
-
-    def _redacted(self, verdict: Verdict) -> Verdict:
-        if not self._secrets.batch_values or verdict.error is None:
-            return verdict
-        return replace(verdict, error=redact_text(verdict.error, self._secrets.batch_values))
 
     def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
         status = reply.status
@@ -273,7 +303,8 @@ class EntryJob:
 
     def label(self, entry: object) -> tuple[str | None, Any]:
         assert isinstance(entry, Entry)
-        return item_label(entry.item)
+        # A line that is no item has no URL to show: only its number and what is wrong.
+        return (None, None) if entry.problem is not None else self._inner.label(entry.item)
 
     def prepare(self, entry: object) -> Task:
         assert isinstance(entry, Entry)
@@ -283,6 +314,14 @@ class EntryJob:
             return self._inner.prepare(entry.item)
         except InvalidItem as exc:
             raise InvalidItem(f"{entry.where}: {exc}") from None
+
+
+def _listed(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
 
 
 def run_http(
@@ -305,7 +344,8 @@ def run_http(
     engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
     on_start(engine)
     try:
-        finished = engine.run(EntryJob(job) if entries else job, items, deliver)
+        with watching(job.secrets):
+            finished = engine.run(EntryJob(job) if entries else job, items, deliver)
     finally:
         job.close()
         transport.close()

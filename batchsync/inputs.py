@@ -1,9 +1,9 @@
 """Reading INPUT lazily: one item per line (a URL or a JSON object), or one JSON array.
 
 Every entry becomes an ``Entry``: the item, or the reason it is not one (reported later as
-that item's ``invalid_request`` Result, with its line or element number) — such as a line or
-an array element longer than 1 MiB, which is skipped without being parsed. Only an input that
-cannot be read at all raises ``InputError``.
+that item's ``invalid_request`` Result, with its line or element number and never its text,
+which may hold a secret) — such as a line or an array element longer than 1 MiB, which is
+skipped without being parsed. Only an input that cannot be read at all raises ``InputError``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import IO, Any
 MAX_LINE_BYTES = 2**20
 MAX_ELEMENT_BYTES = MAX_LINE_BYTES
 _ARRAY_CHUNK = 2**16
-_SHOWN_CHARS = 200
 
 # Where a JSON array's scanner must look next. Each pattern matches (maybe nothing) up to where
 # the scanner has to decide something; possessive, so that no match keeps state to backtrack into.
@@ -44,15 +43,15 @@ class InputError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One input entry: where it stands, the item read from it, or why it is not an item."""
+    """One input entry: where it stands, the item read from it, or why it is not an item.
+
+    An entry with a ``problem`` keeps its line as given in ``item`` (for the failed file)
+    when that is text that can be written back, else None.
+    """
 
     where: str
     item: object
     problem: str | None = None
-
-
-def _shown(text: str) -> str:
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
 def _parse_line(where: str, raw: bytes) -> Entry | None:
@@ -60,22 +59,23 @@ def _parse_line(where: str, raw: bytes) -> Entry | None:
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        shown = _shown(raw.decode("utf-8", errors="replace").strip())
-        return Entry(where, shown, "not UTF-8 text")
+        return Entry(where, None, "not UTF-8 text")
     if not text or text.startswith("#"):
         return None
     if "\x00" in text:
-        return Entry(where, _shown(text.replace("\x00", "\\0")), "contains a NUL byte")
+        return Entry(where, None, "contains a NUL byte")
     if not text.startswith("{"):
         return Entry(where, text)
     try:
         value = json.loads(text)
     except RecursionError:
-        return Entry(where, _shown(text), "JSON nested too deeply")
-    except ValueError as exc:
-        return Entry(where, _shown(text), f"not valid JSON: {exc}")
+        return Entry(where, text, "JSON nested too deeply")
+    except json.JSONDecodeError as exc:  # (its message says where, never what)
+        return Entry(where, text, f"not valid JSON: {exc.msg} at column {exc.colno}")
+    except ValueError:  # a number too long to convert, say: its message quotes it
+        return Entry(where, text, "not valid JSON")
     if not isinstance(value, dict):
-        return Entry(where, _shown(text), "a JSON line must be an object")
+        return Entry(where, text, "a JSON line must be an object")
     return Entry(where, value)
 
 
@@ -93,8 +93,7 @@ def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
             tail = raw
             while tail and not tail.endswith(b"\n"):
                 tail = stream.readline(MAX_LINE_BYTES)
-            shown = _shown(raw.decode("utf-8", errors="replace"))
-            yield Entry(where, shown, f"line is longer than {MAX_LINE_BYTES} bytes")
+            yield Entry(where, None, f"line is longer than {MAX_LINE_BYTES} bytes")
             continue
         entry = _parse_line(where, raw)
         if entry is not None:
@@ -163,7 +162,7 @@ class _ArrayReader:
             else:
                 text, end, kept = self._element(number, chunks, text, pos)
                 if kept is None:
-                    yield Entry(where, {}, f"longer than {MAX_ELEMENT_BYTES} bytes")
+                    yield Entry(where, None, f"longer than {MAX_ELEMENT_BYTES} bytes")
                 else:
                     yield Entry(where, _decode_element(number, kept))
                 closing = text[end] == "]"

@@ -89,6 +89,13 @@ class JournalFailed(OSError):
 
 
 def connect(path: Path) -> sqlite3.Connection:
+    # Owner-only (0600), like the failed file: it keeps the failed items as given, secrets and
+    # all. SQLite gives its -wal and -shm files the database file's mode.
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)  # (a journal an earlier version made 0644 too)
+    finally:
+        os.close(descriptor)
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA journal_mode=WAL")
     # WAL + NORMAL: a committed transaction survives the process being killed.

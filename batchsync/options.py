@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -61,8 +62,12 @@ class FetchOptions(EngineOptions):
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     secret_headers: tuple[str, ...] = ()
+    # Query parameters whose values are secret, besides redact.SECRET_PARAMS (api_key, token…).
+    secret_params: tuple[str, ...] = ()
     max_bytes: int = Field(default=32 * 2**20, ge=1)
     session: Any = None
+    # Keep the cookies responses set during the run (each sent back to its origin only).
+    cookies: bool = True
     # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
     # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
     verify: bool | str | None = None
@@ -72,7 +77,12 @@ class FetchOptions(EngineOptions):
         return Guard() if self.deny_private else None
 
     def secrets(self) -> Secrets:
-        return Secrets.of(self.headers, self.secret_headers)
+        """The run's secrets: its headers and declared names, and the Redis URL's password."""
+        redis_url = getattr(self.limits, "url", self.limits)
+        password = _password(redis_url) if isinstance(redis_url, str) else None
+        return Secrets.of(
+            self.headers, self.secret_headers, self.secret_params, [password] if password else []
+        )
 
     def shared(self) -> SharedLimits | None:
         """The shared limits backend; connecting to it checks that it answers (ValueError)."""
@@ -117,6 +127,13 @@ class FetchOptions(EngineOptions):
         if value is None or isinstance(value, requests.Session) or callable(value):
             return value
         raise ValueError("must be a requests.Session or a zero-argument factory of one")
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
 
 
 OptionsT = TypeVar("OptionsT", bound=EngineOptions)

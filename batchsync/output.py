@@ -7,14 +7,12 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from .inputs import Entry
-from .redact import Secrets, redact_url
 from .result import Result
-from .spec import InvalidItem, parse_item
 
 
 def output_paths(prefix: str) -> tuple[Path, Path]:
@@ -23,56 +21,36 @@ def output_paths(prefix: str) -> tuple[Path, Path]:
 
 
 def public_record(result: Result) -> dict[str, Any]:
-    """A Result as written out: its dict form with any URL password masked."""
-    record = result.to_dict()
-    if result.url:
-        record["url"] = redact_url(result.url)
-    return record
+    """A Result as written out (its texts were masked when it was made)."""
+    return result.to_dict()
 
 
-def failed_request(entry: Entry, secrets: Secrets) -> dict[str, Any]:
-    """The request object that re-runs a failed entry: valid INPUT, without secret headers.
+def failed_request(entry: Entry) -> str:
+    """The failed file's line for a failed entry: the request object as the input gave it
+    (secrets included: the file is the owner's only), so that the file re-runs it.
 
-    Batch-wide ``-H`` headers are never part of it; an item's own secret headers
-    (Authorization, Cookie, Proxy-Authorization and any declared secret) are dropped too.
-    An entry that was not a valid item is written back as given, so that it is not lost.
+    An entry that is no item has no request object: its line is an object that says what
+    was wrong and keeps the text as given (None when it could not be kept: not UTF-8, a NUL,
+    too long), to be mended; as it stands it fails again.
     """
     if entry.problem is None:
-        try:
-            spec = parse_item(entry.item)
-        except InvalidItem:
-            pass
-        else:
-            request = spec.to_item()
-            request["url"] = redact_url(spec.url)
-            headers = secrets.public(spec.headers)
-            if headers:
-                request["headers"] = headers
-            else:
-                request.pop("headers", None)
-            return request
-    if isinstance(entry.item, Mapping):
-        request = dict(entry.item)
-        if isinstance(request.get("headers"), Mapping):
-            request["headers"] = secrets.public(request["headers"])
-        if isinstance(request.get("url"), str):
-            request["url"] = redact_url(request["url"])
-        return request
-    return {"url": redact_url(str(entry.item))}
+        return dumps({"url": entry.item} if isinstance(entry.item, str) else entry.item)
+    return dumps({"invalid": f"{entry.where}: {entry.problem}", "given": entry.item})
 
 
 @contextlib.contextmanager
-def atomic_files(*paths: Path) -> Iterator[list[IO[str]]]:
+def atomic_files(*paths: Path, modes: Sequence[int] | None = None) -> Iterator[list[IO[str]]]:
     """Write to temporary files beside ``paths``; rename them over ``paths`` only once every
-    one is written and synced, so a failure (a full disk) replaces none of them."""
-    # Plain exclusive opens, so the files get the usual permissions (umask), not 0600.
+    one is written and synced, so a failure (a full disk) replaces none of them. ``modes``:
+    each file's permissions before the umask (by default 0666, as any new file)."""
+    modes = modes or [0o666] * len(paths)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     temporaries = [path.with_name(f".{path.name}.{token}.tmp") for path in paths]
     try:
         with contextlib.ExitStack() as stack:
             handles: list[IO[str]] = [
-                stack.enter_context(temporary.open("x", encoding="utf-8"))
-                for temporary in temporaries
+                stack.enter_context(_created(temporary, mode))
+                for temporary, mode in zip(temporaries, modes, strict=True)
             ]
             yield handles
             for handle in handles:
@@ -87,10 +65,17 @@ def atomic_files(*paths: Path) -> Iterator[list[IO[str]]]:
         raise
 
 
+def _created(path: Path, mode: int) -> IO[str]:
+    """A new file (never an existing one) opened for writing UTF-8 text, with ``mode``."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    return os.fdopen(descriptor, "w", encoding="utf-8")
+
+
 def write_outputs(prefix: str, rows: Iterable[tuple[str, str | None]]) -> tuple[Path, Path]:
     """Write both output files from (result JSON, failed request JSON or None) rows in order."""
     results_path, failed_path = output_paths(prefix)
-    with atomic_files(results_path, failed_path) as (results, failed):
+    # The failed file keeps items as given, secrets and all: the owner's only.
+    with atomic_files(results_path, failed_path, modes=(0o666, 0o600)) as (results, failed):
         for record, request in rows:
             results.write(record)
             results.write("\n")

@@ -1,53 +1,103 @@
-"""Keeping secrets out of logs, errors and output files."""
+"""Keeping secrets out of every text that leaves the process.
+
+A run's ``Secrets`` know what is secret: header names (Authorization, Cookie and
+Proxy-Authorization always, every ``-H`` header, declared names), query parameter names
+(``api_key``, ``token``, … and declared ones), URL userinfo, and values known up front (the
+``-H`` values, the Redis URL's password). Texts are masked by shape (``user:pass@``,
+``?api_key=…``), which needs no list of values, and by value, in the forms an error message
+or a log record may hold one: raw, escaped (``repr``, JSON, percent-encoding, base64), the
+credential without its scheme (``Bearer …``), and cut short (``…`` or ``...`` at a cut).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+import base64
+import contextlib
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# Query parameters whose values are secrets (case-insensitive), as many APIs take their keys.
+SECRET_PARAMS = frozenset({
+    "api_key", "apikey", "key", "access_token", "token", "auth", "signature", "sig",
+    "password", "secret", "client_secret",
+})  # fmt: skip
 
 MASK = "***"
 
-
-def redact_url(url: str) -> str:
-    """The URL with the password of any ``user:pass@`` replaced by the mask."""
-    if "@" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if password is None:
-        return url
-    netloc = parts.netloc.replace(f":{password}@", f":{MASK}@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+# A piece of a secret shorter than this is not looked for on its own (it would mask words),
+# nor a whole value shorter than _MIN_VALUE (a user name "u" would mask every "u"): those are
+# masked by their shape only.
+_MIN_PIECE = 6
+_MIN_VALUE = 4
+# Userinfo: whatever stands between a scheme's "//" and an "@" before the host ends.
+_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#@\s'\"<>\\]*@")
+_CUTS = ("…", "...")
 
 
-def redact_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every occurrence of a secret value replaced by the mask."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, MASK)
-    return text
+def _param_pattern(names: Iterable[str]) -> re.Pattern[str]:
+    alternatives = "|".join(sorted((re.escape(name) for name in names), key=len, reverse=True))
+    # name=value after ? & or ; (a URL, or a URL inside a message), up to where a value ends
+    return re.compile(rf"(?i)(?<=[?&;])({alternatives})=[^&#;\s'\"<>]*")
+
+
+_DEFAULT_PARAMS = _param_pattern(SECRET_PARAMS)
+
+
+def _forms(value: str) -> Iterator[str]:
+    """The ways a text may hold ``value``: as is and escaped."""
+    yield value
+    yield json.dumps(value)[1:-1]
+    yield json.dumps(value, ensure_ascii=False)[1:-1]
+    yield repr(value)[1:-1]
+    yield repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+    yield quote(value, safe="")
+    yield quote(value)
+    yield quote_plus(value)
+    yield base64.b64encode(value.encode("utf-8", "backslashreplace")).decode()
+
+
+def pieces(value: str) -> set[str]:
+    """``value`` and its parts worth looking for alone: the credential after a scheme
+    (``Bearer abc…``, the scheme itself left alone), the password after a user name, a
+    cookie's value after its name."""
+    parts = re.split(r"[\s:=,;]+", value)
+    if len(parts) > 1 and re.match(r"[A-Za-z-]+\s", value):  # an auth scheme first
+        parts = parts[1:]
+    return {value, *(part for part in parts if len(part) >= _MIN_PIECE)}
 
 
 @dataclass(frozen=True)
 class Secrets:
-    """Which headers are secret: Authorization, Cookie and Proxy-Authorization always, plus
-    every batch-wide header (``-H``) and any other name the caller declares."""
+    """What a run treats as secret, and the masking of texts by it."""
 
     names: frozenset[str] = SECRET_HEADERS
-    batch_values: frozenset[str] = frozenset()
+    params: frozenset[str] = SECRET_PARAMS
+    values: frozenset[str] = frozenset()
+    _patterns: dict[frozenset[str], re.Pattern[str]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
-    def of(cls, batch_headers: Mapping[str, str] | None, declared: Iterable[str] = ()) -> Secrets:
+    def of(
+        cls,
+        batch_headers: Mapping[str, str] | None = None,
+        declared: Iterable[str] = (),
+        params: Iterable[str] = (),
+        values: Iterable[str] = (),
+    ) -> Secrets:
         headers = batch_headers or {}
         names = SECRET_HEADERS | {name.lower() for name in (*headers, *declared)}
-        return cls(names, frozenset(value for value in headers.values() if value))
+        known = {value for value in (*headers.values(), *values) if len(value) >= _MIN_VALUE}
+        return cls(names, SECRET_PARAMS | {p.lower() for p in params}, frozenset(known))
 
     def is_secret(self, name: str) -> bool:
         return name.lower() in self.names
@@ -58,13 +108,184 @@ class Secrets:
         name = name.lower()
         return name in self.names and name not in SECRET_HEADERS
 
-    def values(self, item_headers: Mapping[str, str | None] | None = None) -> set[str]:
-        """Every secret value in play: the batch's, and the item's secret headers'."""
-        found = set(self.batch_values)
-        found.update(v for k, v in (item_headers or {}).items() if v and self.is_secret(k))
+    @cached_property
+    def _params(self) -> re.Pattern[str]:
+        return _DEFAULT_PARAMS if self.params == SECRET_PARAMS else _param_pattern(self.params)
+
+    def url(self, url: str) -> str:
+        """``url`` with its userinfo and its secret query parameters' values masked, and any
+        known secret value in it too; whether it can be parsed or not. (The same object when
+        there is nothing to mask: two ``in`` tests, for the fast lane.)"""
+        return self.text(url)
+
+    def text(self, text: str, extra: Iterable[str] = ()) -> str:
+        """``text`` with every secret masked: by shape (userinfo, secret parameters), the
+        run's known values and ``extra`` values (an item's own) in every form."""
+        if "@" in text:
+            text = _USERINFO.sub(_mask_userinfo, text)
+        if "=" in text:
+            text = self._params.sub(rf"\1={MASK}", text)
+        values = self.values.union(extra) if extra else self.values
+        if not values:
+            return text
+        pattern = self._values_pattern(frozenset(values))
+        text = pattern.sub(MASK, text)
+        return _mask_cut(text, values)
+
+    def _values_pattern(self, values: frozenset[str]) -> re.Pattern[str]:
+        pattern = self._patterns.get(values)
+        if pattern is None:
+            forms = {form for value in values for piece in pieces(value) for form in _forms(piece)}
+            escaped = sorted((re.escape(form) for form in forms if form), key=len, reverse=True)
+            pattern = re.compile("|".join(escaped))
+            if values == self.values:  # the run's own: kept; an item's: made each time
+                self._patterns[values] = pattern
+        return pattern
+
+    def of_item(
+        self,
+        urls: Iterable[str],
+        headers: Mapping[str, Any] | None,
+        params: Mapping[str, Any] | None,
+    ) -> frozenset[str]:
+        """An item's own secret values: its secret headers', its URLs' userinfo and secret
+        query parameters', and its secret ``params``'."""
+        found = {
+            v for k, v in (headers or {}).items() if isinstance(v, str) and self.is_secret(str(k))
+        }
+        for url in urls:
+            found.update(self._url_values(url))
+        found.update(
+            str(v) for k, v in (params or {}).items() if str(k).lower() in self.params and v
+        )
+        return frozenset(value for value in found if len(value) >= _MIN_VALUE)
+
+    def _url_values(self, url: str) -> set[str]:
+        found: set[str] = set()
+        try:
+            parts = urlsplit(url)
+            found.update(v for v in (parts.username, parts.password) if v)
+            found.update(unquote(v) for v in (parts.username, parts.password) if v)
+        except ValueError:  # unsplittable: masked by shape only
+            pass
+        query = url.partition("?")[2].partition("#")[0]
+        found.update(
+            value for name, value in parse_qsl(query, keep_blank_values=False)
+            if name.lower() in self.params
+        )  # fmt: skip
         return found
 
-    def public(self, headers: Mapping[str, str | None] | None) -> dict[str, str | None] | None:
-        """The headers without the secret ones, for writing out."""
-        kept = {k: v for k, v in (headers or {}).items() if not self.is_secret(k)}
-        return kept or None
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    return f"{match[1] or ''}//{MASK}@"
+
+
+def _mask_cut(text: str, values: Iterable[str]) -> str:
+    """Mask what is left of a secret where a message cut it short: a start of one before a
+    ``…`` or ``...``, an end of one after it."""
+    if not any(cut in text for cut in _CUTS):
+        return text
+    for piece in {piece for value in values for piece in pieces(value)}:
+        for form in _forms(piece):
+            if len(form) <= _MIN_PIECE:
+                continue
+            for cut in _CUTS:
+                text = _mask_around(text, form, cut)
+    return text
+
+
+def _mask_around(text: str, form: str, cut: str) -> str:
+    start = text.find(cut)
+    while start >= 0:
+        before = _start_before(text[:start], form)
+        if before:
+            text = text[: start - before] + MASK + text[start:]
+            start += len(MASK) - before
+        end = start + len(cut)
+        after = _end_after(text[end:], form)
+        if after:
+            text = text[:end] + MASK + text[end + after :]
+        start = text.find(cut, end)
+    return text
+
+
+def _start_before(text: str, form: str) -> int:
+    """The length of the longest start of ``form`` (at least _MIN_PIECE long, shorter than
+    it) that ``text`` ends with, or 0."""
+    for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
+        if text.endswith(form[:k]):
+            return k
+    return 0
+
+
+def _end_after(text: str, form: str) -> int:
+    """The length of the longest end of ``form`` (as above) that ``text`` starts with."""
+    for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
+        if text.startswith(form[-k:]):
+            return k
+    return 0
+
+
+class _Registry:
+    """The Secrets of the runs going on now, for the log filter."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: list[Secrets] = []
+
+    def add(self, secrets: Secrets) -> None:
+        with self._lock:
+            self._active.append(secrets)
+
+    def remove(self, secrets: Secrets) -> None:
+        with self._lock:
+            self._active.remove(secrets)
+
+    def current(self) -> list[Secrets]:
+        with self._lock:
+            return list(self._active) or [Secrets()]
+
+
+_RUNS = _Registry()
+
+
+class RedactingFilter(logging.Filter):
+    """Masks secrets in every record logged by batchsync and by urllib3 underneath it, with
+    the Secrets of the runs going on (their masking by shape whatever the run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: the handler reports it, as without us
+            return True
+        masked = _masked(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _masked(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def _masked(text: str) -> str:
+    for secrets in _RUNS.current():
+        text = secrets.text(text)
+    return text
+
+
+_FILTER = RedactingFilter()
+_LOGGERS = ("batchsync", "urllib3.connectionpool", "urllib3.connection", "urllib3.poolmanager",
+            "urllib3.response", "urllib3.util.retry")  # fmt: skip
+
+
+@contextlib.contextmanager
+def watching(secrets: Secrets) -> Iterator[Secrets]:
+    """For a run's duration: its Secrets are masked in log records (see RedactingFilter)."""
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    _RUNS.add(secrets)
+    try:
+        yield secrets
+    finally:
+        _RUNS.remove(secrets)

@@ -8,7 +8,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +29,6 @@ from .journal import (
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
 from .progress import Tally, counter
-from .redact import Secrets
 from .result import Result, Summary
 
 log = logging.getLogger("batchsync")
@@ -45,11 +43,12 @@ class Stoppable(Protocol):
     def stopped(self) -> bool: ...
 
 
-def encode(secrets: Secrets, result: Result, entry: object) -> tuple[str, str | None]:
-    """The journal's stored texts: the output record, and the re-run request when it failed."""
+def encode(result: Result, entry: object) -> tuple[str, str | None]:
+    """The journal's stored texts: the output record, and the failed file's line when it
+    failed."""
     request = None
     if not result.ok and isinstance(entry, Entry):
-        request = dumps(failed_request(entry, secrets))
+        request = failed_request(entry)
     return dumps(public_record(result)), request
 
 
@@ -117,7 +116,7 @@ def run_batch(
         else:
             replaced = remove(path)
         pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
-        journal = _create(path, partial(encode, options.secrets()), identity)
+        journal = _create(path, encode, identity)
         bar = counter(entries - sum(done), progress)
         started = time.monotonic()
         try:

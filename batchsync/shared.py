@@ -21,9 +21,20 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .limits import BreakerState, LimitsUnavailable
-from .redact import redact_url
+from .redact import Secrets
 
 log = logging.getLogger("batchsync")
+
+
+def _masked(url: str, text: str) -> str:
+    """``text`` with the Redis URL's userinfo and password masked wherever they are."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return Secrets.of(values=[password] if password else []).text(text)
+
+
 T = TypeVar("T")
 
 # Server time in seconds, as a float, inside a script.
@@ -119,7 +130,7 @@ class RedisLimits:
 
     def __init__(self, url: str, namespace: str = "batchsync", lease_ttl: float = 10.0) -> None:
         if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"not a Redis URL: {redact_url(url)}")
+            raise ValueError(_masked(url, f"not a Redis URL: {url}"))
         if lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl}")
         self.url = url
@@ -129,7 +140,7 @@ class RedisLimits:
         try:
             self._redis.ping()
         except Exception as exc:  # every failure to reach it is the same to the caller
-            raise ValueError(f"cannot reach Redis at {redact_url(url)}: {exc}") from None
+            raise ValueError(_masked(url, f"cannot reach Redis at {url}: {exc}")) from None
         self._errors = self._redis_errors()
 
     @staticmethod
@@ -146,7 +157,7 @@ class RedisLimits:
         try:
             return action()
         except self._errors as exc:
-            raise LimitsUnavailable(f"Redis at {redact_url(self.url)}: {exc}") from exc
+            raise LimitsUnavailable(_masked(self.url, f"Redis at {self.url}: {exc}")) from exc
 
     def script(self, source: str) -> Any:
         return self._redis.register_script(source)

@@ -12,17 +12,19 @@ from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 UNSAFE_METHODS = frozenset({"POST", "PATCH"})
-_METHOD = re.compile(r"^[A-Za-z]+$")
+# CONNECT opens a tunnel and TRACE echoes the request (headers and all) back: neither is a call.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_SHOWN_METHOD = re.compile(r"[A-Za-z]{1,16}")
 
 
-def not_a_number(value: Any) -> bool:
-    """Whether ``value`` holds a NaN or an infinity, which strict JSON (every output file, the
-    journal) cannot. (Other objects are the library caller's business; a journal checks them.)"""
+def json_writable(value: Any) -> bool:
+    """Whether strict JSON (every output file, the journal) can hold ``value``: no NaN, no
+    infinity, no object JSON has no form for."""
     try:
-        json.dumps(value, allow_nan=False, default=repr)
-    except ValueError:
-        return True
-    return False
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class InvalidItem(ValueError):
@@ -63,8 +65,8 @@ def check_url(url: str) -> str:
     """The URL itself when it is an absolute http(s) URL with a host; else ValueError."""
     try:
         parsed = parse_url(url)
-    except LocationParseError as exc:
-        raise ValueError(f"not a valid URL: {exc}") from None
+    except LocationParseError:  # (its message repeats the URL, passwords and all)
+        raise ValueError("not a valid URL: its host or port cannot be read") from None
     scheme = (parsed.scheme or "").lower()
     if scheme not in ("http", "https"):
         raise ValueError(f"scheme must be http or https, got {parsed.scheme or 'none'!r}")
@@ -103,8 +105,8 @@ class RequestSpec(BaseModel):
     @field_validator("id")
     @classmethod
     def _strict_json_id(cls, value: Any) -> Any:
-        if not_a_number(value):
-            raise ValueError("NaN and Infinity cannot be written as JSON")
+        if not json_writable(value):
+            raise ValueError("strict JSON cannot hold it (a NaN, an infinity or another object)")
         return value
 
     @field_validator("fallbacks")
@@ -114,9 +116,10 @@ class RequestSpec(BaseModel):
 
     @field_validator("method")
     @classmethod
-    def _method_token(cls, value: str) -> str:
-        if not _METHOD.match(value):
-            raise ValueError(f"not an HTTP method: {value!r}")
+    def _known_method(cls, value: str) -> str:
+        if value.upper() not in METHODS:
+            shown = f"{value!r} is " if _SHOWN_METHOD.fullmatch(value) else ""
+            raise ValueError(f"{shown}not one of {', '.join(sorted(METHODS))}")
         return value.upper()
 
     @property
@@ -169,5 +172,5 @@ def item_label(item: object) -> tuple[str | None, Any]:
     if isinstance(item, Mapping):
         url, item_id = item.get("url"), item.get("id")
         # An id that cannot be written out is refused with the item (see RequestSpec).
-        return (url if isinstance(url, str) else None), None if not_a_number(item_id) else item_id
+        return (url if isinstance(url, str) else None), item_id if json_writable(item_id) else None
     return None, None

@@ -11,7 +11,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .observe import Observer
-from .redact import redact_url
 from .result import AttemptRecord, Result
 
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ class Tracing(Observer):
         self._lock = threading.Lock()
 
     def item_started(self, index: int, task: Task) -> None:
-        url = redact_url(task.url) if task.url else None
+        url = task.url  # (masked when the Task was made)
         span = self._tracer.start_span(
             "batchsync.item", attributes=_attributes(index=index, url=url, id=_plain(task.id))
         )

@@ -21,14 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync import Batch
 from batchsync.journal import Journal
-from batchsync.redact import Secrets
 from batchsync.result import Result
 from batchsync.runner import encode
 from tests.mockserver import start_mock_server
@@ -81,7 +79,7 @@ def journal_alone(folder: Path, count: int) -> float:
         Result(n, f"http://h.test/{n}", True, status_code=200, attempts=1, data={"n": n})
         for n in range(count)
     ]
-    journal = Journal(folder / "alone.sqlite3", partial(encode, Secrets()), {"entries": str(count)})
+    journal = Journal(folder / "alone.sqlite3", encode, {"entries": str(count)})
     started = time.monotonic()
     for result in results:
         journal.add(result, None)

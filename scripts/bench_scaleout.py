@@ -30,7 +30,7 @@ from tests.mockserver import (  # noqa: E402
     in_flight_peak,
     start_mock_server,
 )
-from tests.test_scaleout import free_port  # noqa: E402
+from tests.services import free_port  # noqa: E402
 
 
 def three_processes(server: MockServerProcess, redis_url: str, folder: Path, delay: float) -> str:

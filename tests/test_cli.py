@@ -114,7 +114,13 @@ def test_bad_lines_become_invalid_request_results_with_their_line_numbers(
     assert results[1]["error"].startswith("line 4: not valid JSON")
     assert results[2]["error"].startswith("line 5: scheme must be http or https")
     assert results[3]["error"] == "line 6: url: Field required"
-    assert len(read_jsonl(tmp_path / "batch-failed.jsonl")) == 3
+    assert [r["url"] for r in results[1:]] == [None, "ftp://files.test/x", None]
+    # Each failed item as the input gave it; a line that is no item, kept to be mended.
+    assert read_jsonl(tmp_path / "batch-failed.jsonl") == [
+        {"invalid": results[1]["error"], "given": "{not json"},
+        {"url": "ftp://files.test/x"},
+        {"method": "GET"},
+    ]
 
 
 @pytest.mark.parametrize(
@@ -186,12 +192,14 @@ def test_secrets_stay_out_of_logs_and_files(server: MockServerProcess, tmp_path:
     )  # fmt: skip
     assert done.returncode == 1
     assert "retry " in done.stderr and "failed " in done.stderr
-    written = done.stderr + "".join(path.read_text() for path in tmp_path.glob("batch-*.jsonl"))
+    shown = done.stderr + (tmp_path / "batch-results.jsonl").read_text()
     for secret in ("item-secret-1", "cli-secret-2", "cli-secret-3", "cli-secret-4", "pa55word"):
-        assert secret not in written
-    failed = read_jsonl(tmp_path / "batch-failed.jsonl")
-    assert failed[0]["headers"] == {"X-Trace": "visible"}
-    assert failed[2]["url"] == "http://user:***@127.0.0.1:1/x"
+        assert secret not in shown
+    # The failed file re-runs the items as given (owner-only); the -H values are never in it.
+    failed_path = tmp_path / "batch-failed.jsonl"
+    assert failed_path.stat().st_mode & 0o777 == 0o600
+    assert read_jsonl(failed_path) == [item, {"url": lines[1]}, {"url": lines[2]}]
+    assert "cli-secret" not in failed_path.read_text()
 
 
 def test_header_values_reach_the_server(server: MockServerProcess, tmp_path: Path) -> None:

@@ -86,6 +86,12 @@ def listener() -> Iterator[socket.socket]:
         yield sock
 
 
+def test_a_zone_id_as_a_url_gives_it_is_unescaped_before_the_check() -> None:
+    # urlsplit leaves the zone of http://[fe80::1%25lo]/ escaped; getaddrinfo would not know it.
+    with pytest.raises(PrivateAddress, match="fe80::1"):
+        Guard().check("[fe80::1%25lo]")
+
+
 def test_a_socket_connected_to_a_refused_address_is_refused(listener: socket.socket) -> None:
     with (
         socket.create_connection(listener.getsockname(), timeout=5) as sock,

@@ -129,7 +129,7 @@ def test_an_element_over_the_limit_is_that_items_problem(tmp_path: Path) -> None
     over = entries[1]
     limit = inputs.MAX_ELEMENT_BYTES
     assert f"{over.where}: {over.problem}" == f"element 2: longer than {limit} bytes"
-    assert over.item == {}
+    assert over.item is None
     assert secret not in repr(over)
 
 
@@ -172,7 +172,7 @@ def test_over_limit_elements_of_any_shape_are_passed_over(
         ("element 3", None),
         ("element 4", None),
     ]
-    assert [entry.item for entry in entries] == [1, {}, {"url": "http://h.test/3"}, [4]]
+    assert [entry.item for entry in entries] == [1, None, {"url": "http://h.test/3"}, [4]]
 
 
 def test_the_cli_reports_an_over_limit_element_without_its_text(tmp_path: Path) -> None:
@@ -199,7 +199,10 @@ def test_the_cli_reports_an_over_limit_element_without_its_text(tmp_path: Path) 
     failed = [
         json.loads(line) for line in (tmp_path / "batch-failed.jsonl").read_text().splitlines()
     ]
-    assert failed == [{"url": "http://127.0.0.1:9/a"}, {}]
+    assert failed == [
+        {"url": "http://127.0.0.1:9/a"},
+        {"invalid": results[1]["error"], "given": None},
+    ]
     for name in ("batch-results.jsonl", "batch-failed.jsonl"):
         assert "s3cr3t-" not in (tmp_path / name).read_text()
     assert "s3cr3t-" not in done.stderr
@@ -338,7 +341,7 @@ def test_any_array_reads_the_same_however_it_is_chunked(
     assert [entry.where for entry in entries] == [f"element {n + 1}" for n in range(len(texts))]
     for entry, text, (_, value, _, _) in zip(entries, texts, elements, strict=True):
         if len(text.lstrip().encode()) > limit:
-            assert (entry.item, entry.problem) == ({}, f"longer than {limit} bytes")
+            assert (entry.item, entry.problem) == (None, f"longer than {limit} bytes")
         else:
             assert (entry.item, entry.problem) == (value, None)
 

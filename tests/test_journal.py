@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -205,3 +206,21 @@ def test_a_journal_whose_name_holds_uri_characters_reads_back(tmp_path: Path) ->
     assert sum(reader.done(1)) == 1
     reader.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no WAL files left
+
+
+def test_the_journal_and_the_failed_file_are_the_owners_only(tmp_path: Path) -> None:
+    from batchsync.journal import connect
+    from batchsync.output import write_outputs
+
+    old = tmp_path / "old-journal.sqlite3"
+    old.touch(mode=0o644)
+    old.chmod(0o644)  # as an earlier version left it
+    connect(old).close()
+    connect(tmp_path / "new-journal.sqlite3").close()
+    results, failed = write_outputs(str(tmp_path / "run"), [("{}", '{"url":"http://h.test/"}')])
+    assert old.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "new-journal.sqlite3").stat().st_mode & 0o777 == 0o600
+    assert failed.stat().st_mode & 0o777 == 0o600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert results.stat().st_mode & 0o777 == 0o666 & ~umask

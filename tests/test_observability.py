@@ -96,12 +96,12 @@ def test_log_records_are_structured_and_redacted(
     assert len(retries) == 1 and len(failures) == 2 and len(summaries) == 1
     retry = retries[0]
     assert (retry.url, retry.attempt, retry.status_code, retry.error_kind) == (  # type: ignore[attr-defined]
-        f"http://user:***@127.0.0.1:{port}/503/{marker}", 1, 503, "status",
+        f"http://***@127.0.0.1:{port}/503/{marker}", 1, 503, "status",
     )  # fmt: skip
     assert retry.wait == pytest.approx(0.02)  # type: ignore[attr-defined]
     assert {r.error_kind for r in failures} == {"status"}  # type: ignore[attr-defined]
     assert (summaries[0].total, summaries[0].failed) == (2, 2)  # type: ignore[attr-defined]
-    for secret in ("hunter2", "s3cr3t", "crumb"):
+    for secret in ("user", "hunter2", "s3cr3t", "crumb"):
         assert secret not in caplog.text
 
 

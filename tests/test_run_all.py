@@ -129,3 +129,13 @@ def test_works_inside_a_running_event_loop() -> None:
         return [r.data for r in rs]
 
     assert asyncio.run(notebook_cell()) == [2, 3, 4]
+
+
+def test_urls_and_errors_are_masked_by_shape() -> None:
+    # A callable's exception often quotes the URL it called (requests' HTTPError does).
+    def call(url: str) -> None:
+        raise ValueError(f"500 Server Error for url: {url}")
+
+    (result,) = run_all(call, ["http://user:pw@h.test/x?api_key=K3Y"], attempts=1)
+    assert result.url == "http://***@h.test/x?api_key=***"
+    assert result.error == "ValueError: 500 Server Error for url: http://***@h.test/x?api_key=***"

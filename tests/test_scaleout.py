@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,43 +19,15 @@ import pytest
 from batchsync import fetch_all
 
 from .mockserver import MockServerProcess, busiest_second, in_flight_peak
+from .services import redis_server
 
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    """A real redis-server on 127.0.0.1 (CI installs it; elsewhere its absence skips)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (the Makefile installs it for CI)")
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with redis_server() as url:
+        yield url
 
 
 def namespace() -> str:

@@ -1,0 +1,121 @@
+"""The masking of secrets in texts: by shape, and by value in every form a message holds one."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from urllib.parse import quote, quote_plus
+
+import pytest
+
+from batchsync.redact import MASK, SECRET_PARAMS, RedactingFilter, Secrets, watching
+
+TOKEN = "tok3n-Zq9/+x=Yw"
+RUN = Secrets.of({"Authorization": f"Bearer {TOKEN}"}, declared=["X-Session"], params=["My_Sig"])
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pw@h.test/x", "http://***@h.test/x"),
+        ("http://sk_live_abc@h.test/x", "http://***@h.test/x"),  # a key as the user name
+        ("http://u:PW@127.0.0.1:99999/", "http://***@127.0.0.1:99999/"),  # bad port
+        ("http://u:PW@[::1/", "http://***@[::1/"),  # cannot be split at all
+        ("https://h.test/a@b/c?x=1", "https://h.test/a@b/c?x=1"),  # an @ in the path
+        ("http://h.test/?api_key=K1&page=2", "http://h.test/?api_key=***&page=2"),
+        ("http://h.test/?Access_Token=K1#f", "http://h.test/?Access_Token=***#f"),
+        ("http://h.test/?keyboard=qwerty&key=", "http://h.test/?keyboard=qwerty&key=***"),
+        ("http://h.test/?my_sig=S&MY_SIG=T", "http://h.test/?my_sig=***&MY_SIG=***"),
+        ("http://h.test/x;sig=S", "http://h.test/x;sig=***"),
+        ("http://h.test/plain", "http://h.test/plain"),
+    ],
+)
+def test_urls_are_masked_by_shape(url: str, shown: str) -> None:
+    assert RUN.url(url) == shown
+
+
+def test_every_default_secret_parameter_is_masked() -> None:
+    for name in SECRET_PARAMS:
+        assert (
+            Secrets().url(f"http://h.test/?{name.upper()}=v4lue")
+            == f"http://h.test/?{name.upper()}=***"
+        )
+
+
+def test_a_url_with_nothing_to_mask_is_the_same_object() -> None:
+    url = "http://h.test/items/1"
+    assert Secrets().url(url) is url  # the fast lane's cost: two `in` tests
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        TOKEN,
+        f"Bearer {TOKEN}",
+        json.dumps(TOKEN)[1:-1],
+        repr(f"Bearer {TOKEN}\r\n"),
+        repr(f"Bearer {TOKEN}".encode()),
+        quote(TOKEN, safe=""),
+        quote_plus(TOKEN),
+        base64.b64encode(TOKEN.encode()).decode(),
+    ],
+)
+def test_a_known_value_is_masked_in_every_form(form: str) -> None:
+    masked = RUN.text(f"failed: {form} (end)")
+    assert "tok3n" not in masked and "dG9rM2" not in masked, masked
+    assert MASK in masked
+
+
+@pytest.mark.parametrize("cut", ["…", "..."])
+def test_a_value_cut_short_is_masked_at_the_cut(cut: str) -> None:
+    assert "tok3n-Zq" not in RUN.text(f"header value b'Bearer tok3n-Zq9{cut}' is invalid")
+    assert "9/+x=Yw" not in RUN.text(f"ends with {cut}Zq9/+x=Yw")
+    assert RUN.text(f"a sentence that trails off{cut}") == f"a sentence that trails off{cut}"
+
+
+def test_an_items_own_values_are_masked_with_the_runs() -> None:
+    own = RUN.of_item(
+        ["http://alice:s3cr3tpw@h.test/?token=t0k3nvalue&page=2"],
+        {"Cookie": "sid=c00kie-value", "X-Session": "sess10n-id", "Accept": "text/html"},
+        {"access_token": "paramvalue", "page": 2},
+    )
+    assert own == {
+        "alice",
+        "s3cr3tpw",
+        "t0k3nvalue",
+        "sid=c00kie-value",
+        "sess10n-id",
+        "paramvalue",
+    }
+    text = "s3cr3tpw t0k3nvalue c00kie-value sess10n-id paramvalue text/html page 2"
+    assert RUN.text(text, own) == f"{MASK} {MASK} {MASK} {MASK} {MASK} text/html page 2"
+
+
+def test_the_auth_scheme_is_no_secret() -> None:
+    assert RUN.text("the Bearer token was refused") == "the Bearer token was refused"
+    assert RUN.text(f"Authorization: Bearer {TOKEN}") == "Authorization: ***"
+
+
+def test_short_values_are_masked_by_shape_only() -> None:
+    # A user name "u" masked by value would mask every "u" of every message.
+    assert RUN.of_item(["http://u:pw@h.test/"], None, None) == frozenset()
+    assert (
+        RUN.text("url: not a valid URL: http://u:pw@h.test/")
+        == "url: not a valid URL: http://***@h.test/"
+    )
+
+
+def test_the_log_filter_masks_records_of_batchsync_and_urllib3(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.DEBUG), watching(RUN):
+        logging.getLogger("batchsync").info("sending %s", f"Bearer {TOKEN}")
+        logging.getLogger("urllib3.connectionpool").debug('"GET /?api_key=K1 HTTP/1.1" 200 2')
+        try:
+            raise ValueError(f"bad header {TOKEN!r}")
+        except ValueError:
+            logging.getLogger("batchsync").exception("failed")
+    assert "tok3n" not in caplog.text and "K1" not in caplog.text
+    assert "sending ***" in caplog.text and "api_key=***" in caplog.text
+    assert isinstance(logging.getLogger("batchsync").filters[0], RedactingFilter)
