@@ -29,6 +29,7 @@ from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
 from .classify import BadRedirect, describe
+from .cookies import OriginJars, lend
 from .guard import Guard, PrivateAddress
 from .headers import QuickHeadersResponse
 from .redact import Secrets
@@ -368,6 +369,7 @@ class Transport:
         clock: Callable[[], float] = time.monotonic,
         verify: Verify | None = None,
         cert: Cert | None = None,
+        cookies: bool = True,
     ) -> None:
         self._factory: Callable[[], requests.Session] | None = None
         self._shared: requests.Session | None = None
@@ -377,6 +379,9 @@ class Transport:
         self._restores: list[Callable[[], None]] = []
         self._sessions: list[requests.Session] = []
         self._lock = threading.Lock()
+        # Each fitted session's jars of the run's cookies, one per origin (see cookies.py).
+        self._keep_cookies = cookies
+        self._cookie_jars: dict[int, OriginJars] = {}
         # Sessions batchsync made (its own, or a factory's) are closed with the run.
         self._owns_sessions = not isinstance(session, requests.Session)
         if session is None:
@@ -399,7 +404,7 @@ class Transport:
     def for_options(cls, options: FetchOptions) -> Transport:
         return cls(
             options.session, options.concurrency, options.secrets(), guard=options.guard(),
-            verify=options.verify, cert=options.cert,
+            verify=options.verify, cert=options.cert, cookies=options.cookies,
         )  # fmt: skip
 
     @property
@@ -411,6 +416,9 @@ class Transport:
         with self._lock:
             if not any(session is fitted for fitted in self._sessions):
                 self._restores.append(fit_session(session, self._pool_size, self.ledger))
+                jars, restore = lend(session.cookies, keep=self._keep_cookies)
+                self._restores.append(restore)
+                self._cookie_jars[id(session)] = jars
                 self._sessions.append(session)
         return session
 
@@ -443,6 +451,7 @@ class Transport:
             for session in self._sessions:
                 session.close()
         self._sessions.clear()
+        self._cookie_jars.clear()
 
     def _environment(self, session: requests.Session, url: str) -> dict[str, Any]:
         """proxies, verify and cert for a URL, as ``Session.request`` would merge them, but
@@ -475,10 +484,13 @@ class Transport:
             and not self._has_cookies(self._shared)
         )
 
-    @staticmethod
-    def _has_cookies(session: requests.Session) -> bool:
-        """Whether the session's jar holds anything (without taking the jar's lock)."""
-        return bool(session.cookies._cookies)  # type: ignore[attr-defined]
+    def _has_cookies(self, session: requests.Session) -> bool:
+        """Whether the session's jar, or the run's jars of its origins, hold anything
+        (without taking a jar's lock)."""
+        if session.cookies._cookies:  # type: ignore[attr-defined]
+            return True
+        jars = self._cookie_jars.get(id(session))
+        return jars is not None and bool(jars.by_origin)
 
     def headers_with(self, *layers: Mapping[str, str | None] | None) -> Mapping[str, str]:
         """The session's default headers overlaid with ``layers``, as requests merges them."""
@@ -559,8 +571,13 @@ class Transport:
     def prepare(self, request: requests.Request) -> Recipe:
         """``request`` prepared by the session (headers merged, auth and cookies applied),
         with the redirect drain (see ``drain_redirect``)."""
-        prepared = self.session().prepare_request(request)
+        session = self.session()
+        prepared = session.prepare_request(request)
         prepared.hooks["response"].insert(0, self.drain_redirect)
+        jars = self._cookie_jars.get(id(session))
+        if jars is not None:  # the run's cookies: each to its own origin only
+            prepared.hooks["response"].insert(0, jars.keep)
+            jars.fit(prepared, session.headers, request.headers)
         return Recipe(request, prepared)
 
     def finish(self) -> None:
@@ -617,6 +634,9 @@ class Transport:
             adapter = session.get_adapter(wire.url)
             assert isinstance(adapter, HTTPAdapter)
             response = self.drain_redirect(adapter.build_response(prepared, raw))
+            jars = self._cookie_jars.get(id(session))
+            if jars is not None:  # (as its hook would, before the next hop is worked out)
+                jars.keep(response)
             extract_cookies_to_jar(session.cookies, prepared, raw)
             # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
             try:

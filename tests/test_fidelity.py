@@ -259,7 +259,7 @@ def test_final_url_masks_the_password() -> None:
         url = f"http://user:pw@127.0.0.1:{recorder.port}/basic"
         done = exchange(recorder, [url], [Call("GET", url)])
         assert ":pw@" in done.responses[0].url
-        assert done.results[0].final_url == done.responses[0].url.replace(":pw@", ":***@")
+        assert done.results[0].final_url == done.responses[0].url.replace("user:pw@", "***@")
         assert done.results[0].redirects == 0
 
 
@@ -569,7 +569,8 @@ def test_a_redirect_to_another_port_keeps_what_requests_rebuilds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """requests strips auth on a redirect to another origin, then adds the new one's from
-    .netrc; and cookies, which ignore ports, go along. batchsync must not strip them again."""
+    .netrc: batchsync must not strip that again. Cookies, which ignore ports in requests, are
+    one jar per origin in batchsync: the one set by the first port stays there."""
     netrc = tmp_path / "netrc"
     netrc.write_text("machine 127.0.0.1 login nu password np\n")
     monkeypatch.setenv("NETRC", str(netrc))
@@ -581,7 +582,8 @@ def test_a_redirect_to_another_port_keeps_what_requests_rebuilds(
     expected, seen = two_servers_exchange(items, calls)
     assert b"\r\nAuthorization: Basic " in expected[1][0]
     assert b"\r\nCookie: flavour=oat\r\n" in expected[1][0]
-    assert seen == expected
+    assert seen[0] == expected[0]
+    assert seen[1][0] == expected[1][0].replace(b"Cookie: flavour=oat\r\n", b"")
 
 
 def test_batch_headers_still_stay_off_other_origins() -> None:
