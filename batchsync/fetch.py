@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -28,7 +29,7 @@ from .inputs import Entry
 from .limits import Gates
 from .observe import Observer
 from .options import FetchOptions
-from .redact import Secrets, watching
+from .redact import Secrets, item_secrets, watching
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire, host_of
@@ -108,7 +109,7 @@ class HttpJob:
             for fallback in self._options.fallbacks
         ]
         return Task(
-            self._secrets.url(spec.url), spec.id, routes[0], tuple(routes[1:]),
+            self._secrets.text(spec.url, own), spec.id, routes[0], tuple(routes[1:]),
             self._dedup_key(spec), subject=spec,
         )  # fmt: skip
 
@@ -236,14 +237,15 @@ class HttpJob:
     ) -> Verdict:
         assert bound is not None
         wall_end = self._clock() + bound
-        if hedge_host is not None and self._hedger is not None:
-            verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
-        else:
-            verdict = self._exchange(request, wall_end, None)
+        with item_secrets(own) if own else nullcontext():
+            if hedge_host is not None and self._hedger is not None:
+                verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
+            else:
+                verdict = self._exchange(request, wall_end, None)
         if verdict.error is not None:
             verdict = replace(verdict, error=self._secrets.text(verdict.error, own))
         if verdict.final_url is not None:
-            verdict.final_url = self._secrets.url(verdict.final_url)
+            verdict.final_url = self._secrets.text(verdict.final_url, own)
         return verdict
 
     def _exchange(

@@ -19,9 +19,8 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
-from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
@@ -38,18 +37,23 @@ MASK = "***"
 # masked by their shape only.
 _MIN_PIECE = 6
 _MIN_VALUE = 4
-# Userinfo: whatever stands between a scheme's "//" and an "@" before the host ends.
-_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#@\s'\"<>\\]*@")
+# Userinfo: what stands between a scheme's "//" and the last "@" before the authority ends
+# (as urllib3 splits it: a password may hold an "@"; masking too much is harmless).
+_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#\s]*@")
+# name=value after ? & ; or # (a URL, a fragment, or a URL inside a message).
+# Two readings of a value: up to a "?" (a URL given inside one: ?to=http://o/x?api_key=…),
+# and past it (a value may hold a "?"); both are masked.
+_PARAMS = (
+    re.compile(r"(?<=[?&;#])([^=&;#?\s'\"<>]+)=([^&;#?\s'\"<>]*)"),
+    re.compile(r"(?<=[?&;#])([^=&;#?\s'\"<>]+)=([^&;#\s'\"<>]*)"),
+)
 _CUTS = ("…", "...")
 
 
-def _param_pattern(names: Iterable[str]) -> re.Pattern[str]:
-    alternatives = "|".join(sorted((re.escape(name) for name in names), key=len, reverse=True))
-    # name=value after ? & or ; (a URL, or a URL inside a message), up to where a value ends
-    return re.compile(rf"(?i)(?<=[?&;])({alternatives})=[^&#;\s'\"<>]*")
-
-
-_DEFAULT_PARAMS = _param_pattern(SECRET_PARAMS)
+def _param_name(name: str) -> str:
+    """A parameter's name as a server reads it: percent-decoded (``api%5Fkey``), without the
+    spaces ``+`` stands for and the ``[]`` of PHP-style arrays, in lower case."""
+    return unquote_plus(name).strip().removesuffix("[]").strip().lower()
 
 
 def _forms(value: str) -> Iterator[str]:
@@ -108,9 +112,20 @@ class Secrets:
         name = name.lower()
         return name in self.names and name not in SECRET_HEADERS
 
-    @cached_property
-    def _params(self) -> re.Pattern[str]:
-        return _DEFAULT_PARAMS if self.params == SECRET_PARAMS else _param_pattern(self.params)
+    def _mask_param(self, match: re.Match[str]) -> str:
+        return f"{match[1]}={MASK}" if _param_name(match[1]) in self.params else match[0]
+
+    def _param_values(self, text: str) -> set[str]:
+        """The values of secret parameters in a text (one percent-decoded, say: a URL given as
+        another URL's parameter)."""
+        found = {
+            m[2]
+            for pattern in _PARAMS
+            for m in pattern.finditer(text)
+            if m[2] and _param_name(m[1]) in self.params
+        }
+        # (in a message the value may run into the punctuation after it: "…=v4lue: HTTP 404")
+        return found | {value.rstrip(".,:)]}") for value in found}
 
     def url(self, url: str) -> str:
         """``url`` with its userinfo and its secret query parameters' values masked, and any
@@ -124,7 +139,10 @@ class Secrets:
         if "@" in text:
             text = _USERINFO.sub(_mask_userinfo, text)
         if "=" in text:
-            text = self._params.sub(rf"\1={MASK}", text)
+            for pattern in _PARAMS:
+                text = pattern.sub(self._mask_param, text)
+        if "%" in text:  # a URL escaped inside another: its secrets, found decoded
+            extra = {*extra, *self._param_values(unquote_plus(text))}
         values = self.values.union(extra) if extra else self.values
         if not values:
             return text
@@ -161,18 +179,14 @@ class Secrets:
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
     def _url_values(self, url: str) -> set[str]:
-        found: set[str] = set()
+        found = self._param_values(url) | self._param_values(unquote_plus(url))
         try:
-            parts = urlsplit(url)
-            found.update(v for v in (parts.username, parts.password) if v)
-            found.update(unquote(v) for v in (parts.username, parts.password) if v)
+            user, password = urlsplit(url).username, urlsplit(url).password
         except ValueError:  # unsplittable: masked by shape only
-            pass
-        query = url.partition("?")[2].partition("#")[0]
-        found.update(
-            value for name, value in parse_qsl(query, keep_blank_values=False)
-            if name.lower() in self.params
-        )  # fmt: skip
+            return found
+        for given in (user, password, f"{user}:{password}" if password is not None else None):
+            if given:  # (user:password: what Basic auth sends, base64-encoded)
+                found.update((given, unquote(given)))
         return found
 
 
@@ -267,9 +281,25 @@ class RedactingFilter(logging.Filter):
 
 
 def _masked(text: str) -> str:
+    own = getattr(_ITEM, "values", ())
     for secrets in _RUNS.current():
-        text = secrets.text(text)
+        text = secrets.text(text, own)
     return text
+
+
+# The secret values of the item this thread is working on, for the log filter.
+_ITEM = threading.local()
+
+
+@contextlib.contextmanager
+def item_secrets(values: frozenset[str]) -> Iterator[None]:
+    """For the block: log records made on this thread are masked by ``values`` too (what
+    urllib3 logs of an answer can echo an item's own header)."""
+    _ITEM.values = values
+    try:
+        yield
+    finally:
+        _ITEM.values = ()
 
 
 _FILTER = RedactingFilter()

@@ -11,6 +11,8 @@ used as a forward proxy, absolute-form ``http://host:port/path?query``):
 * ``/set-cookie?name=N&value=V``: ``200 OK`` with ``Set-Cookie: N=V; Path=/``;
 * ``/cookie-gate?name=N&value=V``: ``503`` with that Set-Cookie until a request carries the
   cookie, then ``200``;
+* ``/echo-auth``: a malformed status line that quotes the request's Authorization header (a
+  hostile server: the client's error then holds the credential);
 * anything else: ``200 OK``, ``Content-Type: application/json``, body ``{"ok": true}``.
 
 Every response carries Content-Length (a HEAD gets the header but no body). Connections are
@@ -66,6 +68,8 @@ def answer(method: str, target: str, head: bytes = b"") -> bytes:
             b"redirecting",
             send_body=send_body,
         )
+    if parts.path == "/echo-auth":
+        return b"HTTP/1.1 abc " + (_header_value(head, b"authorization") or b"") + b"\r\n\r\n"
     headers = [("Content-Type", "application/json")]
     if parts.path == "/cookie-gate":  # 503 and the cookie, until the request carries it
         cookie = f"{query.get('name', ['n'])[0]}={query.get('value', ['v'])[0]}"

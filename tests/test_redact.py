@@ -43,6 +43,34 @@ def test_every_default_secret_parameter_is_masked() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("text", "hidden"),
+    [
+        ("http://h.test/?api%5Fkey=PCTNAME1", "PCTNAME1"),  # requests sends it as api_key
+        ("http://h.test/?%74oken=PCTNAME2", "PCTNAME2"),
+        ("http://h.test/?x=1#access_token=FRAGMENT1", "FRAGMENT1"),
+        ("http://h.test/?api_key[]=BRACKET1&token+=PLUSNAME1", "BRACKET1 PLUSNAME1"),
+        ("http://user:ATA0A@ATB34F5@h.test/", "ATA0A ATB34F5"),  # an @ in the password
+        ("redis://ruser:RPW1@RPW2@127.0.0.1:1/0", "RPW1 RPW2"),
+        ("http://user:ab\"QUOTEPW'<9>@h.test/", "QUOTEPW"),
+        ("http://h.test/r?to=http://o.test/ok%3Fapi_key%3DNESTED123", "NESTED123"),
+        ("http://h.test/r?to=http://o.test/ok?api_key=NESTED456", "NESTED456"),
+        ("http://h.test/?api_key=QMARK1?QMARK2", "QMARK1 QMARK2"),
+    ],
+)
+def test_shapes_a_server_reads_as_secrets_are_masked(text: str, hidden: str) -> None:
+    masked = RUN.text(f"failed {text}: HTTP 404")
+    for value in hidden.split():
+        assert value not in masked, masked
+
+
+def test_basic_auth_from_userinfo_is_masked_whatever_the_lengths() -> None:
+    for user in ("u", "us", "use", "user", "users"):
+        own = RUN.of_item([f"http://{user}:B64secret9@h.test/"], None, None)
+        sent = base64.b64encode(f"{user}:B64secret9".encode()).decode()
+        assert RUN.text(f"BadStatusLine('Basic {sent}')", own) == "BadStatusLine('Basic ***')"
+
+
 def test_a_url_with_nothing_to_mask_is_the_same_object() -> None:
     url = "http://h.test/items/1"
     assert Secrets().url(url) is url  # the fast lane's cost: two `in` tests
@@ -83,6 +111,7 @@ def test_an_items_own_values_are_masked_with_the_runs() -> None:
     assert own == {
         "alice",
         "s3cr3tpw",
+        "alice:s3cr3tpw",
         "t0k3nvalue",
         "sid=c00kie-value",
         "sess10n-id",
@@ -99,7 +128,7 @@ def test_the_auth_scheme_is_no_secret() -> None:
 
 def test_short_values_are_masked_by_shape_only() -> None:
     # A user name "u" masked by value would mask every "u" of every message.
-    assert RUN.of_item(["http://u:pw@h.test/"], None, None) == frozenset()
+    assert RUN.of_item(["http://u:pw@h.test/"], None, None) == {"u:pw"}
     assert (
         RUN.text("url: not a valid URL: http://u:pw@h.test/")
         == "url: not a valid URL: http://***@h.test/"

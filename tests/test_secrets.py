@@ -24,6 +24,7 @@ from batchsync import Batch, fetch_all
 from batchsync.inputs import MAX_LINE_BYTES
 
 from .mockserver import MockServerProcess
+from .rawserver import RawServer
 from .services import redis_server
 
 pytestmark = pytest.mark.integration
@@ -35,6 +36,7 @@ ITEM_TAGS = (
     "qkey", "qtoken", "qcustom", "item_auth", "item_cookie", "declared", "fb_pass", "param",
     "user", "pass", "qkey2", "badport", "unsplit", "crlf", "nul", "unread", "non_utf8", "long",
     "badshape", "typo", "trickle", "body", "connect", "trace", "nan", "fastsig", "deep",
+    "pctname", "frag", "at1", "at2", "quote", "pathseg", "nested", "basic", "echoed",
 )  # fmt: skip
 
 
@@ -55,8 +57,9 @@ def leaked(text: str, secrets: dict[str, str], tags: Iterable[str]) -> list[str]
     return [tag for tag in tags if leaks(text, secrets[tag])]
 
 
-def hostile_input(server: MockServerProcess, c: dict[str, str]) -> list[bytes]:
-    """One line per error path known to have leaked, each carrying its canaries."""
+def hostile_input(server: MockServerProcess, raw: str, c: dict[str, str]) -> list[bytes]:
+    """One line per error path known to have leaked, each carrying its canaries (``raw``: a
+    raw server's URL, whose /echo-auth quotes the Authorization header in a bad status line)."""
     port = server.url.rsplit(":", 1)[1]
     k = uuid.uuid4().hex[:8]
     echo = f"{server.url}/echo"
@@ -94,6 +97,14 @@ def hostile_input(server: MockServerProcess, c: dict[str, str]) -> list[bytes]:
         line({"url": echo, "id": float("nan"), "headers": bearer("nan")}),
         f"{server.url}/404/{k}?sig={c['fastsig']}".encode(),  # the fast lane's path
         f"{server.url}/deep?depth=100000&secret={c['deep']}".encode(),
+        f"{server.url}/404/{k}?api%5Fkey={c['pctname']}".encode(),  # requests sends api_key
+        f"{server.url}/404/{k}?x=1#access_token={c['frag']}".encode(),
+        f"http://user:{c['at1']}@{c['at2']}@127.0.0.1:{port}/404/{k}".encode(),
+        line({"url": f"http://user:a'\"{c['quote']}@127.0.0.1:{port}/404/{k}"}),
+        line({"url": f"{server.url}/404/{c['pathseg']}", "headers": bearer("pathseg")}),
+        f"{server.url}/redirect?to=/404/{k}%3Fapi_key%3D{c['nested']}".encode(),
+        f"http://u:{c['basic']}@{raw[len('http://') :]}/echo-auth".encode(),  # Basic, base64
+        line({"url": f"{raw}/echo-auth", "headers": bearer("echoed")}),
     ]
 
 
@@ -127,8 +138,15 @@ def test_no_canary_leaves_the_cli_on_any_error_path(
 ) -> None:
     c = canaries()
     redis_url, c["redis"] = redis_with_password
-    lines = hostile_input(server, c)
-    (tmp_path / "urls.txt").write_bytes(b"\n".join(lines) + b"\n")
+    with RawServer() as raw:
+        lines = hostile_input(server, raw.url, c)
+        (tmp_path / "urls.txt").write_bytes(b"\n".join(lines) + b"\n")
+        stdout, stderr, code = run_hostile(tmp_path, c, redis_url)
+    assert code == 1, stderr
+    check_hostile_run(tmp_path, c, lines, stdout, stderr)
+
+
+def run_hostile(tmp_path: Path, c: dict[str, str], redis_url: str) -> tuple[str, str, int]:
     process = batchsync_cli(
         "urls.txt", "-v", "--attempts", "2", "--timeout", "2", "--budget", "20",
         "-vH", f"Authorization: Bearer {c['cli_auth']}", f"--header=X-Api-Key: {c['cli_key']}",
@@ -136,7 +154,12 @@ def test_no_canary_leaves_the_cli_on_any_error_path(
         "--no-progress", "-o", "run", cwd=tmp_path,
     )  # fmt: skip
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 1, stderr
+    return stdout, stderr, process.returncode
+
+
+def check_hostile_run(
+    tmp_path: Path, c: dict[str, str], lines: list[bytes], stdout: str, stderr: str
+) -> None:
     assert "Traceback" not in stderr
     results = [
         json.loads(line) for line in (tmp_path / "run-results.jsonl").read_text().splitlines()
@@ -149,6 +172,7 @@ def test_no_canary_leaves_the_cli_on_any_error_path(
         "invalid_request", "invalid_request", "invalid_request", "invalid_request",
         "invalid_request", "invalid_request", "timeout", "invalid_body", "invalid_request",
         "invalid_request", "invalid_request", "status", "invalid_body",
+        "status", "status", "status", "status", "status", "status", "connection", "connection",
     ]  # fmt: skip
     assert [r["attempts"] for r in results][2:11] == [0] * 9
     # Every error path ran; now every byte written: stdout, stderr, every file in the folder.
