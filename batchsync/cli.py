@@ -173,8 +173,9 @@ def _parse_hedge_after(
 )
 @click.option(
     "--dedup/--no-dedup",
-    default=True,
-    help="Send identical GET/HEAD requests that are in flight together once.",
+    default=False,
+    help="Send identical GET/HEAD requests that are in flight together once (by default "
+    "N items are N requests).",
 )
 @click.option(
     "--cookies/--no-cookies",

@@ -47,7 +47,7 @@ class FetchOptions(EngineOptions):
     breaker: Breaker | None = Breaker()
     adaptive: bool = False
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
-    dedup: bool = True
+    dedup: bool = False
     hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
     # A prometheus_client CollectorRegistry to keep the run's metrics in.
     metrics: Any = None

@@ -278,7 +278,7 @@ def test_fallbacks_dedup_and_the_attempt_log_from_the_shell(
     down = f"{server.url}/503/{marker}-down"
     lines = [json.dumps(item), same, same, down]
     (tmp_path / "urls.txt").write_text("\n".join(lines) + "\n")
-    done = batchsync("urls.txt", "-v", "--attempts", "2", "-c", "4", cwd=tmp_path)
+    done = batchsync("urls.txt", "-v", "--attempts", "2", "-c", "4", "--dedup", cwd=tmp_path)
     assert done.returncode == 1
     results = read_jsonl(tmp_path / "batch-results.jsonl")
     assert results[0]["fallback_used"] == 0
@@ -287,7 +287,7 @@ def test_fallbacks_dedup_and_the_attempt_log_from_the_shell(
     assert server.count(f"/ok/{marker}-same?delay=0.3") == 1
     assert f"failed {down}: HTTP 503 after 2 attempts [#1 503 wait " in done.stderr
     assert read_jsonl(tmp_path / "batch-failed.jsonl") == [{"url": down}]
-    again = batchsync("urls.txt", "--no-dedup", "-o", "nodedup", "-c", "4", cwd=tmp_path)
+    again = batchsync("urls.txt", "-o", "nodedup", "-c", "4", cwd=tmp_path)  # (the default)
     assert again.returncode == 1
     assert server.count(f"/ok/{marker}-same?delay=0.3") == 3
 

@@ -124,7 +124,7 @@ def test_identical_requests_in_flight_together_are_sent_once(
     marker = key()
     urls = [f"{server.url}/ok/{marker}-{n}?delay=0.3" for n in range(8)]
     items = [url for url in urls for _ in range(5)]  # each URL 5 times, copies side by side
-    rs = fetch_all(items, concurrency=10)
+    rs = fetch_all(items, concurrency=10, dedup=True)
     assert all(r.ok for r in rs)
     assert [r.url for r in rs] == items
     assert len(server.log(marker)) == 8  # the saving: 40 items, 8 requests
@@ -135,20 +135,21 @@ def test_identical_requests_in_flight_together_are_sent_once(
 
 
 @pytest.mark.integration
-def test_dedup_can_be_turned_off_and_skips_bodies_and_other_headers(
+def test_dedup_is_opt_in_and_skips_bodies_and_other_headers(
     server: MockServerProcess,
 ) -> None:
     marker = key()
     url = f"{server.url}/ok/{marker}?delay=0.2"
-    fetch_all([url] * 3, concurrency=3, dedup=False)
-    assert len(server.log(marker)) == 3
+    rs = fetch_all([url] * 30, concurrency=10)  # polling one URL: N items are N requests
+    assert len(server.log(marker)) == 30
+    assert [r.attempts for r in rs] == [1] * 30
     other = key()
     items: list[str | dict[str, Any]] = [
         f"{server.url}/ok/{other}?delay=0.2",
         {"url": f"{server.url}/ok/{other}?delay=0.2", "headers": {"X-Tenant": "b"}},
         {"url": f"{server.url}/ok/{other}?delay=0.2", "method": "POST", "json": {}},
     ]
-    fetch_all(items, concurrency=3)
+    fetch_all(items, concurrency=3, dedup=True)
     assert len(server.log(other)) == 3
 
 
