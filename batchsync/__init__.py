@@ -5,7 +5,8 @@ import logging
 from .api import fetch_all, run_all
 from .backoff import Backoff
 from .batch import Batch
-from .classify import Retryable
+from .classify import ErrorKind, Retryable
+from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 from .limits import Breaker
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
@@ -17,6 +18,11 @@ __all__ = [
     "Backoff",
     "Batch",
     "Breaker",
+    "ErrorKind",
+    "JournalFailed",
+    "JournalInUse",
+    "JournalMismatch",
+    "JournalUnusable",
     "RequestSpec",
     "Result",
     "ResultSet",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import replace
 from functools import partial
-from typing import Any, Unpack
+from typing import Any, Concatenate, ParamSpec
 
 from .backoff import Backoff
-from .batch import Batch, FetchSettings, Item
+from .batch import Batch, Item
 from .classify import Verdict, classify_raised, is_transient, success
 from .engine import Engine, Job, Route, Task
 from .observe import log_summary
@@ -19,6 +20,9 @@ from .redact import Secrets, watching
 from .result import Result, ResultSet
 from .spec import item_label
 
+P = ParamSpec("P")
+# Where run_all's defaults are read from (but its concurrency).
+ENGINE_DEFAULT = EngineOptions()
 # Secrets masked by their shape alone (URL userinfo, secret query parameters).
 _SHAPES = Secrets()
 
@@ -80,12 +84,12 @@ def run_all(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
     *,
-    concurrency: int = 4,
-    attempts: int = 3,
-    budget: float = 60.0,
-    deadline: float | None = None,
+    concurrency: int = 4,  # (calls, often heavier than requests: fewer at once by default)
+    attempts: int = ENGINE_DEFAULT.attempts,
+    budget: float = ENGINE_DEFAULT.budget,
+    deadline: float | None = ENGINE_DEFAULT.deadline,
     retry_if: Callable[[BaseException], bool] | None = None,
-    backoff: Backoff = Backoff(),  # noqa: B008 - immutable
+    backoff: Backoff = ENGINE_DEFAULT.backoff,
     progress: bool | None = None,
 ) -> ResultSet:
     """Call ``fn(item)`` for every item with bounded concurrency and retries.
@@ -105,13 +109,30 @@ def run_all(
     return _run(CallJob(fn, retry_if or is_transient), items, options, progress)
 
 
-def fetch_all(items: Iterable[Item], **options: Unpack[FetchSettings]) -> ResultSet:
-    """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in order.
+def _options_of(
+    init: Callable[Concatenate[Batch, Iterable[Item], P], None],
+) -> Callable[[Callable[..., ResultSet]], Callable[Concatenate[Iterable[Item], P], ResultSet]]:
+    """Give the decorated function ``Batch``'s options: its parameters, for type checkers
+    and for ``help()``, so that they are written (and defaulted) once."""
 
-    Options and their defaults: ``concurrency=10, attempts=3, timeout=10.0, budget=60.0,
-    deadline=None, expect="json", headers=None, session=None, max_bytes=32 MiB,
-    backoff=Backoff(), progress=None``. ``headers`` go on every request and are treated as
-    secrets: never logged, never sent to another host on a redirect. The one-call form of
-    ``Batch(items, **options).run()``.
+    def with_options(
+        fn: Callable[..., ResultSet],
+    ) -> Callable[Concatenate[Iterable[Item], P], ResultSet]:
+        signature = inspect.signature(init)
+        fn.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=list(signature.parameters.values())[1:], return_annotation=ResultSet
+        )
+        return fn
+
+    return with_options
+
+
+@_options_of(Batch.__init__)
+def fetch_all(items: Iterable[Item], **options: Any) -> ResultSet:
+    """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in
+    order. The one-call form of ``Batch(items, **options).run()``: the same options, with the
+    same defaults (see ``help(Batch)`` and the README's options table). ``headers`` go on
+    every request and are treated as secrets: never logged, never sent to another host on a
+    redirect.
     """
     return Batch(items, **options).run()

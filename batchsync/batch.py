@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -20,7 +20,7 @@ from .journal import Journal, JournalMismatch, JournalReader, locked, mismatch
 from .limits import Breaker, CooldownScope, Gates
 from .metrics import metrics_for
 from .observe import Observer, log_summary
-from .options import Expect, FetchOptions, build
+from .options import DEFAULT, Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Tally, counter, wanted
 from .result import AttemptRecord, Result, ResultSet, Summary
@@ -29,43 +29,6 @@ from .tracing import Tracing, tracer_for
 from .transport import Cert, SessionSource, Verify
 
 Item = str | Mapping[str, Any] | RequestSpec
-
-
-class FetchSettings(TypedDict, total=False):
-    """The keyword options of ``fetch_all`` and ``Batch``; defaults live in FetchOptions."""
-
-    concurrency: int
-    attempts: int
-    timeout: float
-    budget: float
-    deadline: float | None
-    expect: Expect
-    headers: Mapping[str, str] | None
-    session: SessionSource | None
-    verify: Verify | None
-    cert: Cert | None
-    max_bytes: int
-    backoff: Backoff
-    rate: float | None
-    per_host: int | None
-    cooldown: CooldownScope
-    breaker: Breaker | None
-    adaptive: bool
-    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
-    dedup: bool
-    hedge_after: HedgeAfter | None
-    on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None
-    on_result: Callable[[Result], None] | None
-    secret_headers: tuple[str, ...]
-    secret_params: tuple[str, ...]
-    cookies: bool
-    metrics: Any
-    tracer: Any
-    limits: Any
-    deny_private: bool
-    namespace: str
-    lease_ttl: float
-    progress: bool | None
 
 
 def run_observers(options: FetchOptions, gates: Gates, progress: Tally) -> list[Observer]:
@@ -127,11 +90,49 @@ class Batch:
     """
 
     def __init__(
-        self, items: Iterable[Item], *, journal: str | Path | None = None, **options: Any
+        self,
+        items: Iterable[Item],
+        *,
+        journal: str | Path | None = None,
+        progress: bool | None = None,
+        concurrency: int = DEFAULT.concurrency,
+        attempts: int = DEFAULT.attempts,
+        timeout: float = DEFAULT.timeout,
+        budget: float = DEFAULT.budget,
+        deadline: float | None = DEFAULT.deadline,
+        expect: Expect = DEFAULT.expect,
+        headers: Mapping[str, str] | None = DEFAULT.headers,
+        session: SessionSource | None = DEFAULT.session,
+        verify: Verify | None = DEFAULT.verify,
+        cert: Cert | None = DEFAULT.cert,
+        max_bytes: int = DEFAULT.max_bytes,
+        backoff: Backoff = DEFAULT.backoff,
+        rate: float | None = DEFAULT.rate,
+        per_host: int | None = DEFAULT.per_host,
+        cooldown: CooldownScope = DEFAULT.cooldown,
+        breaker: Breaker | None = DEFAULT.breaker,
+        adaptive: bool = DEFAULT.adaptive,
+        fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = DEFAULT.fallbacks,
+        dedup: bool = DEFAULT.dedup,
+        hedge_after: HedgeAfter | None = DEFAULT.hedge_after,
+        on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None = DEFAULT.on_attempt,
+        on_result: Callable[[Result], None] | None = DEFAULT.on_result,
+        secret_headers: tuple[str, ...] = DEFAULT.secret_headers,
+        secret_params: tuple[str, ...] = DEFAULT.secret_params,
+        cookies: bool = DEFAULT.cookies,
+        deny_private: bool = DEFAULT.deny_private,
+        metrics: Any = DEFAULT.metrics,
+        tracer: Any = DEFAULT.tracer,
+        limits: Any = DEFAULT.limits,
+        namespace: str = DEFAULT.namespace,
+        lease_ttl: float = DEFAULT.lease_ttl,
     ) -> None:
+        given = locals()
         self.items: list[Item] = list(items)
-        self._progress: bool | None = options.pop("progress", None)
-        self.options = build(FetchOptions, **options)
+        self._progress = progress
+        self.options = build(
+            FetchOptions, **{name: given[name] for name in FetchOptions.model_fields}
+        )
         self._done: dict[int, Result] = {}
         self.elapsed = 0.0
         self._gates = self.options.gates()

@@ -23,7 +23,7 @@ from .dask import connect as connect_dask
 from .inputs import Input, InputError
 from .journal import JournalUnusable
 from .limits import Breaker, CooldownScope
-from .options import FetchOptions, build
+from .options import DEFAULT, FetchOptions, build
 from .progress import wanted
 from .redact import MASK, Secrets
 from .runner import Outcome, Stoppable, run_batch
@@ -92,53 +92,53 @@ def _parse_hedge_after(
     "-c",
     "--concurrency",
     type=click.IntRange(min=1),
-    default=10,
+    default=DEFAULT.concurrency,
     help="At most N items in progress at once.",
 )
 @click.option(
     "--attempts",
     type=click.IntRange(min=1),
-    default=3,
+    default=DEFAULT.attempts,
     help="Total tries per item, the first included.",
 )
 @click.option(
     "--timeout",
     type=positive,
-    default=10.0,
+    default=DEFAULT.timeout,
     metavar="SECONDS",
     help="Wall-clock bound of one attempt, body included.",
 )
 @click.option(
     "--budget",
     type=positive,
-    default=60.0,
+    default=DEFAULT.budget,
     metavar="SECONDS",
     help="Seconds per item from when a worker takes it, retry waits included.",
 )
 @click.option(
     "--deadline",
     type=positive,
-    default=None,
+    default=DEFAULT.deadline,
     metavar="SECONDS",
     help="Seconds for the whole batch; items not started by then are not sent.  [default: none]",
 )
 @click.option(
     "--expect",
     type=click.Choice(["json", "text", "bytes"]),
-    default="json",
+    default=DEFAULT.expect,
     help="How to read bodies; bytes are written as base64.",
 )
 @click.option(
     "--max-bytes",
     type=click.IntRange(min=1),
-    default=32 * 2**20,
+    default=DEFAULT.max_bytes,
     metavar="BYTES",
     help="A larger body fails as invalid_body.",
 )
 @click.option(
     "--rate",
     type=positive,
-    default=None,
+    default=DEFAULT.rate,
     metavar="PER_SECOND",
     help="At most this many attempts a second over all workers, retries included "
     "(bursts of up to the concurrency).  [default: none]",
@@ -146,14 +146,14 @@ def _parse_hedge_after(
 @click.option(
     "--per-host",
     type=click.IntRange(min=1),
-    default=None,
+    default=DEFAULT.per_host,
     metavar="N",
     help="At most N attempts in flight to one host.  [default: none]",
 )
 @click.option(
     "--cooldown",
     type=click.Choice(["host", "global", "off"]),
-    default="host",
+    default=DEFAULT.cooldown,
     help="After a 429 or 503 with Retry-After, hold every worker's attempts to that host "
     "(or to all hosts) until it has passed.",
 )
@@ -167,19 +167,20 @@ def _parse_hedge_after(
 )
 @click.option(
     "--adaptive",
+    default=DEFAULT.adaptive,
     is_flag=True,
     help="Find the API's capacity: raise the attempts in flight (up to the concurrency) "
     "until 429, 503 or timeouts, then halve them.",
 )
 @click.option(
     "--dedup/--no-dedup",
-    default=False,
+    default=DEFAULT.dedup,
     help="Send identical GET/HEAD requests that are in flight together once (by default "
     "N items are N requests).",
 )
 @click.option(
     "--cookies/--no-cookies",
-    default=True,
+    default=DEFAULT.cookies,
     help="Keep the cookies responses set, each sent back only to the origin (scheme, host, "
     "port) that set it.",
 )
@@ -218,6 +219,7 @@ def _parse_hedge_after(
 )
 @click.option(
     "--deny-private",
+    default=DEFAULT.deny_private,
     is_flag=True,
     help="Refuse hosts that resolve to loopback, private, link-local or multicast addresses "
     "(checked after DNS, on every redirect and on each connection), for URL lists from "
@@ -263,13 +265,13 @@ def _parse_hedge_after(
 )
 @click.option(
     "--namespace",
-    default="batchsync",
+    default=DEFAULT.namespace,
     help="The shared quota's name in Redis: processes with the same one share their limits.",
 )
 @click.option(
     "--lease-ttl",
     type=positive,
-    default=10.0,
+    default=DEFAULT.lease_ttl,
     metavar="SECONDS",
     help="With --redis: how long the per-host slots of a process that died stay taken.",
 )

@@ -136,6 +136,9 @@ def _password(url: str) -> str | None:
         return None
 
 
+# The options' defaults, for the library's and the CLI's signatures (FetchOptions holds them).
+DEFAULT = FetchOptions()
+
 OptionsT = TypeVar("OptionsT", bound=EngineOptions)
 
 

@@ -1,0 +1,124 @@
+"""One list of options with one set of defaults: the library's signatures, ``help()``, the
+CLI's ``--help``, the README's options table and DESIGN.md all agree with ``FetchOptions``."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import pydoc
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+import batchsync
+from batchsync import Batch, fetch_all, run_all
+from batchsync.cli import command
+from batchsync.options import EngineOptions, FetchOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGN = ROOT.parent / "shared" / "DESIGN.md"
+MODEL = {name: field.default for name, field in FetchOptions.model_fields.items()}
+# Library options that are not the model's: where a Batch keeps itself, and the bar.
+BATCH_ONLY = {"journal": None, "progress": None}
+# The CLI options that are library options too, by the click parameter's name.
+CLI_NAMES = {
+    "concurrency", "attempts", "timeout", "budget", "deadline", "expect", "max_bytes", "rate",
+    "per_host", "cooldown", "adaptive", "dedup", "cookies", "deny_private", "namespace",
+    "lease_ttl", "breaker",
+}  # fmt: skip
+
+
+def shown(value: Any) -> str:
+    """A default as the README writes it: ``Backoff()`` for a settings object as it comes."""
+    is_settings = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    if is_settings and value == type(value)():
+        return f"{type(value).__name__}()"
+    return repr(value)
+
+
+def keyword_defaults(function: Any) -> dict[str, Any]:
+    parameters = inspect.signature(function).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def test_batch_and_fetch_all_take_every_option_typed_with_the_models_default() -> None:
+    for function in (Batch.__init__, fetch_all):
+        assert keyword_defaults(function) == MODEL | BATCH_ONLY, function
+        parameters = inspect.signature(function).parameters.values()
+        assert all(
+            p.annotation is not inspect.Parameter.empty for p in parameters if p.name != "self"
+        )
+
+
+def test_help_shows_every_option_with_its_default() -> None:
+    text = pydoc.render_doc(fetch_all, renderer=pydoc.plaintext)
+    for name, default in (MODEL | BATCH_ONLY).items():
+        assert f"{name}: " in text, name
+        assert f"= {default!r}" in text or name in ("backoff", "breaker"), name
+
+
+def test_run_all_reads_its_defaults_from_the_engine_options() -> None:
+    engine = {name: field.default for name, field in EngineOptions.model_fields.items()}
+    defaults = keyword_defaults(run_all)
+    assert defaults["concurrency"] == 4  # DESIGN.md: run_all(fn, items, concurrency=4, ...)
+    for name in ("attempts", "budget", "deadline", "backoff"):
+        assert defaults[name] == engine[name], name
+
+
+def test_the_cli_defaults_are_the_libraries() -> None:
+    options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    for name in CLI_NAMES:
+        default = options[name].default
+        if options[name].callback is not None and isinstance(default, str):
+            default = options[name].callback(click.Context(command), options[name], default)
+        assert default == MODEL[name], name
+
+
+def readme_table() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### Options", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    return {row[0].strip("| `"): row[1] for row in rows}
+
+
+def test_the_readme_options_table_lists_every_option_with_its_default() -> None:
+    table = readme_table()
+    assert set(table) == set(MODEL) | set(BATCH_ONLY)
+    for name, default in (MODEL | BATCH_ONLY).items():
+        assert table[name] == f"`{shown(default)}`", name
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason="DESIGN.md lives beside the checkout")
+def test_design_md_gives_the_same_defaults() -> None:
+    text = DESIGN.read_text()
+    call = re.search(r"rs = fetch_all\(items, (.*?)\)\n", text, re.DOTALL)
+    assert call is not None
+    for keyword in ast.parse(f"f({call[1]})").body[0].value.keywords:  # type: ignore[attr-defined]
+        assert (
+            eval(compile(ast.Expression(keyword.value), "DESIGN.md", "eval"))
+            == ((MODEL | BATCH_ONLY)[keyword.arg])
+        ), keyword.arg
+    cli = text.split("python -m batchsync [OPTIONS] INPUT", 1)[1].split("```", 1)[0]
+    options = {p.opts[-1]: p for p in command.params if isinstance(p, click.Option)}
+    for flag, default in re.findall(r"(--[a-z-]+)[^\[\n]*\[([^\]]+)\]", cli):
+        if default.startswith("auto"):
+            continue
+        given = options[flag].default
+        assert str(given).lower() == default.lower() or _same_number(given, default), flag
+
+
+def test_the_error_types_and_kinds_a_caller_handles_are_exported() -> None:
+    for name in ("ErrorKind", "Retryable", "JournalMismatch", "JournalInUse", "JournalFailed"):
+        assert name in batchsync.__all__
+    assert "circuit_open" in batchsync.ErrorKind.__args__
+
+
+def _same_number(given: object, written: str) -> bool:
+    try:
+        return float(written) == given
+    except ValueError:
+        return given is None and written == "none"
