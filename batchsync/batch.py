@@ -16,16 +16,14 @@ from pydantic import BaseModel
 from .backoff import Backoff
 from .fetch import run_http
 from .hedge import HedgeAfter
-from .journal import Journal, JournalMismatch, JournalReader, locked, mismatch
+from .journal import Journal, locked, resumed
 from .limits import Breaker, CooldownScope, Gates
-from .metrics import metrics_for
 from .observe import Observer, log_summary
 from .options import DEFAULT, Expect, FetchOptions, build
 from .output import dumps, public_record
 from .progress import Tally, counter, wanted
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
-from .tracing import Tracing, tracer_for
 from .transport import Cert, SessionSource, Verify
 
 Item = str | Mapping[str, Any] | RequestSpec
@@ -33,8 +31,12 @@ Item = str | Mapping[str, Any] | RequestSpec
 
 def run_observers(options: FetchOptions, gates: Gates, progress: Tally) -> list[Observer]:
     """Who watches a run: the progress counts, and metrics and traces when asked for."""
+    from .contrib.otel import Tracing, tracer_for  # (no import of OpenTelemetry without it)
+
     observers: list[Observer] = [progress]
     if options.metrics is not None:
+        from .contrib.prometheus import metrics_for
+
         observers.append(metrics_for(options.metrics, gates))
     tracer = tracer_for(options.tracer)
     if tracer is not None:
@@ -145,18 +147,9 @@ class Batch:
                     self._load(self.journal)
 
     def _load(self, path: Path) -> None:
-        try:
-            reader = JournalReader(path)
-        except JournalMismatch as exc:
-            raise JournalMismatch(f"{exc}: give another journal, or delete it") from None
-        try:
-            problem = mismatch(reader.meta(), self._identity)
-            if problem is not None:
-                raise JournalMismatch(f"the journal {path} was made for other items ({problem})")
+        with resumed(path, self._identity, "items", "give another journal, or delete it") as reader:
             for index, record in reader.records():
                 self._done[index] = self._restore(index, json.loads(record))
-        finally:
-            reader.close()
 
     def _restore(self, index: int, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""

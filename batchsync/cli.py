@@ -19,7 +19,8 @@ import click
 import urllib3
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .dask import connect as connect_dask
+from .contrib.dask import connect as connect_dask
+from .contrib.redis import RedisLimits
 from .inputs import Input, InputError
 from .journal import JournalUnusable
 from .limits import Breaker, CooldownScope
@@ -27,7 +28,6 @@ from .options import DEFAULT, FetchOptions, build
 from .progress import wanted
 from .redact import MASK, Secrets
 from .runner import Outcome, Stoppable, run_batch
-from .shared import RedisLimits
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -48,14 +48,25 @@ def _parse_headers(
     return headers
 
 
+_BREAKER_FIELDS = (("ratio", float), ("window", int), ("min_calls", int), ("reset", float))
+_BREAKER_DEFAULT = ":".join(str(getattr(Breaker(), name)) for name, _ in _BREAKER_FIELDS)
+
+
 def _parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Breaker | None:
+    """``off``, ``on`` (the defaults) or RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], the fields
+    left out taking their defaults."""
     if value == "off":
         return None
-    failures, colon, reset = value.partition(":")
+    parts = [] if value == "on" else value.split(":")
     try:
-        return Breaker(int(failures), float(reset) if colon else Breaker.reset)
+        if len(parts) > len(_BREAKER_FIELDS):
+            raise ValueError(f"at most {len(_BREAKER_FIELDS)} fields")
+        fields = zip(_BREAKER_FIELDS, parts, strict=False)
+        return Breaker(**{name: kind(part) for (name, kind), part in fields})
     except ValueError as exc:
-        raise click.BadParameter(f"expected FAILURES:SECONDS or off ({exc})") from None
+        raise click.BadParameter(
+            f"expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off ({exc})"
+        ) from None
 
 
 def _parse_hedge_after(
@@ -159,11 +170,15 @@ def _parse_hedge_after(
 )
 @click.option(
     "--breaker",
-    default="10:30",
-    metavar="FAILURES:SECONDS|off",
+    default="on",
+    metavar="RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]]|on|off",
     callback=_parse_breaker,
-    help="Open a host's circuit after FAILURES consecutive failures (items for it then end "
-    "as circuit_open); let one probe through after SECONDS.",
+    help="Open a host's circuit when at least RATIO of its last WINDOW attempts failed "
+    "(connection errors, timeouts, 5xx, 429 without Retry-After), once MIN_CALLS were seen; "
+    "an open circuit holds the host's items for SECONDS, then lets one probe through: its "
+    "success closes the circuit, its failure starts another break. An item ends as "
+    "circuit_open only when its budget or the deadline cannot cover the wait. "
+    f"on = {_BREAKER_DEFAULT}.",
 )
 @click.option(
     "--adaptive",

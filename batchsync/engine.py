@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .budget import Allowance
 from .classify import ErrorKind, Verdict
+from .decide import Attempted, cut_short, decide, plural
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
 from .options import EngineOptions
@@ -214,10 +215,6 @@ def _log_failure(result: Result) -> None:
             "error_kind": result.error_kind, "wait": None,
         },
     )  # fmt: skip
-
-
-def _plural(count: int) -> str:
-    return f"{count} attempt" if count == 1 else f"{count} attempts"
 
 
 class _Run:
@@ -526,37 +523,26 @@ class Engine:
             except Exception as exc:  # a bug in an attempt: that attempt's final failure
                 log.exception("internal error in an attempt of %s", task.url)
                 verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+            ended = self._clock()
+            # (a timeout the budget cut short says nothing of the host: its limits see that)
+            verdict = cut_short(verdict, limit)
             if admission is not None and self._gates is not None:
                 self._gates.release(admission, verdict)
-            ended = self._clock()
-            if verdict.error_kind == "timeout" and limit is not None:
-                verdict = replace(
-                    verdict, outcome="terminal", error_kind=limit,
-                    error=f"{verdict.error} (cut short by the {limit})",
-                )  # fmt: skip
             number += 1
-            last = verdict
+            attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
+            decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
+            last = decision.verdict
             record = AttemptRecord(
-                len(records) + 1, verdict.status_code, verdict.error_kind, ended - began,
-                fallback=fallback, hedged=verdict.hedged,
+                len(records) + 1, last.status_code, last.error_kind, ended - began,
+                wait=decision.wait, fallback=fallback, hedged=last.hedged,
             )  # fmt: skip
-            if verdict.outcome != "retry" or number >= max_attempts:
-                self._record(records, record, index, task)
-                limited = max_attempts < attempts
-                return verdict, self._final_error(verdict, number, route, limited)
-            wait = self.options.backoff.wait(number, verdict.retry_after, self._rand())
-            refused = allowance.refuses_wait(wait, ended)
-            if refused is not None:
-                self._record(records, record, index, task)
-                return replace(verdict, outcome="terminal", error_kind=refused), (
-                    f"{verdict.error} after {_plural(number)}; the next try in {wait:.2f} s "
-                    f"would pass the {refused}"
-                )
-            self._record(records, replace(record, wait=wait), index, task)
-            _log_retry(task.url, verdict, number, max_attempts, wait)
-            if self._stop.wait(wait):
-                return replace(verdict, outcome="terminal", error_kind="cancelled"), (
-                    f"{verdict.error} after {_plural(number)}; stopped while waiting to retry"
+            self._record(records, record, index, task)
+            if decision.wait is None:
+                return last, decision.error
+            _log_retry(task.url, last, number, max_attempts, decision.wait)
+            if self._stop.wait(decision.wait):
+                return replace(last, outcome="terminal", error_kind="cancelled"), (
+                    f"{last.error} after {plural(number)}; stopped while waiting to retry"
                 )
 
     def _record(
@@ -564,17 +550,6 @@ class Engine:
     ) -> None:
         records.append(record)
         self.observers.attempt_finished(index, task, record)
-
-    @staticmethod
-    def _final_error(verdict: Verdict, number: int, route: Route, limited: bool) -> str:
-        error = verdict.error or ""
-        if verdict.ok:
-            return error
-        if verdict.outcome == "retry" and limited and route.no_retry_reason:
-            return f"{error} after {_plural(number)} ({route.no_retry_reason})"
-        if verdict.outcome == "retry" or number > 1:
-            return f"{error} after {_plural(number)}"
-        return error
 
     @staticmethod
     def _stopped_short(last: Verdict | None, kind: ErrorKind, route: Route) -> tuple[Verdict, str]:

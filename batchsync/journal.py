@@ -158,9 +158,21 @@ class Journal:
     raise JournalFailed.
     """
 
-    def __init__(self, path: Path, encode: Encode, meta: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        encode: Encode,
+        meta: Mapping[str, str],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.path = path
         self._encode = encode
+        # The writer's clock (to measure the pace of results) and its linger: tests pass
+        # their own, so that what they check does not depend on the machine's speed.
+        self._clock = clock
+        self._sleep = sleep
         self._db = connect(path)
         with self._db:
             self._db.execute("BEGIN")
@@ -202,11 +214,11 @@ class Journal:
 
     def _write_until_closed(self) -> None:
         linger = 0.0
-        window_start, window_results = time.monotonic(), 0
+        window_start, window_results = self._clock(), 0
         while True:
             first = self._queue.get()
             if first is not None and linger:
-                time.sleep(linger)
+                self._sleep(linger)
             pending = [first]
             while len(pending) < _BATCH_ROWS:
                 try:
@@ -225,10 +237,10 @@ class Journal:
             if None in pending:
                 return
             window_results += len(rows)
-            elapsed = time.monotonic() - window_start
+            elapsed = self._clock() - window_start
             if elapsed >= 1.0:
                 linger = linger_for(window_results, elapsed)
-                window_start, window_results = time.monotonic(), 0
+                window_start, window_results = self._clock(), 0
 
     def _row(self, result: Result, item: object) -> Row:
         record, request = self._encode(result, item)
@@ -279,6 +291,25 @@ def _layout_problem(db: sqlite3.Connection) -> str | None:
     if row[0] != SCHEMA_VERSION:
         return f"was made by another batchsync ({row[0]}, not {SCHEMA_VERSION})"
     return None
+
+
+@contextlib.contextmanager
+def resumed(
+    path: Path, identity: Mapping[str, str], what: str, hint: str
+) -> Iterator[JournalReader]:
+    """A reader of the journal to resume, checked to be one of this layout made for these
+    ``what`` (their identity); JournalMismatch naming the problem, then ``hint``, otherwise."""
+    try:
+        reader = JournalReader(path)
+    except JournalMismatch as exc:
+        raise JournalMismatch(f"{exc}: {hint}") from None
+    try:
+        problem = mismatch(reader.meta(), identity)
+        if problem is not None:
+            raise JournalMismatch(f"{path} was made for other {what} ({problem}); {hint}")
+        yield reader
+    finally:
+        reader.close()
 
 
 class JournalReader:

@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
@@ -20,7 +21,9 @@ from typing import Literal, Protocol, TypeVar
 from .budget import Allowance
 from .classify import ErrorKind, Verdict
 
-BreakerState = Literal["closed", "probe", "open"]
+# closed: go; probe: go, as the one trial of a half-open circuit; open: held until the break
+# ends; probing: held while another attempt is the probe.
+BreakerState = Literal["closed", "probe", "open", "probing"]
 CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
 _POLL_SECONDS = 0.05
@@ -45,7 +48,7 @@ class SharedLimits(Protocol):
 
     def cooldowns(self) -> CooldownBoard: ...
 
-    def breaker(self, failures: int, reset: float) -> BreakerBackend: ...
+    def breaker(self, settings: Breaker) -> BreakerBackend: ...
 
 
 class RateLimiter(Protocol):
@@ -81,14 +84,20 @@ class CooldownBoard(Protocol):
 
 
 class BreakerBackend(Protocol):
-    """A circuit breaker per host."""
+    """A circuit breaker per host (see ``Breaker`` for the semantics)."""
 
-    def check(self, key: str) -> BreakerState:
-        """``closed``: go; ``probe``: go, as the one trial of a half-open circuit; ``open``: no."""
+    def check(self, key: str) -> tuple[BreakerState, float]:
+        """The host's state and, when ``open``, the seconds left in its break (else 0).
+
+        ``closed``: go; ``probe``: go, as the one trial of a half-open circuit (the caller must
+        ``record`` or ``abandon`` it); ``open``: wait for the break to end; ``probing``: another
+        attempt is the probe, ask again shortly.
+        """
         ...
 
-    def record(self, key: str, failed: bool, probe: bool) -> None:
-        """What an admitted attempt came to (``failed``: a retryable failure other than 429)."""
+    def record(self, key: str, failed: bool | None, probe: bool) -> None:
+        """What an admitted attempt came to: ``failed`` as ``breaker_outcome`` says (None: not
+        counted)."""
         ...
 
     def abandon(self, key: str, probe: bool) -> None:
@@ -182,77 +191,136 @@ class Cooldowns:
 
 @dataclass(frozen=True)
 class Breaker:
-    """Circuit breaker settings: open a host's circuit after ``failures`` consecutive
-    retryable failures (429 aside); let one probe through after ``reset`` seconds."""
+    """Circuit breaker settings, per host, as resilience4j and Polly define a breaker.
 
-    failures: int = 10
-    reset: float = 30.0
+    The circuit opens when at least ``ratio`` of the host's last ``window`` counted attempts
+    failed, once it has seen ``min_calls`` of them (a ``min_calls`` above ``window`` acts as
+    ``window``). While open, the host's attempts are held — not failed — for ``reset``
+    seconds (the break); then exactly one attempt goes through as a probe (half-open): its
+    success closes the circuit with a fresh window, its failure starts the break again. See
+    ``breaker_outcome`` for what counts. An item ends ``circuit_open`` only when its budget or
+    the batch deadline cannot cover the wait.
+    """
+
+    ratio: float = 0.5
+    window: int = 100
+    min_calls: int = 20
+    reset: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.failures < 1:
-            raise ValueError(f"breaker failures must be at least 1, got {self.failures}")
+        if not (math.isfinite(self.ratio) and 0 < self.ratio <= 1):
+            raise ValueError(f"breaker ratio must be above 0 and at most 1, got {self.ratio}")
+        for name in ("window", "min_calls"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"breaker {name} must be a whole number >= 1, got {value}")
         if not (math.isfinite(self.reset) and self.reset > 0):
             raise ValueError(f"breaker reset must be a positive number, got {self.reset}")
+
+    @property
+    def threshold_calls(self) -> int:
+        """The attempts a window must hold before the ratio can open the circuit."""
+        return min(self.min_calls, self.window)
+
+
+_CLOSED: tuple[BreakerState, float] = ("closed", 0.0)
 
 
 @dataclass
 class _Circuit:
+    """A host whose window holds a failure, or whose circuit is open (``open_until``)."""
+
+    calls: deque[bool]  # the last counted attempts, oldest first: True for a failure
     failures: int = 0
-    opened_at: float | None = None
+    open_until: float | None = None
     probing: bool = False
 
 
 class CircuitBreaker:
-    """Opens a host's circuit after ``failures`` consecutive retryable failures; after
-    ``reset`` seconds one probe goes through (half-open): success closes it, failure reopens."""
+    """The in-process breaker (see ``Breaker``).
+
+    A host whose window holds no failure is only a count of successes, kept without a lock;
+    a lock guards the hosts with a failure in their window or an open circuit.
+    """
 
     def __init__(
-        self, failures: int, reset: float, clock: Callable[[], float] = time.monotonic
+        self, settings: Breaker | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._threshold = failures
-        self._reset = reset
+        self.settings = settings or Breaker()
         self._clock = clock
         self._circuits: dict[str, _Circuit] = {}
+        self._healthy: dict[str, int] = {}  # successes in the window of a host with no circuit
         self._lock = threading.Lock()
         self.opened = 0
 
-    def check(self, key: str) -> BreakerState:
+    def check(self, key: str) -> tuple[BreakerState, float]:
         if key not in self._circuits:  # the healthy path takes no lock
-            return "closed"
+            return _CLOSED
         with self._lock:
             circuit = self._circuits.get(key)
-            if circuit is None or circuit.opened_at is None:
-                return "closed"
-            if circuit.probing or self._clock() - circuit.opened_at < self._reset:
-                return "open"
+            if circuit is None or circuit.open_until is None:
+                return _CLOSED
+            left = circuit.open_until - self._clock()
+            if left > 0:
+                return "open", left
+            if circuit.probing:
+                return "probing", 0.0
             circuit.probing = True
-            return "probe"
+            return "probe", 0.0
 
-    def record(self, key: str, failed: bool, probe: bool) -> None:
+    def record(self, key: str, failed: bool | None, probe: bool) -> None:
+        if probe:
+            self._probed(key, failed)
+            return
+        if failed is None:
+            return
+        window = self.settings.window
         if not failed and key not in self._circuits:
+            # Without the lock a success may be lost in a race: the count only fills a window.
+            self._healthy[key] = min(self._healthy.get(key, 0) + 1, window)
             return
         with self._lock:
-            circuit = self._circuits.setdefault(key, _Circuit())
-            if probe:
-                circuit.probing = False
-            if not failed:
+            circuit = self._circuits.get(key)
+            if circuit is None:
+                if not failed:
+                    self._healthy[key] = min(self._healthy.get(key, 0) + 1, window)
+                    return
+                successes = [False] * self._healthy.pop(key, 0)
+                circuit = self._circuits[key] = _Circuit(deque(successes, maxlen=window))
+            if circuit.open_until is not None:
+                return  # attempts sent before it opened: only the probe speaks now
+            if len(circuit.calls) == window and circuit.calls[0]:
+                circuit.failures -= 1
+            circuit.calls.append(failed)
+            circuit.failures += failed
+            calls = len(circuit.calls)
+            if not circuit.failures:  # the last failure slid out of the window
+                del self._circuits[key]
+                self._healthy[key] = calls
+            elif calls >= self.settings.threshold_calls and (
+                circuit.failures >= self.settings.ratio * calls
+            ):
+                circuit.open_until = self._clock() + self.settings.reset
+                circuit.calls.clear()
                 circuit.failures = 0
-                circuit.opened_at = None
-                if not circuit.probing:
-                    del self._circuits[key]
+                self.opened += 1
+
+    def _probed(self, key: str, failed: bool | None) -> None:
+        with self._lock:
+            circuit = self._circuits.get(key)
+            if circuit is None:
                 return
-            circuit.failures += 1
-            if probe or (circuit.opened_at is None and circuit.failures >= self._threshold):
-                if circuit.opened_at is None:
-                    self.opened += 1
-                circuit.opened_at = self._clock()
+            circuit.probing = False
+            if failed:  # the host is still unwell: another break
+                circuit.open_until = self._clock() + self.settings.reset
+            elif failed is not None:  # closed, with a fresh window that starts with the probe
+                del self._circuits[key]
+                self._healthy[key] = 1
+            # not counted (a 429 with Retry-After, a cut attempt): the next caller probes
 
     def abandon(self, key: str, probe: bool) -> None:
         if probe:
-            with self._lock:
-                circuit = self._circuits.get(key)
-                if circuit is not None:
-                    circuit.probing = False
+            self._probed(key, None)
 
 
 class AdaptiveLimit:
@@ -335,9 +403,31 @@ def is_congestion(verdict: Verdict) -> bool:
     return verdict.status_code in (429, 503) or verdict.error_kind == "timeout"
 
 
+_NOT_THE_HOSTS_ANSWER: frozenset[ErrorKind] = frozenset(
+    {"budget", "deadline", "cancelled", "circuit_open"}
+)
+
+
+def breaker_outcome(verdict: Verdict) -> bool | None:
+    """What an attempt tells its host's breaker: True, a failure that says the host is unwell
+    (a connection error, a timeout, a 5xx, a retryable answer without Retry-After such as a
+    429 or 408, a ``Retryable`` raised without ``retry_after``); False, the host answered
+    (a success, or a final answer such as a 404 or a body that cannot be read); None, not
+    counted (a 429 or ``Retryable`` with Retry-After, which the cooldown handles; an attempt
+    cut short or lost to its hedge)."""
+    if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
+        return None
+    status = verdict.status_code
+    if verdict.error_kind in ("connection", "timeout") or (status is not None and status >= 500):
+        return True
+    if verdict.outcome == "retry":
+        return None if verdict.retry_after is not None else True
+    return False
+
+
 def is_breaker_failure(verdict: Verdict) -> bool:
-    """A retryable failure that says the host is unhealthy (429 only says "slower")."""
-    return verdict.outcome == "retry" and verdict.status_code != 429
+    """An attempt that counts as a failure for its host's breaker (see ``breaker_outcome``)."""
+    return breaker_outcome(verdict) is True
 
 
 class Gates:
@@ -402,11 +492,10 @@ class Gates:
     ) -> Admission | ErrorKind:
         probe = False
         if self._breaker is not None:
-            state = self._breaker.check(host)
-            if state == "open":
-                self.circuit_refusals += 1
-                return "circuit_open"
-            probe = state == "probe"
+            held = self._through_breaker(self._breaker, host, allowance, stop)
+            if isinstance(held, str):
+                return held
+            probe = held
         admission = Admission(host, probe, slot=False, adaptive_since=None)
         try:
             refusal = self._pass(admission, allowance, stop)
@@ -417,6 +506,31 @@ class Gates:
             self._undo(admission)
             return refusal
         return admission
+
+    def _through_breaker(
+        self, breaker: BreakerBackend, host: str, allowance: Allowance, stop: threading.Event
+    ) -> bool | ErrorKind:
+        """Hold while the host's circuit is open or another attempt probes it, as a cooldown
+        holds; True when this attempt is the probe. ``circuit_open`` when the item's budget or
+        the deadline cannot cover the break."""
+        state, wait = breaker.check(host)
+        if state == "closed":  # the healthy path: one lock-free look
+            return False
+        began = self._clock()
+        try:
+            while state != "closed":
+                if state == "probe":
+                    return True
+                left, _ = allowance.tightest(self._clock())
+                if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
+                    self.circuit_refusals += 1
+                    return "circuit_open"
+                if stop.wait(wait if state == "open" else min(left, _POLL_SECONDS)):
+                    return "cancelled"
+                state, wait = breaker.check(host)
+            return False
+        finally:
+            self.waits.add("breaker", self._clock() - began)
 
     def try_admit(self, host: str) -> Admission | None:
         """Admit an extra request (a hedge) only if every gate has room right now."""
@@ -502,7 +616,7 @@ class Gates:
             if admission.slot and self._slots is not None:
                 self._slots.leave(admission.host)
             if self._breaker is not None:
-                failed = is_breaker_failure(verdict)
+                failed = breaker_outcome(verdict)
                 self._breaker.record(admission.host, failed, admission.probe)
             if (
                 self._cooldowns is not None
@@ -532,7 +646,7 @@ def build_gates(
             slots=None if per_host is None else HostSlots(per_host),
             cooldowns=Cooldowns(),
             cooldown_scope=cooldown,
-            breaker=None if breaker is None else CircuitBreaker(breaker.failures, breaker.reset),
+            breaker=None if breaker is None else CircuitBreaker(breaker),
             adaptive=AdaptiveLimit(concurrency) if adaptive else None,
         )
     return Gates(
@@ -540,6 +654,6 @@ def build_gates(
         slots=None if per_host is None else shared.slots(per_host),
         cooldowns=shared.cooldowns(),
         cooldown_scope=cooldown,
-        breaker=None if breaker is None else shared.breaker(breaker.failures, breaker.reset),
+        breaker=None if breaker is None else shared.breaker(breaker),
         adaptive=AdaptiveLimit(concurrency) if adaptive else None,
     )

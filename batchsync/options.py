@@ -88,7 +88,7 @@ class FetchOptions(EngineOptions):
         """The shared limits backend; connecting to it checks that it answers (ValueError)."""
         if self.limits is None or not isinstance(self.limits, str):
             return self.limits
-        from .shared import RedisLimits
+        from .contrib.redis import RedisLimits
 
         return RedisLimits(self.limits, self.namespace, self.lease_ttl)
 

@@ -23,8 +23,8 @@ from .journal import (
     JournalReader,
     JournalUnusable,
     locked,
-    mismatch,
     remove,
+    resumed,
 )
 from .options import FetchOptions
 from .output import dumps, failed_request, public_record, write_outputs
@@ -151,18 +151,8 @@ def run_batch(
 
 def _finished(path: Path, identity: Mapping[str, str], entries: int) -> bytearray:
     """The entries a journal being resumed has final Results for; read-only."""
-    hint = "run without --resume to start over"
-    try:
-        reader = JournalReader(path)
-    except JournalMismatch as exc:
-        raise JournalMismatch(f"{exc}: {hint}") from None
-    try:
-        problem = mismatch(reader.meta(), identity)
-        if problem is not None:
-            raise JournalMismatch(f"{path} was made for other input ({problem}); {hint}")
+    with resumed(path, identity, "input", "run without --resume to start over") as reader:
         return reader.done(entries)
-    finally:
-        reader.close()
 
 
 def _create(path: Path, store: Encode, identity: Mapping[str, str]) -> Journal:
@@ -234,7 +224,7 @@ def _run_on_cluster(
     on_start: Callable[[Stoppable], None],
 ) -> _Ran:
     """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from .dask import Distributor, partitions, worker_settings
+    from .contrib.dask import Distributor, partitions, worker_settings
 
     distributor = Distributor(client, worker_settings(options), entries=True)
     on_start(distributor)

@@ -6,8 +6,9 @@
    --rate 40`` and 100 requests of 0.2 s (then of 0.02 s), sharing one namespace: the most
    requests the server handled at once, and the most that arrived in any 1-s window.
 2. 20 000 requests to a server that answers in 20 ms (``scripts/bench_server.py``) through
-   ``batchsync.dask.fetch_all`` on a LocalCluster with 1 and with 2 worker processes (1 thread
-   each, concurrency 16 per partition, so 800 requests/s per worker at best): requests/s.
+   ``batchsync.contrib.dask.fetch_on_cluster`` on a LocalCluster with 1 and with 2 worker
+   processes (1 thread each, concurrency 16 per partition, so 800 requests/s per worker at
+   best): requests/s.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def three_processes(server: MockServerProcess, redis_url: str, folder: Path, del
 def dask_rate(base: str, workers: int) -> str:
     import distributed
 
-    from batchsync.dask import fetch_all
+    from batchsync.contrib.dask import fetch_on_cluster
 
     cluster = distributed.LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
@@ -68,7 +69,7 @@ def dask_rate(base: str, workers: int) -> str:
         marker = uuid.uuid4().hex[:8]
         urls = [f"{base}/item/{marker}-{i}" for i in range(20_000)]
         started = time.monotonic()
-        results = fetch_all(urls, client, partition_size=1000, concurrency=16)
+        results = fetch_on_cluster(urls, client, partition_size=1000, concurrency=16)
         seconds = time.monotonic() - started
         assert all(r.ok for r in results)
         rate = 20_000 / seconds

@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import pydoc
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def test_batch_and_fetch_all_take_every_option_typed_with_the_models_default() -
 
 
 def test_help_shows_every_option_with_its_default() -> None:
-    text = pydoc.render_doc(fetch_all, renderer=pydoc.plaintext)
+    text = pydoc.render_doc(fetch_all, renderer=pydoc.TextDoc())
     for name, default in (MODEL | BATCH_ONLY).items():
         assert f"{name}: " in text, name
         assert f"= {default!r}" in text or name in ("backoff", "breaker"), name
@@ -73,8 +74,9 @@ def test_the_cli_defaults_are_the_libraries() -> None:
     options = {p.name: p for p in command.params if isinstance(p, click.Option)}
     for name in CLI_NAMES:
         default = options[name].default
-        if options[name].callback is not None and isinstance(default, str):
-            default = options[name].callback(click.Context(command), options[name], default)
+        parse = options[name].callback
+        if parse is not None and isinstance(default, str):
+            default = parse(click.Context(command), options[name], default)
         assert default == MODEL[name], name
 
 
@@ -114,7 +116,7 @@ def test_design_md_gives_the_same_defaults() -> None:
 def test_the_error_types_and_kinds_a_caller_handles_are_exported() -> None:
     for name in ("ErrorKind", "Retryable", "JournalMismatch", "JournalInUse", "JournalFailed"):
         assert name in batchsync.__all__
-    assert "circuit_open" in batchsync.ErrorKind.__args__
+    assert "circuit_open" in typing.get_args(batchsync.ErrorKind)
 
 
 def _same_number(given: object, written: str) -> bool:

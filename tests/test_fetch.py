@@ -52,13 +52,25 @@ def test_503_is_retried_up_to_attempts(mocked: responses.RequestsMock) -> None:
 
 
 def test_retry_after_as_an_http_date_holds_the_next_try(mocked: responses.RequestsMock) -> None:
-    later = email.utils.formatdate(time.time() + 2, usegmt=True)
-    mocked.get(f"{API}/busy", status=429, headers={"Retry-After": later})
-    mocked.get(f"{API}/busy", json={"ok": True})
+    served: list[float] = []
+    until: list[int] = []
+
+    def busy_once(request: requests.PreparedRequest) -> tuple[int, dict[str, str], str]:
+        served.append(time.time())
+        if len(served) > 1:
+            return 200, {"Content-Type": "application/json"}, '{"ok": true}'
+        until.append(int(served[0]) + 2)  # a date has whole seconds: 1 to 2 s from now
+        return 429, {"Retry-After": email.utils.formatdate(until[0], usegmt=True)}, ""
+
+    mocked.add_callback(responses.GET, f"{API}/busy", callback=busy_once)
     rs = fetch_all([f"{API}/busy"], backoff=FAST)
     assert rs[0].ok
     wait = rs[0].attempt_log[0].wait
-    assert wait is not None and 0.9 < wait <= 2.0
+    # Until the date, from the moment the answer was read: just after it was served (however
+    # long the machine took to get there), far from the 10 ms backoff.
+    left = until[0] - served[0]
+    assert wait is not None and left - 0.5 < wait <= left
+    assert served[1] - served[0] >= wait  # and the next try was held that long
 
 
 def test_connection_errors_are_retried(mocked: responses.RequestsMock) -> None:

@@ -79,14 +79,16 @@ def test_a_global_cooldown_holds_every_host(server: MockServerProcess) -> None:
     assert not [e for e in log if answered + 0.1 < e["t"] < answered + 1.45]
 
 
-def test_an_open_circuit_ends_items_without_sending_them(server: MockServerProcess) -> None:
+def test_an_open_circuit_ends_items_whose_budget_cannot_cover_the_break_without_sending_them(
+    server: MockServerProcess,
+) -> None:
     marker = key()
     rs = fetch_all(
         [f"{server.url}/503/{marker}/{n}" for n in range(20)],
-        concurrency=2, attempts=1, breaker=Breaker(failures=3, reset=60),
+        concurrency=2, attempts=1, budget=30, breaker=Breaker(min_calls=3, reset=60),
     )  # fmt: skip
     sent = server.log(marker)
-    assert len(sent) <= 3 + 1  # the threshold, plus one already in flight when it opened
+    assert len(sent) <= 3 + 1  # the minimum calls, plus one already in flight when it opened
     refused = [r for r in rs if r.error_kind == "circuit_open"]
     assert len(refused) == 20 - len(sent)
     assert all(r.attempts == 0 for r in refused)
@@ -98,18 +100,21 @@ def test_a_half_open_circuit_lets_one_probe_through(server: MockServerProcess) -
     family = key()
     flaky = f"{server.url}/503-then-ok/{family}"
     items = [
-        f"{flaky}/1?after=2",
-        f"{flaky}/2?after=2",
-        f"{flaky}/3?after=2",  # the circuit is open: not sent
+        f"{flaky}/1?after=3",
+        f"{flaky}/2?after=3",  # the circuit opens
+        f"{flaky}/3?after=3",  # held for the break, then the probe: it fails, another break
         f"{other_host(server)}/ok/{family}?delay=0.7",  # time passes on another host
-        f"{flaky}/4?after=2",  # the probe: the server has recovered
-        f"{flaky}/5?after=2",  # closed again
+        f"{flaky}/4?after=3",  # the next probe: the server has recovered
+        f"{flaky}/5?after=3",  # closed again
     ]
-    rs = fetch_all(items, concurrency=1, attempts=1, breaker=Breaker(failures=2, reset=0.5))
+    rs = fetch_all(items, concurrency=1, attempts=1, breaker=Breaker(min_calls=2, reset=0.5))
     assert [(r.error_kind, r.attempts) for r in rs] == [
-        ("status", 1), ("status", 1), ("circuit_open", 0), (None, 1), (None, 1), (None, 1),
+        ("status", 1), ("status", 1), ("status", 1), (None, 1), (None, 1), (None, 1),
     ]  # fmt: skip
-    assert len(server.log(f"/503-then-ok/{family}/")) == 4
+    sent = server.log(f"/503-then-ok/{family}/")
+    assert len(sent) == 5
+    assert sent[2]["t"] - sent[1]["end"] >= 0.45  # the third item waited for the break
+    assert rs.summary().waits["breaker"] >= 0.45
 
 
 def limiter_run(server: MockServerProcess, adaptive: bool) -> tuple[int, float]:
@@ -147,7 +152,7 @@ def test_the_cli_applies_rate_and_per_host_limits(
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     done = subprocess.run(
         [sys.executable, "-m", "batchsync", "urls.txt", "-c", "8", "--rate", "20",
-         "--per-host", "2", "--cooldown", "global", "--breaker", "5:10"],
+         "--per-host", "2", "--cooldown", "global", "--breaker", "0.5:50:10:10"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -162,8 +167,10 @@ def test_the_cli_applies_rate_and_per_host_limits(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--breaker", "x:y"], "expected FAILURES:SECONDS or off"),
-        (["--breaker", "0:5"], "breaker failures must be at least 1"),
+        (["--breaker", "x:y"], "expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off"),
+        (["--breaker", "5:10"], "breaker ratio must be above 0 and at most 1"),
+        (["--breaker", "0.5:10:0"], "breaker min_calls must be a whole number >= 1"),
+        (["--breaker", "0.5:1:1:1:1"], "at most 4 fields"),
         (["--rate", "0"], "--rate"),
         (["--per-host", "0"], "--per-host"),
         (["--cooldown", "sometimes"], "--cooldown"),

@@ -19,6 +19,9 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -295,47 +298,103 @@ def test_a_batch_refuses_an_id_json_cannot_store(tmp_path: Path, bad_id: object)
 # --- one run per journal ----------------------------------------------------------------------
 
 
+class HeldServer:
+    """Answers each GET with ``{}`` only once released, and counts them by path: a run holds
+    its journal for as long as the test wants, however slow the machine."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.counts: Counter[str] = Counter()
+        lock = threading.Lock()
+        held = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with lock:
+                    held.counts[self.path] += 1
+                held.released.wait(120)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def sent(self, paths: list[str]) -> list[int]:
+        return [self.counts[path] for path in paths]
+
+    def close(self) -> None:
+        self.released.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def held() -> Iterator[HeldServer]:
+    server = HeldServer()
+    yield server
+    server.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(0.02)
+
+
 @pytest.mark.integration
 def test_a_second_run_on_the_same_prefix_exits_2_and_leaves_the_first_alone(
-    server: MockServerProcess, tmp_path: Path
+    held: HeldServer, tmp_path: Path
 ) -> None:
-    marker = key()
-    targets = [f"/ok/{marker}-{n}?delay=1.5" for n in range(5)]
-    (tmp_path / "urls.txt").write_text("".join(server.url + t + "\n" for t in targets))
+    paths = [f"/ok/{n}" for n in range(5)]
+    (tmp_path / "urls.txt").write_text("".join(held.url + path + "\n" for path in paths))
     first = subprocess.Popen(
-        [sys.executable, "-m", "batchsync", "urls.txt", "-c", "5", "--no-progress"],
+        [sys.executable, "-m", "batchsync", "urls.txt", "-c", "5", "--timeout", "60",
+         "--no-progress"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    give_up = time.monotonic() + 30
-    while sum(server.count(t) for t in targets) < 5:
-        assert time.monotonic() < give_up
-        time.sleep(0.02)
-    second = run_cli("urls.txt", "-c", "5", cwd=tmp_path)
-    assert second.returncode == 2, second.stderr
-    assert second.stderr == "Error: the output prefix batch is in use by another run\n"
-    _, stderr = first.communicate(timeout=60)
+    try:
+        wait_until(lambda: sum(held.sent(paths)) == 5)  # the first run is under way
+        second = run_cli("urls.txt", "-c", "5", cwd=tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr == "Error: the output prefix batch is in use by another run\n"
+        held.released.set()
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
     assert first.returncode == 0, stderr
-    assert [server.count(t) for t in targets] == [1] * 5  # the second sent nothing
+    assert held.sent(paths) == [1] * 5  # the second sent nothing
     assert len(lines_of(tmp_path / "batch-results.jsonl")) == 5
 
 
 @pytest.mark.integration
-def test_a_batch_refuses_a_journal_in_use(server: MockServerProcess, tmp_path: Path) -> None:
-    marker = key()
-    targets = [f"/ok/{marker}-{n}?delay=1" for n in range(4)]
-    items = [server.url + t for t in targets]
+def test_a_batch_refuses_a_journal_in_use(held: HeldServer, tmp_path: Path) -> None:
+    paths = [f"/ok/{n}" for n in range(4)]
+    items = [held.url + path for path in paths]
     journal = tmp_path / "run.sqlite3"
-    first = Batch(items, concurrency=4, journal=journal)
+    first = Batch(items, concurrency=4, timeout=60, journal=journal)
     running = threading.Thread(target=first.run)
     running.start()
-    give_up = time.monotonic() + 30
-    while sum(server.count(t) for t in targets) < 4:
-        assert time.monotonic() < give_up
-        time.sleep(0.02)
-    with pytest.raises(ValueError, match="in use by another run"):
-        Batch(items, journal=journal)
-    running.join(timeout=60)
+    try:
+        wait_until(lambda: sum(held.sent(paths)) == 4)  # the first run is under way
+        with pytest.raises(ValueError, match="in use by another run"):
+            Batch(items, journal=journal)
+    finally:
+        held.released.set()
+        running.join(timeout=60)
     assert len(first.results) == 4
+    assert held.sent(paths) == [1] * 4
     assert Batch(items, journal=journal).pending == 0  # free again once the run ended
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +67,15 @@ def test_what_is_added_is_readable_before_close(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     journal = Journal(path, encode, IDENTITY)
     journal.add(make(0), "u0")
-    for _ in range(200):  # the group commit lands within milliseconds
+
+    def found() -> int:
         reader = JournalReader(path)
-        found = sum(reader.done(1))
-        reader.close()
-        if found:
-            break
-        threading.Event().wait(0.01)
-    assert found == 1
+        try:
+            return sum(reader.done(1))
+        finally:
+            reader.close()
+
+    wait_until(lambda: found() == 1)  # the group commit lands within milliseconds, unloaded
     journal.close()
 
 
@@ -86,11 +88,11 @@ def test_the_writer_lingers_only_in_a_busy_run(results: int, seconds: float, lin
 
 
 class CountingConnection:
-    """Wraps the writer's connection to note when each transaction begins."""
+    """Wraps the writer's connection to note how many results each transaction stored."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.begun: list[float] = []
+        self.groups: list[int] = []
 
     def __enter__(self) -> Any:
         return self.inner.__enter__()
@@ -98,35 +100,91 @@ class CountingConnection:
     def __exit__(self, *exc: object) -> Any:
         return self.inner.__exit__(*exc)
 
-    def execute(self, sql: str, *args: Any) -> Any:
-        if sql == "BEGIN":
-            self.begun.append(time.monotonic())
-        return self.inner.execute(sql, *args)
+    def executemany(self, sql: str, rows: list[Any]) -> Any:
+        cursor = self.inner.executemany(sql, rows)
+        if "INTO results" in sql and rows:  # (the last one, at close, may store none)
+            self.groups.append(len(rows))
+        return cursor
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-def test_a_busy_run_commits_in_groups_a_slow_one_at_once(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY)
-    counting = journal._db = CountingConnection(journal._db)  # type: ignore[assignment]
-    started = time.monotonic()
-    for index in range(4800):  # 3000 results a second for 1.6 s, however coarse the sleeps
-        journal.add(make(index), f"u{index}")
-        time.sleep(max(0.0, started + index / 3000 - time.monotonic()))
-    busy_end = time.monotonic()
-    journal.close()
-    late = [t for t in counting.begun if t > busy_end - 0.5]
-    assert busy_end - started < 2.4  # the pace held above 2000 results a second
-    assert len(late) <= 0.5 / 0.02 + 10  # one commit per 20 ms once the rate was seen
+class Clock:
+    """The writer's clock, moved by the test alone."""
 
-    slow = Journal(tmp_path / "slow.sqlite3", encode, IDENTITY)
-    counting = slow._db = CountingConnection(slow._db)  # type: ignore[assignment]
-    for index in range(20):
-        slow.add(make(index), f"u{index}")
-        time.sleep(0.02)
-    slow.close()
-    assert len(counting.begun) >= 18  # each result committed as soon as it came
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Linger:
+    """The writer's sleep: notes each linger and holds it until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        self.entered.set()
+        self.go.wait(60)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def stored(counting: CountingConnection, results: int) -> Callable[[], bool]:
+    return lambda: sum(counting.groups) == results
+
+
+def test_a_busy_run_commits_in_groups(tmp_path: Path) -> None:
+    clock, linger = Clock(), Linger()
+    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY, clock=clock, sleep=linger)
+    counting = journal._db = CountingConnection(journal._db)  # type: ignore[assignment]
+    try:
+        for index in range(1500):  # 1500 results in the writer's first second: a busy run
+            journal.add(make(index), f"u{index}")
+        wait_until(stored(counting, 1500))
+        assert linger.asked == []  # no second seen yet: nothing to go by
+        clock.now = 1.0
+        journal.add(make(1500), "u1500")  # its commit closes the busy second
+        wait_until(stored(counting, 1501))
+        assert linger.asked == []
+        commits = len(counting.groups)
+        journal.add(make(1501), "u1501")  # the writer now lets results gather ...
+        assert linger.entered.wait(30), "the writer did not linger in a busy run"
+        for index in range(1502, 1700):  # ... while these come in
+            journal.add(make(index), f"u{index}")
+    finally:
+        linger.go.set()
+    journal.close()
+    assert linger.asked == [0.02]
+    assert counting.groups[commits] == 199  # all that came during the linger, in one commit
+
+
+def test_a_slow_run_commits_each_result_at_once(tmp_path: Path) -> None:
+    clock, linger = Clock(), Linger()
+    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY, clock=clock, sleep=linger)
+    counting = journal._db = CountingConnection(journal._db)  # type: ignore[assignment]
+    try:
+        for index in range(150):  # 50 results a second for three seconds
+            clock.now = index / 50
+            journal.add(make(index), f"u{index}")
+            # A writer that lingered would hold this commit until the end of the test.
+            wait_until(stored(counting, index + 1))
+    finally:
+        linger.go.set()
+    journal.close()
+    assert linger.asked == []
+    assert counting.groups == [1] * 150
 
 
 def test_adds_after_close_are_ignored(tmp_path: Path) -> None:

@@ -80,51 +80,53 @@ def test_cooldowns_keep_the_latest_end_and_expire() -> None:
     assert board.remaining("h") == 0.0
 
 
-def test_breaker_opens_after_consecutive_failures_only() -> None:
-    breaker = CircuitBreaker(failures=3, reset=10, clock=Clock())
+def test_breaker_opens_on_the_failure_ratio_of_its_window_only() -> None:
+    breaker = CircuitBreaker(Breaker(ratio=0.5, window=10, min_calls=5), clock=Clock())
     for _ in range(2):
         breaker.record("h", failed=True, probe=False)
-    breaker.record("h", failed=False, probe=False)  # a success resets the count
-    for _ in range(2):
-        breaker.record("h", failed=True, probe=False)
-    assert breaker.check("h") == "closed"
+    for _ in range(4):  # successes count against the ratio
+        breaker.record("h", failed=False, probe=False)
     breaker.record("h", failed=True, probe=False)
-    assert breaker.check("h") == "open"
-    assert breaker.check("other") == "closed"
+    assert breaker.check("h")[0] == "closed"  # 3 of 7
+    breaker.record("h", failed=True, probe=False)
+    assert breaker.check("h")[0] == "open"  # 4 of 8: half
+    assert breaker.check("other")[0] == "closed"
     assert breaker.opened == 1
 
 
 def test_breaker_half_opens_for_one_probe_after_the_reset() -> None:
     clock = Clock()
-    breaker = CircuitBreaker(failures=1, reset=10, clock=clock)
+    breaker = CircuitBreaker(Breaker(min_calls=1, reset=10), clock=clock)
     breaker.record("h", failed=True, probe=False)
     clock.now += 9.9
-    assert breaker.check("h") == "open"
+    state, left = breaker.check("h")
+    assert (state, left) == ("open", pytest.approx(0.1))  # type: ignore[comparison-overlap]
     clock.now += 0.1
-    assert breaker.check("h") == "probe"
-    assert breaker.check("h") == "open"  # one probe at a time
+    assert breaker.check("h") == ("probe", 0.0)
+    assert breaker.check("h") == ("probing", 0.0)  # one probe at a time
     breaker.record("h", failed=True, probe=True)  # the probe failed: open again, for 10 s more
     clock.now += 5
-    assert breaker.check("h") == "open"
+    assert breaker.check("h") == ("open", 5.0)
     clock.now += 5
-    assert breaker.check("h") == "probe"
+    assert breaker.check("h")[0] == "probe"
     breaker.record("h", failed=False, probe=True)
-    assert breaker.check("h") == "closed"
+    assert breaker.check("h") == ("closed", 0.0)
     assert breaker.opened == 1
 
 
 def test_an_abandoned_probe_lets_another_one_through() -> None:
     clock = Clock()
-    breaker = CircuitBreaker(failures=1, reset=1, clock=clock)
+    breaker = CircuitBreaker(Breaker(min_calls=1, reset=1), clock=clock)
     breaker.record("h", failed=True, probe=False)
     clock.now += 1
-    assert breaker.check("h") == "probe"
+    assert breaker.check("h")[0] == "probe"
     breaker.abandon("h", probe=True)
-    assert breaker.check("h") == "probe"
+    assert breaker.check("h")[0] == "probe"
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"), [({"failures": 0}, "failures"), ({"reset": 0}, "reset")]
+    ("fields", "message"),
+    [({"ratio": 0}, "ratio"), ({"min_calls": 0}, "min_calls"), ({"reset": 0}, "reset")],
 )
 def test_breaker_settings_are_checked(fields: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -134,7 +136,8 @@ def test_breaker_settings_are_checked(fields: dict[str, float], message: str) ->
 def test_what_counts_for_the_breaker_and_for_congestion() -> None:
     assert is_breaker_failure(retry("status", "HTTP 503", 503))
     assert is_breaker_failure(retry("timeout", "timed out"))
-    assert not is_breaker_failure(retry("status", "HTTP 429", 429))
+    assert is_breaker_failure(retry("status", "HTTP 429", 429))  # overloaded, no end given
+    assert not is_breaker_failure(retry("status", "HTTP 429", 429, retry_after=5))  # cooldown
     assert not is_breaker_failure(terminal("status", "HTTP 404", 404))
     assert not is_breaker_failure(success(None, 200))
     assert is_congestion(retry("status", "HTTP 429", 429))
@@ -188,11 +191,13 @@ def admitted(gates: Gates, host: str = "h", budget: float = 10.0) -> Admission |
     return gates.admit(host, Allowance(time.monotonic() + budget), threading.Event())
 
 
-def test_an_open_circuit_refuses_at_once() -> None:
-    breaker = CircuitBreaker(failures=1, reset=60)
+def test_an_open_circuit_the_budget_cannot_cover_refuses_at_once() -> None:
+    breaker = CircuitBreaker(Breaker(min_calls=1, reset=60))
     breaker.record("h", failed=True, probe=False)
     gates = Gates(breaker=breaker)
-    assert admitted(gates) == "circuit_open"
+    started = time.monotonic()
+    assert admitted(gates) == "circuit_open"  # a 60-s break, 10 s of budget: no wait
+    assert time.monotonic() - started < 0.1
     assert gates.circuit_refusals == 1
     assert isinstance(admitted(gates, host="other"), Admission)
 
@@ -282,14 +287,14 @@ def test_a_stop_cancels_a_wait_at_the_gates() -> None:
 
 def test_a_refused_probe_is_given_back() -> None:
     clock = Clock()
-    breaker = CircuitBreaker(failures=1, reset=1, clock=clock)
+    breaker = CircuitBreaker(Breaker(min_calls=1, reset=1), clock=clock)
     breaker.record("h", failed=True, probe=False)
     clock.now += 1
     board = Cooldowns()
     board.hold("h", 60)
     gates = Gates(breaker=breaker, cooldowns=board)
     assert admitted(gates, budget=1) == "budget"
-    assert breaker.check("h") == "probe"
+    assert breaker.check("h")[0] == "probe"
 
 
 class FlakyBucket:

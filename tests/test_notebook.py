@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -55,20 +57,32 @@ def test_the_interrupt_button_stops_a_batch_and_leaves_no_thread(
 ) -> None:
     """The kernel's interrupt during Batch.run: prompt stop, finished results kept, no threads."""
     jupyter_client = pytest.importorskip("jupyter_client")
+    marker = uuid.uuid4().hex[:8]
+    targets = [f"/ok/nb-{marker}-{n}?delay=1" for n in range(40)]
+
+    def sent() -> int:
+        counts: dict[str, int] = server.stats()["counts"]
+        return sum(counts.get(target, 0) for target in targets)
+
     manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3")
     try:
         run = (
             "from batchsync import Batch\n"
-            f"b = Batch([f'{server.url}/ok/nb-{{n}}?delay=1' for n in range(40)], concurrency=4,"
-            " timeout=30)\n"
+            f"b = Batch([{server.url!r} + t for t in {targets!r}], concurrency=4, timeout=30)\n"
             "b.run()\n"
         )
         client.execute(run)
-        time.sleep(2.5)  # a few rounds of four have finished, four more are in flight
+        # Eight sent, four at a time, each answered after 1 s: at least four have finished
+        # (a worker delivers its result before it takes the next item), more are in flight.
+        wait_until(lambda: sent() >= 8)
+        at_interrupt = sent()
         interrupted_at = time.monotonic()
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=30)
-        assert time.monotonic() - interrupted_at < 6
+        stopped_after = time.monotonic() - interrupted_at
+        # Prompt: before the items not yet sent could have been fetched, at the server's pace
+        # of four a second (a floor that no machine, however fast, goes under).
+        assert stopped_after < (40 - at_interrupt) // 4
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         check = (
@@ -81,9 +95,20 @@ def test_the_interrupt_button_stops_a_batch_and_leaves_no_thread(
         assert 4 <= int(done) < 40
         assert int(done) + int(pending) == 40
         assert threads.strip() == "[]"
+        # Nothing taken after the interrupt but what was in flight, nothing sent twice.
+        counts: dict[str, int] = server.stats()["counts"]
+        assert all(counts.get(target, 0) <= 1 for target in targets)
+        assert sent() <= int(done) + 4
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(0.02)
 
 
 def execute_and_read(client: Any, code: str) -> str:

@@ -91,7 +91,10 @@ def test_an_open_circuit_sends_the_item_to_its_fallback(server: MockServerProces
         {"url": f"{server.url}/503/{marker}/{n}", "fallbacks": [f"{mirror}/ok/{marker}-{n}"]}
         for n in range(6)
     ]
-    rs = fetch_all(items, concurrency=1, attempts=1, breaker=Breaker(failures=2, reset=60))
+    # A break (60 s) the budget (30 s) cannot cover: the held item goes to its fallback.
+    rs = fetch_all(
+        items, concurrency=1, attempts=1, budget=30, breaker=Breaker(min_calls=2, reset=60)
+    )
     assert all(r.ok and r.fallback_used == 0 for r in rs)
     assert (
         len(server.log(f"/503/{marker}/")) == 2

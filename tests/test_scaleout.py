@@ -159,7 +159,7 @@ def cluster() -> Iterator[Any]:
 
 
 def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: Any) -> None:
-    from batchsync.dask import fetch_all as fetch_on_cluster
+    from batchsync.contrib.dask import fetch_on_cluster
 
     marker = uuid.uuid4().hex[:8]
     urls = [f"{server.url}/ok/{marker}-{i}?delay=0.01" for i in range(5000)]

@@ -20,8 +20,8 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from .limits import BreakerState, LimitsUnavailable
-from .redact import Secrets
+from ..limits import Breaker, BreakerState, LimitsUnavailable
+from ..redact import Secrets
 
 log = logging.getLogger("batchsync")
 
@@ -82,34 +82,65 @@ if redis.call('PTTL', KEYS[1]) < ms then redis.call('SET', KEYS[1], '1', 'PX', m
 return 1
 """
 
+# A host's breaker: a hash (KEYS[1]) with ``failures``, ``open_until`` and ``probe_until``
+# (server time), and its window (KEYS[2]), a list of its last counted attempts, newest first:
+# '1' a failure, '0' a success. Opening clears the window; the probe's success deletes both.
 BREAKER_CHECK = (
     _NOW
     + """
-local opened = tonumber(redis.call('HGET', KEYS[1], 'opened'))
-if not opened then return 'closed' end
+local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
+if not open_until then return {'closed', '0'} end
+if now < open_until then return {'open', tostring(open_until - now)} end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until')) or 0
-if probe_until > now or now - opened < tonumber(ARGV[1]) then return 'open' end
+if probe_until > now then return {'probing', '0'} end
 redis.call('HSET', KEYS[1], 'probe_until', tostring(now + tonumber(ARGV[1])))
-return 'probe'
+return {'probe', '0'}
 """
 )
 
 BREAKER_RECORD = (
     _NOW
     + """
-local failed, probe, threshold = ARGV[1] == '1', ARGV[2] == '1', tonumber(ARGV[3])
-if probe then redis.call('HDEL', KEYS[1], 'probe_until') end
-if not failed then redis.call('DEL', KEYS[1]) return 0 end
-local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-redis.call('EXPIRE', KEYS[1], 86400)
-local opened = redis.call('HGET', KEYS[1], 'opened')
-if probe or (not opened and failures >= threshold) then
-  redis.call('HSET', KEYS[1], 'opened', tostring(now))
-  if not opened then return 1 end
+local outcome, probe = ARGV[1], ARGV[2] == '1'
+local ratio, window, min_calls = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local reset, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
+local open_until = redis.call('HGET', KEYS[1], 'open_until')
+if probe then
+  if not open_until then return 0 end
+  redis.call('HDEL', KEYS[1], 'probe_until')
+  if outcome == '1' then
+    redis.call('HSET', KEYS[1], 'open_until', tostring(now + reset))
+    redis.call('EXPIRE', KEYS[1], keep)
+  elseif outcome == '0' then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    redis.call('LPUSH', KEYS[2], '0')
+    redis.call('EXPIRE', KEYS[2], keep)
+  end
+  return 0
 end
+if outcome == '' or open_until then return 0 end
+local failures = tonumber(redis.call('HGET', KEYS[1], 'failures')) or 0
+local calls = redis.call('LPUSH', KEYS[2], outcome)
+if outcome == '1' then failures = failures + 1 end
+if calls > window then
+  if redis.call('RPOP', KEYS[2]) == '1' then failures = failures - 1 end
+  calls = window
+end
+if calls >= math.min(min_calls, window) and failures > 0 and failures >= ratio * calls then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'failures', '0', 'open_until', tostring(now + reset))
+  redis.call('EXPIRE', KEYS[1], keep)
+  return 1
+end
+redis.call('HSET', KEYS[1], 'failures', tostring(failures))
+redis.call('EXPIRE', KEYS[1], keep)
+redis.call('EXPIRE', KEYS[2], keep)
 return 0
 """
 )
+
+# A breaker's keys outlive a day without attempts at most.
+_BREAKER_KEEP_SECONDS = 86400
 
 
 def _client_for(url: str) -> Any:
@@ -171,8 +202,8 @@ class RedisLimits:
     def cooldowns(self) -> RedisCooldowns:
         return RedisCooldowns(self)
 
-    def breaker(self, failures: int, reset: float) -> RedisBreaker:
-        return RedisBreaker(self, failures, reset)
+    def breaker(self, settings: Breaker) -> RedisBreaker:
+        return RedisBreaker(self, settings)
 
     @property
     def redis(self) -> Any:
@@ -278,30 +309,35 @@ class RedisCooldowns:
 
 
 class RedisBreaker:
-    """Circuit breakers shared by every process (see limits.BreakerBackend)."""
+    """Circuit breakers shared by every process, with the semantics of limits.CircuitBreaker:
+    every process counts into one window per host and is held by the same break. The probe is
+    a token with an expiry (the lease TTL): a process that dies while probing gives it up."""
 
-    def __init__(self, limits: RedisLimits, failures: int, reset: float) -> None:
+    def __init__(self, limits: RedisLimits, settings: Breaker) -> None:
         self._limits = limits
-        self._failures = failures
-        self._reset = reset
+        self.settings = settings
         self._check = limits.script(BREAKER_CHECK)
         self._record = limits.script(BREAKER_RECORD)
         self.opened = 0
 
-    def check(self, key: str) -> BreakerState:
-        name = self._limits.key("breaker", key)
-        state = self._limits.call(lambda: self._check(keys=[name], args=[self._reset]))
-        text = state.decode() if isinstance(state, bytes) else str(state)
-        assert text in ("closed", "probe", "open")
-        return text  # type: ignore[return-value]
+    def _keys(self, key: str) -> list[str]:
+        return [self._limits.key("breaker", key), self._limits.key("breaker", key, "window")]
 
-    def record(self, key: str, failed: bool, probe: bool) -> None:
-        name = self._limits.key("breaker", key)
-        args = [int(failed), int(probe), self._failures]
-        if self._limits.call(lambda: self._record(keys=[name], args=args)):
+    def check(self, key: str) -> tuple[BreakerState, float]:
+        keys, args = self._keys(key), [self._limits.lease_ttl]
+        state, wait = self._limits.call(lambda: self._check(keys=keys, args=args))
+        text = state.decode() if isinstance(state, bytes) else str(state)
+        assert text in ("closed", "probe", "open", "probing")
+        return text, float(wait)  # type: ignore[return-value]
+
+    def record(self, key: str, failed: bool | None, probe: bool) -> None:
+        keys, settings = self._keys(key), self.settings
+        outcome = "" if failed is None else str(int(failed))
+        args = [outcome, int(probe), settings.ratio, settings.window, settings.min_calls,
+                settings.reset, _BREAKER_KEEP_SECONDS]  # fmt: skip
+        if self._limits.call(lambda: self._record(keys=keys, args=args)):
             self.opened += 1
 
     def abandon(self, key: str, probe: bool) -> None:
         if probe:
-            name = self._limits.key("breaker", key)
-            self._limits.call(lambda: self._limits.redis.hdel(name, "probe_until"))
+            self.record(key, None, probe=True)

@@ -17,10 +17,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from .batch import Item, encode_result, identity_of
-from .journal import Journal, JournalMismatch, JournalReader, mismatch
-from .options import FetchOptions, build
-from .result import Result, ResultSet
+from ..batch import Item, encode_result, identity_of
+from ..journal import Journal, resumed
+from ..options import FetchOptions, build
+from ..result import Result, ResultSet
 
 # A run of (index, item) pairs; the indexes are the items' places in the whole batch.
 Partition = list[tuple[int, Any]]
@@ -35,7 +35,7 @@ def run_partition(partition: Partition, settings: dict[str, Any], entries: bool)
 
     ``entries`` says the items are input Entries (from the CLI) rather than fetch_all items.
     """
-    from .fetch import run_http
+    from ..fetch import run_http
 
     options = build(FetchOptions, **settings)
     collected: dict[int, Result] = {}
@@ -131,7 +131,7 @@ class Distributor:
                 future.cancel()
 
 
-def fetch_all(
+def fetch_on_cluster(
     items: Iterable[Item],
     client: Any,
     *,
@@ -175,11 +175,5 @@ def _finished(path: Path, items: list[Item]) -> dict[int, Result]:
     """The Results a journal kept for these items (ValueError for a journal of other items)."""
     if not path.exists():
         return {}
-    reader = JournalReader(path)
-    try:
-        problem = mismatch(reader.meta(), identity_of(items))
-        if problem is not None:
-            raise JournalMismatch(f"the journal {path} was made for other items ({problem})")
+    with resumed(path, identity_of(items), "items", "give another journal, or delete it") as reader:
         return {index: Result.from_dict(json.loads(record)) for index, record in reader.records()}
-    finally:
-        reader.close()
