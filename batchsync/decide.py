@@ -12,7 +12,7 @@ from .budget import Allowance, Limit
 from .classify import Verdict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made per attempt, never changed (frozen would cost 6x to build)
 class Decision:
     """``wait`` seconds before the next attempt, or (``wait`` None) the route's end: its last
     Verdict (outcome ``retry`` only when the retries ran out) and its error line."""
@@ -22,7 +22,7 @@ class Decision:
     error: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # as Decision
 class Attempted:
     """Where a route stands after its attempt number ``number``."""
 
