@@ -17,30 +17,15 @@ import time
 from collections.abc import Callable, Mapping
 from http.cookiejar import Cookie, CookieJar, CookiePolicy, DefaultCookiePolicy
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 from requests.cookies import MockRequest, RequestsCookieJar, extract_cookies_to_jar
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+from .origins import origin_of
+
 # Where a cookie that a response set during a run notes its origin. An attribute rather than
 # a nonstandard cookie attribute (``_rest``), which a FileCookieJar would write out.
 _STAMP = "_batchsync_origin"
-
-
-def origin_of(url: str) -> str | None:
-    """``scheme://host:port`` of a URL (lower-case host, default port filled in); None for a
-    URL without a host or with a bad port."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        return None
-    host = parts.hostname
-    if not host:
-        return None
-    scheme = parts.scheme.lower()
-    return f"{scheme}://{host}:{port or _DEFAULT_PORTS.get(scheme)}"
 
 
 def _origin_of_request(request: Any) -> str | None:

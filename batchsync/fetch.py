@@ -29,10 +29,11 @@ from .inputs import Entry
 from .limits import Gates
 from .observe import Observer
 from .options import FetchOptions
+from .origins import host_of
 from .redact import Secrets, item_secrets, watching
 from .result import Result
 from .spec import InvalidItem, RequestSpec, item_label, parse_item
-from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire, host_of
+from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})

@@ -425,11 +425,6 @@ def breaker_outcome(verdict: Verdict) -> bool | None:
     return False
 
 
-def is_breaker_failure(verdict: Verdict) -> bool:
-    """An attempt that counts as a failure for its host's breaker (see ``breaker_outcome``)."""
-    return breaker_outcome(verdict) is True
-
-
 class Gates:
     """The limits an attempt passes, in order; see the module docstring."""
 

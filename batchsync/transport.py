@@ -32,6 +32,7 @@ from .classify import BadRedirect, describe
 from .cookies import OriginJars, lend
 from .guard import Guard, PrivateAddress
 from .headers import QuickHeadersResponse
+from .origins import host_key
 from .redact import Secrets
 from .watchdog import Watchdog
 
@@ -48,34 +49,12 @@ CHUNK_BYTES = 64 * 1024
 # Per-origin look-ups kept at most; past that the cache starts afresh (entries are re-derived
 # on demand, so forgetting one costs a look-up, never a request).
 _MAX_CACHED_ORIGINS = 4096
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 Origin = tuple[str, str, int | None]
 
 # Bodiless methods the fast lane sends; everything else goes the full requests way.
 _FAST_METHODS = frozenset({"GET", "HEAD"})
-
-
-def host_key(scheme: str, host: str, port: int | None) -> str:
-    """The key a host's limits are counted under: lower-case host, IPv6 in brackets, and the
-    port when it is not the scheme's default. Every lane and backend uses this one."""
-    host = host.lower()
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    if port is None or port == _DEFAULT_PORTS.get(scheme.lower()):
-        return host
-    return f"{host}:{port}"
-
-
-def host_of(url: str) -> str:
-    """``host_key`` of a URL ("" for one without a host)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return host_key(parts.scheme, parts.hostname or "", port)
 
 
 @dataclass(slots=True)  # built per item; only ``pool`` changes, when its pool was closed

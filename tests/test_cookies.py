@@ -103,14 +103,16 @@ def run(items: list[Any], **options: Any) -> None:
     assert [r.error for r in results if not r.ok] == []
 
 
-def test_an_origin_is_scheme_host_and_port_with_the_default_filled_in() -> None:
-    from batchsync.cookies import origin_of
+def test_an_origin_is_scheme_and_host_key_a_default_port_the_same_as_none() -> None:
+    from batchsync.origins import origin_of
 
-    assert origin_of("http://Example.COM/a") == "http://example.com:80"
-    assert origin_of("http://example.com:80/b?c") == "http://example.com:80"
-    assert origin_of("HTTPS://example.com") == "https://example.com:443"
+    assert origin_of("http://Example.COM/a") == "http://example.com"
+    assert origin_of("http://example.com:80/b?c") == "http://example.com"
+    assert origin_of("HTTPS://example.com") == "https://example.com"
+    assert origin_of("https://example.com:443") == "https://example.com"
     assert origin_of("https://example.com:8443") == "https://example.com:8443"
-    assert origin_of("http://u:p@[::1]:8080/") == "http://::1:8080"
+    assert origin_of("http://example.com:443") == "http://example.com:443"
+    assert origin_of("http://u:p@[::1]:8080/") == "http://[::1]:8080"
     assert origin_of("http://example.com:99999/") is None
     assert origin_of("http:///path") is None
 

@@ -19,7 +19,7 @@ from batchsync.limits import (
     HostSlots,
     LimitsUnavailable,
     TokenBucket,
-    is_breaker_failure,
+    breaker_outcome,
     is_congestion,
 )
 
@@ -134,12 +134,12 @@ def test_breaker_settings_are_checked(fields: dict[str, float], message: str) ->
 
 
 def test_what_counts_for_the_breaker_and_for_congestion() -> None:
-    assert is_breaker_failure(retry("status", "HTTP 503", 503))
-    assert is_breaker_failure(retry("timeout", "timed out"))
-    assert is_breaker_failure(retry("status", "HTTP 429", 429))  # overloaded, no end given
-    assert not is_breaker_failure(retry("status", "HTTP 429", 429, retry_after=5))  # cooldown
-    assert not is_breaker_failure(terminal("status", "HTTP 404", 404))
-    assert not is_breaker_failure(success(None, 200))
+    assert breaker_outcome(retry("status", "HTTP 503", 503)) is True
+    assert breaker_outcome(retry("timeout", "timed out")) is True
+    assert breaker_outcome(retry("status", "HTTP 429", 429)) is True  # overloaded, no end given
+    assert breaker_outcome(retry("status", "HTTP 429", 429, retry_after=5)) is not True  # cooldown
+    assert breaker_outcome(terminal("status", "HTTP 404", 404)) is not True
+    assert breaker_outcome(success(None, 200)) is not True
     assert is_congestion(retry("status", "HTTP 429", 429))
     assert is_congestion(retry("status", "HTTP 503", 503))
     assert is_congestion(retry("timeout", "timed out"))

@@ -9,7 +9,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsync.transport import _passes_end, host_key, host_of, lane_split
+from batchsync.origins import host_key, host_of
+from batchsync.transport import _passes_end, lane_split
 
 
 @pytest.mark.parametrize(
