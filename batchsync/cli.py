@@ -574,8 +574,10 @@ def _stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if engines and not engines[0].stopped:
-            os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")
+            # Stop before saying so: a second signal may run this handler again in the middle
+            # of the first, and must then find the run stopping.
             engines[0].stop()
+            os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")
             return
         os.write(2, b"Interrupted: quitting now\n")
         os._exit(EXIT_INTERRUPTED)

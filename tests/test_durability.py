@@ -166,6 +166,39 @@ def test_a_second_signal_quits_at_once(server: MockServerProcess, tmp_path: Path
     assert "Traceback" not in first + stderr
 
 
+def test_a_second_signal_inside_the_first_handler_quits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPython runs a handler again for a signal that lands while it runs: the one that lands
+    just as the first says "Stopping" must find the run stopping, not be taken for a first."""
+    from batchsync import cli
+
+    class Run:
+        stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    exits: list[int] = []
+    written: list[bytes] = []
+    with cli._stop_on_signals() as started:
+        started(Run())
+        handler = signal.getsignal(signal.SIGINT)
+        assert callable(handler)
+
+        def write(fd: int, data: bytes) -> int:
+            written.append(data)
+            if len(written) == 1:  # the second signal lands right after the first message
+                handler(signal.SIGINT, None)
+            return len(data)
+
+        monkeypatch.setattr(cli.os, "write", write)
+        monkeypatch.setattr(cli.os, "_exit", exits.append)
+        handler(signal.SIGINT, None)
+    assert exits == [130]
+    assert written[1] == b"Interrupted: quitting now\n"
+
+
 def test_resume_refuses_a_journal_made_for_other_input(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
