@@ -5,11 +5,11 @@ import logging
 from .api import fetch_all, run_all
 from .backoff import Backoff
 from .batch import Batch
-from .classify import ErrorKind, Retryable
 from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 from .limits import Breaker
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
+from .verdict import ErrorKind, Retryable
 
 __version__ = "0.1.0"
 

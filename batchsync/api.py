@@ -11,7 +11,7 @@ from typing import Any, Concatenate, ParamSpec
 
 from .backoff import Backoff
 from .batch import Batch, Item
-from .classify import Verdict, classify_raised, is_transient, success
+from .classify import classify_raised, host_feedback, is_transient
 from .engine import Engine, Job, Route, Task
 from .observe import log_summary
 from .options import EngineOptions, build
@@ -19,6 +19,7 @@ from .progress import counter, wanted
 from .redact import Secrets, watching
 from .result import Result, ResultSet
 from .spec import item_label
+from .verdict import Feedback, Verdict, success
 
 P = ParamSpec("P")
 # Where run_all's defaults are read from (but its concurrency).
@@ -67,11 +68,14 @@ class CallJob:
         url, item_id = item_label(item)
         return (None if url is None else _SHAPES.url(url)), item_id
 
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
+
     def prepare(self, item: object) -> Task:
         url, item_id = self.label(item)
         return Task(url, item_id, Route(partial(self._call, item)), subject=item)
 
-    def _call(self, item: object, bound: float | None, so_far: Result | None) -> Verdict:
+    def _call(self, item: object, ends_at: float | None, so_far: Result | None) -> Verdict:
         try:
             return success(self._fn(item))
         except Exception as exc:  # the caller's errors become Results, never crashes

@@ -25,16 +25,18 @@ class Allowance:
             return self.deadline_end - now, "deadline"
         return left, "budget"
 
-    def attempt_bound(self, timeout: float, now: float) -> tuple[float, Limit | None]:
-        """How long the next attempt may run: min(timeout, budget left, deadline left).
+    def attempt_end(self, timeout: float, now: float) -> tuple[float, Limit | None]:
+        """The instant the next attempt, starting ``now``, must end by: the nearest of its
+        timeout, the budget's end and the deadline. Every part of an attempt (connecting,
+        headers, body, redirects) is bounded by this one instant.
 
-        Also says which limit set the bound (None when the attempt's own timeout did), so
-        that an attempt cut short by the budget or deadline is reported as such.
+        Also says which limit set it (None when the attempt's own timeout did), so that an
+        attempt cut short by the budget or deadline is reported as such.
         """
         left, limit = self.tightest(now)
         if timeout < left:
-            return timeout, None
-        return left, limit
+            return now + timeout, None
+        return now + left, limit
 
     def refuses_wait(self, wait: float, now: float) -> Limit | None:
         """The limit that a wait of ``wait`` seconds would leave no time under, else None."""

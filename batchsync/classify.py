@@ -1,4 +1,5 @@
-"""What one attempt's outcome means: success, worth retrying, or final.
+"""What an HTTP attempt's outcome means: success, worth retrying, or final; and what it says
+about the host.
 
 Pure functions of a status code, a header value or an exception; the engine acts on the Verdict.
 """
@@ -8,31 +9,13 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import requests
 import urllib3.exceptions
 
 from .backoff import parse_retry_after
 from .guard import PrivateAddress
-
-Outcome = Literal["success", "retry", "terminal"]
-
-ErrorKind = Literal[
-    "status",
-    "timeout",
-    "connection",
-    "invalid_body",
-    "invalid_request",
-    "redirect",
-    "tls",
-    "budget",
-    "deadline",
-    "circuit_open",
-    "cancelled",
-    "exception",
-]
+from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
 
 RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
 
@@ -43,53 +26,8 @@ _CONNECTION_PREFIX = re.compile(r"^\w*(?:Connection|ConnectionPool)\(host=[^)]*\
 _SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:\d+\)")
 
 
-@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
-class Verdict:
-    """The outcome of one attempt, as the engine needs to see it."""
-
-    outcome: Outcome
-    error_kind: ErrorKind | None = None
-    error: str | None = None
-    status_code: int | None = None
-    data: Any = None
-    retry_after: float | None = None
-    hedged: bool = False
-    # Where the response came from after redirects (already redacted), and how many.
-    final_url: str | None = None
-    redirects: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "success"
-
-
-def success(data: Any, status_code: int | None = None) -> Verdict:
-    return Verdict("success", status_code=status_code, data=data)
-
-
-def terminal(kind: ErrorKind, error: str, status_code: int | None = None) -> Verdict:
-    return Verdict("terminal", kind, error, status_code)
-
-
-def retry(
-    kind: ErrorKind, error: str, status_code: int | None = None, retry_after: float | None = None
-) -> Verdict:
-    return Verdict("retry", kind, error, status_code, retry_after=retry_after)
-
-
 class BadRedirect(Exception):
     """A redirect that cannot be followed (its Location is not a URL requests can read)."""
-
-
-class Retryable(Exception):
-    """Raise from a ``run_all`` callable to have the item retried.
-
-    ``retry_after`` (seconds) is a floor under the next wait, like an HTTP Retry-After.
-    """
-
-    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 def classify_status(status_code: int, retry_after: str | None, now: float) -> Verdict | None:
@@ -187,3 +125,34 @@ def classify_raised(exc: Exception, retry_if: Callable[[BaseException], bool]) -
         retry_after = exc.retry_after if isinstance(exc, Retryable) else None
         return retry(kind, error, retry_after=retry_after)
     return terminal(kind, error)
+
+
+# Kinds an attempt ends with that are no answer of the host's.
+_NOT_THE_HOSTS_ANSWER: frozenset[ErrorKind] = frozenset(
+    {"budget", "deadline", "cancelled", "circuit_open"}
+)
+_SLOW_DOWN_STATUSES = frozenset({429, 503})
+
+
+def host_feedback(verdict: Verdict) -> Feedback:
+    """What an attempt tells the limits of its host.
+
+    Congested: a 429, a 503 or a timeout. Unwell (the breaker's failure): a connection error,
+    a timeout, a 5xx, or a retryable answer without Retry-After such as a 429 or 408 (or a
+    ``Retryable`` raised without ``retry_after``). Not counted: a 429 or ``Retryable`` with
+    Retry-After, which the cooldown handles, and an attempt cut short or lost to its hedge.
+    Anything else is an answer. Hold: the Retry-After of a 429 or 503, for every caller.
+    """
+    status = verdict.status_code
+    congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
+    hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
+    unwell: bool | None
+    if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
+        unwell = None
+    elif verdict.error_kind in ("connection", "timeout") or (status is not None and status >= 500):
+        unwell = True
+    elif verdict.outcome == "retry":
+        unwell = None if verdict.retry_after is not None else True
+    else:
+        unwell = False
+    return Feedback(congested, unwell, hold)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from .backoff import Backoff
 from .budget import Allowance, Limit
-from .classify import Verdict
+from .verdict import Verdict
 
 
 @dataclass(slots=True)  # made per attempt, never changed (frozen would cost 6x to build)

@@ -18,14 +18,13 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from .backoff import Backoff
 from .budget import Allowance
-from .classify import ErrorKind, Verdict
 from .decide import Attempted, cut_short, decide, plural
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
-from .options import EngineOptions
 from .result import AttemptRecord, Result
-from .spec import InvalidItem
+from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
 
 log = logging.getLogger("batchsync")
 
@@ -37,9 +36,28 @@ STOP_GRACE_SECONDS = 3.0
 ABORT_GRACE_SECONDS = 1.0
 
 
-# One attempt: given the seconds it may take (None: no bound) and, on a fallback route, the
-# Result the item has come to so far; says what came of it.
+# One attempt: given the instant (of the engine's monotonic clock) it must end by (None: no
+# bound) and, on a fallback route, the Result the item has come to so far; says what came of it.
 Attempt = Callable[[float | None, "Result | None"], Verdict]
+
+
+class EngineSettings(Protocol):
+    """What the engine reads of a run's options (``options.EngineOptions`` has them)."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def budget(self) -> float: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def backoff(self) -> Backoff: ...
+    @property
+    def on_attempt(self) -> Callable[[Any, AttemptRecord], None] | None: ...
+    @property
+    def on_result(self) -> Callable[[Result], None] | None: ...
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -163,6 +181,10 @@ class Job(Protocol):
 
     def label(self, item: object) -> tuple[str | None, Any]:
         """The (url, id) to report for an item that never became a Task."""
+        ...
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        """What an attempt's Verdict tells the limits of the host it went to."""
         ...
 
 
@@ -291,7 +313,7 @@ class Engine:
 
     def __init__(
         self,
-        options: EngineOptions,
+        options: EngineSettings,
         *,
         gates: Gates | None = None,
         observers: Iterable[Observer] = (),
@@ -405,7 +427,7 @@ class Engine:
             return []
         self.observers.item_started(index, task)
         try:
-            result = self._attempts(task, index, claimed, deadline_end, job.timeout)
+            result = self._attempts(job, task, index, claimed, deadline_end)
         except Exception as exc:
             result = self._internal_error(job, index, item, exc)
         finally:
@@ -444,12 +466,7 @@ class Engine:
             )  # fmt: skip
 
     def _attempts(
-        self,
-        task: Task,
-        index: int,
-        claimed: float,
-        deadline_end: float | None,
-        timeout: float | None,
+        self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
     ) -> Result:
         """The item's route, then its fallbacks while they are allowed, to a final Result."""
         allowance = Allowance(claimed + self.options.budget, deadline_end)
@@ -470,7 +487,7 @@ class Engine:
         for position, route in enumerate((task.route, *task.fallbacks)):
             fallback = position - 1 if position else None
             verdict, error = self._follow(
-                route, fallback, index=index, task=task, allowance=allowance, timeout=timeout,
+                route, fallback, index=index, task=task, allowance=allowance, job=job,
                 records=records, so_far=so_far,
             )  # fmt: skip
             if verdict.ok:
@@ -490,7 +507,7 @@ class Engine:
         index: int,
         task: Task,
         allowance: Allowance,
-        timeout: float | None,
+        job: Job,
         records: list[AttemptRecord],
         so_far: Result | None,
     ) -> tuple[Verdict, str]:
@@ -515,11 +532,11 @@ class Engine:
                 admission = admitted
             self.observers.attempt_started(index)
             began = self._clock()
-            bound, limit = (
-                (None, None) if timeout is None else allowance.attempt_bound(timeout, began)
+            ends_at, limit = (
+                (None, None) if job.timeout is None else allowance.attempt_end(job.timeout, began)
             )
             try:
-                verdict = route.attempt(bound, so_far)
+                verdict = route.attempt(ends_at, so_far)
             except Exception as exc:  # a bug in an attempt: that attempt's final failure
                 log.exception("internal error in an attempt of %s", task.url)
                 verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
@@ -527,7 +544,7 @@ class Engine:
             # (a timeout the budget cut short says nothing of the host: its limits see that)
             verdict = cut_short(verdict, limit)
             if admission is not None and self._gates is not None:
-                self._gates.release(admission, verdict)
+                self._gates.release(admission, job.feedback(verdict))
             number += 1
             attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
             decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)

@@ -13,14 +13,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .classify import (
-    Verdict,
-    classify_http_exception,
-    classify_status,
-    describe,
-    success,
-    terminal,
-)
+from .classify import classify_http_exception, classify_status, describe, host_feedback
 from .decode import InvalidBody, decode_body
 from .engine import Deliver, Engine, Route, Task
 from .guard import PrivateAddress
@@ -32,8 +25,9 @@ from .options import FetchOptions
 from .origins import host_of
 from .redact import Secrets, item_secrets, watching
 from .result import Result
-from .spec import InvalidItem, RequestSpec, item_label, parse_item
+from .spec import RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
+from .verdict import Feedback, InvalidItem, Verdict, success, terminal
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
@@ -49,7 +43,6 @@ class HttpJob:
         options: FetchOptions,
         transport: Transport,
         gates: Gates | None = None,
-        clock: Callable[[], float] = time.monotonic,
         unix_time: Callable[[], float] = time.time,
     ) -> None:
         self._options = options
@@ -57,7 +50,6 @@ class HttpJob:
         self._secrets = options.secrets()
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
         self._lean = options.on_attempt is None and not options.fallbacks
-        self._clock = clock
         self._unix_time = unix_time
         self._hedger: Hedger | None = None
         if options.hedge_after is not None:
@@ -78,6 +70,9 @@ class HttpJob:
     @property
     def secrets(self) -> Secrets:
         return self._secrets
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item)
@@ -233,11 +228,10 @@ class HttpJob:
         request: Outgoing,
         hedge_host: str | None,
         own: frozenset[str],
-        bound: float | None,
+        wall_end: float | None,
         so_far: Result | None,
     ) -> Verdict:
-        assert bound is not None
-        wall_end = self._clock() + bound
+        assert wall_end is not None
         with item_secrets(own) if own else nullcontext():
             if hedge_host is not None and self._hedger is not None:
                 verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
@@ -303,6 +297,9 @@ class EntryJob:
     @property
     def timeout(self) -> float:
         return self._inner.timeout
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return self._inner.feedback(verdict)
 
     def label(self, entry: object) -> tuple[str | None, Any]:
         assert isinstance(entry, Entry)

@@ -11,9 +11,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Literal
 
-from .classify import Verdict
+from .classify import host_feedback
 from .limits import Gates
 from .result import percentile
+from .verdict import Verdict
 
 HedgeAfter = float | Literal["p95"]
 
@@ -96,7 +97,7 @@ class Hedger:
         second_lost = threading.Event()
         second = self._pool.submit(exchange, second_lost)
         if gates is not None and room is not None:
-            second.add_done_callback(lambda done: gates.release(room, done.result()))
+            second.add_done_callback(lambda done: gates.release(room, host_feedback(done.result())))
         winner = _first_answer(first, second)
         (second_lost if winner is first else first_lost).set()
         # Slow answers count too: a p95 fed only the fast ones would fall and hedge everything.

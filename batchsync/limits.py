@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
 from .budget import Allowance
-from .classify import ErrorKind, Verdict
+from .verdict import ErrorKind, Feedback
 
 # closed: go; probe: go, as the one trial of a half-open circuit; open: held until the break
 # ends; probing: held while another attempt is the probe.
@@ -96,7 +96,7 @@ class BreakerBackend(Protocol):
         ...
 
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
-        """What an admitted attempt came to: ``failed`` as ``breaker_outcome`` says (None: not
+        """What an admitted attempt came to: ``failed`` as ``Feedback.unwell`` says (None: not
         counted)."""
         ...
 
@@ -198,8 +198,8 @@ class Breaker:
     ``window``). While open, the host's attempts are held — not failed — for ``reset``
     seconds (the break); then exactly one attempt goes through as a probe (half-open): its
     success closes the circuit with a fresh window, its failure starts the break again. See
-    ``breaker_outcome`` for what counts. An item ends ``circuit_open`` only when its budget or
-    the batch deadline cannot cover the wait.
+    ``classify.host_feedback`` for what counts. An item ends ``circuit_open`` only when its
+    budget or the batch deadline cannot cover the wait.
     """
 
     ratio: float = 0.5
@@ -398,33 +398,6 @@ class WaitStats:
                 self.seconds[gate] = self.seconds.get(gate, 0.0) + seconds
 
 
-def is_congestion(verdict: Verdict) -> bool:
-    """429, 503 and timeouts say the server is overloaded."""
-    return verdict.status_code in (429, 503) or verdict.error_kind == "timeout"
-
-
-_NOT_THE_HOSTS_ANSWER: frozenset[ErrorKind] = frozenset(
-    {"budget", "deadline", "cancelled", "circuit_open"}
-)
-
-
-def breaker_outcome(verdict: Verdict) -> bool | None:
-    """What an attempt tells its host's breaker: True, a failure that says the host is unwell
-    (a connection error, a timeout, a 5xx, a retryable answer without Retry-After such as a
-    429 or 408, a ``Retryable`` raised without ``retry_after``); False, the host answered
-    (a success, or a final answer such as a 404 or a body that cannot be read); None, not
-    counted (a 429 or ``Retryable`` with Retry-After, which the cooldown handles; an attempt
-    cut short or lost to its hedge)."""
-    if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
-        return None
-    status = verdict.status_code
-    if verdict.error_kind in ("connection", "timeout") or (status is not None and status >= 500):
-        return True
-    if verdict.outcome == "retry":
-        return None if verdict.retry_after is not None else True
-    return False
-
-
 class Gates:
     """The limits an attempt passes, in order; see the module docstring."""
 
@@ -603,22 +576,17 @@ class Gates:
             if admission.slot and self._slots is not None:
                 self._slots.leave(admission.host)
 
-    def release(self, admission: Admission, verdict: Verdict) -> None:
+    def release(self, admission: Admission, feedback: Feedback) -> None:
         """Give back the slots and tell each limit what the attempt came to."""
         if admission.adaptive_since is not None and self._adaptive is not None:
-            self._adaptive.leave(admission.adaptive_since, is_congestion(verdict))
+            self._adaptive.leave(admission.adaptive_since, feedback.congested)
         try:
             if admission.slot and self._slots is not None:
                 self._slots.leave(admission.host)
             if self._breaker is not None:
-                failed = breaker_outcome(verdict)
-                self._breaker.record(admission.host, failed, admission.probe)
-            if (
-                self._cooldowns is not None
-                and verdict.retry_after
-                and verdict.status_code in (429, 503)
-            ):
-                self._cooldowns.hold(self._cooldown_key(admission.host), verdict.retry_after)
+                self._breaker.record(admission.host, feedback.unwell, admission.probe)
+            if self._cooldowns is not None and feedback.hold:
+                self._cooldowns.hold(self._cooldown_key(admission.host), feedback.hold)
         except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
             self._unavailable(exc)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
 
-from .classify import ErrorKind
+from .verdict import ErrorKind
 
 if TYPE_CHECKING:
     import pandas

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
+from .verdict import InvalidItem
+
 UNSAFE_METHODS = frozenset({"POST", "PATCH"})
 # CONNECT opens a tunnel and TRACE echoes the request (headers and all) back: neither is a call.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -25,10 +27,6 @@ def json_writable(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-class InvalidItem(ValueError):
-    """An item that cannot become a request; it ends as ``invalid_request`` with 0 attempts."""
 
 
 # requests' own rules for a header (``requests.utils.check_header_validity``): a name without

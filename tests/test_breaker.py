@@ -15,8 +15,9 @@ import pytest
 
 from batchsync import Breaker, fetch_all
 from batchsync.budget import Allowance
-from batchsync.classify import retry, success, terminal
-from batchsync.limits import Admission, CircuitBreaker, Gates, breaker_outcome
+from batchsync.classify import host_feedback
+from batchsync.limits import Admission, CircuitBreaker, Gates
+from batchsync.verdict import retry, success, terminal
 
 from .mockserver import MockServerProcess
 from .services import redis_server
@@ -105,9 +106,9 @@ def test_what_counts_for_the_breaker() -> None:
         terminal("cancelled", "lost the race to a hedged request"),
         terminal("deadline", "cut short"),
     ]
-    assert [breaker_outcome(v) for v in unwell] == [True] * len(unwell)
-    assert [breaker_outcome(v) for v in answered] == [False] * len(answered)
-    assert [breaker_outcome(v) for v in not_counted] == [None] * len(not_counted)
+    assert [host_feedback(v).unwell for v in unwell] == [True] * len(unwell)
+    assert [host_feedback(v).unwell for v in answered] == [False] * len(answered)
+    assert [host_feedback(v).unwell for v in not_counted] == [None] * len(not_counted)
 
 
 def test_429s_with_retry_after_never_open_the_circuit() -> None:
@@ -116,7 +117,7 @@ def test_429s_with_retry_after_never_open_the_circuit() -> None:
     for _ in range(30):
         admission = gates.admit("h", Allowance(time.monotonic() + 10), threading.Event())
         assert isinstance(admission, Admission)
-        gates.release(admission, retry("status", "HTTP 429", 429, retry_after=1))
+        gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=1)))
     assert breaker.check("h")[0] == "closed"
     assert breaker.opened == 0
 
@@ -214,7 +215,7 @@ def test_held_items_wait_for_the_probe_and_resume_when_it_succeeds() -> None:
     probe = gates.admit("h", Allowance(clock.now + 60), ClockStop(clock))
     assert isinstance(probe, Admission) and probe.probe
     # Another item polls while the probe is in flight; on its third round the probe succeeds.
-    stop = ClockStop(clock, [None, None, lambda: gates.release(probe, OK)])
+    stop = ClockStop(clock, [None, None, lambda: gates.release(probe, host_feedback(OK))])
     held = gates.admit("h", Allowance(clock.now + 60), stop)
     assert isinstance(held, Admission) and not held.probe
     assert len(stop.waited) == 3 and max(stop.waited) <= 0.05
@@ -228,7 +229,7 @@ def test_a_failed_probe_holds_the_items_for_another_break() -> None:
     assert isinstance(probe, Admission) and probe.probe
     # An item polls while the probe is in flight; on its first round the probe fails, and the
     # item's 20 s cannot cover another break of 30.
-    stop = ClockStop(clock, [lambda: gates.release(probe, FAIL)])
+    stop = ClockStop(clock, [lambda: gates.release(probe, host_feedback(FAIL))])
     assert gates.admit("h", Allowance(clock.now + 20), stop) == "circuit_open"
     assert stop.waited == [0.05]
     # 40 s can: held for the break, then the next probe.

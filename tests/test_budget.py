@@ -5,17 +5,17 @@ from batchsync.budget import Allowance
 
 def test_the_timeout_bounds_an_attempt_when_time_is_plentiful() -> None:
     allowance = Allowance(budget_end=100.0, deadline_end=200.0)
-    assert allowance.attempt_bound(10.0, now=0.0) == (10.0, None)
+    assert allowance.attempt_end(10.0, now=5.0) == (15.0, None)
 
 
 def test_the_budget_bounds_an_attempt_near_its_end() -> None:
     allowance = Allowance(budget_end=5.0, deadline_end=200.0)
-    assert allowance.attempt_bound(10.0, now=1.0) == (4.0, "budget")
+    assert allowance.attempt_end(10.0, now=1.0) == (5.0, "budget")
 
 
 def test_the_deadline_bounds_an_attempt_when_it_comes_first() -> None:
     allowance = Allowance(budget_end=50.0, deadline_end=3.0)
-    assert allowance.attempt_bound(10.0, now=1.0) == (2.0, "deadline")
+    assert allowance.attempt_end(10.0, now=1.0) == (3.0, "deadline")
 
 
 def test_no_deadline_means_only_the_budget_counts() -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from batchsync.backoff import Backoff
 from batchsync.budget import Allowance
-from batchsync.classify import Verdict
 from batchsync.decide import Attempted, Decision, cut_short, decide
+from batchsync.verdict import Verdict
 
 BACKOFF = Backoff(base=1.0, factor=2.0, max=30.0, jitter=0.5)
 ROOMY = Allowance(budget_end=100.0)

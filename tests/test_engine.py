@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from batchsync.backoff import Backoff
-from batchsync.classify import Verdict, retry, success, terminal
+from batchsync.classify import host_feedback
 from batchsync.engine import Engine, Route, Task, _describe_attempts
 from batchsync.options import EngineOptions
 from batchsync.result import AttemptRecord, Result
-from batchsync.spec import InvalidItem
+from batchsync.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 FAST = Backoff(base=0.01, factor=2.0, max=0.05, jitter=0.0)
 
@@ -55,6 +55,9 @@ class ScriptedJob:
     def label(self, item: object) -> tuple[str | None, Any]:
         return str(item), None
 
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
+
     def prepare(self, item: object) -> Task:
         name = str(item)
         if name.startswith("bad"):
@@ -63,17 +66,18 @@ class ScriptedJob:
             self.prepared.append(name)
         answers = iter(self.script.get(name, [success(name)]))
         route = Route(
-            lambda bound, so_far: self._attempt(answers, bound),
+            lambda ends_at, so_far: self._attempt(answers, ends_at),
             max_attempts=self.max_attempts,
             no_retry_reason="scripted",
         )
         return Task(name, None, route)
 
-    def _attempt(self, answers: Iterator[Verdict], bound: float | None) -> Verdict:
+    def _attempt(self, answers: Iterator[Verdict], ends_at: float | None) -> Verdict:
         with self.lock:
             self.active += 1
             self.peak = max(self.peak, self.active)
-            self.bounds.append(bound)
+            now = time.monotonic() if self.clock is None else self.clock()
+            self.bounds.append(None if ends_at is None else ends_at - now)
         try:
             if self.clock is not None:
                 self.clock.advance(self.delay)
@@ -265,7 +269,7 @@ def test_an_invalid_item_costs_no_attempt() -> None:
 def test_a_bug_in_an_attempt_still_gives_the_item_its_result() -> None:
     class BrokenJob(ScriptedJob):
         def prepare(self, item: object) -> Task:
-            def explode(bound: float | None, so_far: Result | None) -> Verdict:
+            def explode(ends_at: float | None, so_far: Result | None) -> Verdict:
                 raise RuntimeError("bug")
 
             return Task(str(item), None, Route(explode))

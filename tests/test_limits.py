@@ -8,7 +8,7 @@ import time
 import pytest
 
 from batchsync.budget import Allowance
-from batchsync.classify import retry, success, terminal
+from batchsync.classify import host_feedback
 from batchsync.limits import (
     AdaptiveLimit,
     Admission,
@@ -19,9 +19,8 @@ from batchsync.limits import (
     HostSlots,
     LimitsUnavailable,
     TokenBucket,
-    breaker_outcome,
-    is_congestion,
 )
+from batchsync.verdict import retry, success, terminal
 
 
 class Clock:
@@ -134,16 +133,16 @@ def test_breaker_settings_are_checked(fields: dict[str, float], message: str) ->
 
 
 def test_what_counts_for_the_breaker_and_for_congestion() -> None:
-    assert breaker_outcome(retry("status", "HTTP 503", 503)) is True
-    assert breaker_outcome(retry("timeout", "timed out")) is True
-    assert breaker_outcome(retry("status", "HTTP 429", 429)) is True  # overloaded, no end given
-    assert breaker_outcome(retry("status", "HTTP 429", 429, retry_after=5)) is not True  # cooldown
-    assert breaker_outcome(terminal("status", "HTTP 404", 404)) is not True
-    assert breaker_outcome(success(None, 200)) is not True
-    assert is_congestion(retry("status", "HTTP 429", 429))
-    assert is_congestion(retry("status", "HTTP 503", 503))
-    assert is_congestion(retry("timeout", "timed out"))
-    assert not is_congestion(retry("status", "HTTP 500", 500))
+    assert host_feedback(retry("status", "HTTP 503", 503)).unwell is True
+    assert host_feedback(retry("timeout", "timed out")).unwell is True
+    assert host_feedback(retry("status", "HTTP 429", 429)).unwell is True  # overloaded, no end
+    assert host_feedback(retry("status", "HTTP 429", 429, retry_after=5)).unwell is None  # cooldown
+    assert host_feedback(terminal("status", "HTTP 404", 404)).unwell is not True
+    assert host_feedback(success(None, 200)).unwell is not True
+    assert host_feedback(retry("status", "HTTP 429", 429)).congested
+    assert host_feedback(retry("status", "HTTP 503", 503)).congested
+    assert host_feedback(retry("timeout", "timed out")).congested
+    assert not host_feedback(retry("status", "HTTP 500", 500)).congested
 
 
 def test_adaptive_limit_slow_starts_then_halves_once_per_round() -> None:
@@ -217,7 +216,7 @@ def test_a_global_cooldown_holds_every_host() -> None:
     gates = Gates(cooldowns=board, cooldown_scope="global")
     admission = admitted(gates, host="a")
     assert isinstance(admission, Admission)
-    gates.release(admission, retry("status", "HTTP 429", 429, retry_after=60))
+    gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=60)))
     assert admitted(gates, host="b", budget=1.0) == "budget"
 
 
@@ -231,11 +230,11 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
     ):
         admission = admitted(gates)
         assert isinstance(admission, Admission)
-        gates.release(admission, verdict)
+        gates.release(admission, host_feedback(verdict))
         assert board.remaining("h") == 0
     admission = admitted(gates)
     assert isinstance(admission, Admission)
-    gates.release(admission, retry("status", "HTTP 503", 503, retry_after=5))
+    gates.release(admission, host_feedback(retry("status", "HTTP 503", 503, retry_after=5)))
     assert 4 < board.remaining("h") <= 5
 
 
@@ -243,7 +242,7 @@ def test_cooldown_off_ignores_retry_after() -> None:
     gates = Gates(cooldowns=Cooldowns(), cooldown_scope="off")
     admission = admitted(gates)
     assert isinstance(admission, Admission)
-    gates.release(admission, retry("status", "HTTP 429", 429, retry_after=60))
+    gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=60)))
     assert isinstance(admitted(gates, budget=1.0), Admission)
 
 
@@ -260,7 +259,7 @@ def test_gates_record_time_spent_waiting() -> None:
     for _ in range(3):
         admission = admitted(gates)
         assert isinstance(admission, Admission)
-        gates.release(admission, success(None, 200))
+        gates.release(admission, host_feedback(success(None, 200)))
     # the first token is saved up; the next two come 0.1 s apart
     assert gates.waits.seconds["token"] == pytest.approx(0.2, abs=0.05)
 
@@ -271,7 +270,7 @@ def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:
     first = admitted(gates)
     assert isinstance(first, Admission)
     assert admitted(gates, budget=0.2) == "budget"  # no slot came within the budget
-    gates.release(first, success(None, 200))
+    gates.release(first, host_feedback(success(None, 200)))
     assert isinstance(admitted(gates), Admission)
 
 

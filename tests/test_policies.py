@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from batchsync import AttemptRecord, Backoff, Breaker, RequestSpec, Result, fetch_all
-from batchsync.classify import Verdict, retry, success
 from batchsync.hedge import HedgeDelay, Hedger
 from batchsync.result import percentile
+from batchsync.verdict import Verdict, retry, success
 
 from .mockserver import MockServerProcess
 

@@ -25,11 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsync import Backoff, Batch, fetch_all, guard
-from batchsync.classify import Verdict, retry, success, terminal
+from batchsync.classify import host_feedback
 from batchsync.engine import Engine, Route, Task
 from batchsync.inputs import Input, InputError
 from batchsync.options import EngineOptions
 from batchsync.result import Result
+from batchsync.verdict import Feedback, Verdict, retry, success, terminal
 
 from .mockserver import MOCK_SERVER, MockServerProcess
 
@@ -70,9 +71,12 @@ class FaultyJob:
     def label(self, item: object) -> tuple[str | None, Any]:
         return str(item), None
 
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
+
     def prepare(self, item: object) -> Task:
         index = int(str(item))
-        return Task(str(item), None, Route(lambda bound, so_far: self._attempt(index)))
+        return Task(str(item), None, Route(lambda ends_at, so_far: self._attempt(index)))
 
     def _attempt(self, index: int) -> Verdict:
         with self.lock:

@@ -1,0 +1,94 @@
+"""What one attempt came to, in terms any job can give and the engine acts on.
+
+Nothing here knows of HTTP: a job (the HTTP one in ``fetch``, a callable's in ``api``) makes
+its Verdicts with these constructors, and says through ``Feedback`` what an attempt tells the
+limits about the host it went to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Outcome = Literal["success", "retry", "terminal"]
+
+ErrorKind = Literal[
+    "status",
+    "timeout",
+    "connection",
+    "invalid_body",
+    "invalid_request",
+    "redirect",
+    "tls",
+    "budget",
+    "deadline",
+    "circuit_open",
+    "cancelled",
+    "exception",
+]
+
+
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
+class Verdict:
+    """The outcome of one attempt, as the engine needs to see it."""
+
+    outcome: Outcome
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    status_code: int | None = None
+    data: Any = None
+    retry_after: float | None = None
+    hedged: bool = False
+    # Where the response came from after redirects (already redacted), and how many.
+    final_url: str | None = None
+    redirects: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+def success(data: Any, status_code: int | None = None) -> Verdict:
+    return Verdict("success", status_code=status_code, data=data)
+
+
+def terminal(kind: ErrorKind, error: str, status_code: int | None = None) -> Verdict:
+    return Verdict("terminal", kind, error, status_code)
+
+
+def retry(
+    kind: ErrorKind, error: str, status_code: int | None = None, retry_after: float | None = None
+) -> Verdict:
+    return Verdict("retry", kind, error, status_code, retry_after=retry_after)
+
+
+class InvalidItem(ValueError):
+    """An item that cannot be run at all (it ends ``invalid_request``, with no attempt)."""
+
+
+class Retryable(Exception):
+    """Raise from a ``run_all`` callable to have the item retried.
+
+    ``retry_after`` (seconds) is a floor under the next wait, like an HTTP Retry-After.
+    """
+
+    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """What an attempt tells the limits of the host it went to.
+
+    ``congested``: the host says it is overloaded (the adaptive limit backs off);
+    ``unwell``: True a failure the breaker counts, False an answer, None not counted;
+    ``hold``: seconds the host asked every caller to wait (the shared cooldown).
+    """
+
+    congested: bool = False
+    unwell: bool | None = None
+    hold: float | None = None
+
+
+NO_FEEDBACK = Feedback()
