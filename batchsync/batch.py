@@ -13,35 +13,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .assembly import fetch, gates_for, open_journal
 from .backoff import Backoff
-from .fetch import run_http
 from .hedge import HedgeAfter
-from .journal import Journal, locked, resumed
-from .limits import Breaker, CooldownScope, Gates
-from .observe import Observer, log_summary
+from .journal import locked, resumed
+from .limits import Breaker, CooldownScope
+from .observe import log_summary
 from .options import DEFAULT, Expect, FetchOptions, build
-from .output import dumps, public_record
-from .progress import Tally, counter, wanted
+from .progress import counter, wanted
+from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
 from .transport import Cert, SessionSource, Verify
 
 Item = str | Mapping[str, Any] | RequestSpec
-
-
-def run_observers(options: FetchOptions, gates: Gates, progress: Tally) -> list[Observer]:
-    """Who watches a run: the progress counts, and metrics and traces when asked for."""
-    from .contrib.otel import Tracing, tracer_for  # (no import of OpenTelemetry without it)
-
-    observers: list[Observer] = [progress]
-    if options.metrics is not None:
-        from .contrib.prometheus import metrics_for
-
-        observers.append(metrics_for(options.metrics, gates))
-    tracer = tracer_for(options.tracer)
-    if tracer is not None:
-        observers.append(Tracing(tracer))
-    return observers
 
 
 def identity_of(items: Iterable[Item]) -> dict[str, str]:
@@ -137,7 +122,7 @@ class Batch:
         )
         self._done: dict[int, Result] = {}
         self.elapsed = 0.0
-        self._gates = self.options.gates()
+        self._gates = gates_for(self.options)
         self.journal = None if journal is None else Path(journal)
         self._identity = {} if journal is None else identity_of(self.items)
         if self.journal is not None:
@@ -180,28 +165,25 @@ class Batch:
 
     def run(self) -> ResultSet:
         """Fetch every item without a final Result; returns ``results``."""
-        options = self.options
         todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
         with contextlib.ExitStack() as held:
             journal = None
             if self.journal is not None:
                 held.enter_context(locked(self.journal))  # JournalInUse: another run has it
-                journal = Journal(self.journal, encode_result, self._identity)
+                journal = open_journal(self.journal, encode_result, self._identity)
+                held.callback(journal.close)
             started = time.monotonic()
             try:
                 with counter(self.pending, wanted(self._progress)) as bar:
-
-                    def deliver(result: Result, item: object) -> None:
-                        if result.final:
-                            self._done[result.index] = result
-                            if journal is not None:
-                                journal.add(result, item)
-
-                    observers = run_observers(options, self._gates, bar)
-                    run_http(options, self._gates, todo, deliver, observers=observers)
+                    fetch(
+                        self.options, todo, self._keep, gates=self._gates, progress=bar,
+                        journal=journal,
+                    )  # fmt: skip
             finally:
                 self.elapsed += time.monotonic() - started
-                if journal is not None:
-                    journal.close()
-                log_summary(self._summary)
+        log_summary(self._summary)
         return self.results
+
+    def _keep(self, result: Result, item: object) -> None:
+        if result.final:
+            self._done[result.index] = result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property, partial
@@ -15,15 +15,13 @@ import requests
 
 from .classify import classify_http_exception, classify_status, describe, host_feedback
 from .decode import InvalidBody, decode_body
-from .engine import Deliver, Engine, Route, Task
+from .engine import Route, Task
 from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
-from .inputs import Entry
 from .limits import Gates
-from .observe import Observer
 from .options import FetchOptions
 from .origins import host_of
-from .redact import Secrets, item_secrets, watching
+from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
@@ -288,65 +286,9 @@ class HttpJob:
         return success(decode_body(body, expect, content_type), status)
 
 
-class EntryJob:
-    """The HTTP job over input Entries; an entry that is no item fails with its line number."""
-
-    def __init__(self, inner: HttpJob) -> None:
-        self._inner = inner
-
-    @property
-    def timeout(self) -> float:
-        return self._inner.timeout
-
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return self._inner.feedback(verdict)
-
-    def label(self, entry: object) -> tuple[str | None, Any]:
-        assert isinstance(entry, Entry)
-        # A line that is no item has no URL to show: only its number and what is wrong.
-        return (None, None) if entry.problem is not None else self._inner.label(entry.item)
-
-    def prepare(self, entry: object) -> Task:
-        assert isinstance(entry, Entry)
-        if entry.problem is not None:
-            raise InvalidItem(f"{entry.where}: {entry.problem}")
-        try:
-            return self._inner.prepare(entry.item)
-        except InvalidItem as exc:
-            raise InvalidItem(f"{entry.where}: {exc}") from None
-
-
 def _listed(value: object) -> list[object]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
 def _mapping(value: object) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
-
-
-def run_http(
-    options: FetchOptions,
-    gates: Gates,
-    items: Iterable[tuple[int, object]],
-    deliver: Deliver,
-    *,
-    observers: Iterable[Observer] = (),
-    entries: bool = False,
-    on_start: Callable[[Engine], None] = lambda engine: None,
-) -> tuple[Engine, bool]:
-    """One HTTP run: transport, job and engine, set up and taken down together.
-
-    ``entries`` says the items are input Entries (the CLI's). Returns the engine (to ask
-    whether it was stopped) and what ``Engine.run`` returned.
-    """
-    transport = Transport.for_options(options)
-    job = HttpJob(options, transport, gates)
-    engine = Engine(options, gates=gates, observers=observers, abort=transport.abort)
-    on_start(engine)
-    try:
-        with watching(job.secrets):
-            finished = engine.run(EntryJob(job) if entries else job, items, deliver)
-    finally:
-        job.close()
-        transport.close()
-    return engine, finished

@@ -11,8 +11,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .backoff import Backoff
-from .guard import Guard
-from .limits import Breaker, CooldownScope, Gates, SharedLimits, build_gates
+from .limits import Breaker, CooldownScope
 from .redact import Secrets
 from .result import AttemptRecord, Result
 from .spec import RequestSpec, check_headers, one_line
@@ -73,9 +72,6 @@ class FetchOptions(EngineOptions):
     verify: bool | str | None = None
     cert: str | tuple[str, str] | None = None
 
-    def guard(self) -> Guard | None:
-        return Guard() if self.deny_private else None
-
     def secrets(self) -> Secrets:
         """The run's secrets: its headers and declared names, and the Redis URL's password."""
         redis_url = getattr(self.limits, "url", self.limits)
@@ -83,21 +79,6 @@ class FetchOptions(EngineOptions):
         return Secrets.of(
             self.headers, self.secret_headers, self.secret_params, [password] if password else []
         )
-
-    def shared(self) -> SharedLimits | None:
-        """The shared limits backend; connecting to it checks that it answers (ValueError)."""
-        if self.limits is None or not isinstance(self.limits, str):
-            return self.limits
-        from .contrib.redis import RedisLimits
-
-        return RedisLimits(self.limits, self.namespace, self.lease_ttl)
-
-    def gates(self) -> Gates:
-        return build_gates(
-            concurrency=self.concurrency, rate=self.rate, per_host=self.per_host,
-            cooldown=self.cooldown, breaker=self.breaker, adaptive=self.adaptive,
-            shared=self.shared(),
-        )  # fmt: skip
 
     @field_validator("headers")
     @classmethod

@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -35,9 +35,6 @@ from .headers import QuickHeadersResponse
 from .origins import host_key
 from .redact import Secrets
 from .watchdog import Watchdog
-
-if TYPE_CHECKING:
-    from .options import FetchOptions
 
 SessionSource = requests.Session | Callable[[], requests.Session]
 # As in requests: verify a path to a CA bundle (or directory), True (certifi), or False; cert
@@ -378,13 +375,6 @@ class Transport:
         self._cert = cert
         self._secrets = secrets
         self._clock = clock
-
-    @classmethod
-    def for_options(cls, options: FetchOptions) -> Transport:
-        return cls(
-            options.session, options.concurrency, options.secrets(), guard=options.guard(),
-            verify=options.verify, cert=options.cert, cookies=options.cookies,
-        )  # fmt: skip
 
     @property
     def guard(self) -> Guard | None:

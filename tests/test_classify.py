@@ -7,13 +7,13 @@ import requests
 import urllib3.exceptions
 
 from batchsync.classify import (
-    Retryable,
     classify_http_exception,
     classify_raised,
     classify_status,
     describe,
     is_transient,
 )
+from batchsync.verdict import Retryable
 
 NOW = 1_800_000_000.0
 

@@ -171,7 +171,7 @@ def test_a_second_signal_inside_the_first_handler_quits(
 ) -> None:
     """CPython runs a handler again for a signal that lands while it runs: the one that lands
     just as the first says "Stopping" must find the run stopping, not be taken for a first."""
-    from batchsync import cli
+    from batchsync.cli import signals
 
     class Run:
         stopped = False
@@ -181,7 +181,7 @@ def test_a_second_signal_inside_the_first_handler_quits(
 
     exits: list[int] = []
     written: list[bytes] = []
-    with cli._stop_on_signals() as started:
+    with signals.stop_on_signals() as started:
         started(Run())
         handler = signal.getsignal(signal.SIGINT)
         assert callable(handler)
@@ -192,8 +192,8 @@ def test_a_second_signal_inside_the_first_handler_quits(
                 handler(signal.SIGINT, None)
             return len(data)
 
-        monkeypatch.setattr(cli.os, "write", write)
-        monkeypatch.setattr(cli.os, "_exit", exits.append)
+        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "_exit", exits.append)
         handler(signal.SIGINT, None)
     assert exits == [130]
     assert written[1] == b"Interrupted: quitting now\n"

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsync import inputs
-from batchsync.inputs import Entry, Input, InputError
+from batchsync.cli import inputs
+from batchsync.cli.inputs import Entry, Input, InputError
 
 MiB = 2**20
 

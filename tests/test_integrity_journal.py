@@ -31,7 +31,7 @@ import batchsync.journal as journal_module
 from batchsync import Batch
 from batchsync.batch import Item
 from batchsync.journal import Journal, JournalReader
-from batchsync.output import dumps
+from batchsync.records import dumps
 from batchsync.result import Result
 
 from .mockserver import MockServerProcess
@@ -270,8 +270,8 @@ def test_a_run_whose_journal_misses_results_exits_3(
     (tmp_path / "batch-results.jsonl").write_text("earlier run\n")
     # A fetch that delivers nothing (a bug, a lost result): the outputs must not claim success.
     script = (
-        "import sys, batchsync.runner as runner\n"
-        "runner._run_here = lambda *args: runner._Ran(False, False, {}, 0)\n"
+        "import sys, batchsync.cli.runner as runner\n"
+        "runner.fetch = lambda *args, **kwargs: runner.Ran(False, False, {}, 0)\n"
         "from batchsync.cli import main\n"
         "main(sys.argv[1:])\n"
     )

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsync import cli  # imported here: a child's signal must find main() running
+from batchsync.cli import signals
 from tests.mockserver import MockServerProcess
 
 pytestmark = pytest.mark.integration
@@ -89,7 +90,7 @@ def run_cli(args: list[str], folder: Path, signal_after: float | None) -> tuple[
         code, entered = 98, False
         try:
             # As batchsync's main() does first: a signal now stops the run as it starts.
-            signal.signal(signal.SIGINT, lambda signum, frame: cli._signalled_early.set())
+            signal.signal(signal.SIGINT, lambda signum, frame: signals.signalled_early.set())
             os.chdir(folder)
             out = os.open("stderr.txt", os.O_WRONLY | os.O_CREAT, 0o600)
             os.dup2(out, 1)

@@ -267,8 +267,8 @@ def test_a_journal_whose_name_holds_uri_characters_reads_back(tmp_path: Path) ->
 
 
 def test_the_journal_and_the_failed_file_are_the_owners_only(tmp_path: Path) -> None:
+    from batchsync.cli.output import write_outputs
     from batchsync.journal import connect
-    from batchsync.output import write_outputs
 
     old = tmp_path / "old-journal.sqlite3"
     old.touch(mode=0o644)

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from batchsync import Backoff, Batch, fetch_all, guard
 from batchsync.classify import host_feedback
+from batchsync.cli.inputs import Input, InputError
 from batchsync.engine import Engine, Route, Task
-from batchsync.inputs import Input, InputError
 from batchsync.options import EngineOptions
 from batchsync.result import Result
 from batchsync.verdict import Feedback, Verdict, retry, success, terminal

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pytest
 
 from batchsync import Batch, fetch_all
-from batchsync.inputs import MAX_LINE_BYTES
+from batchsync.cli.inputs import MAX_LINE_BYTES
 
 from .mockserver import MockServerProcess
 from .rawserver import RawServer

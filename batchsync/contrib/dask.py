@@ -12,15 +12,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..assembly import fetch, open_journal
 from ..batch import Item, encode_result, identity_of
-from ..journal import Journal, resumed
+from ..engine import Job
+from ..fetch import HttpJob
+from ..journal import resumed
 from ..options import FetchOptions, build
 from ..result import Result, ResultSet
+
+# What turns the HTTP job into the one a partition's items need (see ``run_partition``).
+Wrap = Callable[[HttpJob], Job]
 
 # A run of (index, item) pairs; the indexes are the items' places in the whole batch.
 Partition = list[tuple[int, Any]]
@@ -30,22 +36,20 @@ Partition = list[tuple[int, Any]]
 _OUTSTANDING_PER_WORKER = 2
 
 
-def run_partition(partition: Partition, settings: dict[str, Any], entries: bool) -> list[Result]:
+def run_partition(
+    partition: Partition, settings: dict[str, Any], wrap: Wrap | None
+) -> list[Result]:
     """Run on a worker: the engine over one partition; the Results keep their batch indexes.
 
-    ``entries`` says the items are input Entries (from the CLI) rather than fetch_all items.
+    ``wrap`` (sent by reference) turns the HTTP job into the one the items need: the command
+    line's, whose items are input entries.
     """
-    from ..fetch import run_http
-
     options = build(FetchOptions, **settings)
     collected: dict[int, Result] = {}
-    run_http(
-        options,
-        options.gates(),
-        partition,
-        lambda result, item: collected.__setitem__(result.index, result),
-        entries=entries,
-    )
+    fetch(
+        options, partition, lambda result, item: collected.__setitem__(result.index, result),
+        wrap=wrap,
+    )  # fmt: skip
     return [collected[index] for index in sorted(collected)]
 
 
@@ -86,10 +90,10 @@ class Distributor:
     Results as it finishes. ``stop()`` ends it early: nothing more is submitted, what is
     outstanding is cancelled."""
 
-    def __init__(self, client: Any, settings: dict[str, Any], entries: bool) -> None:
+    def __init__(self, client: Any, settings: dict[str, Any], wrap: Wrap | None = None) -> None:
         self._client = client
         self._settings = {name: value for name, value in settings.items() if name != "progress"}
-        self._entries = entries
+        self._wrap = wrap
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -112,7 +116,7 @@ class Distributor:
             partition = next(source, None)
             if partition is not None and not self._stop.is_set():
                 future = self._client.submit(
-                    run_partition, partition, self._settings, self._entries, pure=False
+                    run_partition, partition, self._settings, self._wrap, pure=False
                 )
                 submitted[future] = partition
                 finished.add(future)
@@ -154,13 +158,13 @@ def fetch_on_cluster(
     done = _finished(Path(journal), listed) if journal is not None else {}
     store = None
     if journal is not None:
-        store = Journal(Path(journal), encode_result, identity_of(listed))
+        store = open_journal(Path(journal), encode_result, identity_of(listed))
     todo = partitions(
         ((index, item) for index, item in enumerate(listed) if index not in done), partition_size
     )
     started = time.monotonic()
     try:
-        for _, results in Distributor(client, settings, entries=False).run(todo):
+        for _, results in Distributor(client, settings).run(todo):
             for result in results:
                 done[result.index] = result
                 if store is not None:

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from .batch import run_observers
-from .fetch import run_http
-from .inputs import Entry, Input
-from .journal import (
-    Encode,
-    Journal,
+from ..assembly import Ran, Stoppable, fetch, journaling, open_journal
+from ..engine import Task
+from ..fetch import HttpJob
+from ..journal import (
     JournalFailed,
     JournalInUse,
     JournalMismatch,
@@ -26,21 +23,41 @@ from .journal import (
     remove,
     resumed,
 )
-from .options import FetchOptions
-from .output import dumps, failed_request, public_record, write_outputs
-from .progress import Tally, counter
-from .result import Result, Summary
+from ..options import FetchOptions
+from ..progress import Tally, counter
+from ..records import dumps, public_record
+from ..result import Result, Summary
+from ..verdict import Feedback, InvalidItem, Verdict
+from .inputs import Entry, Input
+from .output import failed_request, write_outputs
 
-log = logging.getLogger("batchsync")
 
+class EntryJob:
+    """The HTTP job over input Entries; an entry that is no item fails with its line number."""
 
-class Stoppable(Protocol):
-    """What runs a batch, as a signal handler sees it (the engine, or a cluster's feeder)."""
-
-    def stop(self) -> None: ...
+    def __init__(self, inner: HttpJob) -> None:
+        self._inner = inner
 
     @property
-    def stopped(self) -> bool: ...
+    def timeout(self) -> float:
+        return self._inner.timeout
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return self._inner.feedback(verdict)
+
+    def label(self, entry: object) -> tuple[str | None, Any]:
+        assert isinstance(entry, Entry)
+        # A line that is no item has no URL to show: only its number and what is wrong.
+        return (None, None) if entry.problem is not None else self._inner.label(entry.item)
+
+    def prepare(self, entry: object) -> Task:
+        assert isinstance(entry, Entry)
+        if entry.problem is not None:
+            raise InvalidItem(f"{entry.where}: {entry.problem}")
+        try:
+            return self._inner.prepare(entry.item)
+        except InvalidItem as exc:
+            raise InvalidItem(f"{entry.where}: {exc}") from None
 
 
 def encode(result: Result, entry: object) -> tuple[str, str | None]:
@@ -116,22 +133,20 @@ def run_batch(
         else:
             replaced = remove(path)
         pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
-        journal = _create(path, encode, identity)
+        journal = open_journal(path, encode, identity)
         bar = counter(entries - sum(done), progress)
         started = time.monotonic()
         try:
             with bar:
-
-                def deliver(result: Result, entry: object) -> None:
-                    if result.final:
-                        journal.add(result, entry)
-
                 if dask is None:
-                    ran = _run_here(options, pending, deliver, bar, on_start)
+                    ran = fetch(
+                        options, pending, _stored, progress=bar, journal=journal, wrap=EntryJob,
+                        on_start=on_start,
+                    )  # fmt: skip
                 else:
                     ran = _run_on_cluster(
                         dask, partition_size, options=options, pending=pending,
-                        deliver=deliver, bar=bar, on_start=on_start,
+                        deliver=journaling(journal, _stored), bar=bar, on_start=on_start,
                     )  # fmt: skip
         finally:
             journal.close()
@@ -149,18 +164,15 @@ def run_batch(
     )
 
 
+def _stored(result: Result, entry: object) -> None:
+    """Nothing more to do with a Result once the journal has it: the outputs are written
+    from the journal."""
+
+
 def _finished(path: Path, identity: Mapping[str, str], entries: int) -> bytearray:
     """The entries a journal being resumed has final Results for; read-only."""
     with resumed(path, identity, "input", "run without --resume to start over") as reader:
         return reader.done(entries)
-
-
-def _create(path: Path, store: Encode, identity: Mapping[str, str]) -> Journal:
-    """A new (or resumed) journal, or JournalUnusable before anything is sent."""
-    try:
-        return Journal(path, store, identity)
-    except sqlite3.Error as exc:
-        raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
 
 
 def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, Path, Summary]:
@@ -187,32 +199,6 @@ def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, 
     return results_path, failed_path, stored
 
 
-@dataclass(frozen=True)
-class _Ran:
-    """How the fetching part of a run ended."""
-
-    stopped: bool
-    abandoned: bool
-    waits: dict[str, float]
-    circuits_opened: int
-
-
-def _run_here(
-    options: FetchOptions,
-    pending: Iterator[tuple[int, Entry]],
-    deliver: Callable[[Result, object], None],
-    bar: Tally,
-    on_start: Callable[[Stoppable], None],
-) -> _Ran:
-    """Fetch on this machine's thread pool."""
-    gates = options.gates()
-    observers = run_observers(options, gates, bar)
-    engine, finished = run_http(
-        options, gates, pending, deliver, observers=observers, entries=True, on_start=on_start
-    )
-    return _Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
-
-
 def _run_on_cluster(
     client: Any,
     partition_size: int,
@@ -222,15 +208,15 @@ def _run_on_cluster(
     deliver: Callable[[Result, object], None],
     bar: Tally,
     on_start: Callable[[Stoppable], None],
-) -> _Ran:
+) -> Ran:
     """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from .contrib.dask import Distributor, partitions, worker_settings
+    from ..contrib.dask import Distributor, partitions, worker_settings
 
-    distributor = Distributor(client, worker_settings(options), entries=True)
+    distributor = Distributor(client, worker_settings(options), wrap=EntryJob)
     on_start(distributor)
     for partition, results in distributor.run(partitions(pending, partition_size)):
         entries = dict(partition)
         for result in results:
             bar.item_finished(result)
             deliver(result, entries[result.index])
-    return _Ran(distributor.stopped, False, {}, 0)
+    return Ran(distributor.stopped, False, {}, 0)

@@ -1,28 +1,21 @@
-"""Output files: what is written for each Result and failed item, and writing files atomically."""
+"""The command line's output files: the failed file's lines, and writing files atomically."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from ..records import dumps
 from .inputs import Entry
-from .result import Result
 
 
 def output_paths(prefix: str) -> tuple[Path, Path]:
     """The results and failed files for an output prefix."""
     return Path(f"{prefix}-results.jsonl"), Path(f"{prefix}-failed.jsonl")
-
-
-def public_record(result: Result) -> dict[str, Any]:
-    """A Result as written out (its texts were masked when it was made)."""
-    return result.to_dict()
 
 
 def failed_request(entry: Entry) -> str:
@@ -83,33 +76,3 @@ def write_outputs(prefix: str, rows: Iterable[tuple[str, str | None]]) -> tuple[
                 failed.write(request)
                 failed.write("\n")
     return results_path, failed_path
-
-
-def dumps(value: object) -> str:
-    """Compact strict JSON, so that the journal and the output files hold only lines any JSON
-    reader takes back: UTF-8 kept as is, except in text UTF-8 cannot encode (a lone surrogate,
-    from a JSON escape such as "\\ud800"), which is written with ASCII escapes; a NaN or an
-    infinity (which Python's JSON reader accepts, in a body or an input line) is written as
-    null, as JavaScript's JSON.stringify does."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # a NaN or an infinity (anything else raises again, out of here)
-        value = _finite(value)
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    return text
-
-
-def _finite(value: object) -> object:
-    """``value`` with every NaN and infinity replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value

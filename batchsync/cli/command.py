@@ -1,86 +1,41 @@
-"""``python -m batchsync``: options, messages and exit codes around the run in ``runner``."""
+"""``python -m batchsync``: the click command, its messages and exit codes, around the run in
+``runner``."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import shlex
-import signal
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from types import FrameType
 
 import click
 import urllib3
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .contrib.dask import connect as connect_dask
-from .contrib.redis import RedisLimits
+from ..contrib.dask import connect as connect_dask
+from ..contrib.redis import RedisLimits
+from ..journal import JournalUnusable
+from ..limits import Breaker, CooldownScope
+from ..options import DEFAULT, FetchOptions, build
+from ..progress import wanted
+from ..redact import Secrets
 from .inputs import Input, InputError
-from .journal import JournalUnusable
-from .limits import Breaker, CooldownScope
-from .options import DEFAULT, FetchOptions, build
-from .progress import wanted
-from .redact import MASK, Secrets
-from .runner import Outcome, Stoppable, run_batch
+from .options import (
+    BREAKER_DEFAULT,
+    parse_breaker,
+    parse_headers,
+    parse_hedge_after,
+    positive,
+    resume_command,
+)
+from .runner import Outcome, run_batch
+from .signals import EXIT_INTERRUPTED, signals_deferred, stop_on_signals
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-positive = click.FloatRange(min=0, min_open=True)
-
-
-def _parse_headers(
-    ctx: click.Context, param: click.Parameter, values: Sequence[str]
-) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for number, value in enumerate(values, start=1):
-        name, colon, content = value.partition(":")
-        if not colon or not name.strip() or any(c.isspace() for c in name.strip()):
-            # Never echo the value: it is likely a secret.
-            raise click.BadParameter(f"header {number} is not in the form 'Name: value'")
-        headers[name.strip()] = content.strip()
-    return headers
-
-
-_BREAKER_FIELDS = (("ratio", float), ("window", int), ("min_calls", int), ("reset", float))
-_BREAKER_DEFAULT = ":".join(str(getattr(Breaker(), name)) for name, _ in _BREAKER_FIELDS)
-
-
-def _parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Breaker | None:
-    """``off``, ``on`` (the defaults) or RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], the fields
-    left out taking their defaults."""
-    if value == "off":
-        return None
-    parts = [] if value == "on" else value.split(":")
-    try:
-        if len(parts) > len(_BREAKER_FIELDS):
-            raise ValueError(f"at most {len(_BREAKER_FIELDS)} fields")
-        fields = zip(_BREAKER_FIELDS, parts, strict=False)
-        return Breaker(**{name: kind(part) for (name, kind), part in fields})
-    except ValueError as exc:
-        raise click.BadParameter(
-            f"expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off ({exc})"
-        ) from None
-
-
-def _parse_hedge_after(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> float | str | None:
-    if value is None or value == "p95":
-        return value
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise click.BadParameter("expected a number of seconds above 0, or p95")
-    return seconds
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 @click.command(
@@ -172,13 +127,13 @@ def _parse_hedge_after(
     "--breaker",
     default="on",
     metavar="RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]]|on|off",
-    callback=_parse_breaker,
+    callback=parse_breaker,
     help="Open a host's circuit when at least RATIO of its last WINDOW attempts failed "
     "(connection errors, timeouts, 5xx, 429 without Retry-After), once MIN_CALLS were seen; "
     "an open circuit holds the host's items for SECONDS, then lets one probe through: its "
     "success closes the circuit, its failure starts another break. An item ends as "
     "circuit_open only when its budget or the deadline cannot cover the wait. "
-    f"on = {_BREAKER_DEFAULT}.",
+    f"on = {BREAKER_DEFAULT}.",
 )
 @click.option(
     "--adaptive",
@@ -203,7 +158,7 @@ def _parse_hedge_after(
     "--hedge-after",
     default=None,
     metavar="SECONDS|p95",
-    callback=_parse_hedge_after,
+    callback=parse_hedge_after,
     help="GETs unanswered after this long get a second identical request; the first "
     "answer wins.  [default: off]",
 )
@@ -213,7 +168,7 @@ def _parse_hedge_after(
     "headers",
     multiple=True,
     metavar="'Name: value'",
-    callback=_parse_headers,
+    callback=parse_headers,
     help="Header for every request (repeatable). Values are never logged or "
     "written out, and never sent to another host on a redirect.",
 )
@@ -417,7 +372,7 @@ def command(
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        with _stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
+        with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
                 source, options, prefix, resume=resume, progress=show_progress,
@@ -473,7 +428,7 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
     if outcome.stopped:
         click.echo(
             f"Interrupted: {summary.total} of {outcome.entries} done — resume with: "
-            f"{resume_command(argv, secrets)}",
+            f"{resume_command(argv, secrets, command.params)}",
             err=True,
         )
         if outcome.abandoned:
@@ -483,111 +438,6 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
             os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     return EXIT_OK if summary.failed == 0 else EXIT_FAILED
-
-
-def resume_command(argv: Sequence[str], secrets: Secrets) -> str:
-    """The command line that continues this run: ``argv`` read as click reads it (short flags
-    run together, ``--name=value``), ``-H`` values masked and every word masked by
-    ``secrets`` (the Redis URL's password, secret query parameters)."""
-    options = {
-        name: param
-        for param in command.params
-        if isinstance(param, click.Option)
-        for name in (*param.opts, *param.secondary_opts)
-    }
-    words: list[str] = []
-    rest = iter(argv)
-    for word in rest:
-        if word == "--":  # everything after it is INPUT
-            words.extend((word, *rest))
-        elif not word.startswith("-") or word == "-":
-            words.append(word)
-        elif word.startswith("--"):
-            name, equals, given = word.partition("=")
-            option = options.get(name)
-            value = given if equals else None
-            if option is not None and _takes_value(option) and not equals:
-                value = next(rest, "")
-            words.extend(_shown_option(name, option, value))
-        else:  # short options, maybe run together (-vH 'Name: value', -c8)
-            for position in range(1, len(word)):
-                name = f"-{word[position]}"
-                option = options.get(name)
-                if option is not None and _takes_value(option):
-                    value = word[position + 1 :] or next(rest, "")
-                    words.extend(_shown_option(name, option, value))
-                    break
-                words.extend(_shown_option(name, option, None))
-    words = [secrets.text(word) for word in words]
-    end = words.index("--") if "--" in words else len(words)
-    return shlex.join(["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]])
-
-
-def _takes_value(option: click.Option) -> bool:
-    return not option.is_flag and not option.count
-
-
-def _shown_option(name: str, option: click.Option | None, value: str | None) -> list[str]:
-    if option is not None and option.name == "resume":
-        return []
-    if value is None:
-        return [name]
-    if option is not None and option.name == "headers":
-        value = f"{value.partition(':')[0]}: {MASK}"
-    return [name, value]
-
-
-# A stop signal that came before the run began (see ``main``): the run stops as it starts.
-_signalled_early = threading.Event()
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Until the run's own handlers take over, a stop signal is only noted: Python's default
-    raises KeyboardInterrupt wherever the program happens to be, which can leave a lock (the
-    logging module's, say) held for ever and the run hung."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {
-        number: signal.signal(number, lambda signum, frame: _signalled_early.set())
-        for number in STOP_SIGNALS
-    }
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        _signalled_early.clear()
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
-    """First SIGINT/SIGTERM: stop the run gracefully. A second one: quit at once."""
-    engines: list[Stoppable] = []
-
-    def started(run: Stoppable) -> None:
-        engines.append(run)
-        if _signalled_early.is_set():
-            os.write(2, b"Stopping: interrupted before the run began\n")
-            run.stop()
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        if engines and not engines[0].stopped:
-            # Stop before saying so: a second signal may run this handler again in the middle
-            # of the first, and must then find the run stopping.
-            engines[0].stop()
-            os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")
-            return
-        os.write(2, b"Interrupted: quitting now\n")
-        os._exit(EXIT_INTERRUPTED)
-
-    previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
-    try:
-        yield started
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
@@ -606,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     be completed (journal or output files not writable), 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        with _signals_deferred():
+        with signals_deferred():
             code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)

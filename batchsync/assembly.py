@@ -1,0 +1,170 @@
+"""The one place a run is put together: job, gates, observers, journal and engine.
+
+The library (``fetch_all``, ``Batch``, ``run_all``), the command line and Dask partitions all
+run through ``fetch`` or ``call``; they differ only in where the Results go.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .engine import Deliver, Engine, EngineSettings, Job
+from .fetch import HttpJob
+from .guard import Guard
+from .journal import Encode, Journal, JournalUnusable
+from .limits import Gates, SharedLimits, build_gates
+from .observe import Observer
+from .options import FetchOptions
+from .redact import Secrets, watching
+from .result import Result
+from .transport import Transport
+
+
+class Stoppable(Protocol):
+    """What runs a batch, as a signal handler sees it (the engine, or a cluster's feeder)."""
+
+    def stop(self) -> None: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a run's fetching ended: stopped early, attempts abandoned in flight, time waited at
+    each gate and circuits opened."""
+
+    stopped: bool
+    abandoned: bool
+    waits: dict[str, float]
+    circuits_opened: int
+
+
+def shared_limits(options: FetchOptions) -> SharedLimits | None:
+    """The backend keeping limits shared by several processes; connecting checks it answers
+    (ValueError when it does not)."""
+    if options.limits is None or not isinstance(options.limits, str):
+        return options.limits
+    from .contrib.redis import RedisLimits
+
+    return RedisLimits(options.limits, options.namespace, options.lease_ttl)
+
+
+def gates_for(options: FetchOptions) -> Gates:
+    """The limits an HTTP run's attempts pass (kept by the shared backend when there is one)."""
+    return build_gates(
+        concurrency=options.concurrency, rate=options.rate, per_host=options.per_host,
+        cooldown=options.cooldown, breaker=options.breaker, adaptive=options.adaptive,
+        shared=shared_limits(options),
+    )  # fmt: skip
+
+
+def observers_for(options: FetchOptions, gates: Gates, progress: Observer | None) -> list[Observer]:
+    """Who watches a run: the progress counts, and metrics and traces when asked for."""
+    from .contrib.otel import Tracing, tracer_for  # (no import of OpenTelemetry without it)
+
+    observers: list[Observer] = [] if progress is None else [progress]
+    if options.metrics is not None:
+        from .contrib.prometheus import metrics_for
+
+        observers.append(metrics_for(options.metrics, gates))
+    tracer = tracer_for(options.tracer)
+    if tracer is not None:
+        observers.append(Tracing(tracer))
+    return observers
+
+
+def open_journal(path: Path, encode: Encode, identity: Mapping[str, str]) -> Journal:
+    """A new (or resumed) journal, or JournalUnusable before anything is sent."""
+    try:
+        return Journal(path, encode, identity)
+    except sqlite3.Error as exc:
+        raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
+
+
+def fetch(
+    options: FetchOptions,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None = None,
+    progress: Observer | None = None,
+    journal: Journal | None = None,
+    wrap: Callable[[HttpJob], Job] | None = None,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
+) -> Ran:
+    """One HTTP run: transport, job, gates, observers and engine, set up and taken down
+    together. ``gates`` carry limits across runs (a ``Batch``'s); ``wrap`` turns the HTTP job
+    into the one the items need (the command line's input entries); ``journal`` stores each
+    final Result before ``deliver`` sees it; ``on_start`` sees the engine before it starts."""
+    gates = gates_for(options) if gates is None else gates
+    transport = Transport(
+        options.session, options.concurrency, options.secrets(),
+        guard=Guard() if options.deny_private else None, verify=options.verify,
+        cert=options.cert, cookies=options.cookies,
+    )  # fmt: skip
+    job = HttpJob(options, transport, gates)
+    try:
+        return _run(
+            options, job if wrap is None else wrap(job), items, deliver, gates=gates,
+            observers=observers_for(options, gates, progress), secrets=job.secrets,
+            journal=journal, abort=transport.abort, on_start=on_start,
+        )  # fmt: skip
+    finally:
+        job.close()
+        transport.close()
+
+
+def call(
+    options: EngineSettings,
+    job: Job,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    progress: Observer | None = None,
+) -> Ran:
+    """One run of a job that is not HTTP (a callable per item); texts masked by shape."""
+    observers = [] if progress is None else [progress]
+    return _run(
+        options, job, items, deliver, gates=None, observers=observers, secrets=Secrets(),
+        journal=None, abort=None, on_start=lambda run: None,
+    )  # fmt: skip
+
+
+def _run(
+    options: EngineSettings,
+    job: Job,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None,
+    observers: list[Observer],
+    secrets: Secrets,
+    journal: Journal | None,
+    abort: Callable[[], None] | None,
+    on_start: Callable[[Stoppable], None],
+) -> Ran:
+    engine = Engine(options, gates=gates, observers=observers, abort=abort)
+    on_start(engine)
+    if journal is not None:
+        deliver = journaling(journal, deliver)
+    with watching(secrets):
+        finished = engine.run(job, items, deliver)
+    if gates is None:
+        return Ran(engine.stopped, not finished, {}, 0)
+    return Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
+
+
+def journaling(journal: Journal, deliver: Deliver) -> Deliver:
+    """``deliver``, after storing each final Result in the journal."""
+
+    def store_then_deliver(result: Result, item: object) -> None:
+        if result.final:
+            journal.add(result, item)
+        deliver(result, item)
+
+    return store_then_deliver

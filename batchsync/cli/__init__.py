@@ -1,0 +1,6 @@
+"""The command line, above the library: its options, input reader, output files and signals
+around one run (``runner``)."""
+
+from .command import command, main
+
+__all__ = ["command", "main"]
