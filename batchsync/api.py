@@ -9,14 +9,15 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Concatenate, ParamSpec
 
+from .assembly import call
 from .backoff import Backoff
 from .batch import Batch, Item
 from .classify import classify_raised, host_feedback, is_transient
-from .engine import Engine, Job, Route, Task
+from .engine import Job, Route, Task
 from .observe import log_summary
 from .options import EngineOptions, build
 from .progress import counter, wanted
-from .redact import Secrets, watching
+from .redact import Secrets
 from .result import Result, ResultSet
 from .spec import item_label
 from .verdict import Feedback, Verdict, success
@@ -48,8 +49,8 @@ def _run(
     total = len(items) if isinstance(items, Sized) else None
     started = time.monotonic()
     bar = counter(total, wanted(progress))
-    with bar, watching(_SHAPES):
-        Engine(options, observers=[bar]).run(job, enumerate(items), collector)
+    with bar:
+        call(options, job, enumerate(items), collector, progress=bar)
     results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
     log_summary(results.summary)
     return results

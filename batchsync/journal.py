@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from .result import PERCENTILES, Result, Summary, rank
+from .result import Result, Summary, summarize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -345,35 +345,15 @@ class JournalReader:
             yield str(record), None if request is None else str(request)
 
     def summary(self, elapsed: float | None = None) -> Summary:
-        """Counts and statistics over every stored Result, computed in SQLite."""
+        """Counts and statistics over every stored Result, read as streams (flat memory)."""
         db = self._db
-        total, ok, sent, backoff = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(ok), 0), COALESCE(SUM(attempts), 0),"
-            " COALESCE(SUM(backoff), 0) FROM results"
-        ).fetchone()
-        (started,) = db.execute("SELECT COUNT(*) FROM results WHERE attempts > 0").fetchone()
-        # Several percentiles may fall on one position (few items): each gets its value.
-        wanted: dict[int, list[str]] = {}
-        for name, share in PERCENTILES.items():
-            wanted.setdefault(rank(started, share), []).append(name)
-        found: dict[str, float] = {}
-        sorted_times = db.execute(
-            "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed"
-        )  # one sort, read as a stream: nothing held but the three values
-        for position, (seconds,) in enumerate(sorted_times):
-            for name in wanted.get(position, ()):
-                found[name] = seconds
-            if len(found) == len(PERCENTILES):
-                break
-        latency = {name: found[name] for name in PERCENTILES if name in found}
-        kinds = db.execute(
-            "SELECT error_kind, COUNT(*) FROM results WHERE error_kind IS NOT NULL GROUP BY 1"
-        ).fetchall()
-        codes = db.execute(
-            "SELECT status_code, COUNT(*) FROM results WHERE status_code IS NOT NULL GROUP BY 1"
-        ).fetchall()
-        return Summary(
-            total=total, ok=ok, failed=total - ok, error_kinds=dict(kinds),
-            status_codes=dict(codes), requests_sent=sent, elapsed=elapsed,
-            waits={"backoff": backoff} if backoff else {}, latency=latency,
-        )  # fmt: skip
+        facts = db.execute(
+            "SELECT ok, error_kind, status_code, attempts, backoff FROM results"
+        )  # (summarize reads these to the end before it asks for the times)
+        times = (
+            seconds
+            for (seconds,) in db.execute(
+                "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed"
+            )
+        )
+        return summarize(facts, times, elapsed=elapsed)

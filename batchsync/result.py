@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
@@ -210,34 +210,66 @@ class Summary:
         return f"<table>{body}</table>"
 
 
+# What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff.
+Facts = tuple[bool, ErrorKind | None, int | None, int, float]
+
+
+def facts_of(result: Result) -> Facts:
+    backoff = sum(record.wait or 0.0 for record in result.attempt_log)
+    return result.ok, result.error_kind, result.status_code, result.attempts, backoff
+
+
 def summarize(
-    results: Sequence[Result],
+    facts: Iterable[Facts],
+    sorted_times: Iterable[float],
+    *,
     elapsed: float | None = None,
     waits: dict[str, float] | None = None,
     circuits_opened: int = 0,
 ) -> Summary:
-    ok = sum(1 for result in results if result.ok)
-    times = sorted(r.elapsed for r in results if r.attempts)
-    backoff = sum(record.wait or 0.0 for r in results for record in r.attempt_log)
+    """The one way a Summary is computed, for Results in memory and in a journal alike.
+
+    ``facts`` are read first, once; then ``sorted_times`` (the elapsed seconds of the items
+    that made an attempt, in ascending order) as a stream, up to the last percentile.
+    """
+    total = ok = sent = timed = 0
+    backoff = 0.0
+    kinds = Counter[str]()
+    codes = Counter[int]()
+    for is_ok, kind, code, attempts, waited in facts:
+        total += 1
+        ok += bool(is_ok)
+        sent += attempts
+        timed += attempts > 0
+        backoff += waited
+        if kind is not None:
+            kinds[kind] += 1
+        if code is not None:
+            codes[code] += 1
     all_waits = dict(waits or {})
     if backoff:
         all_waits["backoff"] = backoff
-    kinds = Counter[str](r.error_kind for r in results if r.error_kind is not None)
-    codes = Counter(result.status_code for result in results if result.status_code is not None)
     return Summary(
-        total=len(results),
-        ok=ok,
-        failed=len(results) - ok,
-        error_kinds=dict(kinds),
-        status_codes=dict(codes),
-        requests_sent=sum(result.attempts for result in results),
-        elapsed=elapsed,
-        waits=all_waits,
-        circuits_opened=circuits_opened,
-        latency={name: times[rank(len(times), share)] for name, share in PERCENTILES.items()}
-        if times
-        else {},
-    )
+        total=total, ok=ok, failed=total - ok, error_kinds=dict(kinds), status_codes=dict(codes),
+        requests_sent=sent, elapsed=elapsed, waits=all_waits, circuits_opened=circuits_opened,
+        latency=_percentiles(sorted_times, timed),
+    )  # fmt: skip
+
+
+def _percentiles(sorted_times: Iterable[float], count: int) -> dict[str, float]:
+    """The latency percentiles by nearest rank, read from a sorted stream of ``count`` values
+    (nothing held but the values wanted)."""
+    # Several percentiles may fall on one position (few items): each gets its value.
+    wanted: dict[int, list[str]] = {}
+    for name, share in PERCENTILES.items():
+        wanted.setdefault(rank(count, share), []).append(name)
+    found: dict[str, float] = {}
+    for position, seconds in enumerate(sorted_times):
+        for name in wanted.get(position, ()):
+            found[name] = seconds
+        if len(found) == len(PERCENTILES) or position >= count - 1:
+            break
+    return {name: found[name] for name in PERCENTILES if name in found}
 
 
 def _pandas() -> Any:
@@ -302,7 +334,11 @@ class ResultSet(Sequence[Result]):
         return [result for result in self._results if not result.ok]
 
     def summary(self) -> Summary:
-        return summarize(self._results, self.elapsed, self.waits, self.circuits_opened)
+        return summarize(
+            map(facts_of, self._results),
+            sorted(result.elapsed for result in self._results if result.attempts),
+            elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
+        )  # fmt: skip
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).
