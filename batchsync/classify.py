@@ -155,4 +155,12 @@ def host_feedback(verdict: Verdict) -> Feedback:
         unwell = None if verdict.retry_after is not None else True
     else:
         unwell = False
-    return Feedback(congested, unwell, hold)
+    return Feedback(congested, unwell, hold) if hold else _FEEDBACK[congested, unwell]
+
+
+# The feedbacks without a hold, made once: one is needed per attempt.
+_FEEDBACK = {
+    (congested, unwell): Feedback(congested, unwell)
+    for congested in (False, True)
+    for unwell in (None, False, True)
+}
