@@ -93,14 +93,17 @@ def fetch(
     *,
     gates: Gates | None = None,
     progress: Observer | None = None,
+    observed: bool = True,
     journal: Journal | None = None,
     wrap: Callable[[HttpJob], Job] | None = None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
 ) -> Ran:
     """One HTTP run: transport, job, gates, observers and engine, set up and taken down
-    together. ``gates`` carry limits across runs (a ``Batch``'s); ``wrap`` turns the HTTP job
-    into the one the items need (the command line's input entries); ``journal`` stores each
-    final Result before ``deliver`` sees it; ``on_start`` sees the engine before it starts."""
+    together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
+    metrics and traces out (a Dask partition's: its client observes the run); ``wrap`` turns
+    the HTTP job into the one the items need (the command line's input entries); ``journal``
+    stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
+    it starts."""
     gates = gates_for(options) if gates is None else gates
     transport = Transport(
         options.session, options.concurrency, options.secrets(),
@@ -111,7 +114,8 @@ def fetch(
     try:
         return _run(
             options, job if wrap is None else wrap(job), items, deliver, gates=gates,
-            observers=observers_for(options, gates, progress), secrets=job.secrets,
+            observers=observers_for(options, gates, progress) if observed else [],
+            secrets=job.secrets,
             journal=journal, abort=transport.abort, on_start=on_start,
         )  # fmt: skip
     finally:
@@ -163,8 +167,10 @@ def journaling(journal: Journal, deliver: Deliver) -> Deliver:
     """``deliver``, after storing each final Result in the journal."""
 
     def store_then_deliver(result: Result, item: object) -> None:
-        if result.final:
-            journal.add(result, item)
-        deliver(result, item)
+        try:
+            if result.final:
+                journal.add(result, item)
+        finally:  # a journal that failed stops the run, but what came back is still kept
+            deliver(result, item)
 
     return store_then_deliver

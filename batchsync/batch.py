@@ -181,7 +181,7 @@ class Batch:
                     )  # fmt: skip
             finally:
                 self.elapsed += time.monotonic() - started
-        log_summary(self._summary)
+                log_summary(self._summary)
         return self.results
 
     def _keep(self, result: Result, item: object) -> None:

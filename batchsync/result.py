@@ -250,7 +250,8 @@ def summarize(
     if backoff:
         all_waits["backoff"] = backoff
     return Summary(
-        total=total, ok=ok, failed=total - ok, error_kinds=dict(kinds), status_codes=dict(codes),
+        total=total, ok=ok, failed=total - ok, error_kinds=dict(sorted(kinds.items())),
+        status_codes=dict(sorted(codes.items())),
         requests_sent=sent, elapsed=elapsed, waits=all_waits, circuits_opened=circuits_opened,
         latency=_percentiles(sorted_times, timed),
     )  # fmt: skip

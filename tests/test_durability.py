@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import itertools
 import json
+import logging
 import os
 import select
 import shlex
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from batchsync import Batch, Result
+from batchsync import Batch, JournalFailed, Result
 from batchsync.journal import JournalReader
 
 from .mockserver import MockServerProcess
@@ -266,7 +267,7 @@ def interrupt_main_when(condition: Callable[[], bool]) -> threading.Thread:
 
 
 def test_batch_keeps_what_finished_on_interrupt_and_continues(
-    server: MockServerProcess,
+    server: MockServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = uuid.uuid4().hex[:8]
     targets = [f"/ok/{key}-{n}?delay=0.1" for n in range(60)]
@@ -274,10 +275,14 @@ def test_batch_keeps_what_finished_on_interrupt_and_continues(
         [server.url + t for t in targets], concurrency=4, on_result=interrupt_main_after(10)
     )
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with caplog.at_level(logging.INFO, logger="batchsync"), pytest.raises(KeyboardInterrupt):
         batch.run()
     assert time.monotonic() - started < 10
     finished = batch.results
+    # The interrupted run is summed up too, as a finished one is.
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch done")] == [
+        f"batch done: {finished.summary()}"
+    ]
     assert 10 <= len(finished) < 60
     assert batch.pending == 60 - len(finished)
     assert all(r.ok for r in finished)
@@ -287,6 +292,33 @@ def test_batch_keeps_what_finished_on_interrupt_and_continues(
     assert [r.index for r in rs] == list(range(60))
     assert [r.url for r in rs] == [server.url + t for t in targets]
     assert served(server, targets) == [1] * 60
+
+
+def test_a_batch_whose_journal_fails_keeps_every_answer_it_got(
+    server: MockServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal that cannot store a Result stops the run, but the answers that came back
+    (requests sent, maybe not idempotent) stay in ``results``: the next run must not send
+    them again."""
+    from batchsync import batch as batch_module
+
+    stored = itertools.count(1)
+    encode = batch_module.encode_result
+
+    def encode_until_the_disk_fills(result: Result, item: object) -> tuple[str, str | None]:
+        if next(stored) >= 3:
+            raise OSError("No space left on device")
+        return encode(result, item)
+
+    monkeypatch.setattr(batch_module, "encode_result", encode_until_the_disk_fills)
+    key = uuid.uuid4().hex[:8]
+    targets = [f"/ok/{key}-{n}?delay=0.05" for n in range(40)]
+    batch = Batch([server.url + t for t in targets], concurrency=8, journal=tmp_path / "j")
+    with pytest.raises(JournalFailed):
+        batch.run()
+    answered = [n for n, count in enumerate(served(server, targets)) if count]
+    assert len(answered) >= 3
+    assert [r.index for r in batch.results] == answered
 
 
 def test_batch_with_a_journal_continues_in_a_new_batch(

@@ -44,24 +44,33 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path) -> set[str]:
-    """The modules ``name`` imports: its package's as names like ``cli.runner``, others by
-    their top-level name."""
+    """The modules ``name`` imports: the package's own as names like ``cli.runner`` (imported
+    relatively or as ``batchsync.…``), others by their top-level name."""
     package = name.split(".")[:-1]
+    own = set(modules())
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(_named(alias.name.split("."), [], own) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                found.add((node.module or "").split(".")[0])
+            module = (node.module or "").split(".") if node.module else []
+            if node.level == 0 and module[0] != "batchsync":
+                found.add(module[0])
                 continue
-            base = package[: len(package) - (node.level - 1)]
-            target = [*base, *(node.module or "").split(".")] if node.module else base
-            own = set(modules())
-            for alias in node.names:  # ``from . import x`` names a module; else the module
-                candidate = ".".join([*target, alias.name])
-                found.add(candidate if candidate in own else ".".join(target) or "__init__")
+            base = package[: len(package) - (node.level - 1)] if node.level else []
+            found.update(_named([*base, *module], [alias.name], own) for alias in node.names)
     return {_as_module(module) for module in found}
+
+
+def _named(parts: list[str], imported: list[str], own: set[str]) -> str:
+    """The module a dotted path names, ``batchsync.`` left out; with ``imported`` (``from X
+    import y``), X.y when that is a module, else X."""
+    if parts[0] == "batchsync":
+        parts = parts[1:]
+    elif parts and parts[0] not in own and ".".join(parts) not in own and not imported:
+        return parts[0]  # another library
+    candidate = ".".join([*parts, *imported])
+    return candidate if imported and candidate in own else ".".join(parts) or "__init__"
 
 
 def _as_module(name: str) -> str:
@@ -99,6 +108,11 @@ def test_the_checks_see_an_upward_import(tmp_path: Path) -> None:
     planted = tmp_path / "engine.py"
     planted.write_text("from .fetch import HttpJob\nimport requests\n")
     assert imports_of("engine", planted) == {"fetch", "requests"}
+    planted.write_text(
+        "from batchsync.fetch import HttpJob\nimport batchsync.transport\n"
+        "from batchsync import spec\nfrom batchsync.cli import runner\n"
+    )
+    assert imports_of("engine", planted) == {"fetch", "transport", "spec", "cli.runner"}
     runner = tmp_path / "runner.py"
     runner.write_text("from ..assembly import fetch\nfrom .signals import EXIT_INTERRUPTED\n")
     assert imports_of("cli.runner", runner) == {"assembly", "cli.signals"}

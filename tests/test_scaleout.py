@@ -198,3 +198,23 @@ def test_the_cli_runs_on_a_dask_cluster_with_a_journal(
     again = start_cli(tmp_path, urls, "--dask", address, "--resume")
     again.communicate(timeout=120)
     assert len(server.log(marker)) == 301  # the resumed run had nothing left to fetch
+
+
+def test_a_partition_leaves_metrics_and_traces_to_its_client(
+    server: MockServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's run is observed by the client that collects its Results (the CLI's progress
+    and metrics); a worker's own global tracer must not add a second set of spans."""
+    from batchsync import assembly
+    from batchsync.contrib.dask import run_partition
+
+    asked: list[object] = []
+
+    def observers_for(*args: object) -> list[object]:
+        asked.append(args)
+        return []
+
+    monkeypatch.setattr(assembly, "observers_for", observers_for)
+    results = run_partition([(5, f"{server.url}/ok/partition")], {}, None)
+    assert [(r.index, r.ok) for r in results] == [(5, True)]
+    assert asked == []

@@ -48,7 +48,7 @@ def run_partition(
     collected: dict[int, Result] = {}
     fetch(
         options, partition, lambda result, item: collected.__setitem__(result.index, result),
-        wrap=wrap,
+        observed=False, wrap=wrap,
     )  # fmt: skip
     return [collected[index] for index in sorted(collected)]
 
