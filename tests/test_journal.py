@@ -111,12 +111,14 @@ class CountingConnection:
 
 
 class Clock:
-    """The writer's clock, moved by the test alone."""
+    """The writer's clock, moved by the test alone; counts how often it was read."""
 
     def __init__(self) -> None:
         self.now = 0.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
 
@@ -153,6 +155,9 @@ def test_a_busy_run_commits_in_groups(tmp_path: Path) -> None:
         for index in range(1500):  # 1500 results in the writer's first second: a busy run
             journal.add(make(index), f"u{index}")
         wait_until(stored(counting, 1500))
+        # The writer reads its clock once when it starts and once after each commit: wait
+        # until it has measured its last group (else it could see the clock moved below).
+        wait_until(lambda: clock.reads == 1 + len(counting.groups))
         assert linger.asked == []  # no second seen yet: nothing to go by
         clock.now = 1.0
         journal.add(make(1500), "u1500")  # its commit closes the busy second
