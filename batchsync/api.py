@@ -5,28 +5,69 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterable, Sized
-from dataclasses import replace
-from functools import partial
 from typing import Any, Concatenate, ParamSpec
 
 from .assembly import call
 from .backoff import Backoff
 from .batch import Batch, Item
-from .classify import classify_raised, host_feedback, is_transient
-from .engine import Job, Route, Task
+from .calls import CallJob
+from .limits import Breaker, CooldownScope
 from .observe import log_summary
-from .options import EngineOptions, build
+from .options import CallOptions, build
 from .progress import counter, wanted
-from .redact import Secrets
-from .result import Result, ResultSet
-from .spec import item_label
-from .verdict import Feedback, Verdict, success
+from .result import AttemptRecord, Result, ResultSet
 
 P = ParamSpec("P")
-# Where run_all's defaults are read from (but its concurrency).
-ENGINE_DEFAULT = EngineOptions()
-# Secrets masked by their shape alone (URL userinfo, secret query parameters).
-_SHAPES = Secrets()
+# run_all's defaults (CallOptions holds them).
+CALL_DEFAULT = CallOptions()
+
+
+def run_all(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    progress: bool | None = None,
+    concurrency: int = CALL_DEFAULT.concurrency,
+    attempts: int = CALL_DEFAULT.attempts,
+    budget: float = CALL_DEFAULT.budget,
+    deadline: float | None = CALL_DEFAULT.deadline,
+    retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
+    backoff: Backoff = CALL_DEFAULT.backoff,
+    rate: float | None = CALL_DEFAULT.rate,
+    per_key: Callable[[Any], str] | None = CALL_DEFAULT.per_key,
+    cooldown: CooldownScope = CALL_DEFAULT.cooldown,
+    breaker: Breaker | None = CALL_DEFAULT.breaker,
+    adaptive: bool = CALL_DEFAULT.adaptive,
+    fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = CALL_DEFAULT.fallbacks,
+    on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
+    on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
+    metrics: Any = CALL_DEFAULT.metrics,
+    tracer: Any = CALL_DEFAULT.tracer,
+    limits: Any = CALL_DEFAULT.limits,
+    namespace: str = CALL_DEFAULT.namespace,
+    lease_ttl: float = CALL_DEFAULT.lease_ttl,
+) -> ResultSet:
+    """Call ``fn(item)`` for every item with bounded concurrency, retries and the limits
+    ``fetch_all`` has; one Result per item, in order. ``rs[i].data`` is what ``fn`` returned.
+
+    Nothing ``fn`` raises escapes. An exception is retried when ``retry_if`` says so; without
+    it, one carrying an HTTP status (``exc.status_code`` or ``exc.response.status_code``, as
+    SDK and requests/httpx errors do) by the HTTP rules (429, 408, 5xx), any other when it is
+    a timeout or a connection error (or ``Retryable``). A wait it names (``exc.retry_after``,
+    or its response's Retry-After) is a floor under the backoff and, for a 429 or 503, holds
+    every call of its key (``per_key``; all calls without it) like an HTTP Retry-After.
+    """
+    given = locals()
+    options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
+    started = time.monotonic()
+    collector = _Collector()
+    total = len(items) if isinstance(items, Sized) else None
+    with counter(total, wanted(progress)) as bar:
+        job = CallJob(fn, options, options.secrets())
+        call(options, job, enumerate(items), collector, progress=bar)
+    results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
+    log_summary(results.summary)
+    return results
 
 
 class _Collector:
@@ -40,78 +81,6 @@ class _Collector:
 
     def in_order(self) -> list[Result]:
         return [self._by_index[index] for index in range(len(self._by_index))]
-
-
-def _run(
-    job: Job, items: Iterable[object], options: EngineOptions, progress: bool | None
-) -> ResultSet:
-    collector = _Collector()
-    total = len(items) if isinstance(items, Sized) else None
-    started = time.monotonic()
-    bar = counter(total, wanted(progress))
-    with bar:
-        call(options, job, enumerate(items), collector, progress=bar)
-    results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
-    log_summary(results.summary)
-    return results
-
-
-class CallJob:
-    """Runs a blocking callable per item; an attempt is one call, which cannot be cut short."""
-
-    timeout = None
-
-    def __init__(self, fn: Callable[[Any], Any], retry_if: Callable[[BaseException], bool]) -> None:
-        self._fn = fn
-        self._retry_if = retry_if
-
-    def label(self, item: object) -> tuple[str | None, Any]:
-        url, item_id = item_label(item)
-        return (None if url is None else _SHAPES.url(url)), item_id
-
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return host_feedback(verdict)
-
-    def prepare(self, item: object) -> Task:
-        url, item_id = self.label(item)
-        return Task(url, item_id, Route(partial(self._call, item)), subject=item)
-
-    def _call(self, item: object, ends_at: float | None, so_far: Result | None) -> Verdict:
-        try:
-            return success(self._fn(item))
-        except Exception as exc:  # the caller's errors become Results, never crashes
-            verdict = classify_raised(exc, self._retry_if)
-            # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
-            return replace(verdict, error=_SHAPES.text(verdict.error or ""))
-
-
-def run_all(
-    fn: Callable[[Any], Any],
-    items: Iterable[Any],
-    *,
-    concurrency: int = 4,  # (calls, often heavier than requests: fewer at once by default)
-    attempts: int = ENGINE_DEFAULT.attempts,
-    budget: float = ENGINE_DEFAULT.budget,
-    deadline: float | None = ENGINE_DEFAULT.deadline,
-    retry_if: Callable[[BaseException], bool] | None = None,
-    backoff: Backoff = ENGINE_DEFAULT.backoff,
-    progress: bool | None = None,
-) -> ResultSet:
-    """Call ``fn(item)`` for every item with bounded concurrency and retries.
-
-    ``rs[i].data`` is what ``fn`` returned for ``items[i]``. An exception for which
-    ``retry_if`` is true (by default: timeouts, connection errors, ``Retryable``) is retried;
-    any other ends the item as a failure. Nothing ``fn`` raises escapes ``run_all``.
-    """
-    options = build(
-        EngineOptions,
-        concurrency=concurrency,
-        attempts=attempts,
-        budget=budget,
-        deadline=deadline,
-        backoff=backoff,
-    )
-    return _run(CallJob(fn, retry_if or is_transient), items, options, progress)
 
 
 def _options_of(

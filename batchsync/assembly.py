@@ -18,7 +18,7 @@ from .guard import Guard
 from .journal import Encode, Journal, JournalUnusable
 from .limits import Gates, SharedLimits, build_gates
 from .observe import Observer
-from .options import FetchOptions
+from .options import CallOptions, FetchOptions, FlowOptions
 from .redact import Secrets, watching
 from .result import Result
 from .transport import Transport
@@ -44,7 +44,7 @@ class Ran:
     circuits_opened: int
 
 
-def shared_limits(options: FetchOptions) -> SharedLimits | None:
+def shared_limits(options: FlowOptions) -> SharedLimits | None:
     """The backend keeping limits shared by several processes; connecting checks it answers
     (ValueError when it does not)."""
     if options.limits is None or not isinstance(options.limits, str):
@@ -54,16 +54,16 @@ def shared_limits(options: FetchOptions) -> SharedLimits | None:
     return RedisLimits(options.limits, options.namespace, options.lease_ttl)
 
 
-def gates_for(options: FetchOptions) -> Gates:
-    """The limits an HTTP run's attempts pass (kept by the shared backend when there is one)."""
+def gates_for(options: FlowOptions) -> Gates:
+    """The limits a run's attempts pass (kept by the shared backend when there is one)."""
     return build_gates(
-        concurrency=options.concurrency, rate=options.rate, per_host=options.per_host,
+        concurrency=options.concurrency, rate=options.rate, per_host=options.slots,
         cooldown=options.cooldown, breaker=options.breaker, adaptive=options.adaptive,
         shared=shared_limits(options),
     )  # fmt: skip
 
 
-def observers_for(options: FetchOptions, gates: Gates, progress: Observer | None) -> list[Observer]:
+def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None) -> list[Observer]:
     """Who watches a run: the progress counts, and metrics and traces when asked for."""
     from .contrib.otel import Tracing, tracer_for  # (no import of OpenTelemetry without it)
 
@@ -124,17 +124,20 @@ def fetch(
 
 
 def call(
-    options: EngineSettings,
+    options: CallOptions,
     job: Job,
     items: Iterable[tuple[int, object]],
     deliver: Deliver,
     *,
+    gates: Gates | None = None,
     progress: Observer | None = None,
 ) -> Ran:
-    """One run of a job that is not HTTP (a callable per item); texts masked by shape."""
-    observers = [] if progress is None else [progress]
+    """One run of calls (a callable per item, ``calls.CallJob``): the same gates, observers
+    and engine as an HTTP run."""
+    gates = gates_for(options) if gates is None else gates
     return _run(
-        options, job, items, deliver, gates=None, observers=observers, secrets=Secrets(),
+        options, job, items, deliver, gates=gates,
+        observers=observers_for(options, gates, progress), secrets=options.secrets(),
         journal=None, abort=None, on_start=lambda run: None,
     )  # fmt: skip
 

@@ -6,9 +6,11 @@ Pure functions of a status code, a header value or an exception; the engine acts
 
 from __future__ import annotations
 
+import math
 import re
 import ssl
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import requests
 import urllib3.exceptions
@@ -104,27 +106,86 @@ def classify_http_exception(exc: Exception) -> Verdict:
     return terminal("exception", error)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """The default ``retry_if`` of ``run_all``: timeouts, connection errors and Retryable."""
-    return isinstance(
-        exc,
-        Retryable | TimeoutError | ConnectionError | requests.Timeout | requests.ConnectionError,
-    )
+# Exception classes of common clients (httpx, SDKs built on it such as openai's and
+# anthropic's, botocore) that mean the call never got an answer, known by name so that none of
+# those libraries is needed here; a name with "Timeout" in it is a timeout.
+_TRANSIENT_CLASS_NAMES = frozenset(
+    {
+        "TimeoutException", "NetworkError", "RemoteProtocolError",  # httpx
+        "APIConnectionError", "APITimeoutError",  # openai, anthropic
+        "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",  # botocore
+        "ConnectionClosedError",
+    }
+)  # fmt: skip
 
 
-def classify_raised(exc: Exception, retry_if: Callable[[BaseException], bool]) -> Verdict:
-    """Map an exception raised by a ``run_all`` callable to a Verdict."""
+def _transient_kind(exc: BaseException) -> ErrorKind | None:
+    """ "timeout" or "connection" for an exception that says no answer came, else None."""
     if isinstance(exc, TimeoutError | requests.Timeout):
-        kind: ErrorKind = "timeout"
-    elif isinstance(exc, ConnectionError | requests.ConnectionError):
-        kind = "connection"
+        return "timeout"
+    if isinstance(exc, ConnectionError | requests.ConnectionError):
+        return "connection"
+    names = {cls.__name__ for cls in type(exc).__mro__} & _TRANSIENT_CLASS_NAMES
+    if names:
+        return "timeout" if any("Timeout" in name for name in names) else "connection"
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Timeouts, connection errors (the standard library's, requests', and those of common
+    clients such as httpx, openai's and botocore, by class name) and ``Retryable``."""
+    return isinstance(exc, Retryable) or _transient_kind(exc) is not None
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries: its own ``status_code`` (openai, anthropic) or
+    its response's (requests' and httpx's ``HTTPError``)."""
+    for holder in (exc, getattr(exc, "response", None)):
+        status = getattr(holder, "status_code", None)
+        if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
+            return status
+    return None
+
+
+def wait_hint(exc: BaseException, now: float) -> float | None:
+    """Seconds the exception says to wait before trying again, or None: its ``retry_after``
+    (seconds, or a datetime, zone-less meaning UTC), else its response's Retry-After header.
+    ``now`` is the current Unix time."""
+    hint = getattr(exc, "retry_after", None)
+    if isinstance(hint, datetime):
+        when = hint if hint.tzinfo is not None else hint.replace(tzinfo=UTC)
+        return max(when.timestamp() - now, 0.0)
+    if isinstance(hint, int | float) and not isinstance(hint, bool):
+        return float(hint) if math.isfinite(hint) and hint >= 0 else None
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+    except Exception:  # an object that only looks like headers
+        return None
+    return parse_retry_after(value, now) if isinstance(value, str) else None
+
+
+def classify_raised(
+    exc: Exception, retry_if: Callable[[BaseException], bool] | None, now: float
+) -> Verdict:
+    """Map an exception raised by a callable to a Verdict.
+
+    Retried when ``retry_if`` says so; without it, an exception carrying an HTTP status is
+    judged by the HTTP rules (429, 408 and 5xx retried), any other by ``is_transient``. Its
+    wait hint (``wait_hint``) is a floor under the next wait, as a Retry-After is.
+    """
+    status = status_of(exc)
+    kind = _transient_kind(exc) or ("status" if status is not None else "exception")
+    if retry_if is not None:
+        retryable = retry_if(exc)
+    elif status is not None:
+        retryable = status in RETRYABLE_STATUSES
     else:
-        kind = "exception"
+        retryable = is_transient(exc)
     error = describe(exc)
-    if retry_if(exc):
-        retry_after = exc.retry_after if isinstance(exc, Retryable) else None
-        return retry(kind, error, retry_after=retry_after)
-    return terminal(kind, error)
+    if retryable:
+        return retry(kind, error, status, wait_hint(exc, now))
+    return terminal(kind, error, status)
 
 
 # Kinds an attempt ends with that are no answer of the host's.
@@ -141,11 +202,13 @@ def host_feedback(verdict: Verdict) -> Feedback:
     a timeout, a 5xx, or a retryable answer without Retry-After such as a 429 or 408 (or a
     ``Retryable`` raised without ``retry_after``). Not counted: a 429 or ``Retryable`` with
     Retry-After, which the cooldown handles, and an attempt cut short or lost to its hedge.
-    Anything else is an answer. Hold: the Retry-After of a 429 or 503, for every caller.
+    Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503, or
+    the wait a raised exception without a status asked for (``Retryable(retry_after=…)``).
     """
     status = verdict.status_code
     congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
-    hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
+    asks_all_to_wait = status is None or status in _SLOW_DOWN_STATUSES
+    hold = verdict.retry_after if asks_all_to_wait and verdict.retry_after else None
     unwell: bool | None
     if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
         unwell = None

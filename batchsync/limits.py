@@ -521,17 +521,26 @@ class Gates:
             if refusal is not None:
                 return refusal
             admission.slot = bool(taken)
-        if self._cooldowns is not None:
-            held = self._cooldowns.remaining(self._cooldown_key(admission.host))
-            refusal = self._sleep("cooldown", held, allowance, stop)
-            if refusal is not None:
-                return refusal
+        refusal = self._cooled_down(admission.host, allowance, stop)
+        if refusal is not None:
+            return refusal
         if self._rate is not None:
-            refusal = self._sleep("token", self._rate.reserve(), allowance, stop)
+            waited = self._rate.reserve()
+            refusal = self._sleep("token", waited, allowance, stop)
             if refusal is not None:
                 self._rate.refund()
                 return refusal
+            if waited > 0:  # a cooldown may have begun while this attempt waited its turn
+                return self._cooled_down(admission.host, allowance, stop)
         return None
+
+    def _cooled_down(
+        self, host: str, allowance: Allowance, stop: threading.Event
+    ) -> ErrorKind | None:
+        if self._cooldowns is None:
+            return None
+        held = self._cooldowns.remaining(self._cooldown_key(host))
+        return self._sleep("cooldown", held, allowance, stop)
 
     def _sleep(
         self, gate: str, seconds: float, allowance: Allowance, stop: threading.Event

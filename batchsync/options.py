@@ -36,18 +36,13 @@ class EngineOptions(BaseModel):
     on_result: Callable[[Result], None] | None = None
 
 
-class FetchOptions(EngineOptions):
-    """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
+class FlowOptions(EngineOptions):
+    """What every batch, HTTP or not, adds: the limits its attempts pass and who watches."""
 
-    timeout: float = Field(default=10.0, gt=0)
     rate: float | None = Field(default=None, gt=0)
-    per_host: int | None = Field(default=None, ge=1)
     cooldown: CooldownScope = "host"
     breaker: Breaker | None = Breaker()
     adaptive: bool = False
-    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
-    dedup: bool = False
-    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
     # A prometheus_client CollectorRegistry to keep the run's metrics in.
     metrics: Any = None
     # An OpenTelemetry tracer; None: the global provider's, when one is configured.
@@ -55,9 +50,38 @@ class FetchOptions(EngineOptions):
     # Limits shared by several processes: a redis:// URL (or a SharedLimits backend), the
     # namespace naming the shared quota, and how long a slot lease lives without renewal.
     limits: Any = None
-    deny_private: bool = False
     namespace: str = "batchsync"
     lease_ttl: float = Field(default=10.0, gt=0)
+
+    @property
+    def slots(self) -> int | None:
+        """Attempts in flight per limit key (a host, or what ``per_key`` says)."""
+        return None
+
+    def secrets(self) -> Secrets:
+        """The run's secrets known up front: the Redis URL's password."""
+        return Secrets.of(None, (), (), _redis_password(self.limits))
+
+
+class CallOptions(FlowOptions):
+    """What a batch of calls adds: a limit key per item, fallbacks called with the item."""
+
+    concurrency: int = Field(default=4, ge=1)  # calls are often heavier than requests
+    # The key an item's limits are kept under (its cooldown, breaker); None: one for all.
+    per_key: Callable[[Any], str] | None = None
+    fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = ()
+    retry_if: Callable[[BaseException], bool] | None = None
+
+
+class FetchOptions(FlowOptions):
+    """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
+
+    timeout: float = Field(default=10.0, gt=0)
+    per_host: int | None = Field(default=None, ge=1)
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
+    dedup: bool = False
+    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
+    deny_private: bool = False
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     secret_headers: tuple[str, ...] = ()
@@ -72,12 +96,14 @@ class FetchOptions(EngineOptions):
     verify: bool | str | None = None
     cert: str | tuple[str, str] | None = None
 
+    @property
+    def slots(self) -> int | None:
+        return self.per_host
+
     def secrets(self) -> Secrets:
         """The run's secrets: its headers and declared names, and the Redis URL's password."""
-        redis_url = getattr(self.limits, "url", self.limits)
-        password = _password(redis_url) if isinstance(redis_url, str) else None
         return Secrets.of(
-            self.headers, self.secret_headers, self.secret_params, [password] if password else []
+            self.headers, self.secret_headers, self.secret_params, _redis_password(self.limits)
         )
 
     @field_validator("headers")
@@ -110,11 +136,13 @@ class FetchOptions(EngineOptions):
         raise ValueError("must be a requests.Session or a zero-argument factory of one")
 
 
-def _password(url: str) -> str | None:
+def _redis_password(limits: object) -> list[str]:
+    url = getattr(limits, "url", limits)
     try:
-        return urlsplit(url).password
+        password = urlsplit(url).password if isinstance(url, str) else None
     except ValueError:
-        return None
+        return []
+    return [password] if password else []
 
 
 # The options' defaults, for the library's and the CLI's signatures (FetchOptions holds them).

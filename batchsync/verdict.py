@@ -8,6 +8,7 @@ limits about the host it went to.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 Outcome = Literal["success", "retry", "terminal"]
@@ -69,10 +70,11 @@ class InvalidItem(ValueError):
 class Retryable(Exception):
     """Raise from a ``run_all`` callable to have the item retried.
 
-    ``retry_after`` (seconds) is a floor under the next wait, like an HTTP Retry-After.
+    ``retry_after`` (seconds, or the datetime to wait until) is a floor under the next wait,
+    like an HTTP Retry-After.
     """
 
-    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+    def __init__(self, message: str = "", retry_after: float | datetime | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 

@@ -38,6 +38,10 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /bad-location                    a 302 whose Location is not UTF-8
     /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
     /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
+  An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
+    POST /v1/chat/completions        a chat completion whose reply echoes the last message;
+                                     a message "429-once:KEY" gets, the first time per KEY, a
+                                     429 with Retry-After: 1, and "500-once:KEY" a 500
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -294,6 +298,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b'{"cut": "')
             self.wfile.flush()
             self.close_connection = True
+        elif path == "/v1/chat/completions":
+            self._chat_completion(body)
         elif head == "/set-cookie":
             cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
             self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
@@ -302,6 +308,30 @@ class Handler(BaseHTTPRequestHandler):
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _chat_completion(self, body: bytes) -> None:
+        """OpenAI's chat completion, with the faults its last message asks for."""
+        request = json.loads(body or b"{}")
+        content = str(request.get("messages", [{}])[-1].get("content", ""))
+        fault, _, key = content.partition(":")
+        first = key and self.server.stats.times_seen(f"chat {content}") == 1
+        if fault == "429-once" and first:
+            error = {"message": "Rate limit reached", "type": "requests", "code": "rate_limit"}
+            self._json(429, {"error": error}, {"Retry-After": "1"})
+            return
+        if fault == "500-once" and first:
+            self._json(500, {"error": {"message": "The server had an error", "type": "server"}})
+            return
+        message = {"role": "assistant", "content": f"echo: {content}"}
+        self._json(
+            200,
+            {
+                "id": f"chatcmpl-{abs(hash(content)) % 10**8}", "object": "chat.completion",
+                "created": int(time.time()), "model": request.get("model", "mock"),
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )  # fmt: skip
 
     def _send(
         self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None

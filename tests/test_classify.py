@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import ssl
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -12,6 +14,8 @@ from batchsync.classify import (
     classify_status,
     describe,
     is_transient,
+    status_of,
+    wait_hint,
 )
 from batchsync.verdict import Retryable
 
@@ -97,15 +101,15 @@ def test_default_retry_if(exc: BaseException, expected: bool) -> None:
 
 
 def test_raised_by_a_callable_kinds_and_retry_after() -> None:
-    retryable = classify_raised(Retryable("busy", retry_after=2.5), is_transient)
+    retryable = classify_raised(Retryable("busy", retry_after=2.5), is_transient, NOW)
     assert (retryable.outcome, retryable.error_kind, retryable.retry_after) == (
         "retry",
         "exception",
         2.5,
     )
-    timeout = classify_raised(TimeoutError("slow"), is_transient)
+    timeout = classify_raised(TimeoutError("slow"), is_transient, NOW)
     assert (timeout.outcome, timeout.error_kind) == ("retry", "timeout")
-    final = classify_raised(ValueError("bad"), is_transient)
+    final = classify_raised(ValueError("bad"), is_transient, NOW)
     assert (final.outcome, final.error_kind, final.error) == (
         "terminal",
         "exception",
@@ -114,10 +118,83 @@ def test_raised_by_a_callable_kinds_and_retry_after() -> None:
 
 
 def test_a_custom_retry_if_decides() -> None:
-    verdict = classify_raised(ValueError("flaky"), lambda exc: isinstance(exc, ValueError))
+    verdict = classify_raised(ValueError("flaky"), lambda exc: isinstance(exc, ValueError), NOW)
     assert verdict.outcome == "retry"
-    verdict = classify_raised(TimeoutError("never again"), lambda exc: False)
+    verdict = classify_raised(TimeoutError("never again"), lambda exc: False, NOW)
     assert (verdict.outcome, verdict.error_kind) == ("terminal", "timeout")
+
+
+class SDKError(Exception):
+    """An error as SDKs built on httpx raise it: a status of its own and the response."""
+
+    def __init__(self, status_code: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"Error code: {status_code}")
+        self.status_code = status_code
+        self.response = SimpleNamespace(status_code=status_code, headers=headers or {})
+
+
+class APIConnectionError(Exception):
+    """Named as openai's is: known without importing it."""
+
+
+class APITimeoutError(APIConnectionError):
+    pass
+
+
+def http_error(status: int, headers: dict[str, str] | None = None) -> requests.HTTPError:
+    response = requests.Response()
+    response.status_code = status
+    response.headers.update(headers or {})
+    return requests.HTTPError(f"{status} Server Error", response=response)
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome", "kind", "status", "hint"),
+    [
+        (SDKError(429, {"Retry-After": "7"}), "retry", "status", 429, 7.0),
+        (SDKError(429), "retry", "status", 429, None),
+        (SDKError(500), "retry", "status", 500, None),
+        (SDKError(408), "retry", "status", 408, None),
+        (SDKError(400), "terminal", "status", 400, None),
+        (SDKError(404, {"Retry-After": "7"}), "terminal", "status", 404, None),
+        (http_error(503), "retry", "status", 503, None),
+        (http_error(401), "terminal", "status", 401, None),
+        (APITimeoutError("timed out"), "retry", "timeout", None, None),
+        (APIConnectionError("refused"), "retry", "connection", None, None),
+        (Retryable("busy", retry_after=datetime.fromtimestamp(NOW + 30, UTC)), "retry",
+         "exception", None, 30.0),
+        (Retryable("busy", retry_after=datetime.fromtimestamp(NOW - 30, UTC)), "retry",
+         "exception", None, 0.0),
+        (Retryable("busy", retry_after=float("nan")), "retry", "exception", None, None),
+    ],
+)  # fmt: skip
+def test_an_exception_is_judged_by_the_status_and_the_wait_it_carries(
+    exc: Exception, outcome: str, kind: str, status: int | None, hint: float | None
+) -> None:
+    verdict = classify_raised(exc, None, NOW)
+    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (outcome, kind, status)
+    assert verdict.retry_after == hint
+
+
+def test_a_retry_after_date_on_a_response_counts_from_now() -> None:
+    when = datetime.fromtimestamp(NOW + 12, UTC)
+    exc = http_error(503, {"Retry-After": when.strftime("%a, %d %b %Y %H:%M:%S GMT")})
+    assert wait_hint(exc, NOW) == 12.0
+    assert status_of(exc) == 503
+
+
+def test_retry_if_overrides_the_status_rules() -> None:
+    assert classify_raised(SDKError(400), lambda exc: True, NOW).outcome == "retry"
+    assert classify_raised(SDKError(503), lambda exc: False, NOW).outcome == "terminal"
+
+
+def test_odd_attributes_are_no_status_and_no_hint() -> None:
+    odd = ValueError("x")
+    odd.status_code = "500"  # type: ignore[attr-defined]
+    odd.retry_after = True  # type: ignore[attr-defined]
+    odd.response = SimpleNamespace(status_code=True, headers=42)  # type: ignore[attr-defined]
+    assert (status_of(odd), wait_hint(odd, NOW)) == (None, None)
+    assert classify_raised(odd, None, NOW).outcome == "terminal"
 
 
 def test_a_tls_failure_is_one_line_without_openssls_source_position() -> None:

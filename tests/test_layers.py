@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         ("engine", "engine observe progress"),
         ("http", "guard watchdog headers cookies spec decode classify transport hedge"),
         ("options", "options"),
-        ("http job", "fetch"),
+        ("jobs", "fetch calls"),
         ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
         ("assembly", "assembly"),
         ("library", "batch api __init__ contrib.__init__"),

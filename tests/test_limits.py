@@ -238,6 +238,36 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
     assert 4 < board.remaining("h") <= 5
 
 
+def test_release_starts_a_cooldown_for_a_wait_a_raised_exception_asked_for() -> None:
+    board = Cooldowns()
+    gates = Gates(cooldowns=board)
+    admission = admitted(gates)
+    assert isinstance(admission, Admission)
+    gates.release(admission, host_feedback(retry("exception", "Retryable: busy", None, 5)))
+    assert 4 < board.remaining("h") <= 5
+
+
+def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() -> None:
+    """Passing the cooldown gate and then waiting for a rate token must not let an attempt
+    out during a cooldown that began meanwhile (a 429 answered to another worker)."""
+    board = Cooldowns()
+    gates = Gates(rate=TokenBucket(rate=4, burst=1), cooldowns=board)
+    assert isinstance(admitted(gates), Admission)  # takes the burst: the next token is 0.25 s off
+    passed: list[float] = []
+
+    def wait_for_a_token() -> None:
+        assert isinstance(admitted(gates), Admission)
+        passed.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait_for_a_token)
+    waiter.start()
+    time.sleep(0.05)  # the waiter is past the cooldown gate, waiting for its token
+    held_at = time.monotonic()
+    board.hold("h", 1.0)
+    waiter.join(timeout=10)
+    assert passed and passed[0] - held_at >= 0.95
+
+
 def test_cooldown_off_ignores_retry_after() -> None:
     gates = Gates(cooldowns=Cooldowns(), cooldown_scope="off")
     admission = admitted(gates)

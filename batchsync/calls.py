@@ -1,0 +1,84 @@
+"""The job of a batch of calls: a blocking callable per item, the counterpart of ``fetch``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from .classify import classify_raised, describe, host_feedback
+from .engine import Route, Task
+from .options import CallOptions
+from .redact import Secrets
+from .result import Result
+from .spec import item_label
+from .verdict import Feedback, InvalidItem, Verdict, success, terminal
+
+
+class CallJob:
+    """Runs ``fn(item)`` per item; an attempt is one call, which cannot be cut short.
+
+    An exception becomes a Verdict (``classify.classify_raised``): its HTTP status and wait
+    hint count as an HTTP answer's do, for the retry decision and for the limits of the
+    item's key (``per_key``; one key for all without it).
+    """
+
+    timeout = None
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        options: CallOptions,
+        secrets: Secrets,
+        unix_time: Callable[[], float] = time.time,
+    ) -> None:
+        self._fn = fn
+        self._options = options
+        self._secrets = secrets
+        self._unix_time = unix_time
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        url, item_id = item_label(item)
+        return (None if url is None else self._secrets.url(url)), item_id
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
+
+    def prepare(self, item: object) -> Task:
+        url, item_id = self.label(item)
+        key = None
+        if self._options.per_key is not None:
+            try:
+                key = str(self._options.per_key(item))
+            except Exception as exc:  # the caller's key function failing is that item's fault
+                raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
+        fallbacks = tuple(
+            Route(partial(self._fall_back, fallback, item), gated=False, max_attempts=1)
+            for fallback in self._options.fallbacks
+        )
+        return Task(url, item_id, Route(partial(self._call, item), key), fallbacks, subject=item)
+
+    def _call(self, item: object, ends_at: float | None, so_far: Result | None) -> Verdict:
+        try:
+            return success(self._fn(item))
+        except Exception as exc:  # the caller's errors become Results, never crashes
+            verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+            return replace(verdict, error=self._masked(verdict.error or ""))
+
+    def _fall_back(
+        self,
+        fallback: Callable[[Any, Result | None], Any],
+        item: object,
+        ends_at: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        try:
+            return success(fallback(item, so_far))
+        except Exception as exc:  # the caller's fallback failing is that route's failure
+            return terminal("exception", self._masked(describe(exc)))
+
+    def _masked(self, text: str) -> str:
+        # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
+        return self._secrets.text(text)
