@@ -7,6 +7,7 @@ from .backoff import Backoff
 from .batch import Batch
 from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 from .limits import Breaker
+from .once import Limits, call, resilient
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
 from .verdict import ErrorKind, Retryable
@@ -23,12 +24,15 @@ __all__ = [
     "JournalInUse",
     "JournalMismatch",
     "JournalUnusable",
+    "Limits",
     "RequestSpec",
     "Result",
     "ResultSet",
     "Retryable",
     "Summary",
+    "call",
     "fetch_all",
+    "resilient",
     "run_all",
 ]
 

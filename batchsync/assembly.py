@@ -142,6 +142,14 @@ def call(
     )  # fmt: skip
 
 
+def call_once(options: CallOptions, job: Job, item: object, *, gates: Gates | None) -> Result:
+    """One call carried to its Result in the calling thread, through ``gates`` shared with
+    other calls (none: no limits)."""
+    engine = Engine(options, gates=gates)
+    with watching(options.secrets()):
+        return engine.run_one(job, item)
+
+
 def _run(
     options: EngineSettings,
     job: Job,

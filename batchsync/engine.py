@@ -408,6 +408,16 @@ class Engine:
         }.get(kind, kind)
         return Result(index, url, False, item_id, error_kind=kind, error=reason)
 
+    def run_one(self, job: Job, item: object) -> Result:
+        """One item carried to its final Result in the calling thread (no pool, no stop)."""
+        deadline = self.options.deadline
+        deadline_end = None if deadline is None else self._clock() + deadline
+        ((result, _), *_) = self.carry(job, 0, item, deadline_end)
+        if not result.ok:
+            _log_failure(result)
+        self.observers.item_finished(result)
+        return result
+
     def carry(
         self, job: Job, index: int, item: object, deadline_end: float | None
     ) -> list[tuple[Result, object]]:

@@ -18,7 +18,7 @@ import pytest
 import batchsync
 from batchsync import Batch, fetch_all, run_all
 from batchsync.cli import command
-from batchsync.options import EngineOptions, FetchOptions
+from batchsync.options import CallOptions, FetchOptions, FlowOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT.parent / "shared" / "DESIGN.md"
@@ -62,12 +62,16 @@ def test_help_shows_every_option_with_its_default() -> None:
         assert f"= {default!r}" in text or name in ("backoff", "breaker"), name
 
 
-def test_run_all_reads_its_defaults_from_the_engine_options() -> None:
-    engine = {name: field.default for name, field in EngineOptions.model_fields.items()}
-    defaults = keyword_defaults(run_all)
-    assert defaults["concurrency"] == 4  # DESIGN.md: run_all(fn, items, concurrency=4, ...)
-    for name in ("attempts", "budget", "deadline", "backoff"):
-        assert defaults[name] == engine[name], name
+def test_run_all_takes_every_call_option_typed_with_the_models_default() -> None:
+    calls = {name: field.default for name, field in CallOptions.model_fields.items()}
+    assert keyword_defaults(run_all) == calls | {"progress": None}
+    assert calls["concurrency"] == 4  # DESIGN.md: run_all(fn, items, concurrency=4, ...)
+    parameters = inspect.signature(run_all).parameters.values()
+    assert all(p.annotation is not inspect.Parameter.empty for p in parameters)
+    # The options every batch has are the same options, with the same defaults, but the
+    # concurrency (calls are often heavier than requests).
+    shared = set(FlowOptions.model_fields) - {"concurrency"}
+    assert {name: calls[name] for name in shared} == {name: MODEL[name] for name in shared}
 
 
 def test_the_cli_defaults_are_the_libraries() -> None:

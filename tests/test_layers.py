@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         ("jobs", "fetch calls"),
         ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
         ("assembly", "assembly"),
-        ("library", "batch api __init__ contrib.__init__"),
+        ("library", "batch api once __init__ contrib.__init__"),
         ("scale-out", "contrib.dask"),
         ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),
         ("command line package", "cli.__init__"),

@@ -1,0 +1,145 @@
+"""One resilient call: retries, fallbacks and the result envelope around a single call.
+
+``call(fn, *args, ...)`` and the decorator ``@resilient(...)`` run one call through the same
+engine and job as ``run_all``; ``Limits`` are the rate, breaker and cooldown that a loop of
+single calls, or the threads of a web handler, share.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from .assembly import call_once, gates_for
+from .backoff import Backoff
+from .calls import CallJob
+from .limits import Breaker, CooldownScope, Gates
+from .options import CallOptions, FlowOptions, build
+from .result import AttemptRecord, Result
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_DEFAULT = CallOptions()
+
+
+class Limits:
+    """Limits kept across calls and threads: a rate, a circuit breaker and a cooldown per key
+    (``key=`` of ``call``; one key for all without it). Give the same object to every call
+    that should share them; ``limits="redis://…"`` shares them with other processes too."""
+
+    def __init__(
+        self,
+        *,
+        rate: float | None = _DEFAULT.rate,
+        breaker: Breaker | None = _DEFAULT.breaker,
+        cooldown: CooldownScope = _DEFAULT.cooldown,
+        concurrency: int = _DEFAULT.concurrency,
+        limits: Any = _DEFAULT.limits,
+        namespace: str = _DEFAULT.namespace,
+        lease_ttl: float = _DEFAULT.lease_ttl,
+    ) -> None:
+        given = locals()
+        options = build(FlowOptions, **{name: given[name] for name in given if name != "self"})
+        self.gates: Gates = gates_for(options)
+
+
+def call(
+    fn: Callable[..., T],
+    /,
+    *args: Any,
+    attempts: int = _DEFAULT.attempts,
+    budget: float = _DEFAULT.budget,
+    backoff: Backoff = _DEFAULT.backoff,
+    retry_if: Callable[[BaseException], bool] | None = _DEFAULT.retry_if,
+    fallbacks: tuple[Callable[..., T], ...] | list[Callable[..., T]] = (),
+    idempotency_key: str | None = None,
+    key: str | None = None,
+    limits: Limits | None = None,
+    on_attempt: Callable[[Any, AttemptRecord], None] | None = _DEFAULT.on_attempt,
+    on_result: Callable[[Result], None] | None = _DEFAULT.on_result,
+    **kwargs: Any,
+) -> Result:
+    """``fn(*args, **kwargs)`` with retries, as one item of ``run_all``: never raises what
+    ``fn`` raises; the Result says what happened (``data`` is what ``fn`` returned).
+
+    ``fallbacks`` are called with the same arguments, in order, after ``fn`` has used up its
+    attempts on a retryable failure; ``idempotency_key`` is passed to ``fn`` (and to each
+    fallback) as that keyword argument, the same on every attempt, for SDKs that take one.
+    ``limits`` (shared ``Limits``) make the call wait for the rate, a cooldown and an open
+    circuit of ``key``, as a batch's items do; without it the call has no limits.
+    """
+    if idempotency_key is not None:
+        kwargs = {**kwargs, "idempotency_key": idempotency_key}
+    options = _options(
+        fallbacks, key, attempts=attempts, budget=budget, backoff=backoff, retry_if=retry_if,
+        on_attempt=on_attempt, on_result=on_result,
+    )  # fmt: skip
+    return _call(fn, args, kwargs, options, limits)
+
+
+def resilient(
+    *,
+    attempts: int = _DEFAULT.attempts,
+    budget: float = _DEFAULT.budget,
+    backoff: Backoff = _DEFAULT.backoff,
+    retry_if: Callable[[BaseException], bool] | None = _DEFAULT.retry_if,
+    fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]] = (),
+    key: str | None = None,
+    rate: float | None = _DEFAULT.rate,
+    breaker: Breaker | None = _DEFAULT.breaker,
+    cooldown: CooldownScope = _DEFAULT.cooldown,
+    limits: Limits | None = None,
+) -> Callable[[Callable[P, T]], Callable[P, Result]]:
+    """A decorator: the function, called, returns the Result of ``call`` instead of raising.
+
+    Its calls share one ``Limits`` (``rate``, ``breaker``, ``cooldown``), made here once, or
+    the ``limits`` given to share with other functions.
+    """
+    options = _options(
+        fallbacks, key, attempts=attempts, budget=budget, backoff=backoff, retry_if=retry_if
+    )
+    shared = limits or Limits(rate=rate, breaker=breaker, cooldown=cooldown)
+
+    def decorate(fn: Callable[P, T]) -> Callable[P, Result]:
+        @functools.wraps(fn)
+        def resilient_call(*args: P.args, **kwargs: P.kwargs) -> Result:
+            return _call(fn, args, kwargs, options, shared)
+
+        return resilient_call
+
+    return decorate
+
+
+def _options(
+    fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]],
+    key: str | None,
+    **settings: Any,
+) -> CallOptions:
+    """A single call's options: ``run_all``'s, for one item with the call's arguments."""
+    return build(
+        CallOptions, concurrency=1, fallbacks=tuple(_unpacking(f) for f in fallbacks),
+        per_key=None if key is None else (lambda packed: key), **settings,
+    )  # fmt: skip
+
+
+def _call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: CallOptions,
+    limits: Limits | None,
+) -> Result:
+    job = CallJob(_unpacking(fn), options, options.secrets())
+    return call_once(options, job, (args, kwargs), gates=None if limits is None else limits.gates)
+
+
+def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with the arguments the item packs (a fallback is also handed the Result
+    so far, which it does not take)."""
+
+    def unpacked(packed: tuple[tuple[Any, ...], dict[str, Any]], *so_far: Any) -> Any:
+        args, kwargs = packed
+        return fn(*args, **kwargs)
+
+    return unpacked
