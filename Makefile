@@ -39,8 +39,8 @@ bench: install
 	$(BIN)/python scripts/bench.py
 
 lint: install
-	$(BIN)/ruff check batchsync tests scripts
-	$(BIN)/ruff format --check batchsync tests scripts
+	$(BIN)/ruff check batchsync tests scripts examples/*.py
+	$(BIN)/ruff format --check batchsync tests scripts examples/*.py
 	$(BIN)/mypy
 
 clean:

@@ -64,8 +64,11 @@ def run_all(
     total = len(items) if isinstance(items, Sized) else None
     with counter(total, wanted(progress)) as bar:
         job = CallJob(fn, options, options.secrets())
-        call(options, job, enumerate(items), collector, progress=bar)
-    results = ResultSet(collector.in_order(), elapsed=time.monotonic() - started)
+        ran = call(options, job, enumerate(items), collector, progress=bar)
+    results = ResultSet(
+        collector.in_order(), elapsed=time.monotonic() - started, waits=ran.waits,
+        circuits_opened=ran.circuits_opened,
+    )  # fmt: skip
     log_summary(results.summary)
     return results
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import requests
 import urllib3.exceptions
@@ -138,13 +139,24 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries: its own ``status_code`` (openai, anthropic) or
-    its response's (requests' and httpx's ``HTTPError``)."""
-    for holder in (exc, getattr(exc, "response", None)):
-        status = getattr(holder, "status_code", None)
+    """The HTTP status an exception carries: its own ``status_code`` (openai, anthropic), its
+    response's (requests' and httpx's ``HTTPError``), or botocore's ``ClientError`` response
+    metadata (``HTTPStatusCode``)."""
+    response = getattr(exc, "response", None)
+    for status in (
+        getattr(exc, "status_code", None),
+        getattr(response, "status_code", None),
+        _botocore_metadata(response).get("HTTPStatusCode"),
+    ):
         if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
             return status
     return None
+
+
+def _botocore_metadata(response: object) -> Mapping[str, Any]:
+    """botocore's ``ClientError.response["ResponseMetadata"]``, or nothing."""
+    metadata = response.get("ResponseMetadata") if isinstance(response, Mapping) else None
+    return metadata if isinstance(metadata, Mapping) else {}
 
 
 def wait_hint(exc: BaseException, now: float) -> float | None:
@@ -157,9 +169,10 @@ def wait_hint(exc: BaseException, now: float) -> float | None:
         return max(when.timestamp() - now, 0.0)
     if isinstance(hint, int | float) and not isinstance(hint, bool):
         return float(hint) if math.isfinite(hint) and hint >= 0 else None
-    headers = getattr(getattr(exc, "response", None), "headers", None)
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or _botocore_metadata(response).get("HTTPHeaders")
     try:
-        value = headers.get("Retry-After") if headers is not None else None
+        value = headers.get("Retry-After") or headers.get("retry-after") if headers else None
     except Exception:  # an object that only looks like headers
         return None
     return parse_retry_after(value, now) if isinstance(value, str) else None

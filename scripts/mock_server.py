@@ -42,6 +42,10 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
                                      429 with Retry-After: 1, and "500-once:KEY" a 500
+  An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
+    GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
+                                     "slowdown-once" gets, the first time, a 503 SlowDown
+                                     with Retry-After: 1, and "missing" a 404 NoSuchKey
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -298,6 +302,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b'{"cut": "')
             self.wfile.flush()
             self.close_connection = True
+        elif head == "/s3-mock":
+            self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
         elif head == "/set-cookie":
@@ -308,6 +314,20 @@ class Handler(BaseHTTPRequestHandler):
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _s3_object(self, key: str) -> None:
+        """An S3 object, or the errors S3 answers with (XML, as botocore reads them)."""
+
+        def error(status: int, code: str, headers: dict[str, str] | None = None) -> None:
+            xml = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{code}</Message>"
+            self._send(status, f"{xml}</Error>".encode(), "application/xml", headers)
+
+        if key.startswith("slowdown-once") and self.server.stats.times_seen(f"s3 {key}") == 1:
+            error(503, "SlowDown", {"Retry-After": "1"})
+        elif key.startswith("missing"):
+            error(404, "NoSuchKey")
+        else:
+            self._send(200, f"object {key}".encode(), "binary/octet-stream", {"ETag": '"e"'})
 
     def _chat_completion(self, body: bytes) -> None:
         """OpenAI's chat completion, with the faults its last message asks for."""

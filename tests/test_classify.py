@@ -183,6 +183,25 @@ def test_a_retry_after_date_on_a_response_counts_from_now() -> None:
     assert status_of(exc) == 503
 
 
+class ClientError(Exception):
+    """Shaped as botocore's: the answer as a dict, its status and headers in ResponseMetadata
+    (header names in lower case)."""
+
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
+        super().__init__("An error occurred (SlowDown)")
+        self.response = {
+            "Error": {"Code": "SlowDown"},
+            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers},
+        }
+
+
+def test_a_botocore_client_error_is_judged_by_its_response_metadata() -> None:
+    throttled = classify_raised(ClientError(503, {"retry-after": "3"}), None, NOW)
+    assert (throttled.outcome, throttled.status_code, throttled.retry_after) == ("retry", 503, 3.0)
+    denied = classify_raised(ClientError(403, {}), None, NOW)
+    assert (denied.outcome, denied.status_code) == ("terminal", 403)
+
+
 def test_retry_if_overrides_the_status_rules() -> None:
     assert classify_raised(SDKError(400), lambda exc: True, NOW).outcome == "retry"
     assert classify_raised(SDKError(503), lambda exc: False, NOW).outcome == "terminal"

@@ -4,6 +4,9 @@ and the shared cooldown held."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +18,7 @@ import requests
 
 from batchsync import Backoff, run_all
 
-from .mockserver import MockServerProcess, busiest_second
+from .mockserver import ROOT, MockServerProcess, busiest_second
 
 RATE = 20.0
 CONCURRENCY = 4
@@ -133,3 +136,55 @@ def test_a_status_error_the_budget_cannot_wait_for_ends_as_budget(
         1,
     )
     assert len(asked(server, items[0]["key"])) == 1
+
+
+@pytest.mark.integration
+def test_the_openai_example_runs_against_the_bundled_mock_api() -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sdk_openai.py")],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("20 items: 20 ok, 0 failed")
+    assert "cooldown" in done.stdout.splitlines()[0]  # the 429s held every worker
+
+
+@pytest.mark.integration
+def test_run_all_with_boto3_waits_out_a_slowdown_and_keeps_a_404_final(
+    server: MockServerProcess,
+) -> None:
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    key = uuid.uuid4().hex[:8]
+    keys = [f"slowdown-once-{key}-a", f"ok-{key}-b", f"missing-{key}-c"]
+    s3 = boto3.client(
+        "s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="mock",
+        aws_secret_access_key="mock",
+        config=Config(retries={"total_max_attempts": 1}, s3={"addressing_style": "path"}),
+    )  # fmt: skip
+    rs = run_all(
+        lambda k: s3.get_object(Bucket="s3-mock", Key=k)["Body"].read().decode(),
+        keys, backoff=NO_JITTER,
+    )  # fmt: skip
+    assert [(r.ok, r.data, r.status_code, r.attempts) for r in rs] == [
+        (True, f"object {keys[0]}", None, 2),
+        (True, f"object {keys[1]}", None, 1),
+        (False, None, 404, 1),
+    ]
+    first, second = server.log(keys[0])
+    assert first["status"] == 503 and second["t"] - first["end"] >= 0.95  # its Retry-After
+    assert len(server.log(keys[2])) == 1
+
+
+@pytest.mark.integration
+def test_the_boto3_example_runs_against_the_bundled_mock_bucket() -> None:
+    pytest.importorskip("boto3")
+    env = {k: v for k, v in os.environ.items() if k not in ("S3_ENDPOINT_URL", "BUCKET")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sdk_boto3.py")],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("13 items: 12 ok, 1 failed (status 1)")
