@@ -98,6 +98,19 @@ def test_the_readme_options_table_lists_every_option_with_its_default() -> None:
         assert table[name] == f"`{shown(default)}`", name
 
 
+def test_the_readme_says_which_options_run_all_and_call_take() -> None:
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### Options", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    marks = {
+        row[0].strip("| `"): row[3].strip(" |").split("·")
+        for row in (line.split(" | ") for line in table.splitlines()[2:])
+    }
+    run_all_takes = {name for name, mark in marks.items() if mark[0].strip()}
+    call_takes = {name for name, mark in marks.items() if len(mark) > 1 and mark[1].strip()}
+    assert run_all_takes == set(keyword_defaults(run_all)) & set(marks)
+    assert call_takes == set(keyword_defaults(batchsync.call)) & set(marks) - {"limits"}
+
+
 @pytest.mark.skipif(not DESIGN.exists(), reason="DESIGN.md lives beside the checkout")
 def test_design_md_gives_the_same_defaults() -> None:
     text = DESIGN.read_text()
