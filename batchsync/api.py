@@ -5,11 +5,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterable, Sized
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
 from .assembly import call
 from .backoff import Backoff
-from .batch import Batch, Item
+from .batch import Batch, CallBatch, Item
 from .calls import CallJob
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
@@ -26,6 +27,9 @@ def run_all(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
     *,
+    journal: str | Path | None = None,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
     progress: bool | None = None,
     concurrency: int = CALL_DEFAULT.concurrency,
     attempts: int = CALL_DEFAULT.attempts,
@@ -56,9 +60,19 @@ def run_all(
     a timeout or a connection error (or ``Retryable``). A wait it names (``exc.retry_after``,
     or its response's Retry-After) is a floor under the backoff and, for a 429 or 503, holds
     every call of its key (``per_key``; all calls without it) like an HTTP Retry-After.
+
+    With ``journal=``, each final Result is written to that SQLite file as it is made and a
+    later ``run_all`` over the same items runs only the rest (``CallBatch``): what ``fn``
+    returned is stored as JSON, through ``encode`` when given and read back through
+    ``decode``.
     """
     given = locals()
     options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
+    if journal is not None:
+        batch = CallBatch(
+            fn, items, options, journal=journal, progress=progress, encode=encode, decode=decode
+        )
+        return batch.run()
     started = time.monotonic()
     collector = _Collector()
     total = len(items) if isinstance(items, Sized) else None

@@ -131,14 +131,15 @@ def call(
     *,
     gates: Gates | None = None,
     progress: Observer | None = None,
+    journal: Journal | None = None,
 ) -> Ran:
-    """One run of calls (a callable per item, ``calls.CallJob``): the same gates, observers
-    and engine as an HTTP run."""
+    """One run of calls (a callable per item, ``calls.CallJob``): the same gates, observers,
+    journal and engine as an HTTP run."""
     gates = gates_for(options) if gates is None else gates
     return _run(
         options, job, items, deliver, gates=gates,
         observers=observers_for(options, gates, progress), secrets=options.secrets(),
-        journal=None, abort=None, on_start=lambda run: None,
+        journal=journal, abort=None, on_start=lambda run: None,
     )  # fmt: skip
 
 

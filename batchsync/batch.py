@@ -1,26 +1,31 @@
-"""``Batch``: a fetch that can be interrupted and continued, for notebooks and long scripts."""
+"""``Batch``: a fetch that can be interrupted and continued, for notebooks and long scripts;
+``CallBatch``, the same for calls."""
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import fetch, gates_for, open_journal
+from .assembly import Ran, call, fetch, gates_for, open_journal
 from .backoff import Backoff
+from .calls import CallJob
 from .hedge import HedgeAfter
-from .journal import locked, resumed
+from .journal import Journal, locked, resumed
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
-from .options import DEFAULT, Expect, FetchOptions, build
-from .progress import counter, wanted
+from .options import DEFAULT, CallOptions, Expect, FetchOptions, build
+from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
@@ -64,7 +69,104 @@ def encode_result(result: Result, item: object) -> tuple[str, str | None]:
     return dumps(public_record(result)), None
 
 
-class Batch:
+OptionsT = TypeVar("OptionsT", FetchOptions, CallOptions)
+
+
+class Resumable(Generic[OptionsT]):
+    """Items run in one or more ``run()`` calls, every final Result kept (and journaled).
+
+    A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
+    items, gives attempts in flight a short grace, keeps every finished Result in
+    ``results`` and raises; ``run()`` again runs only the rest. With ``journal=`` each final
+    Result is also written to that SQLite file as it is made, so a new batch over the same
+    items (after a crash, or in a new session) continues where the last one stopped.
+    """
+
+    items: list[Any]
+    options: OptionsT
+    journal: Path | None
+    elapsed: float
+
+    def _start(
+        self,
+        items: Iterable[Any],
+        options: OptionsT,
+        journal: str | Path | None,
+        progress: bool | None,
+    ) -> None:
+        self.items = list(items)
+        self.options = options
+        self._progress = progress
+        self._done: dict[int, Result] = {}
+        self.elapsed = 0.0
+        self._gates = gates_for(options)
+        self.journal = None if journal is None else Path(journal)
+        self._identity = {} if journal is None else identity_of(self.items)
+        if self.journal is not None:
+            _check_ids(self.items)
+            with locked(self.journal):
+                if self.journal.exists():
+                    self._load(self.journal)
+
+    def _load(self, path: Path) -> None:
+        with resumed(path, self._identity, "items", "give another journal, or delete it") as reader:
+            for index, record in reader.records():
+                self._done[index] = self._restore(json.loads(record))
+
+    def _restore(self, record: dict[str, Any]) -> Result:
+        """A journaled Result as this session would have made it: its data as given."""
+        raise NotImplementedError
+
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        """The journal's texts for a Result."""
+        raise NotImplementedError
+
+    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+        """Run the items without a final Result through the assembly."""
+        raise NotImplementedError
+
+    @property
+    def results(self) -> ResultSet:
+        """The finished Results in input order (all of them once ``pending`` is 0)."""
+        return ResultSet(
+            [self._done[i] for i in sorted(self._done)],
+            elapsed=self.elapsed,
+            waits=self._gates.waits.seconds,
+            circuits_opened=self._gates.circuits_opened,
+        )
+
+    def _summary(self) -> Summary:
+        return self.results.summary()
+
+    @property
+    def pending(self) -> int:
+        """How many items have no final Result yet."""
+        return len(self.items) - len(self._done)
+
+    def run(self) -> ResultSet:
+        """Run every item without a final Result; returns ``results``."""
+        todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
+        with contextlib.ExitStack() as held:
+            journal = None
+            if self.journal is not None:
+                held.enter_context(locked(self.journal))  # JournalInUse: another run has it
+                journal = open_journal(self.journal, self._stored, self._identity)
+                held.callback(journal.close)
+            started = time.monotonic()
+            try:
+                with counter(self.pending, wanted(self._progress)) as bar:
+                    self._execute(todo, bar, journal)
+            finally:
+                self.elapsed += time.monotonic() - started
+                log_summary(self._summary)
+        return self.results
+
+    def _keep(self, result: Result, item: object) -> None:
+        if result.final:
+            self._done[result.index] = result
+
+
+class Batch(Resumable[FetchOptions]):
     """Fetch ``items`` in one or more ``run()`` calls; every finished Result is kept.
 
     A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
@@ -115,29 +217,10 @@ class Batch:
         lease_ttl: float = DEFAULT.lease_ttl,
     ) -> None:
         given = locals()
-        self.items: list[Item] = list(items)
-        self._progress = progress
-        self.options = build(
-            FetchOptions, **{name: given[name] for name in FetchOptions.model_fields}
-        )
-        self._done: dict[int, Result] = {}
-        self.elapsed = 0.0
-        self._gates = gates_for(self.options)
-        self.journal = None if journal is None else Path(journal)
-        self._identity = {} if journal is None else identity_of(self.items)
-        if self.journal is not None:
-            _check_ids(self.items)
-            with locked(self.journal):
-                if self.journal.exists():
-                    self._load(self.journal)
+        options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})
+        self._start(items, options, journal, progress)
 
-    def _load(self, path: Path) -> None:
-        with resumed(path, self._identity, "items", "give another journal, or delete it") as reader:
-            for index, record in reader.records():
-                self._done[index] = self._restore(index, json.loads(record))
-
-    def _restore(self, index: int, record: dict[str, Any]) -> Result:
-        """A journaled Result as this session would have made it: its data as given."""
+    def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
         expect = self.options.expect
         data = result.data
@@ -145,45 +228,76 @@ class Batch:
             data = expect.model_validate(data)
         return replace(result, data=data)
 
-    @property
-    def results(self) -> ResultSet:
-        """The finished Results in input order (all of them once ``pending`` is 0)."""
-        return ResultSet(
-            [self._done[i] for i in sorted(self._done)],
-            elapsed=self.elapsed,
-            waits=self._gates.waits.seconds,
-            circuits_opened=self._gates.circuits_opened,
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        return encode_result(result, item)
+
+    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+        return fetch(
+            self.options, todo, self._keep, gates=self._gates, progress=bar, journal=journal
         )
 
-    def _summary(self) -> Summary:
-        return self.results.summary()
 
-    @property
-    def pending(self) -> int:
-        """How many items have no final Result yet."""
-        return len(self.items) - len(self._done)
+class CallBatch(Resumable[CallOptions]):
+    """``fn(item)`` for every item, resumable like a ``Batch`` (``run_all`` with a journal).
 
-    def run(self) -> ResultSet:
-        """Fetch every item without a final Result; returns ``results``."""
-        todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
-        with contextlib.ExitStack() as held:
-            journal = None
-            if self.journal is not None:
-                held.enter_context(locked(self.journal))  # JournalInUse: another run has it
-                journal = open_journal(self.journal, encode_result, self._identity)
-                held.callback(journal.close)
-            started = time.monotonic()
-            try:
-                with counter(self.pending, wanted(self._progress)) as bar:
-                    fetch(
-                        self.options, todo, self._keep, gates=self._gates, progress=bar,
-                        journal=journal,
-                    )  # fmt: skip
-            finally:
-                self.elapsed += time.monotonic() - started
-                log_summary(self._summary)
-        return self.results
+    What ``fn`` returned is journaled as JSON, through ``encode`` when given (and read back
+    through ``decode``); a value JSON cannot hold fails the run at its first Result
+    (``JournalFailed``), not at the end.
+    """
 
-    def _keep(self, result: Result, item: object) -> None:
-        if result.final:
-            self._done[result.index] = result
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        options: CallOptions,
+        *,
+        journal: str | Path | None,
+        progress: bool | None,
+        encode: Callable[[Any], Any] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if journal is not None and encode is None and not _json_type(_returned_type(fn)):
+            raise ValueError(
+                f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
+                "journal cannot store as JSON: give encode= (and decode=)"
+            )
+        self._fn = fn
+        self._encode = encode
+        self._decode = decode
+        self._start(items, options, journal, progress)
+
+    def _restore(self, record: dict[str, Any]) -> Result:
+        result = Result.from_dict(record)
+        if result.ok and self._decode is not None:
+            return replace(result, data=self._decode(result.data))
+        return result
+
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        if result.ok and self._encode is not None:
+            result = replace(result, data=self._encode(result.data))
+        return encode_result(result, item)
+
+    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+        job = CallJob(self._fn, self.options, self.options.secrets())
+        return call(
+            self.options, job, todo, self._keep, gates=self._gates, progress=bar, journal=journal
+        )
+
+
+def _returned_type(fn: Callable[..., Any]) -> object:
+    """What ``fn`` says it returns (Any when it does not say, or says it unreadably)."""
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except Exception:  # a hint naming what cannot be imported here, or no hints at all
+        return Any
+
+
+def _json_type(hint: object) -> bool:
+    """Whether values of ``hint`` can be stored as JSON (Any and unions of such: maybe)."""
+    if hint is Any or hint is None or hint in (str, int, float, bool, type(None)):
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (list, dict, tuple, typing.Union, types.UnionType, collections.abc.Mapping,
+                  collections.abc.Sequence):  # fmt: skip
+        return all(_json_type(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
+    return origin is typing.Literal or hint in (list, dict, tuple)

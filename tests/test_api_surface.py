@@ -64,7 +64,9 @@ def test_help_shows_every_option_with_its_default() -> None:
 
 def test_run_all_takes_every_call_option_typed_with_the_models_default() -> None:
     calls = {name: field.default for name, field in CallOptions.model_fields.items()}
-    assert keyword_defaults(run_all) == calls | {"progress": None}
+    assert keyword_defaults(run_all) == calls | dict.fromkeys(
+        ("progress", "journal", "encode", "decode")
+    )
     assert calls["concurrency"] == 4  # DESIGN.md: run_all(fn, items, concurrency=4, ...)
     parameters = inspect.signature(run_all).parameters.values()
     assert all(p.annotation is not inspect.Parameter.empty for p in parameters)

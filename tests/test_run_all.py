@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import _thread
 import asyncio
+import dataclasses
+import itertools
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from batchsync import Backoff, Retryable, run_all
+from batchsync import Backoff, JournalFailed, Result, Retryable, run_all
 
 FAST = Backoff(base=0.01, jitter=0.0)
 
@@ -139,3 +144,74 @@ def test_urls_and_errors_are_masked_by_shape() -> None:
     (result,) = run_all(call, ["http://user:pw@h.test/x?api_key=K3Y"], attempts=1)
     assert result.url == "http://***@h.test/x?api_key=***"
     assert result.error == "ValueError: 500 Server Error for url: http://***@h.test/x?api_key=***"
+
+
+@dataclasses.dataclass(frozen=True)
+class Quote:
+    sku: str
+    price: float
+
+
+def test_a_journaled_run_all_continues_where_it_stopped(tmp_path: Path) -> None:
+    called: list[int] = []
+    lock = threading.Lock()
+
+    def price(n: int) -> dict[str, int]:
+        with lock:
+            called.append(n)
+        time.sleep(0.02)
+        return {"n": n, "price": n * 10}
+
+    journal = tmp_path / "prices.sqlite3"
+    stop_after = itertools.count(1)
+
+    def interrupt(result: Result) -> None:
+        if next(stop_after) == 5:
+            _thread.interrupt_main()
+
+    with pytest.raises(KeyboardInterrupt):
+        run_all(price, range(40), concurrency=2, journal=journal, on_result=interrupt)
+    first = sorted(called)
+    assert 5 <= len(first) < 40
+    called.clear()
+    rs = run_all(price, range(40), concurrency=2, journal=journal)
+    assert [r.data for r in rs] == [{"n": n, "price": n * 10} for n in range(40)]
+    assert sorted(called + first) == list(range(40))  # nothing called twice
+    with pytest.raises(ValueError, match="made for other items"):
+        run_all(price, range(41), journal=journal)
+
+
+def test_encode_and_decode_store_what_json_cannot_hold(tmp_path: Path) -> None:
+    journal = tmp_path / "quotes.sqlite3"
+    skus = ["a1", "b2", "c3"]
+    options: dict[str, Any] = {
+        "journal": journal, "encode": dataclasses.asdict, "decode": lambda d: Quote(**d)
+    }  # fmt: skip
+    rs = run_all(lambda sku: Quote(sku, 9.5), skus, **options)
+    assert [r.data for r in rs] == [Quote(sku, 9.5) for sku in skus]
+    again = run_all(lambda sku: pytest.fail("already journaled"), skus, **options)
+    assert [r.data for r in again] == [Quote(sku, 9.5) for sku in skus]
+
+
+def test_a_function_that_says_it_returns_what_json_cannot_hold_is_refused_up_front(
+    tmp_path: Path,
+) -> None:
+    def quote(sku: str) -> Quote:
+        return pytest.fail("called")
+
+    with pytest.raises(ValueError, match=r"returns .*Quote.*give encode="):
+        run_all(quote, ["a1"], journal=tmp_path / "j.sqlite3")
+    assert not (tmp_path / "j.sqlite3").exists()
+
+
+def test_a_value_json_cannot_hold_fails_the_run_at_its_first_results(tmp_path: Path) -> None:
+    called = itertools.count()
+
+    def make(n):  # type: ignore[no-untyped-def]  # (says nothing of what it returns)
+        next(called)
+        time.sleep(0.01)
+        return Quote("x", n)
+
+    with pytest.raises(JournalFailed):
+        run_all(make, range(500), concurrency=2, journal=tmp_path / "objects.sqlite3")
+    assert next(called) < 50  # stopped at the first Results, not after all 500
