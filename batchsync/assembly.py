@@ -131,14 +131,16 @@ def call(
     *,
     gates: Gates | None = None,
     progress: Observer | None = None,
+    observed: bool = True,
     journal: Journal | None = None,
 ) -> Ran:
     """One run of calls (a callable per item, ``calls.CallJob``): the same gates, observers,
-    journal and engine as an HTTP run."""
+    journal and engine as an HTTP run (``observed`` as for ``fetch``)."""
     gates = gates_for(options) if gates is None else gates
     return _run(
         options, job, items, deliver, gates=gates,
-        observers=observers_for(options, gates, progress), secrets=options.secrets(),
+        observers=observers_for(options, gates, progress) if observed else [],
+        secrets=options.secrets(),
         journal=journal, abort=None, on_start=lambda run: None,
     )  # fmt: skip
 

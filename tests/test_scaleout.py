@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
-from batchsync import fetch_all
+from batchsync import Backoff, fetch_all
 
 from .mockserver import MockServerProcess, busiest_second, in_flight_peak
 from .services import redis_server
@@ -180,6 +181,30 @@ def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: A
     assert [r.url for r in rs] == urls
     assert [r.index for r in rs] == list(range(5000))
     assert all(r.ok for r in rs)
+
+
+def test_run_all_on_a_cluster_calls_each_item_once_with_its_limits(
+    server: MockServerProcess, cluster: Any, tmp_path: Path
+) -> None:
+    """The callable is pickled to the workers; retries and the journal work as at home."""
+    from batchsync.contrib.dask import run_on_cluster
+
+    marker = uuid.uuid4().hex[:8]
+    base = server.url  # (what the function closes over is pickled to the workers)
+
+    def get(n: int) -> Any:
+        response = requests.get(f"{base}/503-then-ok/{marker}-{n % 3}/{n}?after=1", timeout=5)
+        response.raise_for_status()
+        return response.json()["ok"]
+
+    journal = tmp_path / "calls.sqlite3"
+    rs = run_on_cluster(get, range(60), cluster, partition_size=10, journal=journal,
+                        backoff=Backoff(base=0.01, jitter=0.0))  # fmt: skip
+    assert [(r.index, r.ok, r.data) for r in rs] == [(n, True, True) for n in range(60)]
+    assert sum(r.attempts for r in rs) == 63  # each family's first request was a 503, retried
+    again = run_on_cluster(get, range(60), cluster, partition_size=10, journal=journal)
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in rs]
+    assert len(server.log(marker)) == 63  # the journal answered the second run
 
 
 def test_the_cli_runs_on_a_dask_cluster_with_a_journal(

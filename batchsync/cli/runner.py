@@ -7,6 +7,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -210,9 +211,10 @@ def _run_on_cluster(
     on_start: Callable[[Stoppable], None],
 ) -> Ran:
     """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from ..contrib.dask import Distributor, partitions, worker_settings
+    from ..contrib.dask import Distributor, partitions, run_partition, worker_settings
 
-    distributor = Distributor(client, worker_settings(options), wrap=EntryJob)
+    task = partial(run_partition, settings=worker_settings(options), wrap=EntryJob)
+    distributor = Distributor(client, task)
     on_start(distributor)
     for partition, results in distributor.run(partitions(pending, partition_size)):
         entries = dict(partition)

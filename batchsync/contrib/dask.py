@@ -13,16 +13,18 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..assembly import fetch, open_journal
+from ..assembly import call, fetch, open_journal
 from ..batch import Item, encode_result, identity_of
+from ..calls import CallJob
 from ..engine import Job
 from ..fetch import HttpJob
 from ..journal import resumed
-from ..options import FetchOptions, build
+from ..options import CallOptions, FetchOptions, FlowOptions, build
 from ..result import Result, ResultSet
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
@@ -36,21 +38,37 @@ Partition = list[tuple[int, Any]]
 _OUTSTANDING_PER_WORKER = 2
 
 
+# What runs one partition on a worker (sent there pickled): its Results, batch indexes kept.
+Task = Callable[[Partition], list[Result]]
+
+
 def run_partition(
-    partition: Partition, settings: dict[str, Any], wrap: Wrap | None
+    partition: Partition, settings: dict[str, Any], wrap: Wrap | None = None
 ) -> list[Result]:
-    """Run on a worker: the engine over one partition; the Results keep their batch indexes.
+    """Run on a worker: the engine over one partition of HTTP items.
 
     ``wrap`` (sent by reference) turns the HTTP job into the one the items need: the command
-    line's, whose items are input entries.
+    line's, whose items are input entries. The client observes the run (metrics, traces).
     """
     options = build(FetchOptions, **settings)
     collected: dict[int, Result] = {}
-    fetch(
-        options, partition, lambda result, item: collected.__setitem__(result.index, result),
-        observed=False, wrap=wrap,
-    )  # fmt: skip
+    fetch(options, partition, _collector(collected), observed=False, wrap=wrap)
     return [collected[index] for index in sorted(collected)]
+
+
+def run_call_partition(
+    partition: Partition, fn: Callable[[Any], Any], settings: dict[str, Any]
+) -> list[Result]:
+    """Run on a worker: the engine over one partition of calls of ``fn``."""
+    options = build(CallOptions, **settings)
+    collected: dict[int, Result] = {}
+    job = CallJob(fn, options, options.secrets())
+    call(options, job, partition, _collector(collected), observed=False)
+    return [collected[index] for index in sorted(collected)]
+
+
+def _collector(collected: dict[int, Result]) -> Callable[[Result, object], None]:
+    return lambda result, item: collected.__setitem__(result.index, result)
 
 
 def connect(address: str) -> Any:
@@ -65,7 +83,7 @@ def connect(address: str) -> Any:
         raise ValueError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
 
 
-def worker_settings(options: FetchOptions) -> dict[str, Any]:
+def worker_settings(options: FlowOptions) -> dict[str, Any]:
     """The options a worker needs, in a form that travels: shared limits by their URL; the
     session, hooks, metrics registry and tracer stay on the client."""
     settings = options.model_dump(
@@ -90,10 +108,9 @@ class Distributor:
     Results as it finishes. ``stop()`` ends it early: nothing more is submitted, what is
     outstanding is cancelled."""
 
-    def __init__(self, client: Any, settings: dict[str, Any], wrap: Wrap | None = None) -> None:
+    def __init__(self, client: Any, task: Task) -> None:
         self._client = client
-        self._settings = {name: value for name, value in settings.items() if name != "progress"}
-        self._wrap = wrap
+        self._task = task
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -115,9 +132,7 @@ class Distributor:
         def submit_next() -> None:
             partition = next(source, None)
             if partition is not None and not self._stop.is_set():
-                future = self._client.submit(
-                    run_partition, partition, self._settings, self._wrap, pure=False
-                )
+                future = self._client.submit(self._task, partition, pure=False)
                 submitted[future] = partition
                 finished.add(future)
 
@@ -146,13 +161,38 @@ def fetch_on_cluster(
     """``batchsync.fetch_all`` on a Dask cluster: one Result per item, in input order.
 
     ``client`` is a ``distributed.Client``; ``options`` are those of ``fetch_all`` (give
-    ``limits="redis://..."`` so that all workers share one quota). With ``journal=``, each
+    ``limits="redis://..."`` so that all workers share one quota) but the session, hooks,
+    metrics and tracer, which stay with the client. With ``journal=``, each
     finished partition is recorded, and a new call over the same items after a client
     restart runs only the items whose partitions had not finished.
     """
-    listed = list(items)
-    settings = dict(options)
-    build(FetchOptions, **{k: v for k, v in settings.items() if k != "progress"})
+    options.pop("progress", None)  # (the client's to show)
+    settings = worker_settings(build(FetchOptions, **options))
+    task = partial(run_partition, settings=settings)
+    return _on_cluster(task, list(items), client, partition_size, journal)
+
+
+def run_on_cluster(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    client: Any,
+    *,
+    partition_size: int = 1000,
+    journal: str | Path | None = None,
+    **options: Any,
+) -> ResultSet:
+    """``batchsync.run_all`` on a Dask cluster: ``fn`` (pickled to the workers) called for
+    every item, one Result per item, in input order; ``options`` and ``journal`` as for
+    ``fetch_on_cluster`` (what ``fn`` returns must be JSON to be journaled)."""
+    options.pop("progress", None)
+    settings = worker_settings(build(CallOptions, **options))
+    task = partial(run_call_partition, fn=fn, settings=settings)
+    return _on_cluster(task, list(items), client, partition_size, journal)
+
+
+def _on_cluster(
+    task: Task, listed: list[Any], client: Any, partition_size: int, journal: str | Path | None
+) -> ResultSet:
     if partition_size < 1:
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
     done = _finished(Path(journal), listed) if journal is not None else {}
@@ -164,7 +204,7 @@ def fetch_on_cluster(
     )
     started = time.monotonic()
     try:
-        for _, results in Distributor(client, settings).run(todo):
+        for _, results in Distributor(client, task).run(todo):
             for result in results:
                 done[result.index] = result
                 if store is not None:
