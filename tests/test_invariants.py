@@ -84,13 +84,20 @@ def input_lines(draw: st.DrawFn, base: str) -> list[str]:
 
 
 def run_cli(args: list[str], folder: Path, signal_after: float | None) -> tuple[int, str]:
-    """The CLI in a forked child; its exit status and stderr."""
+    """The CLI in a forked child; its exit status and stderr.
+
+    SIGINT is blocked across the fork, until the child has its handler: one that landed
+    inside CPython's own after-fork work (resetting the threading module's locks) could leave
+    that half done and the child hung, a hazard of forking a test process, not of the CLI.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code, entered = 98, False
         try:
             # As batchsync's main() does first: a signal now stops the run as it starts.
             signal.signal(signal.SIGINT, lambda signum, frame: signals.signalled_early.set())
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             os.chdir(folder)
             out = os.open("stderr.txt", os.O_WRONLY | os.O_CREAT, 0o600)
             os.dup2(out, 1)
@@ -105,6 +112,7 @@ def run_cli(args: list[str], folder: Path, signal_after: float | None) -> tuple[
             code = 99
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if signal_after is not None:
         time.sleep(signal_after)
         os.kill(pid, signal.SIGINT)
