@@ -4,7 +4,7 @@ import logging
 
 from .api import fetch_all, run_all
 from .backoff import Backoff
-from .batch import Batch
+from .batch import Batch, CallBatch
 from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 from .limits import Breaker
 from .once import Limits, call, resilient
@@ -19,6 +19,7 @@ __all__ = [
     "Backoff",
     "Batch",
     "Breaker",
+    "CallBatch",
     "ErrorKind",
     "JournalFailed",
     "JournalInUse",

@@ -24,7 +24,7 @@ from .hedge import HedgeAfter
 from .journal import Journal, locked, resumed
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
-from .options import DEFAULT, CallOptions, Expect, FetchOptions, build
+from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary
@@ -238,10 +238,13 @@ class Batch(Resumable[FetchOptions]):
 
 
 class CallBatch(Resumable[CallOptions]):
-    """``fn(item)`` for every item, resumable like a ``Batch`` (``run_all`` with a journal).
+    """Call ``fn(item)`` for ``items`` in one or more ``run()`` calls, as ``Batch`` fetches:
+    every finished Result kept, an interrupt keeping what finished, ``journal=`` to continue
+    in a new session. ``run_all(fn, items, **options)`` is ``CallBatch(...).run()``.
 
     What ``fn`` returned is journaled as JSON, through ``encode`` when given (and read back
-    through ``decode``); a value JSON cannot hold fails the run at its first Result
+    through ``decode``); a function that says it returns what JSON cannot hold is refused
+    before anything runs, and a value JSON cannot hold fails the run at its first Result
     (``JournalFailed``), not at the end.
     """
 
@@ -249,13 +252,33 @@ class CallBatch(Resumable[CallOptions]):
         self,
         fn: Callable[[Any], Any],
         items: Iterable[Any],
-        options: CallOptions,
         *,
-        journal: str | Path | None,
-        progress: bool | None,
+        journal: str | Path | None = None,
         encode: Callable[[Any], Any] | None = None,
         decode: Callable[[Any], Any] | None = None,
+        progress: bool | None = None,
+        concurrency: int = CALL_DEFAULT.concurrency,
+        attempts: int = CALL_DEFAULT.attempts,
+        budget: float = CALL_DEFAULT.budget,
+        deadline: float | None = CALL_DEFAULT.deadline,
+        retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
+        backoff: Backoff = CALL_DEFAULT.backoff,
+        rate: float | None = CALL_DEFAULT.rate,
+        per_key: Callable[[Any], str] | None = CALL_DEFAULT.per_key,
+        cooldown: CooldownScope = CALL_DEFAULT.cooldown,
+        breaker: Breaker | None = CALL_DEFAULT.breaker,
+        adaptive: bool = CALL_DEFAULT.adaptive,
+        fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = CALL_DEFAULT.fallbacks,
+        on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
+        on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
+        metrics: Any = CALL_DEFAULT.metrics,
+        tracer: Any = CALL_DEFAULT.tracer,
+        limits: Any = CALL_DEFAULT.limits,
+        namespace: str = CALL_DEFAULT.namespace,
+        lease_ttl: float = CALL_DEFAULT.lease_ttl,
     ) -> None:
+        given = locals()
+        options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
         if journal is not None and encode is None and not _json_type(_returned_type(fn)):
             raise ValueError(
                 f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "

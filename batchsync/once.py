@@ -15,12 +15,11 @@ from .assembly import call_once, gates_for
 from .backoff import Backoff
 from .calls import CallJob
 from .limits import Breaker, CooldownScope, Gates
-from .options import CallOptions, FlowOptions, build
+from .options import CALL_DEFAULT, CallOptions, FlowOptions, build
 from .result import AttemptRecord, Result
 
 P = ParamSpec("P")
 T = TypeVar("T")
-_DEFAULT = CallOptions()
 
 
 class Limits:
@@ -31,13 +30,13 @@ class Limits:
     def __init__(
         self,
         *,
-        rate: float | None = _DEFAULT.rate,
-        breaker: Breaker | None = _DEFAULT.breaker,
-        cooldown: CooldownScope = _DEFAULT.cooldown,
-        concurrency: int = _DEFAULT.concurrency,
-        limits: Any = _DEFAULT.limits,
-        namespace: str = _DEFAULT.namespace,
-        lease_ttl: float = _DEFAULT.lease_ttl,
+        rate: float | None = CALL_DEFAULT.rate,
+        breaker: Breaker | None = CALL_DEFAULT.breaker,
+        cooldown: CooldownScope = CALL_DEFAULT.cooldown,
+        concurrency: int = CALL_DEFAULT.concurrency,
+        limits: Any = CALL_DEFAULT.limits,
+        namespace: str = CALL_DEFAULT.namespace,
+        lease_ttl: float = CALL_DEFAULT.lease_ttl,
     ) -> None:
         given = locals()
         options = build(FlowOptions, **{name: given[name] for name in given if name != "self"})
@@ -48,16 +47,16 @@ def call(
     fn: Callable[..., T],
     /,
     *args: Any,
-    attempts: int = _DEFAULT.attempts,
-    budget: float = _DEFAULT.budget,
-    backoff: Backoff = _DEFAULT.backoff,
-    retry_if: Callable[[BaseException], bool] | None = _DEFAULT.retry_if,
+    attempts: int = CALL_DEFAULT.attempts,
+    budget: float = CALL_DEFAULT.budget,
+    backoff: Backoff = CALL_DEFAULT.backoff,
+    retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
     fallbacks: tuple[Callable[..., T], ...] | list[Callable[..., T]] = (),
     idempotency_key: str | None = None,
     key: str | None = None,
     limits: Limits | None = None,
-    on_attempt: Callable[[Any, AttemptRecord], None] | None = _DEFAULT.on_attempt,
-    on_result: Callable[[Result], None] | None = _DEFAULT.on_result,
+    on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
+    on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
     **kwargs: Any,
 ) -> Result:
     """``fn(*args, **kwargs)`` with retries, as one item of ``run_all``: never raises what
@@ -80,15 +79,15 @@ def call(
 
 def resilient(
     *,
-    attempts: int = _DEFAULT.attempts,
-    budget: float = _DEFAULT.budget,
-    backoff: Backoff = _DEFAULT.backoff,
-    retry_if: Callable[[BaseException], bool] | None = _DEFAULT.retry_if,
+    attempts: int = CALL_DEFAULT.attempts,
+    budget: float = CALL_DEFAULT.budget,
+    backoff: Backoff = CALL_DEFAULT.backoff,
+    retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
     fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]] = (),
     key: str | None = None,
-    rate: float | None = _DEFAULT.rate,
-    breaker: Breaker | None = _DEFAULT.breaker,
-    cooldown: CooldownScope = _DEFAULT.cooldown,
+    rate: float | None = CALL_DEFAULT.rate,
+    breaker: Breaker | None = CALL_DEFAULT.breaker,
+    cooldown: CooldownScope = CALL_DEFAULT.cooldown,
     limits: Limits | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, Result]]:
     """A decorator: the function, called, returns the Result of ``call`` instead of raising.

@@ -145,8 +145,9 @@ def _redis_password(limits: object) -> list[str]:
     return [password] if password else []
 
 
-# The options' defaults, for the library's and the CLI's signatures (FetchOptions holds them).
+# The options' defaults, for the library's and the CLI's signatures (the models hold them).
 DEFAULT = FetchOptions()
+CALL_DEFAULT = CallOptions()
 
 OptionsT = TypeVar("OptionsT", bound=EngineOptions)
 

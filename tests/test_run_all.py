@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batchsync import Backoff, JournalFailed, Result, Retryable, run_all
+from batchsync import Backoff, CallBatch, JournalFailed, Result, Retryable, run_all
 
 FAST = Backoff(base=0.01, jitter=0.0)
 
@@ -215,3 +215,27 @@ def test_a_value_json_cannot_hold_fails_the_run_at_its_first_results(tmp_path: P
     with pytest.raises(JournalFailed):
         run_all(make, range(500), concurrency=2, journal=tmp_path / "objects.sqlite3")
     assert next(called) < 50  # stopped at the first Results, not after all 500
+
+
+def test_a_call_batch_keeps_what_finished_on_interrupt_and_runs_the_rest() -> None:
+    """The notebook form: interrupted, ``run()`` again calls only what had not finished."""
+    called = itertools.count()
+    finished = itertools.count(1)
+
+    def slow_square(n: int) -> int:
+        next(called)
+        time.sleep(0.02)
+        return n * n
+
+    def interrupt(result: Result) -> None:
+        if next(finished) == 6:
+            _thread.interrupt_main()
+
+    batch = CallBatch(slow_square, range(30), concurrency=2, on_result=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        batch.run()
+    kept = len(batch.results)
+    assert 6 <= kept < 30 and batch.pending == 30 - kept
+    rs = batch.run()
+    assert [r.data for r in rs] == [n * n for n in range(30)]
+    assert next(called) == 30  # every item called once
