@@ -10,8 +10,9 @@ import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from .calls import CallJob
 from .engine import Deliver, Engine, EngineSettings, Job
 from .fetch import HttpJob
 from .guard import Guard
@@ -125,7 +126,7 @@ def fetch(
 
 def call(
     options: CallOptions,
-    job: Job,
+    fn: Callable[[Any], Any],
     items: Iterable[tuple[int, object]],
     deliver: Deliver,
     *,
@@ -134,23 +135,32 @@ def call(
     observed: bool = True,
     journal: Journal | None = None,
 ) -> Ran:
-    """One run of calls (a callable per item, ``calls.CallJob``): the same gates, observers,
-    journal and engine as an HTTP run (``observed`` as for ``fetch``)."""
+    """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
+    engine as an HTTP run (``observed`` as for ``fetch``)."""
     gates = gates_for(options) if gates is None else gates
-    return _run(
-        options, job, items, deliver, gates=gates,
-        observers=observers_for(options, gates, progress) if observed else [],
-        secrets=options.secrets(),
-        journal=journal, abort=None, on_start=lambda run: None,
-    )  # fmt: skip
+    job = CallJob(fn, options, options.secrets(), gates)
+    try:
+        return _run(
+            options, job, items, deliver, gates=gates,
+            observers=observers_for(options, gates, progress) if observed else [],
+            secrets=options.secrets(), journal=journal, abort=None,
+            on_start=lambda run: None,
+        )  # fmt: skip
+    finally:
+        job.close()
 
 
-def call_once(options: CallOptions, job: Job, item: object, *, gates: Gates | None) -> Result:
-    """One call carried to its Result in the calling thread, through ``gates`` shared with
-    other calls (none: no limits)."""
-    engine = Engine(options, gates=gates)
-    with watching(options.secrets()):
-        return engine.run_one(job, item)
+def call_once(
+    options: CallOptions, fn: Callable[[Any], Any], item: object, *, gates: Gates | None
+) -> Result:
+    """One call of ``fn`` carried to its Result in the calling thread, through ``gates``
+    shared with other calls (none: no limits)."""
+    job = CallJob(fn, options, options.secrets(), gates)
+    try:
+        with watching(options.secrets()):
+            return Engine(options, gates=gates).run_one(job, item)
+    finally:
+        job.close()
 
 
 def _run(

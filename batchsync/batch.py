@@ -19,7 +19,6 @@ from pydantic import BaseModel
 
 from .assembly import Ran, call, fetch, gates_for, open_journal
 from .backoff import Backoff
-from .calls import CallJob
 from .hedge import HedgeAfter
 from .journal import Journal, locked, resumed
 from .limits import Breaker, CooldownScope
@@ -269,6 +268,7 @@ class CallBatch(Resumable[CallOptions]):
         breaker: Breaker | None = CALL_DEFAULT.breaker,
         adaptive: bool = CALL_DEFAULT.adaptive,
         fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = CALL_DEFAULT.fallbacks,
+        hedge_after: HedgeAfter | None = CALL_DEFAULT.hedge_after,
         on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
         on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
         metrics: Any = CALL_DEFAULT.metrics,
@@ -301,10 +301,10 @@ class CallBatch(Resumable[CallOptions]):
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
-        job = CallJob(self._fn, self.options, self.options.secrets())
         return call(
-            self.options, job, todo, self._keep, gates=self._gates, progress=bar, journal=journal
-        )
+            self.options, self._fn, todo, self._keep, gates=self._gates, progress=bar,
+            journal=journal,
+        )  # fmt: skip
 
 
 def _returned_type(fn: Callable[..., Any]) -> object:

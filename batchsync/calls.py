@@ -10,6 +10,8 @@ from typing import Any
 
 from .classify import classify_raised, describe, host_feedback
 from .engine import Route, Task
+from .hedge import HedgeDelay, Hedger
+from .limits import GLOBAL, Gates
 from .options import CallOptions
 from .redact import Secrets
 from .result import Result
@@ -32,12 +34,23 @@ class CallJob:
         fn: Callable[[Any], Any],
         options: CallOptions,
         secrets: Secrets,
+        gates: Gates | None = None,
         unix_time: Callable[[], float] = time.time,
     ) -> None:
         self._fn = fn
         self._options = options
         self._secrets = secrets
         self._unix_time = unix_time
+        self._hedger: Hedger | None = None
+        if options.hedge_after is not None:
+            workers = 2 * options.concurrency
+            self._hedger = Hedger(HedgeDelay(options.hedge_after), workers=workers, gates=gates)
+
+    def close(self) -> None:
+        """End the hedging threads; a call that lost its race is not waited for (it cannot
+        be cut short: it ends on its own, its answer dropped)."""
+        if self._hedger is not None:
+            self._hedger.close(wait=False)
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item)
@@ -58,9 +71,18 @@ class CallJob:
             Route(partial(self._fall_back, fallback, item), gated=False, max_attempts=1)
             for fallback in self._options.fallbacks
         )
-        return Task(url, item_id, Route(partial(self._call, item), key), fallbacks, subject=item)
+        route = Route(partial(self._call, item, key or GLOBAL), key)
+        return Task(url, item_id, route, fallbacks, subject=item)
 
-    def _call(self, item: object, ends_at: float | None, so_far: Result | None) -> Verdict:
+    def _call(
+        self, item: object, key: str, ends_at: float | None, so_far: Result | None
+    ) -> Verdict:
+        if self._hedger is None:
+            return self._call_once(item)
+        # (the loser of a race is not told: a call cannot be cut short)
+        return self._hedger.run(lambda lost: self._call_once(item), key)
+
+    def _call_once(self, item: object) -> Verdict:
         try:
             return success(self._fn(item))
         except Exception as exc:  # the caller's errors become Results, never crashes

@@ -76,8 +76,8 @@ class Hedger:
         self._gates = gates
         self._clock = clock
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def run(self, exchange: Exchange, host: str) -> Verdict:
         delay = self._delay.current()

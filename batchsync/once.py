@@ -13,7 +13,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from .assembly import call_once, gates_for
 from .backoff import Backoff
-from .calls import CallJob
 from .limits import Breaker, CooldownScope, Gates
 from .options import CALL_DEFAULT, CallOptions, FlowOptions, build
 from .result import AttemptRecord, Result
@@ -129,8 +128,8 @@ def _call(
     options: CallOptions,
     limits: Limits | None,
 ) -> Result:
-    job = CallJob(_unpacking(fn), options, options.secrets())
-    return call_once(options, job, (args, kwargs), gates=None if limits is None else limits.gates)
+    gates = None if limits is None else limits.gates
+    return call_once(options, _unpacking(fn), (args, kwargs), gates=gates)
 
 
 def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -40,6 +40,9 @@ class FlowOptions(EngineOptions):
     """What every batch, HTTP or not, adds: the limits its attempts pass and who watches."""
 
     rate: float | None = Field(default=None, gt=0)
+    # Seconds (or "p95") after which a slow attempt gets a second, racing one (HTTP: GETs
+    # only; calls: only what may safely run twice).
+    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
     cooldown: CooldownScope = "host"
     breaker: Breaker | None = Breaker()
     adaptive: bool = False
@@ -80,7 +83,6 @@ class FetchOptions(FlowOptions):
     per_host: int | None = Field(default=None, ge=1)
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
     dedup: bool = False
-    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
     deny_private: bool = False
     expect: Expect = "json"
     headers: dict[str, str] | None = None

@@ -239,3 +239,26 @@ def test_a_call_batch_keeps_what_finished_on_interrupt_and_runs_the_rest() -> No
     rs = batch.run()
     assert [r.data for r in rs] == [n * n for n in range(30)]
     assert next(called) == 30  # every item called once
+
+
+def test_a_slow_call_is_hedged_and_the_first_answer_wins() -> None:
+    """Item 0's first call hangs; after hedge_after a second one starts and answers."""
+    started: list[int] = []
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def lookup(n: int) -> str:
+        with lock:
+            started.append(n)
+            first_of_zero = n == 0 and started.count(0) == 1
+        if first_of_zero:
+            release.wait(10)  # the slow one
+            return "slow"
+        return f"fast {n}"
+
+    begun = time.monotonic()
+    rs = run_all(lookup, range(3), hedge_after=0.2, breaker=None)
+    release.set()
+    assert [r.data for r in rs] == ["fast 0", "fast 1", "fast 2"]
+    assert time.monotonic() - begun < 5  # the hung call was not waited for
+    assert started.count(0) == 2 and rs[0].attempts == 2  # two calls, one attempt hedged

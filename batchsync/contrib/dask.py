@@ -20,7 +20,6 @@ from typing import Any
 
 from ..assembly import call, fetch, open_journal
 from ..batch import Item, encode_result, identity_of
-from ..calls import CallJob
 from ..engine import Job
 from ..fetch import HttpJob
 from ..journal import resumed
@@ -62,8 +61,7 @@ def run_call_partition(
     """Run on a worker: the engine over one partition of calls of ``fn``."""
     options = build(CallOptions, **settings)
     collected: dict[int, Result] = {}
-    job = CallJob(fn, options, options.secrets())
-    call(options, job, partition, _collector(collected), observed=False)
+    call(options, fn, partition, _collector(collected), observed=False)
     return [collected[index] for index in sorted(collected)]
 
 
