@@ -151,13 +151,18 @@ def call(
 
 
 def call_once(
-    options: CallOptions, fn: Callable[[Any], Any], item: object, *, gates: Gates | None
+    options: CallOptions,
+    fn: Callable[[Any], Any],
+    item: object,
+    *,
+    gates: Gates | None,
+    secrets: Secrets,
 ) -> Result:
     """One call of ``fn`` carried to its Result in the calling thread, through ``gates``
-    shared with other calls (none: no limits)."""
-    job = CallJob(fn, options, options.secrets(), gates)
+    shared with other calls (none: no limits), masking ``secrets``."""
+    job = CallJob(fn, options, secrets, gates)
     try:
-        with watching(options.secrets()):
+        with watching(secrets):
             return Engine(options, gates=gates).run_one(job, item)
     finally:
         job.close()

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import hashlib
+import inspect
 import json
 import time
-import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -20,7 +19,7 @@ from pydantic import BaseModel
 from .assembly import Ran, call, fetch, gates_for, open_journal
 from .backoff import Backoff
 from .hedge import HedgeAfter
-from .journal import Journal, locked, resumed
+from .journal import Journal, JournalUnusable, locked, resumed
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
 from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
@@ -33,13 +32,24 @@ from .transport import Cert, SessionSource, Verify
 Item = str | Mapping[str, Any] | RequestSpec
 
 
-def identity_of(items: Iterable[Item]) -> dict[str, str]:
-    """The identity a journal records for a list of items: their count and a SHA-256."""
+def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]:
+    """The identity a journal records for a list of items: their count and a SHA-256.
+
+    ``strict``: every item must be JSON (ValueError naming the first that is not), as the
+    items of calls must, whose ``repr`` may change from one process to the next.
+    """
     digest = hashlib.sha256()
     count = 0
     for item in items:
         value = item.to_item() if isinstance(item, RequestSpec) else item
-        digest.update(json.dumps(value, sort_keys=True, default=repr).encode())
+        try:
+            text = json.dumps(value, sort_keys=True, default=None if strict else repr)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"item {count} cannot be journaled: a journal knows items by their JSON, and "
+                f"{type(value).__name__} has none ({exc}); give JSON items (an id, a dict)"
+            ) from None
+        digest.update(text.encode())
         digest.update(b"\n")
         count += 1
     return {"entries": str(count), "sha256": digest.hexdigest()}
@@ -92,6 +102,7 @@ class Resumable(Generic[OptionsT]):
         options: OptionsT,
         journal: str | Path | None,
         progress: bool | None,
+        strict: bool = False,
     ) -> None:
         self.items = list(items)
         self.options = options
@@ -100,7 +111,7 @@ class Resumable(Generic[OptionsT]):
         self.elapsed = 0.0
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
-        self._identity = {} if journal is None else identity_of(self.items)
+        self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if self.journal is not None:
             _check_ids(self.items)
             with locked(self.journal):
@@ -110,7 +121,13 @@ class Resumable(Generic[OptionsT]):
     def _load(self, path: Path) -> None:
         with resumed(path, self._identity, "items", "give another journal, or delete it") as reader:
             for index, record in reader.records():
-                self._done[index] = self._restore(json.loads(record))
+                try:
+                    self._done[index] = self._restore(json.loads(record))
+                except Exception as exc:  # the caller's decode, say
+                    raise JournalUnusable(
+                        f"the journal {path}: the Result of item {index} cannot be read back: "
+                        f"{type(exc).__name__}"
+                    ) from None
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -279,6 +296,9 @@ class CallBatch(Resumable[CallOptions]):
     ) -> None:
         given = locals()
         options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
+        refuse_async(fn)
+        if journal is None and (encode or decode):
+            raise ValueError("encode and decode are for a journal: give journal= too")
         if journal is not None and encode is None and not _json_type(_returned_type(fn)):
             raise ValueError(
                 f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
@@ -287,7 +307,7 @@ class CallBatch(Resumable[CallOptions]):
         self._fn = fn
         self._encode = encode
         self._decode = decode
-        self._start(items, options, journal, progress)
+        self._start(items, options, journal, progress, strict=True)
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -307,6 +327,12 @@ class CallBatch(Resumable[CallOptions]):
         )  # fmt: skip
 
 
+def refuse_async(fn: Callable[..., Any]) -> None:
+    """ValueError for an ``async def``: called, it would return a coroutine never run."""
+    if inspect.iscoroutinefunction(fn):
+        raise ValueError(f"{fn.__name__} is async: batchsync makes blocking calls")
+
+
 def _returned_type(fn: Callable[..., Any]) -> object:
     """What ``fn`` says it returns (Any when it does not say, or says it unreadably)."""
     try:
@@ -316,11 +342,13 @@ def _returned_type(fn: Callable[..., Any]) -> object:
 
 
 def _json_type(hint: object) -> bool:
-    """Whether values of ``hint`` can be stored as JSON (Any and unions of such: maybe)."""
-    if hint is Any or hint is None or hint in (str, int, float, bool, type(None)):
-        return True
+    """False only for a hint that says JSON cannot hold the values: a class that is none of
+    JSON's types (nor a TypedDict, an Enum of str or int, …), alone or inside a container."""
     origin = typing.get_origin(hint)
-    if origin in (list, dict, tuple, typing.Union, types.UnionType, collections.abc.Mapping,
-                  collections.abc.Sequence):  # fmt: skip
-        return all(_json_type(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
-    return origin is typing.Literal or hint in (list, dict, tuple)
+    if hint is Any:
+        return True
+    if origin is not None:
+        return all(_json_type(arg) for arg in typing.get_args(hint) if isinstance(arg, type))
+    if not isinstance(hint, type) or typing.is_typeddict(hint):
+        return True  # Any, a NewType, a TypeVar: they do not say
+    return issubclass(hint, str | int | float | bool | list | dict | tuple | type(None))

@@ -86,7 +86,11 @@ class CallJob:
         try:
             return success(self._fn(item))
         except Exception as exc:  # the caller's errors become Results, never crashes
-            verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+            try:
+                verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+            except Exception as broken:  # retry_if raising: the item still says what happened
+                error = f"{describe(exc)} (retry_if raised {describe(broken)})"
+                verdict = terminal("exception", error)
             return replace(verdict, error=self._masked(verdict.error or ""))
 
     def _fall_back(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import re
 import ssl
+import urllib.error
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import requests
@@ -120,15 +121,30 @@ _TRANSIENT_CLASS_NAMES = frozenset(
 )  # fmt: skip
 
 
+# botocore's error codes for "slow down" (its own retry handler's list), which AWS answers
+# with a 400 as often as with a 429 or 503: a 429 to the limits and the retry decision.
+_THROTTLING_CODES = frozenset(
+    {
+        "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+        "TooManyRequestsException", "ProvisionedThroughputExceededException",
+        "TransactionInProgressException", "RequestLimitExceeded", "BandwidthLimitExceeded",
+        "LimitExceededException", "RequestThrottled", "SlowDown", "PriorRequestNotComplete",
+        "EC2ThrottledException",
+    }
+)  # fmt: skip
+
+
 def _transient_kind(exc: BaseException) -> ErrorKind | None:
-    """ "timeout" or "connection" for an exception that says no answer came, else None."""
-    if isinstance(exc, TimeoutError | requests.Timeout):
-        return "timeout"
-    if isinstance(exc, ConnectionError | requests.ConnectionError):
-        return "connection"
-    names = {cls.__name__ for cls in type(exc).__mro__} & _TRANSIENT_CLASS_NAMES
-    if names:
-        return "timeout" if any("Timeout" in name for name in names) else "connection"
+    """ "timeout" or "connection" for an exception that says no answer came (or that wraps
+    one, as urllib's URLError does), else None."""
+    for cause in (exc, innermost(exc)):
+        if isinstance(cause, TimeoutError | requests.Timeout):
+            return "timeout"
+        if isinstance(cause, ConnectionError | requests.ConnectionError):
+            return "connection"
+        names = {cls.__name__ for cls in type(cause).__mro__} & _TRANSIENT_CLASS_NAMES
+        if names:
+            return "timeout" if any("Timeout" in name for name in names) else "connection"
     return None
 
 
@@ -138,15 +154,28 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, Retryable) or _transient_kind(exc) is not None
 
 
+def _attribute(holder: object, name: str) -> object:
+    """``getattr`` that a property raising anything makes None: the exception to classify
+    is the caller's, and nothing about it may break the classifying."""
+    try:
+        return getattr(holder, name, None)
+    except Exception:
+        return None
+
+
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status an exception carries: its own ``status_code`` (openai, anthropic), its
-    response's (requests' and httpx's ``HTTPError``), or botocore's ``ClientError`` response
-    metadata (``HTTPStatusCode``)."""
-    response = getattr(exc, "response", None)
+    response's (requests' and httpx's ``HTTPError``), urllib's ``HTTPError.code``, or
+    botocore's ``ClientError`` response metadata, a throttling error code counting as 429."""
+    response = _attribute(exc, "response")
+    metadata = _botocore_metadata(response)
+    if metadata and _botocore_code(response) in _THROTTLING_CODES:
+        return 429
     for status in (
-        getattr(exc, "status_code", None),
-        getattr(response, "status_code", None),
-        _botocore_metadata(response).get("HTTPStatusCode"),
+        _attribute(exc, "status_code"),
+        _attribute(response, "status_code"),
+        _attribute(exc, "code") if isinstance(exc, urllib.error.HTTPError) else None,
+        metadata.get("HTTPStatusCode"),
     ):
         if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
             return status
@@ -159,21 +188,32 @@ def _botocore_metadata(response: object) -> Mapping[str, Any]:
     return metadata if isinstance(metadata, Mapping) else {}
 
 
+def _botocore_code(response: object) -> object:
+    error = response.get("Error") if isinstance(response, Mapping) else None
+    return error.get("Code") if isinstance(error, Mapping) else None
+
+
 def wait_hint(exc: BaseException, now: float) -> float | None:
     """Seconds the exception says to wait before trying again, or None: its ``retry_after``
-    (seconds, or a datetime, zone-less meaning UTC), else its response's Retry-After header.
-    ``now`` is the current Unix time."""
-    hint = getattr(exc, "retry_after", None)
-    if isinstance(hint, datetime):
-        when = hint if hint.tzinfo is not None else hint.replace(tzinfo=UTC)
-        return max(when.timestamp() - now, 0.0)
-    if isinstance(hint, int | float) and not isinstance(hint, bool):
-        return float(hint) if math.isfinite(hint) and hint >= 0 else None
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or _botocore_metadata(response).get("HTTPHeaders")
+    (seconds, or a datetime: a zone-less one is local time, as Python reads it), else the
+    Retry-After header of its response (or urllib's ``HTTPError.headers``). ``now`` is the
+    current Unix time."""
+    hint = _attribute(exc, "retry_after")
     try:
-        value = headers.get("Retry-After") or headers.get("retry-after") if headers else None
-    except Exception:  # an object that only looks like headers
+        if isinstance(hint, datetime):
+            return max(hint.timestamp() - now, 0.0)
+        if isinstance(hint, int | float) and not isinstance(hint, bool):
+            seconds = float(hint)
+            return seconds if math.isfinite(seconds) and seconds >= 0 else None
+        response = _attribute(exc, "response")
+        headers = (
+            _attribute(response, "headers")
+            or _attribute(exc, "headers")
+            or _botocore_metadata(response).get("HTTPHeaders")
+        )
+        get = getattr(headers, "get", None)
+        value = (get("Retry-After") or get("retry-after")) if callable(get) else None
+    except Exception:  # a hint out of range, headers that only look like headers
         return None
     return parse_retry_after(value, now) if isinstance(value, str) else None
 
@@ -190,7 +230,7 @@ def classify_raised(
     status = status_of(exc)
     kind = _transient_kind(exc) or ("status" if status is not None else "exception")
     if retry_if is not None:
-        retryable = retry_if(exc)
+        retryable = bool(retry_if(exc))
     elif status is not None:
         retryable = status in RETRYABLE_STATUSES
     else:
@@ -215,13 +255,12 @@ def host_feedback(verdict: Verdict) -> Feedback:
     a timeout, a 5xx, or a retryable answer without Retry-After such as a 429 or 408 (or a
     ``Retryable`` raised without ``retry_after``). Not counted: a 429 or ``Retryable`` with
     Retry-After, which the cooldown handles, and an attempt cut short or lost to its hedge.
-    Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503, or
-    the wait a raised exception without a status asked for (``Retryable(retry_after=…)``).
+    Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503 (a
+    wait hint without such a status, ``Retryable(retry_after=…)``, is that item's alone).
     """
     status = verdict.status_code
     congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
-    asks_all_to_wait = status is None or status in _SLOW_DOWN_STATUSES
-    hold = verdict.retry_after if asks_all_to_wait and verdict.retry_after else None
+    hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
     unwell: bool | None
     if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
         unwell = None

@@ -376,8 +376,12 @@ class Engine:
             raise
         finally:
             pool.shutdown(wait=finished)
-        if run.failures:
-            raise run.failures[0]
+        # A worker ended by what no item may catch (SystemExit from a callable, say): the run
+        # cannot give every item its Result, so it says so rather than return fewer.
+        escaped = [exc for w in workers if w.done() and (exc := w.exception()) is not None]
+        failures = [*run.failures, *escaped]
+        if failures:
+            raise failures[0]
         return finished
 
     def _drain(self, workers: list[Future[None]]) -> bool:
@@ -550,6 +554,10 @@ class Engine:
             except Exception as exc:  # a bug in an attempt: that attempt's final failure
                 log.exception("internal error in an attempt of %s", task.url)
                 verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+            except BaseException:  # an interrupt: the limits must not keep this attempt's place
+                if admission is not None and self._gates is not None:
+                    self._gates.abandon(admission)
+                raise
             ended = self._clock()
             # (a timeout the budget cut short says nothing of the host: its limits see that)
             verdict = cut_short(verdict, limit)
@@ -585,7 +593,7 @@ class Engine:
             "budget": "no time left in the budget",
             "deadline": "no time left before the deadline",
             "cancelled": "stopped before the next try",
-            "circuit_open": f"the circuit for {route.host} is open",
+            "circuit_open": f"the circuit for {route.host or 'every call'} is open",
         }.get(kind, kind)
         if last is None:
             return Verdict("terminal", kind, reason), reason

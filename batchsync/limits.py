@@ -467,7 +467,7 @@ class Gates:
         admission = Admission(host, probe, slot=False, adaptive_since=None)
         try:
             refusal = self._pass(admission, allowance, stop)
-        except LimitsUnavailable:
+        except BaseException:  # (the backend gone, or an interrupt while waiting)
             self._undo(admission)
             raise
         if refusal is not None:
@@ -531,7 +531,10 @@ class Gates:
                 self._rate.refund()
                 return refusal
             if waited > 0:  # a cooldown may have begun while this attempt waited its turn
-                return self._cooled_down(admission.host, allowance, stop)
+                refusal = self._cooled_down(admission.host, allowance, stop)
+                if refusal is not None:
+                    self._rate.refund()
+                return refusal
         return None
 
     def _cooled_down(
@@ -574,6 +577,11 @@ class Gates:
                 return value, None
             if left <= 0:
                 return None, limit
+
+    def abandon(self, admission: Admission) -> None:
+        """Give back what an attempt that never came to a Verdict held (an interrupt): its
+        slot, its probe; it tells the limits nothing."""
+        self._undo(admission)
 
     def _undo(self, admission: Admission) -> None:
         if admission.adaptive_since is not None and self._adaptive is not None:

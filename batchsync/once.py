@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 from .assembly import call_once, gates_for
 from .backoff import Backoff
+from .batch import refuse_async
 from .limits import Breaker, CooldownScope, Gates
 from .options import CALL_DEFAULT, CallOptions, FlowOptions, build
+from .redact import Secrets
 from .result import AttemptRecord, Result
 
 P = ParamSpec("P")
@@ -32,14 +34,17 @@ class Limits:
         rate: float | None = CALL_DEFAULT.rate,
         breaker: Breaker | None = CALL_DEFAULT.breaker,
         cooldown: CooldownScope = CALL_DEFAULT.cooldown,
-        concurrency: int = CALL_DEFAULT.concurrency,
         limits: Any = CALL_DEFAULT.limits,
         namespace: str = CALL_DEFAULT.namespace,
         lease_ttl: float = CALL_DEFAULT.lease_ttl,
     ) -> None:
-        given = locals()
-        options = build(FlowOptions, **{name: given[name] for name in given if name != "self"})
+        options = build(
+            FlowOptions, rate=rate, breaker=breaker, cooldown=cooldown, limits=limits,
+            namespace=namespace, lease_ttl=lease_ttl,
+        )  # fmt: skip
         self.gates: Gates = gates_for(options)
+        # (the Redis URL's password, masked in what the calls sharing these limits report)
+        self.secrets: Secrets = options.secrets()
 
 
 def call(
@@ -65,10 +70,13 @@ def call(
     attempts on a retryable failure; ``idempotency_key`` is passed to ``fn`` (and to each
     fallback) as that keyword argument, the same on every attempt, for SDKs that take one.
     ``limits`` (shared ``Limits``) make the call wait for the rate, a cooldown and an open
-    circuit of ``key``, as a batch's items do; without it the call has no limits.
+    circuit of ``key``, as a batch's items do; without it the call has no limits. The
+    keyword arguments named as this function's options are its own, not ``fn``'s: to pass
+    ``fn`` an argument called ``key``, say, wrap it (``lambda: fn(key=…)``).
     """
     if idempotency_key is not None:
         kwargs = {**kwargs, "idempotency_key": idempotency_key}
+    refuse_async(fn)
     options = _options(
         fallbacks, key, attempts=attempts, budget=budget, backoff=backoff, retry_if=retry_if,
         on_attempt=on_attempt, on_result=on_result,
@@ -76,7 +84,29 @@ def call(
     return _call(fn, args, kwargs, options, limits)
 
 
+@overload
+def resilient(fn: Callable[P, Any], /) -> Callable[P, Result]: ...
+
+
+@overload
 def resilient(
+    *,
+    attempts: int = ...,
+    budget: float = ...,
+    backoff: Backoff = ...,
+    retry_if: Callable[[BaseException], bool] | None = ...,
+    fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]] = ...,
+    key: str | None = ...,
+    rate: float | None = ...,
+    breaker: Breaker | None = ...,
+    cooldown: CooldownScope = ...,
+    limits: Limits | None = ...,
+) -> Callable[[Callable[P, Any]], Callable[P, Result]]: ...
+
+
+def resilient(
+    fn: Callable[P, Any] | None = None,
+    /,
     *,
     attempts: int = CALL_DEFAULT.attempts,
     budget: float = CALL_DEFAULT.budget,
@@ -88,25 +118,31 @@ def resilient(
     breaker: Breaker | None = CALL_DEFAULT.breaker,
     cooldown: CooldownScope = CALL_DEFAULT.cooldown,
     limits: Limits | None = None,
-) -> Callable[[Callable[P, T]], Callable[P, Result]]:
-    """A decorator: the function, called, returns the Result of ``call`` instead of raising.
+) -> Callable[P, Result] | Callable[[Callable[P, Any]], Callable[P, Result]]:
+    """A decorator (``@resilient`` or ``@resilient(...)``): the function, called, returns
+    the Result of ``call`` instead of raising.
 
-    Its calls share one ``Limits`` (``rate``, ``breaker``, ``cooldown``), made here once, or
-    the ``limits`` given to share with other functions.
+    Its calls share one ``Limits`` made here from ``rate``, ``breaker`` and ``cooldown``, or
+    the ``limits`` given (to share with other functions; then give those three to it).
     """
+    own = (rate, breaker, cooldown) != (CALL_DEFAULT.rate, CALL_DEFAULT.breaker, "host")
+    if limits is not None and own:
+        raise ValueError("give rate, breaker and cooldown to the Limits, not beside it")
+    shared = limits or Limits(rate=rate, breaker=breaker, cooldown=cooldown)
     options = _options(
         fallbacks, key, attempts=attempts, budget=budget, backoff=backoff, retry_if=retry_if
     )
-    shared = limits or Limits(rate=rate, breaker=breaker, cooldown=cooldown)
 
-    def decorate(fn: Callable[P, T]) -> Callable[P, Result]:
-        @functools.wraps(fn)
+    def decorate(function: Callable[P, Any]) -> Callable[P, Result]:
+        refuse_async(function)
+
+        @functools.wraps(function)
         def resilient_call(*args: P.args, **kwargs: P.kwargs) -> Result:
-            return _call(fn, args, kwargs, options, shared)
+            return _call(function, args, kwargs, options, shared)
 
         return resilient_call
 
-    return decorate
+    return decorate if fn is None else decorate(fn)
 
 
 def _options(
@@ -115,6 +151,8 @@ def _options(
     **settings: Any,
 ) -> CallOptions:
     """A single call's options: ``run_all``'s, for one item with the call's arguments."""
+    if callable(fallbacks):
+        raise ValueError("fallbacks must be a list of callables")
     return build(
         CallOptions, concurrency=1, fallbacks=tuple(_unpacking(f) for f in fallbacks),
         per_key=None if key is None else (lambda packed: key), **settings,
@@ -128,8 +166,8 @@ def _call(
     options: CallOptions,
     limits: Limits | None,
 ) -> Result:
-    gates = None if limits is None else limits.gates
-    return call_once(options, _unpacking(fn), (args, kwargs), gates=gates)
+    gates, secrets = (None, options.secrets()) if limits is None else (limits.gates, limits.secrets)
+    return call_once(options, _unpacking(fn), (args, kwargs), gates=gates, secrets=secrets)
 
 
 def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -70,6 +70,9 @@ class CallOptions(FlowOptions):
     """What a batch of calls adds: a limit key per item, fallbacks called with the item."""
 
     concurrency: int = Field(default=4, ge=1)  # calls are often heavier than requests
+    # Off: calls share no host, and one breaker over every item would let some items'
+    # failures hold the healthy ones; give per_key and a Breaker to have one per key.
+    breaker: Breaker | None = None
     # The key an item's limits are kept under (its cooldown, breaker); None: one for all.
     per_key: Callable[[Any], str] | None = None
     fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = ()

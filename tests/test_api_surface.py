@@ -71,8 +71,10 @@ def test_run_all_takes_every_call_option_typed_with_the_models_default() -> None
     parameters = inspect.signature(run_all).parameters.values()
     assert all(p.annotation is not inspect.Parameter.empty for p in parameters)
     # The options every batch has are the same options, with the same defaults, but the
-    # concurrency (calls are often heavier than requests).
-    shared = set(FlowOptions.model_fields) - {"concurrency"}
+    # concurrency (calls are often heavier than requests) and the breaker (calls share no
+    # host: off unless asked for, with a per_key).
+    shared = set(FlowOptions.model_fields) - {"concurrency", "breaker"}
+    assert calls["breaker"] is None
     assert {name: calls[name] for name in shared} == {name: MODEL[name] for name in shared}
 
 

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import email.message
 import ssl
+import time
+import urllib.error
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import requests
@@ -187,19 +191,67 @@ class ClientError(Exception):
     """Shaped as botocore's: the answer as a dict, its status and headers in ResponseMetadata
     (header names in lower case)."""
 
-    def __init__(self, status: int, headers: dict[str, str]) -> None:
-        super().__init__("An error occurred (SlowDown)")
+    def __init__(self, status: int, code: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"An error occurred ({code})")
         self.response = {
-            "Error": {"Code": "SlowDown"},
-            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers},
+            "Error": {"Code": code},
+            "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers or {}},
         }
 
 
-def test_a_botocore_client_error_is_judged_by_its_response_metadata() -> None:
-    throttled = classify_raised(ClientError(503, {"retry-after": "3"}), None, NOW)
-    assert (throttled.outcome, throttled.status_code, throttled.retry_after) == ("retry", 503, 3.0)
-    denied = classify_raised(ClientError(403, {}), None, NOW)
-    assert (denied.outcome, denied.status_code) == ("terminal", 403)
+@pytest.mark.parametrize(
+    ("exc", "outcome", "status", "hint"),
+    [
+        (ClientError(503, "InternalError", {"retry-after": "3"}), "retry", 503, 3.0),
+        (ClientError(503, "SlowDown"), "retry", 429, None),  # throttling, whatever the status
+        (ClientError(400, "ThrottlingException"), "retry", 429, None),
+        (ClientError(400, "ProvisionedThroughputExceededException"), "retry", 429, None),
+        (ClientError(403, "AccessDenied"), "terminal", 403, None),
+    ],
+)
+def test_a_botocore_client_error_is_judged_by_its_response_metadata(
+    exc: Exception, outcome: str, status: int, hint: float | None
+) -> None:
+    verdict = classify_raised(exc, None, NOW)
+    assert (verdict.outcome, verdict.status_code, verdict.retry_after) == (outcome, status, hint)
+
+
+def test_urllibs_errors_are_judged_like_the_others() -> None:
+    headers = email.message.Message()
+    headers["Retry-After"] = "4"
+    busy = urllib.error.HTTPError("http://h/x", 503, "Service Unavailable", headers, None)
+    verdict = classify_raised(busy, None, NOW)
+    assert (verdict.outcome, verdict.status_code, verdict.retry_after) == ("retry", 503, 4.0)
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    verdict = classify_raised(refused, None, NOW)
+    assert (verdict.outcome, verdict.error_kind) == ("retry", "connection")
+
+
+def test_a_zone_less_datetime_is_local_time() -> None:
+    now = time.time()
+    hint = Retryable("later", retry_after=datetime.fromtimestamp(now + 20))  # local, naive
+    assert wait_hint(hint, now) == pytest.approx(20.0, abs=0.01)
+
+
+class Hostile(Exception):
+    """Everything a classifier might look at raises."""
+
+    @property
+    def response(self) -> Any:
+        raise RuntimeError("no response here")
+
+    @property
+    def retry_after(self) -> Any:
+        return 10**400
+
+
+def test_attributes_that_raise_or_overflow_are_no_status_and_no_hint() -> None:
+    verdict = classify_raised(Hostile("boom"), None, NOW)
+    assert (verdict.outcome, verdict.error, verdict.retry_after) == (
+        "terminal",
+        "Hostile: boom",
+        None,
+    )
 
 
 def test_retry_if_overrides_the_status_rules() -> None:

@@ -238,13 +238,14 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
     assert 4 < board.remaining("h") <= 5
 
 
-def test_release_starts_a_cooldown_for_a_wait_a_raised_exception_asked_for() -> None:
+def test_a_wait_hint_without_a_slow_down_status_is_the_items_alone() -> None:
+    """``Retryable(retry_after=…)`` delays that item's next try; other items go on."""
     board = Cooldowns()
     gates = Gates(cooldowns=board)
     admission = admitted(gates)
     assert isinstance(admission, Admission)
     gates.release(admission, host_feedback(retry("exception", "Retryable: busy", None, 5)))
-    assert 4 < board.remaining("h") <= 5
+    assert board.remaining("h") == 0
 
 
 def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() -> None:

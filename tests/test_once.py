@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import batchsync
 from batchsync import Backoff, Breaker, Limits, Result, Retryable, call, resilient
+
+from .services import redis_server
 
 QUICK = Backoff(base=0.01, max=0.02, jitter=0.0)
 
@@ -71,11 +74,18 @@ def test_a_wait_hint_beyond_the_budget_ends_the_call_as_budget() -> None:
     assert time.monotonic() - started < 1.5
 
 
+class TooManyRequests(Exception):
+    """An SDK's 429: a status of its own and a wait."""
+
+    status_code = 429
+    retry_after = 1.0
+
+
 def test_calls_sharing_limits_share_the_cooldown() -> None:
-    """One call's "come back in 1 s" holds the next call that shares its Limits."""
-    shared = Limits(breaker=None)
-    first = call(Flaky(Retryable("busy", retry_after=1.0)), attempts=1, limits=shared)
-    assert first.error_kind == "exception"
+    """One call's 429 "come back in 1 s" holds the next call that shares its Limits."""
+    shared = Limits()
+    first = call(Flaky(TooManyRequests()), attempts=1, limits=shared)
+    assert (first.error_kind, first.status_code) == ("status", 429)
     started = time.monotonic()
     assert call(lambda: "ok", limits=shared).ok
     assert time.monotonic() - started >= 0.9
@@ -111,3 +121,53 @@ def test_the_decorated_function_checks_its_options_once() -> None:
     with pytest.raises(ValueError, match="attempts"):
         resilient(attempts=0)
     assert "call" in batchsync.__all__ and "resilient" in batchsync.__all__
+
+
+def test_an_interrupt_during_a_probe_leaves_shared_limits_usable() -> None:
+    """A Ctrl-C while a call is the circuit's one probe must give the probe back."""
+    shared = Limits(breaker=Breaker(ratio=0.5, window=2, min_calls=2, reset=0.2))
+    for _ in range(2):
+        assert not call(Flaky(ConnectionError("down")), attempts=1, limits=shared).ok
+    time.sleep(0.3)  # the break is over: the next call is the probe
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        call(interrupted, limits=shared)
+    started = time.monotonic()
+    result = call(lambda: "ok", limits=shared, budget=5)
+    assert result.ok, result.error
+    assert time.monotonic() - started < 1
+
+
+def test_the_redis_password_of_shared_limits_never_shows(tmp_path: Path) -> None:
+    password = "R3d1sCanary-pw"
+    with redis_server(password) as url:
+        shared = Limits(limits=url)
+
+        def leaky() -> None:
+            raise ValueError(f"could not log in with {password}")
+
+        result = call(leaky, limits=shared)
+        decorated = resilient(limits=shared)(leaky)()
+    assert password not in (result.error or "") and password not in repr(result)
+    assert password not in (decorated.error or "")
+
+
+def test_the_decorator_without_parentheses_and_what_it_refuses() -> None:
+    @resilient
+    def double(n: int) -> int:
+        return 2 * n
+
+    assert double(21).data == 42
+    with pytest.raises(ValueError, match="to the Limits"):
+        resilient(limits=Limits(), rate=5)
+
+    async def later() -> None:
+        return None
+
+    with pytest.raises(ValueError, match="async"):
+        call(later)
+    with pytest.raises(ValueError, match="list of callables"):
+        call(double, 1, fallbacks=double)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batchsync import Backoff, CallBatch, JournalFailed, Result, Retryable, run_all
+from batchsync import Backoff, CallBatch, JournalFailed, JournalUnusable, Result, Retryable, run_all
 
 FAST = Backoff(base=0.01, jitter=0.0)
 
@@ -262,3 +262,68 @@ def test_a_slow_call_is_hedged_and_the_first_answer_wins() -> None:
     assert [r.data for r in rs] == ["fast 0", "fast 1", "fast 2"]
     assert time.monotonic() - begun < 5  # the hung call was not waited for
     assert started.count(0) == 2 and rs[0].attempts == 2  # two calls, one attempt hedged
+
+
+def test_one_items_wait_hint_holds_that_item_alone() -> None:
+    """``Retryable(retry_after=…)`` is about that item; the rest of the batch goes on."""
+
+    def lookup(n: int) -> int:
+        if n == 0:
+            raise Retryable("not replicated yet", retry_after=100)
+        return n
+
+    started = time.monotonic()
+    rs = run_all(lookup, range(20), budget=30)
+    assert [r.ok for r in rs] == [False] + [True] * 19
+    assert rs[0].error_kind == "budget"
+    assert time.monotonic() - started < 10
+
+
+def test_failing_items_do_not_trip_a_breaker_over_the_healthy_ones() -> None:
+    """Calls share no host: by default no breaker stands between one item and another."""
+
+    def reach(n: int) -> int:
+        if n < 25:
+            raise ConnectionError(f"host {n} is gone")
+        return n
+
+    rs = run_all(reach, range(40), attempts=1, budget=3)
+    assert [r.ok for r in rs] == [False] * 25 + [True] * 15
+
+
+def test_what_a_callable_may_not_catch_ends_the_run_loudly() -> None:
+    """A SystemExit from deep in a library: no run_all that quietly lacks Results."""
+
+    def exits(n: int) -> int:
+        if n == 1:
+            raise SystemExit(3)
+        return n
+
+    with pytest.raises(SystemExit):
+        run_all(exits, range(4))
+
+
+def test_a_retry_if_that_raises_still_leaves_the_item_its_result() -> None:
+    def broken(exc: BaseException) -> bool:
+        raise RuntimeError("bug in retry_if")
+
+    (result,) = run_all(lambda n: 1 / 0, [1], retry_if=broken)
+    assert (result.ok, result.error_kind) == (False, "exception")
+    assert result.error == (
+        "ZeroDivisionError: division by zero (retry_if raised RuntimeError: bug in retry_if)"
+    )
+
+
+def test_a_journal_refuses_what_it_could_not_resume(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"item 0 cannot be journaled"):
+        run_all(str, [object()], journal=tmp_path / "j.sqlite3")
+    with pytest.raises(ValueError, match="give journal= too"):
+        run_all(str, [1], encode=str)
+    journal = tmp_path / "decode.sqlite3"
+    run_all(str, [1], journal=journal)
+
+    def broken(value: Any) -> Any:
+        raise KeyError("bug in decode")
+
+    with pytest.raises(JournalUnusable, match="item 0 cannot be read back: KeyError"):
+        run_all(str, [1], journal=journal, decode=broken)

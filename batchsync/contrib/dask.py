@@ -159,15 +159,13 @@ def fetch_on_cluster(
     """``batchsync.fetch_all`` on a Dask cluster: one Result per item, in input order.
 
     ``client`` is a ``distributed.Client``; ``options`` are those of ``fetch_all`` (give
-    ``limits="redis://..."`` so that all workers share one quota) but the session, hooks,
-    metrics and tracer, which stay with the client. With ``journal=``, each
+    ``limits="redis://..."`` so that all workers share one quota), sent to the workers as
+    they are: hooks and fallbacks run there. With ``journal=``, each
     finished partition is recorded, and a new call over the same items after a client
     restart runs only the items whose partitions had not finished.
     """
-    options.pop("progress", None)  # (the client's to show)
-    settings = worker_settings(build(FetchOptions, **options))
-    task = partial(run_partition, settings=settings)
-    return _on_cluster(task, list(items), client, partition_size, journal)
+    task = partial(run_partition, settings=_checked(FetchOptions, options))
+    return _on_cluster(task, list(items), client, partition_size, journal, strict=False)
 
 
 def run_on_cluster(
@@ -181,22 +179,37 @@ def run_on_cluster(
 ) -> ResultSet:
     """``batchsync.run_all`` on a Dask cluster: ``fn`` (pickled to the workers) called for
     every item, one Result per item, in input order; ``options`` and ``journal`` as for
-    ``fetch_on_cluster`` (what ``fn`` returns must be JSON to be journaled)."""
-    options.pop("progress", None)
-    settings = worker_settings(build(CallOptions, **options))
-    task = partial(run_call_partition, fn=fn, settings=settings)
-    return _on_cluster(task, list(items), client, partition_size, journal)
+    ``fetch_on_cluster`` (what ``fn`` returns must be JSON to be journaled, and the items
+    JSON)."""
+    task = partial(run_call_partition, fn=fn, settings=_checked(CallOptions, options))
+    return _on_cluster(task, list(items), client, partition_size, journal, strict=True)
+
+
+def _checked(model: type[FlowOptions], options: dict[str, Any]) -> dict[str, Any]:
+    """The library's options for the workers, as given (a progress bar is the client's),
+    checked here before anything is sent."""
+    settings = {name: value for name, value in options.items() if name != "progress"}
+    build(model, **settings)
+    return settings
 
 
 def _on_cluster(
-    task: Task, listed: list[Any], client: Any, partition_size: int, journal: str | Path | None
+    task: Task,
+    listed: list[Any],
+    client: Any,
+    partition_size: int,
+    journal: str | Path | None,
+    *,
+    strict: bool,
 ) -> ResultSet:
+    """``strict``: the items must be JSON to be journaled (``batch.identity_of``)."""
     if partition_size < 1:
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
-    done = _finished(Path(journal), listed) if journal is not None else {}
+    identity = {} if journal is None else identity_of(listed, strict=strict)
+    done = _finished(Path(journal), identity) if journal is not None else {}
     store = None
     if journal is not None:
-        store = open_journal(Path(journal), encode_result, identity_of(listed))
+        store = open_journal(Path(journal), encode_result, identity)
     todo = partitions(
         ((index, item) for index, item in enumerate(listed) if index not in done), partition_size
     )
@@ -213,9 +226,9 @@ def _on_cluster(
     return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
 
 
-def _finished(path: Path, items: list[Item]) -> dict[int, Result]:
+def _finished(path: Path, identity: dict[str, str]) -> dict[int, Result]:
     """The Results a journal kept for these items (ValueError for a journal of other items)."""
     if not path.exists():
         return {}
-    with resumed(path, identity_of(items), "items", "give another journal, or delete it") as reader:
+    with resumed(path, identity, "items", "give another journal, or delete it") as reader:
         return {index: Result.from_dict(json.loads(record)) for index, record in reader.records()}
