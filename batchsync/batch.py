@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from .assembly import Ran, call, fetch, gates_for, open_journal
 from .backoff import Backoff
+from .classify import describe
 from .hedge import HedgeAfter
 from .journal import Journal, JournalUnusable, locked, resumed
 from .limits import Breaker, CooldownScope
@@ -317,7 +318,11 @@ class CallBatch(Resumable[CallOptions]):
 
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         if result.ok and self._encode is not None:
-            result = replace(result, data=self._encode(result.data))
+            try:
+                result = replace(result, data=self._encode(result.data))
+            except Exception as exc:  # its message reaches the run's error: masked
+                reason = self.options.secrets().text(describe(exc))
+                raise ValueError(f"encode failed on item {result.index}: {reason}") from None
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:

@@ -64,7 +64,8 @@ class CallJob:
         key = None
         if self._options.per_key is not None:
             try:
-                key = str(self._options.per_key(item))
+                # (masked: the key is shown, in an open circuit's error)
+                key = self._masked(str(self._options.per_key(item)))
             except Exception as exc:  # the caller's key function failing is that item's fault
                 raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
         fallbacks = tuple(

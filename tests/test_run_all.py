@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from batchsync import Backoff, CallBatch, JournalFailed, JournalUnusable, Result, Retryable, run_all
+from batchsync import (
+    Backoff,
+    Breaker,
+    CallBatch,
+    JournalFailed,
+    JournalUnusable,
+    Result,
+    Retryable,
+    run_all,
+)
 
 FAST = Backoff(base=0.01, jitter=0.0)
 
@@ -327,3 +336,26 @@ def test_a_journal_refuses_what_it_could_not_resume(tmp_path: Path) -> None:
 
     with pytest.raises(JournalUnusable, match="item 0 cannot be read back: KeyError"):
         run_all(str, [1], journal=journal, decode=broken)
+
+
+def test_a_secret_in_a_key_or_an_encode_error_never_shows(tmp_path: Path) -> None:
+    """Both texts reach a Result's error or the run's: masked like every other."""
+
+    def down(n: int) -> int:
+        raise ConnectionError("refused")
+
+    rs = run_all(
+        down, range(6), attempts=1, budget=1,
+        per_key=lambda n: "https://api.test/v1?token=S3cretKeyTok",
+        breaker=Breaker(ratio=0.5, window=2, min_calls=2, reset=60),
+    )  # fmt: skip
+    assert rs[-1].error_kind == "circuit_open"
+    assert all("S3cretKeyTok" not in (r.error or "") for r in rs)
+
+    def leaky_encode(value: Any) -> Any:
+        raise ValueError("cannot post to https://api.test/v1?api_key=S3cretEncKey")
+
+    with pytest.raises(JournalFailed) as failed:
+        run_all(str, [1], journal=tmp_path / "j.sqlite3", encode=leaky_encode)
+    assert "S3cretEncKey" not in str(failed.value)
+    assert "encode failed on item 0" in str(failed.value)
