@@ -125,6 +125,12 @@ def test_design_md_gives_the_same_defaults() -> None:
             eval(compile(ast.Expression(keyword.value), "DESIGN.md", "eval"))
             == ((MODEL | BATCH_ONLY)[keyword.arg])
         ), keyword.arg
+    calls = re.search(r"rs = run_all\(fn, items, (.*?)\)  #", text, re.DOTALL)
+    assert calls is not None
+    for keyword in ast.parse(f"f({calls[1]})").body[0].value.keywords:  # type: ignore[attr-defined]
+        value = eval(compile(ast.Expression(keyword.value), "DESIGN.md", "eval"))
+        if value is not Ellipsis:  # ("..." there: not given)
+            assert value == keyword_defaults(run_all)[keyword.arg], keyword.arg
     cli = text.split("python -m batchsync [OPTIONS] INPUT", 1)[1].split("```", 1)[0]
     options = {p.opts[-1]: p for p in command.params if isinstance(p, click.Option)}
     for flag, default in re.findall(r"(--[a-z-]+)[^\[\n]*\[([^\]]+)\]", cli):
