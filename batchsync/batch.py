@@ -227,6 +227,7 @@ class Batch(Resumable[FetchOptions]):
         secret_params: tuple[str, ...] = DEFAULT.secret_params,
         cookies: bool = DEFAULT.cookies,
         deny_private: bool = DEFAULT.deny_private,
+        quota_headers: bool = DEFAULT.quota_headers,
         metrics: Any = DEFAULT.metrics,
         tracer: Any = DEFAULT.tracer,
         limits: Any = DEFAULT.limits,

@@ -34,17 +34,28 @@ class BadRedirect(Exception):
     """A redirect that cannot be followed (its Location is not a URL requests can read)."""
 
 
-def classify_status(status_code: int, retry_after: str | None, now: float) -> Verdict | None:
+def classify_status(
+    status_code: int, retry_after: str | None, now: float, quota: float | None = None
+) -> Verdict | None:
     """None for a 2xx (the body decides); otherwise a retry or terminal Verdict.
 
-    ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for HTTP-dates.
+    ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for
+    HTTP-dates; ``quota`` the seconds until the host's quota resets when its headers say none
+    is left (``quota.quota_wait``). A 403 with either is a rate limit (GitHub's rule), retried
+    after it; the longer of the two is the floor under the next wait.
     """
     if 200 <= status_code < 300:
         return None
     error = f"HTTP {status_code}"
-    if status_code in RETRYABLE_STATUSES:
-        return retry("status", error, status_code, parse_retry_after(retry_after, now))
-    return terminal("status", error, status_code)
+    wait = parse_retry_after(retry_after, now)
+    if quota is not None:
+        wait = quota if wait is None else max(wait, quota)
+    if status_code in RETRYABLE_STATUSES or (status_code == 403 and wait is not None):
+        verdict = retry("status", error, status_code, wait)
+    else:
+        verdict = terminal("status", error, status_code)
+    verdict.quota = quota
+    return verdict
 
 
 def innermost(exc: BaseException) -> BaseException:
@@ -270,7 +281,9 @@ def host_feedback(verdict: Verdict) -> Feedback:
         unwell = None if verdict.retry_after is not None else True
     else:
         unwell = False
-    return Feedback(congested, unwell, hold) if hold else _FEEDBACK[congested, unwell]
+    if hold or verdict.quota:
+        return Feedback(congested, unwell, hold, verdict.quota)
+    return _FEEDBACK[congested, unwell]
 
 
 # The feedbacks without a hold, made once: one is needed per attempt.

@@ -21,6 +21,7 @@ from .hedge import HedgeDelay, Hedger
 from .limits import Gates
 from .options import FetchOptions
 from .origins import host_of
+from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
@@ -273,17 +274,24 @@ class HttpJob:
 
     def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
         status = reply.status
-        if not 200 <= status < 300:  # (header look-ups and the clock only when needed)
-            failed = classify_status(status, reply.headers.get("Retry-After"), self._unix_time())
+        quota = (
+            quota_wait(reply.headers.get, self._unix_time) if self._options.quota_headers else None
+        )
+        if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
+            retry_after = reply.headers.get("Retry-After")
+            failed = classify_status(status, retry_after, self._unix_time(), quota)
             if failed is not None:
                 self._transport.discard(reply, wall_end)
                 return failed
         body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
         if method == "HEAD" or status in _NO_BODY_STATUSES:
-            return success(None, status)
-        expect = self._options.expect
-        content_type = reply.headers.get("Content-Type") if expect == "text" else None
-        return success(decode_body(body, expect, content_type), status)
+            verdict = success(None, status)
+        else:
+            expect = self._options.expect
+            content_type = reply.headers.get("Content-Type") if expect == "text" else None
+            verdict = success(decode_body(body, expect, content_type), status)
+        verdict.quota = quota
+        return verdict
 
 
 def _listed(value: object) -> list[object]:

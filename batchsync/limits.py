@@ -26,6 +26,8 @@ from .verdict import ErrorKind, Feedback
 BreakerState = Literal["closed", "probe", "open", "probing"]
 CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
+# The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
+_QUOTA = "quota "
 _POLL_SECONDS = 0.05
 _BACKEND_RETRY_SECONDS = 0.5
 _WARN_EVERY_SECONDS = 10.0
@@ -415,6 +417,8 @@ class Gates:
         self._rate = rate
         self._slots = slots
         self._cooldowns = None if cooldown_scope == "off" else cooldowns
+        # (a quota's reset holds its host whatever the cooldown's scope, "off" included)
+        self._quotas = cooldowns
         self._scope = cooldown_scope
         self._breaker = breaker
         self._adaptive = adaptive
@@ -540,10 +544,16 @@ class Gates:
     def _cooled_down(
         self, host: str, allowance: Allowance, stop: threading.Event
     ) -> ErrorKind | None:
-        if self._cooldowns is None:
+        """Wait out the host's cooldown, then its quota's reset (the host's own, whatever
+        the cooldown's scope: a quota is one host's)."""
+        if self._cooldowns is not None:
+            held = self._cooldowns.remaining(self._cooldown_key(host))
+            refusal = self._sleep("cooldown", held, allowance, stop)
+            if refusal is not None:
+                return refusal
+        if self._quotas is None:
             return None
-        held = self._cooldowns.remaining(self._cooldown_key(host))
-        return self._sleep("cooldown", held, allowance, stop)
+        return self._sleep("quota", self._quotas.remaining(_QUOTA + host), allowance, stop)
 
     def _sleep(
         self, gate: str, seconds: float, allowance: Allowance, stop: threading.Event
@@ -604,6 +614,8 @@ class Gates:
                 self._breaker.record(admission.host, feedback.unwell, admission.probe)
             if self._cooldowns is not None and feedback.hold:
                 self._cooldowns.hold(self._cooldown_key(admission.host), feedback.hold)
+            if self._quotas is not None and feedback.quota:
+                self._quotas.hold(_QUOTA + admission.host, feedback.quota)
         except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
             self._unavailable(exc)
 

@@ -87,6 +87,8 @@ class FetchOptions(FlowOptions):
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
     dedup: bool = False
     deny_private: bool = False
+    # Hold a host whose rate-limit headers say its quota is spent, until the reset.
+    quota_headers: bool = True
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     secret_headers: tuple[str, ...] = ()

@@ -43,6 +43,8 @@ class Verdict:
     # Where the response came from after redirects (already redacted), and how many.
     final_url: str | None = None
     redirects: int = 0
+    # Seconds until the host's quota resets, when its headers said none is left.
+    quota: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,12 +87,14 @@ class Feedback:
 
     ``congested``: the host says it is overloaded (the adaptive limit backs off);
     ``unwell``: True a failure the breaker counts, False an answer, None not counted;
-    ``hold``: seconds the host asked every caller to wait (the shared cooldown).
+    ``hold``: seconds the host asked every caller to wait (the shared cooldown);
+    ``quota``: seconds until the host's quota resets, none being left (held the same way).
     """
 
     congested: bool = False
     unwell: bool | None = None
     hold: float | None = None
+    quota: float | None = None
 
 
 NO_FEEDBACK = Feedback()

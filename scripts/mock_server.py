@@ -42,6 +42,12 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
                                      429 with Retry-After: 1, and "500-once:KEY" a 500
+  Quotas announced in rate-limit headers, with a real per-window counter:
+    /quota/FAMILY/...?limit=N&window=S&style=x|github|ietf
+                                     N requests of a FAMILY per S-second window, each answer
+                                     saying how many are left and when the window resets
+                                     (X-RateLimit-* with seconds left; GitHub's epoch reset and
+                                     403; the IETF RateLimit field); over it: 429 (GitHub: 403)
   An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
@@ -63,6 +69,7 @@ import argparse
 import email.utils
 import functools
 import json
+import math
 import sys
 import threading
 import time
@@ -94,6 +101,7 @@ class Stats:
             self.connections = 0
             self.seen: Counter[str] = Counter()
             self.log: list[dict[str, Any]] = []
+            self.quota_windows: dict[str, tuple[float, int]] = {}
 
     def connected(self) -> None:
         with self._lock:
@@ -125,6 +133,17 @@ class Stats:
         with self._lock:
             self.seen[key] += 1
             return self.seen[key]
+
+    def quota(self, family: str, limit: int, window: float) -> tuple[int, float]:
+        """Count a request of ``family`` against its quota: (requests left after this one,
+        negative when it is over; seconds until the window resets)."""
+        now = time.time()
+        with self._lock:
+            started, used = self.quota_windows.get(family, (now, 0))
+            if now - started >= window:
+                started, used = now, 0
+            self.quota_windows[family] = (started, used + 1)
+            return limit - used - 1, started + window - now
 
     def over_limit(self, family: str, max_in_flight: int, max_rate: float) -> bool:
         """Count a request of ``family`` in; True when it is one too many (in flight or per s)."""
@@ -302,6 +321,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b'{"cut": "')
             self.wfile.flush()
             self.close_connection = True
+        elif head == "/quota":
+            self._quota(path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":
             self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
@@ -314,6 +335,28 @@ class Handler(BaseHTTPRequestHandler):
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _quota(self, family: str, query: dict[str, str]) -> None:
+        """A quota of ``limit`` requests a ``window`` for the family, announced in headers of
+        one ``style``: "x" (X-RateLimit-*, seconds left), "github" (X-RateLimit-*, an epoch
+        reset, and a 403 when spent) or "ietf" (the structured RateLimit field)."""
+        limit, window = int(query.get("limit", "5")), float(query.get("window", "2"))
+        style = query.get("style", "x")
+        left, reset = self.server.stats.quota(family, limit, window)
+        remaining, seconds = max(left, 0), math.ceil(reset)
+        if style == "ietf":
+            headers = {
+                "RateLimit": f'"default";r={remaining};t={seconds}',
+                "RateLimit-Policy": f'"default";q={limit};w={window:g}',
+            }
+        else:
+            when = math.ceil(time.time() + reset) if style == "github" else seconds
+            headers = {"X-RateLimit-Remaining": str(remaining), "X-RateLimit-Reset": str(when)}
+        if left >= 0:
+            self._json(200, {"family": family, "ok": True}, headers)
+        else:
+            status = 403 if style == "github" else 429
+            self._json(status, {"message": "API rate limit exceeded"}, headers)
 
     def _s3_object(self, key: str) -> None:
         """An S3 object, or the errors S3 answers with (XML, as botocore reads them)."""

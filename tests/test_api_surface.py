@@ -29,7 +29,7 @@ BATCH_ONLY = {"journal": None, "progress": None}
 CLI_NAMES = {
     "concurrency", "attempts", "timeout", "budget", "deadline", "expect", "max_bytes", "rate",
     "per_host", "cooldown", "adaptive", "dedup", "cookies", "deny_private", "namespace",
-    "lease_ttl", "breaker",
+    "lease_ttl", "breaker", "quota_headers",
 }  # fmt: skip
 
 

@@ -188,6 +188,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "(repeatable; names are case-insensitive).",
 )
 @click.option(
+    "--quota-headers/--no-quota-headers",
+    default=DEFAULT.quota_headers,
+    help="When a host's rate-limit headers (X-RateLimit-Remaining/-Reset, RateLimit-*, the "
+    "IETF RateLimit field) say its quota is spent, hold its new attempts until the reset; a "
+    "403 saying so is retried after it.",
+)
+@click.option(
     "--deny-private",
     default=DEFAULT.deny_private,
     is_flag=True,
@@ -316,6 +323,7 @@ def command(
     secret_headers: tuple[str, ...],
     secret_params: tuple[str, ...],
     deny_private: bool,
+    quota_headers: bool,
     cacert: str | None,
     client_cert: str | None,
     client_key: str | None,
@@ -347,7 +355,8 @@ def command(
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
             dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
             secret_params=secret_params,
-            deny_private=deny_private, verify=False if insecure else cacert,
+            deny_private=deny_private, quota_headers=quota_headers,
+            verify=False if insecure else cacert,
             cert=client_cert if client_key is None else (client_cert, client_key),
         )  # fmt: skip
     except ValueError as exc:

@@ -1,0 +1,63 @@
+"""What a host's rate-limit headers say: how long until its quota resets, when none is left.
+
+Pure functions of header values, so that a host is held before it answers 429, not after.
+Read, the first that says something winning:
+
+* ``X-RateLimit-Remaining`` / ``X-RateLimit-Reset`` (GitHub, Twitter, many others): the reset
+  is an epoch time or a number of seconds left, told apart by size;
+* ``RateLimit-Remaining`` / ``RateLimit-Reset`` (the IETF draft's early form): seconds left;
+* ``RateLimit: "policy";r=0;t=30`` (the IETF draft's structured field; also its older
+  ``limit=100, remaining=0, reset=30`` form), with ``RateLimit-Policy``'s window (``w=60``) as
+  the wait when the field gives no reset.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+# A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
+# window lasts 31 years, and no server clock is set before 2001.
+_EPOCH_THRESHOLD = 1e9
+_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*(\d+)")
+_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)")
+_WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*(\d+(?:\.\d+)?)")
+
+Header = Callable[[str], str | None]
+
+
+def quota_wait(header: Header, unix_time: Callable[[], float]) -> float | None:
+    """Seconds until the host's quota resets, when its headers say nothing is left; None when
+    they say something is left, or nothing at all. ``header`` looks a header up by name (case
+    does not matter); ``unix_time`` reads the clock, for an epoch reset."""
+    remaining = header("X-RateLimit-Remaining")
+    if remaining is not None:
+        return _wait(remaining, header("X-RateLimit-Reset"), unix_time)
+    remaining = header("RateLimit-Remaining")
+    if remaining is not None:
+        return _wait(remaining, header("RateLimit-Reset"), unix_time)
+    field = header("RateLimit")
+    if field is None:
+        return None
+    left, reset = _REMAINING.search(field), _RESET.search(field)
+    if left is None:
+        return None
+    if reset is None:  # the policy's window: the longest the wait can be
+        policy = header("RateLimit-Policy")
+        reset = _WINDOW.search(policy) if policy is not None else None
+    return _wait(left[1], reset[1] if reset is not None else None, unix_time)
+
+
+def _wait(remaining: str, reset: str | None, unix_time: Callable[[], float]) -> float | None:
+    try:
+        if int(remaining.strip()) > 0:
+            return None
+        seconds = float((reset or "").strip())
+    except ValueError:  # a value that says nothing usable
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    if seconds > _EPOCH_THRESHOLD:
+        seconds -= unix_time()
+    return max(seconds, 0.0)

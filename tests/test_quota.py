@@ -1,0 +1,135 @@
+"""Quota headers: a host that says its quota is spent is held until the reset, before it
+answers 429; checked from the headers' side (pure functions) and the server's."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from batchsync import fetch_all
+from batchsync.classify import classify_status, host_feedback
+from batchsync.quota import quota_wait
+
+from .mockserver import MockServerProcess
+
+NOW = 1_800_000_000.0
+
+
+def headers(**given: str) -> Any:
+    """A header look-up by name, case-insensitive, as a response's ``headers.get``."""
+    lowered = {name.replace("_", "-").lower(): value for name, value in given.items()}
+    return lambda name: lowered.get(name.lower())
+
+
+@pytest.mark.parametrize(
+    ("given", "wait"),
+    [
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "30"}, 30.0),  # seconds left
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) + 45)}, 45.0),  # epoch
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) - 5)}, 0.0),  # past
+        ({"X_RateLimit_Remaining": "3", "X_RateLimit_Reset": "30"}, None),  # some left
+        ({"X_RateLimit_Remaining": "0"}, None),  # no reset: nothing to go by
+        ({"X_RateLimit_Remaining": "none", "X_RateLimit_Reset": "30"}, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "nan"}, None),
+        ({"RateLimit_Remaining": "0", "RateLimit_Reset": "12"}, 12.0),
+        ({"RateLimit": '"default";r=0;t=20'}, 20.0),  # the IETF structured field
+        ({"RateLimit": '"default";r=7;t=20'}, None),
+        ({"RateLimit": "limit=100, remaining=0, reset=8"}, 8.0),  # its older form
+        ({"RateLimit": '"default";r=0', "RateLimit_Policy": '"default";q=100;w=60'}, 60.0),
+        ({}, None),
+    ],
+)
+def test_the_wait_a_hosts_headers_announce(given: dict[str, str], wait: float | None) -> None:
+    assert quota_wait(headers(**given), lambda: NOW) == wait
+
+
+def test_a_403_that_says_the_quota_is_spent_is_a_rate_limit() -> None:
+    """GitHub's rule: retried after the reset, not a final 403; a plain 403 stays final."""
+    limited = classify_status(403, None, NOW, quota=40.0)
+    assert limited is not None
+    assert (limited.outcome, limited.retry_after, host_feedback(limited).quota) == (
+        "retry",
+        40.0,
+        40.0,
+    )
+    assert classify_status(403, "5", NOW) is not None
+    assert classify_status(403, "5", NOW).outcome == "retry"  # type: ignore[union-attr]
+    forbidden = classify_status(403, None, NOW)
+    assert forbidden is not None and forbidden.outcome == "terminal"
+    both = classify_status(429, "5", NOW, quota=9.0)
+    assert both is not None and both.retry_after == 9.0  # the longer is the floor
+
+
+def quota_urls(server: MockServerProcess, count: int, **query: str) -> tuple[str, list[str]]:
+    family = uuid.uuid4().hex[:8]
+    search = "&".join(f"{k}={v}" for k, v in query.items())
+    return family, [f"{server.url}/quota/{family}/{n}?{search}" for n in range(count)]
+
+
+def answers(server: MockServerProcess, family: str) -> list[dict[str, Any]]:
+    return server.log(f"/quota/{family}/")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["x", "github", "ietf"])
+def test_a_host_is_held_from_the_answer_that_spent_its_quota_to_the_reset(
+    server: MockServerProcess, style: str
+) -> None:
+    family, urls = quota_urls(server, 12, limit="4", window="1.5", style=style)
+    rs = fetch_all(urls, concurrency=1, budget=20)
+    assert [r.ok for r in rs] == [True] * 12
+    log = answers(server, family)
+    # One at a time: each answer that said "0 left" is followed by no request until the
+    # window's reset, so the server never had to refuse one.
+    assert [entry["status"] for entry in log] == [200] * 12
+    spent = [log[i] for i in (3, 7)]  # the 4th and 8th answers: the quota's last requests
+    for last, after in zip(spent, (log[4], log[8]), strict=True):
+        assert after["t"] - last["end"] >= 0.5  # held to the reset (window 1.5 s, from its start)
+    assert rs.summary().waits.get("quota", 0) > 0.5
+
+
+@pytest.mark.integration
+def test_no_request_reaches_a_host_between_its_last_allowed_one_and_the_reset(
+    server: MockServerProcess,
+) -> None:
+    """Four workers, a quota of 5 per 2 s window (GitHub's style, a 403 when spent): what was
+    already sent when the quota ran out may be refused and is retried after the reset; nothing
+    is sent after the answer that said "0 left" until the window resets."""
+    family, urls = quota_urls(server, 16, limit="5", window="2", style="github")
+    rs = fetch_all(urls, concurrency=4, budget=30)
+    assert all(r.ok for r in rs), [r.error for r in rs if not r.ok]
+    log = sorted(answers(server, family), key=lambda entry: entry["t"])
+    windows: list[list[dict[str, Any]]] = []
+    for entry in log:  # the server's windows: from a window's first request, 2 s long
+        if not windows or entry["t"] - windows[-1][0]["t"] >= 2:
+            windows.append([])
+        windows[-1].append(entry)
+    for window in windows:
+        if len(window) < 5:
+            continue
+        spent_at = sorted(entry["end"] for entry in window)[4]  # "0 left" was said
+        resets_at = window[0]["t"] + 2
+        held = [e for e in log if spent_at + 0.1 < e["t"] < resets_at - 0.05]
+        assert held == [], (spent_at, resets_at)
+    assert rs.summary().waits.get("quota", 0) > 1
+
+
+@pytest.mark.integration
+def test_a_reset_beyond_the_budget_ends_the_items_as_budget_unsent(
+    server: MockServerProcess,
+) -> None:
+    family, urls = quota_urls(server, 3, limit="1", window="60", style="x")
+    rs = fetch_all(urls, concurrency=1, budget=3)
+    assert [r.ok for r in rs] == [True, False, False]
+    assert {r.error_kind for r in rs[1:]} == {"budget"}
+    assert len(answers(server, family)) == 1  # the host said 0 left: nothing more was sent
+
+
+@pytest.mark.integration
+def test_quota_headers_can_be_ignored(server: MockServerProcess) -> None:
+    family, urls = quota_urls(server, 6, limit="2", window="1", style="x")
+    rs = fetch_all(urls, concurrency=1, quota_headers=False, budget=20)
+    assert all(r.ok for r in rs)
+    assert any(entry["status"] == 429 for entry in answers(server, family))
