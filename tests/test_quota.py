@@ -3,16 +3,21 @@ answers 429; checked from the headers' side (pure functions) and the server's.""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import Any
 
 import pytest
 
 from batchsync import fetch_all
+from batchsync.budget import Allowance
 from batchsync.classify import classify_status, host_feedback
 from batchsync.quota import quota_wait
+from batchsync.verdict import success
 
 from .mockserver import MockServerProcess
+from .services import redis_server
 
 NOW = 1_800_000_000.0
 
@@ -133,3 +138,27 @@ def test_quota_headers_can_be_ignored(server: MockServerProcess) -> None:
     rs = fetch_all(urls, concurrency=1, quota_headers=False, budget=20)
     assert all(r.ok for r in rs)
     assert any(entry["status"] == 429 for entry in answers(server, family))
+
+
+def test_a_spent_quota_holds_every_process_sharing_redis_limits() -> None:
+    from batchsync.contrib.redis import RedisLimits
+    from batchsync.limits import Admission, build_gates
+
+    with redis_server() as url:
+        settings: dict[str, Any] = {
+            "concurrency": 2, "rate": None, "per_host": None, "cooldown": "host",
+            "breaker": None, "adaptive": False,
+        }  # fmt: skip
+        one = build_gates(**settings, shared=RedisLimits(url, "quota-test", 10.0))
+        other = build_gates(**settings, shared=RedisLimits(url, "quota-test", 10.0))
+        admission = one.admit("api.test", Allowance(time.monotonic() + 60), threading.Event())
+        assert isinstance(admission, Admission)
+        spent = success(None, 200)
+        spent.quota = 30.0
+        one.release(admission, host_feedback(spent))
+        refused = other.admit("api.test", Allowance(time.monotonic() + 5), threading.Event())
+        assert refused == "budget"  # held for the reset, 30 s, beyond a budget of 5 s
+        assert isinstance(
+            other.admit("elsewhere.test", Allowance(time.monotonic() + 5), threading.Event()),
+            Admission,
+        )
