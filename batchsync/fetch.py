@@ -275,7 +275,9 @@ class HttpJob:
     def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
         status = reply.status
         quota = (
-            quota_wait(reply.headers.get, self._unix_time) if self._options.quota_headers else None
+            quota_wait(reply.headers.items(), self._unix_time)
+            if self._options.quota_headers
+            else None
         )
         if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
             retry_after = reply.headers.get("Retry-After")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
@@ -24,27 +24,32 @@ _REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*(\d+)")
 _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)")
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*(\d+(?:\.\d+)?)")
 
-Header = Callable[[str], str | None]
 
-
-def quota_wait(header: Header, unix_time: Callable[[], float]) -> float | None:
+def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float]) -> float | None:
     """Seconds until the host's quota resets, when its headers say nothing is left; None when
-    they say something is left, or nothing at all. ``header`` looks a header up by name (case
-    does not matter); ``unix_time`` reads the clock, for an epoch reset."""
-    remaining = header("X-RateLimit-Remaining")
+    they say something is left, or nothing at all. ``headers`` are a response's (name, value)
+    pairs, read once; ``unix_time`` reads the clock, for an epoch reset."""
+    found: dict[str, str] = {}
+    for name, value in headers:  # (one pass: most answers have no such header at all)
+        lowered = name.lower()
+        if "ratelimit" in lowered:
+            found[lowered] = value
+    if not found:
+        return None
+    remaining = found.get("x-ratelimit-remaining")
     if remaining is not None:
-        return _wait(remaining, header("X-RateLimit-Reset"), unix_time)
-    remaining = header("RateLimit-Remaining")
+        return _wait(remaining, found.get("x-ratelimit-reset"), unix_time)
+    remaining = found.get("ratelimit-remaining")
     if remaining is not None:
-        return _wait(remaining, header("RateLimit-Reset"), unix_time)
-    field = header("RateLimit")
+        return _wait(remaining, found.get("ratelimit-reset"), unix_time)
+    field = found.get("ratelimit")
     if field is None:
         return None
     left, reset = _REMAINING.search(field), _RESET.search(field)
     if left is None:
         return None
     if reset is None:  # the policy's window: the longest the wait can be
-        policy = header("RateLimit-Policy")
+        policy = found.get("ratelimit-policy")
         reset = _WINDOW.search(policy) if policy is not None else None
     return _wait(left[1], reset[1] if reset is not None else None, unix_time)
 

@@ -22,10 +22,9 @@ from .services import redis_server
 NOW = 1_800_000_000.0
 
 
-def headers(**given: str) -> Any:
-    """A header look-up by name, case-insensitive, as a response's ``headers.get``."""
-    lowered = {name.replace("_", "-").lower(): value for name, value in given.items()}
-    return lambda name: lowered.get(name.lower())
+def headers(**given: str) -> list[tuple[str, str]]:
+    """A response's header (name, value) pairs, names as servers write them."""
+    return [(name.replace("_", "-"), value) for name, value in given.items()]
 
 
 @pytest.mark.parametrize(
