@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import time
 import uuid
 from collections.abc import Callable
@@ -87,10 +88,10 @@ def test_the_interrupt_button_stops_a_batch_and_leaves_no_thread(
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         check = (
             "import threading\n"
-            "print(len(b.results), b.pending,"
-            " [t.name for t in threading.enumerate() if t.name.startswith('batchsync')])"
+            "f'{len(b.results)} {b.pending} "
+            '{[t.name for t in threading.enumerate() if t.name.startswith("batchsync")]}\''
         )
-        output = execute_and_read(client, check)
+        output = evaluate(client, check)
         done, pending, threads = output.split(" ", 2)
         assert 4 <= int(done) < 40
         assert int(done) + int(pending) == 40
@@ -111,15 +112,22 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def execute_and_read(client: Any, code: str) -> str:
-    """Run ``code`` in the kernel and return what it printed."""
+def evaluate(client: Any, code: str) -> str:
+    """Run ``code`` in the kernel and return the string its last line evaluates to.
+
+    A value, not a print: the kernel publishes it before going idle, where printed text may
+    come after on a loaded machine. An error in the cell fails the test, saying which.
+    """
     message_id = client.execute(code)
-    printed = []
+    value = None
     while True:
         message = client.get_iopub_msg(timeout=30)
         if message["parent_header"].get("msg_id") != message_id:
             continue
-        if message["msg_type"] == "stream":
-            printed.append(message["content"]["text"])
+        if message["msg_type"] == "execute_result":
+            value = ast.literal_eval(message["content"]["data"]["text/plain"])
+        if message["msg_type"] == "error":
+            raise AssertionError(f"{message['content']['ename']}: {message['content']['evalue']}")
         if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            return "".join(printed).strip()
+            assert isinstance(value, str), value
+            return value

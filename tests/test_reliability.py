@@ -143,8 +143,11 @@ def test_engine_invariants_hold_for_any_fault_schedule(
         for record, step in zip(result.attempt_log, played, strict=True):
             if record.wait is not None and step.outcome == "retry" and step.retry_after:
                 assert record.wait >= step.retry_after  # Retry-After is a floor
+        # No wait runs past the budget: each was decided against what was left of it (the
+        # waits' own sum, not the wall clock, which a loaded machine stretches).
+        assert sum(record.wait or 0.0 for record in result.attempt_log) < budget
         slowest = max((step.delay for step in schedule), default=0.0)
-        assert result.elapsed <= budget + slowest + 0.15  # no wait runs past the budget
+        assert result.elapsed <= budget + slowest + 2.0  # and nothing hangs
 
 
 # --- chaos against the real mock server ---------------------------------------------------
