@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .calls import CallJob
-from .engine import Deliver, Engine, EngineSettings, Job
+from .engine import Deliver, Engine, Job
 from .fetch import HttpJob
 from .guard import Guard
 from .journal import Encode, Journal, JournalUnusable
@@ -115,9 +115,8 @@ def fetch(
     try:
         return _run(
             options, job if wrap is None else wrap(job), items, deliver, gates=gates,
-            observers=observers_for(options, gates, progress) if observed else [],
-            secrets=job.secrets,
-            journal=journal, abort=transport.abort, on_start=on_start,
+            progress=progress, observed=observed, secrets=job.secrets, journal=journal,
+            abort=transport.abort, on_start=on_start,
         )  # fmt: skip
     finally:
         job.close()
@@ -138,13 +137,12 @@ def call(
     """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
     engine as an HTTP run (``observed`` as for ``fetch``)."""
     gates = gates_for(options) if gates is None else gates
-    job = CallJob(fn, options, options.secrets(), gates)
+    secrets = options.secrets()
+    job = CallJob(fn, options, secrets, gates)
     try:
         return _run(
-            options, job, items, deliver, gates=gates,
-            observers=observers_for(options, gates, progress) if observed else [],
-            secrets=options.secrets(), journal=journal, abort=None,
-            on_start=lambda run: None,
+            options, job, items, deliver, gates=gates, progress=progress, observed=observed,
+            secrets=secrets, journal=journal, abort=None, on_start=lambda run: None,
         )  # fmt: skip
     finally:
         job.close()
@@ -169,26 +167,26 @@ def call_once(
 
 
 def _run(
-    options: EngineSettings,
+    options: FlowOptions,
     job: Job,
     items: Iterable[tuple[int, object]],
     deliver: Deliver,
     *,
-    gates: Gates | None,
-    observers: list[Observer],
+    gates: Gates,
+    progress: Observer | None,
+    observed: bool,
     secrets: Secrets,
     journal: Journal | None,
     abort: Callable[[], None] | None,
     on_start: Callable[[Stoppable], None],
 ) -> Ran:
+    observers = observers_for(options, gates, progress) if observed else []
     engine = Engine(options, gates=gates, observers=observers, abort=abort)
     on_start(engine)
     if journal is not None:
         deliver = journaling(journal, deliver)
     with watching(secrets):
         finished = engine.run(job, items, deliver)
-    if gates is None:
-        return Ran(engine.stopped, not finished, {}, 0)
     return Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
 
 

@@ -472,10 +472,10 @@ class Gates:
         try:
             refusal = self._pass(admission, allowance, stop)
         except BaseException:  # (the backend gone, or an interrupt while waiting)
-            self._undo(admission)
+            self.abandon(admission)
             raise
         if refusal is not None:
-            self._undo(admission)
+            self.abandon(admission)
             return refusal
         return admission
 
@@ -589,11 +589,8 @@ class Gates:
                 return None, limit
 
     def abandon(self, admission: Admission) -> None:
-        """Give back what an attempt that never came to a Verdict held (an interrupt): its
-        slot, its probe; it tells the limits nothing."""
-        self._undo(admission)
-
-    def _undo(self, admission: Admission) -> None:
+        """Give back what an admission held when its attempt never came to a Verdict (a
+        refusal at a later gate, an interrupt): its slot, its probe; it tells nothing."""
         if admission.adaptive_since is not None and self._adaptive is not None:
             self._adaptive.leave(admission.adaptive_since, congested=None)
         # A backend that cannot be reached forgets on its own: leases and probes expire.

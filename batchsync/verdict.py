@@ -95,6 +95,3 @@ class Feedback:
     unwell: bool | None = None
     hold: float | None = None
     quota: float | None = None
-
-
-NO_FEEDBACK = Feedback()
