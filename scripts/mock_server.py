@@ -60,7 +60,7 @@ Every path except /stats counts towards the stats: ``counts`` (per path with que
 ``requests``, ``peak_concurrency`` (requests being handled at once), ``peak_by_host`` (the
 same per Host header), ``connections`` (TCP connections that carried at least one of those
 requests) and ``log`` (arrival ``t`` and ``end`` as Unix times, ``target``, ``host``,
-``status``).
+``status``; a quota request also its ``window``'s start).
 """
 
 from __future__ import annotations
@@ -134,16 +134,16 @@ class Stats:
             self.seen[key] += 1
             return self.seen[key]
 
-    def quota(self, family: str, limit: int, window: float) -> tuple[int, float]:
+    def quota(self, family: str, limit: int, window: float) -> tuple[int, float, float]:
         """Count a request of ``family`` against its quota: (requests left after this one,
-        negative when it is over; seconds until the window resets)."""
+        negative when it is over; when its window began; seconds until the window resets)."""
         now = time.time()
         with self._lock:
             started, used = self.quota_windows.get(family, (now, 0))
             if now - started >= window:
                 started, used = now, 0
             self.quota_windows[family] = (started, used + 1)
-            return limit - used - 1, started + window - now
+            return limit - used - 1, started, started + window - now
 
     def over_limit(self, family: str, max_in_flight: int, max_rate: float) -> bool:
         """Count a request of ``family`` in; True when it is one too many (in flight or per s)."""
@@ -210,6 +210,7 @@ class Handler(BaseHTTPRequestHandler):
             self.counted_connection = True
             stats.connected()
         entry = stats.begin(self.path, self.headers.get("Host", ""))
+        self.entry = entry  # (a route may add to its log entry)
         self.status: int | None = None
         try:
             self._route(path, query, body)
@@ -342,7 +343,8 @@ class Handler(BaseHTTPRequestHandler):
         reset, and a 403 when spent) or "ietf" (the structured RateLimit field)."""
         limit, window = int(query.get("limit", "5")), float(query.get("window", "2"))
         style = query.get("style", "x")
-        left, reset = self.server.stats.quota(family, limit, window)
+        left, started, reset = self.server.stats.quota(family, limit, window)
+        self.entry["window"] = started  # (the log says which window each request fell in)
         remaining, seconds = max(left, 0), math.ceil(reset)
         if style == "ietf":
             headers = {
