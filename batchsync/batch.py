@@ -24,6 +24,7 @@ from .journal import Journal, JournalUnusable, locked, resumed
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
 from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
+from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary
@@ -129,6 +130,18 @@ class Resumable(Generic[OptionsT]):
                         f"the journal {path}: the Result of item {index} cannot be read back: "
                         f"{type(exc).__name__}"
                     ) from None
+            for index, (continuation, _) in reader.unfinished(len(self.items)).items():
+                self._done[index] = replace(self._done[index], continuation=continuation)
+
+    def _todo(self) -> Iterator[tuple[int, Any]]:
+        """The items to run: those without a final Result, and the paginated ones that
+        stopped partway, to go on from their next page."""
+        for index, item in enumerate(self.items):
+            kept = self._done.get(index)
+            if kept is None:
+                yield index, item
+            elif kept.continuation is not None:
+                yield index, Continued.of(item, kept.continuation, kept.data)
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -157,12 +170,14 @@ class Resumable(Generic[OptionsT]):
 
     @property
     def pending(self) -> int:
-        """How many items have no final Result yet."""
-        return len(self.items) - len(self._done)
+        """How many items have no final Result yet, or have pages still to fetch."""
+        going_on = sum(1 for result in self._done.values() if result.continuation is not None)
+        return len(self.items) - len(self._done) + going_on
 
     def run(self) -> ResultSet:
-        """Run every item without a final Result; returns ``results``."""
-        todo = ((i, item) for i, item in enumerate(self.items) if i not in self._done)
+        """Run every item without a final Result (and go on with the paginated ones that
+        stopped partway); returns ``results``."""
+        todo = self._todo()
         with contextlib.ExitStack() as held:
             journal = None
             if self.journal is not None:
@@ -228,6 +243,10 @@ class Batch(Resumable[FetchOptions]):
         cookies: bool = DEFAULT.cookies,
         deny_private: bool = DEFAULT.deny_private,
         quota_headers: bool = DEFAULT.quota_headers,
+        paginate: str | None = DEFAULT.paginate,
+        cursor_param: str = DEFAULT.cursor_param,
+        max_pages: int | None = DEFAULT.max_pages,
+        page_items: str | None = DEFAULT.page_items,
         metrics: Any = DEFAULT.metrics,
         tracer: Any = DEFAULT.tracer,
         limits: Any = DEFAULT.limits,

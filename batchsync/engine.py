@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from .backoff import Backoff
@@ -74,6 +75,12 @@ class Route:
     max_attempts: int | None = None
     no_retry_reason: str | None = None
     gated: bool = True
+    # A step of a longer item (a page of a paged one): after a success, the item's data so
+    # far and the route of its next step (None when it was the last, a Verdict when the item
+    # cannot go on); and where the item would start again from this step, kept when it stops
+    # here (for ``Result.continuation``).
+    then: Callable[[Verdict], tuple[Any, Route | Verdict | None]] | None = None
+    continuation: Any = None
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -83,7 +90,9 @@ class Task:
     ``route`` is the item's own request; ``fallbacks`` are tried in order after it has used
     up its retries on a retryable failure (never after a final one). Items whose
     ``dedup_key`` is equal and in flight together are sent once. ``subject`` is what
-    ``on_attempt`` hooks are shown (the RequestSpec for HTTP).
+    ``on_attempt`` hooks are shown (the RequestSpec for HTTP). An item made of steps (pages)
+    counts them from ``steps`` (those done before, by an earlier run; None when it has no
+    steps) and starts from the ``data`` they gave.
     """
 
     url: str | None
@@ -92,6 +101,8 @@ class Task:
     fallbacks: tuple[Route, ...] = ()
     dedup_key: Hashable | None = None
     subject: object = None
+    steps: int | None = None
+    data: Any = None
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -487,31 +498,69 @@ class Engine:
         records: list[AttemptRecord] = []
         errors: list[str] = []
 
-        def result(verdict: Verdict, error: str | None, fallback: int | None) -> Result:
+        def result(
+            verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
+        ) -> Result:
+            going_on = steps is not None and steps.done > 0 and not verdict.ok
             return Result(
                 index=index, url=task.url, ok=verdict.ok, id=task.id,
                 status_code=verdict.status_code,
                 attempts=sum(2 if record.hedged else 1 for record in records),
-                error_kind=verdict.error_kind, error=error, data=verdict.data,
+                error_kind=verdict.error_kind, error=error,
+                data=verdict.data if steps is None else steps.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),
                 fallback_used=fallback, final_url=verdict.final_url, redirects=verdict.redirects,
+                pages=None if steps is None else steps.done,
+                continuation=steps.continuation if going_on and steps else None,
             )  # fmt: skip
 
         so_far: Result | None = None
         for position, route in enumerate((task.route, *task.fallbacks)):
             fallback = position - 1 if position else None
-            verdict, error = self._follow(
-                route, fallback, index=index, task=task, allowance=allowance, job=job,
-                records=records, so_far=so_far,
+            follow = partial(
+                self._follow, fallback=fallback, index=index, task=task, allowance=allowance,
+                job=job, records=records, so_far=so_far,
             )  # fmt: skip
+            verdict, error = follow(route)
+            steps = None
+            if route.then is not None:
+                verdict, error, steps = self._steps(route, verdict, error, task, follow)
+                # A step that failed ends the item with what the steps before it gave (a
+                # first one that failed is the item's own route failing, as without steps).
+                if verdict.ok or steps.done:
+                    return result(verdict, None if verdict.ok else error, fallback, steps)
             if verdict.ok:
                 return result(verdict, None, fallback)
             errors.append(error if fallback is None else f"fallback {fallback}: {error}")
-            so_far = result(verdict, "; ".join(errors), None)
+            so_far = result(verdict, "; ".join(errors), None, steps)
             if not _may_fall_back(verdict, primary=fallback is None):
                 break
         assert so_far is not None
         return so_far
+
+    @staticmethod
+    def _steps(
+        route: Route,
+        verdict: Verdict,
+        error: str,
+        task: Task,
+        follow: Callable[[Route], tuple[Verdict, str]],
+    ) -> tuple[Verdict, str, Steps]:
+        """An item made of steps (pages): after each success, its next step, until one fails
+        or none is left. Each step is a route of its own: its own retries, the item's budget."""
+        steps = Steps(task.steps or 0, task.data, route.continuation)
+        while verdict.ok and route.then is not None:
+            steps.data, following = route.then(verdict)
+            steps.done += 1
+            if following is None:
+                break
+            if isinstance(following, Verdict):  # the item cannot go on: it ends with this
+                steps.continuation = None
+                return following, following.error or "", steps
+            route = following
+            steps.continuation = route.continuation
+            verdict, error = follow(route)
+        return verdict, error, steps
 
     def _follow(
         self,
@@ -598,6 +647,16 @@ class Engine:
         if last is None:
             return Verdict("terminal", kind, reason), reason
         return replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}"
+
+
+@dataclass(slots=True)
+class Steps:
+    """How far an item made of steps has come: steps done, the data they gave, and where it
+    would start again."""
+
+    done: int
+    data: Any
+    continuation: Any
 
 
 def _may_fall_back(verdict: Verdict, primary: bool) -> bool:

@@ -20,7 +20,8 @@ from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
 from .limits import Gates
 from .options import FetchOptions
-from .origins import host_of
+from .origins import host_of, origin_of
+from .paginate import Continued, NoRecords, Page, first_position, gathered, next_page
 from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
@@ -47,8 +48,9 @@ class HttpJob:
         self._options = options
         self._transport = transport
         self._secrets = options.secrets()
+        self._paging = options.paging()
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
-        self._lean = options.on_attempt is None and not options.fallbacks
+        self._lean = options.on_attempt is None and not options.fallbacks and not self._paging
         self._unix_time = unix_time
         self._hedger: Hedger | None = None
         if options.hedge_after is not None:
@@ -74,7 +76,7 @@ class HttpJob:
         return host_feedback(verdict)
 
     def label(self, item: object) -> tuple[str | None, Any]:
-        url, item_id = item_label(item)
+        url, item_id = item_label(item.item if isinstance(item, Continued) else item)
         return (None if url is None else self._secrets.url(url)), item_id
 
     def prepare(self, item: object) -> Task:
@@ -94,7 +96,8 @@ class HttpJob:
                 attempt = partial(self._attempt, wire, self._hedge_host(wire.host), frozenset())
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
-        spec = parse_item(item)
+        continued = item if isinstance(item, Continued) else None
+        spec = parse_item(item if continued is None else continued.item)
         for url in (spec.url, *(spec.fallbacks or ())):
             self._guarded(urlsplit(url).hostname or "")
         own = self._item_secrets(spec)
@@ -103,16 +106,81 @@ class HttpJob:
             Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
             for fallback in self._options.fallbacks
         ]
-        return Task(
+        task = Task(
             self._secrets.text(spec.url, own), spec.id, routes[0], tuple(routes[1:]),
             self._dedup_key(spec), subject=spec,
         )  # fmt: skip
+        if self._paging is not None:
+            self._paged(task, spec, own, continued)
+        return task
+
+    def _paged(
+        self, task: Task, spec: RequestSpec, own: frozenset[str], continued: Continued | None
+    ) -> None:
+        """Make the item's own route its first page (or, resumed, the page it goes on from)."""
+        assert self._paging is not None
+        if spec.params:  # the page parameters go in the URL: so do the item's own
+            spec = spec.model_copy(
+                update={"url": _with_params(spec.url, spec.params), "params": None}
+            )
+        if continued is None:
+            page = Page(spec.url, 1, first_position(self._paging, spec.url), [])
+        else:
+            page = continued.page
+        task.route = self._page_route(spec, own, page)
+        task.steps, task.data = page.number - 1, page.data
+
+    def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
+        route = self._url_route(spec, page.url, own)
+        if page.number > 1:
+            named = f"page {page.number} ({self._secrets.text(page.url, own)})"
+            route.attempt = partial(_on_page, named, route.attempt)
+        route.then = partial(self._after_page, spec, own, page)
+        route.continuation = page.continuation()
+        return route
+
+    def _after_page(
+        self, spec: RequestSpec, own: frozenset[str], page: Page, verdict: Verdict
+    ) -> tuple[Any, Route | Verdict | None]:
+        """The item's data with this page, and the route to the next page (None: done; a
+        Verdict: the next page cannot be fetched)."""
+        assert self._paging is not None
+        data = gathered(self._paging, page.data, verdict.data)
+        try:
+            following = next_page(
+                self._paging, first_url=spec.url, url=page.url, number=page.number,
+                position=page.position, body=verdict.data, link=verdict.link,
+            )  # fmt: skip
+        except NoRecords as exc:  # (a later run would meet it again: nothing to go on from)
+            return data, terminal("invalid_body", f"after page {page.number}: {exc}")
+        if following is None:
+            return data, None
+        url, position = following
+        upcoming = Page(url, page.number + 1, position, data)
+        problem = self._page_problem(spec.url, url)
+        if problem is None:
+            return data, self._page_route(spec, own, upcoming)
+        shown = f"page {upcoming.number} ({self._secrets.text(url, own)}): {problem}"
+        return data, terminal("invalid_body", shown)
+
+    def _page_problem(self, first_url: str, url: str) -> str | None:
+        """Why a next page named by a response is not fetched: the item's headers and
+        secrets stay with its own origin, and deny_private holds for pages too."""
+        if origin_of(url) != origin_of(first_url):
+            return "the next page is on another origin; not followed"
+        try:
+            self._guarded(urlsplit(url).hostname or "")
+        except InvalidItem as exc:
+            return str(exc)
+        return None
 
     def _item_secrets(self, item: object) -> frozenset[str]:
         """An item's own secret values (see ``Secrets.of_item``), read from a RequestSpec or
         from whatever was given, valid or not."""
         headers: Mapping[str, Any] | None
         params: Mapping[str, Any] | None
+        if isinstance(item, Continued):
+            item = item.item
         if isinstance(item, RequestSpec):
             urls, headers, params = [item.url, *(item.fallbacks or ())], item.headers, item.params
         elif isinstance(item, Mapping):
@@ -293,7 +361,27 @@ class HttpJob:
             content_type = reply.headers.get("Content-Type") if expect == "text" else None
             verdict = success(decode_body(body, expect, content_type), status)
         verdict.quota = quota
+        if self._paging is not None and self._paging.style == "link":
+            verdict.link = reply.headers.get("Link")
         return verdict
+
+
+def _on_page(
+    named: str,
+    attempt: Callable[[float | None, Result | None], Verdict],
+    wall_end: float | None,
+    so_far: Result | None,
+) -> Verdict:
+    """An attempt at a later page, its failure naming the page."""
+    verdict = attempt(wall_end, so_far)
+    return verdict if verdict.error is None else replace(verdict, error=f"{named}: {verdict.error}")
+
+
+def _with_params(url: str, params: Mapping[str, Any]) -> str:
+    """The URL requests would send for ``url`` and ``params``."""
+    prepared = requests.PreparedRequest()
+    prepared.prepare_url(url, params)
+    return str(prepared.url)
 
 
 def _listed(value: object) -> list[object]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import queue
 import sqlite3
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from .result import Result, Summary, summarize
@@ -38,14 +40,15 @@ CREATE TABLE IF NOT EXISTS results (
     elapsed REAL NOT NULL,
     backoff REAL NOT NULL,
     record TEXT NOT NULL,
-    request TEXT
+    request TEXT,
+    resume TEXT
 );
 """
 
 # The keys of the input identity that must match for a journal to be resumed.
 IDENTITY_KEYS = ("entries", "sha256")
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
-SCHEMA_VERSION = "batchsync-journal 2"
+SCHEMA_VERSION = "batchsync-journal 3"
 
 _BATCH_ROWS = 5000
 # Results waiting for the writer at most (besides the group it is storing): beyond that,
@@ -61,7 +64,7 @@ _PUT_POLL_SECONDS = 0.1
 BUSY_RESULTS_PER_SECOND = 1000
 _LINGER_SECONDS = 0.02
 
-Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None]
+Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None, str | None]
 # Turns (Result, the item it is for) into the stored result JSON and failed-request JSON.
 Encode = Callable[[Result, object], tuple[str, str | None]]
 
@@ -232,7 +235,7 @@ class Journal:
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
             if None in pending:
                 return
@@ -245,9 +248,10 @@ class Journal:
     def _row(self, result: Result, item: object) -> Row:
         record, request = self._encode(result, item)
         backoff = sum(attempt.wait or 0.0 for attempt in result.attempt_log)
+        resume = None if result.continuation is None else json.dumps(result.continuation)
         return (
             result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
-            result.elapsed, backoff, record, request,
+            result.elapsed, backoff, record, request, resume,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -329,11 +333,22 @@ class JournalReader:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
 
     def done(self, size: int) -> bytearray:
-        """One byte per input index below ``size``: 1 where a final Result is stored."""
+        """One byte per input index below ``size``: 1 where a final Result is stored that
+        is not to go on (see ``unfinished``)."""
         marks = bytearray(size)
-        for (index,) in self._db.execute("SELECT idx FROM results WHERE idx < ?", (size,)):
+        query = "SELECT idx FROM results WHERE idx < ? AND resume IS NULL"
+        for (index,) in self._db.execute(query, (size,)):
             marks[index] = 1
         return marks
+
+    def unfinished(self, size: int) -> dict[int, tuple[Any, str]]:
+        """The paginated items that stopped partway, by index: where each goes on (its
+        ``Result.continuation``) and its stored record."""
+        query = "SELECT idx, resume, record FROM results WHERE idx < ? AND resume IS NOT NULL"
+        return {
+            int(index): (json.loads(resume), str(record))
+            for index, resume, record in self._db.execute(query, (size,))
+        }
 
     def records(self) -> Iterator[tuple[int, str]]:
         for index, record in self._db.execute("SELECT idx, record FROM results ORDER BY idx"):

@@ -8,10 +8,18 @@ from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .backoff import Backoff
 from .limits import Breaker, CooldownScope
+from .paginate import Paging, paging
 from .redact import Secrets
 from .result import AttemptRecord, Result
 from .spec import RequestSpec, check_headers, one_line
@@ -89,6 +97,14 @@ class FetchOptions(FlowOptions):
     deny_private: bool = False
     # Hold a host whose rate-limit headers say its quota is spent, until the reset.
     quota_headers: bool = True
+    # Follow each item's pages (see ``paginate.paging``): link, json:PATH, page:PARAM or
+    # offset:PARAM,STEP; a cursor found at json:PATH is sent as ``cursor_param``. The item's
+    # data is the list of its pages' bodies or, with ``page_items`` (a JMESPath), one flat
+    # list of the records found there in each page.
+    paginate: str | None = None
+    cursor_param: str = Field(default="cursor", min_length=1)
+    max_pages: int | None = Field(default=None, ge=1)
+    page_items: str | None = None
     expect: Expect = "json"
     headers: dict[str, str] | None = None
     secret_headers: tuple[str, ...] = ()
@@ -112,6 +128,27 @@ class FetchOptions(FlowOptions):
         return Secrets.of(
             self.headers, self.secret_headers, self.secret_params, _redis_password(self.limits)
         )
+
+    def paging(self) -> Paging | None:
+        """How items are paginated; None when they are not."""
+        if self.paginate is None:
+            return None
+        return paging(
+            self.paginate, cursor_param=self.cursor_param, records=self.page_items,
+            max_pages=self.max_pages,
+        )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _paging_known(self) -> FetchOptions:
+        if self.paginate is None:
+            if self.page_items is not None or self.max_pages is not None:
+                raise ValueError("page_items and max_pages need paginate")
+            return self
+        found = self.paging()
+        assert found is not None
+        if self.expect != "json" and (found.style == "json" or found.records is not None):
+            raise ValueError("paginate=json:… and page_items read JSON bodies: expect='json'")
+        return self
 
     @field_validator("headers")
     @classmethod

@@ -70,11 +70,17 @@ class Result:
     fallback_used: int | None = None
     final_url: str | None = None
     redirects: int = 0
+    # Pages fetched, when the item was paginated (None otherwise).
+    pages: int | None = None
+    # Where a paginated item that stopped partway would go on (its next page, secrets
+    # included): kept only by the journal, for a resumed run; never shown or written out.
+    continuation: Any = field(default=None, repr=False, compare=False)
 
     @property
     def final(self) -> bool:
-        """False only for an item stopped while waiting to retry: a later run should redo it."""
-        return self.error_kind != "cancelled"
+        """False only for an item stopped while waiting to retry with nothing kept: a later
+        run should redo it. (A paginated one that got pages is kept and goes on from there.)"""
+        return self.error_kind != "cancelled" or self.continuation is not None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Result:
@@ -105,7 +111,7 @@ class Result:
             "elapsed": round(self.elapsed, 6),
             "attempt_log": [record.to_dict() for record in self.attempt_log],
             "fallback_used": self.fallback_used,
-        }
+        } | ({} if self.pages is None else {"pages": self.pages})
 
 
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}

@@ -45,6 +45,8 @@ class Verdict:
     redirects: int = 0
     # Seconds until the host's quota resets, when its headers said none is left.
     quota: float | None = None
+    # The response's Link header, kept when items are paginated by their links.
+    link: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -48,6 +48,14 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      saying how many are left and when the window resets
                                      (X-RateLimit-* with seconds left; GitHub's epoch reset and
                                      403; the IETF RateLimit field); over it: 429 (GitHub: 403)
+  Paginated collections of TOTAL records {"n": i}, SIZE a page, the next page named by STYLE:
+    /pages/STYLE?total=N&size=K&fail=P&fail_times=T&tag=X&base=URL
+                                     link (a Link header), cursor (an opaque "next" in the
+                                     body, sent back as cursor=), next (the next path in the
+                                     body), page (page=1, 2, … until an empty page), offset
+                                     (offset=0, K, … until an empty page); page P answers 503
+                                     its first T requests (always without fail_times); a
+                                     next page is named on the server at base when given
   An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
@@ -60,12 +68,13 @@ Every path except /stats counts towards the stats: ``counts`` (per path with que
 ``requests``, ``peak_concurrency`` (requests being handled at once), ``peak_by_host`` (the
 same per Host header), ``connections`` (TCP connections that carried at least one of those
 requests) and ``log`` (arrival ``t`` and ``end`` as Unix times, ``target``, ``host``,
-``status``; a quota request also its ``window``'s start).
+``status``; a quota request also its ``window``'s start, a page its ``page``).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import email.utils
 import functools
 import json
@@ -77,7 +86,7 @@ import zlib
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 MIB = 2**20
 
@@ -324,6 +333,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif head == "/quota":
             self._quota(path.strip("/").split("/")[1], query)
+        elif head == "/pages":
+            self._page(path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":
             self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
@@ -359,6 +370,45 @@ class Handler(BaseHTTPRequestHandler):
         else:
             status = 403 if style == "github" else 429
             self._json(status, {"message": "API rate limit exceeded"}, headers)
+
+    def _page(self, style: str, query: dict[str, str]) -> None:
+        """One page of a collection of ``total`` records ``{"n": i}``, ``size`` a page, the
+        next page named the ``style`` way: "link" (a Link header), "cursor" (an opaque
+        ``next`` in the body, sent back as ``cursor``), "next" (the next path in the body),
+        "page" (``page`` 1, 2, …) or "offset" (``offset`` 0, ``size``, …); the last two end
+        with an empty page. Page ``fail`` answers 503 its first ``fail_times`` requests
+        (always without it); ``tag`` keeps one test's count apart."""
+        total, size = int(query.get("total", "10")), int(query.get("size", "3"))
+        if style == "cursor":
+            start = int(base64.urlsafe_b64decode(query["cursor"])) if "cursor" in query else 0
+        elif style == "offset":
+            start = int(query.get("offset", "0"))
+        else:
+            start = (int(query.get("page", "1")) - 1) * size
+        number = start // size + 1
+        self.entry["page"] = number
+        failing = query.get("fail")
+        if failing is not None and int(failing) == number:
+            times = int(query.get("fail_times", "0"))
+            key = f"page {query.get('tag', '')} {style} {number}"
+            if not times or self.server.stats.times_seen(key) <= times:
+                self._json(503, {"error": f"page {number} is failing"})
+                return
+        records = [{"n": n} for n in range(start, min(start + size, total))]
+        more = start + size < total
+        body: dict[str, Any] = {"items": records, "page": number}
+        headers = {}
+        # (the next page's path, on the server ``base`` names when given)
+        following = {**query, "page": str(number + 1)}
+        next_path = f"{query.get('base', '')}/pages/{style}?{urlencode(following)}"
+        if more and style == "link":
+            headers["Link"] = f'<{next_path}>; rel="next"'
+        elif style == "cursor":
+            after = base64.urlsafe_b64encode(str(start + size).encode()).decode()
+            body["next"] = after if more else None
+        elif style == "next":
+            body["next"] = next_path if more else None
+        self._json(200, body, headers)
 
     def _s3_object(self, key: str) -> None:
         """An S3 object, or the errors S3 answers with (XML, as botocore reads them)."""

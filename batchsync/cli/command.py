@@ -195,6 +195,39 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "403 saying so is retried after it.",
 )
 @click.option(
+    "--paginate",
+    default=DEFAULT.paginate,
+    metavar="HOW",
+    help="Follow each item's pages, each a retried attempt within the item's budget: link "
+    '(the Link header\'s rel="next"), json:PATH (the next URL, or a cursor sent as '
+    "--cursor-param, at a JMESPath in the body), page:PARAM (1, 2, … until an empty page) or "
+    "offset:PARAM,STEP (0, STEP, … until an empty page). The item's data is the list of its "
+    "pages' bodies (see --items); a page that fails keeps the pages before it, and --resume "
+    "goes on from it.",
+)
+@click.option(
+    "--cursor-param",
+    default=DEFAULT.cursor_param,
+    show_default=True,
+    metavar="NAME",
+    help="The query parameter a cursor found by --paginate json:PATH is sent in.",
+)
+@click.option(
+    "--max-pages",
+    type=click.IntRange(min=1),
+    default=DEFAULT.max_pages,
+    metavar="N",
+    help="Fetch at most N pages of each item (with --paginate).",
+)
+@click.option(
+    "--items",
+    "page_items",
+    default=DEFAULT.page_items,
+    metavar="PATH",
+    help="With --paginate: the item's data is one flat list of the records at this JMESPath "
+    "in each page (e.g. data.items), instead of the list of whole pages.",
+)
+@click.option(
     "--deny-private",
     default=DEFAULT.deny_private,
     is_flag=True,
@@ -324,6 +357,10 @@ def command(
     secret_params: tuple[str, ...],
     deny_private: bool,
     quota_headers: bool,
+    paginate: str | None,
+    cursor_param: str,
+    max_pages: int | None,
+    page_items: str | None,
     cacert: str | None,
     client_cert: str | None,
     client_key: str | None,
@@ -355,7 +392,8 @@ def command(
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
             dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
             secret_params=secret_params,
-            deny_private=deny_private, quota_headers=quota_headers,
+            deny_private=deny_private, quota_headers=quota_headers, paginate=paginate,
+            cursor_param=cursor_param, max_pages=max_pages, page_items=page_items,
             verify=False if insecure else cacert,
             cert=client_cert if client_key is None else (client_cert, client_key),
         )  # fmt: skip

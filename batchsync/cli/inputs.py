@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ..paginate import Continued
+
 MAX_LINE_BYTES = 2**20
 MAX_ELEMENT_BYTES = MAX_LINE_BYTES
 _ARRAY_CHUNK = 2**16
@@ -52,6 +54,8 @@ class Entry:
     where: str
     item: object
     problem: str | None = None
+    # A resumed run's paginated item that goes on from a later page.
+    going_on: Continued | None = None
 
 
 def _parse_line(where: str, raw: bytes) -> Entry | None:

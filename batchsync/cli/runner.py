@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,7 @@ from ..journal import (
     resumed,
 )
 from ..options import FetchOptions
+from ..paginate import Continued
 from ..progress import Tally, counter
 from ..records import dumps, public_record
 from ..result import Result, Summary
@@ -56,7 +58,7 @@ class EntryJob:
         if entry.problem is not None:
             raise InvalidItem(f"{entry.where}: {entry.problem}")
         try:
-            return self._inner.prepare(entry.item)
+            return self._inner.prepare(entry.item if entry.going_on is None else entry.going_on)
         except InvalidItem as exc:
             raise InvalidItem(f"{entry.where}: {exc}") from None
 
@@ -127,13 +129,17 @@ def run_batch(
             raise JournalUnusable(
                 f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
             ) from None
-        done = bytearray(entries)
+        done, unfinished = bytearray(entries), dict[int, tuple[Any, str]]()
         replaced = False
         if resume and path.exists():
-            done = _finished(path, identity, entries)
+            done, unfinished = _finished(path, identity, entries)
         else:
             replaced = remove(path)
-        pending = ((index, entry) for index, entry in enumerate(source) if not done[index])
+        pending = (
+            (index, _going_on(entry, unfinished.get(index)))
+            for index, entry in enumerate(source)
+            if not done[index]
+        )
         journal = open_journal(path, encode, identity)
         bar = counter(entries - sum(done), progress)
         started = time.monotonic()
@@ -170,10 +176,22 @@ def _stored(result: Result, entry: object) -> None:
     from the journal."""
 
 
-def _finished(path: Path, identity: Mapping[str, str], entries: int) -> bytearray:
-    """The entries a journal being resumed has final Results for; read-only."""
+def _finished(
+    path: Path, identity: Mapping[str, str], entries: int
+) -> tuple[bytearray, dict[int, tuple[Any, str]]]:
+    """The entries a journal being resumed has final Results for, and the paginated ones
+    that stopped partway (see ``JournalReader.unfinished``); read-only."""
     with resumed(path, identity, "input", "run without --resume to start over") as reader:
-        return reader.done(entries)
+        return reader.done(entries), reader.unfinished(entries)
+
+
+def _going_on(entry: Entry, stored: tuple[Any, str] | None) -> Entry:
+    """The entry, made to go on from the page where an earlier run stopped it, if it did."""
+    if stored is None:
+        return entry
+    continuation, record = stored
+    going_on = Continued.of(entry.item, continuation, json.loads(record).get("data"))
+    return replace(entry, going_on=going_on)
 
 
 def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, Path, Summary]:
