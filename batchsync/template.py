@@ -226,7 +226,7 @@ class Template:
         node = None if body is None else _compile_body(body, names)
         return cls(url, method.upper(), body, id_field, tuple(dict.fromkeys(names)), pieces, node)
 
-    def expand(self, row: Mapping[str, Any]) -> dict[str, Any]:
+    def expand(self, row: object) -> dict[str, Any]:
         """The request item for ``row``; RowError (naming a field, never a value) when the row
         lacks a value the template needs."""
         if not isinstance(row, Mapping):
