@@ -290,7 +290,7 @@ class RowJob:
 
     def label(self, row: object) -> tuple[str | None, Any]:
         try:
-            return self._inner.label(self._template.expand(row))  # type: ignore[arg-type]
+            return self._inner.label(self._template.expand(row))
         except RowError:
             return None, None
 
