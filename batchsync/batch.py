@@ -122,8 +122,9 @@ class Resumable(Generic[OptionsT]):
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if template is not None and journal is not None:
             self._identity["template"] = f"rows {template.identity()}"
-        if self.journal is not None and template is None:
-            _check_ids(self.items)
+        if self.journal is not None:
+            if template is None:  # (a template's rows: each id is checked when it is built)
+                _check_ids(self.items)
             with locked(self.journal):
                 if self.journal.exists():
                     self._load(self.journal)

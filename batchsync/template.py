@@ -90,9 +90,9 @@ def parse_text(text: str, what: str) -> _Text:
         elif not match[1]:
             raise ValueError(f"{what}: {{}} at character {match.start() + 1} names no field")
         else:
-            if literal:
+            if "".join(literal):
                 pieces.append("".join(literal))
-                literal = []
+            literal = []
             pieces.append(_Field(match[1]))
     literal.append(text[position:])
     if "".join(literal):
@@ -162,11 +162,19 @@ def _as_text(row: Mapping[str, Any], name: str) -> str:
     return str(value)
 
 
+def _encoded(row: Mapping[str, Any], name: str) -> str:
+    """A value percent-encoded in full: one path segment, one query value, whatever it holds."""
+    try:
+        return quote(_as_text(row, name), safe="")
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800")
+        raise RowError(f"{{{name}}} is not UTF-8 text") from None
+
+
 def _fill(pieces: _Text, row: Mapping[str, Any], encode: bool) -> str:
     return "".join(
         piece
         if isinstance(piece, str)
-        else quote(_as_text(row, piece.name), safe="")
+        else _encoded(row, piece.name)
         if encode
         else _as_text(row, piece.name)
         for piece in pieces
@@ -209,15 +217,17 @@ class Template:
         first = next((i for i, p in enumerate(pieces) if isinstance(p, _Field)), None)
         literal_head = "".join(p for p in pieces[:first] if isinstance(p, str))
         filled = "".join(p if isinstance(p, str) else "x" for p in pieces)
+        if first is not None and "://" in literal_head and not _ORIGIN.match(literal_head):
+            raise ValueError(
+                "the URL template: fields may stand in the path and query only; the scheme, "
+                "host and port must be written out"
+            )
         try:
             check_url(filled)
         except ValueError as exc:
             raise ValueError(f"the URL template is not an http(s) URL: {exc}") from None
         if first is not None and not _ORIGIN.match(literal_head):
-            raise ValueError(
-                "the URL template: fields may stand in the path and query only; the scheme, "
-                "host and port must be written out"
-            )
+            raise ValueError("the URL template is not an http(s) URL: it starts with a field")
         if method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(sorted(METHODS))}")
         if id_field is not None and not id_field:
