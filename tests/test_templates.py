@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import batchsync
-from batchsync.cli.inputs import TableInput
 from batchsync.template import RowError, Template
 
 from .mockserver import MockServerProcess
@@ -343,6 +342,8 @@ def test_the_library_refuses_bad_templates_and_resuming_another_one(tmp_path: Pa
 def test_reading_and_expanding_a_big_table_keeps_memory_flat(tmp_path: Path) -> None:
     """100 000 rows through the CLI's reader and the template: were rows or requests kept,
     the peak would be tens of MiB; it stays a few KiB."""
+    from batchsync.cli.inputs import TableInput  # (here: the other tests run without it)
+
     path = tmp_path / "big.csv"
     with path.open("w") as out:
         out.write("id,since\n")
@@ -366,3 +367,26 @@ def test_reading_and_expanding_a_big_table_keeps_memory_flat(tmp_path: Path) -> 
         source.close()
     assert count == 100_000
     assert peak < 256 * 2**10, peak
+
+
+@pytest.mark.integration
+def test_stdin_is_read_as_json_records(server: MockServerProcess, tmp_path: Path) -> None:
+    marker = key()
+    rows = '{"id": "s/1"}\n[not a record]\n'
+    done = run_cli("-", "--url", f"{server.url}/ok/{marker}/{{id}}", cwd=tmp_path, stdin=rows)
+    assert done.returncode == 1, done.stderr
+    first, second = read_jsonl(tmp_path / "batch-results.jsonl")
+    assert first["ok"] and first["id"] == "s/1"
+    assert second["error"] == "line 2: a record must be a JSON object"
+    assert [path for path, _ in received(server, marker)] == [f"/ok/{marker}/s%2F1"]
+
+
+def test_help_names_every_template_option() -> None:
+    from click.testing import CliRunner
+
+    from batchsync.cli.command import command
+
+    text = CliRunner().invoke(command, ["--help"], terminal_width=200).output
+    for flag in ("--url TEMPLATE", "--method METHOD", "--body-template JSON", "--id-field NAME",
+                 "--input-format"):  # fmt: skip
+        assert flag in text, flag
