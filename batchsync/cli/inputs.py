@@ -450,6 +450,12 @@ class TableInput(Input):
         except RowError as exc:
             return Entry(where, row, str(exc))
 
+    def count(self) -> int:
+        """The number of rows, read without building their requests."""
+        if self.form == "jsonl":
+            return sum(1 for _ in super().__iter__())
+        return sum(1 for _ in self._csv_rows())
+
     def identity(self) -> dict[str, str]:
         """The input's identity and the template's: resuming with other template options
         would pair stored Results with other requests."""
