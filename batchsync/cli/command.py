@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 import urllib3
+from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..contrib.dask import connect as connect_dask
@@ -68,9 +69,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 )
 @click.option(
     "--method",
-    default=None,
+    default="GET",
     metavar="METHOD",
-    help="With --url: the HTTP method of every row's request.  [default: GET]",
+    help="With --url: the HTTP method of every row's request.",
 )
 @click.option(
     "--body-template",
@@ -343,7 +344,7 @@ def command(
     *,
     input_name: str,
     url_template: str | None,
-    method: str | None,
+    method: str,
     body_template: str | None,
     id_field: str | None,
     input_format: str,
@@ -446,23 +447,21 @@ def command(
 
 def _template(
     url: str | None,
-    method: str | None,
+    method: str,
     body: str | None,
     id_field: str | None,
     input_format: str,
 ) -> Template | None:
     """The checked --url template, or None when INPUT holds items; UsageError otherwise."""
     if url is None:
-        given = {"--method": method, "--body-template": body, "--id-field": id_field}
-        given["--input-format"] = None if input_format == "auto" else input_format
-        for flag, value in given.items():
-            if value is not None:
+        context = click.get_current_context()
+        for name in ("method", "body_template", "id_field", "input_format"):
+            if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                flag = "--" + name.replace("_", "-")
                 raise click.UsageError(f"{flag} goes with --url (a template filled from a table)")
         return None
     try:
-        return Template.parse(
-            url, method or "GET", None if body is None else parse_body(body), id_field
-        )
+        return Template.parse(url, method, None if body is None else parse_body(body), id_field)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
