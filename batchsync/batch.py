@@ -11,6 +11,7 @@ import time
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -19,6 +20,8 @@ from pydantic import BaseModel
 from .assembly import Ran, call, fetch, gates_for, open_journal
 from .backoff import Backoff
 from .classify import describe
+from .engine import Task
+from .fetch import HttpJob
 from .hedge import HedgeAfter
 from .journal import Journal, JournalUnusable, locked, resumed
 from .limits import Breaker, CooldownScope
@@ -29,7 +32,9 @@ from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
+from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
+from .verdict import Feedback, InvalidItem, Verdict
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -104,7 +109,9 @@ class Resumable(Generic[OptionsT]):
         options: OptionsT,
         journal: str | Path | None,
         progress: bool | None,
+        *,
         strict: bool = False,
+        template: Template | None = None,
     ) -> None:
         self.items = list(items)
         self.options = options
@@ -114,8 +121,11 @@ class Resumable(Generic[OptionsT]):
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
+        if template is not None and journal is not None:
+            self._identity["template"] = f"rows {template.identity()}"
         if self.journal is not None:
-            _check_ids(self.items)
+            if template is None:  # (a template's rows: each id is checked when it is built)
+                _check_ids(self.items)
             with locked(self.journal):
                 if self.journal.exists():
                     self._load(self.journal)
@@ -212,8 +222,12 @@ class Batch(Resumable[FetchOptions]):
 
     def __init__(
         self,
-        items: Iterable[Item],
+        items: Iterable[Item] | Iterable[Mapping[str, Any]],
         *,
+        url: str | None = None,
+        method: str = "GET",
+        body: Any = None,
+        id_field: str | None = None,
         journal: str | Path | None = None,
         progress: bool | None = None,
         concurrency: int = DEFAULT.concurrency,
@@ -255,7 +269,10 @@ class Batch(Resumable[FetchOptions]):
     ) -> None:
         given = locals()
         options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})
-        self._start(items, options, journal, progress)
+        self._template = None if url is None else Template.parse(url, method, body, id_field)
+        if url is None and (method != "GET" or body is not None or id_field is not None):
+            raise ValueError("method, body and id_field go with url= (a template for rows)")
+        self._start(items, options, journal, progress, template=self._template)
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -269,9 +286,46 @@ class Batch(Resumable[FetchOptions]):
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+        template = self._template
         return fetch(
-            self.options, todo, self._keep, gates=self._gates, progress=bar, journal=journal
-        )
+            self.options, todo, self._keep, gates=self._gates, progress=bar, journal=journal,
+            wrap=None if template is None else partial(RowJob, template=template),
+        )  # fmt: skip
+
+
+class RowJob:
+    """The HTTP job over table rows: each row is expanded by the template only when its turn
+    comes; a row the template cannot fill is its ``invalid_request`` Result."""
+
+    def __init__(self, inner: HttpJob, template: Template) -> None:
+        self._inner = inner
+        self._template = template
+
+    @property
+    def timeout(self) -> float:
+        return self._inner.timeout
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return self._inner.feedback(verdict)
+
+    def label(self, row: object) -> tuple[str | None, Any]:
+        try:
+            return self._inner.label(self._expand(row))
+        except RowError:
+            return None, None
+
+    def prepare(self, row: object) -> Task:
+        try:
+            item = self._expand(row)
+        except RowError as exc:
+            raise InvalidItem(str(exc)) from None
+        return self._inner.prepare(item)
+
+    def _expand(self, row: object) -> object:
+        """The row's item (a paginated one going on from a later page stays so)."""
+        if isinstance(row, Continued):
+            return replace(row, item=self._template.expand(row.item))
+        return self._template.expand(row)
 
 
 class CallBatch(Resumable[CallOptions]):

@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 # The keys of the input identity that must match for a journal to be resumed.
-IDENTITY_KEYS = ("entries", "sha256")
+# ``template``: the options that turn a table's rows into requests (absent: none).
+IDENTITY_KEYS = ("entries", "sha256", "template")
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
 SCHEMA_VERSION = "batchsync-journal 3"
 
@@ -147,6 +148,11 @@ def remove(path: Path) -> bool:
 def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | None:
     """Why a journal recorded for ``stored`` cannot be resumed for ``current``, or None."""
     for key in IDENTITY_KEYS:
+        if key == "template" and stored.get(key) != current.get(key):
+            return (
+                "its template options were different: the URL template, method, body template, "
+                "id field and table format must be the ones it was made with"
+            )
         if stored.get(key) != current.get(key):
             return f"its {key} was {stored.get(key)}, the input's is {current.get(key)}"
     return None

@@ -23,8 +23,12 @@ from batchsync.options import CallOptions, FetchOptions, FlowOptions
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT.parent / "shared" / "DESIGN.md"
 MODEL = {name: field.default for name, field in FetchOptions.model_fields.items()}
-# Library options that are not the model's: where a Batch keeps itself, and the bar.
-BATCH_ONLY = {"journal": None, "progress": None}
+# Library options that are not the model's: where a Batch keeps itself, the bar, and the
+# template that turns rows into requests.
+BATCH_ONLY = {
+    "journal": None, "progress": None, "url": None, "method": "GET", "body": None,
+    "id_field": None,
+}  # fmt: skip
 # The CLI options that are library options too, by the click parameter's name.
 CLI_NAMES = {
     "concurrency", "attempts", "timeout", "budget", "deadline", "expect", "max_bytes", "rate",

@@ -20,7 +20,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         ("engine", "engine observe progress"),
         (
             "http",
-            "guard watchdog headers cookies spec decode classify quota paginate transport hedge",
+            "guard watchdog headers cookies spec template decode classify quota paginate transport"
+            " hedge",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),

@@ -352,3 +352,19 @@ def test_a_batch_goes_on_from_the_failed_page(
     assert [(r.ok, r.pages, len(r.data)) for r in second] == [(True, 4, 9), (True, 4, 9)]
     assert again.pending == 0
     assert sorted(pages_requested(fresh_server, tag)) == [1, 1, 2, 2, 2, 3, 3, 3, 4, 4]
+
+
+def test_a_templated_batch_goes_on_from_the_failed_page(
+    fresh_server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Rows, a URL template and pages: the row is expanded again for the pages left."""
+    tag = uuid.uuid4().hex[:8]
+    template = (
+        f"{fresh_server.url}/pages/page?size=3&fail_times=1&tag={tag}{{id}}&total={{n}}&fail=2"
+    )
+    rows = [{"n": 9, "id": "a"}, {"n": 3, "id": "b"}]
+    options: dict[str, Any] = {"url": template, "paginate": "page:page", "page_items": "items",
+                               "attempts": 1, "progress": False}  # fmt: skip
+    batch = Batch(rows, **options)
+    assert [(r.ok, r.pages, r.id) for r in batch.run()] == [(False, 1, "a"), (False, 1, "b")]
+    assert [(r.ok, r.pages, len(r.data)) for r in batch.run()] == [(True, 4, 9), (True, 2, 3)]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 import urllib3
+from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..contrib.dask import connect as connect_dask
@@ -23,7 +24,8 @@ from ..limits import Breaker, CooldownScope
 from ..options import DEFAULT, FetchOptions, build
 from ..progress import wanted
 from ..redact import Secrets
-from .inputs import Input, InputError
+from ..template import Template, parse_body
+from .inputs import TABLE_FORMATS, Input, InputError, TableInput
 from .options import (
     BREAKER_DEFAULT,
     parse_breaker,
@@ -54,6 +56,43 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     ),
 )
 @click.argument("input_name", metavar="INPUT")
+@click.option(
+    "--url",
+    "url_template",
+    default=None,
+    metavar="TEMPLATE",
+    help="Make one request per row of INPUT, a table (CSV/TSV with a header row, or JSON "
+    "records): TEMPLATE is the URL with {field} where a row's value goes, percent-encoded "
+    "(a / in a value stays in its path segment); {{ and }} are literal braces. Fields may "
+    "stand in the path and query, not the scheme, host or port.  [default: none: INPUT holds "
+    "items]",
+)
+@click.option(
+    "--method",
+    default="GET",
+    metavar="METHOD",
+    help="With --url: the HTTP method of every row's request.",
+)
+@click.option(
+    "--body-template",
+    default=None,
+    metavar="JSON",
+    help='With --url: a JSON body for every row\'s request. A string that is exactly "{field}" '
+    "takes the row's value with its type; {field} inside a longer string is put in as text.",
+)
+@click.option(
+    "--id-field",
+    default=None,
+    metavar="NAME",
+    help="With --url: the field that becomes each result's id.  [default: id, when a row has it]",
+)
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", *TABLE_FORMATS]),
+    default="auto",
+    help="With --url: how INPUT is read. auto: .csv is CSV, .tsv or .tab is TSV (both with a "
+    "header row), anything else (and -) JSON records, one object per line.",
+)
 @click.option(
     "-c",
     "--concurrency",
@@ -337,6 +376,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 def command(
     *,
     input_name: str,
+    url_template: str | None,
+    method: str,
+    body_template: str | None,
+    id_field: str | None,
+    input_format: str,
     concurrency: int,
     attempts: int,
     timeout: float,
@@ -378,6 +422,7 @@ def command(
     quiet: bool,
 ) -> int:
     """Fetch every item of INPUT (a file, or - for stdin) with bounded concurrency and retries."""
+    template = _template(url_template, method, body_template, id_field, input_format)
     if insecure and cacert is not None:
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
     if client_key is not None and client_cert is None:
@@ -415,7 +460,11 @@ def command(
         logging_redirect_tqdm() if show_progress else nullcontext()
     )
     try:
-        source = Input(input_name)
+        source = (
+            Input(input_name)
+            if template is None
+            else TableInput(input_name, template, input_format)
+        )
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
     try:
@@ -432,6 +481,27 @@ def command(
         if cluster is not None:
             cluster.close()
     return _report(outcome, quiet, click.get_current_context().obj or [], options.secrets())
+
+
+def _template(
+    url: str | None,
+    method: str,
+    body: str | None,
+    id_field: str | None,
+    input_format: str,
+) -> Template | None:
+    """The checked --url template, or None when INPUT holds items; UsageError otherwise."""
+    if url is None:
+        context = click.get_current_context()
+        for name in ("method", "body_template", "id_field", "input_format"):
+            if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                flag = "--" + name.replace("_", "-")
+                raise click.UsageError(f"{flag} goes with --url (a template filled from a table)")
+        return None
+    try:
+        return Template.parse(url, method, None if body is None else parse_body(body), id_field)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @contextlib.contextmanager

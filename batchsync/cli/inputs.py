@@ -9,7 +9,9 @@ skipped without being parsed. Only an input that cannot be read at all raises ``
 from __future__ import annotations
 
 import codecs
+import csv
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..paginate import Continued
+from ..template import RowError, Template
 
 MAX_LINE_BYTES = 2**20
 MAX_ELEMENT_BYTES = MAX_LINE_BYTES
@@ -348,3 +351,115 @@ class Input:
     def count(self) -> int:
         """The number of entries; reads the whole input, so a broken JSON array fails here."""
         return sum(1 for _ in self)
+
+
+TABLE_FORMATS = ("csv", "tsv", "jsonl")
+_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv"}
+
+
+def table_format(name: str, given: str = "auto") -> str:
+    """How a table INPUT is read: as given, else by its suffix (.csv; .tsv or .tab), else as
+    JSON records (one object per line, or a JSON array of objects) — stdin too."""
+    if given != "auto":
+        return given
+    return _SUFFIXES.get(Path(name).suffix.lower(), "jsonl") if name != "-" else "jsonl"
+
+
+class TableInput(Input):
+    """INPUT read as a table (CSV/TSV with a header row, or JSON records), each row turned by
+    ``template`` into a request item: its Entry is that item, or the row (for the failed file)
+    and the field it lacks. Rows are read and expanded one at a time."""
+
+    def __init__(self, name: str, template: Template, form: str = "auto") -> None:
+        super().__init__(name)
+        self.template = template
+        self.form = table_format(name, form)
+        if self.form == "jsonl":
+            first = self._first_significant_byte()
+            if first not in (b"{", b"[", b""):
+                raise InputError(
+                    f"--url needs a table: {name} is neither CSV/TSV (by its suffix .csv, .tsv "
+                    "or .tab, or --input-format) nor JSON records (one object per line)"
+                )
+        else:
+            self._check_header()
+
+    def _csv_rows(self) -> Iterator[tuple[str, Any]]:
+        """(where, (header, fields)) for each CSV/TSV row; InputError when it cannot be read."""
+        with self._open() as stream:
+            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            reader = csv.reader(text, dialect="excel-tab" if self.form == "tsv" else "excel")
+            number = 0
+            try:
+                header = next(reader)
+                for fields in reader:
+                    if fields:  # (not a blank line)
+                        number += 1
+                        yield f"row {number}", (header, fields)
+            except csv.Error as exc:
+                raise InputError(f"{self.name}: row {number + 1} cannot be read: {exc}") from None
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{self.name} is not UTF-8 text: {exc.reason}") from None
+            finally:
+                text.detach()
+
+    def _check_header(self) -> None:
+        """InputError unless the first row is a header naming every field the template needs."""
+        with self._open() as stream:
+            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            try:
+                dialect = "excel-tab" if self.form == "tsv" else "excel"
+                header = next(csv.reader(text, dialect=dialect), None)
+            except (csv.Error, UnicodeDecodeError) as exc:
+                raise InputError(f"the header row of {self.name} cannot be read: {exc}") from None
+            finally:
+                text.detach()
+        if not header:
+            raise InputError(f"{self.name} has no header row: a {self.form.upper()} table "
+                             "needs one naming its columns")  # fmt: skip
+        if len(set(header)) != len(header):
+            raise InputError(f"the header row of {self.name} names a column twice")
+        needed = [*self.template.fields, *filter(None, [self.template.id_field])]
+        for field in needed:
+            if field not in header:
+                raise InputError(
+                    f"the template names {{{field}}}, but the header row of {self.name} has no "
+                    "such column (is its first row a header?)"
+                )
+
+    def __iter__(self) -> Iterator[Entry]:
+        if self.form == "jsonl":
+            for entry in super().__iter__():
+                yield self._entry(entry.where, entry)
+        else:
+            for where, row in self._csv_rows():
+                yield self._entry(where, row)
+
+    def _entry(self, where: str, row: Any) -> Entry:
+        if isinstance(row, Entry):  # a JSON record, or a line that is none
+            if row.problem is not None:
+                return row
+            if not isinstance(row.item, dict):
+                return Entry(where, row.item, "a record must be a JSON object")
+            row = row.item
+        else:
+            header, fields = row
+            if len(fields) > len(header):
+                return Entry(where, None, f"{len(fields)} fields, the header names {len(header)}")
+            # An empty cell is no value, as pandas reads it (NaN).
+            row = {name: value for name, value in zip(header, fields, strict=False) if value}
+        try:
+            return Entry(where, self.template.expand(row))
+        except RowError as exc:
+            return Entry(where, row, str(exc))
+
+    def count(self) -> int:
+        """The number of rows, read without building their requests."""
+        if self.form == "jsonl":
+            return sum(1 for _ in super().__iter__())
+        return sum(1 for _ in self._csv_rows())
+
+    def identity(self) -> dict[str, str]:
+        """The input's identity and the template's: resuming with other template options
+        would pair stored Results with other requests."""
+        return super().identity() | {"template": f"{self.form} {self.template.identity()}"}

@@ -1,0 +1,261 @@
+"""Requests from a table: a URL template (and maybe a JSON body template) filled from each row.
+
+One module for the command line and the library, pure functions: ``Template.parse`` checks a
+template once, up front (``ValueError``: nothing is sent), and ``Template.expand`` turns one
+row (any mapping) into one request item ``{url, method, json?, id?}`` that then takes the
+usual path — validation, secrets, journal, failed file. A row the template cannot fill is a
+``RowError`` that names the field, never a value: rows may hold secrets.
+
+Rules:
+
+* ``{field}`` takes the row's value; ``{{`` and ``}}`` are literal braces.
+* In the URL, placeholders may stand in the path, query and fragment only: the scheme, host and
+  port are literal, so a row's values cannot send a request (and the ``-H`` headers) to another
+  host. Every value is percent-encoded in full (UTF-8; only letters, digits and ``-._~`` stay as
+  they are), so it stays one path segment or one query value: ``a/b`` becomes ``a%2Fb``.
+* In the body template (JSON), a string that is exactly ``"{field}"`` takes the row's value with
+  its JSON type; ``{field}`` inside a longer string is put in as text. Keys are literal.
+* A value is text as JSON would write it (``true``, ``12``, ``1.5``); a missing key, ``None``,
+  or NaN (a pandas gap) is no value.
+* The id: the ``id_field`` value; without ``id_field``, the row's ``id`` when it has one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+from urllib.parse import quote
+
+from .spec import METHODS, check_url, json_writable
+
+
+class RowError(ValueError):
+    """A row the template cannot fill; the message names the field, never a value."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+
+
+_Text = tuple[str | _Field, ...]  # literal pieces and fields, in order
+_Node = Union["_Field", "_Literal", "_TextNode", "_ListNode", "_DictNode"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _TextNode:
+    pieces: _Text
+
+
+@dataclass(frozen=True, slots=True)
+class _ListNode:
+    items: tuple[_Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _DictNode:
+    items: tuple[tuple[str, _Node], ...]
+
+
+_BRACES = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+# What comes before the first placeholder: a scheme, then the whole authority.
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*[/?#]")
+
+
+def parse_text(text: str, what: str) -> _Text:
+    """A template string as literal pieces and fields; ValueError for a lone brace or ``{}``."""
+    pieces: list[str | _Field] = []
+    literal: list[str] = []
+    position = 0
+    for match in _BRACES.finditer(text):
+        literal.append(text[position : match.start()])
+        position = match.end()
+        token = match[0]
+        if token in ("{{", "}}"):
+            literal.append(token[0])
+        elif token in ("{", "}"):
+            raise ValueError(
+                f"{what}: unbalanced {token!r} at character {match.start() + 1} "
+                f"(write {token * 2} for a literal {token})"
+            )
+        elif not match[1]:
+            raise ValueError(f"{what}: {{}} at character {match.start() + 1} names no field")
+        else:
+            if "".join(literal):
+                pieces.append("".join(literal))
+            literal = []
+            pieces.append(_Field(match[1]))
+    literal.append(text[position:])
+    if "".join(literal):
+        pieces.append("".join(literal))
+    return tuple(pieces)
+
+
+def _fields_of(pieces: _Text) -> list[str]:
+    return [piece.name for piece in pieces if isinstance(piece, _Field)]
+
+
+def _compile_body(value: Any, fields: list[str]) -> _Node:
+    if isinstance(value, str):
+        pieces = parse_text(value, "the body template")
+        fields += _fields_of(pieces)
+        if len(pieces) == 1 and isinstance(pieces[0], _Field):
+            return pieces[0]
+        if any(isinstance(piece, _Field) for piece in pieces):
+            return _TextNode(pieces)
+        return _Literal("".join(piece for piece in pieces if isinstance(piece, str)))
+    if isinstance(value, Mapping):
+        return _DictNode(tuple((str(k), _compile_body(v, fields)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return _ListNode(tuple(_compile_body(v, fields) for v in value))
+    if not json_writable(value):
+        raise ValueError("the body template: it must be JSON (no NaN, infinity or other object)")
+    return _Literal(value)
+
+
+def parse_body(text: str) -> Any:
+    """The body template given as JSON text (``--body-template``); ValueError when it is not."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the body template is nested too deeply") from None
+    except ValueError as exc:
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else "not valid JSON"
+        column = f" at character {exc.pos + 1}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ValueError(f"the body template is not JSON: {message}{column}") from None
+
+
+def _missing(value: Any) -> bool:
+    """No value: None, or anything not equal to itself (NaN, pandas' NaT and NA)."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # noqa: PLR0124 (NaN is the value unequal to itself)
+    except Exception:  # pandas.NA: its truth is ambiguous
+        return True
+
+
+def _value(row: Mapping[str, Any], name: str) -> Any:
+    value = row.get(name)
+    if _missing(value):
+        raise RowError(f"no value for {{{name}}}")
+    return value
+
+
+def _as_text(row: Mapping[str, Any], name: str) -> str:
+    value = _value(row, name)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping | list | tuple | set | bytes | bytearray):
+        raise RowError(f"{{{name}}} is a {type(value).__name__}, not a value to put in text")
+    return str(value)
+
+
+def _encoded(row: Mapping[str, Any], name: str) -> str:
+    """A value percent-encoded in full: one path segment, one query value, whatever it holds."""
+    try:
+        return quote(_as_text(row, name), safe="")
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800")
+        raise RowError(f"{{{name}}} is not UTF-8 text") from None
+
+
+def _fill(pieces: _Text, row: Mapping[str, Any], encode: bool) -> str:
+    return "".join(
+        piece
+        if isinstance(piece, str)
+        else _encoded(row, piece.name)
+        if encode
+        else _as_text(row, piece.name)
+        for piece in pieces
+    )
+
+
+def _build(node: _Node, row: Mapping[str, Any]) -> Any:
+    if isinstance(node, _Literal):
+        return node.value
+    if isinstance(node, _Field):
+        value = _value(row, node.name)
+        if not json_writable(value):
+            raise RowError(f"{{{node.name}}} has no JSON form ({type(value).__name__})")
+        return value
+    if isinstance(node, _TextNode):
+        return _fill(node.pieces, row, encode=False)
+    if isinstance(node, _ListNode):
+        return [_build(item, row) for item in node.items]
+    return {key: _build(item, row) for key, item in node.items}
+
+
+@dataclass(frozen=True)
+class Template:
+    """A checked request template; ``expand(row)`` makes one request item per row."""
+
+    url: str
+    method: str
+    body: Any
+    id_field: str | None
+    fields: tuple[str, ...]  # every field the URL and body name, in order, once each
+    _url: _Text
+    _body: _Node | None
+
+    @classmethod
+    def parse(
+        cls, url: str, method: str = "GET", body: Any = None, id_field: str | None = None
+    ) -> Template:
+        """Check the template once; ValueError naming what is wrong (nothing is sent)."""
+        pieces = parse_text(url, "the URL template")
+        first = next((i for i, p in enumerate(pieces) if isinstance(p, _Field)), None)
+        literal_head = "".join(p for p in pieces[:first] if isinstance(p, str))
+        filled = "".join(p if isinstance(p, str) else "x" for p in pieces)
+        if first is not None and "://" in literal_head and not _ORIGIN.match(literal_head):
+            raise ValueError(
+                "the URL template: fields may stand in the path and query only; the scheme, "
+                "host and port must be written out"
+            )
+        try:
+            check_url(filled)
+        except ValueError as exc:
+            raise ValueError(f"the URL template is not an http(s) URL: {exc}") from None
+        if first is not None and not _ORIGIN.match(literal_head):
+            raise ValueError("the URL template is not an http(s) URL: it starts with a field")
+        if method.upper() not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(sorted(METHODS))}")
+        if id_field is not None and not id_field:
+            raise ValueError("id_field: give a field name")
+        names = _fields_of(pieces)
+        node = None if body is None else _compile_body(body, names)
+        return cls(url, method.upper(), body, id_field, tuple(dict.fromkeys(names)), pieces, node)
+
+    def expand(self, row: object) -> dict[str, Any]:
+        """The request item for ``row``; RowError (naming a field, never a value) when the row
+        lacks a value the template needs."""
+        if not isinstance(row, Mapping):
+            raise RowError(f"a row must be a mapping of fields, not {type(row).__name__}")
+        item: dict[str, Any] = {"url": _fill(self._url, row, encode=True)}
+        if self.method != "GET":
+            item["method"] = self.method
+        if self._body is not None:
+            item["json"] = _build(self._body, row)
+        if self.id_field is not None:
+            item["id"] = _value(row, self.id_field)
+        elif not _missing(row.get("id")):
+            item["id"] = row["id"]
+        return item
+
+    def identity(self) -> str:
+        """A digest of the template options, for a journal: resuming with other options would
+        pair stored Results with other requests."""
+        text = json.dumps(
+            [self.url, self.method, self.body, self.id_field], sort_keys=True, default=repr
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
