@@ -1,4 +1,5 @@
-"""``make demo``: start the mock server, run batchsync on the bundled list, show what happened."""
+"""``make demo``: start the mock server, run batchsync on the bundled list and on the bundled
+table of customers (templated, paginated, quota-aware), show what happened."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ def show_table(results: Path) -> None:
         )
 
 
+def orders(base: str) -> int:
+    """The second run: a URL per row of a CSV, every page of each, under the API's quota."""
+    # The mock API pages each customer's orders by Link headers, 2 a page, and allows 6
+    # requests per 2-second window, saying so in X-RateLimit-* headers.
+    template = (f"{base}/pages/link/customers/{{id}}/orders?since={{since}}&total={{orders}}"
+                "&size=2&limit=6&window=2&family=demo")  # fmt: skip
+    command = [sys.executable, "-m", "batchsync", "examples/customers.csv", "--url", template,
+               "--paginate", "link", "--items", "items", "-o", "demo-out/orders",
+               "--no-progress"]  # fmt: skip
+    print("\n# A CSV of customers: one templated URL per row, every page of each, under the")
+    print("# quota the API announces in its headers.")
+    print("$ python -m batchsync", shlex.join(command[3:]), flush=True)
+    run = subprocess.run(command, cwd=ROOT, stderr=subprocess.STDOUT, check=False)
+    print(f"exit status: {run.returncode}\n")
+    print(f"{'id':<8} {'ok':<5} {'pages':>5} {'orders':>6}  url")
+    for line in (OUT / "orders-results.jsonl").read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        print(f"{r['id']:<8} {r['ok']!s:<5} {r['pages']:>5} {len(r['data']):>6}  {r['url']}")
+    return 0 if run.returncode == 0 else run.returncode
+
+
 def main() -> int:
     OUT.mkdir(exist_ok=True)
     server = start_mock_server()
@@ -45,7 +67,9 @@ def main() -> int:
         show_table(OUT / "batch-results.jsonl")
         print("\n$ cat demo-out/batch-failed.jsonl   # valid INPUT: re-run only the failures")
         print((OUT / "batch-failed.jsonl").read_text(encoding="utf-8"), end="")
-        return 0 if status in (0, 1) else status
+        if status not in (0, 1):
+            return status
+        return orders(base)
     finally:
         server.process.terminate()
         server.process.wait(timeout=10)

@@ -49,13 +49,14 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      (X-RateLimit-* with seconds left; GitHub's epoch reset and
                                      403; the IETF RateLimit field); over it: 429 (GitHub: 403)
   Paginated collections of TOTAL records {"n": i}, SIZE a page, the next page named by STYLE:
-    /pages/STYLE?total=N&size=K&fail=P&fail_times=T&tag=X&base=URL
+    /pages/STYLE/...?total=N&size=K&fail=P&fail_times=T&tag=X&base=URL&limit=L&window=S
                                      link (a Link header), cursor (an opaque "next" in the
                                      body, sent back as cursor=), next (the next path in the
                                      body), page (page=1, 2, … until an empty page), offset
                                      (offset=0, K, … until an empty page); page P answers 503
                                      its first T requests (always without fail_times); a
-                                     next page is named on the server at base when given
+                                     next page is named on the server at base when given;
+                                     with limit, a quota as /quota's (family, style x)
   An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
@@ -334,7 +335,7 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/quota":
             self._quota(path.strip("/").split("/")[1], query)
         elif head == "/pages":
-            self._page(path.strip("/").split("/")[1], query)
+            self._page(path, path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":
             self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
@@ -352,32 +353,44 @@ class Handler(BaseHTTPRequestHandler):
         """A quota of ``limit`` requests a ``window`` for the family, announced in headers of
         one ``style``: "x" (X-RateLimit-*, seconds left), "github" (X-RateLimit-*, an epoch
         reset, and a 403 when spent) or "ietf" (the structured RateLimit field)."""
+        left, headers = self._quota_headers(family, query)
+        if left >= 0:
+            self._json(200, {"family": family, "ok": True}, headers)
+        else:
+            status = 403 if query.get("style") == "github" else 429
+            self._json(status, {"message": "API rate limit exceeded"}, headers)
+
+    def _quota_headers(self, family: str, query: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """Count a request against the family's quota: requests left (negative when over)
+        and the headers that announce what is left."""
         limit, window = int(query.get("limit", "5")), float(query.get("window", "2"))
         style = query.get("style", "x")
         left, started, reset = self.server.stats.quota(family, limit, window)
         self.entry["window"] = started  # (the log says which window each request fell in)
         remaining, seconds = max(left, 0), math.ceil(reset)
         if style == "ietf":
-            headers = {
+            return left, {
                 "RateLimit": f'"default";r={remaining};t={seconds}',
                 "RateLimit-Policy": f'"default";q={limit};w={window:g}',
             }
-        else:
-            when = math.ceil(time.time() + reset) if style == "github" else seconds
-            headers = {"X-RateLimit-Remaining": str(remaining), "X-RateLimit-Reset": str(when)}
-        if left >= 0:
-            self._json(200, {"family": family, "ok": True}, headers)
-        else:
-            status = 403 if style == "github" else 429
-            self._json(status, {"message": "API rate limit exceeded"}, headers)
+        when = math.ceil(time.time() + reset) if style == "github" else seconds
+        return left, {"X-RateLimit-Remaining": str(remaining), "X-RateLimit-Reset": str(when)}
 
-    def _page(self, style: str, query: dict[str, str]) -> None:
+    def _page(self, path: str, style: str, query: dict[str, str]) -> None:
         """One page of a collection of ``total`` records ``{"n": i}``, ``size`` a page, the
         next page named the ``style`` way: "link" (a Link header), "cursor" (an opaque
         ``next`` in the body, sent back as ``cursor``), "next" (the next path in the body),
         "page" (``page`` 1, 2, …) or "offset" (``offset`` 0, ``size``, …); the last two end
         with an empty page. Page ``fail`` answers 503 its first ``fail_times`` requests
-        (always without it); ``tag`` keeps one test's count apart."""
+        (always without it); ``tag`` keeps one test's count apart. With ``limit``, the
+        ``family``'s quota is counted and announced as ``/quota`` does (style x)."""
+        headers: dict[str, str] = {}
+        if "limit" in query:
+            family = query.get("family", "pages")
+            left, headers = self._quota_headers(family, {**query, "style": "x"})
+            if left < 0:
+                self._json(429, {"message": "API rate limit exceeded"}, headers)
+                return
         total, size = int(query.get("total", "10")), int(query.get("size", "3"))
         if style == "cursor":
             start = int(base64.urlsafe_b64decode(query["cursor"])) if "cursor" in query else 0
@@ -397,10 +410,9 @@ class Handler(BaseHTTPRequestHandler):
         records = [{"n": n} for n in range(start, min(start + size, total))]
         more = start + size < total
         body: dict[str, Any] = {"items": records, "page": number}
-        headers = {}
         # (the next page's path, on the server ``base`` names when given)
         following = {**query, "page": str(number + 1)}
-        next_path = f"{query.get('base', '')}/pages/{style}?{urlencode(following)}"
+        next_path = f"{query.get('base', '')}{path}?{urlencode(following)}"
         if more and style == "link":
             headers["Link"] = f'<{next_path}>; rel="next"'
         elif style == "cursor":

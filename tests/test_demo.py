@@ -23,5 +23,13 @@ def test_the_demo_shows_each_outcome_and_the_failed_file() -> None:
     assert "HTTP 503 after 3 attempts" in out
     assert "body is not JSON" in out
     assert "retry " in out and "HTTP 429" in out
-    failed_section = out.split("batch-failed.jsonl   #", 1)[1].splitlines()[1:]
+    failed_section = out.split("batch-failed.jsonl   #", 1)[1].split("\n\n")[0].splitlines()[1:]
     assert [line.split("/")[3] for line in failed_section] == ["404", "503", "broken-json"]
+    # the second run: a row per customer, every page of each, under the announced quota
+    orders = out.split("# A CSV of customers", 1)[1]
+    assert "6 items: 6 ok, 0 failed" in orders and "quota " in orders
+    rows = [line.split() for line in orders.splitlines() if line.startswith("c-")]
+    assert [(row[0], row[2], row[3]) for row in rows] == [
+        ("c-1001", "3", "5"), ("c-1002", "1", "2"), ("c-1003", "4", "7"),
+        ("c-1004", "2", "4"), ("c-1005", "1", "0"), ("c-1006", "2", "3"),
+    ]  # fmt: skip
