@@ -142,12 +142,12 @@ class FetchOptions(FlowOptions):
     def _paging_known(self) -> FetchOptions:
         if self.paginate is None:
             if self.page_items is not None or self.max_pages is not None:
-                raise ValueError("page_items and max_pages need paginate")
+                raise ValueError("page_items (--items) and max_pages (--max-pages) need paginate")
             return self
         found = self.paging()
         assert found is not None
         if self.expect != "json" and (found.style == "json" or found.records is not None):
-            raise ValueError("paginate=json:… and page_items read JSON bodies: expect='json'")
+            raise ValueError("paginate json:PATH and page_items (--items) read JSON: expect='json'")
         return self
 
     @field_validator("headers")
