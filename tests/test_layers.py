@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     for name, modules in [
         ("generic", "verdict budget backoff origins result records journal redact decide limits"),
         ("engine", "engine observe progress"),
-        ("http", "guard watchdog headers cookies spec decode classify quota transport hedge"),
+        ("http", "guard watchdog headers cookies spec decode classify quota transport hedge auth"),
         ("options", "options"),
         ("jobs", "fetch calls"),
         ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
