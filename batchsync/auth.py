@@ -9,9 +9,10 @@ becomes one of the run's Secrets as soon as it is seen.
 
 The rule for a 401 (``after_401``), per attempt: a request that carried an older token than
 the current one is resent with the current one; one that carried the current token has it
-refreshed, once for however many workers saw it fail; a 401 to a request that was already
-resent with a renewed token, or to a refreshed token that never worked, is final. So a token
-the server refuses outright costs one refresh, not one per item.
+refreshed, once for however many workers saw it fail; a 401 to the current token when no
+server has ever accepted it is final if that token is fresh (got by a refresh, or this
+attempt's renewal). So a token the server refuses outright costs one refresh, not one per
+item; and an attempt renews its token MAX_RENEWALS times at most.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .transport import Outgoing, Recipe, Wire
 HeaderSource = Callable[[], Mapping[str, str]]
 Auth = HeaderSource | AuthBase
 
+# Token renewals within one attempt at most (each needs a newer token that worked meanwhile).
+MAX_RENEWALS = 3
 # Seconds an --auth-command may take before it counts as failed.
 COMMAND_TIMEOUT = 30.0
 
@@ -59,17 +62,17 @@ class Token:
 Step = Literal["resend", "refresh", "give_up"]
 
 
-def after_401(sent: int, current: int, accepted: int, renewed: bool) -> Step:
+def after_401(sent: int, current: int, accepted: int, renewals: int) -> Step:
     """What a 401 calls for. ``sent``: the generation the request carried; ``current``: the
     source's now; ``accepted``: the newest generation a server answered without a 401 (-1:
-    none); ``renewed``: this attempt was already resent with a newer token."""
-    if renewed:
-        return "give_up"  # refused right after a renewal: the token is not the problem
+    none); ``renewals``: how often this attempt was already resent with a newer token."""
+    if renewals >= MAX_RENEWALS:
+        return "give_up"
     if sent != current:
         return "resend"  # someone refreshed it meanwhile
-    if current > 0 and accepted < current:
-        return "give_up"  # a refreshed token that never worked: refreshing again won't help
-    return "refresh"
+    if accepted < current and (renewals or current > 0):
+        return "give_up"  # a fresh token that never worked: refreshing again won't help
+    return "refresh"  # the token worked, or the first one went stale before its first use
 
 
 class TokenSource:
@@ -177,11 +180,11 @@ class RunAuth:
         if self._source is not None:
             self._source.accept(token)
 
-    def step(self, token: Token, renewed: bool) -> Step:
+    def step(self, token: Token, renewals: int) -> Step:
         source = self._source
         if source is None:
             return "give_up"
-        return after_401(token.generation, source.current.generation, source.accepted, renewed)
+        return after_401(token.generation, source.current.generation, source.accepted, renewals)
 
     def refresh(self, stale: Token) -> Token:
         assert self._source is not None

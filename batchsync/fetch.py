@@ -270,19 +270,17 @@ class HttpJob:
         auth = self._auth
         assert auth is not None
         token = auth.current()
-        renewed = False
+        renewals = 0
         while True:
             verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
             if verdict.status_code != 401:
                 if verdict.status_code is not None:
                     auth.accept(token)
                 return verdict
-            step = auth.step(token, renewed)
+            step = auth.step(token, renewals)
             if step == "give_up":
-                if renewed:
-                    verdict.error = "HTTP 401 (refused a renewed token)"
-                elif token.generation > 0:
-                    verdict.error = "HTTP 401 (the refreshed token was refused too)"
+                if renewals or token.generation > 0:
+                    verdict.error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
                 return verdict
             if step == "refresh":
                 try:
@@ -292,7 +290,7 @@ class HttpJob:
                     return verdict
             else:
                 token = auth.current()
-            renewed = True
+            renewals += 1
             if log.isEnabledFor(logging.DEBUG):
                 url = request.url if isinstance(request, Wire) else request.request.url
                 log.debug(
