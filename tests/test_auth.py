@@ -207,10 +207,9 @@ def test_every_token_stays_secret_through_failures_and_debug_logs(
     assert any("no new token" in (r.error or "") for r in rs.failed)
     assert len(issuer.tokens) >= 3
     shown = "\n".join(
-        [caplog.text, repr(rs), rs.summary()._repr_html_() if hasattr(rs.summary(), "_repr_html_")
-         else str(rs.summary())]
+        [caplog.text, repr(rs), rs._repr_html_(), str(rs.summary())]
         + [json.dumps(r.to_dict()) + repr(r) for r in rs]
-    )  # fmt: skip
+    )
     written = shown + journal.read_bytes().decode("latin-1")
     assert "resent with token" in caplog.text  # the resends are logged at DEBUG
     for token in issuer.tokens:
