@@ -51,6 +51,10 @@ class AuthFailed(Exception):
     """No token could be got. The message says why, never what the source printed."""
 
 
+class RefreshWaitTimedOut(TimeoutError):
+    """The attempt's time ran out while another worker was getting the new token."""
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     """A token's headers and its generation: 0 the first, one more on each refresh."""
@@ -106,10 +110,13 @@ class TokenSource:
             with self._accepted_lock:
                 self.accepted = max(self.accepted, token.generation)
 
-    def refresh(self, stale: Token) -> Token:
-        """A token newer than ``stale``: fetched here, or by the refresh this call waited for."""
+    def refresh(self, stale: Token, wait: float | None = None) -> Token:
+        """A token newer than ``stale``: fetched here, or by the refresh this call waited for
+        (at most ``wait`` seconds: RefreshWaitTimedOut)."""
         tries = self._tries
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if wait is None else max(wait, 0.0)):
+            raise RefreshWaitTimedOut("attempt timed out waiting for a new token")
+        try:
             if self._token.generation != stale.generation:
                 return self._token
             if self._tries != tries and self._failure is not None:
@@ -124,6 +131,8 @@ class TokenSource:
             self._token = Token(stale.generation + 1, headers)
             self.refreshes += 1
             return self._token
+        finally:
+            self._lock.release()
 
     def _fetch(self) -> Mapping[str, str]:
         try:
@@ -186,9 +195,9 @@ class RunAuth:
             return "give_up"
         return after_401(token.generation, source.current.generation, source.accepted, renewals)
 
-    def refresh(self, stale: Token) -> Token:
+    def refresh(self, stale: Token, wait: float | None = None) -> Token:
         assert self._source is not None
-        return self._source.refresh(stale)
+        return self._source.refresh(stale, wait)
 
     def apply(self, request: Outgoing, token: Token) -> Outgoing:
         """``request`` as it goes out with ``token``; the original is left as it was."""

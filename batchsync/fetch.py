@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .auth import AuthFailed, RunAuth
+from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth
 from .classify import classify_http_exception, classify_status, describe, host_feedback
 from .decode import InvalidBody, decode_body
 from .engine import Route, Task
@@ -28,7 +28,7 @@ from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
-from .verdict import Feedback, InvalidItem, Verdict, success, terminal
+from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
@@ -266,9 +266,11 @@ class HttpJob:
     ) -> Verdict:
         """An attempt carrying the run's current token. A 401 renews the token as
         ``auth.after_401`` says and resends within the same attempt (its time bound, not one
-        of the item's retries); each resend is logged at DEBUG."""
+        of the item's retries); each resend is logged at DEBUG. Waiting for another worker's
+        refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
+        is the source's to bound (an --auth-command's timeout)."""
         auth = self._auth
-        assert auth is not None
+        assert auth is not None and wall_end is not None
         token = auth.current()
         renewals = 0
         while True:
@@ -284,7 +286,9 @@ class HttpJob:
                 return verdict
             if step == "refresh":
                 try:
-                    token = auth.refresh(token)
+                    token = auth.refresh(token, wall_end - time.monotonic())
+                except RefreshWaitTimedOut as exc:
+                    return retry("timeout", str(exc))
                 except AuthFailed as exc:
                     verdict.error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                     return verdict

@@ -21,7 +21,7 @@ import requests
 from requests.auth import AuthBase
 
 from batchsync import AuthFailed, fetch_all
-from batchsync.auth import MAX_RENEWALS, Token, TokenSource, after_401
+from batchsync.auth import MAX_RENEWALS, RefreshWaitTimedOut, Token, TokenSource, after_401
 from batchsync.redact import Secrets
 
 from .mockserver import MockServerProcess
@@ -334,3 +334,26 @@ def test_a_token_source_refreshes_once_for_every_worker_that_saw_the_same_token(
         worker.join(5)
     assert len(fetched) == 2 and {token.generation for token in got} == {1}
     assert secrets.text("sent Bearer secret-token-2 and secret-token-1") == "sent *** and ***"
+
+
+def test_waiting_for_another_workers_refresh_ends_with_the_attempt() -> None:
+    gate = threading.Event()
+
+    def slow() -> Mapping[str, str]:
+        gate.wait(5)
+        return {"Authorization": "Bearer slow-token"}
+
+    source = TokenSource(slow, Secrets())
+    gate.set()
+    first = source.start()
+    gate.clear()
+    refresher = threading.Thread(target=source.refresh, args=(first,))
+    refresher.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    with pytest.raises(RefreshWaitTimedOut):
+        source.refresh(first, wait=0.2)
+    assert time.monotonic() - started < 2
+    gate.set()
+    refresher.join(5)
+    assert source.refresh(first, wait=0.2).generation == 1  # (taken, not fetched again)
