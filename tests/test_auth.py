@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -357,3 +358,15 @@ def test_waiting_for_another_workers_refresh_ends_with_the_attempt() -> None:
     gate.set()
     refresher.join(5)
     assert source.refresh(first, wait=0.2).generation == 1  # (taken, not fetched again)
+
+
+@pytest.mark.parametrize("name", ["Authorization", "X-Api-Token"])
+def test_a_token_goes_to_the_items_own_origin_only(server: MockServerProcess, name: str) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    seen = []
+    for to in (f"{server.url}/echo", f"http://localhost:{port}/echo"):
+        items: list[Any] = [f"{server.url}/redirect?to={quote(to, safe='')}"]  # fast lane
+        items.append({"url": f"{server.url}/redirect", "params": {"to": to}})  # requests path
+        rs = fetch_all(items, auth=lambda: {name: "Bearer tokentoken"})
+        seen.append([name.lower() in map(str.lower, r.data["headers"]) for r in rs])
+    assert seen == [[True, True], [False, False]]
