@@ -18,7 +18,6 @@ item; and an attempt renews its token MAX_RENEWALS times at most.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -43,8 +42,6 @@ Auth = HeaderSource | AuthBase
 MAX_RENEWALS = 3
 # Seconds an --auth-command may take before it counts as failed.
 COMMAND_TIMEOUT = 30.0
-
-log = logging.getLogger("batchsync")
 
 
 class AuthFailed(Exception):
