@@ -3,6 +3,7 @@
 import logging
 
 from .api import fetch_all, run_all
+from .auth import AuthFailed
 from .backoff import Backoff
 from .batch import Batch, CallBatch
 from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttemptRecord",
+    "AuthFailed",
     "Backoff",
     "Batch",
     "Breaker",

@@ -106,12 +106,18 @@ def fetch(
     stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
     it starts."""
     gates = gates_for(options) if gates is None else gates
+    # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
+    secrets = options.secrets()
     transport = Transport(
-        options.session, options.concurrency, options.secrets(),
+        options.session, options.concurrency, secrets,
         guard=Guard() if options.deny_private else None, verify=options.verify,
         cert=options.cert, cookies=options.cookies,
     )  # fmt: skip
-    job = HttpJob(options, transport, gates)
+    try:
+        job = HttpJob(options, transport, gates, secrets=secrets)
+    except BaseException:  # (auth='s first token could not be got)
+        transport.close()
+        raise
     try:
         return _run(
             options, job if wrap is None else wrap(job), items, deliver, gates=gates,

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from .assembly import Ran, call, fetch, gates_for, open_journal
+from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
 from .engine import Task
@@ -266,6 +267,7 @@ class Batch(Resumable[FetchOptions]):
         limits: Any = DEFAULT.limits,
         namespace: str = DEFAULT.namespace,
         lease_ttl: float = DEFAULT.lease_ttl,
+        auth: Auth | None = DEFAULT.auth,
     ) -> None:
         given = locals()
         options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})

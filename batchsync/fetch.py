@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth
 from .classify import classify_http_exception, classify_status, describe, host_feedback
 from .decode import InvalidBody, decode_body
 from .engine import Route, Task
@@ -27,12 +29,14 @@ from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
 from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
-from .verdict import Feedback, InvalidItem, Verdict, success, terminal
+from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
+
+log = logging.getLogger("batchsync")
 
 
 class HttpJob:
@@ -44,13 +48,25 @@ class HttpJob:
         transport: Transport,
         gates: Gates | None = None,
         unix_time: Callable[[], float] = time.time,
+        secrets: Secrets | None = None,
     ) -> None:
+        """Gets auth='s first token now: AuthFailed when it cannot be got (nothing sent)."""
         self._options = options
         self._transport = transport
-        self._secrets = options.secrets()
+        self._secrets = options.secrets() if secrets is None else secrets
         self._paging = options.paging()
+        self._auth: RunAuth | None = None
+        if options.auth is not None:
+            self._auth = RunAuth(options.auth, self._secrets)
+            self._auth.start()
+        # Without auth=, attempts go straight to _attempt: tokens cost nothing when unused.
+        self._send = self._attempt if self._auth is None else self._authorized_attempt
+        self._lane_ok = self._auth is None or self._auth.lane
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
-        self._lean = options.on_attempt is None and not options.fallbacks and not self._paging
+        self._lean = (
+            options.on_attempt is None and not options.fallbacks and self._lane_ok
+            and not self._paging
+        )  # fmt: skip
         self._unix_time = unix_time
         self._hedger: Hedger | None = None
         if options.hedge_after is not None:
@@ -93,7 +109,7 @@ class HttpJob:
                 self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
-                attempt = partial(self._attempt, wire, self._hedge_host(wire.host), frozenset())
+                attempt = partial(self._send, wire, self._hedge_host(wire.host), frozenset())
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
         continued = item if isinstance(item, Continued) else None
@@ -196,7 +212,7 @@ class HttpJob:
         host = request.host if isinstance(request, Wire) else host_of(url)
         # Only GETs are hedged: a second copy of anything else could change something twice.
         attempt = partial(
-            self._attempt, request, self._hedge_host(host) if spec.method == "GET" else None, own
+            self._send, request, self._hedge_host(host) if spec.method == "GET" else None, own
         )
         if spec.retry_safe:
             return Route(attempt, host)
@@ -223,7 +239,8 @@ class HttpJob:
         """The request as it goes out, built once and reused by every attempt: the fast form
         when the transport allows it (bodiless GET/HEAD, no params), else prepared by requests."""
         if (
-            self._transport.fast
+            self._lane_ok
+            and self._transport.fast
             and spec.json_body is None
             and spec.data is None
             and not spec.params
@@ -309,6 +326,52 @@ class HttpJob:
         if verdict.final_url is not None:
             verdict.final_url = self._secrets.text(verdict.final_url, own)
         return verdict
+
+    def _authorized_attempt(
+        self,
+        request: Outgoing,
+        hedge_host: str | None,
+        own: frozenset[str],
+        wall_end: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        """An attempt carrying the run's current token. A 401 renews the token as
+        ``auth.after_401`` says and resends within the same attempt (its time bound, not one
+        of the item's retries); each resend is logged at DEBUG. Waiting for another worker's
+        refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
+        is the source's to bound (an --auth-command's timeout)."""
+        auth = self._auth
+        assert auth is not None and wall_end is not None
+        token = auth.current()
+        renewals = 0
+        while True:
+            verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
+            if verdict.status_code != 401:
+                if verdict.status_code is not None:
+                    auth.accept(token)
+                return verdict
+            step = auth.step(token, renewals)
+            if step == "give_up":
+                if renewals or token.generation > 0:
+                    verdict.error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                return verdict
+            if step == "refresh":
+                try:
+                    token = auth.refresh(token, wall_end - time.monotonic())
+                except RefreshWaitTimedOut as exc:
+                    return retry("timeout", str(exc))
+                except AuthFailed as exc:
+                    verdict.error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                    return verdict
+            else:
+                token = auth.current()
+            renewals += 1
+            if log.isEnabledFor(logging.DEBUG):
+                url = request.url if isinstance(request, Wire) else request.request.url
+                log.debug(
+                    "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                    self._secrets.text(str(url), own), token.generation, auth.refreshes,
+                )  # fmt: skip
 
     def _exchange(
         self, request: Outgoing, wall_end: float, lost: threading.Event | None

@@ -118,6 +118,9 @@ class FetchOptions(FlowOptions):
     # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
     verify: bool | str | None = None
     cert: str | tuple[str, str] | None = None
+    # Tokens that expire (see auth.py): a callable returning the token's headers, called again
+    # for each refresh after a 401, or a requests AuthBase applied to each request.
+    auth: Any = None
 
     @property
     def slots(self) -> int | None:
@@ -171,6 +174,16 @@ class FetchOptions(FlowOptions):
             if not Path(path).is_file():
                 raise ValueError(f"no certificate or key file at {path}")
         return value
+
+    @field_validator("auth")
+    @classmethod
+    def _auth_source(cls, value: object) -> object:
+        if value is None or callable(value):  # (an AuthBase is callable too)
+            return value
+        raise ValueError(
+            "must be a callable returning headers (called again to refresh the token) or a "
+            "requests.auth.AuthBase"
+        )
 
     @field_validator("session")
     @classmethod

@@ -79,6 +79,25 @@ def pieces(value: str) -> set[str]:
     return {value, *(part for part in parts if len(part) >= _MIN_PIECE)}
 
 
+class _Learned:
+    """Secrets met while a run goes (tokens from ``auth=``), replaced whole on each change so
+    that readers need no lock."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self) -> None:
+        self.names: frozenset[str] = frozenset()
+        self.values: frozenset[str] = frozenset()
+
+
+# Learning is rare (a token an hour): one lock for every run is plenty, and keeps Secrets
+# picklable.
+_LEARN_LOCK = threading.Lock()
+# Patterns kept per Secrets at most; past that the cache starts afresh (each new token makes
+# the run's set of values a new one).
+_MAX_PATTERNS = 16
+
+
 @dataclass(frozen=True)
 class Secrets:
     """What a run treats as secret, and the masking of texts by it."""
@@ -89,6 +108,7 @@ class Secrets:
     _patterns: dict[frozenset[str], re.Pattern[str]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    _learned: _Learned = field(default_factory=_Learned, init=False, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -103,14 +123,33 @@ class Secrets:
         known = {value for value in (*headers.values(), *values) if len(value) >= _MIN_VALUE}
         return cls(names, SECRET_PARAMS | {p.lower() for p in params}, frozenset(known))
 
+    def learn(self, values: Iterable[str], names: Iterable[str] = ()) -> None:
+        """Treat ``values`` (and headers ``names``) as secret from now on: the tokens ``auth=``
+        hands out while the run goes. Thread-safe; a value already known costs no lock."""
+        learned = self._learned
+        new_values = {v for v in values if len(v) >= _MIN_VALUE} - learned.values - self.values
+        new_names = {n.lower() for n in names} - learned.names - self.names
+        if not new_values and not new_names:
+            return
+        with _LEARN_LOCK:
+            learned.values = learned.values | new_values
+            learned.names = learned.names | new_names
+
+    @property
+    def known(self) -> frozenset[str]:
+        """The secret values known now: those given up front and those learned since."""
+        learned = self._learned.values
+        return self.values | learned if learned else self.values
+
     def is_secret(self, name: str) -> bool:
-        return name.lower() in self.names
+        name = name.lower()
+        return name in self.names or name in self._learned.names
 
     def is_declared(self, name: str) -> bool:
-        """A secret by the run's say-so (a batch header, a declared name), which requests
-        does not know to keep from other hosts."""
+        """A secret by the run's say-so (a batch header, a declared name, an ``auth=``
+        header), which requests does not know to keep from other hosts."""
         name = name.lower()
-        return name in self.names and name not in SECRET_HEADERS
+        return (name in self.names or name in self._learned.names) and name not in SECRET_HEADERS
 
     def _mask_param(self, match: re.Match[str]) -> str:
         return f"{match[1]}={MASK}" if _param_name(match[1]) in self.params else match[0]
@@ -143,20 +182,24 @@ class Secrets:
                 text = pattern.sub(self._mask_param, text)
         if "%" in text:  # a URL escaped inside another: its secrets, found decoded
             extra = {*extra, *self._param_values(unquote_plus(text))}
-        values = self.values.union(extra) if extra else self.values
+        learned = self._learned.values  # (inline: text() runs for every item)
+        known = self.values | learned if learned else self.values
+        values = known.union(extra) if extra else known
         if not values:
             return text
-        pattern = self._values_pattern(frozenset(values))
+        pattern = self._values_pattern(frozenset(values), known)
         text = pattern.sub(MASK, text)
         return _mask_cut(text, values)
 
-    def _values_pattern(self, values: frozenset[str]) -> re.Pattern[str]:
+    def _values_pattern(self, values: frozenset[str], known: frozenset[str]) -> re.Pattern[str]:
         pattern = self._patterns.get(values)
         if pattern is None:
             forms = {form for value in values for piece in pieces(value) for form in _forms(piece)}
             escaped = sorted((re.escape(form) for form in forms if form), key=len, reverse=True)
             pattern = re.compile("|".join(escaped))
-            if values == self.values:  # the run's own: kept; an item's: made each time
+            if values == known:  # the run's own: kept; an item's: made each time
+                if len(self._patterns) >= _MAX_PATTERNS:
+                    self._patterns.clear()
                 self._patterns[values] = pattern
         return pattern
 

@@ -80,6 +80,9 @@ class Recipe:
 
     request: requests.Request
     prepared: requests.PreparedRequest
+    # The run's auth= for this send (see auth.RunAuth): applied to the request as it goes,
+    # after the cookies, so that a token is as fresh as the send.
+    auth: Callable[[requests.PreparedRequest], requests.PreparedRequest] | None = None
 
     @property
     def method(self) -> str | None:
@@ -529,6 +532,8 @@ class Transport:
             prepared = request.prepared
             if self._has_cookies(session):  # as fresh as the jar, as a new request would be
                 prepared = self.prepare(request.request).prepared
+            if request.auth is not None:
+                prepared = request.auth(prepared)
             assert prepared.url is not None
             response = self._send_once(session, prepared, wall_end)
             return self._settle(session, prepared.url, response, wall_end)

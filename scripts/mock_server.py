@@ -61,6 +61,17 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
                                      with Retry-After: 1, and "missing" a 404 NoSuchKey
+  Tokens that expire, for auth= and --auth-command (per REALM, so tests do not share):
+    /token/REALM?uses=N&ttl=S&refuse=1&format=header
+                                     issue a fresh random bearer token good for N requests
+                                     (default 10) and S seconds (default 3600); refuse=1: one
+                                     /protected refuses anyway. JSON {"access_token": ...};
+                                     format=header: the text "Bearer TOKEN"
+    /protected/REALM/...             200 JSON for "Authorization: Bearer TOKEN" with a live
+                                     token of REALM; else 401 (WWW-Authenticate, and a body
+                                     that echoes the token, as careless servers do)
+    /tokens/REALM                    JSON: tokens issued, tokens that expired (refused once
+                                     used up or out of time), 401s answered
     /stats?log=1                     JSON: requests per target, peak concurrency, connections
                                      (with log=1 also each request's arrival time and status)
     /stats/reset                     clear the stats
@@ -80,6 +91,7 @@ import email.utils
 import functools
 import json
 import math
+import secrets
 import sys
 import threading
 import time
@@ -182,6 +194,47 @@ class Stats:
             if with_log:
                 report["log"] = [dict(entry) for entry in self.log]
             return report
+
+
+class Tokens:
+    """Bearer tokens per realm, each good for a number of uses and seconds; counts issues."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # token -> [realm, uses left, expiry (Unix time), refused on sight]
+        self._live: dict[str, list[Any]] = {}
+        self._counts: dict[str, Counter[str]] = {}
+        self._expired: set[str] = set()
+
+    def issue(self, realm: str, uses: int, ttl: float, *, refuse: bool) -> str:
+        token = secrets.token_urlsafe(24)
+        with self._lock:
+            self._live[token] = [realm, uses, time.time() + ttl, refuse]
+            self._counts.setdefault(realm, Counter())["issued"] += 1
+        return token
+
+    def use(self, realm: str, token: str) -> str | None:
+        """None when ``token`` is good for ``realm`` (a use spent); else why not."""
+        with self._lock:
+            counts = self._counts.setdefault(realm, Counter())
+            entry = self._live.get(token)
+            if entry is None or entry[0] != realm or entry[3]:
+                counts["unauthorized"] += 1
+                return "unknown" if entry is None or entry[0] != realm else "refused"
+            if entry[1] <= 0 or time.time() >= entry[2]:
+                counts["unauthorized"] += 1
+                if token not in self._expired:
+                    self._expired.add(token)
+                    counts["expired"] += 1
+                return "expired"
+            entry[1] -= 1
+            counts["used"] += 1
+            return None
+
+    def report(self, realm: str) -> dict[str, int]:
+        with self._lock:
+            counts = self._counts.get(realm, Counter())
+            return {name: counts[name] for name in ("issued", "expired", "used", "unauthorized")}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -343,6 +396,8 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/set-cookie":
             cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
             self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
+        elif head in ("/token", "/tokens", "/protected"):
+            self._bearer(head, path.strip("/").split("/")[1], query)
         elif head == "/redirect":
             code = int(query.get("code", "302"))
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
@@ -421,6 +476,32 @@ class Handler(BaseHTTPRequestHandler):
         elif style == "next":
             body["next"] = next_path if more else None
         self._json(200, body, headers)
+
+    def _bearer(self, head: str, realm: str, query: dict[str, str]) -> None:
+        """An OAuth-like token endpoint and the API it guards (see the module's doc)."""
+        tokens = self.server.tokens
+        if head == "/token":
+            token = tokens.issue(
+                realm, int(query.get("uses", "10")), float(query.get("ttl", "3600")),
+                refuse=query.get("refuse") == "1",
+            )  # fmt: skip
+            if query.get("format") == "header":
+                self._send(200, f"Bearer {token}".encode(), "text/plain")
+            else:
+                self._json(200, {"access_token": token, "token_type": "Bearer"})
+            return
+        if head == "/tokens":
+            self._json(200, tokens.report(realm))
+            return
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        problem = tokens.use(realm, token) if scheme == "Bearer" else "missing"
+        if problem is None:
+            self._json(200, {"path": self.path, "ok": True})
+        else:
+            challenge = f'Bearer realm="{realm}", error="invalid_token"'
+            self._json(
+                401, {"error": f"token {token} is {problem}"}, {"WWW-Authenticate": challenge}
+            )
 
     def _s3_object(self, key: str) -> None:
         """An S3 object, or the errors S3 answers with (XML, as botocore reads them)."""
@@ -584,6 +665,7 @@ class MockServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.stats = Stats()
+        self.tokens = Tokens()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""

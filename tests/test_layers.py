@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         (
             "http",
             "guard watchdog headers cookies spec template decode classify quota paginate transport"
-            " hedge",
+            " hedge auth",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),

@@ -17,6 +17,7 @@ import urllib3
 from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..auth import AuthFailed, CommandToken
 from ..contrib.dask import connect as connect_dask
 from ..contrib.redis import RedisLimits
 from ..journal import JournalUnusable
@@ -212,6 +213,22 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "written out, and never sent to another host on a redirect.",
 )
 @click.option(
+    "--auth-command",
+    default=None,
+    metavar="'CMD'",
+    help="Get the token from CMD (run by sh, stdin closed, 30 s at most): what it prints, "
+    "stripped, is the --auth-header value (e.g. 'Bearer abc'), a secret. It is run once "
+    "before anything is sent (if it fails, the run does not start) and again whenever the "
+    "server answers 401 to the current token: one refresh for all workers, the items resent "
+    "with the new token.  [default: none]",
+)
+@click.option(
+    "--auth-header",
+    default="Authorization",
+    metavar="NAME",
+    help="The header --auth-command's output goes in.",
+)
+@click.option(
     "--secret-header",
     "secret_headers",
     multiple=True,
@@ -397,6 +414,8 @@ def command(
     cookies: bool,
     hedge_after: float | str | None,
     headers: dict[str, str],
+    auth_command: str | None,
+    auth_header: str,
     secret_headers: tuple[str, ...],
     secret_params: tuple[str, ...],
     deny_private: bool,
@@ -447,6 +466,8 @@ def command(
     folder = Path(prefix).parent
     if not folder.is_dir():
         raise click.UsageError(f"the output folder {folder} does not exist")
+    if auth_command is not None:
+        options = options.model_copy(update={"auth": _first_token(auth_command, auth_header)})
     try:
         if redis_url is not None:
             shared = RedisLimits(redis_url, namespace, lease_ttl)
@@ -502,6 +523,19 @@ def _template(
         return Template.parse(url, method, None if body is None else parse_body(body), id_field)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _first_token(command: str, header: str) -> CommandToken:
+    """The --auth-command token source, its first token got now: a command that fails stops
+    the run before anything is sent or written (exit 2, one line without its output)."""
+    if not header or any(c.isspace() or c == ":" for c in header) or not header.isascii():
+        raise click.UsageError(f"--auth-header {header!r} is not a header name")
+    source = CommandToken(command, header)
+    try:
+        source.prime()
+    except AuthFailed as exc:
+        raise click.ClickException(f"--auth-command: {exc}; nothing was sent") from None
+    return source
 
 
 @contextlib.contextmanager

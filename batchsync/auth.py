@@ -1,0 +1,292 @@
+"""Tokens that expire: the run's ``auth=``, applied to each request as it is sent, and renewed
+once for all workers when the server says the token is no longer good (HTTP 401).
+
+``auth=`` is either a zero-argument callable returning the headers that carry the token
+(called for the first token, and again for each refresh), or a ``requests.auth.AuthBase``,
+applied afresh to each request as requests would; a 401 refreshes an AuthBase only when it
+has a ``refresh()`` method (else the 401 is an ordinary terminal one). Every token value
+becomes one of the run's Secrets as soon as it is seen.
+
+The rule for a 401 (``after_401``), per attempt: a request that carried an older token than
+the current one is resent with the current one; one that carried the current token has it
+refreshed, once for however many workers saw it fail; a 401 to the current token when no
+server has ever accepted it is final if that token is fresh (got by a refresh, or this
+attempt's renewal). So a token the server refuses outright costs one refresh, not one per
+item; and an attempt renews its token MAX_RENEWALS times at most.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Literal
+
+import requests
+from requests.auth import AuthBase
+
+from .classify import describe
+from .redact import Secrets
+from .spec import check_headers
+from .transport import Outgoing, Recipe, Wire
+
+HeaderSource = Callable[[], Mapping[str, str]]
+Auth = HeaderSource | AuthBase
+
+# Token renewals within one attempt at most (each needs a newer token that worked meanwhile).
+MAX_RENEWALS = 3
+# Seconds an --auth-command may take before it counts as failed.
+COMMAND_TIMEOUT = 30.0
+
+
+class AuthFailed(Exception):
+    """No token could be got. The message says why, never what the source printed."""
+
+
+class RefreshWaitTimedOut(TimeoutError):
+    """The attempt's time ran out while another worker was getting the new token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A token's headers and its generation: 0 the first, one more on each refresh."""
+
+    generation: int
+    headers: Mapping[str, str]
+
+
+Step = Literal["resend", "refresh", "give_up"]
+
+
+def after_401(sent: int, current: int, accepted: int, renewals: int) -> Step:
+    """What a 401 calls for. ``sent``: the generation the request carried; ``current``: the
+    source's now; ``accepted``: the newest generation a server answered without a 401 (-1:
+    none); ``renewals``: how often this attempt was already resent with a newer token."""
+    if renewals >= MAX_RENEWALS:
+        return "give_up"
+    if sent != current:
+        return "resend"  # someone refreshed it meanwhile
+    if accepted < current and (renewals or current > 0):
+        return "give_up"  # a fresh token that never worked: refreshing again won't help
+    return "refresh"  # the token worked, or the first one went stale before its first use
+
+
+class TokenSource:
+    """The current token, refreshed single-flight: however many workers report the same
+    generation stale, one refresh runs; the others wait for it and take its token (or its
+    failure). Thread-safe; reading the current token takes no lock."""
+
+    def __init__(self, get: HeaderSource, secrets: Secrets) -> None:
+        self._get = get
+        self._secrets = secrets
+        self._lock = threading.Lock()  # held while refreshing: the waiters are the flight
+        self._token = Token(0, {})
+        self._tries = 0
+        self._failure: AuthFailed | None = None
+        self._accepted_lock = threading.Lock()
+        self.accepted = -1
+        self.refreshes = 0
+
+    @property
+    def current(self) -> Token:
+        return self._token
+
+    def start(self, fetch: bool = True) -> Token:
+        """The first token (AuthFailed when it cannot be got)."""
+        self._token = Token(0, self._fetch() if fetch else {})
+        return self._token
+
+    def accept(self, token: Token) -> None:
+        """A server answered ``token`` without a 401: it works (see ``after_401``)."""
+        if token.generation > self.accepted:
+            with self._accepted_lock:
+                self.accepted = max(self.accepted, token.generation)
+
+    def refresh(self, stale: Token, wait: float | None = None) -> Token:
+        """A token newer than ``stale``: fetched here, or by the refresh this call waited for
+        (at most ``wait`` seconds: RefreshWaitTimedOut)."""
+        tries = self._tries
+        if not self._lock.acquire(timeout=-1 if wait is None else max(wait, 0.0)):
+            raise RefreshWaitTimedOut("attempt timed out waiting for a new token")
+        try:
+            if self._token.generation != stale.generation:
+                return self._token
+            if self._tries != tries and self._failure is not None:
+                raise self._failure  # the refresh this one waited for failed: so does this
+            self._tries += 1
+            try:
+                headers = self._fetch()
+            except AuthFailed as exc:
+                self._failure = exc
+                raise
+            self._failure = None
+            self._token = Token(stale.generation + 1, headers)
+            self.refreshes += 1
+            return self._token
+        finally:
+            self._lock.release()
+
+    def _fetch(self) -> Mapping[str, str]:
+        try:
+            headers = self._get()
+        except AuthFailed:
+            raise
+        except Exception as exc:  # the caller's source failing is no crash of the run
+            raise AuthFailed(f"auth= raised {describe(exc)}") from None
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
+        ):
+            raise AuthFailed("auth= must return a mapping of header names to str values")
+        headers = dict(headers)
+        self._secrets.learn(headers.values(), headers)
+        try:
+            check_headers(headers)  # (its messages name the header, never the value)
+        except ValueError as exc:
+            raise AuthFailed(f"auth= returned a header that cannot be sent: {exc}") from None
+        return headers
+
+
+class RunAuth:
+    """A run's ``auth=``: which token each send carries, and what a 401 calls for."""
+
+    def __init__(self, auth: Auth, secrets: Secrets) -> None:
+        self._secrets = secrets
+        self.base = auth if isinstance(auth, AuthBase) else None
+        refresh = getattr(auth, "refresh", None) if self.base is not None else None
+        get: HeaderSource | None = auth if self.base is None else None  # type: ignore[assignment]
+        if callable(refresh):
+            get = partial(_refreshed, refresh)
+        self._source = None if get is None else TokenSource(get, secrets)
+        self._fixed = Token(0, {})
+
+    @property
+    def lane(self) -> bool:
+        """Whether requests may take the fast lane: header tokens can, an AuthBase cannot
+        (it works on a requests.PreparedRequest)."""
+        return self.base is None
+
+    def start(self) -> None:
+        """Get the first token (AuthFailed when it cannot be got)."""
+        if self._source is not None:
+            self._source.start(fetch=self.base is None)
+
+    @property
+    def refreshes(self) -> int:
+        return 0 if self._source is None else self._source.refreshes
+
+    def current(self) -> Token:
+        return self._fixed if self._source is None else self._source.current
+
+    def accept(self, token: Token) -> None:
+        if self._source is not None:
+            self._source.accept(token)
+
+    def step(self, token: Token, renewals: int) -> Step:
+        source = self._source
+        if source is None:
+            return "give_up"
+        return after_401(token.generation, source.current.generation, source.accepted, renewals)
+
+    def refresh(self, stale: Token, wait: float | None = None) -> Token:
+        assert self._source is not None
+        return self._source.refresh(stale, wait)
+
+    def apply(self, request: Outgoing, token: Token) -> Outgoing:
+        """``request`` as it goes out with ``token``; the original is left as it was."""
+        if isinstance(request, Wire):  # (only header tokens take the fast lane)
+            return replace(request, headers=_overlaid(request.headers, token.headers))
+        return Recipe(request.request, request.prepared, partial(self._authorized, token))
+
+    def _authorized(
+        self, token: Token, prepared: requests.PreparedRequest
+    ) -> requests.PreparedRequest:
+        """A copy of ``prepared`` carrying the token; an AuthBase applied as requests would."""
+        request = prepared.copy()
+        # (copy() shares the hook lists: an AuthBase that registers hooks must not grow them)
+        request.hooks = {event: list(hooks) for event, hooks in prepared.hooks.items()}
+        if self.base is None:
+            request.headers.update(token.headers)
+            return request
+        before = dict(request.headers)
+        request = self.base(request)
+        changed = {
+            name: value
+            for name, value in request.headers.items()
+            if isinstance(value, str) and before.get(name) != value
+        }
+        self._secrets.learn(changed.values(), changed)
+        request.prepare_content_length(request.body)
+        return request
+
+
+def _refreshed(refresh: Callable[[], object]) -> Mapping[str, str]:
+    refresh()
+    return {}
+
+
+def _overlaid(headers: Mapping[str, str], tokens: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with ``tokens`` in place of any of the same name (in any case)."""
+    names = {name.lower() for name in tokens}
+    merged = {name: value for name, value in headers.items() if name.lower() not in names}
+    merged.update(tokens)
+    return merged
+
+
+class CommandToken:
+    """``--auth-command``: a shell command (``sh -c``, as git's credential helpers) whose
+    output, stripped, is the value of one header (Authorization by default); run for the first
+    token and again on each refresh, with stdin closed, stderr discarded and a timeout. What
+    it printed never appears in a message: it is a secret."""
+
+    def __init__(
+        self, command: str, header: str = "Authorization", timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        self._command = command
+        self._header = header
+        self._timeout = timeout
+        self._primed: dict[str, str] | None = None
+
+    def prime(self) -> None:
+        """Get the first token now (AuthFailed when the command fails), so that a run can
+        refuse to start; the next call hands it out."""
+        self._primed = self._run()
+
+    def __call__(self) -> Mapping[str, str]:
+        primed, self._primed = self._primed, None
+        return primed if primed is not None else self._run()
+
+    def _run(self) -> dict[str, str]:
+        try:
+            process = subprocess.Popen(
+                self._command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise AuthFailed(f"the auth command could not be started ({exc.strerror})") from None
+        with process:
+            try:
+                out, _ = process.communicate(timeout=self._timeout)
+            except subprocess.TimeoutExpired:
+                # Its whole process group: a child of the shell may hold the pipe open.
+                with contextlib.suppress(OSError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise AuthFailed(
+                    f"the auth command did not finish within {self._timeout:g} s"
+                ) from None
+        if process.returncode != 0:
+            raise AuthFailed(
+                f"the auth command failed (exit status {process.returncode}; its output is "
+                "not shown)"
+            )
+        value = out.decode("utf-8", "replace").strip()
+        if not value:
+            raise AuthFailed("the auth command printed nothing")
+        if "\n" in value or "\r" in value:
+            raise AuthFailed("the auth command printed more than one line")
+        return {self._header: value}
