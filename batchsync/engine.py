@@ -505,7 +505,7 @@ class Engine:
             return Result(
                 index=index, url=task.url, ok=verdict.ok, id=task.id,
                 status_code=verdict.status_code,
-                attempts=sum(2 if record.hedged else 1 for record in records),
+                attempts=sum(record.requests for record in records),
                 error_kind=verdict.error_kind, error=error,
                 data=verdict.data if steps is None else steps.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),
@@ -618,7 +618,7 @@ class Engine:
             last = decision.verdict
             record = AttemptRecord(
                 len(records) + 1, last.status_code, last.error_kind, ended - began,
-                wait=decision.wait, fallback=fallback, hedged=last.hedged,
+                wait=decision.wait, fallback=fallback, hedged=last.hedged, resent=last.resent,
             )  # fmt: skip
             self._record(records, record, index, task)
             if decision.wait is None:

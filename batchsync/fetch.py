@@ -346,6 +346,8 @@ class HttpJob:
         renewals = 0
         while True:
             verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
+            if renewals:  # (every request sent counts in the item's attempts)
+                verdict = replace(verdict, resent=renewals)
             if verdict.status_code != 401:
                 if verdict.status_code is not None:
                     auth.accept(token)
@@ -359,7 +361,7 @@ class HttpJob:
                 try:
                     token = auth.refresh(token, wall_end - time.monotonic())
                 except RefreshWaitTimedOut as exc:
-                    return retry("timeout", str(exc))
+                    return replace(retry("timeout", str(exc)), resent=renewals)
                 except AuthFailed as exc:
                     verdict.error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                     return verdict

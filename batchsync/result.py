@@ -22,7 +22,8 @@ class AttemptRecord:
     """One attempt: its number, what came back, how long it took and the wait that followed.
 
     ``fallback`` is the index of the fallback route it was made on (None: the item's own);
-    ``hedged`` says a second identical request was raced against it.
+    ``hedged`` says a second identical request was raced against it; ``resent`` how many
+    times it was sent again after a token refresh. ``requests`` counts them all.
     """
 
     attempt: int
@@ -32,12 +33,18 @@ class AttemptRecord:
     wait: float | None = None
     fallback: int | None = None
     hedged: bool = False
+    resent: int = 0
+
+    @property
+    def requests(self) -> int:
+        return 1 + self.hedged + self.resent
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
         return cls(
             record["attempt"], record["status_code"], record["error_kind"], record["elapsed"],
             record["wait"], record.get("fallback"), record.get("hedged", False),
+            record.get("resent", 0),
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,7 +56,7 @@ class AttemptRecord:
             "wait": None if self.wait is None else round(self.wait, 6),
             "fallback": self.fallback,
             "hedged": self.hedged,
-        }
+        } | ({"resent": self.resent} if self.resent else {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,8 @@ class Verdict:
     quota: float | None = None
     # The response's Link header, kept when items are paginated by their links.
     link: str | None = None
+    # Requests sent again within this attempt (each after renewing a refused token).
+    resent: int = 0
 
     @property
     def ok(self) -> bool:
