@@ -124,6 +124,8 @@ class Resumable(Generic[OptionsT]):
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if template is not None and journal is not None:
             self._identity["template"] = f"rows {template.identity()}"
+        if journal is not None and isinstance(options, FetchOptions):
+            self._identity |= options.paging_identity()
         if self.journal is not None:
             if template is None:  # (a template's rows: each id is checked when it is built)
                 _check_ids(self.items)

@@ -22,8 +22,17 @@ from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
 from .limits import Gates
 from .options import FetchOptions
-from .origins import host_of, origin_of
-from .paginate import Continued, NoRecords, Page, first_position, gathered, next_page
+from .origins import host_of
+from .paginate import (
+    Continued,
+    Page,
+    PagingError,
+    first_page,
+    gathered,
+    next_page,
+    same_origin,
+    with_userinfo,
+)
 from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
@@ -133,18 +142,20 @@ class HttpJob:
     def _paged(
         self, task: Task, spec: RequestSpec, own: frozenset[str], continued: Continued | None
     ) -> None:
-        """Make the item's own route its first page (or, resumed, the page it goes on from)."""
-        assert self._paging is not None
-        if spec.params:  # the page parameters go in the URL: so do the item's own
-            spec = spec.model_copy(
-                update={"url": _with_params(spec.url, spec.params), "params": None}
-            )
-        if continued is None:
-            page = Page(spec.url, 1, first_position(self._paging, spec.url), [])
-        else:
-            page = continued.page
-        task.route = self._page_route(spec, own, page)
-        task.steps, task.data = page.number - 1, page.data
+        """Make the item's own route its first page (or, resumed, the page it goes on from),
+        and each fallback URL's route the first page of that URL."""
+        paging = self._paging
+        assert paging is not None
+        # the page parameters go in the URL: so do the item's own
+        params, spec = spec.params, spec.model_copy(update={"params": None})
+        specs = [spec.model_copy(update={"url": _with_params(url, params) if params else url})
+                 for url in (spec.url, *(spec.fallbacks or ()))]  # fmt: skip
+        start = first_page(paging, specs[0].url) if continued is None else continued.page
+        routes = [self._page_route(specs[0], own, start)]
+        routes += [self._page_route(each, own, first_page(paging, each.url)) for each in specs[1:]]
+        task.route = routes[0]
+        task.fallbacks = (*routes[1:], *task.fallbacks[len(specs) - 1 :])
+        task.steps, task.data = start.number - 1, start.data
 
     def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
         route = self._url_route(spec, page.url, own)
@@ -160,29 +171,34 @@ class HttpJob:
     ) -> tuple[Any, Route | Verdict | None]:
         """The item's data with this page, and the route to the next page (None: done; a
         Verdict: the next page cannot be fetched)."""
-        assert self._paging is not None
-        data = gathered(self._paging, page.data, verdict.data)
+        paging = self._paging
+        assert paging is not None
         try:
+            data = gathered(paging, page.data, verdict.data, first=page.number == 1)
             following = next_page(
-                self._paging, first_url=spec.url, url=page.url, number=page.number,
+                paging, first_url=spec.url, url=page.url, number=page.number,
                 position=page.position, body=verdict.data, link=verdict.link,
             )  # fmt: skip
-        except NoRecords as exc:  # (a later run would meet it again: nothing to go on from)
-            return data, terminal("invalid_body", f"after page {page.number}: {exc}")
+        except PagingError as exc:  # (a later run would meet it again: nothing to go on from)
+            return page.data, terminal("invalid_body", f"after page {page.number}: {exc}")
         if following is None:
             return data, None
         url, position = following
-        upcoming = Page(url, page.number + 1, position, data)
-        problem = self._page_problem(spec.url, url)
+        url, seen = with_userinfo(url, spec.url), page.seen | {page.url}
+        upcoming = Page(url, page.number + 1, position, data, seen)
+        problem = self._page_problem(spec.url, url, seen)
         if problem is None:
             return data, self._page_route(spec, own, upcoming)
         shown = f"page {upcoming.number} ({self._secrets.text(url, own)}): {problem}"
         return data, terminal("invalid_body", shown)
 
-    def _page_problem(self, first_url: str, url: str) -> str | None:
-        """Why a next page named by a response is not fetched: the item's headers and
-        secrets stay with its own origin, and deny_private holds for pages too."""
-        if origin_of(url) != origin_of(first_url):
+    def _page_problem(self, first_url: str, url: str, seen: frozenset[str]) -> str | None:
+        """Why a next page named by a response is not fetched: it was fetched already (a
+        loop), it is on another origin (the item's headers and secrets stay with its own), or
+        deny_private refuses its host."""
+        if url in seen:
+            return "fetched already: the pages go round in a loop"
+        if not same_origin(url, first_url):
             return "the next page is on another origin; not followed"
         try:
             self._guarded(urlsplit(url).hostname or "")

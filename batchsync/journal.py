@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS results (
 
 # The keys of the input identity that must match for a journal to be resumed.
 # ``template``: the options that turn a table's rows into requests (absent: none).
-IDENTITY_KEYS = ("entries", "sha256", "template")
+# ``paging``: how items were paginated (absent: they were not).
+IDENTITY_KEYS = ("entries", "sha256", "template", "paging")
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
 SCHEMA_VERSION = "batchsync-journal 3"
 
@@ -152,6 +153,11 @@ def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | Non
             return (
                 "its template options were different: the URL template, method, body template, "
                 "id field and table format must be the ones it was made with"
+            )
+        if key == "paging" and stored.get(key) != current.get(key):
+            return (
+                "its pagination options were different: --paginate (paginate), --items "
+                "(page_items) and --cursor-param must be the ones it was made with"
             )
         if stored.get(key) != current.get(key):
             return f"its {key} was {stored.get(key)}, the input's is {current.get(key)}"

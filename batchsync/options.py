@@ -132,6 +132,13 @@ class FetchOptions(FlowOptions):
             self.headers, self.secret_headers, self.secret_params, _redis_password(self.limits)
         )
 
+    def paging_identity(self) -> dict[str, str]:
+        """What a journal records of the pagination (none when there is none): a resumed run
+        must read the pages it goes on with as the pages before were read."""
+        if self.paginate is None:
+            return {}
+        return {"paging": f"{self.paginate} cursor={self.cursor_param} items={self.page_items}"}
+
     def paging(self) -> Paging | None:
         """How items are paginated; None when they are not."""
         if self.paginate is None:

@@ -6,7 +6,8 @@ sends the pages and the engine runs each as an attempt of its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote_plus, unquote_plus, urljoin, urlsplit, urlunsplit
@@ -14,15 +15,19 @@ from urllib.parse import parse_qsl, quote_plus, unquote_plus, urljoin, urlsplit,
 import jmespath
 from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
-from requests.utils import parse_header_links
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
+from .origins import origin_of
 
 Style = Literal["link", "json", "page", "offset"]
 
 STYLES = "link, json:PATH, page:PARAM or offset:PARAM,STEP"
 
 
-class NoRecords(ValueError):
-    """A page whose records cannot be told apart from the rest of its body."""
+class PagingError(ValueError):
+    """A page that does not say what comes next in a way that can be followed: its records
+    cannot be found, or its next page is not a URL or cursor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +81,15 @@ def is_empty(records: Any) -> bool:
     return records is None or (isinstance(records, list | dict | str) and not records)
 
 
-def gathered(paging: Paging, so_far: list[Any], body: Any) -> list[Any]:
-    """The item's data with one more page: the pages' bodies, or one flat list of records."""
+def gathered(paging: Paging, so_far: list[Any], body: Any, *, first: bool) -> list[Any]:
+    """The item's data with one more page: the pages' bodies, or one flat list of records.
+    PagingError when the first page has nothing where the records are said to be (a wrong
+    path would otherwise look like an empty collection)."""
     if paging.records is None:
         return [*so_far, body]
     found = paging.records.search(body)
+    if found is None and first:
+        raise PagingError(f"the first page has nothing at {paging.records.expression}")
     if found is None:
         return so_far
     return [*so_far, *found] if isinstance(found, list) else [*so_far, found]
@@ -92,9 +101,13 @@ def first_position(paging: Paging, url: str) -> int:
     if paging.style not in ("page", "offset"):
         return 0
     given = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True)).get(paging.param)
-    if given is not None and given.lstrip("-").isdigit():
+    if given is not None and re.fullmatch(r"-?[0-9]{1,18}", given):
         return int(given)
     return 1 if paging.style == "page" else 0
+
+
+def first_page(paging: Paging, url: str) -> Page:
+    return Page(url, 1, first_position(paging, url), [])
 
 
 def next_page(
@@ -111,8 +124,8 @@ def next_page(
     its position; None when that page was the last.
 
     A page is the last when ``max_pages`` is reached, when nothing names a next one (link,
-    json), when it had no records (page, offset), or when the next would be the same URL.
-    NoRecords when page or offset numbering meets an object without ``records`` to look in.
+    json) or when it had no records (page, offset). PagingError when page or offset numbering
+    meets an object without ``records`` to look in, or json:PATH finds no URL or cursor.
     """
     if paging.max_pages is not None and number >= paging.max_pages:
         return None
@@ -124,35 +137,91 @@ def next_page(
     else:
         if paging.records is None and isinstance(body, Mapping):
             # (an object wrapping an empty list is not empty: the records' place must be known)
-            raise NoRecords("a page is an object: say where its records are (page_items / --items)")
+            raise PagingError(
+                "a page is an object: say where its records are (page_items / --items)"
+            )
         if is_empty(records_of(paging, body)):
             return None
         position += paging.step
         found = with_param(first_url, paging.param, str(position))
-    if found is None or found == url:
-        return None
-    return found, position
+    return None if found is None else (found, position)
+
+
+# One link of a Link header (RFC 8288): <target> and its parameters, each name=value with the
+# value a token or a quoted string.
+_LINK = re.compile(
+    r'\s*<([^>]*)>((?:\s*;\s*[^\s;,=]+\s*(?:=\s*(?:"(?:[^"\\]|\\.)*"|[^\s;,"]*))?)*)\s*'
+)
+_PARAM = re.compile(r'\s*;\s*([^\s;,=]+)\s*(?:=\s*("(?:[^"\\]|\\.)*"|[^\s;,"]*))?')
+
+
+def links(header: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """The (target, parameters) of each link in a Link header; parameter names lower-case,
+    quoted values unquoted. Stops at the first link it cannot read."""
+    position = 0
+    while position < len(header):
+        found = _LINK.match(header, position)
+        if found is None:
+            return
+        parameters: dict[str, str] = {}
+        for name, given in _PARAM.findall(found[2]):
+            value = re.sub(r"\\(.)", r"\1", given[1:-1]) if given.startswith('"') else given
+            parameters.setdefault(name.lower(), value)
+        yield found[1], parameters
+        position = found.end()
+        if position < len(header):
+            if header[position] != ",":
+                return
+            position += 1
 
 
 def _next_link(link: str | None, url: str) -> str | None:
-    if not link:
-        return None
-    for entry in parse_header_links(link):
-        if "next" in entry.get("rel", "").lower().split() and entry.get("url"):
-            return urljoin(url, entry["url"])
+    for target, parameters in links(link or ""):
+        if "next" in parameters.get("rel", "").lower().split():
+            return urljoin(url, target)
     return None
 
 
 def _next_from_body(paging: Paging, body: Any, *, first_url: str, url: str) -> str | None:
-    """An http(s) URL or a path is followed; any other value is a cursor."""
+    """An http(s) URL, a path or a query is followed; a string or number is a cursor; null,
+    an empty string or nothing at all ends the item."""
     assert paging.path is not None
     found = paging.path.search(body) if isinstance(body, Mapping | list) else None
-    if found is None or found == "" or isinstance(found, bool | dict | list):
+    if found is None or found == "":
         return None
+    if isinstance(found, bool | dict | list):
+        raise PagingError(f"the next page at json:{paging.path.expression} is not a URL or cursor")
     text = str(found)
-    if text.startswith(("http://", "https://", "/")):
+    if text.lower().startswith(("http://", "https://")) or text.startswith(("/", "?")):
         return urljoin(url, text)
     return with_param(first_url, paging.param, text)
+
+
+def same_origin(url: str, other: str) -> bool:
+    """Whether two URLs go to the same scheme, host and port (see ``_origin``)."""
+    mine = _origin(url)
+    return mine is not None and mine == _origin(other)
+
+
+def _origin(url: str) -> str | None:
+    """The URL's origin as the standard library reads it and as urllib3 (which sends it) does;
+    None where the two differ (a backslash before an @, say) or there is none."""
+    try:
+        sent = parse_url(url)
+    except LocationParseError:
+        return None
+    read = origin_of(url)
+    return read if read == origin_of(f"{sent.scheme}://{sent.netloc}") else None
+
+
+def with_userinfo(url: str, first_url: str) -> str:
+    """``url`` with the first URL's user and password when it names none: a next page given
+    in full keeps the credentials the item's own URL carried (on the same origin only)."""
+    first, parts = urlsplit(first_url), urlsplit(url)
+    if "@" not in first.netloc or "@" in parts.netloc:
+        return url
+    userinfo = first.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
 
 
 def with_param(url: str, name: str, value: str) -> str:
@@ -167,13 +236,15 @@ def with_param(url: str, name: str, value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One page of an item: its URL, number (from 1), position (page number or offset) and
-    the item's data from the pages before it."""
+    """One page of an item: its URL, number (from 1), position (page number or offset), the
+    item's data from the pages before it."""
 
     url: str
     number: int
     position: int
     data: list[Any]
+    # The pages fetched before it in this run (a next page among them is a loop).
+    seen: frozenset[str] = frozenset()
 
     def continuation(self) -> dict[str, Any]:
         """Where the item goes on from this page (JSON, for the journal)."""

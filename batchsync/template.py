@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .spec import METHODS, check_url, json_writable
 
@@ -181,6 +181,23 @@ def _fill(pieces: _Text, row: Mapping[str, Any], encode: bool) -> str:
     )
 
 
+def _path_fields(pieces: _Text) -> list[str]:
+    """The fields that stand in the URL's path (before its query or fragment)."""
+    names = []
+    for piece in pieces:
+        if isinstance(piece, str) and ("?" in piece or "#" in piece):
+            break
+        if isinstance(piece, _Field):
+            names.append(piece.name)
+    return names
+
+
+def _dot_segments(url: str) -> int:
+    """How many of a URL's path segments are '.' or '..': a value that makes one would move
+    the request to another path (clients resolve them before sending)."""
+    return sum(segment in (".", "..") for segment in urlsplit(url).path.split("/"))
+
+
 def _build(node: _Node, row: Mapping[str, Any]) -> Any:
     if isinstance(node, _Literal):
         return node.value
@@ -207,6 +224,7 @@ class Template:
     fields: tuple[str, ...]  # every field the URL and body name, in order, once each
     _url: _Text
     _body: _Node | None
+    _dots: int  # '.' and '..' segments the template's own path has
 
     @classmethod
     def parse(
@@ -233,15 +251,26 @@ class Template:
         if id_field is not None and not id_field:
             raise ValueError("id_field: give a field name")
         names = _fields_of(pieces)
-        node = None if body is None else _compile_body(body, names)
-        return cls(url, method.upper(), body, id_field, tuple(dict.fromkeys(names)), pieces, node)
+        try:
+            node = None if body is None else _compile_body(body, names)
+        except RecursionError:
+            raise ValueError("the body template is nested too deeply") from None
+        fields = tuple(dict.fromkeys(names))
+        return cls(url, method.upper(), body, id_field, fields, pieces, node, _dot_segments(filled))
 
     def expand(self, row: object) -> dict[str, Any]:
         """The request item for ``row``; RowError (naming a field, never a value) when the row
         lacks a value the template needs."""
         if not isinstance(row, Mapping):
             raise RowError(f"a row must be a mapping of fields, not {type(row).__name__}")
-        item: dict[str, Any] = {"url": _fill(self._url, row, encode=True)}
+        url = _fill(self._url, row, encode=True)
+        if _dot_segments(url) > self._dots:
+            dotted = [name for name in _path_fields(self._url) if set(_as_text(row, name)) <= {"."}]
+            raise RowError(
+                f"{', '.join(f'{{{name}}}' for name in dotted)} would make a '.' or '..' path "
+                "segment, which changes the path"
+            )
+        item: dict[str, Any] = {"url": url}
         if self.method != "GET":
             item["method"] = self.method
         if self._body is not None:

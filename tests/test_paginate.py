@@ -15,12 +15,15 @@ import pytest
 
 from batchsync import Backoff, Batch, fetch_all
 from batchsync.paginate import (
-    NoRecords,
+    PagingError,
     first_position,
     gathered,
+    links,
     next_page,
     paging,
+    same_origin,
     with_param,
+    with_userinfo,
 )
 
 from .mockserver import MockServerProcess
@@ -83,6 +86,28 @@ def test_link_next_is_resolved_against_the_page() -> None:
     assert follow("link", "https://api.test/v1/x", None, None) is None
 
 
+@pytest.mark.parametrize(
+    ("header", "target"),
+    [
+        ('</p2>; title="a=b"; rel="next"', "/p2"),  # a parameter with = before rel
+        ('</p2>; Rel="next"', "/p2"),  # parameter names are case-insensitive
+        ("</p2>; REL=NEXT", "/p2"),
+        ('</p?a=1;b=2>; rel="next"', "/p?a=1;b=2"),  # a ; inside the target
+        ('</p1>; rel="prev", </p3>; rel="next"', "/p3"),
+        ('</p1>; title="x, y"; rel="prev", </p3>; rel=next', "/p3"),  # a , in a quoted value
+        ('</p3>; rel="last next"', "/p3"),
+        ('</p2>; title="a \\"q\\""; rel="next"', "/p2"),  # an escaped quote
+    ],
+)
+def test_link_headers_are_read_as_rfc_8288_writes_them(header: str, target: str) -> None:
+    assert follow("link", "https://api.test/x", None, header) == (f"https://api.test{target}", 0)
+
+
+def test_an_unreadable_link_header_names_no_next_page() -> None:
+    assert list(links("garbage")) == []
+    assert [target for target, _ in links('</a>; rel="prev" junk </b>; rel="next"')] == ["/a"]
+
+
 def test_json_path_gives_a_url_or_a_cursor() -> None:
     first = "https://api.test/v1/x?limit=5&cursor=old"
     assert follow("json:next", first, {"next": "/v1/x?after=9"}) == (
@@ -92,8 +117,19 @@ def test_json_path_gives_a_url_or_a_cursor() -> None:
     assert follow("json:next", first, {"next": "b64+/="}) == (
         "https://api.test/v1/x?limit=5&cursor=b64%2B%2F%3D", 0,
     )  # fmt: skip
-    for done in ({"next": None}, {"next": ""}, {}, {"next": False}, [1, 2]):
+    for done in ({"next": None}, {"next": ""}, {}, [1, 2]):
         assert follow("json:next", first, done) is None
+    assert follow("json:next", first, {"next": 42}) == (
+        "https://api.test/v1/x?limit=5&cursor=42", 0,
+    )  # fmt: skip
+    # upper-case schemes and bare queries are URLs, not cursors
+    assert follow("json:next", first, {"next": "HTTPS://api.test/v1/y"}) == (
+        "https://api.test/v1/y", 0,
+    )  # fmt: skip
+    assert follow("json:next", first, {"next": "?page=2"}) == ("https://api.test/v1/x?page=2", 0)
+    for wrong in (True, [1], {"a": 1}):
+        with pytest.raises(PagingError, match="is not a URL or cursor"):
+            follow("json:next", first, {"next": wrong})
 
 
 def test_page_and_offset_count_until_an_empty_page() -> None:
@@ -112,14 +148,12 @@ def test_page_and_offset_count_until_an_empty_page() -> None:
 def test_an_object_page_without_a_records_path_cannot_be_counted() -> None:
     """{"items": []} is an empty page only if one knows where the records are: without
     page_items it would be fetched forever, so the item fails instead."""
-    with pytest.raises(NoRecords, match="page_items"):
+    with pytest.raises(PagingError, match="page_items"):
         follow("page:page", "https://api.test/x", {"items": []})
 
 
-def test_max_pages_and_a_next_page_that_is_the_same_page_end_the_item() -> None:
-    url = "https://api.test/x?page=2"
-    assert follow("page:page", url, [1], number=3, max_pages=3) is None
-    assert follow("json:next", url, {"next": url}) is None
+def test_max_pages_ends_the_item() -> None:
+    assert follow("page:page", "https://api.test/x?page=2", [1], number=3, max_pages=3) is None
 
 
 def test_the_first_position_is_the_urls_own() -> None:
@@ -128,15 +162,46 @@ def test_the_first_position_is_the_urls_own() -> None:
     assert first_position(chosen, "https://a.test/x") == 1
     offset = paging("offset:o,5", cursor_param="c", records=None, max_pages=None)
     assert first_position(offset, "https://a.test/x?o=x") == 0
+    assert first_position(chosen, "https://a.test/x?p=%C2%B2") == 1  # a digit, not an ASCII one
 
 
 def test_gathered_pages_or_records() -> None:
     whole = paging("link", cursor_param="c", records=None, max_pages=None)
-    assert gathered(whole, [{"a": 1}], {"a": 2}) == [{"a": 1}, {"a": 2}]
+    assert gathered(whole, [{"a": 1}], {"a": 2}, first=False) == [{"a": 1}, {"a": 2}]
     flat = paging("link", cursor_param="c", records="data.items", max_pages=None)
-    assert gathered(flat, [1], {"data": {"items": [2, 3]}}) == [1, 2, 3]
-    assert gathered(flat, [1], {"data": {}}) == [1]
-    assert gathered(flat, [1], {"data": {"items": 4}}) == [1, 4]
+    assert gathered(flat, [1], {"data": {"items": [2, 3]}}, first=False) == [1, 2, 3]
+    assert gathered(flat, [1], {"data": {}}, first=False) == [1]
+    assert gathered(flat, [1], {"data": {"items": 4}}, first=False) == [1, 4]
+    # a path that finds nothing on the first page is a wrong path, not an empty collection
+    with pytest.raises(PagingError, match=r"the first page has nothing at data\.items"):
+        gathered(flat, [], {"items": [1]}, first=True)
+
+
+@pytest.mark.parametrize(
+    ("url", "same"),
+    [
+        ("http://127.0.0.1:81/p2", True),
+        ("HTTP://127.0.0.1:81/p2", True),
+        ("http://u:p@127.0.0.1:81/p2", True),
+        ("http://127.0.0.1:82/p2", False),
+        ("https://127.0.0.1:81/p2", False),
+        ("http://localhost:81/p2", False),
+        # read as :82 by urllib3 (which sends it), as :81 by the standard library
+        ("http://127.0.0.1:82\\@127.0.0.1:81/p2", False),
+        ("http://127.0.0.1:81\\@127.0.0.1:82/p2", False),
+        ("http://[::1]:81/p2", False),
+        ("http://127.0.0.1:99999/p2", False),
+    ],
+)
+def test_same_origin_as_both_parsers_read_it(url: str, same: bool) -> None:
+    assert same_origin(url, "http://127.0.0.1:81/p1") is same
+
+
+def test_a_full_next_url_keeps_the_items_credentials() -> None:
+    first = "http://user:pw@api.test/x"
+    assert with_userinfo("http://api.test/x?page=2", first) == "http://user:pw@api.test/x?page=2"
+    assert with_userinfo("http://other:o@api.test/x", first) == "http://other:o@api.test/x"
+    assert with_userinfo("http://api.test/x", "http://api.test/y") == "http://api.test/x"
 
 
 def test_with_param_keeps_the_rest_of_the_query_as_written() -> None:
@@ -368,3 +433,76 @@ def test_a_templated_batch_goes_on_from_the_failed_page(
     batch = Batch(rows, **options)
     assert [(r.ok, r.pages, r.id) for r in batch.run()] == [(False, 1, "a"), (False, 1, "b")]
     assert [(r.ok, r.pages, len(r.data)) for r in batch.run()] == [(True, 4, 9), (True, 2, 3)]
+
+
+def test_a_next_page_the_parsers_read_differently_is_not_followed(
+    fresh_server: MockServerProcess,
+) -> None:
+    """urllib3 would send ``http://127.0.0.1:9\\@127.0.0.1:PORT/…`` to port 9, the standard
+    library reads PORT: such a page is taken as another origin."""
+    here = fresh_server.url.removeprefix("http://")
+    url = f"{fresh_server.url}/pages/next?total=9&size=3&base=http://127.0.0.1:9%5C@{here}"
+    (result,) = fetch_all([url], paginate="json:next", page_items="items", progress=False)
+    assert result.error_kind == "invalid_body" and result.pages == 1
+    assert result.error is not None and result.error.endswith("another origin; not followed")
+
+
+def test_pages_that_go_round_in_a_loop_fail_the_item(fresh_server: MockServerProcess) -> None:
+    """A cursor sent where the API does not look for it brings page 1 back, again and again."""
+    url = f"{fresh_server.url}/pages/cursor?total=9&size=3"
+    (result,) = fetch_all([url], paginate="json:next", cursor_param="after", page_items="items",
+                          progress=False)  # fmt: skip
+    assert result.error_kind == "invalid_body" and result.pages == 2
+    assert result.error is not None and result.error.startswith("page 3 (")
+    assert result.error.endswith("fetched already: the pages go round in a loop")
+
+
+def test_a_wrong_items_path_fails_rather_than_finding_nothing(
+    fresh_server: MockServerProcess,
+) -> None:
+    url = f"{fresh_server.url}/pages/page?total=9&size=3"
+    (result,) = fetch_all([url], paginate="page:page", page_items="itemz", progress=False)
+    assert not result.ok and result.error == "after page 1: the first page has nothing at itemz"
+
+
+def test_fallback_urls_are_paginated_too(fresh_server: MockServerProcess) -> None:
+    tag = uuid.uuid4().hex[:8]
+    item = {"url": f"{fresh_server.url}/503/x",
+            "fallbacks": [f"{fresh_server.url}/pages/link?total=7&size=3&tag={tag}"]}  # fmt: skip
+    (result,) = fetch_all([item], paginate="link", page_items="items", attempts=1,
+                          progress=False)  # fmt: skip
+    assert result.ok and result.fallback_used == 0 and result.pages == 3
+    assert [record["n"] for record in result.data] == list(range(7))
+    assert pages_requested(fresh_server, tag) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [[], ["--paginate", "link", "--items", "items"], ["--paginate", "page:page"],
+     ["--paginate", "page:page", "--items", "items", "--cursor-param", "c"]],
+)  # fmt: skip
+def test_resume_with_other_pagination_is_refused(
+    fresh_server: MockServerProcess, tmp_path: Path, other: list[str]
+) -> None:
+    """Pages read another way would be mixed with the pages before (or lost)."""
+    url = f"{fresh_server.url}/pages/page?total=9&size=3&fail=2&tag={uuid.uuid4().hex[:8]}"
+    (tmp_path / "in.txt").write_text(url + "\n")
+    first = run_cli("in.txt", "--paginate", "page:page", "--items", "items", "--attempts", "1",
+                    "-o", "out", "-q", cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 1, first.stderr
+    before = (tmp_path / "out-results.jsonl").read_bytes()
+    again = run_cli("in.txt", *other, "-o", "out", "-q", "--resume", cwd=tmp_path)
+    assert again.returncode == 2
+    assert "its pagination options were different" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert (tmp_path / "out-results.jsonl").read_bytes() == before
+
+
+def test_a_batch_journal_made_with_other_pagination_is_refused(
+    fresh_server: MockServerProcess, tmp_path: Path
+) -> None:
+    url = f"{fresh_server.url}/pages/page?total=9&size=3"
+    Batch([url], journal=tmp_path / "j.sqlite3", paginate="page:page", page_items="items",
+          progress=False).run()  # fmt: skip
+    with pytest.raises(ValueError, match="its pagination options were different"):
+        Batch([url], journal=tmp_path / "j.sqlite3", progress=False)

@@ -41,7 +41,7 @@ def segment(path: str, position: int) -> str:
 # --- the template module, pure ------------------------------------------------------------
 
 
-@given(st.text(min_size=1))
+@given(st.text(min_size=1).filter(lambda text: text not in (".", "..")))
 def test_a_value_stays_one_path_segment_and_one_query_value(value: str) -> None:
     template = Template.parse("https://h.test/c/{v}/orders?since={v}&n=1")
     url = template.expand({"v": value})["url"]
@@ -51,6 +51,29 @@ def test_a_value_stays_one_path_segment_and_one_query_value(value: str) -> None:
     assert segment(parts.path, 2) == value
     assert parse_qs(parts.query, keep_blank_values=True) == {"since": [value], "n": ["1"]}
     assert parts.fragment == ""
+
+
+@pytest.mark.parametrize("value", [".", ".."])
+def test_a_dot_segment_fails_its_row_in_the_path_not_in_the_query(value: str) -> None:
+    """Clients resolve '.' and '..' segments before sending: /c/../orders goes to /orders."""
+    template = Template.parse("https://h.test/c/{v}/orders?since={q}")
+    with pytest.raises(RowError, match=r"^\{v\} would make a '\.' or '\.\.' path segment"):
+        template.expand({"v": value, "q": "x"})
+    assert template.expand({"v": "a", "q": value})["url"].endswith(f"since={value}")
+    assert template.expand({"v": "...", "q": "x"})["url"] == "https://h.test/c/.../orders?since=x"
+
+
+def test_a_dot_segment_row_sends_nothing(server: MockServerProcess) -> None:
+    marker = key()
+    rows = [{"id": ".."}, {"id": "a"}]
+    rs = batchsync.fetch_all(rows, url=f"{server.url}/ok/{marker}/{{id}}/orders", progress=False)
+    assert [r.error_kind for r in rs] == ["invalid_request", None]
+    assert [path for path, _ in received(server, marker)] == [f"/ok/{marker}/a/orders"]
+
+
+def test_a_body_template_nested_too_deeply_is_one_value_error() -> None:
+    with pytest.raises(ValueError, match="nested too deeply"):
+        Template.parse("https://h.test/{v}", body=json.loads("[" * 900 + "]" * 900))
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ def run_batch(
     MissingResults) when the run cannot be completed; the output files are then left as
     they were.
     """
-    identity = source.identity()
+    identity = source.identity() | options.paging_identity()
     entries = int(identity["entries"])
     path = journal_path(prefix)
     with contextlib.ExitStack() as held:
