@@ -68,8 +68,6 @@ class HttpJob:
         if options.auth is not None:
             self._auth = RunAuth(options.auth, self._secrets)
             self._auth.start()
-        # Without auth=, attempts go straight to _attempt: tokens cost nothing when unused.
-        self._send = self._attempt if self._auth is None else self._authorized_attempt
         self._lane_ok = self._auth is None or self._auth.lane
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
         self._lean = (
@@ -82,6 +80,13 @@ class HttpJob:
             self._hedger = Hedger(
                 HedgeDelay(options.hedge_after), workers=2 * options.concurrency, gates=gates
             )
+
+    @property
+    def _send(self) -> Callable[..., Verdict]:
+        """Each route's attempt: without auth=, straight to _attempt (tokens cost nothing
+        when unused). A property, not an attribute: a bound method kept on the job would tie
+        it in a cycle that outlives the run, and the connections it reaches with it."""
+        return self._attempt if self._auth is None else self._authorized_attempt
 
     @property
     def timeout(self) -> float:
