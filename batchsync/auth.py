@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -30,7 +32,6 @@ from typing import Literal
 import requests
 from requests.auth import AuthBase
 
-from .classify import describe
 from .redact import Secrets
 from .spec import check_headers
 from .transport import Outgoing, Recipe, Wire
@@ -42,6 +43,8 @@ Auth = HeaderSource | AuthBase
 MAX_RENEWALS = 3
 # Seconds an --auth-command may take before it counts as failed.
 COMMAND_TIMEOUT = 30.0
+# The longest token header value taken (from a command's output or an auth= callable).
+MAX_TOKEN_BYTES = 16 * 1024
 
 
 class AuthFailed(Exception):
@@ -81,9 +84,10 @@ class TokenSource:
     generation stale, one refresh runs; the others wait for it and take its token (or its
     failure). Thread-safe; reading the current token takes no lock."""
 
-    def __init__(self, get: HeaderSource, secrets: Secrets) -> None:
+    def __init__(self, get: HeaderSource, secrets: Secrets, *, headers: bool = True) -> None:
         self._get = get
         self._secrets = secrets
+        self._headers = headers  # (False: an AuthBase's refresh(), which gives none)
         self._lock = threading.Lock()  # held while refreshing: the waiters are the flight
         self._token = Token(0, {})
         self._tries = 0
@@ -137,11 +141,18 @@ class TokenSource:
         except AuthFailed:
             raise
         except Exception as exc:  # the caller's source failing is no crash of the run
-            raise AuthFailed(f"auth= raised {describe(exc)}") from None
+            # (its type only: a token endpoint's error may quote a token not yet known)
+            raise AuthFailed(
+                f"auth= raised {type(exc).__name__} (its message is not shown)"
+            ) from None
         if not isinstance(headers, Mapping) or not all(
             isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
         ):
             raise AuthFailed("auth= must return a mapping of header names to str values")
+        if self._headers and not headers:
+            raise AuthFailed("auth= returned no headers")
+        if any(len(value) > MAX_TOKEN_BYTES for value in headers.values()):
+            raise AuthFailed(f"auth= returned a header value over {MAX_TOKEN_BYTES // 1024} KiB")
         headers = dict(headers)
         self._secrets.learn(headers.values(), headers)
         try:
@@ -161,7 +172,7 @@ class RunAuth:
         get: HeaderSource | None = auth if self.base is None else None  # type: ignore[assignment]
         if callable(refresh):
             get = partial(_refreshed, refresh)
-        self._source = None if get is None else TokenSource(get, secrets)
+        self._source = None if get is None else TokenSource(get, secrets, headers=self.base is None)
         self._fixed = Token(0, {})
 
     @property
@@ -250,6 +261,7 @@ class CommandToken:
         self._header = header
         self._timeout = timeout
         self._primed: dict[str, str] | None = None
+        self._given: list[str] = []
 
     def prime(self) -> None:
         """Get the first token now (AuthFailed when the command fails), so that a run can
@@ -260,6 +272,12 @@ class CommandToken:
         primed, self._primed = self._primed, None
         return primed if primed is not None else self._run()
 
+    @property
+    def given(self) -> tuple[str, ...]:
+        """Every value the command gave so far (for masking what outlives the run: its
+        summary, the line that resumes it)."""
+        return tuple(self._given)
+
     def _run(self) -> dict[str, str]:
         try:
             process = subprocess.Popen(
@@ -268,17 +286,10 @@ class CommandToken:
             )  # fmt: skip
         except OSError as exc:
             raise AuthFailed(f"the auth command could not be started ({exc.strerror})") from None
-        with process:
-            try:
-                out, _ = process.communicate(timeout=self._timeout)
-            except subprocess.TimeoutExpired:
-                # Its whole process group: a child of the shell may hold the pipe open.
-                with contextlib.suppress(OSError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.communicate()
-                raise AuthFailed(
-                    f"the auth command did not finish within {self._timeout:g} s"
-                ) from None
+        try:
+            out = _bounded_output(process, self._timeout)
+        finally:
+            _end(process)
         if process.returncode != 0:
             raise AuthFailed(
                 f"the auth command failed (exit status {process.returncode}; its output is "
@@ -289,4 +300,49 @@ class CommandToken:
             raise AuthFailed("the auth command printed nothing")
         if "\n" in value or "\r" in value:
             raise AuthFailed("the auth command printed more than one line")
+        self._given.append(value)
         return {self._header: value}
+
+
+def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """What the command printed, read until it exits: AuthFailed past ``timeout`` seconds or
+    MAX_TOKEN_BYTES bytes (a token that size is a mistake, and masking it would cost more)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    size = 0
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AuthFailed(f"the auth command did not finish within {timeout:g} s")
+            if not selector.select(left):
+                continue
+            chunk = os.read(process.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_TOKEN_BYTES:
+                raise AuthFailed(
+                    f"the auth command printed more than {MAX_TOKEN_BYTES // 1024} KiB"
+                )
+            chunks.append(chunk)
+    try:
+        process.wait(max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        raise AuthFailed(f"the auth command did not finish within {timeout:g} s") from None
+    return b"".join(chunks)
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Make sure the command is over: its whole process group killed if it still runs (a
+    child of the shell may too), and our end of the pipe closed, never waited on (a child
+    that left the group may hold the other end open)."""
+    if process.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
+    if process.stdout is not None:
+        process.stdout.close()

@@ -44,6 +44,7 @@ from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
+_NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
 
 log = logging.getLogger("batchsync")
 
@@ -364,15 +365,19 @@ class HttpJob:
         auth = self._auth
         assert auth is not None and wall_end is not None
         token = auth.current()
-        renewals = 0
+        renewals = sent = 0  # (every request sent counts in the item's attempts)
         while True:
             verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
-            if renewals:  # (every request sent counts in the item's attempts)
-                verdict = replace(verdict, resent=renewals)
+            requests_now = 2 if verdict.hedged else 1
+            sent += requests_now
+            if sent > requests_now:
+                verdict = replace(verdict, resent=sent - requests_now)
             if verdict.status_code != 401:
                 if verdict.status_code is not None:
                     auth.accept(token)
                 return verdict
+            if verdict.redirects and not same_origin(verdict.final_url or "", _url_of(request)):
+                return verdict  # (from another origin, which never got the token)
             step = auth.step(token, renewals)
             if step == "give_up":
                 if renewals or token.generation > 0:
@@ -382,18 +387,19 @@ class HttpJob:
                 try:
                     token = auth.refresh(token, wall_end - time.monotonic())
                 except RefreshWaitTimedOut as exc:
-                    return replace(retry("timeout", str(exc)), resent=renewals)
+                    return replace(retry("timeout", str(exc)), resent=sent - 1)
                 except AuthFailed as exc:
                     verdict.error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                     return verdict
             else:
                 token = auth.current()
             renewals += 1
+            if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+                return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
             if log.isEnabledFor(logging.DEBUG):
-                url = request.url if isinstance(request, Wire) else request.request.url
                 log.debug(
                     "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                    self._secrets.text(str(url), own), token.generation, auth.refreshes,
+                    self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
                 )  # fmt: skip
 
     def _exchange(
@@ -461,6 +467,10 @@ def _on_page(
     """An attempt at a later page, its failure naming the page."""
     verdict = attempt(wall_end, so_far)
     return verdict if verdict.error is None else replace(verdict, error=f"{named}: {verdict.error}")
+
+
+def _url_of(request: Outgoing) -> str:
+    return str(request.url if isinstance(request, Wire) else request.prepared.url)
 
 
 def _with_params(url: str, params: Mapping[str, Any]) -> str:

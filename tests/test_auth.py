@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -123,8 +124,8 @@ def test_a_refresh_that_fails_fails_the_items_that_needed_it_and_the_run_goes_on
     def once_then_down() -> Mapping[str, str]:
         nonlocal calls
         calls += 1
-        if calls > 1:
-            raise RuntimeError("token service down")
+        if calls > 1:  # (a token endpoint's error may quote a token never handed out)
+            raise RuntimeError("token service down; last said: Bearer cnryunseen7731")
         return issuer()
 
     rs = fetch_all(plain_items(server, name, 30), concurrency=4, auth=once_then_down)
@@ -133,9 +134,10 @@ def test_a_refresh_that_fails_fails_the_items_that_needed_it_and_the_run_goes_on
     assert len(failed) == 20
     assert {(r.status_code, r.error_kind) for r in failed} == {(401, "status")}
     assert all(
-        r.error == "HTTP 401; no new token: auth= raised RuntimeError: token service down"
+        r.error == "HTTP 401; no new token: auth= raised RuntimeError (its message is not shown)"
         for r in failed
     ), {r.error for r in failed}
+    assert "cnryunseen" not in repr(list(rs)) + rs.to_pandas().to_csv()
 
 
 def test_a_first_token_that_cannot_be_got_stops_the_run_before_anything_is_sent(
@@ -146,8 +148,12 @@ def test_a_first_token_that_cannot_be_got_stops_the_run_before_anything_is_sent(
     def broken() -> Mapping[str, str]:
         raise OSError("no route to the vault")
 
-    with pytest.raises(AuthFailed, match="auth= raised OSError: no route to the vault"):
+    with pytest.raises(AuthFailed, match=r"^auth= raised OSError \(its message is not shown\)$"):
         fetch_all(plain_items(server, name, 3), auth=broken)
+    with pytest.raises(AuthFailed, match="auth= returned no headers"):
+        fetch_all(plain_items(server, name, 3), auth=dict)
+    with pytest.raises(AuthFailed, match="auth= returned a header value over 16 KiB"):
+        fetch_all(plain_items(server, name, 3), auth=lambda: {"Authorization": "a" * 20000})
     with pytest.raises(AuthFailed, match="mapping of header names"):
         fetch_all(plain_items(server, name, 3), auth=lambda: "Bearer x")  # type: ignore[arg-type]
     assert tokens(server, name)["unauthorized"] == 0
@@ -232,7 +238,8 @@ def test_the_auth_command_refreshes_the_token_for_the_cli(
     issued = secrets_dir / "issued.txt"
     script.write_text(
         "import sys, urllib.request\n"
-        f"url = {server.url + '/token/' + name + '?uses=9&format=header'!r}\n"
+        # (tokens good for twice the concurrency: see the README on tokens used up by resends)
+        f"url = {server.url + '/token/' + name + '?uses=16&format=header'!r}\n"
         "value = urllib.request.urlopen(url).read().decode()\n"
         f"open({str(issued)!r}, 'a').write(value.split()[1] + '\\n')\n"
         "print(value)\n"
@@ -293,6 +300,64 @@ def test_an_auth_command_that_hangs_is_cut_at_its_timeout() -> None:
     with pytest.raises(AuthFailed, match=r"did not finish within 0\.5 s"):
         CommandToken("sleep 30 & sleep 30", timeout=0.5).prime()
     assert time.monotonic() - started < 5
+
+
+def test_an_auth_command_whose_child_leaves_its_group_is_cut_too() -> None:
+    """A child that left the process group (setsid) keeps the pipe open after the group is
+    killed: the command is given up on, not waited for."""
+    from batchsync.auth import CommandToken
+
+    started = time.monotonic()
+    with pytest.raises(AuthFailed, match=r"did not finish within 0\.5 s"):
+        CommandToken("setsid sleep 4 & sleep 30", timeout=0.5).prime()
+    assert time.monotonic() - started < 3
+
+
+def test_an_auth_command_that_prints_too_much_fails_at_once() -> None:
+    from batchsync.auth import CommandToken
+
+    started = time.monotonic()
+    with pytest.raises(AuthFailed, match="printed more than 16 KiB"):
+        CommandToken("yes Bearer | head -c 50000000", timeout=20).prime()
+    assert time.monotonic() - started < 10
+
+
+def test_the_resume_line_after_ctrl_c_hides_the_commands_token(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    name = realm()
+    token = "cnryresume" + os.urandom(8).hex()
+    urls = [f"{server.url}/ok/{name}-{i}?delay=0.3" for i in range(40)]
+    (tmp_path / "items.txt").write_text("\n".join(urls) + "\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "batchsync", "items.txt", "-c", "2", "--no-progress",
+         "--auth-command", f"echo Bearer {token}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while server.count(f"/ok/{name}-0?delay=0.3") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "resume with:" in err
+    assert token not in out + err
+    assert "--auth-command 'echo ***" in err  # (the whole value masked, its scheme too)
+
+
+def test_a_401_from_another_origin_after_a_redirect_refreshes_nothing(
+    server: MockServerProcess,
+) -> None:
+    """The token never went there (it stays with the item's origin): that 401 says nothing of
+    the token."""
+    name = realm()
+    issuer = Issuer(server, name, "uses=1000")
+    port = server.url.rsplit(":", 1)[1]
+    elsewhere = f"http://localhost:{port}/protected/{name}/x"
+    items = [f"{server.url}/redirect?to={quote(elsewhere, safe='')}&i={i}" for i in range(20)]
+    rs = fetch_all(items, concurrency=4, auth=issuer, attempts=1)
+    assert {(r.status_code, r.attempts) for r in rs} == {(401, 1)}
+    assert tokens(server, name)["issued"] == 1
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

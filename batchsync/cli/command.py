@@ -466,8 +466,6 @@ def command(
     folder = Path(prefix).parent
     if not folder.is_dir():
         raise click.UsageError(f"the output folder {folder} does not exist")
-    if auth_command is not None:
-        options = options.model_copy(update={"auth": _first_token(auth_command, auth_header)})
     try:
         if redis_url is not None:
             shared = RedisLimits(redis_url, namespace, lease_ttl)
@@ -488,7 +486,11 @@ def command(
         )
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
+    tokens = None
     try:
+        if auth_command is not None:  # (once INPUT is known to be there)
+            tokens = _first_token(auth_command, auth_header)
+            options = options.model_copy(update={"auth": tokens})
         with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
@@ -501,7 +503,10 @@ def command(
         source.close()
         if cluster is not None:
             cluster.close()
-    return _report(outcome, quiet, click.get_current_context().obj or [], options.secrets())
+    secrets = options.secrets()
+    if tokens is not None:  # (what outlives the run, its summary and resume line, hides them)
+        secrets.learn(tokens.given)
+    return _report(outcome, quiet, click.get_current_context().obj or [], secrets)
 
 
 def _template(
