@@ -505,7 +505,7 @@ class Engine:
             return Result(
                 index=index, url=task.url, ok=verdict.ok, id=task.id,
                 status_code=verdict.status_code,
-                attempts=sum(record.requests for record in records),
+                attempts=sum(1 + record.hedged + record.resent for record in records),
                 error_kind=verdict.error_kind, error=error,
                 data=verdict.data if steps is None else steps.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),

@@ -23,7 +23,8 @@ class AttemptRecord:
 
     ``fallback`` is the index of the fallback route it was made on (None: the item's own);
     ``hedged`` says a second identical request was raced against it; ``resent`` how many
-    times it was sent again after a token refresh. ``requests`` counts them all.
+    times it was sent again after a token refresh (requests beyond the one, or the hedged
+    pair, that ``hedged`` counts).
     """
 
     attempt: int
@@ -34,10 +35,6 @@ class AttemptRecord:
     fallback: int | None = None
     hedged: bool = False
     resent: int = 0
-
-    @property
-    def requests(self) -> int:
-        return 1 + self.hedged + self.resent
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
