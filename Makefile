@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install services test lint demo bench clean
+.PHONY: install services test lint demo bench docs clean
 
 install: $(STAMP)
 
@@ -23,7 +23,7 @@ services:
 		 (apt-get update -q >/dev/null && $(APT_INSTALL) redis-server >/dev/null))) || \
 		echo "redis-server is not installed: the shared-limits tests will be skipped"
 
-test: install services
+test: install services docs
 	$(BIN)/python -m pytest
 
 demo: install
@@ -38,10 +38,21 @@ bench: install
 		 (apt-get update -q >/dev/null && $(APT_INSTALL) nginx-light >/dev/null))) || true
 	$(BIN)/python scripts/bench.py
 
+# The documentation site (mkdocs.yml, docs/) into site/, git-ignored. --strict: a broken link,
+# a missing anchor or a reference to a name batchsync does not have fails the build.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 lint: install
 	$(BIN)/ruff check batchsync tests scripts examples/*.py
 	$(BIN)/ruff format --check batchsync tests scripts examples/*.py
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -32,7 +32,7 @@ def _options_of(
 def fetch_all(items: Iterable[Item], **options: Any) -> ResultSet:
     """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in
     order. The one-call form of ``Batch(items, **options).run()``: the same options, with the
-    same defaults (see ``help(Batch)`` and the README's options table). ``headers`` go on
+    same defaults (see ``help(Batch)`` and the options table in docs/library.md). ``headers`` go on
     every request and are treated as secrets: never logged, never sent to another host on a
     redirect.
     """

@@ -1,5 +1,6 @@
 """One list of options with one set of defaults: the library's signatures, ``help()``, the
-CLI's ``--help``, the README's options table and DESIGN.md all agree with ``FetchOptions``."""
+CLI's ``--help``, the options table of the docs (docs/library.md) and DESIGN.md all agree with
+``FetchOptions``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from batchsync.options import CallOptions, FetchOptions, FlowOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT.parent / "shared" / "DESIGN.md"
+# The page of the documentation site that holds the options table (under "## Options").
+OPTIONS_PAGE = ROOT / "docs" / "library.md"
 MODEL = {name: field.default for name, field in FetchOptions.model_fields.items()}
 # Library options that are not the model's: where a Batch keeps itself, the bar, and the
 # template that turns rows into requests.
@@ -38,7 +41,7 @@ CLI_NAMES = {
 
 
 def shown(value: Any) -> str:
-    """A default as the README writes it: ``Backoff()`` for a settings object as it comes."""
+    """A default as the options table writes it: ``Backoff()`` for a settings object as it comes."""
     is_settings = dataclasses.is_dataclass(value) and not isinstance(value, type)
     if is_settings and value == type(value)():
         return f"{type(value).__name__}()"
@@ -92,23 +95,29 @@ def test_the_cli_defaults_are_the_libraries() -> None:
         assert default == MODEL[name], name
 
 
-def readme_table() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    table = text.split("### Options", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+def options_table_text() -> str:
+    text = OPTIONS_PAGE.read_text()
+    assert text.count("\n## Options\n") == 1, f"{OPTIONS_PAGE} has one '## Options' section"
+    table = text.split("\n## Options", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    assert table.startswith("| option | default | meaning |"), table[:200]
+    return table
+
+
+def options_table() -> dict[str, str]:
+    table = options_table_text()
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     return {row[0].strip("| `"): row[1] for row in rows}
 
 
-def test_the_readme_options_table_lists_every_option_with_its_default() -> None:
-    table = readme_table()
+def test_the_docs_options_table_lists_every_option_with_its_default() -> None:
+    table = options_table()
     assert set(table) == set(MODEL) | set(BATCH_ONLY)
     for name, default in (MODEL | BATCH_ONLY).items():
         assert table[name] == f"`{shown(default)}`", name
 
 
-def test_the_readme_says_which_options_run_all_and_call_take() -> None:
-    text = (ROOT / "README.md").read_text()
-    table = text.split("### Options", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+def test_the_docs_options_table_says_which_options_run_all_and_call_take() -> None:
+    table = options_table_text()
     marks = {
         row[0].strip("| `"): row[3].strip(" |").split("·")
         for row in (line.split(" | ") for line in table.splitlines()[2:])
