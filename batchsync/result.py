@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
@@ -79,6 +80,9 @@ class Result:
     redirects: int = 0
     # Pages fetched, when the item was paginated (None otherwise).
     pages: int | None = None
+    # When the Result was handed over (unix seconds), for the report's charts over time; None
+    # for a Result not made by a batch run. Not written to the results file.
+    finished: float | None = field(default=None, repr=False, compare=False)
     # Where a paginated item that stopped partway would go on (its next page, secrets
     # included): kept only by the journal, for a resumed run; never shown or written out.
     continuation: Any = field(default=None, repr=False, compare=False)
@@ -353,6 +357,13 @@ class ResultSet(Sequence[Result]):
             sorted(result.elapsed for result in self._results if result.attempts),
             elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
         )  # fmt: skip
+
+    def report(self, path: str | Path, *, charts: bool = True) -> Path:
+        """Write the batch's report to ``path``: one self-contained HTML file (charts need
+        the ``report`` extra, plotly; without it, tables). Returns the path."""
+        from .report import report_results
+
+        return report_results(self._results, self.summary(), path, charts=charts)
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).
