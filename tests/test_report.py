@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import uuid
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -14,6 +16,9 @@ from batchsync import report
 from batchsync.journal import Journal, JournalReader
 from batchsync.report import Facts, Tally, bucket_width, histogram_percentile, outcome, placed
 from batchsync.result import AttemptRecord, Result, ResultSet
+
+from .mockserver import MockServerProcess
+from .test_cli import batchsync
 
 
 def test_attempts_are_placed_back_from_the_finish_with_their_waits() -> None:
@@ -210,3 +215,66 @@ def test_a_journal_without_the_column_is_not_this_schema(tmp_path: Path) -> None
     with sqlite3.connect(path) as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(results)")]
     assert columns[-1] == "finished"
+
+
+# -- the command line's report ---------------------------------------------------------------
+
+FAULTY = ("/ok/{k}-1", "/ok/{k}-2?delay=0.2", "/404/{k}", "/503/{k}", "/429-once/{k}?retry_after=1")
+
+
+def faulty_run(server: MockServerProcess, folder: Path, *args: str) -> CompletedProcess[str]:
+    """A small run of ok, 404, 503 and 429-then-ok URLs against the bundled mock server."""
+    k = uuid.uuid4().hex[:8]
+    (folder / "urls.txt").write_text("".join(server.url + p.format(k=k) + "\n" for p in FAULTY))
+    return batchsync("urls.txt", "--attempts", "3", "--no-progress", *args, cwd=folder)
+
+
+def stated(stderr: str) -> dict[str, int]:
+    """The counts of the summary line on stderr (``5 items: 3 ok, 2 failed (status 2)``)."""
+    found = re.search(r"(\d+) items: (\d+) ok, (\d+) failed(?: \(([^)]*)\))?", stderr)
+    assert found is not None, stderr
+    counts = {"items": int(found[1]), "ok": int(found[2]), "failed": int(found[3])}
+    for part in (found[4] or "").split(", "):
+        if part:
+            kind, n = part.rsplit(" ", 1)
+            counts[f"kind-{kind}"] = int(n)
+    return counts
+
+
+@pytest.mark.integration
+def test_the_cli_writes_the_report_from_the_journal_and_again_when_resumed(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    done = faulty_run(server, tmp_path)
+    assert done.returncode == 1, done.stderr
+    path = tmp_path / "batch-report.html"
+    assert f"report: {path.name}" in done.stderr
+    page = path.read_text()
+    counts = counts_in(page)
+    assert {k: counts[k] for k in stated(done.stderr)} == stated(done.stderr)
+    assert counts == {
+        "items": 5, "ok": 3, "failed": 2, "kind-status": 2, "status-200": 3, "status-404": 1,
+        "status-503": 1, "requests": 8,
+    }  # fmt: skip
+    assert page.count("<tr><td class='n'>") >= 2 + 5  # the failed and the slowest items
+    # A resumed run with nothing left to fetch reports every item the journal holds.
+    path.unlink()
+    again = batchsync("urls.txt", "--resume", "--no-progress", cwd=tmp_path)
+    assert again.returncode == 1, again.stderr
+    assert counts_in(path.read_text()) == counts
+
+
+@pytest.mark.integration
+def test_no_report_writes_none_and_a_report_that_fails_keeps_the_exit_status(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    done = faulty_run(server, tmp_path, "--no-report")
+    assert done.returncode == 1, done.stderr
+    assert not (tmp_path / "batch-report.html").exists()
+    assert "report:" not in done.stderr
+    (tmp_path / "batch-report.html").mkdir()  # cannot be replaced by a file
+    failing = faulty_run(server, tmp_path)
+    assert failing.returncode == 1, failing.stderr
+    assert "the report batch-report.html could not be written" in failing.stderr
+    assert len((tmp_path / "batch-results.jsonl").read_text().splitlines()) == 5
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
