@@ -149,22 +149,23 @@ class Tally:
     slowest: list[tuple[float, int]] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
+    _count: int = field(default=1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.end = max(self.end, self.start)
         if not self.width:
             self.width = bucket_width(self.end - self.start)
-        count = self.buckets
+        count = self._count = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
         self.attempts = {name: [0] * count for name in OUTCOMES}
         self.backoff = [0.0] * count
         self.latency = [Counter() for _ in range(count)]
 
     @property
     def buckets(self) -> int:
-        return max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
+        return self._count
 
     def bucket(self, moment: float) -> int:
-        return min(self.buckets - 1, max(0, int((moment - self.start) / self.width)))
+        return min(self._count - 1, max(0, int((moment - self.start) / self.width)))
 
     def add(self, facts: Facts) -> None:
         self.items += 1
@@ -338,7 +339,7 @@ h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.4em 0} th,td{border:1px solid #ddd;padding:.25em .6em}
 th{background:#f4f4f4;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
 .note{background:#fff7e0;border:1px solid #f0d080;padding:.5em .8em}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:1em}
+.charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1em}
 .chart{border:1px solid #eee;min-height:320px} input.filter{width:30em;padding:.3em}
 .summary{font-family:ui-monospace,monospace;font-size:.9em}
 """
@@ -447,12 +448,13 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     figures.append(("chart-rate", rate))
     latency = go.Figure(
         [
-            go.Scatter(x=times, y=values, name=name, mode="lines+markers", connectgaps=False)
+            go.Scatter(x=times, y=values, name=name, mode="lines+markers", connectgaps=True)
             for name, values in tally.percentiles().items()
         ]
     )
     latency.update_layout(
-        title="Attempt latency percentiles (±10 %)", xaxis_title="seconds from start",
+        title="Attempt latency percentiles (±10 %; lines join the steps with attempts)",
+        xaxis_title="seconds from start",
         yaxis_title="seconds", yaxis_type="log", **layout,
     )  # fmt: skip
     figures.append(("chart-latency", latency))

@@ -137,7 +137,8 @@ def results() -> ResultSet:
 
 
 def counts_in(page: str) -> dict[str, int]:
-    return {key: int(n) for key, n in re.findall(r"data-count='([^']+)'>(\d+)<", page)}
+    found = re.findall(r"data-count=['\"]([^'\"]+)['\"]>(\d+)<", page)
+    return {key: int(n) for key, n in found}
 
 
 def test_a_result_set_writes_one_self_contained_page_with_charts(tmp_path: Path) -> None:
