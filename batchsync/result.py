@@ -80,8 +80,8 @@ class Result:
     redirects: int = 0
     # Pages fetched, when the item was paginated (None otherwise).
     pages: int | None = None
-    # When the Result was handed over (unix seconds), for the report's charts over time; None
-    # for a Result not made by a batch run. Not written to the results file.
+    # When the Result was made (unix seconds), for the report's charts over time; None for a
+    # Result made outside the engine. Not written to the results file.
     finished: float | None = field(default=None, repr=False, compare=False)
     # Where a paginated item that stopped partway would go on (its next page, secrets
     # included): kept only by the journal, for a resumed run; never shown or written out.
