@@ -179,6 +179,7 @@ class Resumable(Generic[OptionsT]):
             elapsed=self.elapsed,
             waits=self._gates.waits.seconds,
             circuits_opened=self._gates.circuits_opened,
+            wait_timeline=self._gates.waits.timeline,
         )
 
     def report(self, path: str | Path, *, charts: bool = True) -> Path:

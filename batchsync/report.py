@@ -149,6 +149,7 @@ class Tally:
     slowest: list[tuple[float, int]] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
+    gates: dict[str, list[float]] = field(default_factory=dict)
     _count: int = field(default=1, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,15 +192,26 @@ class Tally:
             if wait and position < last:
                 self._spread(self.backoff, ended, ended + wait)
 
-    def _spread(self, series: list[float], begun: float, ended: float) -> None:
-        """Add the seconds of [begun, ended] that fall in each bucket to that bucket."""
+    def _spread(
+        self, series: list[float], begun: float, ended: float, amount: float | None = None
+    ) -> None:
+        """Add the seconds of [begun, ended] that fall in each bucket to that bucket (or the
+        share of ``amount`` that they are)."""
         first, final = self.bucket(begun), self.bucket(ended)
+        scale = 1.0 if amount is None or ended <= begun else amount / (ended - begun)
         for position in range(first, final + 1):
             low = max(begun, self.start + position * self.width)
             high = (
                 ended if position == final else min(ended, self.start + (position + 1) * self.width)
             )
-            series[position] += max(0.0, high - low)
+            series[position] += max(0.0, high - low) * scale
+
+    def add_gate_waits(self, timeline: Mapping[tuple[str, int], float]) -> None:
+        """Add the seconds waited at each gate, by (gate, unix second), as a run's gates
+        counted them (``WaitStats.timeline``)."""
+        for (gate, second), seconds in sorted(timeline.items()):
+            series = self.gates.setdefault(gate, [0.0] * self.buckets)
+            self._spread(series, float(second), float(second + 1), seconds)
 
     # -- what the charts show --------------------------------------------------------------
 
@@ -224,8 +236,11 @@ class Tally:
 
     def waiting(self) -> dict[str, list[float]]:
         """Items waiting at each gate, on average over each bucket (seconds waited per
-        second): ``backoff`` between attempts."""
-        return {"backoff": [seconds / self.width for seconds in self.backoff]}
+        second): ``backoff`` between attempts, then the gates' waits when they were given."""
+        series = {"backoff": self.backoff, **dict(sorted(self.gates.items()))}
+        return {
+            gate: [seconds / self.width for seconds in values] for gate, values in series.items()
+        }
 
     def slowest_indexes(self) -> list[int]:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
@@ -273,10 +288,14 @@ def listed(result: Result) -> Listed:
     )  # fmt: skip
 
 
-def from_results(results: Sequence[Result]) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
-    """The tally of Results in memory, and how to list some of them by index."""
+def from_results(
+    results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
+) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
+    """The tally of Results in memory (and of the gates' waits, when given), and how to list
+    some of them by index."""
     facts = [Facts.of(result) for result in results]
     counted = tally(facts, span_of(facts))
+    counted.add_gate_waits(timeline or {})
     by_index = {result.index: result for result in results}
     return counted, lambda indexes: [listed(by_index[i]) for i in indexes if i in by_index]
 
@@ -297,13 +316,17 @@ def journal_facts(db: sqlite3.Connection) -> Iterator[Facts]:
         yield Facts(index, bool(ok), kind, status, attempts, elapsed, finished, attempts_log)
 
 
-def from_journal(db: sqlite3.Connection) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
-    """The tally of a journal's Results, streamed in one pass after one for the time span."""
+def from_journal(
+    db: sqlite3.Connection, timeline: Mapping[tuple[str, int], float] | None = None
+) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
+    """The tally of a journal's Results, streamed in one pass after one for the time span
+    (and of this run's gate waits, when given)."""
     first, last = db.execute(
         "SELECT MIN(finished - elapsed), MAX(finished) FROM results"
     ).fetchone()
     span = None if first is None else (float(first), float(last))
     counted = tally(journal_facts(db), span)
+    counted.add_gate_waits(timeline or {})
 
     def details(indexes: list[int]) -> list[Listed]:
         found: dict[int, Listed] = {}
@@ -549,8 +572,10 @@ def render(
         f"{_facts_table(summary)}</div>{untimed}"
         + (_charts(tally, summary, plotly) if plotly is not None else _plain(tally))
         + (
-            "<p>The waits chart shows the backoff between attempts, from the attempt logs; "
-            f"the run's totals by gate: {_e(gates or 'none')}.</p>"
+            "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
+            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive) as "
+            "this process counted them (not an earlier run's, when resumed). The totals: "
+            f"{_e(gates or 'none')}.</p>"
         )
         + _items_table("slowest", "Slowest items", details(tally.slowest_indexes()))
         + _items_table(
@@ -581,10 +606,15 @@ def write_atomically(path: Path, text: str) -> Path:
 
 
 def report_results(
-    results: Sequence[Result], summary: Summary, path: str | Path, *, charts: bool = True
+    results: Sequence[Result],
+    summary: Summary,
+    path: str | Path,
+    *,
+    charts: bool = True,
+    timeline: Mapping[tuple[str, int], float] | None = None,
 ) -> Path:
     """Write the report of Results in memory (``ResultSet.report``)."""
-    counted, details = from_results(results)
+    counted, details = from_results(results, timeline)
     page = render(summary, counted, details, charts=charts)
     return write_atomically(Path(path), page)
 
@@ -596,8 +626,10 @@ def report_journal(
     *,
     title: str = "batchsync report",
     charts: bool = True,
+    timeline: Mapping[tuple[str, int], float] | None = None,
 ) -> Path:
-    """Write the report of a journal's Results (the command line's PREFIX-report.html)."""
-    counted, details = from_journal(db)
+    """Write the report of a journal's Results (the command line's PREFIX-report.html);
+    ``timeline``: this run's gate waits (``WaitStats.timeline``)."""
+    counted, details = from_journal(db, timeline)
     page = render(summary, counted, details, title=title, charts=charts)
     return write_atomically(Path(path), page)

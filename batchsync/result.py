@@ -321,11 +321,14 @@ class ResultSet(Sequence[Result]):
         elapsed: float | None = None,
         waits: dict[str, float] | None = None,
         circuits_opened: int = 0,
+        wait_timeline: dict[tuple[str, int], float] | None = None,
     ) -> None:
         self._results = list(results)
         self.elapsed = elapsed
         self.waits = dict(waits or {})
         self.circuits_opened = circuits_opened
+        # Seconds waited at each gate by (gate, unix second), for the report.
+        self.wait_timeline = dict(wait_timeline or {})
 
     @overload
     def __getitem__(self, index: int) -> Result: ...
@@ -363,7 +366,9 @@ class ResultSet(Sequence[Result]):
         the ``report`` extra, plotly; without it, tables). Returns the path."""
         from .report import report_results
 
-        return report_results(self._results, self.summary(), path, charts=charts)
+        return report_results(
+            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline
+        )
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).

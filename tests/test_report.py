@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -14,6 +15,7 @@ import pytest
 
 from batchsync import report
 from batchsync.journal import Journal, JournalReader
+from batchsync.limits import WaitStats
 from batchsync.report import Facts, Tally, bucket_width, histogram_percentile, outcome, placed
 from batchsync.result import AttemptRecord, Result, ResultSet
 
@@ -83,6 +85,23 @@ def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
     assert p50[11] is None
     assert tally.slowest_indexes()[:2] == [1, 0]
     assert tally.failed == [1, 2] and tally.failed_total == 2
+
+
+def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
+    stats = WaitStats()
+    now = time.time()
+    stats.add("cooldown", 2.5)
+    stats.add("token", 0.0)  # (nothing waited: nothing kept)
+    assert set(stats.timeline) <= {("cooldown", s) for s in range(int(now) - 3, int(now) + 2)}
+    assert sum(stats.timeline.values()) == pytest.approx(2.5)
+    assert stats.seconds == {"cooldown": pytest.approx(2.5)}
+    tally = Tally(100.0, 110.0)
+    tally.add_gate_waits({("cooldown", 102): 3.0, ("quota", 109): 0.5})
+    waiting = tally.waiting()
+    assert list(waiting) == ["backoff", "cooldown", "quota"]
+    assert waiting["cooldown"][20:30] == [pytest.approx(3.0)] * 10  # 3 items for that second
+    assert sum(waiting["cooldown"]) * tally.width == pytest.approx(3.0)
+    assert sum(waiting["quota"]) * tally.width == pytest.approx(0.5)
 
 
 def test_the_tables_keep_only_the_slowest_and_the_first_failures() -> None:
@@ -258,6 +277,8 @@ def test_the_cli_writes_the_report_from_the_journal_and_again_when_resumed(
         "status-503": 1, "requests": 8,
     }  # fmt: skip
     assert page.count("<tr><td class='n'>") >= 2 + 5  # the failed and the slowest items
+    # The 429's Retry-After held the host's other items: the cooldown is drawn over time.
+    assert '"name":"cooldown"' in page and '"name":"backoff"' in page
     # A resumed run with nothing left to fetch reports every item the journal holds.
     path.unlink()
     again = batchsync("urls.txt", "--resume", "--no-progress", cwd=tmp_path)

@@ -178,14 +178,16 @@ def run_batch(
             waits=stored.waits | ran.waits,
             circuits_opened=ran.circuits_opened,
         )
-        written = _write_report(path, prefix, summary) if report else None
+        written = _write_report(path, prefix, summary, ran.timeline) if report else None
     return Outcome(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
         written,
     )  # fmt: skip
 
 
-def _write_report(path: Path, prefix: str, summary: Summary) -> Path | None:
+def _write_report(
+    path: Path, prefix: str, summary: Summary, timeline: Mapping[tuple[str, int], float]
+) -> Path | None:
     """PREFIX-report.html from the journal (every finished item, earlier runs' too when
     resumed); None, with a warning, when it cannot be written: the results are written
     already, and a report is not worth failing the run for."""
@@ -194,8 +196,9 @@ def _write_report(path: Path, prefix: str, summary: Summary) -> Path | None:
         reader = JournalReader(path)
         try:
             return report_journal(
-                reader.db, summary, target, title=f"batchsync report: {Path(prefix).name}"
-            )
+                reader.db, summary, target, title=f"batchsync report: {Path(prefix).name}",
+                timeline=timeline,
+            )  # fmt: skip
         finally:
             reader.close()
     except Exception as exc:  # whatever it is, the run's results stand
