@@ -69,8 +69,8 @@ def test_the_report_of_a_faulty_run_renders_in_chromium(
 ) -> None:
     (tmp_path / "urls.txt").write_text("\n".join(faulty_urls(server.url)) + "\n")
     done = batchsync(
-        "urls.txt", "-c", "6", "--attempts", "3", "--cooldown", "off", "--no-progress",
-        "-o", "faulty", cwd=tmp_path,
+        "urls.txt", "-c", "6", "--attempts", "3", "--no-progress", "-o", "faulty",
+        cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     path = tmp_path / "faulty-report.html"
@@ -118,6 +118,8 @@ def test_the_report_of_a_faulty_run_renders_in_chromium(
     )
     for chart, has_svg, marks in drawn:
         assert has_svg and marks > 0, chart
+    waits = page.evaluate("() => document.getElementById('chart-waits').data.map((t) => t.name)")
+    assert waits[0] == "backoff" and "cooldown" in waits  # (the 429s' Retry-After held the host)
     totals = page.evaluate(
         """() => {
             const sum = (id) => document.getElementById(id).data
