@@ -300,3 +300,23 @@ def test_no_report_writes_none_and_a_report_that_fails_keeps_the_exit_status(
     assert "the report batch-report.html could not be written" in failing.stderr
     assert len((tmp_path / "batch-results.jsonl").read_text().splitlines()) == 5
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.integration
+def test_fetch_all_and_a_batch_write_the_report_of_their_results(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    pytest.importorskip("plotly")
+    from batchsync import Batch
+
+    k = uuid.uuid4().hex[:8]
+    urls = [server.url + p.format(k=k) for p in FAULTY]
+    batch = Batch(urls, attempts=2, progress=False)
+    rs = batch.run()
+    assert all(r.finished is not None for r in rs)
+    page = batch.report(tmp_path / "batch.html").read_text()
+    summary = rs.summary()
+    counts = counts_in(page)
+    assert (counts["items"], counts["ok"], counts["failed"]) == (5, summary.ok, summary.failed)
+    assert counts["requests"] == summary.requests_sent == 7
+    assert '"name":"backoff"' in page and page.count("Plotly.newPlot") == 5
