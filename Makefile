@@ -13,7 +13,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-# redis-server for the shared-limits tests (they start their own on a free port); installed
+# redis-server for the shared-limits tests (they start their own on a free port) and chromium
+# for the report's browser test (driven by playwright, never `playwright install`); installed
 # from Debian's packages when missing and the machine allows it.
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q
 
@@ -22,6 +23,10 @@ services:
 		($(APT_INSTALL) redis-server >/dev/null || \
 		 (apt-get update -q >/dev/null && $(APT_INSTALL) redis-server >/dev/null))) || \
 		echo "redis-server is not installed: the shared-limits tests will be skipped"
+	command -v chromium >/dev/null || (command -v apt-get >/dev/null && \
+		($(APT_INSTALL) chromium >/dev/null || \
+		 (apt-get update -q >/dev/null && $(APT_INSTALL) chromium >/dev/null))) || \
+		echo "chromium is not installed: the report's browser test will be skipped"
 
 test: install services docs
 	$(BIN)/python -m pytest

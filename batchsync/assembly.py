@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +43,8 @@ class Ran:
     abandoned: bool
     waits: dict[str, float]
     circuits_opened: int
+    # Seconds waited at each gate by (gate, unix second), for the report.
+    timeline: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 def shared_limits(options: FlowOptions) -> SharedLimits | None:
@@ -193,7 +195,10 @@ def _run(
         deliver = journaling(journal, deliver)
     with watching(secrets):
         finished = engine.run(job, items, deliver)
-    return Ran(engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened)
+    return Ran(
+        engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened,
+        gates.waits.timeline,
+    )  # fmt: skip
 
 
 def journaling(journal: Journal, deliver: Deliver) -> Deliver:

@@ -143,6 +143,9 @@ class Resumable(Generic[OptionsT]):
                         f"the journal {path}: the Result of item {index} cannot be read back: "
                         f"{type(exc).__name__}"
                     ) from None
+            for index, when in reader.finish_times().items():  # (for the report's charts)
+                if index in self._done:
+                    self._done[index] = replace(self._done[index], finished=when)
             for index, (continuation, _) in reader.unfinished(len(self.items)).items():
                 self._done[index] = replace(self._done[index], continuation=continuation)
 
@@ -176,7 +179,12 @@ class Resumable(Generic[OptionsT]):
             elapsed=self.elapsed,
             waits=self._gates.waits.seconds,
             circuits_opened=self._gates.circuits_opened,
+            wait_timeline=self._gates.waits.timeline,
         )
+
+    def report(self, path: str | Path, *, charts: bool = True) -> Path:
+        """Write the report of the Results so far to ``path`` (see ``ResultSet.report``)."""
+        return self.results.report(path, charts=charts)
 
     def _summary(self) -> Summary:
         return self.results.summary()

@@ -421,7 +421,9 @@ class Engine:
             "deadline": "batch deadline passed before the item started",
             "cancelled": "batch stopped before the item started",
         }.get(kind, kind)
-        return Result(index, url, False, item_id, error_kind=kind, error=reason)
+        return Result(
+            index, url, False, item_id, error_kind=kind, error=reason, finished=time.time()
+        )
 
     def run_one(self, job: Job, item: object) -> Result:
         """One item carried to its final Result in the calling thread (no pool, no stop)."""
@@ -464,13 +466,15 @@ class Engine:
         url, item_id = job.label(item)
         # (the kind only: the message could hold anything the item held)
         error = f"internal error: {type(exc).__name__}"
-        return Result(index, url, False, item_id, error_kind="exception", error=error)
+        return Result(
+            index, url, False, item_id, error_kind="exception", error=error, finished=time.time()
+        )
 
     def _copy(self, result: Result, copy: _Copy) -> Result:
         """The Result of an item that shared an identical item's request: none of its own."""
         return replace(
             result, index=copy.index, url=copy.url, id=copy.id, attempts=0, attempt_log=(),
-            elapsed=self._clock() - copy.claimed,
+            elapsed=self._clock() - copy.claimed, finished=time.time(),
         )  # fmt: skip
 
     def _prepare(
@@ -487,7 +491,7 @@ class Engine:
             url, item_id = job.label(item)
             return Result(
                 index, url, False, item_id, error_kind="invalid_request", error=str(exc),
-                elapsed=self._clock() - claimed,
+                elapsed=self._clock() - claimed, finished=time.time(),
             )  # fmt: skip
 
     def _attempts(
@@ -512,6 +516,7 @@ class Engine:
                 fallback_used=fallback, final_url=verdict.final_url, redirects=verdict.redirects,
                 pages=None if steps is None else steps.done,
                 continuation=steps.continuation if going_on and steps else None,
+                finished=time.time(),  # (wall-clock time, for the report's charts)
             )  # fmt: skip
 
         so_far: Result | None = None

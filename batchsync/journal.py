@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS results (
     backoff REAL NOT NULL,
     record TEXT NOT NULL,
     request TEXT,
-    resume TEXT
+    resume TEXT,
+    finished REAL
 );
 """
 
@@ -66,7 +67,7 @@ _PUT_POLL_SECONDS = 0.1
 BUSY_RESULTS_PER_SECOND = 1000
 _LINGER_SECONDS = 0.02
 
-Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None, str | None]
+Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None, str | None, float]
 # Turns (Result, the item it is for) into the stored result JSON and failed-request JSON.
 Encode = Callable[[Result, object], tuple[str, str | None]]
 
@@ -247,7 +248,7 @@ class Journal:
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
             if None in pending:
                 return
@@ -261,9 +262,12 @@ class Journal:
         record, request = self._encode(result, item)
         backoff = sum(attempt.wait or 0.0 for attempt in result.attempt_log)
         resume = None if result.continuation is None else json.dumps(result.continuation)
+        # When it finished (unix seconds), for the report; a Result made outside a run's
+        # workers has no such time: when the writer stores it, then.
+        finished = time.time() if result.finished is None else result.finished
         return (
             result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
-            result.elapsed, backoff, record, request, resume,
+            result.elapsed, backoff, record, request, resume, finished,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -341,6 +345,11 @@ class JournalReader:
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The open connection, for reading the results table directly (the report)."""
+        return self._db
+
     def meta(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
 
@@ -365,6 +374,11 @@ class JournalReader:
     def records(self) -> Iterator[tuple[int, str]]:
         for index, record in self._db.execute("SELECT idx, record FROM results ORDER BY idx"):
             yield int(index), str(record)
+
+    def finish_times(self) -> dict[int, float]:
+        """When each stored Result finished (unix seconds), by index."""
+        query = "SELECT idx, finished FROM results WHERE finished IS NOT NULL"
+        return {int(index): float(when) for index, when in self._db.execute(query)}
 
     def rows(self) -> Iterator[tuple[str, str | None]]:
         cursor = self._db.execute("SELECT record, request FROM results ORDER BY idx")

@@ -389,15 +389,26 @@ class Admission:
 
 @dataclass
 class WaitStats:
-    """Seconds spent waiting at each gate, summed over all attempts."""
+    """Seconds spent waiting at each gate, summed over all attempts; ``timeline`` the same
+    by (gate, unix second), the seconds of each wait that fell in that second (the report's
+    chart of waits over time: a few dict updates per wait, none per attempt that passes)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    timeline: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
 
     def add(self, gate: str, seconds: float) -> None:
         if seconds > 0:
+            ended = time.time()
             with self.lock:
                 self.seconds[gate] = self.seconds.get(gate, 0.0) + seconds
+                begun = ended - seconds
+                second = math.floor(begun)
+                while second < ended:
+                    part = min(ended, second + 1) - max(begun, second)
+                    key = (gate, second)
+                    self.timeline[key] = self.timeline.get(key, 0.0) + part
+                    second += 1
 
 
 class Gates:

@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
@@ -76,6 +77,9 @@ class Result:
     redirects: int = 0
     # Pages fetched, when the item was paginated (None otherwise).
     pages: int | None = None
+    # When the Result was made (unix seconds), for the report's charts over time; None for a
+    # Result made outside the engine. Not written to the results file.
+    finished: float | None = field(default=None, repr=False, compare=False)
     # Where a paginated item that stopped partway would go on (its next page, secrets
     # included): kept only by the journal, for a resumed run; never shown or written out.
     continuation: Any = field(default=None, repr=False, compare=False)
@@ -314,11 +318,14 @@ class ResultSet(Sequence[Result]):
         elapsed: float | None = None,
         waits: dict[str, float] | None = None,
         circuits_opened: int = 0,
+        wait_timeline: dict[tuple[str, int], float] | None = None,
     ) -> None:
         self._results = list(results)
         self.elapsed = elapsed
         self.waits = dict(waits or {})
         self.circuits_opened = circuits_opened
+        # Seconds waited at each gate by (gate, unix second), for the report.
+        self.wait_timeline = dict(wait_timeline or {})
 
     @overload
     def __getitem__(self, index: int) -> Result: ...
@@ -350,6 +357,15 @@ class ResultSet(Sequence[Result]):
             sorted(result.elapsed for result in self._results if result.attempts),
             elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
         )  # fmt: skip
+
+    def report(self, path: str | Path, *, charts: bool = True) -> Path:
+        """Write the batch's report to ``path``: one self-contained HTML file (charts need
+        the ``report`` extra, plotly; without it, tables). Returns the path."""
+        from .report import report_results
+
+        return report_results(
+            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline
+        )
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).

@@ -48,8 +48,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
         "params, json, data, id, idempotency_key, fallbacks (URLs tried after url has used "
         "its retries). Blank lines and # comments are skipped; a "
         "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
-        "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
-        "INPUT again). Each result is journaled as it is made: after a crash or Ctrl-C, the "
+        "result per item, in input order), PREFIX-failed.jsonl (the failed items, valid "
+        "INPUT again) and PREFIX-report.html (charts and tables of the run; --no-report: "
+        "none). Each result is journaled as it is made: after a crash or Ctrl-C, the "
         "same command with --resume fetches only the rest. Exit status: 0 all ok, 1 some "
         "failed (outputs written), 2 usage or input error (nothing sent), 3 the run could not "
         "be completed: the journal or output files could not be written (outputs not "
@@ -378,6 +379,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "that have no final result yet.",
 )
 @click.option(
+    "--report/--no-report",
+    default=True,
+    help="Write PREFIX-report.html: one self-contained page of charts (with the report "
+    "extra, plotly; tables without it) and tables of the slowest and the failed items, made "
+    "from the journal. A report that cannot be written is a warning; the exit status stays.",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress bar on stderr.  [default: on for a terminal]",
@@ -436,6 +444,7 @@ def command(
     metrics_port: str | None,
     prefix: str,
     resume: bool,
+    report: bool,
     progress: bool | None,
     verbose: int,
     quiet: bool,
@@ -495,7 +504,7 @@ def command(
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
                 source, options, prefix, resume=resume, progress=show_progress,
-                on_start=on_start, dask=cluster, partition_size=partition_size,
+                on_start=on_start, dask=cluster, partition_size=partition_size, report=report,
             )  # fmt: skip
     except (InputError, JournalUnusable) as exc:
         raise click.UsageError(str(exc)) from None
@@ -577,8 +586,10 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
                 err=True,
             )
         click.echo(str(summary), err=True)
+        written = "" if outcome.report_path is None else f"  report: {outcome.report_path}"
         click.echo(
-            f"results: {outcome.results_path}  failed: {outcome.failed_path} ({summary.failed})",
+            f"results: {outcome.results_path}  failed: {outcome.failed_path} ({summary.failed})"
+            f"{written}",
             err=True,
         )
     if outcome.stopped:

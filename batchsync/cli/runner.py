@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,10 +30,13 @@ from ..options import FetchOptions
 from ..paginate import Continued
 from ..progress import Tally, counter
 from ..records import dumps, public_record
+from ..report import report_journal
 from ..result import Result, Summary
 from ..verdict import Feedback, InvalidItem, Verdict
 from .inputs import Entry, Input
 from .output import failed_request, write_outputs
+
+log = logging.getLogger("batchsync")
 
 
 class EntryJob:
@@ -87,10 +91,16 @@ class Outcome:
     replaced_journal: bool
     stopped: bool
     abandoned: bool
+    # PREFIX-report.html, or None: not asked for (--no-report), or it could not be written.
+    report_path: Path | None = None
 
 
 def journal_path(prefix: str) -> Path:
     return Path(f"{prefix}-journal.sqlite3")
+
+
+def report_path(prefix: str) -> Path:
+    return Path(f"{prefix}-report.html")
 
 
 def run_batch(
@@ -103,6 +113,7 @@ def run_batch(
     on_start: Callable[[Stoppable], None] = lambda run: None,
     dask: Any = None,
     partition_size: int = 1000,
+    report: bool = False,
 ) -> Outcome:
     """Run every entry of ``source`` that has no final Result yet, journal each Result as it is
     made, then write the output files from the journal in input order.
@@ -113,7 +124,8 @@ def run_batch(
     is in use by another run, its folder cannot be written, or (resuming) the journal was made
     for other input or is not a journal of this batchsync. Raises OSError (JournalFailed,
     MissingResults) when the run cannot be completed; the output files are then left as
-    they were.
+    they were. With ``report``, PREFIX-report.html is written from the journal after the
+    output files; a report that cannot be written is a logged warning, not a failed run.
     """
     identity = source.identity() | options.paging_identity()
     entries = int(identity["entries"])
@@ -159,16 +171,39 @@ def run_batch(
             journal.close()
         elapsed = time.monotonic() - started
         results_path, failed_path, stored = _write(path, prefix, entries, ran.stopped)
-    summary = replace(
-        stored,
-        run_requests=bar.requests,
-        elapsed=elapsed,
-        waits=stored.waits | ran.waits,
-        circuits_opened=ran.circuits_opened,
-    )
+        summary = replace(
+            stored,
+            run_requests=bar.requests,
+            elapsed=elapsed,
+            waits=stored.waits | ran.waits,
+            circuits_opened=ran.circuits_opened,
+        )
+        written = _write_report(path, prefix, summary, ran.timeline) if report else None
     return Outcome(
-        summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned
-    )
+        summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
+        written,
+    )  # fmt: skip
+
+
+def _write_report(
+    path: Path, prefix: str, summary: Summary, timeline: Mapping[tuple[str, int], float]
+) -> Path | None:
+    """PREFIX-report.html from the journal (every finished item, earlier runs' too when
+    resumed); None, with a warning, when it cannot be written: the results are written
+    already, and a report is not worth failing the run for."""
+    target = report_path(prefix)
+    try:
+        reader = JournalReader(path)
+        try:
+            return report_journal(
+                reader.db, summary, target, title=f"batchsync report: {Path(prefix).name}",
+                timeline=timeline,
+            )  # fmt: skip
+        finally:
+            reader.close()
+    except Exception as exc:  # whatever it is, the run's results stand
+        log.warning("the report %s could not be written: %s", target, exc)
+        return None
 
 
 def _stored(result: Result, entry: object) -> None:
