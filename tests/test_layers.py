@@ -16,7 +16,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "batchsync"
 LAYERS: list[tuple[str, set[str]]] = [
     (name, set(modules.split()))
     for name, modules in [
-        ("generic", "verdict budget backoff origins result records journal redact decide limits"),
+        (
+            "generic",
+            "verdict budget backoff origins result records journal redact decide limits columnar",
+        ),
         ("engine", "engine observe progress"),
         (
             "http",
