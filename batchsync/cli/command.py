@@ -46,15 +46,15 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
     epilog=(
         "INPUT holds one item per line: a URL, or a JSON object with url, method, headers, "
-        "params, json, data, id, idempotency_key, fallbacks (URLs tried after url has used "
-        "its retries). Blank lines and # comments are skipped; a "
-        "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
-        "result per item, in input order) and PREFIX-failed.jsonl (the failed items, valid "
-        "INPUT again). Each result is journaled as it is made: after a crash or Ctrl-C, the "
-        "same command with --resume fetches only the rest. Exit status: 0 all ok, 1 some "
-        "failed (outputs written), 2 usage or input error (nothing sent), 3 the run could not "
-        "be completed: the journal or output files could not be written (outputs not "
-        "replaced; fix the cause and rerun with --resume), 130 interrupted."
+        "params, json, data, id, idempotency_key, fallbacks (URLs tried after url has used its "
+        "retries). Blank lines and # comments are skipped; a file starting with [ is a JSON array"
+        " of items. Writes PREFIX-results.jsonl (or .csv, .parquet: --format; one result per "
+        "item, in input order) and PREFIX-failed.jsonl (the failed items, valid INPUT again). "
+        "Each result is journaled as it is made: after a crash or Ctrl-C, the same command with "
+        "--resume fetches only the rest. Exit status: 0 all ok, 1 some failed (outputs written), "
+        "2 usage or input error (nothing sent), 3 the run could not be completed: the journal or "
+        "output files could not be written (outputs not replaced; fix the cause and rerun with "
+        "--resume), 130 interrupted."
     ),
 )
 @click.argument("input_name", metavar="INPUT")
