@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
@@ -395,6 +397,38 @@ class ResultSet(Sequence[Result]):
             bodies, how="left", left_on="index", right_index=True
         )
         return expanded
+
+    def to_csv(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format csv`` does (``flatten``:
+        its ``--flatten``); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "csv", flatten)
+
+    def to_parquet(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format parquet`` does (needs the
+        ``parquet`` extra); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "parquet", flatten)
+
+    def _write_table(self, path: Path, form: str, flatten: bool) -> None:
+        from .columnar import PARQUET_HINT, pyarrow_missing, write_table
+
+        if form == "parquet" and pyarrow_missing():
+            raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        paged = any(result.pages is not None for result in self._results)
+        try:
+            with temporary.open(
+                "wb" if form == "parquet" else "w",
+                newline=None if form == "parquet" else "",
+                encoding=None if form == "parquet" else "utf-8",
+            ) as handle:
+                write_table(
+                    handle, form, lambda: (result.to_dict() for result in self._results),
+                    paged=paged, flatten=flatten,
+                )  # fmt: skip
+            temporary.replace(path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def data_frame(self) -> pandas.DataFrame:
         """The JSON bodies of the successes as columns (see ``flat_body``: as

@@ -269,3 +269,20 @@ def batchsync_script(script: str, *args: str, cwd: Path) -> Any:
         [sys.executable, "-c", script, *args], cwd=cwd, capture_output=True, text=True,
         timeout=60, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_resultset_writes_the_same_table_as_the_cli(form: str, tmp_path: Path) -> None:
+    results = [Result.from_dict(json.loads(record)) for record, _ in synthetic(50)]
+    rs = ResultSet(results)
+    write = rs.to_csv if form == "csv" else rs.to_parquet
+    write(tmp_path / f"library.{form}", flatten=True)
+    rows = [(dumps(result.to_dict()), None) for result in results]
+    cli, _ = write_outputs(str(tmp_path / "cli"), rows, form=form, flatten=True)
+    if form == "csv":
+        assert (tmp_path / "library.csv").read_bytes() == cli.read_bytes()
+    else:
+        assert pq.read_table(tmp_path / "library.parquet").equals(pq.read_table(cli))
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "cli-failed.jsonl", cli.name, f"library.{form}"
+    ]  # fmt: skip
