@@ -286,3 +286,9 @@ def test_resultset_writes_the_same_table_as_the_cli(form: str, tmp_path: Path) -
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "cli-failed.jsonl", cli.name, f"library.{form}"
     ]  # fmt: skip
+
+
+def test_flatten_refuses_rows_it_could_read_only_once(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="twice"):
+        write_outputs(str(tmp_path / "x"), synthetic(3), form="csv", flatten=True)
+    assert list(tmp_path.iterdir()) == []

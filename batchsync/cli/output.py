@@ -88,6 +88,8 @@ def write_outputs(
     results file's format (see ``columnar``); ``paged``: the run was paginated (a ``pages``
     column).
     """
+    if flatten and not callable(rows) and iter(rows) is rows:
+        raise ValueError("flatten reads the rows twice: pass a function that gives them")
     results_path, failed_path = output_paths(prefix, form)
     source = rows if callable(rows) else (lambda: rows)
     # The failed file keeps items as given, secrets and all: the owner's only.
