@@ -32,8 +32,8 @@ FORMATS = ("jsonl", "csv", "parquet")
 # --flatten spreads at most this many body keys into columns; the rest stay in ``data``.
 MAX_COLUMNS = 1000
 # A Parquet row group is written once it holds this many rows or about this many bytes.
-GROUP_ROWS = 65536
-GROUP_BYTES = 64 * 2**20
+GROUP_ROWS = 16384
+GROUP_BYTES = 32 * 2**20
 
 # (name, kind) of the fixed columns; kinds: int, float, bool, str, json (JSON text).
 FIXED = (
