@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -287,6 +288,28 @@ def _percentiles(sorted_times: Iterable[float], count: int) -> dict[str, float]:
     return {name: found[name] for name in PERCENTILES if name in found}
 
 
+def flat_body(data: Any) -> dict[str, Any]:
+    """A JSON body as one flat object, as ``pandas.json_normalize`` spreads records: nested
+    objects' keys joined with ``.`` (``{"b": {"c": 1}}`` -> ``{"b.c": 1}``), an empty nested
+    object left out, lists kept whole, a later key winning over an equal earlier one; a body
+    that is not an object is ``{"value": body}``. The one rule for ``to_pandas(expand=True)``
+    and the CLI's ``--flatten``."""
+    if not isinstance(data, dict):
+        return {"value": data}
+    flat: dict[str, Any] = {}
+    _spread(data, "", flat)
+    return flat
+
+
+def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _spread(value, f"{name}.", into)
+        else:
+            into[name] = value
+
+
 def _pandas() -> Any:
     try:
         import pandas as pd
@@ -387,16 +410,45 @@ class ResultSet(Sequence[Result]):
         )
         return expanded
 
+    def to_csv(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format csv`` does (``flatten``:
+        its ``--flatten``); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "csv", flatten)
+
+    def to_parquet(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format parquet`` does (needs the
+        ``parquet`` extra); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "parquet", flatten)
+
+    def _write_table(self, path: Path, form: str, flatten: bool) -> None:
+        from .columnar import PARQUET_HINT, pyarrow_missing, write_table
+
+        if form == "parquet" and pyarrow_missing():
+            raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        paged = any(result.pages is not None for result in self._results)
+        try:
+            with temporary.open(
+                "wb" if form == "parquet" else "w",
+                newline=None if form == "parquet" else "",
+                encoding=None if form == "parquet" else "utf-8",
+            ) as handle:
+                write_table(
+                    handle, form, lambda: (result.to_dict() for result in self._results),
+                    paged=paged, flatten=flatten,
+                )  # fmt: skip
+            temporary.replace(path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
     def data_frame(self) -> pandas.DataFrame:
-        """The JSON bodies of the successes as columns (``pandas.json_normalize``), indexed
-        by the item's index; a body that is not an object lands in a ``value`` column."""
+        """The JSON bodies of the successes as columns (see ``flat_body``: as
+        ``pandas.json_normalize`` spreads them), indexed by the item's index."""
         pd = _pandas()
         ok = [result for result in self._results if result.ok]
-        rows = []
-        for result in ok:
-            data = result.to_dict()["data"]
-            rows.append(data if isinstance(data, dict) else {"value": data})
-        frame: pandas.DataFrame = pd.json_normalize(rows)
+        rows = [flat_body(result.to_dict()["data"]) for result in ok]
+        frame: pandas.DataFrame = pd.DataFrame.from_records(rows)
         frame.index = pd.Index([result.index for result in ok], name="index")
         return frame
 

@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins result records journal report redact decide limits",
+            "verdict budget backoff origins result records journal report redact decide limits"
+            " columnar",
         ),
         ("engine", "engine observe progress"),
         (

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..auth import AuthFailed, CommandToken
+from ..columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..contrib.dask import connect as connect_dask
 from ..contrib.redis import RedisLimits
 from ..journal import JournalUnusable
@@ -47,14 +48,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
         "INPUT holds one item per line: a URL, or a JSON object with url, method, headers, "
         "params, json, data, id, idempotency_key, fallbacks (URLs tried after url has used "
         "its retries). Blank lines and # comments are skipped; a "
-        "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (one "
-        "result per item, in input order), PREFIX-failed.jsonl (the failed items, valid "
-        "INPUT again) and PREFIX-report.html (charts and tables of the run; --no-report: "
-        "none). Each result is journaled as it is made: after a crash or Ctrl-C, the "
-        "same command with --resume fetches only the rest. Exit status: 0 all ok, 1 some "
-        "failed (outputs written), 2 usage or input error (nothing sent), 3 the run could not "
-        "be completed: the journal or output files could not be written (outputs not "
-        "replaced; fix the cause and rerun with --resume), 130 interrupted."
+        "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (or .csv, "
+        ".parquet: --format; one result per item, in input order), PREFIX-failed.jsonl (the "
+        "failed items, valid INPUT again) and PREFIX-report.html (charts and tables of the "
+        "run; --no-report: none). Each result is journaled as it is made: after a crash or "
+        "Ctrl-C, the same command with --resume fetches only the rest. Exit status: 0 all ok, "
+        "1 some failed (outputs written), 2 usage or input error (nothing sent), 3 the run "
+        "could not be completed: the journal or output files could not be written (outputs "
+        "not replaced; fix the cause and rerun with --resume), 130 interrupted."
     ),
 )
 @click.argument("input_name", metavar="INPUT")
@@ -373,6 +374,22 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     help="Prefix of the output files (and of PREFIX-journal.sqlite3).",
 )
 @click.option(
+    "--format",
+    "form",
+    type=click.Choice(FORMATS),
+    default="jsonl",
+    help="The results file's format: PREFIX-results.jsonl, .csv (RFC 4180, a header row, "
+    "typed columns: data and attempt_log as JSON text, null as an empty cell) or .parquet "
+    "(needs the parquet extra). PREFIX-failed.jsonl stays JSONL.",
+)
+@click.option(
+    "--flatten",
+    is_flag=True,
+    help="With --format csv or parquet: spread the successes' JSON bodies into data.KEY "
+    f"columns (nested keys joined by dots, as to_pandas(expand=True)), at most {MAX_COLUMNS}; "
+    "data keeps what was not spread.",
+)
+@click.option(
     "--resume",
     is_flag=True,
     help="Continue the run journaled in PREFIX-journal.sqlite3: fetch only the items "
@@ -443,6 +460,8 @@ def command(
     partition_size: int,
     metrics_port: str | None,
     prefix: str,
+    form: str,
+    flatten: bool,
     resume: bool,
     report: bool,
     progress: bool | None,
@@ -451,6 +470,7 @@ def command(
 ) -> int:
     """Fetch every item of INPUT (a file, or - for stdin) with bounded concurrency and retries."""
     template = _template(url_template, method, body_template, id_field, input_format)
+    _check_format(form, flatten)
     if insecure and cacert is not None:
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
     if client_key is not None and client_cert is None:
@@ -505,6 +525,7 @@ def command(
             outcome = run_batch(
                 source, options, prefix, resume=resume, progress=show_progress,
                 on_start=on_start, dask=cluster, partition_size=partition_size, report=report,
+                form=form, flatten=flatten,
             )  # fmt: skip
     except (InputError, JournalUnusable) as exc:
         raise click.UsageError(str(exc)) from None
@@ -537,6 +558,16 @@ def _template(
         return Template.parse(url, method, None if body is None else parse_body(body), id_field)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _check_format(form: str, flatten: bool) -> None:
+    """UsageError, before anything is sent, for a results format that cannot be written."""
+    if flatten and form == "jsonl":
+        raise click.UsageError("--flatten goes with --format csv or parquet")
+    if form == "parquet":
+        problem = pyarrow_missing()
+        if problem is not None:
+            raise click.UsageError(problem)
 
 
 def _first_token(command: str, header: str) -> CommandToken:

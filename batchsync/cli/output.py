@@ -5,17 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from ..columnar import parsed, write_table
 from ..records import dumps
 from .inputs import Entry
 
 
-def output_paths(prefix: str) -> tuple[Path, Path]:
-    """The results and failed files for an output prefix."""
-    return Path(f"{prefix}-results.jsonl"), Path(f"{prefix}-failed.jsonl")
+def output_paths(prefix: str, form: str = "jsonl") -> tuple[Path, Path]:
+    """The results file (in ``form``: jsonl, csv or parquet) and the failed file (JSONL,
+    valid INPUT, whatever the form) for an output prefix."""
+    return Path(f"{prefix}-results.{form}"), Path(f"{prefix}-failed.jsonl")
 
 
 def failed_request(entry: Entry) -> str:
@@ -32,18 +34,22 @@ def failed_request(entry: Entry) -> str:
 
 
 @contextlib.contextmanager
-def atomic_files(*paths: Path, modes: Sequence[int] | None = None) -> Iterator[list[IO[str]]]:
+def atomic_files(
+    *paths: Path, modes: Sequence[int] | None = None, binary: Sequence[bool] = ()
+) -> Iterator[list[IO[Any]]]:
     """Write to temporary files beside ``paths``; rename them over ``paths`` only once every
     one is written and synced, so a failure (a full disk) replaces none of them. ``modes``:
-    each file's permissions before the umask (by default 0666, as any new file)."""
+    each file's permissions before the umask (by default 0666, as any new file); ``binary``:
+    which ones are opened for bytes (the others for UTF-8 text, newlines untranslated)."""
     modes = modes or [0o666] * len(paths)
+    kinds = list(binary) + [False] * (len(paths) - len(binary))
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     temporaries = [path.with_name(f".{path.name}.{token}.tmp") for path in paths]
     try:
         with contextlib.ExitStack() as stack:
-            handles: list[IO[str]] = [
-                stack.enter_context(_created(temporary, mode))
-                for temporary, mode in zip(temporaries, modes, strict=True)
+            handles: list[IO[Any]] = [
+                stack.enter_context(_created(temporary, mode, is_binary))
+                for temporary, mode, is_binary in zip(temporaries, modes, kinds, strict=True)
             ]
             yield handles
             for handle in handles:
@@ -58,21 +64,61 @@ def atomic_files(*paths: Path, modes: Sequence[int] | None = None) -> Iterator[l
         raise
 
 
-def _created(path: Path, mode: int) -> IO[str]:
-    """A new file (never an existing one) opened for writing UTF-8 text, with ``mode``."""
+def _created(path: Path, mode: int, binary: bool = False) -> IO[Any]:
+    """A new file (never an existing one) opened for writing UTF-8 text (or bytes), with
+    ``mode``."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    return os.fdopen(descriptor, "w", encoding="utf-8")
+    if binary:
+        return os.fdopen(descriptor, "wb")
+    return os.fdopen(descriptor, "w", encoding="utf-8", newline="")
 
 
-def write_outputs(prefix: str, rows: Iterable[tuple[str, str | None]]) -> tuple[Path, Path]:
-    """Write both output files from (result JSON, failed request JSON or None) rows in order."""
-    results_path, failed_path = output_paths(prefix)
+def write_outputs(
+    prefix: str,
+    rows: Iterable[tuple[str, str | None]] | Callable[[], Iterable[tuple[str, str | None]]],
+    *,
+    form: str = "jsonl",
+    flatten: bool = False,
+    paged: bool = False,
+) -> tuple[Path, Path]:
+    """Write both output files from (result JSON, failed request JSON or None) rows in order.
+
+    ``rows``: the rows, or a function giving them afresh on each call (a results table with
+    ``flatten`` reads them twice: once for its columns, once to write them). ``form``: the
+    results file's format (see ``columnar``); ``paged``: the run was paginated (a ``pages``
+    column).
+    """
+    if flatten and not callable(rows) and iter(rows) is rows:
+        raise ValueError("flatten reads the rows twice: pass a function that gives them")
+    results_path, failed_path = output_paths(prefix, form)
+    source = rows if callable(rows) else (lambda: rows)
     # The failed file keeps items as given, secrets and all: the owner's only.
-    with atomic_files(results_path, failed_path, modes=(0o666, 0o600)) as (results, failed):
-        for record, request in rows:
-            results.write(record)
-            results.write("\n")
-            if request is not None:
-                failed.write(request)
-                failed.write("\n")
+    with atomic_files(
+        results_path, failed_path, modes=(0o666, 0o600), binary=(form == "parquet",)
+    ) as (results, failed):
+        if form == "jsonl":
+            for record, request in source():
+                results.write(record)
+                results.write("\n")
+                if request is not None:
+                    failed.write(request)
+                    failed.write("\n")
+        else:
+            passes = 0
+
+            def records() -> Iterator[dict[str, Any]]:
+                nonlocal passes
+                passes += 1  # the failed lines are written on the first pass
+                return parsed(_results(source(), failed if passes == 1 else None))
+
+            write_table(results, form, records, paged=paged, flatten=flatten)
     return results_path, failed_path
+
+
+def _results(rows: Iterable[tuple[str, str | None]], failed: IO[str] | None) -> Iterator[str]:
+    """The rows' result JSON texts; on the way, the failed requests go to ``failed``."""
+    for record, request in rows:
+        if request is not None and failed is not None:
+            failed.write(request)
+            failed.write("\n")
+        yield record

@@ -114,13 +114,16 @@ def run_batch(
     dask: Any = None,
     partition_size: int = 1000,
     report: bool = False,
+    form: str = "jsonl",
+    flatten: bool = False,
 ) -> Outcome:
     """Run every entry of ``source`` that has no final Result yet, journal each Result as it is
     made, then write the output files from the journal in input order.
 
     ``on_start`` sees what runs the batch before it starts, so the caller can stop it (on a
     signal). With ``dask`` (a ``distributed.Client``), partitions of the input run on that
-    cluster instead of here. Before anything is sent, raises JournalUnusable when the prefix
+    cluster instead of here. ``form`` and ``flatten``: the results file's format (see
+    ``write_outputs``). Before anything is sent, raises JournalUnusable when the prefix
     is in use by another run, its folder cannot be written, or (resuming) the journal was made
     for other input or is not a journal of this batchsync. Raises OSError (JournalFailed,
     MissingResults) when the run cannot be completed; the output files are then left as
@@ -170,7 +173,10 @@ def run_batch(
         finally:
             journal.close()
         elapsed = time.monotonic() - started
-        results_path, failed_path, stored = _write(path, prefix, entries, ran.stopped)
+        results_path, failed_path, stored = _write(
+            path, prefix, entries, ran.stopped,
+            form=form, flatten=flatten, paged="paging" in identity,
+        )  # fmt: skip
         summary = replace(
             stored,
             run_requests=bar.requests,
@@ -229,7 +235,16 @@ def _going_on(entry: Entry, stored: tuple[Any, str] | None) -> Entry:
     return replace(entry, going_on=going_on)
 
 
-def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, Path, Summary]:
+def _write(
+    path: Path,
+    prefix: str,
+    entries: int,
+    stopped: bool,
+    *,
+    form: str = "jsonl",
+    flatten: bool = False,
+    paged: bool = False,
+) -> tuple[Path, Path, Summary]:
     """Write the output files from the journal; their paths and the stored Results' summary.
 
     Checks first that the journal holds one Result per entry (unless the run was stopped):
@@ -245,7 +260,9 @@ def _write(path: Path, prefix: str, entries: int, stopped: bool) -> tuple[Path, 
             raise MissingResults(
                 f"the journal {path} holds {stored.total} results for {entries} items"
             )
-        results_path, failed_path = write_outputs(prefix, reader.rows())
+        results_path, failed_path = write_outputs(
+            prefix, reader.rows, form=form, flatten=flatten, paged=paged
+        )
     except sqlite3.Error as exc:
         raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None
     finally:
