@@ -22,7 +22,7 @@ from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
 from .engine import Task
-from .fetch import HttpJob
+from .fetch import HttpJob, WrappedJob
 from .hedge import HedgeAfter
 from .journal import Journal, JournalUnusable, locked, resumed
 from .limits import Breaker, CooldownScope
@@ -35,7 +35,7 @@ from .result import AttemptRecord, Result, ResultSet, Summary
 from .spec import RequestSpec
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
-from .verdict import Feedback, InvalidItem, Verdict
+from .verdict import InvalidItem
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -305,20 +305,13 @@ class Batch(Resumable[FetchOptions]):
         )  # fmt: skip
 
 
-class RowJob:
+class RowJob(WrappedJob):
     """The HTTP job over table rows: each row is expanded by the template only when its turn
     comes; a row the template cannot fill is its ``invalid_request`` Result."""
 
     def __init__(self, inner: HttpJob, template: Template) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._template = template
-
-    @property
-    def timeout(self) -> float:
-        return self._inner.timeout
-
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return self._inner.feedback(verdict)
 
     def label(self, row: object) -> tuple[str | None, Any]:
         try:

@@ -469,6 +469,21 @@ def _on_page(
     return verdict if verdict.error is None else replace(verdict, error=f"{named}: {verdict.error}")
 
 
+class WrappedJob:
+    """A job whose items become the HTTP job's items (input entries, table rows): the
+    attempts, their timeout and what they tell the limits are the HTTP job's."""
+
+    def __init__(self, inner: HttpJob) -> None:
+        self._inner = inner
+
+    @property
+    def timeout(self) -> float:
+        return self._inner.timeout
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return self._inner.feedback(verdict)
+
+
 def _url_of(request: Outgoing) -> str:
     return str(request.url if isinstance(request, Wire) else request.prepared.url)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..assembly import Ran, Stoppable, fetch, journaling, open_journal
 from ..engine import Task
-from ..fetch import HttpJob
+from ..fetch import WrappedJob
 from ..journal import (
     JournalFailed,
     JournalInUse,
@@ -32,25 +32,15 @@ from ..progress import Tally, counter
 from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
-from ..verdict import Feedback, InvalidItem, Verdict
+from ..verdict import InvalidItem
 from .inputs import Entry, Input
 from .output import failed_request, write_outputs
 
 log = logging.getLogger("batchsync")
 
 
-class EntryJob:
+class EntryJob(WrappedJob):
     """The HTTP job over input Entries; an entry that is no item fails with its line number."""
-
-    def __init__(self, inner: HttpJob) -> None:
-        self._inner = inner
-
-    @property
-    def timeout(self) -> float:
-        return self._inner.timeout
-
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return self._inner.feedback(verdict)
 
     def label(self, entry: object) -> tuple[str | None, Any]:
         assert isinstance(entry, Entry)
