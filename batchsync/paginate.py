@@ -57,7 +57,7 @@ def paging(how: str, *, cursor_param: str, records: str | None, max_pages: int |
     ``page:PARAM`` (1, 2, … until an empty page), ``offset:PARAM,STEP`` (0, STEP, 2·STEP, …
     until an empty page). ValueError when it names none of them."""
     style, _, argument = how.partition(":")
-    found = _compiled(records, "records") if records is not None else None
+    found = _compiled(records, "page_items (--items)") if records is not None else None
     if style == "link" and not argument:
         return Paging("link", records=found, max_pages=max_pages)
     if style == "json" and argument:

@@ -73,7 +73,7 @@ def test_an_unknown_style_is_one_clear_error(how: str) -> None:
 
 
 def test_a_bad_records_path_is_refused() -> None:
-    with pytest.raises(ValueError, match="records: not a JMESPath"):
+    with pytest.raises(ValueError, match=r"page_items \(--items\): not a JMESPath"):
         paging("link", cursor_param="cursor", records="a[", max_pages=None)
 
 
