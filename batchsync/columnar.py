@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -137,12 +138,25 @@ class Layout:
 def _cell(value: Any, kind: str) -> Any:
     if value is None:
         return None
-    if kind == "id":
-        return value if isinstance(value, str) else dumps(value)
-    if kind == "json":
+    if kind == "json" or (kind == "id" and not isinstance(value, str)):
         return dumps(value)
-    if kind == "float":
-        return float(value)
+    if isinstance(value, str):
+        return _text(value)
+    if kind == "float" or isinstance(value, float):
+        number = float(value)
+        return number if math.isfinite(number) else None  # (as the JSONL writes NaN: null)
+    return value
+
+
+def _text(value: str) -> str:
+    """Text a UTF-8 file can hold: a lone surrogate (from a JSON "\\ud800" escape) is written
+    as that escape, as the JSONL writes it."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
 
 

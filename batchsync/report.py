@@ -619,6 +619,10 @@ def report_results(
     return write_atomically(Path(path), page)
 
 
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
 def report_journal(
     db: sqlite3.Connection,
     summary: Summary,
@@ -630,6 +634,9 @@ def report_journal(
 ) -> Path:
     """Write the report of a journal's Results (the command line's PREFIX-report.html);
     ``timeline``: this run's gate waits (``WaitStats.timeline``)."""
+    # SQLite's JSON functions turn a lone surrogate escape ("\ud800", kept as such in the
+    # record) into bytes that are not UTF-8: such a text is shown with a replacement mark.
+    db.text_factory = _lenient_text
     counted, details = from_journal(db, timeline)
     page = render(summary, counted, details, title=title, charts=charts)
     return write_atomically(Path(path), page)

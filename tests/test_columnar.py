@@ -292,3 +292,42 @@ def test_flatten_refuses_rows_it_could_read_only_once(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="twice"):
         write_outputs(str(tmp_path / "x"), synthetic(3), form="csv", flatten=True)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_a_lone_surrogate_is_written_as_its_escape_in_every_table(
+    server: MockServerProcess, tmp_path: Path, form: str
+) -> None:
+    """A JSON "\\ud800" escape is valid JSON but no UTF-8 text: the JSONL keeps it as the
+    escape, and so must the tables (and the report), not fail the run's outputs."""
+    marker = key()
+    lines = [
+        json.dumps({"url": f"{server.url}/ok/{marker}", "id": "\ud800"}),
+        json.dumps({"url": f"{server.url}/ok/{marker}/\udc00x"}),
+        f"{server.url}/surrogate",
+    ]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    done = batchsync(
+        "in.txt", "-o", "out", "--format", form, "--flatten", "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    if form == "csv":
+        rows = read_csv(tmp_path / "out-results.csv")
+        cells = [(row["id"], row["url"], row.get("data.name")) for row in rows]
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(tmp_path / "out-results.parquet").to_pylist()
+        cells = [(row["id"], row["url"], row.get("data.name")) for row in table]
+    assert cells[0][0] == "\\ud800"
+    assert cells[1][1].endswith(f"/ok/{marker}/\\udc00x")
+    assert cells[2][2] == "\\ud800"
+    report = (tmp_path / "out-report.html").read_text()
+    assert "\ufffd" in report  # the id and URL, shown with a replacement mark
+
+
+def test_the_library_writes_nan_as_the_command_line_does(tmp_path: Path) -> None:
+    results = ResultSet([Result(0, "http://h.test/x", True, data={"x": math.nan, "y": 1.5})])
+    results.to_csv(tmp_path / "r.csv", flatten=True)
+    (row,) = read_csv(tmp_path / "r.csv")
+    assert (row["data.x"], row["data.y"]) == (None, "1.5")
