@@ -522,13 +522,16 @@ class Engine:
         so_far: Result | None = None
         for position, route in enumerate((task.route, *task.fallbacks)):
             fallback = position - 1 if position else None
-            follow = partial(
-                self._follow, fallback=fallback, index=index, task=task, allowance=allowance,
-                job=job, records=records, so_far=so_far,
+            verdict, error = self._follow(
+                route, fallback, index=index, task=task, allowance=allowance, job=job,
+                records=records, so_far=so_far,
             )  # fmt: skip
-            verdict, error = follow(route)
             steps = None
-            if route.then is not None:
+            if route.then is not None:  # (the partial only for items made of steps)
+                follow = partial(
+                    self._follow, fallback=fallback, index=index, task=task,
+                    allowance=allowance, job=job, records=records, so_far=so_far,
+                )  # fmt: skip
                 verdict, error, steps = self._steps(route, verdict, error, task, follow)
                 # A step that failed ends the item with what the steps before it gave (a
                 # first one that failed is the item's own route failing, as without steps).
@@ -543,8 +546,8 @@ class Engine:
         assert so_far is not None
         return so_far
 
-    @staticmethod
     def _steps(
+        self,
         route: Route,
         verdict: Verdict,
         error: str,
@@ -552,7 +555,8 @@ class Engine:
         follow: Callable[[Route], tuple[Verdict, str]],
     ) -> tuple[Verdict, str, Steps]:
         """An item made of steps (pages): after each success, its next step, until one fails
-        or none is left. Each step is a route of its own: its own retries, the item's budget."""
+        or none is left. Each step is a route of its own: its own retries, the item's budget.
+        After a stop no next step starts: the item ends ``cancelled``, to go on from there."""
         steps = Steps(task.steps or 0, task.data, route.continuation)
         while verdict.ok and route.then is not None:
             steps.data, following = route.then(verdict)
@@ -564,6 +568,9 @@ class Engine:
                 return following, following.error or "", steps
             route = following
             steps.continuation = route.continuation
+            if self._stop.is_set():
+                stopped, reason = self._stopped_short(None, "cancelled", route)
+                return stopped, reason, steps
             verdict, error = follow(route)
         return verdict, error, steps
 
