@@ -5,8 +5,10 @@ failed."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -506,3 +508,35 @@ def test_a_batch_journal_made_with_other_pagination_is_refused(
           progress=False).run()  # fmt: skip
     with pytest.raises(ValueError, match="its pagination options were different"):
         Batch([url], journal=tmp_path / "j.sqlite3", progress=False)
+
+
+def test_ctrl_c_mid_pagination_then_resume_fetches_each_page_once(
+    fresh_server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Stopped between pages, the item is kept with its pages so far; --resume goes on from
+    the next one and the data holds every record once."""
+    tag = uuid.uuid4().hex[:8]
+    url = f"{fresh_server.url}/pages/page?total=30&size=3&delay=0.3&tag={tag}"
+    (tmp_path / "in.txt").write_text(url + "\n")
+    options = ["in.txt", "--paginate", "page:page", "--items", "items", "-o", "out", "-q"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "batchsync", *options], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while len(pages_requested(fresh_server, tag)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    stopped_at = len(pages_requested(fresh_server, tag))
+    assert stopped_at < 11  # (11 pages in all: 10 with records, then the empty one)
+    (record,) = [json.loads(line) for line in (tmp_path / "out-results.jsonl").open()]
+    assert record["error_kind"] == "cancelled" and record["pages"] >= 2
+
+    again = run_cli(*options, "--resume", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "out-results.jsonl").open()]
+    assert record["ok"] and record["pages"] == 11
+    assert [n["n"] for n in record["data"]] == list(range(30))
+    assert pages_requested(fresh_server, tag) == list(range(1, 12))  # each page once
