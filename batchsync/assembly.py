@@ -16,12 +16,13 @@ from .calls import CallJob
 from .engine import Deliver, Engine, Job
 from .fetch import HttpJob
 from .guard import Guard
+from .history import Pass
 from .journal import Encode, Journal, JournalUnusable
 from .limits import Gates, SharedLimits, build_gates
 from .observe import Observer
 from .options import CallOptions, FetchOptions, FlowOptions
 from .redact import Secrets, watching
-from .result import Result
+from .result import Result, added_to
 from .transport import Transport
 
 
@@ -32,6 +33,10 @@ class Stoppable(Protocol):
 
     @property
     def stopped(self) -> bool: ...
+
+
+# The Result an item already has from an earlier pass or process, by its index (None: none).
+Earlier = Callable[[int], Result | None]
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,13 @@ def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None)
     return observers
 
 
-def open_journal(path: Path, encode: Encode, identity: Mapping[str, str]) -> Journal:
-    """A new (or resumed) journal, or JournalUnusable before anything is sent."""
+def open_journal(
+    path: Path, encode: Encode, identity: Mapping[str, str], passing: Pass | None = None
+) -> Journal:
+    """A new (or resumed) journal, or JournalUnusable before anything is sent; ``passing``:
+    the pass its Results belong to, when the run sends anything."""
     try:
-        return Journal(path, encode, identity)
+        return Journal(path, encode, identity, passing=passing)
     except sqlite3.Error as exc:
         raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
 
@@ -100,13 +108,15 @@ def fetch(
     journal: Journal | None = None,
     wrap: Callable[[HttpJob], Job] | None = None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """One HTTP run: transport, job, gates, observers and engine, set up and taken down
     together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
     metrics and traces out (a Dask partition's: its client observes the run); ``wrap`` turns
     the HTTP job into the one the items need (the command line's input entries); ``journal``
     stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
-    it starts."""
+    it starts; ``earlier`` gives the Result an item sent again already has (see
+    ``adding_to``)."""
     gates = gates_for(options) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
@@ -124,7 +134,7 @@ def fetch(
         return _run(
             options, job if wrap is None else wrap(job), items, deliver, gates=gates,
             progress=progress, observed=observed, secrets=job.secrets, journal=journal,
-            abort=transport.abort, on_start=on_start,
+            abort=transport.abort, on_start=on_start, earlier=earlier,
         )  # fmt: skip
     finally:
         job.close()
@@ -141,9 +151,10 @@ def call(
     progress: Observer | None = None,
     observed: bool = True,
     journal: Journal | None = None,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
-    engine as an HTTP run (``observed`` as for ``fetch``)."""
+    engine as an HTTP run (``observed``, ``earlier`` as for ``fetch``)."""
     gates = gates_for(options) if gates is None else gates
     secrets = options.secrets()
     job = CallJob(fn, options, secrets, gates)
@@ -151,6 +162,7 @@ def call(
         return _run(
             options, job, items, deliver, gates=gates, progress=progress, observed=observed,
             secrets=secrets, journal=journal, abort=None, on_start=lambda run: None,
+            earlier=earlier,
         )  # fmt: skip
     finally:
         job.close()
@@ -187,18 +199,33 @@ def _run(
     journal: Journal | None,
     abort: Callable[[], None] | None,
     on_start: Callable[[Stoppable], None],
+    earlier: Earlier | None,
 ) -> Ran:
     observers = observers_for(options, gates, progress) if observed else []
     engine = Engine(options, gates=gates, observers=observers, abort=abort)
     on_start(engine)
     if journal is not None:
         deliver = journaling(journal, deliver)
+    if earlier is not None:
+        deliver = adding_to(earlier, deliver)
     with watching(secrets):
         finished = engine.run(job, items, deliver)
     return Ran(
         engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened,
         gates.waits.timeline,
     )  # fmt: skip
+
+
+def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
+    """``deliver``, each Result of an item that ``earlier`` has a Result for (a failure sent
+    again, a paginated item going on) made to count that one's attempts too
+    (``result.added_to``)."""
+
+    def deliver_added(result: Result, item: object) -> None:
+        before = earlier(result.index)
+        deliver(result if before is None else added_to(before, result), item)
+
+    return deliver_added
 
 
 def journaling(journal: Journal, deliver: Deliver) -> Deliver:

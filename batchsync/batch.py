@@ -24,14 +24,15 @@ from .classify import describe
 from .engine import Task
 from .fetch import HttpJob, WrappedJob
 from .hedge import HedgeAfter
-from .journal import Journal, JournalUnusable, locked, resumed
+from .history import Pass, Stint, difference, merged_timeline, totals
+from .journal import TO_REDO, Journal, JournalUnusable, locked, remove, resumed
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
 from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
 from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
-from .result import AttemptRecord, Result, ResultSet, Summary
+from .result import AttemptRecord, Result, ResultSet, Summary, error_kinds
 from .spec import RequestSpec
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
@@ -96,13 +97,14 @@ class Resumable(Generic[OptionsT]):
     items, gives attempts in flight a short grace, keeps every finished Result in
     ``results`` and raises; ``run()`` again runs only the rest. With ``journal=`` each final
     Result is also written to that SQLite file as it is made, so a new batch over the same
-    items (after a crash, or in a new session) continues where the last one stopped.
+    items (after a crash, or in a new session) continues where the last one stopped; a
+    journal made for other items is a ValueError unless ``fresh=True`` replaces it.
+    ``run(retry_failed=True)`` sends the failures again, in a new pass.
     """
 
     items: list[Any]
     options: OptionsT
     journal: Path | None
-    elapsed: float
 
     def _start(
         self,
@@ -111,14 +113,24 @@ class Resumable(Generic[OptionsT]):
         journal: str | Path | None,
         progress: bool | None,
         *,
+        fresh: bool = False,
         strict: bool = False,
         template: Template | None = None,
+        arguments: Mapping[str, Any],
     ) -> None:
         self.items = list(items)
         self.options = options
         self._progress = progress
+        # What the batch was made with (items aside), to make it again with other options.
+        self._arguments = dict(arguments)
         self._done: dict[int, Result] = {}
-        self.elapsed = 0.0
+        # The pass this batch is in, and the failures it has still to send again.
+        self._pass = Pass()
+        self._retrying: set[int] = set()
+        # What each run() did (those of earlier processes too, from the journal), and the
+        # seconds earlier processes waited at each gate by second.
+        self._stints: list[Stint] = []
+        self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
@@ -130,11 +142,14 @@ class Resumable(Generic[OptionsT]):
             if template is None:  # (a template's rows: each id is checked when it is built)
                 _check_ids(self.items)
             with locked(self.journal):
-                if self.journal.exists():
+                if fresh:
+                    remove(self.journal)
+                elif self.journal.exists():
                     self._load(self.journal)
 
     def _load(self, path: Path) -> None:
-        with resumed(path, self._identity, "items", "give another journal, or delete it") as reader:
+        hint = "give another journal, or fresh=True to replace it"
+        with resumed(path, self._identity, "items", hint) as reader:
             for index, record in reader.records():
                 try:
                     self._done[index] = self._restore(json.loads(record))
@@ -148,13 +163,18 @@ class Resumable(Generic[OptionsT]):
                     self._done[index] = replace(self._done[index], finished=when)
             for index, (continuation, _) in reader.unfinished(len(self.items)).items():
                 self._done[index] = replace(self._done[index], continuation=continuation)
+            self._pass = reader.latest_pass()
+            marks = reader.outstanding(len(self.items), self._pass)
+            self._retrying = {index for index, mark in enumerate(marks) if mark == TO_REDO}
+            self._stints = reader.stints()
+            self._timeline = reader.timeline()
 
     def _todo(self) -> Iterator[tuple[int, Any]]:
-        """The items to run: those without a final Result, and the paginated ones that
-        stopped partway, to go on from their next page."""
+        """The items to run: those without a final Result, the failures this pass sends
+        again, and the paginated ones that stopped partway, to go on from their next page."""
         for index, item in enumerate(self.items):
             kept = self._done.get(index)
-            if kept is None:
+            if kept is None or index in self._retrying:
                 yield index, item
             elif kept.continuation is not None:
                 yield index, Continued.of(item, kept.continuation, kept.data)
@@ -172,14 +192,22 @@ class Resumable(Generic[OptionsT]):
         raise NotImplementedError
 
     @property
+    def elapsed(self) -> float:
+        """Seconds spent in ``run()``, by this batch and the processes its journal knew."""
+        return totals(self._stints).elapsed or 0.0
+
+    @property
     def results(self) -> ResultSet:
         """The finished Results in input order (all of them once ``pending`` is 0)."""
+        ran = totals(self._stints)
         return ResultSet(
             [self._done[i] for i in sorted(self._done)],
-            elapsed=self.elapsed,
-            waits=self._gates.waits.seconds,
-            circuits_opened=self._gates.circuits_opened,
-            wait_timeline=self._gates.waits.timeline,
+            elapsed=ran.elapsed,
+            waits=ran.waits,
+            circuits_opened=ran.circuits_opened,
+            wait_timeline=merged_timeline(self._timeline, self._gates.waits.timeline),
+            stints=self._stints,
+            retry=self._retried,
         )
 
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
@@ -191,32 +219,87 @@ class Resumable(Generic[OptionsT]):
 
     @property
     def pending(self) -> int:
-        """How many items have no final Result yet, or have pages still to fetch."""
-        going_on = sum(1 for result in self._done.values() if result.continuation is not None)
+        """How many items have no final Result yet, failures this pass has still to send
+        again, or paginated items with pages still to fetch."""
+        going_on = sum(
+            1
+            for index, result in self._done.items()
+            if result.continuation is not None or index in self._retrying
+        )
         return len(self.items) - len(self._done) + going_on
 
-    def run(self) -> ResultSet:
+    def run(self, *, retry_failed: bool | Iterable[str] = False) -> ResultSet:
         """Run every item without a final Result (and go on with the paginated ones that
-        stopped partway); returns ``results``."""
+        stopped partway); returns ``results``.
+
+        ``retry_failed``: first start a new pass that sends the failed items again (True),
+        or those failed with these error kinds (e.g. ``["status", "timeout"]``), each with
+        a fresh budget; a retried item's Result counts the attempts of every pass. An
+        interrupted pass is finished by ``run()`` again."""
+        if retry_failed is not False:
+            kinds = frozenset() if retry_failed is True else error_kinds(retry_failed)
+            if retry_failed is not True and not kinds:
+                raise ValueError("retry_failed: name at least one error kind, or give True")
+            self._retry_pass(kinds)
         todo = self._todo()
+        gates = self._gates
+        waited, opened = dict(gates.waits.seconds), gates.circuits_opened
+        timeline = dict(gates.waits.timeline)
         with contextlib.ExitStack() as held:
             journal = None
             if self.journal is not None:
                 held.enter_context(locked(self.journal))  # JournalInUse: another run has it
-                journal = open_journal(self.journal, self._stored, self._identity)
-                held.callback(journal.close)
-            started = time.monotonic()
+                passing = self._pass if self.pending else None
+                journal = open_journal(self.journal, self._stored, self._identity, passing)
+            started, begun = time.time(), time.monotonic()
+            stint = None
+            bar = counter(self.pending, wanted(self._progress))
             try:
-                with counter(self.pending, wanted(self._progress)) as bar:
+                with bar:
                     self._execute(todo, bar, journal)
             finally:
-                self.elapsed += time.monotonic() - started
+                done, _, requests = bar.counts()
+                if done:
+                    stint = Stint(
+                        self._pass, started, time.monotonic() - begun, done, requests,
+                        difference(gates.waits.seconds, waited), gates.circuits_opened - opened,
+                    )  # fmt: skip
+                    self._stints.append(stint)
+                if journal is not None:
+                    journal.close(stint, difference(gates.waits.timeline, timeline))
                 log_summary(self._summary)
         return self.results
+
+    def _retry_pass(self, kinds: frozenset[str]) -> None:
+        """Start a new pass that sends again the failures of ``kinds`` (empty: all)."""
+        self._pass = self._pass.retrying(kinds)
+        self._retrying = {
+            index
+            for index, result in self._done.items()
+            if self._pass.redoes(result.ok, result.error_kind, self._pass.number - 1)
+        }
+
+    def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
+        """``ResultSet.retry_failed``: this batch's failures sent again, with its options
+        changed by ``changes`` (a batch made anew from the same items and state)."""
+        batch = self
+        if changes:
+            arguments = self._arguments | changes | {"fresh": False}
+            batch = type(self)(*self._remade_with(), **arguments)
+            if batch.journal is None:  # (else it has read the same state from the journal)
+                batch._done, batch._pass = dict(self._done), self._pass
+                batch._stints, batch._timeline = list(self._stints), self.results.wait_timeline
+        batch._retry_pass(kinds)
+        return batch.run()
+
+    def _remade_with(self) -> tuple[Any, ...]:
+        """The positional arguments that make this batch again."""
+        return (self.items,)
 
     def _keep(self, result: Result, item: object) -> None:
         if result.final:
             self._done[result.index] = result
+            self._retrying.discard(result.index)
 
 
 class Batch(Resumable[FetchOptions]):
@@ -240,6 +323,7 @@ class Batch(Resumable[FetchOptions]):
         body: Any = None,
         id_field: str | None = None,
         journal: str | Path | None = None,
+        fresh: bool = False,
         progress: bool | None = None,
         concurrency: int = DEFAULT.concurrency,
         attempts: int = DEFAULT.attempts,
@@ -284,7 +368,10 @@ class Batch(Resumable[FetchOptions]):
         self._template = None if url is None else Template.parse(url, method, body, id_field)
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")
-        self._start(items, options, journal, progress, template=self._template)
+        self._start(
+            items, options, journal, progress, fresh=fresh, template=self._template,
+            arguments=_arguments(given),
+        )  # fmt: skip
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -302,6 +389,7 @@ class Batch(Resumable[FetchOptions]):
         return fetch(
             self.options, todo, self._keep, gates=self._gates, progress=bar, journal=journal,
             wrap=None if template is None else partial(RowJob, template=template),
+            earlier=self._done.get,
         )  # fmt: skip
 
 
@@ -350,6 +438,7 @@ class CallBatch(Resumable[CallOptions]):
         items: Iterable[Any],
         *,
         journal: str | Path | None = None,
+        fresh: bool = False,
         encode: Callable[[Any], Any] | None = None,
         decode: Callable[[Any], Any] | None = None,
         progress: bool | None = None,
@@ -387,7 +476,10 @@ class CallBatch(Resumable[CallOptions]):
         self._fn = fn
         self._encode = encode
         self._decode = decode
-        self._start(items, options, journal, progress, strict=True)
+        self._start(
+            items, options, journal, progress, fresh=fresh, strict=True,
+            arguments=_arguments(given),
+        )  # fmt: skip
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -407,8 +499,19 @@ class CallBatch(Resumable[CallOptions]):
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
         return call(
             self.options, self._fn, todo, self._keep, gates=self._gates, progress=bar,
-            journal=journal,
+            journal=journal, earlier=self._done.get,
         )  # fmt: skip
+
+    def _remade_with(self) -> tuple[Any, ...]:
+        return (self._fn, self.items)
+
+
+def _arguments(given: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch's keyword arguments from its ``__init__``'s ``locals()``."""
+    return {name: value for name, value in given.items() if name not in _POSITIONAL}
+
+
+_POSITIONAL = {"self", "fn", "items", "__class__"}
 
 
 def refuse_async(fn: Callable[..., Any]) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .history import Pass, Stint, totals
 from .result import Result, Summary, summarize
 
 SCHEMA = """
@@ -42,16 +43,44 @@ CREATE TABLE IF NOT EXISTS results (
     record TEXT NOT NULL,
     request TEXT,
     resume TEXT,
-    finished REAL
+    finished REAL,
+    pass INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS passes (number INTEGER PRIMARY KEY, retry TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    pass INTEGER NOT NULL,
+    started REAL NOT NULL,
+    elapsed REAL NOT NULL,
+    items INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    waits TEXT NOT NULL,
+    circuits INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS waits (
+    gate TEXT NOT NULL,
+    second INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (gate, second)
 );
 """
+# ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``
+# the JSON list of the error kinds it retried, empty for all); ``results.pass``: the pass that
+# made each Result. ``runs``: what each process (or batch ``run()``) did, and ``waits`` the
+# seconds its attempts waited at each gate by unix second, summed: a resumed run's report and
+# summary cover every process that worked on it.
 
 # The keys of the input identity that must match for a journal to be resumed.
 # ``template``: the options that turn a table's rows into requests (absent: none).
 # ``paging``: how items were paginated (absent: they were not).
 IDENTITY_KEYS = ("entries", "sha256", "template", "paging")
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
-SCHEMA_VERSION = "batchsync-journal 3"
+SCHEMA_VERSION = "batchsync-journal 4"
+# Journals of this layout are brought up to SCHEMA_VERSION when opened: version 3 lacked the
+# passes, the runs and the waits (its runs count from their next process on).
+_UPGRADABLE = "batchsync-journal 3"
+
+# What a pass does with each item of a journal (``JournalReader.outstanding``).
+TO_SEND, DONE, TO_REDO, TO_GO_ON = range(4)
 
 _BATCH_ROWS = 5000
 # Results waiting for the writer at most (besides the group it is storing): beyond that,
@@ -67,7 +96,9 @@ _PUT_POLL_SECONDS = 0.1
 BUSY_RESULTS_PER_SECOND = 1000
 _LINGER_SECONDS = 0.02
 
-Row = tuple[int, int, str | None, int | None, int, float, float, str, str | None, str | None, float]
+Row = tuple[
+    int, int, str | None, int | None, int, float, float, str, str | None, str | None, float, int
+]
 # Turns (Result, the item it is for) into the stored result JSON and failed-request JSON.
 Encode = Callable[[Result, object], tuple[str, str | None]]
 
@@ -106,8 +137,19 @@ def connect(path: Path) -> sqlite3.Connection:
     connection.execute("PRAGMA journal_mode=WAL")
     # WAL + NORMAL: a committed transaction survives the process being killed.
     connection.execute("PRAGMA synchronous=NORMAL")
-    connection.executescript(SCHEMA)
+    _upgrade(connection)
     return connection
+
+
+def _upgrade(db: sqlite3.Connection) -> None:
+    """Create what is missing of this layout; a journal of the version before gains its new
+    column and tables."""
+    db.executescript(SCHEMA)
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(results)")}
+    if "pass" not in columns:
+        db.execute("ALTER TABLE results ADD COLUMN pass INTEGER NOT NULL DEFAULT 1")
+    if db.execute("SELECT 1 FROM meta WHERE key = 'schema'").fetchone() is not None:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
 
 
 def _storable(text: str) -> str:
@@ -169,9 +211,10 @@ class Journal:
     """Stores each final Result from any thread; see the module docstring.
 
     ``encode(result, item)`` runs on the writer thread. ``meta`` (the input's identity) is
-    recorded before anything else, with the schema version. Workers wait while
-    ``QUEUE_ROWS`` Results are queued; once the writer has failed, ``add`` and ``close``
-    raise JournalFailed.
+    recorded before anything else, with the schema version, and ``passing``, the pass the
+    Results belong to (recorded when given: a run that sends nothing records no pass).
+    Workers wait while ``QUEUE_ROWS`` Results are queued; once the writer has failed, ``add``
+    and ``close`` raise JournalFailed.
     """
 
     def __init__(
@@ -180,6 +223,7 @@ class Journal:
         encode: Encode,
         meta: Mapping[str, str],
         *,
+        passing: Pass | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -197,6 +241,12 @@ class Journal:
                 [(key, _storable(value)) for key, value in meta.items()]
                 + [("schema", SCHEMA_VERSION)],
             )
+            if passing is not None:
+                retry = None if passing.retry is None else json.dumps(sorted(passing.retry))
+                self._db.execute(
+                    "INSERT OR IGNORE INTO passes VALUES (?, ?)", (passing.number, retry)
+                )
+        self._pass_number = 1 if passing is None else passing.number
         self._queue: queue.SimpleQueue[tuple[Result, object] | None] = queue.SimpleQueue()
         # Room in the queue: each add takes a place, and the writer gives back what it took
         # once per group (a bounded queue.Queue, waking a worker on every get, cut the
@@ -248,7 +298,8 @@ class Journal:
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
                 )
             if None in pending:
                 return
@@ -267,19 +318,46 @@ class Journal:
         finished = time.time() if result.finished is None else result.finished
         return (
             result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
-            result.elapsed, backoff, record, request, resume, finished,
+            result.elapsed, backoff, record, request, resume, finished, self._pass_number,
         )  # fmt: skip
 
-    def close(self) -> None:
-        """Write everything queued, then stop the writer; later adds are ignored. Raises
-        JournalFailed if anything could not be written."""
+    def close(
+        self,
+        stint: Stint | None = None,
+        timeline: Mapping[tuple[str, int], float] | None = None,
+    ) -> None:
+        """Write everything queued, then stop the writer; later adds are ignored. ``stint``:
+        what this process did, recorded with its gate waits by second (``timeline``) when it
+        finished an item. Raises JournalFailed if anything could not be written."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             self._writer.join()
-            self._db.close()
+            try:
+                if self._error is None and stint is not None and stint.items:
+                    self._record(stint, timeline or {})
+            except sqlite3.Error as exc:
+                self._error = exc
+            finally:
+                self._db.close()
         if self._error is not None:
             raise self._failure()
+
+    def _record(self, stint: Stint, timeline: Mapping[tuple[str, int], float]) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    stint.passing.number, stint.started, stint.elapsed, stint.items,
+                    stint.requests, json.dumps(dict(stint.waits)), stint.circuits_opened,
+                ),
+            )  # fmt: skip
+            self._db.executemany(
+                "INSERT INTO waits VALUES (?, ?, ?) ON CONFLICT (gate, second) "
+                "DO UPDATE SET seconds = seconds + excluded.seconds",
+                [(gate, second, seconds) for (gate, second), seconds in timeline.items()],
+            )
 
 
 def _open_for_reading(path: Path) -> sqlite3.Connection:
@@ -298,7 +376,11 @@ def _open_for_reading(path: Path) -> sqlite3.Connection:
         problem = f"cannot be read as a batchsync journal ({exc})"
     if problem is not None:
         raise JournalMismatch(f"{path} {problem}")
-    return sqlite3.connect(path, check_same_thread=False)
+    db = sqlite3.connect(path, check_same_thread=False)
+    if db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] != SCHEMA_VERSION:
+        _upgrade(db)
+        db.commit()
+    return db
 
 
 def _layout_problem(db: sqlite3.Connection) -> str | None:
@@ -308,7 +390,7 @@ def _layout_problem(db: sqlite3.Connection) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     if row is None:
         return "was made by an older batchsync (or is not a batchsync journal)"
-    if row[0] != SCHEMA_VERSION:
+    if row[0] not in (SCHEMA_VERSION, _UPGRADABLE):
         return f"was made by another batchsync ({row[0]}, not {SCHEMA_VERSION})"
     return None
 
@@ -353,14 +435,32 @@ class JournalReader:
     def meta(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
 
-    def done(self, size: int) -> bytearray:
-        """One byte per input index below ``size``: 1 where a final Result is stored that
-        is not to go on (see ``unfinished``)."""
-        marks = bytearray(size)
-        query = "SELECT idx FROM results WHERE idx < ? AND resume IS NULL"
-        for (index,) in self._db.execute(query, (size,)):
-            marks[index] = 1
+    def latest_pass(self) -> Pass:
+        """The last pass recorded (the first when none was: nothing was sent yet)."""
+        row = self._db.execute("SELECT number, retry FROM passes ORDER BY number DESC").fetchone()
+        if row is None:
+            return Pass()
+        return Pass(int(row[0]), None if row[1] is None else frozenset(json.loads(row[1])))
+
+    def outstanding(self, size: int, current: Pass) -> bytearray:
+        """One byte per input index below ``size``, saying what pass ``current`` does with
+        it: ``TO_SEND`` (no final Result yet), ``DONE``, ``TO_REDO`` (a failure it retries)
+        or ``TO_GO_ON`` (a paginated item that stopped partway, see ``unfinished``)."""
+        marks = bytearray(size)  # (TO_SEND is 0)
+        query = "SELECT idx, ok, error_kind, pass, resume FROM results WHERE idx < ?"
+        for index, ok, kind, made_in, resume in self._db.execute(query, (size,)):
+            if resume is not None:
+                marks[index] = TO_GO_ON
+            elif current.redoes(bool(ok), kind, int(made_in)):
+                marks[index] = TO_REDO
+            else:
+                marks[index] = DONE
         return marks
+
+    def record(self, index: int) -> str | None:
+        """The stored Result of one item, as its record's JSON text (None: none stored)."""
+        row = self._db.execute("SELECT record FROM results WHERE idx = ?", (index,)).fetchone()
+        return None if row is None else str(row[0])
 
     def unfinished(self, size: int) -> dict[int, tuple[Any, str]]:
         """The paginated items that stopped partway, by index: where each goes on (its
@@ -385,9 +485,46 @@ class JournalReader:
         for record, request in cursor:
             yield str(record), None if request is None else str(request)
 
-    def summary(self, elapsed: float | None = None) -> Summary:
-        """Counts and statistics over every stored Result, read as streams (flat memory)."""
+    def stints(self) -> list[Stint]:
+        """What each process that worked on the run did, in the order they ran."""
+        query = (
+            "SELECT pass, retry, started, elapsed, items, requests, waits, circuits FROM runs "
+            "LEFT JOIN passes ON passes.number = runs.pass ORDER BY started"
+        )
+        stints = []
+        for number, retry, started, elapsed, items, requests, waits, circuits in self._db.execute(
+            query
+        ):
+            kinds = None if retry is None else frozenset(json.loads(retry))
+            stint = Stint(
+                Pass(int(number), kinds), started, elapsed, items, requests, json.loads(waits),
+                circuits,
+            )  # fmt: skip
+            stints.append(stint)
+        return stints
+
+    def timeline(self) -> dict[tuple[str, int], float]:
+        """Seconds waited at each gate by (gate, unix second), over every process."""
+        query = "SELECT gate, second, seconds FROM waits"
+        rows = self._db.execute(query)
+        return {(str(gate), int(second)): seconds for gate, second, seconds in rows}
+
+    def holding(self) -> str:
+        """What the journal holds, in a few words: its input, items done of all, failed."""
+        meta = self.meta()
+        done, failed = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0) FROM results WHERE resume IS NULL"
+        ).fetchone()
+        entries = meta.get("entries", "?")
+        source = meta.get("input")
+        what = f"a run of {source}" if source else "a run"
+        return f"{what}: {done} of {entries} items done, {failed} failed"
+
+    def summary(self) -> Summary:
+        """Counts and statistics over every stored Result and every process that ran (see
+        ``Summary``), read as streams (flat memory)."""
         db = self._db
+        ran = totals(self.stints())
         facts = db.execute(
             "SELECT ok, error_kind, status_code, attempts, backoff FROM results"
         )  # (summarize reads these to the end before it asks for the times)
@@ -397,4 +534,6 @@ class JournalReader:
                 "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed"
             )
         )
-        return summarize(facts, times, elapsed=elapsed)
+        return summarize(
+            facts, times, elapsed=ran.elapsed, waits=ran.waits, circuits_opened=ran.circuits_opened
+        )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .history import Stint
 from .result import PERCENTILES, Result, Summary
 
 # What an attempt of the log says: status code, error kind, seconds it took, wait after it.
@@ -552,6 +553,7 @@ def render(
     *,
     title: str = "batchsync report",
     charts: bool = True,
+    stints: Sequence[Stint] = (),
 ) -> str:
     """The report's HTML: one page, scripts and data inline."""
     plotly = _plotly() if charts else None
@@ -569,12 +571,12 @@ def render(
         f"<p>Run started {_e(started)}; time steps of {tally.width:g} s.</p>"
         "<h2>Outcomes</h2>"
         f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
-        f"{_facts_table(summary)}</div>{untimed}"
+        f"{_facts_table(summary)}</div>{untimed}{_stints_table(stints)}"
         + (_charts(tally, summary, plotly) if plotly is not None else _plain(tally))
         + (
             "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
-            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive) as "
-            "this process counted them (not an earlier run's, when resumed). The totals: "
+            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
+            "every process that worked on the run. The totals: "
             f"{_e(gates or 'none')}.</p>"
         )
         + _items_table("slowest", "Slowest items", details(tally.slowest_indexes()))
@@ -586,6 +588,28 @@ def render(
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta name='viewport' content='width=device-width'><title>{_e(title)}</title>"
         f"<style>{_STYLE}</style></head><body>{body}<script>{_FILTER}</script></body></html>"
+    )
+
+
+def _stints_table(stints: Sequence[Stint]) -> str:
+    """The passes over the items (the first, then each retry of failures) and each process
+    (or ``run()``) that worked in them."""
+    if not stints:
+        return ""
+    rows = "".join(
+        f"<tr><td>{stint.passing.number}</td><td>{_e(stint.passing.describe())}</td>"
+        f"<td>{_e(time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stint.started)))}</td>"
+        f"<td>{stint.elapsed:.2f}</td><td>{stint.items}</td><td>{stint.requests}</td></tr>"
+        for stint in stints
+    )
+    head = "".join(
+        f"<th>{name}</th>"
+        for name in ("pass", "what", "started", "seconds", "items finished", "requests")
+    )
+    return (
+        "<h2>Passes</h2><p>Each process (or run()) that worked on the run, in its pass: the "
+        "first, then each retry of the failures.</p>"
+        f"<table id='passes'><tr>{head}</tr>{rows}</table>"
     )
 
 
@@ -612,10 +636,11 @@ def report_results(
     *,
     charts: bool = True,
     timeline: Mapping[tuple[str, int], float] | None = None,
+    stints: Sequence[Stint] = (),
 ) -> Path:
     """Write the report of Results in memory (``ResultSet.report``)."""
     counted, details = from_results(results, timeline)
-    page = render(summary, counted, details, charts=charts)
+    page = render(summary, counted, details, charts=charts, stints=stints)
     return write_atomically(Path(path), page)
 
 
@@ -631,12 +656,14 @@ def report_journal(
     title: str = "batchsync report",
     charts: bool = True,
     timeline: Mapping[tuple[str, int], float] | None = None,
+    stints: Sequence[Stint] = (),
 ) -> Path:
     """Write the report of a journal's Results (the command line's PREFIX-report.html);
-    ``timeline``: this run's gate waits (``WaitStats.timeline``)."""
+    ``timeline``: the run's gate waits (``WaitStats.timeline``), ``stints`` what each
+    process did."""
     # SQLite's JSON functions turn a lone surrogate escape ("\ud800", kept as such in the
     # record) into bytes that are not UTF-8: such a text is shown with a replacement mark.
     db.text_factory = _lenient_text
     counted, details = from_journal(db, timeline)
-    page = render(summary, counted, details, title=title, charts=charts)
+    page = render(summary, counted, details, title=title, charts=charts, stints=stints)
     return write_atomically(Path(path), page)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import html
 import math
 import os
+import typing
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
 
+from .history import Stint
 from .verdict import ErrorKind
 
 if TYPE_CHECKING:
@@ -123,6 +125,33 @@ class Result:
         } | ({} if self.pages is None else {"pages": self.pages})
 
 
+def error_kinds(kinds: Iterable[str]) -> frozenset[str]:
+    """``kinds`` checked to be error kinds (ValueError naming the first that is not)."""
+    known = typing.get_args(ErrorKind)
+    chosen = frozenset(kinds)
+    for kind in sorted(chosen):
+        if kind not in known:
+            raise ValueError(f"{kind!r} is not an error kind; the kinds: {', '.join(known)}")
+    return chosen
+
+
+def added_to(earlier: Result, later: Result) -> Result:
+    """``later``, the Result of an item sent again (a retry of its failure, a paginated item
+    going on from its next page), counting ``earlier``'s attempts and time too, so that it
+    tells the item's whole story: ``attempts``, ``elapsed`` and ``attempt_log`` (numbered
+    on from ``earlier``'s) cover both."""
+    shift = max((record.attempt for record in earlier.attempt_log), default=0)
+    renumbered = tuple(
+        replace(record, attempt=record.attempt + shift) for record in later.attempt_log
+    )
+    return replace(
+        later,
+        attempts=earlier.attempts + later.attempts,
+        elapsed=earlier.elapsed + later.elapsed,
+        attempt_log=earlier.attempt_log + renumbered,
+    )
+
+
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 
 
@@ -144,6 +173,10 @@ class Summary:
     ``latency`` holds p50/p95/p99 of the item times (claim to Result) of the items that sent
     at least one request; ``waits`` the seconds spent waiting, by cause (``backoff`` between
     attempts, and each gate: ``token``, ``cooldown``, ``host_slot``, ``adaptive``).
+
+    Every number covers the whole run: a run resumed, retried or continued in several
+    processes (or ``run()`` calls) counts the requests, waits and seconds of all of them, and
+    ``elapsed`` is the time they spent running, not the time between them.
     """
 
     total: int
@@ -156,15 +189,12 @@ class Summary:
     waits: dict[str, float] = field(default_factory=dict)
     circuits_opened: int = 0
     latency: dict[str, float] = field(default_factory=dict)
-    # Requests sent during ``elapsed``, when some items were finished by an earlier run.
-    run_requests: int | None = None
 
     @property
     def requests_per_second(self) -> float | None:
         if not self.elapsed:
             return None
-        sent = self.requests_sent if self.run_requests is None else self.run_requests
-        return sent / self.elapsed
+        return self.requests_sent / self.elapsed
 
     @property
     def attempts_per_item(self) -> float | None:
@@ -332,8 +362,18 @@ COLUMN_TYPES = {
 }
 
 
+# Sends a batch's failed items again: (the error kinds to retry, empty: all; the options
+# that change) -> the merged set.
+Retry = Callable[[frozenset[str], dict[str, Any]], "ResultSet"]
+
+
 class ResultSet(Sequence[Result]):
-    """The Results of a batch, one per input item, in input order."""
+    """The Results of a batch, one per input item, in input order.
+
+    ``stints``: what each ``run()`` (or process, for a journal) did, for the report's table
+    of passes; ``retry``: how the batch that made the set sends its failures again (see
+    ``retry_failed``).
+    """
 
     def __init__(
         self,
@@ -342,6 +382,9 @@ class ResultSet(Sequence[Result]):
         waits: dict[str, float] | None = None,
         circuits_opened: int = 0,
         wait_timeline: dict[tuple[str, int], float] | None = None,
+        *,
+        stints: Sequence[Stint] = (),
+        retry: Retry | None = None,
     ) -> None:
         self._results = list(results)
         self.elapsed = elapsed
@@ -349,6 +392,8 @@ class ResultSet(Sequence[Result]):
         self.circuits_opened = circuits_opened
         # Seconds waited at each gate by (gate, unix second), for the report.
         self.wait_timeline = dict(wait_timeline or {})
+        self.stints = tuple(stints)
+        self._retry = retry
 
     @overload
     def __getitem__(self, index: int) -> Result: ...
@@ -374,6 +419,19 @@ class ResultSet(Sequence[Result]):
     def failed(self) -> list[Result]:
         return [result for result in self._results if not result.ok]
 
+    def retry_failed(self, *, kinds: Iterable[str] = (), **options: Any) -> ResultSet:
+        """Send the failed items again (only those whose ``error_kind`` is in ``kinds``, when
+        given), each with a fresh budget, with the batch's options changed by ``options``;
+        the successes are kept as they are. Returns the merged set: every item, in input
+        order, a retried one with the attempts of both passes (``attempts``,
+        ``attempt_log``). ValueError for a set that no batch made (its items are unknown)."""
+        if self._retry is None:
+            raise ValueError(
+                "this ResultSet was not made by fetch_all, run_all or a Batch: it does not know "
+                "its items, so it cannot send them again"
+            )
+        return self._retry(error_kinds(kinds), options)
+
     def summary(self) -> Summary:
         return summarize(
             map(facts_of, self._results),
@@ -387,8 +445,9 @@ class ResultSet(Sequence[Result]):
         from .report import report_results
 
         return report_results(
-            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline
-        )
+            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline,
+            stints=self.stints,
+        )  # fmt: skip
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).

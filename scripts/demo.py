@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,9 @@ def orders(base: str) -> int:
 
 
 def main() -> int:
-    OUT.mkdir(exist_ok=True)
+    # A demo starts from nothing: its own earlier outputs would be refused as another run's.
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir()
     server = start_mock_server()
     base = server.url
     try:
@@ -65,8 +68,12 @@ def main() -> int:
         status = run.returncode
         print(f"exit status: {status} (0 all ok, 1 some failed)\n")
         show_table(OUT / "batch-results.jsonl")
-        print("\n$ cat demo-out/batch-failed.jsonl   # valid INPUT: re-run only the failures")
+        print("\n$ cat demo-out/batch-failed.jsonl   # the failures, valid INPUT again")
         print((OUT / "batch-failed.jsonl").read_text(encoding="utf-8"), end="")
+        print(
+            f"# to send them again within this run: python -m batchsync "
+            f"{shlex.join(command[3:6])} --retry-failed"
+        )
         if status not in (0, 1):
             return status
         return orders(base)

@@ -29,9 +29,14 @@ MODEL = {name: field.default for name, field in FetchOptions.model_fields.items(
 # Library options that are not the model's: where a Batch keeps itself, the bar, and the
 # template that turns rows into requests.
 BATCH_ONLY = {
-    "journal": None, "progress": None, "url": None, "method": "GET", "body": None,
-    "id_field": None,
+    "journal": None, "fresh": False, "progress": None, "url": None, "method": "GET",
+    "body": None, "id_field": None,
 }  # fmt: skip
+# What DESIGN.md already names for an issue still open: LLM batches' token budget and usage
+# (issue 28). Each leaves this set when its issue lands, and the test then checks it.
+PLANNED = {"token_rate", "cost", "usage", "--token-rate"}
+# CLI defaults DESIGN.md describes in words, as --help shows them.
+DESCRIBED = {"--output": "INPUT's name without its extension; stdin: batch"}
 # The CLI options that are library options too, by the click parameter's name.
 CLI_NAMES = {
     "concurrency", "attempts", "timeout", "budget", "deadline", "expect", "max_bytes", "rate",
@@ -73,7 +78,7 @@ def test_run_all_takes_every_call_option_typed_with_the_models_default() -> None
     calls = {name: field.default for name, field in CallOptions.model_fields.items()}
     assert keyword_defaults(run_all) == calls | dict.fromkeys(
         ("progress", "journal", "encode", "decode")
-    )
+    ) | {"fresh": False}
     assert calls["concurrency"] == 4  # DESIGN.md: run_all(fn, items, concurrency=4, ...)
     parameters = inspect.signature(run_all).parameters.values()
     assert all(p.annotation is not inspect.Parameter.empty for p in parameters)
@@ -134,6 +139,8 @@ def test_design_md_gives_the_same_defaults() -> None:
     call = re.search(r"rs = fetch_all\(items, (.*?)\)\n", text, re.DOTALL)
     assert call is not None
     for keyword in ast.parse(f"f({call[1]})").body[0].value.keywords:  # type: ignore[attr-defined]
+        if keyword.arg in PLANNED:
+            continue
         assert (
             eval(compile(ast.Expression(keyword.value), "DESIGN.md", "eval"))
             == ((MODEL | BATCH_ONLY)[keyword.arg])
@@ -142,15 +149,21 @@ def test_design_md_gives_the_same_defaults() -> None:
     assert calls is not None
     for keyword in ast.parse(f"f({calls[1]})").body[0].value.keywords:  # type: ignore[attr-defined]
         value = eval(compile(ast.Expression(keyword.value), "DESIGN.md", "eval"))
-        if value is not Ellipsis:  # ("..." there: not given)
+        if value is not Ellipsis and keyword.arg not in PLANNED:  # ("...": not given)
             assert value == keyword_defaults(run_all)[keyword.arg], keyword.arg
     cli = text.split("python -m batchsync [OPTIONS] INPUT", 1)[1].split("```", 1)[0]
     options = {p.opts[-1]: p for p in command.params if isinstance(p, click.Option)}
-    for flag, default in re.findall(r"(--[a-z-]+)[^\[\n]*\[([^\]]+)\]", cli):
-        if default.startswith("auto"):
+    for flag, default in re.findall(r"(--[a-z-]+)[^\n]*?\s\[([^\]]+)\]", cli):
+        if default.startswith("auto") or flag in PLANNED:
             continue
+        if flag in DESCRIBED:
+            assert options[flag].show_default is None
+            assert DESCRIBED[flag] in str(options[flag].help)
+            assert default == "the input's name without its extension; stdin: batch"
+            continue
+        value = default.split(";")[0]  # (what follows says more: "none; a bare N is …")
         given = options[flag].default
-        assert str(given).lower() == default.lower() or _same_number(given, default), flag
+        assert str(given).lower() == value.lower() or _same_number(given, value), flag
 
 
 def test_the_error_types_and_kinds_a_caller_handles_are_exported() -> None:

@@ -258,7 +258,7 @@ def test_the_auth_command_refreshes_the_token_for_the_cli(
         f"{sys.executable} {script}", cwd=out,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-2000:]  # (the three 404s)
-    results = [json.loads(line) for line in (out / "batch-results.jsonl").read_text().splitlines()]
+    results = [json.loads(line) for line in (out / "items-results.jsonl").read_text().splitlines()]
     assert [r["status_code"] for r in results] == [200] * 50 + [404] * 3
     counted = tokens(server, name)
     assert counted["issued"] == counted["expired"] + 1 >= 3
@@ -281,7 +281,7 @@ def test_an_auth_command_that_fails_at_start_stops_the_cli_with_exit_2(
 ) -> None:
     name = realm()
     (tmp_path / "items.txt").write_text("\n".join(plain_items(server, name, 3)) + "\n")
-    earlier = {"batch-results.jsonl": "earlier results\n", "batch-failed.jsonl": "earlier\n"}
+    earlier = {"items-results.jsonl": "earlier results\n", "items-failed.jsonl": "earlier\n"}
     for file, text in earlier.items():
         (tmp_path / file).write_text(text)
     done = run_cli("items.txt", "--auth-command", command, cwd=tmp_path)

@@ -43,11 +43,11 @@ def test_all_ok_exits_0_with_both_files_in_input_order(
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     done = batchsync("urls.txt", "-c", "4", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    results = read_jsonl(tmp_path / "urls-results.jsonl")
     assert [r["url"] for r in results] == urls
     assert [r["index"] for r in results] == [0, 1, 2, 3]
     assert all(r["ok"] and r["attempts"] == 1 and r["attempt_log"] for r in results)
-    assert (tmp_path / "batch-failed.jsonl").read_text() == ""
+    assert (tmp_path / "urls-failed.jsonl").read_text() == ""
     assert "4 items: 4 ok, 0 failed" in done.stderr
 
 
@@ -63,20 +63,27 @@ def test_failures_exit_1_and_the_failed_file_reruns_only_them(
     (tmp_path / "urls.txt").write_text("\n".join(lines) + "\n")
     first = batchsync("urls.txt", "--attempts", "2", cwd=tmp_path)
     assert first.returncode == 1, first.stderr
-    failed = read_jsonl(tmp_path / "batch-failed.jsonl")
+    failed = read_jsonl(tmp_path / "urls-failed.jsonl")
     assert failed == [
         {"url": server.url + missing},
         {"url": server.url + down},
         post,
     ]
     before = server.stats()["counts"]
-    again = batchsync("batch-failed.jsonl", "-o", "retry", "--attempts", "2", cwd=tmp_path)
+    # Without -o the rerun is named after its input: the first run's files stay as they were.
+    first_files = [
+        (tmp_path / f"urls-{name}").read_bytes() for name in ("results.jsonl", "failed.jsonl")
+    ]
+    again = batchsync("urls-failed.jsonl", "--attempts", "2", cwd=tmp_path)
     assert again.returncode == 1
     after = server.stats()["counts"]
     assert after[good] == before[good] == 1
     assert after[missing] == before[missing] + 1
     assert after[down] == before[down] + 2
-    retried = read_jsonl(tmp_path / "retry-results.jsonl")
+    assert first_files == [
+        (tmp_path / f"urls-{name}").read_bytes() for name in ("results.jsonl", "failed.jsonl")
+    ]
+    retried = read_jsonl(tmp_path / "urls-failed-results.jsonl")
     assert [r["url"] for r in retried] == [server.url + missing, server.url + down, post["url"]]
     assert retried[2]["id"] == "order-1"
     assert retried[2]["attempts"] == 2  # the idempotency key survived the round trip
@@ -94,7 +101,7 @@ def test_json_array_input(server: MockServerProcess, tmp_path: Path) -> None:
     (tmp_path / "items.json").write_text("  \n" + json.dumps(items, indent=2))
     done = batchsync("items.json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    results = read_jsonl(tmp_path / "items-results.jsonl")
     assert [r["url"] for r in results] == [items[0], items[1]["url"]]  # type: ignore[index]
     assert results[1]["id"] == 5
 
@@ -107,7 +114,7 @@ def test_bad_lines_become_invalid_request_results_with_their_line_numbers(
     (tmp_path / "urls.txt").write_text(text)
     done = batchsync("urls.txt", cwd=tmp_path)
     assert done.returncode == 1
-    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    results = read_jsonl(tmp_path / "urls-results.jsonl")
     assert [r["ok"] for r in results] == [True, False, False, False]
     assert [r["error_kind"] for r in results[1:]] == ["invalid_request"] * 3
     assert [r["attempts"] for r in results[1:]] == [0, 0, 0]
@@ -116,7 +123,7 @@ def test_bad_lines_become_invalid_request_results_with_their_line_numbers(
     assert results[3]["error"] == "line 6: url: Field required"
     assert [r["url"] for r in results[1:]] == [None, "ftp://files.test/x", None]
     # Each failed item as the input gave it; a line that is no item, kept to be mended.
-    assert read_jsonl(tmp_path / "batch-failed.jsonl") == [
+    assert read_jsonl(tmp_path / "urls-failed.jsonl") == [
         {"invalid": results[1]["error"], "given": "{not json"},
         {"url": "ftp://files.test/x"},
         {"method": "GET"},
@@ -132,15 +139,16 @@ def test_bad_lines_become_invalid_request_results_with_their_line_numbers(
         (["--expect", "xml"], "--expect"),
         (["-H", "no colon here"], "header 1 is not in the form 'Name: value'"),
         (["--no-such-option"], "No such option '--no-such-option'"),
-        (["-o", "missing-folder/out"], "the output folder missing-folder does not exist"),
+        (["-o", "a-file/sub/out"], "cannot make the output folder a-file/sub: Not a directory"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line_and_touch_nothing(
     fresh_server: MockServerProcess, tmp_path: Path, args: list[str], message: str
 ) -> None:
     (tmp_path / "urls.txt").write_text(f"{fresh_server.url}/ok/1\n")
-    earlier = tmp_path / "batch-results.jsonl"
+    earlier = tmp_path / "urls-results.jsonl"
     earlier.write_text("earlier run\n")
+    (tmp_path / "a-file").write_text("")
     done = batchsync("urls.txt", *args, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
@@ -167,7 +175,7 @@ def test_input_errors_exit_2_before_anything_is_sent(
     done = batchsync("urls.txt", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == f"Error: {message}\n"
-    assert not (tmp_path / "batch-results.jsonl").exists()
+    assert not (tmp_path / "urls-results.jsonl").exists()
     assert fresh_server.stats()["requests"] == 0
 
 
@@ -192,11 +200,11 @@ def test_secrets_stay_out_of_logs_and_files(server: MockServerProcess, tmp_path:
     )  # fmt: skip
     assert done.returncode == 1
     assert "retry " in done.stderr and "failed " in done.stderr
-    shown = done.stderr + (tmp_path / "batch-results.jsonl").read_text()
+    shown = done.stderr + (tmp_path / "urls-results.jsonl").read_text()
     for secret in ("item-secret-1", "cli-secret-2", "cli-secret-3", "cli-secret-4", "pa55word"):
         assert secret not in shown
     # The failed file re-runs the items as given (owner-only); the -H values are never in it.
-    failed_path = tmp_path / "batch-failed.jsonl"
+    failed_path = tmp_path / "urls-failed.jsonl"
     assert failed_path.stat().st_mode & 0o777 == 0o600
     assert read_jsonl(failed_path) == [item, {"url": lines[1]}, {"url": lines[2]}]
     assert "cli-secret" not in failed_path.read_text()
@@ -206,7 +214,7 @@ def test_header_values_reach_the_server(server: MockServerProcess, tmp_path: Pat
     (tmp_path / "urls.txt").write_text(f"{server.url}/echo\n")
     done = batchsync("urls.txt", "-H", "X-Api-Key: abc", "-H", "Accept: text/plain", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    echoed = read_jsonl(tmp_path / "batch-results.jsonl")[0]["data"]["headers"]
+    echoed = read_jsonl(tmp_path / "urls-results.jsonl")[0]["data"]["headers"]
     assert echoed["X-Api-Key"] == "abc"
     assert echoed["Accept"] == "text/plain"
 
@@ -221,7 +229,7 @@ def test_secret_headers_are_dropped_on_a_redirect_to_another_host(
         "urls.txt", "-H", "X-Api-Key: abc", "-H", "Authorization: Bearer t", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
-    echoed = read_jsonl(tmp_path / "batch-results.jsonl")[0]["data"]["headers"]
+    echoed = read_jsonl(tmp_path / "urls-results.jsonl")[0]["data"]["headers"]
     assert "X-Api-Key" not in echoed
     assert "Authorization" not in echoed
 
@@ -233,7 +241,9 @@ def test_help_shows_every_option_with_defaults(tmp_path: Path) -> None:
     for text in (
         "--concurrency", "[default: 10", "--attempts", "[default: 3", "--timeout",
         "[default: 10.0", "--budget", "[default: 60.0", "--deadline", "--expect",
-        "--max-bytes", "[default: 33554432", "--header", "--output", "[default: batch]",
+        "--max-bytes", "[default: 33554432", "--header", "--output",
+        "[default: INPUT's name without its extension; stdin: batch]", "--resume",
+        "--retry-failed [=KIND,...]", "--fresh", "--version",
         "--progress / --no-progress", "--verbose", "--quiet",
     ):  # fmt: skip
         assert text in shown
@@ -244,9 +254,9 @@ def test_quiet_prints_nothing_and_progress_is_off_without_a_terminal(
 ) -> None:
     (tmp_path / "urls.txt").write_text(f"{server.url}/ok/{key()}\n")
     assert batchsync("urls.txt", "-q", cwd=tmp_path).stderr == ""
-    plain = batchsync("urls.txt", cwd=tmp_path)
+    plain = batchsync("urls.txt", "-o", "plain", cwd=tmp_path)
     assert "item/s" not in plain.stderr
-    forced = batchsync("urls.txt", "--progress", cwd=tmp_path)
+    forced = batchsync("urls.txt", "-o", "forced", "--progress", cwd=tmp_path)
     assert "1/1" in forced.stderr
 
 
@@ -280,13 +290,13 @@ def test_fallbacks_dedup_and_the_attempt_log_from_the_shell(
     (tmp_path / "urls.txt").write_text("\n".join(lines) + "\n")
     done = batchsync("urls.txt", "-v", "--attempts", "2", "-c", "4", "--dedup", cwd=tmp_path)
     assert done.returncode == 1
-    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    results = read_jsonl(tmp_path / "urls-results.jsonl")
     assert results[0]["fallback_used"] == 0
     assert [entry["fallback"] for entry in results[0]["attempt_log"]] == [None, None, 0]
     assert sorted(r["attempts"] for r in results[1:3]) == [0, 1]
     assert server.count(f"/ok/{marker}-same?delay=0.3") == 1
     assert f"failed {down}: HTTP 503 after 2 attempts [#1 503 wait " in done.stderr
-    assert read_jsonl(tmp_path / "batch-failed.jsonl") == [{"url": down}]
+    assert read_jsonl(tmp_path / "urls-failed.jsonl") == [{"url": down}]
     again = batchsync("urls.txt", "-o", "nodedup", "-c", "4", cwd=tmp_path)  # (the default)
     assert again.returncode == 1
     assert server.count(f"/ok/{marker}-same?delay=0.3") == 3

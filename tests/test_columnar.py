@@ -75,7 +75,7 @@ def finished_run(server: MockServerProcess, tmp_path: Path) -> tuple[Path, list[
     (tmp_path / "items.txt").write_text("\n".join(items) + "\n")
     done = batchsync("items.txt", "--attempts", "2", "--no-progress", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
-    return tmp_path, read_jsonl(tmp_path / "batch-results.jsonl")
+    return tmp_path, read_jsonl(tmp_path / "items-results.jsonl")
 
 
 @pytest.mark.integration
@@ -85,20 +85,20 @@ def test_csv_and_parquet_hold_the_jsonl_records_field_by_field(
     """Also: --resume with another --format rebuilds the outputs from the journal (nothing
     is sent again) and the failed file stays the same JSONL."""
     folder, records = finished_run
-    failed = (folder / "batch-failed.jsonl").read_bytes()
+    failed = (folder / "items-failed.jsonl").read_bytes()
     tag = records[0]["url"].split("/")[-2]
     sent = {k: v for k, v in server.stats()["counts"].items() if tag in k}
     assert "SECRET1" not in json.dumps(records)
     for form in ("csv", "parquet"):
         again = batchsync("items.txt", "--resume", "--format", form, "-q", cwd=folder)
         assert again.returncode == 1, again.stderr
-        path = folder / f"batch-results.{form}"
+        path = folder / f"items-results.{form}"
         rows = read_csv(path) if form == "csv" else pq.read_table(path).to_pylist()
         assert [list(row) for row in rows] == [[name for name, _ in FIXED]] * len(records)
         for row, record in zip(rows, records, strict=True):
             assert row == {name: expected_cell(name, record[name]) for name, _ in FIXED}
             assert json.loads(row["attempt_log"]) == record["attempt_log"]
-        assert (folder / "batch-failed.jsonl").read_bytes() == failed
+        assert (folder / "items-failed.jsonl").read_bytes() == failed
         assert "SECRET1" not in path.read_bytes().decode("utf-8", "replace")
     assert {k: v for k, v in server.stats()["counts"].items() if tag in k} == sent
     # The kinds of outcome the table was checked on.
@@ -124,11 +124,11 @@ def test_flatten_spreads_the_bodies_as_to_pandas_expand_does(
         assert done.returncode == 1, done.stderr
     wide = ResultSet([Result.from_dict(record) for record in records]).to_pandas(expand=True)
     expected = {name for name in wide.columns if name.startswith("data.")}
-    table = pq.read_table(folder / "batch-results.parquet").to_pylist()
-    texts = read_csv(folder / "batch-results.csv")
+    table = pq.read_table(folder / "items-results.parquet").to_pylist()
+    texts = read_csv(folder / "items-results.csv")
     spread = [name for name in table[0] if name.startswith("data.")]
     assert set(spread) == expected and "data.query.f" in spread
-    types = parquet_types(folder / "batch-results.parquet")
+    types = parquet_types(folder / "items-results.parquet")
     assert types["data.ok"] == "bool" and types["data.path"] == "string"
     for position, row in enumerate(table):
         assert row["data"] is None  # everything was spread (a failure here has no data)

@@ -24,7 +24,9 @@ def test_the_demo_shows_each_outcome_and_the_failed_file() -> None:
     assert "body is not JSON" in out
     assert "retry " in out and "HTTP 429" in out
     failed_section = out.split("batch-failed.jsonl   #", 1)[1].split("\n\n")[0].splitlines()[1:]
+    hint = failed_section.pop()
     assert [line.split("/")[3] for line in failed_section] == ["404", "503", "broken-json"]
+    assert hint.endswith("demo-out/urls.txt -o demo-out/batch --retry-failed")
     # the second run: a row per customer, every page of each, under the announced quota
     orders = out.split("# A CSV of customers", 1)[1]
     assert "6 items: 6 ok, 0 failed" in orders and "quota " in orders

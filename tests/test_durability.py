@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from batchsync import Batch, JournalFailed, Result
+from batchsync.history import Pass
 from batchsync.journal import JournalReader
 
 from .mockserver import MockServerProcess
@@ -89,9 +90,9 @@ def test_sigkill_then_resume_refetches_at_most_what_was_in_flight(
     wait_until(lambda: sum(served(server, targets)) >= 100)
     process.kill()
     process.wait(timeout=10)
-    assert not (tmp_path / "batch-results.jsonl").exists()
-    reader = JournalReader(tmp_path / "batch-journal.sqlite3")
-    stored = reader.done(300)
+    assert not (tmp_path / "urls-results.jsonl").exists()
+    reader = JournalReader(tmp_path / "urls-journal.sqlite3")
+    stored = reader.outstanding(300, Pass())
     reader.close()
     resumed = run_cli("urls.txt", "-c", "4", "--resume", "--no-progress", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -103,10 +104,10 @@ def test_sigkill_then_resume_refetches_at_most_what_was_in_flight(
     # comes; a round takes the server 50 ms, however fast the machine; a writer a round
     # behind fails this).
     assert sum(count - 1 for count in counts) <= 4 + 4
-    results = results_of(tmp_path / "batch-results.jsonl")
+    results = results_of(tmp_path / "urls-results.jsonl")
     assert [r["index"] for r in results] == list(range(300))
     assert all(r["ok"] for r in results)
-    assert "Started afresh" not in resumed.stderr
+    assert "--fresh: replaced" not in resumed.stderr
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
@@ -148,7 +149,7 @@ def test_attempts_still_in_flight_after_the_grace_are_abandoned(
     assert 2.5 < time.monotonic() - sent_at < 8  # the 3 s grace, then out
     assert process.returncode == 130
     assert "Interrupted: 1 of 2 done" in stderr
-    assert len(results_of(tmp_path / "batch-results.jsonl")) == 1
+    assert len(results_of(tmp_path / "urls-results.jsonl")) == 1
 
 
 def test_a_second_signal_quits_at_once(server: MockServerProcess, tmp_path: Path) -> None:
@@ -205,24 +206,27 @@ def test_resume_refuses_a_journal_made_for_other_input(
 ) -> None:
     write_urls(tmp_path, server, 3, delay=0)
     assert run_cli("urls.txt", cwd=tmp_path).returncode == 0
-    before = (tmp_path / "batch-results.jsonl").read_text()
+    before = (tmp_path / "urls-results.jsonl").read_text()
     targets = write_urls(tmp_path, server, 3, delay=0)
     refused = run_cli("urls.txt", "--resume", cwd=tmp_path)
     assert refused.returncode == 2
-    assert refused.stderr.startswith("Error: batch-journal.sqlite3 was made for other input")
+    assert refused.stderr.startswith("Error: urls-journal.sqlite3 was made for other input")
     assert refused.stderr.count("\n") == 1
     assert served(server, targets) == [0, 0, 0]
-    assert (tmp_path / "batch-results.jsonl").read_text() == before
+    assert (tmp_path / "urls-results.jsonl").read_text() == before
 
 
-def test_a_run_without_resume_starts_afresh_and_says_so(
+def test_a_run_without_resume_is_refused_and_fresh_replaces_the_journal(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     targets = write_urls(tmp_path, server, 3, delay=0)
     assert run_cli("urls.txt", cwd=tmp_path).returncode == 0
-    again = run_cli("urls.txt", cwd=tmp_path)
+    refused = run_cli("urls.txt", cwd=tmp_path)
+    assert refused.returncode == 2 and "3 of 3 items done, 0 failed" in refused.stderr
+    assert served(server, targets) == [1, 1, 1]
+    again = run_cli("urls.txt", "--fresh", cwd=tmp_path)
     assert again.returncode == 0
-    assert "Started afresh: replaced the journal of an earlier run" in again.stderr
+    assert "--fresh: replaced the journal of a run of" in again.stderr
     assert served(server, targets) == [2, 2, 2]
 
 
@@ -233,12 +237,12 @@ def test_resuming_a_finished_run_fetches_nothing(server: MockServerProcess, tmp_
     )
     first = run_cli("urls.txt", cwd=tmp_path)
     assert first.returncode == 1
-    before = (tmp_path / "batch-results.jsonl").read_text()
+    before = (tmp_path / "urls-results.jsonl").read_text()
     again = run_cli("urls.txt", "--resume", cwd=tmp_path)
     assert again.returncode == 1
     assert served(server, targets) == [1] * 5
-    assert (tmp_path / "batch-results.jsonl").read_text() == before
-    assert len((tmp_path / "batch-failed.jsonl").read_text().splitlines()) == 1
+    assert (tmp_path / "urls-results.jsonl").read_text() == before
+    assert len((tmp_path / "urls-failed.jsonl").read_text().splitlines()) == 1
 
 
 def interrupt_main_after(results: int) -> Callable[[Result], None]:

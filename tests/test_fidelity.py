@@ -458,10 +458,10 @@ def test_cli_tls_options(
     (tmp_path / "urls.txt").write_text(f"{tls_server.url}/a\n")
     untrusted = cli("urls.txt", cwd=tmp_path)
     assert untrusted.returncode == 1
-    result = json.loads((tmp_path / "batch-results.jsonl").read_text())
+    result = json.loads((tmp_path / "urls-results.jsonl").read_text())
     assert (result["error_kind"], result["attempts"]) == ("tls", 1)
-    assert cli("urls.txt", "--cacert", str(authority.pem), cwd=tmp_path).returncode == 0
-    insecure = cli("urls.txt", "--insecure", cwd=tmp_path)
+    assert cli("urls.txt", "--fresh", "--cacert", str(authority.pem), cwd=tmp_path).returncode == 0
+    insecure = cli("urls.txt", "--fresh", "--insecure", cwd=tmp_path)
     assert insecure.returncode == 0
     assert "InsecureRequestWarning" not in insecure.stderr
     for wrong in (

@@ -160,7 +160,7 @@ def test_the_cli_applies_rate_and_per_host_limits(
     assert busiest_second(arrivals) <= 20 + 8
     assert max(fresh_server.stats()["peak_by_host"].values()) <= 2
     assert "waited: " in done.stderr and " token " in done.stderr
-    results = [json.loads(line) for line in (tmp_path / "batch-results.jsonl").open()]
+    results = [json.loads(line) for line in (tmp_path / "urls-results.jsonl").open()]
     assert len(results) == 60
 
 

@@ -189,7 +189,7 @@ def test_the_cli_reports_an_over_limit_element_without_its_text(tmp_path: Path) 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     results = [
-        json.loads(line) for line in (tmp_path / "batch-results.jsonl").read_text().splitlines()
+        json.loads(line) for line in (tmp_path / "input-results.jsonl").read_text().splitlines()
     ]
     assert [(r["error_kind"], r["url"]) for r in results] == [
         ("connection", "http://127.0.0.1:9/a"),
@@ -197,13 +197,13 @@ def test_the_cli_reports_an_over_limit_element_without_its_text(tmp_path: Path) 
     ]
     assert results[1]["error"] == f"element 2: longer than {inputs.MAX_ELEMENT_BYTES} bytes"
     failed = [
-        json.loads(line) for line in (tmp_path / "batch-failed.jsonl").read_text().splitlines()
+        json.loads(line) for line in (tmp_path / "input-failed.jsonl").read_text().splitlines()
     ]
     assert failed == [
         {"url": "http://127.0.0.1:9/a"},
         {"invalid": results[1]["error"], "given": None},
     ]
-    for name in ("batch-results.jsonl", "batch-failed.jsonl"):
+    for name in ("input-results.jsonl", "input-failed.jsonl"):
         assert "s3cr3t-" not in (tmp_path / name).read_text()
     assert "s3cr3t-" not in done.stderr
 

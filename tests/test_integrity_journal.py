@@ -30,6 +30,7 @@ import pytest
 import batchsync.journal as journal_module
 from batchsync import Batch
 from batchsync.batch import Item
+from batchsync.history import Pass
 from batchsync.journal import Journal, JournalReader
 from batchsync.records import dumps
 from batchsync.result import Result
@@ -97,10 +98,10 @@ def test_output_files_hold_strict_json_for_a_nan_id(
     done = run_cli("urls.txt", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     results = [
-        strict_json(line) for line in (tmp_path / "batch-results.jsonl").read_text().splitlines()
+        strict_json(line) for line in (tmp_path / "urls-results.jsonl").read_text().splitlines()
     ]
     assert [r["index"] for r in results] == [0, 1]
-    failed = (tmp_path / "batch-failed.jsonl").read_text().splitlines()
+    failed = (tmp_path / "urls-failed.jsonl").read_text().splitlines()
     assert [strict_json(line)["id"] for line in failed] == [None]
 
 
@@ -120,11 +121,11 @@ def test_surrogates_in_bodies_and_ids_keep_every_result(
     done = run_cli("urls.txt", "-c", "4", cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # the 404, and nothing else
     assert "8 items: 7 ok, 1 failed" in done.stderr
-    results = lines_of(tmp_path / "batch-results.jsonl")
+    results = lines_of(tmp_path / "urls-results.jsonl")
     assert [r["index"] for r in results] == list(range(8))
     assert results[0]["data"] == {"name": "\ud800"}
     assert results[1]["id"] == "\ud800" and results[1]["ok"]
-    assert lines_of(tmp_path / "batch-failed.jsonl") == [json.loads(lines[2])]
+    assert lines_of(tmp_path / "urls-failed.jsonl") == [json.loads(lines[2])]
 
 
 @pytest.mark.integration
@@ -184,7 +185,7 @@ def test_the_queue_is_bounded_so_workers_wait_for_a_slow_writer(
     journal.close()
     assert peak <= 50
     reader = JournalReader(tmp_path / "j.sqlite3")
-    assert sum(reader.done(800)) == 800
+    assert sum(reader.outstanding(800, Pass())) == 800
     reader.close()
 
 
@@ -234,16 +235,17 @@ def test_a_journal_that_cannot_be_written_exits_3_and_replaces_no_output(
     (tmp_path / "urls.txt").write_text(
         "".join(f"{server.url}/ok/{marker}-{n}?delay=0.01\n" for n in range(300))
     )
-    for name in ("batch-results.jsonl", "batch-failed.jsonl"):
+    for name in ("urls-results.jsonl", "urls-failed.jsonl"):
         (tmp_path / name).write_text("earlier run\n")
     done = run_cli(
-        "urls.txt", "-c", "4", cwd=tmp_path, preexec_fn=ignore_sigxfsz_and_limit_files(64 * 1024)
-    )
+        "urls.txt", "-c", "4", "--fresh", cwd=tmp_path,
+        preexec_fn=ignore_sigxfsz_and_limit_files(64 * 1024),
+    )  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert done.stderr.startswith("Error: the journal batch-journal.sqlite3 cannot be written: ")
+    assert done.stderr.startswith("Error: the journal urls-journal.sqlite3 cannot be written: ")
     assert "rerun with --resume" in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
-    for name in ("batch-results.jsonl", "batch-failed.jsonl"):
+    for name in ("urls-results.jsonl", "urls-failed.jsonl"):
         assert (tmp_path / name).read_text() == "earlier run\n"
 
 
@@ -252,13 +254,13 @@ def test_output_files_that_cannot_be_written_exit_3_and_replace_neither(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     (tmp_path / "urls.txt").write_text(f"{server.url}/ok/{key()}\n")
-    (tmp_path / "batch-results.jsonl").mkdir()  # cannot be replaced by a file
-    (tmp_path / "batch-failed.jsonl").write_text("earlier run\n")
-    done = run_cli("urls.txt", cwd=tmp_path)
+    (tmp_path / "urls-results.jsonl").mkdir()  # cannot be replaced by a file
+    (tmp_path / "urls-failed.jsonl").write_text("earlier run\n")
+    done = run_cli("urls.txt", "--fresh", cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     assert done.stderr.startswith("Error: ") and "rerun with --resume" in done.stderr
     assert "Traceback" not in done.stderr
-    assert (tmp_path / "batch-failed.jsonl").read_text() == "earlier run\n"
+    assert (tmp_path / "urls-failed.jsonl").read_text() == "earlier run\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -267,7 +269,7 @@ def test_a_run_whose_journal_misses_results_exits_3(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     (tmp_path / "urls.txt").write_text("".join(f"{server.url}/ok/{key()}\n" for _ in range(3)))
-    (tmp_path / "batch-results.jsonl").write_text("earlier run\n")
+    (tmp_path / "urls-results.jsonl").write_text("earlier run\n")
     # A fetch that delivers nothing (a bug, a lost result): the outputs must not claim success.
     script = (
         "import sys, batchsync.cli.runner as runner\n"
@@ -276,12 +278,12 @@ def test_a_run_whose_journal_misses_results_exits_3(
         "main(sys.argv[1:])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, "urls.txt"],
+        [sys.executable, "-c", script, "urls.txt", "--fresh"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert "holds 0 results for 3 items" in done.stderr
-    assert (tmp_path / "batch-results.jsonl").read_text() == "earlier run\n"
+    assert (tmp_path / "urls-results.jsonl").read_text() == "earlier run\n"
 
 
 # --- ids a journal cannot store -------------------------------------------------------------
@@ -366,7 +368,7 @@ def test_a_second_run_on_the_same_prefix_exits_2_and_leaves_the_first_alone(
         wait_until(lambda: sum(held.sent(paths)) == 5)  # the first run is under way
         second = run_cli("urls.txt", "-c", "5", cwd=tmp_path)
         assert second.returncode == 2, second.stderr
-        assert second.stderr == "Error: the output prefix batch is in use by another run\n"
+        assert second.stderr == "Error: the output prefix urls is in use by another run\n"
         held.released.set()
         _, stderr = first.communicate(timeout=60)
     finally:
@@ -375,7 +377,7 @@ def test_a_second_run_on_the_same_prefix_exits_2_and_leaves_the_first_alone(
             first.communicate()
     assert first.returncode == 0, stderr
     assert held.sent(paths) == [1] * 5  # the second sent nothing
-    assert len(lines_of(tmp_path / "batch-results.jsonl")) == 5
+    assert len(lines_of(tmp_path / "urls-results.jsonl")) == 5
 
 
 @pytest.mark.integration
@@ -434,7 +436,7 @@ def test_resume_refuses_a_journal_that_is_not_ours_and_leaves_it_untouched(
 ) -> None:
     urls = f"{fresh_server.url}/ok/{key()}\n".encode()
     (tmp_path / "urls.txt").write_bytes(urls)
-    path = tmp_path / "batch-journal.sqlite3"
+    path = tmp_path / "urls-journal.sqlite3"
     if kind == "garbage":
         path.write_bytes(b"not a database at all\n" * 300)
     elif kind == "foreign":
@@ -445,11 +447,11 @@ def test_resume_refuses_a_journal_that_is_not_ours_and_leaves_it_untouched(
     done = run_cli("urls.txt", "--resume", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        f"Error: batch-journal.sqlite3 {message}: run without --resume to start over\n"
+        f"Error: urls-journal.sqlite3 {message}: run with --fresh to start over\n"
     )
     assert path.read_bytes() == before
     assert fresh_server.stats()["requests"] == 0
-    assert not (tmp_path / "batch-results.jsonl").exists()
+    assert not (tmp_path / "urls-results.jsonl").exists()
 
 
 def without_root_powers() -> tuple[str, ...]:
@@ -488,7 +490,7 @@ def test_an_input_whose_name_is_not_utf8_is_journaled_and_resumed(
     (tmp_path / name).write_text(f"{server.url}/ok/{key()}\n")
     done = run_cli(name, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert len(lines_of(tmp_path / "batch-results.jsonl")) == 1
+    assert len(lines_of(tmp_path / (os.fsdecode(b"urls-\xff") + "-results.jsonl"))) == 1
     again = run_cli(name, "--resume", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "Started afresh" not in again.stderr
+    assert "--fresh: replaced" not in again.stderr

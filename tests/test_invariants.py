@@ -134,7 +134,7 @@ def check_run(folder: Path, entries: int, code: int, stderr: str) -> None:
     if code in (2, 3):
         assert "Error: " in stderr, stderr
         return
-    results_path, failed_path = folder / "batch-results.jsonl", folder / "batch-failed.jsonl"
+    results_path, failed_path = folder / "in-results.jsonl", folder / "in-failed.jsonl"
     if code == 130 and not results_path.exists():
         return  # stopped before the run began: nothing to write
     results = [strict_json(line) for line in results_path.read_text().splitlines()]

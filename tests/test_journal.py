@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from batchsync.batch import Item, identity_of
+from batchsync.history import Pass
 from batchsync.journal import (
     SCHEMA_VERSION,
     Journal,
@@ -58,7 +59,7 @@ def test_results_added_from_many_threads_come_back_in_input_order(tmp_path: Path
     assert (summary.total, summary.failed) == (1000, 334)
     assert summary.error_kinds == {"status": 334}
     assert reader.meta() == dict(IDENTITY, schema=SCHEMA_VERSION)
-    done = reader.done(1200)
+    done = reader.outstanding(1200, Pass())
     assert sum(done) == 1000 and done[999] == 1 and done[1000] == 0
     reader.close()
 
@@ -71,7 +72,7 @@ def test_what_is_added_is_readable_before_close(tmp_path: Path) -> None:
     def found() -> int:
         reader = JournalReader(path)
         try:
-            return sum(reader.done(1))
+            return sum(reader.outstanding(1, Pass()))
         finally:
             reader.close()
 
@@ -266,7 +267,7 @@ def test_a_journal_whose_name_holds_uri_characters_reads_back(tmp_path: Path) ->
     journal.add(make(0), "u0")
     journal.close()
     reader = JournalReader(path)
-    assert sum(reader.done(1)) == 1
+    assert sum(reader.outstanding(1, Pass())) == 1
     reader.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no WAL files left
 

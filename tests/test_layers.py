@@ -18,8 +18,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins result records journal report redact decide limits"
-            " columnar",
+            "verdict budget backoff origins history result records journal report redact decide"
+            " limits columnar",
         ),
         ("engine", "engine observe progress"),
         (
@@ -73,7 +73,7 @@ def imports_of(name: str, path: Path) -> set[str]:
 def _named(parts: list[str], imported: list[str], own: set[str]) -> str:
     """The module a dotted path names, ``batchsync.`` left out; with ``imported`` (``from X
     import y``), X.y when that is a module, else X."""
-    if parts[0] == "batchsync":
+    if parts[:1] == ["batchsync"]:
         parts = parts[1:]
     elif parts and parts[0] not in own and ".".join(parts) not in own and not imported:
         return parts[0]  # another library

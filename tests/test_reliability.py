@@ -362,7 +362,7 @@ def test_the_cli_never_shows_a_traceback_for_hostile_input(tmp_path: Path, conte
     if done.returncode == 2:
         assert done.stderr.startswith("Error: ") and done.stderr.count("\n") == 1
         return
-    results = [json.loads(line) for line in (tmp_path / "batch-results.jsonl").open()]
+    results = [json.loads(line) for line in (tmp_path / "input-results.jsonl").open()]
     for result in results:
         if result["error_kind"] == "invalid_request":
             assert result["error"].startswith("line ")

@@ -229,12 +229,12 @@ def test_results_made_by_a_run_carry_their_finish_time() -> None:
 
 
 def test_a_journal_without_the_column_is_not_this_schema(tmp_path: Path) -> None:
-    """The column is part of schema 3's results table (a fresh journal has it)."""
+    """The column is part of the results table since schema 3 (a fresh journal has it)."""
     path = tmp_path / "j.sqlite3"
     Journal(path, lambda r, item: ("{}", None), {}).close()
     with sqlite3.connect(path) as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(results)")]
-    assert columns[-1] == "finished"
+    assert columns[-2:] == ["finished", "pass"]
 
 
 # -- the command line's report ---------------------------------------------------------------
@@ -247,6 +247,10 @@ def faulty_run(server: MockServerProcess, folder: Path, *args: str) -> Completed
     k = uuid.uuid4().hex[:8]
     (folder / "urls.txt").write_text("".join(server.url + p.format(k=k) + "\n" for p in FAULTY))
     return batchsync("urls.txt", "--attempts", "3", "--no-progress", *args, cwd=folder)
+
+
+def summary_of(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if " items: " in line)
 
 
 def stated(stderr: str) -> dict[str, int]:
@@ -267,7 +271,7 @@ def test_the_cli_writes_the_report_from_the_journal_and_again_when_resumed(
 ) -> None:
     done = faulty_run(server, tmp_path)
     assert done.returncode == 1, done.stderr
-    path = tmp_path / "batch-report.html"
+    path = tmp_path / "urls-report.html"
     assert f"report: {path.name}" in done.stderr
     page = path.read_text()
     counts = counts_in(page)
@@ -283,7 +287,11 @@ def test_the_cli_writes_the_report_from_the_journal_and_again_when_resumed(
     path.unlink()
     again = batchsync("urls.txt", "--resume", "--no-progress", cwd=tmp_path)
     assert again.returncode == 1, again.stderr
-    assert counts_in(path.read_text()) == counts
+    page = path.read_text()
+    assert counts_in(page) == counts
+    # ... and the whole run's numbers: the first process's cooldown is still there.
+    assert '"name":"cooldown"' in page
+    assert summary_of(again.stderr) == summary_of(done.stderr)
 
 
 @pytest.mark.integration
@@ -292,13 +300,13 @@ def test_no_report_writes_none_and_a_report_that_fails_keeps_the_exit_status(
 ) -> None:
     done = faulty_run(server, tmp_path, "--no-report")
     assert done.returncode == 1, done.stderr
-    assert not (tmp_path / "batch-report.html").exists()
+    assert not (tmp_path / "urls-report.html").exists()
     assert "report:" not in done.stderr
-    (tmp_path / "batch-report.html").mkdir()  # cannot be replaced by a file
-    failing = faulty_run(server, tmp_path)
+    (tmp_path / "urls-report.html").mkdir()  # cannot be replaced by a file
+    failing = faulty_run(server, tmp_path, "--fresh")
     assert failing.returncode == 1, failing.stderr
-    assert "the report batch-report.html could not be written" in failing.stderr
-    assert len((tmp_path / "batch-results.jsonl").read_text().splitlines()) == 5
+    assert "the report urls-report.html could not be written" in failing.stderr
+    assert len((tmp_path / "urls-results.jsonl").read_text().splitlines()) == 5
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 

@@ -216,10 +216,10 @@ def test_the_cli_runs_on_a_dask_cluster_with_a_journal(
     run = start_cli(tmp_path, urls, "--dask", address, "--partition-size", "50")
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
-    results = [json.loads(line) for line in (tmp_path / "batch-results.jsonl").open()]
+    results = [json.loads(line) for line in (tmp_path / "urls-results.jsonl").open()]
     assert [r["url"] for r in results] == urls
     assert [r["ok"] for r in results].count(False) == 1
-    assert json.loads((tmp_path / "batch-failed.jsonl").read_text()) == {"url": urls[-1]}
+    assert json.loads((tmp_path / "urls-failed.jsonl").read_text()) == {"url": urls[-1]}
     again = start_cli(tmp_path, urls, "--dask", address, "--resume")
     again.communicate(timeout=120)
     assert len(server.log(marker)) == 301  # the resumed run had nothing left to fetch

@@ -160,7 +160,7 @@ def test_every_row_is_one_request_its_values_percent_encoded(
         (row["id"], row["since"]) for row in rows
     )
     assert all(path.count("/") == 4 for path, _ in got)  # no value added a segment
-    results = read_jsonl(tmp_path / "batch-results.jsonl")
+    results = read_jsonl(tmp_path / "table-results.jsonl")
     assert [r["id"] for r in results] == [row["id"] for row in rows]  # the id column, by default
 
 
@@ -228,8 +228,9 @@ def test_a_bad_template_or_table_exits_2_before_anything_is_sent_or_written(
     (tmp_path / "table.csv").write_text("id,since\n1,2\n")
     (tmp_path / "urls.txt").write_text(f"{server.url}/ok/{marker}\n")
     (tmp_path / "empty.csv").write_text("")
-    (tmp_path / "batch-results.jsonl").write_text("earlier\n")
     given_input = [a for a in args if a.endswith((".txt", ".csv"))] or ["table.csv"]
+    prefix = Path(given_input[0]).stem
+    (tmp_path / f"{prefix}-results.jsonl").write_text("earlier\n")
     options = [a.replace("{server}", f"{server.url}").replace("/ok/", f"/ok/{marker}/")
                for a in args if not a.endswith((".txt", ".csv"))]  # fmt: skip
     done = run_cli(*given_input, *options, cwd=tmp_path)
@@ -237,8 +238,8 @@ def test_a_bad_template_or_table_exits_2_before_anything_is_sent_or_written(
     assert message in done.stderr
     assert done.stderr.startswith("Error: ") and len(done.stderr.splitlines()) == 1
     assert "Traceback" not in done.stderr
-    assert (tmp_path / "batch-results.jsonl").read_text() == "earlier\n"
-    assert not (tmp_path / "batch-failed.jsonl").exists()
+    assert (tmp_path / f"{prefix}-results.jsonl").read_text() == "earlier\n"
+    assert not (tmp_path / f"{prefix}-failed.jsonl").exists()
     assert server.log(marker) == []
 
 
@@ -256,7 +257,7 @@ def test_the_body_template_reaches_the_server_typed(
         "--body-template", body, "--id-field", "sku", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr  # the second row has no value for {gift}
-    first, second = read_jsonl(tmp_path / "batch-results.jsonl")
+    first, second = read_jsonl(tmp_path / "rows-results.jsonl")
     assert first["data"]["method"] == "PUT"
     assert first["data"]["path"] == f"/echo/{marker}/a%2F1"
     assert json.loads(first["data"]["body"]) == {
@@ -274,13 +275,13 @@ def test_the_failed_file_holds_the_built_requests_and_reruns_only_them(
     (tmp_path / "t.csv").write_text("id,route\nc1,ok\nc2,404\nc3,ok\n")
     first = run_cli("t.csv", "--url", f"{server.url}/{{route}}/{marker}/{{id}}", cwd=tmp_path)
     assert first.returncode == 1, first.stderr
-    failed = read_jsonl(tmp_path / "batch-failed.jsonl")
+    failed = read_jsonl(tmp_path / "t-failed.jsonl")
     assert failed == [{"url": f"{server.url}/404/{marker}/c2", "id": "c2"}]
-    again = run_cli("batch-failed.jsonl", "-o", "retry", cwd=tmp_path)
+    again = run_cli("t-failed.jsonl", cwd=tmp_path)
     assert again.returncode == 1
     assert server.count(f"/404/{marker}/c2") == 2
     assert server.count(f"/ok/{marker}/c1") == 1
-    assert [r["id"] for r in read_jsonl(tmp_path / "retry-results.jsonl")] == ["c2"]
+    assert [r["id"] for r in read_jsonl(tmp_path / "t-failed-results.jsonl")] == ["c2"]
 
 
 @pytest.mark.integration

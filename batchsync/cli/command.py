@@ -17,6 +17,7 @@ import urllib3
 from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from .. import __version__
 from ..auth import AuthFailed, CommandToken
 from ..columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..contrib.dask import connect as connect_dask
@@ -26,6 +27,7 @@ from ..limits import Breaker, CooldownScope
 from ..options import DEFAULT, FetchOptions, build
 from ..progress import wanted
 from ..redact import Secrets
+from ..result import error_kinds
 from ..template import Template, parse_body
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput
 from .options import (
@@ -36,13 +38,39 @@ from .options import (
     positive,
     resume_command,
 )
-from .runner import Outcome, run_batch
+from .runner import Continuing, Outcome, Refused, run_batch
 from .signals import EXIT_INTERRUPTED, signals_deferred, stop_on_signals
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
+class _Command(click.Command):
+    """The command, with ``--retry-failed`` taking its kinds only as ``--retry-failed=KIND,...``:
+    given bare, it retries every failure and never takes the next word (INPUT) for its value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        bare = [f"{RETRY_FAILED}=" if word == RETRY_FAILED else word for word in args[:end]]
+        return super().parse_args(ctx, [*bare, *args[end:]])
+
+
+RETRY_FAILED = "--retry-failed"
+
+
+def _retry_kinds(
+    context: click.Context, parameter: click.Parameter, value: str | None
+) -> frozenset[str] | None:
+    """--retry-failed's error kinds (empty: every failure), None when it was not given."""
+    if value is None:
+        return None
+    try:
+        return error_kinds(kind.strip() for kind in value.split(",") if kind.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command(
+    cls=_Command,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
     epilog=(
         "INPUT holds one item per line: a URL, or a JSON object with url, method, headers, "
@@ -51,8 +79,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
         "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (or .csv, "
         ".parquet: --format; one result per item, in input order), PREFIX-failed.jsonl (the "
         "failed items, valid INPUT again) and PREFIX-report.html (charts and tables of the "
-        "run; --no-report: none). Each result is journaled as it is made: after a crash or "
-        "Ctrl-C, the same command with --resume fetches only the rest. Exit status: 0 all ok, "
+        "run; --no-report: none); PREFIX is INPUT's name without its extension (stdin: batch). "
+        "Each result is journaled as it is made (PREFIX-journal.sqlite3): after a crash or "
+        "Ctrl-C, the same command with --resume fetches only the rest; --retry-failed sends "
+        "the failures again and writes the whole input's results; a prefix that holds a "
+        "journal is never replaced without --fresh. Exit status: 0 all ok, "
         "1 some failed (outputs written), 2 usage or input error (nothing sent), 3 the run "
         "could not be completed: the journal or output files could not be written (outputs "
         "not replaced; fix the cause and rerun with --resume), 130 interrupted."
@@ -369,9 +400,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "-o",
     "--output",
     "prefix",
-    default="batch",
+    default=None,
     metavar="PREFIX",
-    help="Prefix of the output files (and of PREFIX-journal.sqlite3).",
+    help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
+    "as needed.  [default: INPUT's name without its extension; stdin: batch]",
 )
 @click.option(
     "--format",
@@ -393,7 +425,25 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     "--resume",
     is_flag=True,
     help="Continue the run journaled in PREFIX-journal.sqlite3: fetch only the items "
-    "that have no final result yet.",
+    "that have no final result yet (and finish a --retry-failed that was interrupted).",
+)
+@click.option(
+    RETRY_FAILED,
+    "retry_failed",
+    default=None,
+    metavar="[=KIND,...]",
+    callback=_retry_kinds,
+    help="Send again the items whose final result in PREFIX-journal.sqlite3 failed (with "
+    "=KIND,...: only those failed with these error kinds, e.g. =status,timeout), each with a "
+    "fresh budget, and write the whole input's results in order; the failed file then holds "
+    "what still fails. With --resume, also finish the items never done.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Replace the run that PREFIX-journal.sqlite3 (and the output files) hold with a new "
+    "one. Without --resume, --retry-failed or --fresh, a prefix that holds a journal is "
+    "refused, nothing sent.",
 )
 @click.option(
     "--report/--no-report",
@@ -415,6 +465,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
     help="Log each retry and failure (-vv: more).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.version_option(__version__, prog_name="batchsync", message="%(prog)s %(version)s")
 def command(
     *,
     input_name: str,
@@ -459,10 +510,12 @@ def command(
     dask_address: str | None,
     partition_size: int,
     metrics_port: str | None,
-    prefix: str,
+    prefix: str | None,
     form: str,
     flatten: bool,
     resume: bool,
+    retry_failed: frozenset[str] | None,
+    fresh: bool,
     report: bool,
     progress: bool | None,
     verbose: int,
@@ -475,6 +528,8 @@ def command(
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
     if client_key is not None and client_cert is None:
         raise click.UsageError("--key needs --cert")
+    continuing = _continuing(resume, retry_failed, fresh)
+    prefix = default_prefix(input_name) if prefix is None else prefix
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
     try:
@@ -492,9 +547,6 @@ def command(
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    folder = Path(prefix).parent
-    if not folder.is_dir():
-        raise click.UsageError(f"the output folder {folder} does not exist")
     try:
         if redis_url is not None:
             shared = RedisLimits(redis_url, namespace, lease_ttl)
@@ -517,17 +569,18 @@ def command(
         raise click.UsageError(str(exc)) from None
     tokens = None
     try:
+        _make_folder(Path(prefix).parent)
         if auth_command is not None:  # (once INPUT is known to be there)
             tokens = _first_token(auth_command, auth_header)
             options = options.model_copy(update={"auth": tokens})
         with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
-                source, options, prefix, resume=resume, progress=show_progress,
+                source, options, prefix, continuing=continuing, progress=show_progress,
                 on_start=on_start, dask=cluster, partition_size=partition_size, report=report,
                 form=form, flatten=flatten,
             )  # fmt: skip
-    except (InputError, JournalUnusable) as exc:
+    except (InputError, JournalUnusable, Refused) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
         source.close()
@@ -537,6 +590,31 @@ def command(
     if tokens is not None:  # (what outlives the run, its summary and resume line, hides them)
         secrets.learn(tokens.given)
     return _report(outcome, quiet, click.get_current_context().obj or [], secrets)
+
+
+def _continuing(resume: bool, retry: frozenset[str] | None, fresh: bool) -> Continuing:
+    if fresh and (resume or retry is not None):
+        raise click.UsageError(
+            "--fresh replaces the journal that --resume and --retry-failed go on with: give one"
+        )
+    return Continuing(resume=resume, retry=retry, fresh=fresh)
+
+
+def _make_folder(folder: Path) -> None:
+    """The output folder, made as needed (UsageError when it cannot be)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(
+            f"cannot make the output folder {folder}: {exc.strerror or exc}"
+        ) from None
+
+
+def default_prefix(input_name: str) -> str:
+    """The output prefix when -o is not given: INPUT's name without its extension, in the
+    current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run)."""
+    stem = "" if input_name == "-" else Path(input_name).stem
+    return stem or "batch"
 
 
 def _template(
@@ -611,11 +689,8 @@ def _metrics_server(where: str | None) -> Iterator[object]:
 def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets) -> int:
     summary = outcome.summary
     if not quiet:
-        if outcome.replaced_journal:
-            click.echo(
-                "Started afresh: replaced the journal of an earlier run (--resume continues one)",
-                err=True,
-            )
+        if outcome.replaced is not None:
+            click.echo(f"--fresh: replaced the journal of {outcome.replaced}", err=True)
         click.echo(str(summary), err=True)
         written = "" if outcome.report_path is None else f"  report: {outcome.report_path}"
         click.echo(
@@ -653,6 +728,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: exit 0 all ok, 1 some failed, 2 usage or input error, 3 the run could not
     be completed (journal or output files not writable), 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        click.echo("Usage: python -m batchsync [OPTIONS] INPUT", err=True)
+        click.echo("Try 'python -m batchsync --help' for help.", err=True)
+        sys.exit(EXIT_USAGE)
     try:
         with signals_deferred():
             code = command.main(args=args, prog_name="batchsync", standalone_mode=False, obj=args)

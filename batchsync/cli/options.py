@@ -101,12 +101,14 @@ def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click
 
 
 def _takes_value(option: click.Option) -> bool:
-    return not option.is_flag and not option.count
+    """Whether the option takes the next word as its value (--retry-failed takes its kinds
+    only after an =)."""
+    return not option.is_flag and not option.count and option.name != "retry_failed"
 
 
 def _shown_option(name: str, option: click.Option | None, value: str | None) -> list[str]:
-    if option is not None and option.name == "resume":
-        return []
+    if option is not None and option.name in ("resume", "retry_failed", "fresh"):
+        return []  # (--resume goes on with the pass they started)
     if value is None:
         return [name]
     if option is not None and option.name == "headers":

@@ -7,21 +7,26 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..assembly import Ran, Stoppable, fetch, journaling, open_journal
+from ..assembly import Ran, Stoppable, adding_to, fetch, journaling, open_journal
 from ..engine import Task
 from ..fetch import WrappedJob
+from ..history import Pass, Stint
 from ..journal import (
+    DONE,
+    TO_GO_ON,
+    TO_REDO,
     JournalFailed,
     JournalInUse,
     JournalMismatch,
     JournalReader,
     JournalUnusable,
+    lock_path,
     locked,
     remove,
     resumed,
@@ -34,7 +39,7 @@ from ..report import report_journal
 from ..result import Result, Summary
 from ..verdict import InvalidItem
 from .inputs import Entry, Input
-from .output import failed_request, write_outputs
+from .output import failed_request, output_paths, write_outputs
 
 log = logging.getLogger("batchsync")
 
@@ -70,15 +75,33 @@ class MissingResults(OSError):
     """The journal does not hold a Result for every item of a run that was not stopped."""
 
 
+class Refused(ValueError):
+    """The run would replace another run's work, or write over its own input: nothing is sent."""
+
+
+@dataclass(frozen=True)
+class Continuing:
+    """What to do with the journal an output prefix already holds (see DESIGN.md's CLI):
+    ``resume`` finishes what has no final Result; ``retry`` (the error kinds, empty: all)
+    sends the failures again in a new pass; ``fresh`` replaces it. None of them: a prefix
+    that holds a journal is refused."""
+
+    resume: bool = False
+    retry: frozenset[str] | None = None
+    fresh: bool = False
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended: counts over every finished item (earlier runs included when resumed)."""
+    """How a run ended: counts over every finished item and every process that worked on
+    the run (its earlier ones too when resumed or retried)."""
 
     summary: Summary
     entries: int
     results_path: Path
     failed_path: Path
-    replaced_journal: bool
+    # What the journal that --fresh replaced held (None: it replaced none).
+    replaced: str | None
     stopped: bool
     abandoned: bool
     # PREFIX-report.html, or None: not asked for (--no-report), or it could not be written.
@@ -93,12 +116,29 @@ def report_path(prefix: str) -> Path:
     return Path(f"{prefix}-report.html")
 
 
+def check_paths(source: Input, prefix: str, form: str) -> None:
+    """Refused when an output (or the journal) would be the input itself."""
+    if source.path is None:
+        return
+    given = source.path.resolve()
+    journal = journal_path(prefix)
+    outputs = (
+        *output_paths(prefix, form), report_path(prefix), journal, lock_path(journal),
+        *(Path(f"{journal}{suffix}") for suffix in ("-wal", "-shm")),
+    )  # fmt: skip
+    for output in outputs:
+        if output.resolve() == given or (output.exists() and output.samefile(given)):
+            raise Refused(
+                f"the output {output} would be the input {source.name}: give another prefix with -o"
+            )
+
+
 def run_batch(
     source: Input,
     options: FetchOptions,
     prefix: str,
     *,
-    resume: bool,
+    continuing: Continuing = Continuing(),
     progress: bool,
     on_start: Callable[[Stoppable], None] = lambda run: None,
     dask: Any = None,
@@ -107,19 +147,22 @@ def run_batch(
     form: str = "jsonl",
     flatten: bool = False,
 ) -> Outcome:
-    """Run every entry of ``source`` that has no final Result yet, journal each Result as it is
-    made, then write the output files from the journal in input order.
+    """Run every entry of ``source`` that the pass has to send (see ``Continuing``), journal
+    each Result as it is made, then write the output files from the journal in input order.
 
     ``on_start`` sees what runs the batch before it starts, so the caller can stop it (on a
     signal). With ``dask`` (a ``distributed.Client``), partitions of the input run on that
     cluster instead of here. ``form`` and ``flatten``: the results file's format (see
-    ``write_outputs``). Before anything is sent, raises JournalUnusable when the prefix
-    is in use by another run, its folder cannot be written, or (resuming) the journal was made
-    for other input or is not a journal of this batchsync. Raises OSError (JournalFailed,
-    MissingResults) when the run cannot be completed; the output files are then left as
-    they were. With ``report``, PREFIX-report.html is written from the journal after the
-    output files; a report that cannot be written is a logged warning, not a failed run.
+    ``write_outputs``). Before anything is sent, raises Refused when the run would replace
+    another's journal or outputs, or an output would be the input, and JournalUnusable when
+    the prefix is in use by another run, its folder cannot be written, or (resuming) the
+    journal was made for other input or is not a journal of this batchsync. Raises OSError
+    (JournalFailed, MissingResults) when the run cannot be completed; the output files are
+    then left as they were. With ``report``, PREFIX-report.html is written from the journal
+    after the output files (a run that sent nothing leaves an existing one as it was); a
+    report that cannot be written is a logged warning, not a failed run.
     """
+    check_paths(source, prefix, form)
     identity = source.identity() | options.paging_identity()
     entries = int(identity["entries"])
     path = journal_path(prefix)
@@ -134,66 +177,160 @@ def run_batch(
             raise JournalUnusable(
                 f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
             ) from None
-        done, unfinished = bytearray(entries), dict[int, tuple[Any, str]]()
-        replaced = False
-        if resume and path.exists():
-            done, unfinished = _finished(path, identity, entries)
-        else:
-            replaced = remove(path)
-        pending = (
-            (index, _going_on(entry, unfinished.get(index)))
-            for index, entry in enumerate(source)
-            if not done[index]
-        )
-        journal = open_journal(path, encode, identity)
-        bar = counter(entries - sum(done), progress)
-        started = time.monotonic()
+        replaced = _make_way(path, prefix, form, continuing)
+        current, marks = Pass(), bytearray(entries)
+        earlier: dict[int, Result] = {}
+        pending: Iterator[tuple[int, Entry]] = enumerate(source)
+        if path.exists():
+            reader = held.enter_context(
+                resumed(path, identity, "input", "run with --fresh to start over")
+            )
+            current, marks = _planned(reader, entries, continuing)
+            pending = _pending(source, marks, reader, earlier)
+        to_send = entries - marks.count(DONE)
+
+        def taken(index: int) -> Result | None:
+            return earlier.pop(index, None)
+
+        journal = open_journal(path, encode, identity, current if to_send else None)
+        bar = counter(to_send, progress)
+        started, begun = time.time(), time.monotonic()
+        ran: Ran | None = None
         try:
             with bar:
                 if dask is None:
                     ran = fetch(
                         options, pending, _stored, progress=bar, journal=journal, wrap=EntryJob,
-                        on_start=on_start,
+                        on_start=on_start, earlier=taken,
                     )  # fmt: skip
                 else:
+                    deliver = adding_to(taken, journaling(journal, _stored))
                     ran = _run_on_cluster(
                         dask, partition_size, options=options, pending=pending,
-                        deliver=journaling(journal, _stored), bar=bar, on_start=on_start,
+                        deliver=deliver, bar=bar, on_start=on_start,
                     )  # fmt: skip
         finally:
-            journal.close()
-        elapsed = time.monotonic() - started
-        results_path, failed_path, stored = _write(
+            done, _, requests = bar.counts()
+            stint = None
+            if ran is not None:
+                stint = Stint(
+                    current, started, time.monotonic() - begun, done, requests,
+                    ran.waits, ran.circuits_opened,
+                )  # fmt: skip
+            journal.close(stint, None if ran is None else ran.timeline)
+        assert ran is not None
+        results_path, failed_path, summary = _write(
             path, prefix, entries, ran.stopped,
             form=form, flatten=flatten, paged="paging" in identity,
         )  # fmt: skip
-        summary = replace(
-            stored,
-            run_requests=bar.requests,
-            elapsed=elapsed,
-            waits=stored.waits | ran.waits,
-            circuits_opened=ran.circuits_opened,
-        )
-        written = _write_report(path, prefix, summary, ran.timeline) if report else None
+        written = None
+        if report:
+            kept = report_path(prefix)
+            written = kept if not to_send and kept.exists() else _write_report(path, prefix)
     return Outcome(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
         written,
     )  # fmt: skip
 
 
-def _write_report(
-    path: Path, prefix: str, summary: Summary, timeline: Mapping[tuple[str, int], float]
-) -> Path | None:
-    """PREFIX-report.html from the journal (every finished item, earlier runs' too when
-    resumed); None, with a warning, when it cannot be written: the results are written
-    already, and a report is not worth failing the run for."""
+def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str | None:
+    """Check that the run may use the prefix, replacing its journal with ``fresh``: what the
+    replaced journal held, or None. Refused when a run would replace another's journal or
+    outputs without ``fresh``, or retry failures that no journal holds."""
+    outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
+    if continuing.fresh:
+        if not path.exists():
+            return None
+        held = _holding(path)
+        remove(path)
+        return held
+    if path.exists():
+        if continuing.resume or continuing.retry is not None:
+            return None
+        raise Refused(
+            f"{path} holds {_holding(path)}: --resume finishes it, --retry-failed sends its "
+            "failures again, --fresh replaces it"
+        )
+    if continuing.retry is not None:
+        raise Refused(f"there are no failures to retry: {path} does not exist")
+    if outputs:
+        raise Refused(
+            f"{outputs[0]} exists, from a run whose journal {path} is gone: --fresh replaces "
+            "it, or give another prefix with -o"
+        )
+    return None
+
+
+def _holding(path: Path) -> str:
+    """What the journal at ``path`` holds, in a few words."""
+    try:
+        reader = JournalReader(path)
+    except JournalMismatch as exc:
+        return f"something else ({exc})"
+    try:
+        return reader.holding()
+    finally:
+        reader.close()
+
+
+def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tuple[Pass, bytearray]:
+    """The pass this run makes over a journal's items, and what it does with each (see
+    ``JournalReader.outstanding``): a retry starts a new pass; otherwise the last one goes
+    on, so a retry that was interrupted is finished by --resume. Refused for a retry alone
+    over items never finished (--resume finishes them too)."""
+    latest = reader.latest_pass()
+    current = latest if continuing.retry is None else latest.retrying(continuing.retry)
+    marks = reader.outstanding(entries, current)
+    if continuing.resume:
+        return current, marks
+    never = entries - sum(1 for mark in marks if mark in (DONE, TO_REDO))
+    if never:
+        raise Refused(
+            f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
+            "never finished: add --resume to finish them as well"
+        )
+    return current, marks
+
+
+def _pending(
+    source: Input,
+    marks: bytearray,
+    reader: JournalReader,
+    earlier: dict[int, Result],
+) -> Iterator[tuple[int, Entry]]:
+    """The entries the pass sends, read lazily; each one that was run before leaves its
+    stored Result in ``earlier`` (taken back when its new Result comes), and a paginated one
+    that stopped partway goes on from its next page."""
+    going_on = reader.unfinished(len(marks))
+    for index, entry in enumerate(source):
+        mark = marks[index]
+        if mark == DONE:
+            continue
+        if mark == TO_GO_ON:
+            continuation, record = going_on[index]
+            earlier[index] = Result.from_dict(json.loads(record))
+            page = Continued.of(entry.item, continuation, earlier[index].data)
+            yield index, replace(entry, going_on=page)
+            continue
+        if mark == TO_REDO:
+            stored = reader.record(index)
+            assert stored is not None
+            earlier[index] = Result.from_dict(json.loads(stored))
+        yield index, entry
+
+
+def _write_report(path: Path, prefix: str) -> Path | None:
+    """PREFIX-report.html from the journal (every finished item and every process that
+    worked on the run); None, with a warning, when it cannot be written: the results are
+    written already, and a report is not worth failing the run for."""
     target = report_path(prefix)
     try:
         reader = JournalReader(path)
         try:
             return report_journal(
-                reader.db, summary, target, title=f"batchsync report: {Path(prefix).name}",
-                timeline=timeline,
+                reader.db, reader.summary(), target,
+                title=f"batchsync report: {Path(prefix).name}", timeline=reader.timeline(),
+                stints=reader.stints(),
             )  # fmt: skip
         finally:
             reader.close()
@@ -205,24 +342,6 @@ def _write_report(
 def _stored(result: Result, entry: object) -> None:
     """Nothing more to do with a Result once the journal has it: the outputs are written
     from the journal."""
-
-
-def _finished(
-    path: Path, identity: Mapping[str, str], entries: int
-) -> tuple[bytearray, dict[int, tuple[Any, str]]]:
-    """The entries a journal being resumed has final Results for, and the paginated ones
-    that stopped partway (see ``JournalReader.unfinished``); read-only."""
-    with resumed(path, identity, "input", "run without --resume to start over") as reader:
-        return reader.done(entries), reader.unfinished(entries)
-
-
-def _going_on(entry: Entry, stored: tuple[Any, str] | None) -> Entry:
-    """The entry, made to go on from the page where an earlier run stopped it, if it did."""
-    if stored is None:
-        return entry
-    continuation, record = stored
-    going_on = Continued.of(entry.item, continuation, json.loads(record).get("data"))
-    return replace(entry, going_on=going_on)
 
 
 def _write(

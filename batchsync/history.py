@@ -1,0 +1,96 @@
+"""A run's history: its passes (the first, then each retry of the failures) and what each
+process, or each ``run()`` of a batch, did in them, so that the numbers of a run that was
+resumed or retried cover all of it. Pure records and decisions; the journal stores them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+_Key = TypeVar("_Key")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass over a run's items: the first (``retry`` None), or a retry of the failures
+    of the passes before it (``retry``: the error kinds retried; empty: every failure)."""
+
+    number: int = 1
+    retry: frozenset[str] | None = None
+
+    def redoes(self, ok: bool, error_kind: str | None, made_in: int) -> bool:
+        """Whether an item whose final Result (``ok``, ``error_kind``) was made in pass
+        ``made_in`` is sent again in this pass."""
+        return (
+            self.retry is not None
+            and not ok
+            and made_in < self.number
+            and (not self.retry or error_kind in self.retry)
+        )
+
+    def retrying(self, kinds: Iterable[str]) -> Pass:
+        """The pass after this one, retrying the failures of ``kinds`` (none given: all)."""
+        return Pass(self.number + 1, frozenset(kinds))
+
+    def describe(self) -> str:
+        if self.retry is None:
+            return "run"
+        return "retry of " + (", ".join(sorted(self.retry)) if self.retry else "every failure")
+
+
+@dataclass(frozen=True)
+class Stint:
+    """What one process (or one ``run()`` of a batch) did: in which pass, from when (unix
+    seconds), for how long, how many items it finished and requests it sent, and the seconds
+    its attempts waited at each gate."""
+
+    passing: Pass
+    started: float
+    elapsed: float
+    items: int
+    requests: int
+    waits: Mapping[str, float] = field(default_factory=dict)
+    circuits_opened: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A run's totals over its stints: the one scope of every number a summary states."""
+
+    elapsed: float | None
+    waits: dict[str, float]
+    circuits_opened: int
+
+
+def totals(stints: Iterable[Stint]) -> Totals:
+    """The sums over ``stints``; ``elapsed`` None when there were none (nothing was run)."""
+    elapsed: float | None = None
+    waits: dict[str, float] = {}
+    circuits = 0
+    for stint in stints:
+        elapsed = (elapsed or 0.0) + stint.elapsed
+        circuits += stint.circuits_opened
+        for gate, seconds in stint.waits.items():
+            waits[gate] = waits.get(gate, 0.0) + seconds
+    return Totals(elapsed, waits, circuits)
+
+
+def merged_timeline(
+    *timelines: Mapping[tuple[str, int], float],
+) -> dict[tuple[str, int], float]:
+    """Seconds waited by (gate, unix second), summed over several timelines."""
+    merged: dict[tuple[str, int], float] = {}
+    for timeline in timelines:
+        for key, seconds in timeline.items():
+            merged[key] = merged.get(key, 0.0) + seconds
+    return merged
+
+
+def difference(now: Mapping[_Key, float], before: Mapping[_Key, float]) -> dict[_Key, float]:
+    """What was added to a mapping of sums between two readings of it."""
+    return {
+        key: seconds - before.get(key, 0.0)
+        for key, seconds in now.items()
+        if seconds != before.get(key, 0.0)
+    }
