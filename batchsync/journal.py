@@ -376,11 +376,7 @@ def _open_for_reading(path: Path) -> sqlite3.Connection:
         problem = f"cannot be read as a batchsync journal ({exc})"
     if problem is not None:
         raise JournalMismatch(f"{path} {problem}")
-    db = sqlite3.connect(path, check_same_thread=False)
-    if db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] != SCHEMA_VERSION:
-        _upgrade(db)
-        db.commit()
-    return db
+    return sqlite3.connect(path, check_same_thread=False)
 
 
 def _layout_problem(db: sqlite3.Connection) -> str | None:
@@ -409,6 +405,7 @@ def resumed(
         problem = mismatch(reader.meta(), identity)
         if problem is not None:
             raise JournalMismatch(f"{path} was made for other {what} ({problem}); {hint}")
+        reader.upgrade()
         yield reader
     finally:
         reader.close()
@@ -419,6 +416,8 @@ class JournalReader:
 
     Opens the file read-only and checks that it is a journal of this batchsync's layout
     (JournalMismatch otherwise), so that a foreign or older file is left exactly as it was.
+    A journal of the version before can be described (``meta``, ``holding``); the rest needs
+    ``upgrade`` first (``resumed`` does it).
     """
 
     def __init__(self, path: Path) -> None:
@@ -426,6 +425,13 @@ class JournalReader:
 
     def close(self) -> None:
         self._db.close()
+
+    def upgrade(self) -> None:
+        """Bring a journal of the version before up to this layout (to go on with it; a
+        journal only looked at stays as it was)."""
+        if self.meta().get("schema") != SCHEMA_VERSION:
+            _upgrade(self._db)
+            self._db.commit()
 
     @property
     def db(self) -> sqlite3.Connection:

@@ -120,17 +120,26 @@ def check_paths(source: Input, prefix: str, form: str) -> None:
     """Refused when an output (or the journal) would be the input itself."""
     if source.path is None:
         return
-    given = source.path.resolve()
     journal = journal_path(prefix)
     outputs = (
         *output_paths(prefix, form), report_path(prefix), journal, lock_path(journal),
         *(Path(f"{journal}{suffix}") for suffix in ("-wal", "-shm")),
     )  # fmt: skip
     for output in outputs:
-        if output.resolve() == given or (output.exists() and output.samefile(given)):
+        if _same_file(output, source.path):
             raise Refused(
                 f"the output {output} would be the input {source.name}: give another prefix with -o"
             )
+
+
+def _same_file(output: Path, given: Path) -> bool:
+    """Whether ``output`` names the file ``given`` (by its path, a link, or its inode)."""
+    if output.resolve() == given.resolve():
+        return True
+    try:
+        return output.exists() and output.samefile(given)
+    except OSError:  # (``given`` a pipe that stat cannot follow, say)
+        return False
 
 
 def run_batch(
