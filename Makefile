@@ -2,16 +2,29 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/pip install --quiet --disable-pip-version-check
+# The dev extra (tests, lint, every integration) and, apart, what the demo runs: the package
+# and the report extra, so that `make demo` installs in seconds and not the whole dev extra.
+STAMP      := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
+# The suite runs in parallel processes (pytest-xdist): its tests mostly wait on sockets and
+# sleeps, so more workers than the 2 cores finish sooner. `make test WORKERS=0`: one process.
+WORKERS ?= 4
 
 .PHONY: install services test lint demo bench docs clean
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[dev]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[report]'
+	touch $(DEMO_STAMP)
 
 # redis-server for the shared-limits tests (they start their own on a free port) and chromium
 # for the report's browser test (driven by playwright, never `playwright install`); installed
@@ -29,15 +42,15 @@ services:
 		echo "chromium is not installed: the report's browser test will be skipped"
 
 test: install services docs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The peers from the bench extra; nginx for the fast server when the machine can install it
 # (without it, the bundled asyncio server stands in and the report says so).
 bench: install
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(PIP) -e '.[bench]'
 	command -v nginx >/dev/null || (command -v apt-get >/dev/null && \
 		($(APT_INSTALL) nginx-light >/dev/null || \
 		 (apt-get update -q >/dev/null && $(APT_INSTALL) nginx-light >/dev/null))) || true
@@ -48,7 +61,7 @@ bench: install
 DOCS_STAMP := $(VENV)/.docs-installed
 
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[docs]'
+	$(PIP) -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
