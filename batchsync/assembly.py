@@ -7,6 +7,7 @@ run through ``fetch`` or ``call``; they differ only in where the Results go.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +17,12 @@ from .calls import CallJob
 from .engine import Deliver, Engine, Job
 from .fetch import HttpJob
 from .guard import Guard
-from .history import Pass
+from .history import Pass, Stint, difference
 from .journal import Encode, Journal, JournalUnusable
 from .limits import Gates, SharedLimits, build_gates
 from .observe import Observer
 from .options import CallOptions, FetchOptions, FlowOptions
+from .progress import Tally
 from .redact import Secrets, watching
 from .result import Result, added_to
 from .transport import Transport
@@ -86,13 +88,39 @@ def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None)
     return observers
 
 
+def progress_of(passing: Pass, tally: Tally, gates: Gates) -> Callable[[], Stint]:
+    """What a process (or a ``run()``) does in ``passing`` from now on, as a Stint read at
+    any moment: its seconds, the items and requests ``tally`` counts, and its waits at
+    ``gates`` (those before now left out: a batch's gates serve several runs)."""
+    started, begun = time.time(), time.monotonic()
+    with gates.waits.lock:
+        waited = dict(gates.waits.seconds)
+    opened = gates.circuits_opened
+
+    def so_far() -> Stint:
+        done, _, requests = tally.counts()
+        with gates.waits.lock:
+            waits = difference(gates.waits.seconds, waited)
+        elapsed = time.monotonic() - begun
+        return Stint(
+            passing, started, elapsed, done, requests, waits, gates.circuits_opened - opened
+        )
+
+    return so_far
+
+
 def open_journal(
-    path: Path, encode: Encode, identity: Mapping[str, str], passing: Pass | None = None
+    path: Path,
+    encode: Encode,
+    identity: Mapping[str, str],
+    passing: Pass | None = None,
+    progress: Callable[[], Stint] | None = None,
 ) -> Journal:
     """A new (or resumed) journal, or JournalUnusable before anything is sent; ``passing``:
-    the pass its Results belong to, when the run sends anything."""
+    the pass its Results belong to, and ``progress`` what this process does in it, when the
+    run sends anything."""
     try:
-        return Journal(path, encode, identity, passing=passing)
+        return Journal(path, encode, identity, passing=passing, progress=progress)
     except sqlite3.Error as exc:
         raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
 

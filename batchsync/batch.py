@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import inspect
 import json
-import time
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -17,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import Ran, call, fetch, gates_for, open_journal
+from .assembly import Ran, call, fetch, gates_for, open_journal, progress_of
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
@@ -174,10 +173,10 @@ class Resumable(Generic[OptionsT]):
         again, and the paginated ones that stopped partway, to go on from their next page."""
         for index, item in enumerate(self.items):
             kept = self._done.get(index)
-            if kept is None or index in self._retrying:
-                yield index, item
-            elif kept.continuation is not None:
+            if kept is not None and kept.continuation is not None:
                 yield index, Continued.of(item, kept.continuation, kept.data)
+            elif kept is None or index in self._retrying:
+                yield index, item
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -243,30 +242,27 @@ class Resumable(Generic[OptionsT]):
             self._retry_pass(kinds)
         todo = self._todo()
         gates = self._gates
-        waited, opened = dict(gates.waits.seconds), gates.circuits_opened
-        timeline = dict(gates.waits.timeline)
+        with gates.waits.lock:
+            timeline = dict(gates.waits.timeline)
         with contextlib.ExitStack() as held:
+            bar = counter(self.pending, wanted(self._progress))
+            so_far = progress_of(self._pass, bar, gates)
+            passing = self._pass if self.pending else None  # (none: nothing to send)
             journal = None
             if self.journal is not None:
                 held.enter_context(locked(self.journal))  # JournalInUse: another run has it
-                passing = self._pass if self.pending else None
-                journal = open_journal(self.journal, self._stored, self._identity, passing)
-            started, begun = time.time(), time.monotonic()
-            stint = None
-            bar = counter(self.pending, wanted(self._progress))
+                journal = open_journal(self.journal, self._stored, self._identity, passing, so_far)
             try:
                 with bar:
                     self._execute(todo, bar, journal)
             finally:
-                done, _, requests = bar.counts()
-                if done:
-                    stint = Stint(
-                        self._pass, started, time.monotonic() - begun, done, requests,
-                        difference(gates.waits.seconds, waited), gates.circuits_opened - opened,
-                    )  # fmt: skip
+                stint = so_far()
+                if passing is not None:
                     self._stints.append(stint)
                 if journal is not None:
-                    journal.close(stint, difference(gates.waits.timeline, timeline))
+                    with gates.waits.lock:
+                        added = difference(gates.waits.timeline, timeline)
+                    journal.close(added, stint)
                 log_summary(self._summary)
         return self.results
 
@@ -282,6 +278,10 @@ class Resumable(Generic[OptionsT]):
     def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
         """``ResultSet.retry_failed``: this batch's failures sent again, with its options
         changed by ``changes`` (a batch made anew from the same items and state)."""
+        if {"journal", "fresh"} & set(changes):
+            raise ValueError(
+                "retry_failed keeps the batch's journal: journal and fresh cannot change"
+            )
         batch = self
         if changes:
             arguments = self._arguments | changes | {"fresh": False}

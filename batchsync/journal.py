@@ -80,7 +80,7 @@ SCHEMA_VERSION = "batchsync-journal 4"
 _UPGRADABLE = "batchsync-journal 3"
 
 # What a pass does with each item of a journal (``JournalReader.outstanding``).
-TO_SEND, DONE, TO_REDO, TO_GO_ON = range(4)
+TO_SEND, DONE, TO_REDO, TO_GO_ON, TO_FINISH = range(5)
 
 _BATCH_ROWS = 5000
 # Results waiting for the writer at most (besides the group it is storing): beyond that,
@@ -182,11 +182,32 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def remove(path: Path) -> bool:
-    """Delete a journal and its WAL files; True when there was one."""
+    """Delete a journal and its WAL files; True when there was one. A file there that is not
+    a batchsync journal of any version is never deleted: JournalMismatch."""
+    problem = _foreign(path)
+    if problem is not None:
+        raise JournalMismatch(f"{path} {problem}: {_NOT_REPLACED}")
     existed = path.exists()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     return existed
+
+
+_NOT_REPLACED = "only a batchsync journal is replaced: move it away, or give another path"
+
+
+def _foreign(path: Path) -> str | None:
+    """Why the file at ``path`` is no batchsync journal of any version (None: it is one,
+    an empty file, or nothing)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(_read_only(path)) as db:
+            query = "SELECT 1 FROM sqlite_master WHERE name = 'meta'"
+            ours = db.execute(query).fetchone() is not None
+    except sqlite3.Error as exc:
+        return f"cannot be read as a batchsync journal ({exc})"
+    return None if ours else "is not a batchsync journal"
 
 
 def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | None:
@@ -213,6 +234,9 @@ class Journal:
     ``encode(result, item)`` runs on the writer thread. ``meta`` (the input's identity) is
     recorded before anything else, with the schema version, and ``passing``, the pass the
     Results belong to (recorded when given: a run that sends nothing records no pass).
+    ``progress`` says what this process has done so far: recorded as its row of ``runs``
+    with every group of Results (so a process killed at any moment still counts), and once
+    more by ``close``.
     Workers wait while ``QUEUE_ROWS`` Results are queued; once the writer has failed, ``add``
     and ``close`` raise JournalFailed.
     """
@@ -224,6 +248,7 @@ class Journal:
         meta: Mapping[str, str],
         *,
         passing: Pass | None = None,
+        progress: Callable[[], Stint] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -246,6 +271,14 @@ class Journal:
                 self._db.execute(
                     "INSERT OR IGNORE INTO passes VALUES (?, ?)", (passing.number, retry)
                 )
+            self._progress = None if passing is None else progress
+            self._run_row: int | None = None
+            if self._progress is not None:
+                stint = self._progress()
+                self._run_row = self._db.execute(
+                    "INSERT INTO runs VALUES (?, ?, 0, 0, 0, '{}', 0)",
+                    (stint.passing.number, stint.started),
+                ).lastrowid
         self._pass_number = 1 if passing is None else passing.number
         self._queue: queue.SimpleQueue[tuple[Result, object] | None] = queue.SimpleQueue()
         # Room in the queue: each add takes a place, and the writer gives back what it took
@@ -301,6 +334,7 @@ class Journal:
                     "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+                self._record_progress()
             if None in pending:
                 return
             window_results += len(rows)
@@ -321,21 +355,37 @@ class Journal:
             result.elapsed, backoff, record, request, resume, finished, self._pass_number,
         )  # fmt: skip
 
+    def _record_progress(self, stint: Stint | None = None) -> None:
+        """This process's row of ``runs`` brought up to date (within a transaction), to
+        ``stint`` when given."""
+        if self._progress is None or self._run_row is None:
+            return
+        stint = self._progress() if stint is None else stint
+        self._db.execute(
+            "UPDATE runs SET elapsed = ?, items = ?, requests = ?, waits = ?, circuits = ? "
+            "WHERE rowid = ?",
+            (
+                stint.elapsed, stint.items, stint.requests, json.dumps(dict(stint.waits)),
+                stint.circuits_opened, self._run_row,
+            ),
+        )  # fmt: skip
+
     def close(
         self,
-        stint: Stint | None = None,
         timeline: Mapping[tuple[str, int], float] | None = None,
+        stint: Stint | None = None,
     ) -> None:
-        """Write everything queued, then stop the writer; later adds are ignored. ``stint``:
-        what this process did, recorded with its gate waits by second (``timeline``) when it
-        finished an item. Raises JournalFailed if anything could not be written."""
+        """Write everything queued, then stop the writer; later adds are ignored. Records
+        this process's progress a last time (as ``stint``, when given), with the seconds its
+        gates waited by second (``timeline``). Raises JournalFailed if anything could not be
+        written."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
             self._writer.join()
             try:
-                if self._error is None and stint is not None and stint.items:
-                    self._record(stint, timeline or {})
+                if self._error is None and self._run_row is not None:
+                    self._record(timeline or {}, stint)
             except sqlite3.Error as exc:
                 self._error = exc
             finally:
@@ -343,21 +393,21 @@ class Journal:
         if self._error is not None:
             raise self._failure()
 
-    def _record(self, stint: Stint, timeline: Mapping[tuple[str, int], float]) -> None:
+    def _record(self, timeline: Mapping[tuple[str, int], float], stint: Stint | None) -> None:
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    stint.passing.number, stint.started, stint.elapsed, stint.items,
-                    stint.requests, json.dumps(dict(stint.waits)), stint.circuits_opened,
-                ),
-            )  # fmt: skip
+            self._record_progress(stint)
             self._db.executemany(
                 "INSERT INTO waits VALUES (?, ?, ?) ON CONFLICT (gate, second) "
                 "DO UPDATE SET seconds = seconds + excluded.seconds",
                 [(gate, second, seconds) for (gate, second), seconds in timeline.items()],
             )
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to ``path``: a file that is not ours stays as it was."""
+    uri = f"file:{quote(os.fsencode(path))}?mode=ro"  # a name may hold ? # or %
+    return sqlite3.connect(uri, uri=True)
 
 
 def _open_for_reading(path: Path) -> sqlite3.Connection:
@@ -368,9 +418,8 @@ def _open_for_reading(path: Path) -> sqlite3.Connection:
     was. Ours is then read on a plain connection: closing the last connection to a journal
     folds its WAL back in and removes the -wal and -shm files, which a read-only one cannot.
     """
-    uri = f"file:{quote(os.fsencode(path))}?mode=ro"  # a name may hold ? # or %
     try:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as check:
+        with contextlib.closing(_read_only(path)) as check:
             problem = _layout_problem(check)
     except sqlite3.Error as exc:  # not SQLite at all, or unreadable
         problem = f"cannot be read as a batchsync journal ({exc})"
@@ -400,7 +449,7 @@ def resumed(
     try:
         reader = JournalReader(path)
     except JournalMismatch as exc:
-        raise JournalMismatch(f"{exc}: {hint}") from None
+        raise JournalMismatch(f"{exc}: {_NOT_REPLACED if _foreign(path) else hint}") from None
     try:
         problem = mismatch(reader.meta(), identity)
         if problem is not None:
@@ -450,17 +499,21 @@ class JournalReader:
 
     def outstanding(self, size: int, current: Pass) -> bytearray:
         """One byte per input index below ``size``, saying what pass ``current`` does with
-        it: ``TO_SEND`` (no final Result yet), ``DONE``, ``TO_REDO`` (a failure it retries)
-        or ``TO_GO_ON`` (a paginated item that stopped partway, see ``unfinished``)."""
+        it: ``TO_SEND`` (no final Result yet), ``DONE``, ``TO_REDO`` (a failure it retries),
+        ``TO_FINISH`` (a paginated item stopped partway before it failed or ended) or
+        ``TO_GO_ON`` (a paginated item that failed partway, which the first pass's resume
+        and a retry of its kind go on with); the last two from their next page (see
+        ``unfinished``)."""
         marks = bytearray(size)  # (TO_SEND is 0)
         query = "SELECT idx, ok, error_kind, pass, resume FROM results WHERE idx < ?"
         for index, ok, kind, made_in, resume in self._db.execute(query, (size,)):
-            if resume is not None:
+            redone = current.redoes(bool(ok), kind, int(made_in))
+            if resume is not None and kind == "cancelled":
+                marks[index] = TO_FINISH
+            elif resume is not None and (current.retry is None or redone):
                 marks[index] = TO_GO_ON
-            elif current.redoes(bool(ok), kind, int(made_in)):
-                marks[index] = TO_REDO
             else:
-                marks[index] = DONE
+                marks[index] = TO_REDO if redone else DONE
         return marks
 
     def record(self, index: int) -> str | None:
@@ -519,7 +572,8 @@ class JournalReader:
         """What the journal holds, in a few words: its input, items done of all, failed."""
         meta = self.meta()
         done, failed = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0) FROM results WHERE resume IS NULL"
+            "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0) FROM results "
+            "WHERE resume IS NULL OR error_kind IS NOT 'cancelled'"
         ).fetchone()
         entries = meta.get("entries", "?")
         source = meta.get("input")

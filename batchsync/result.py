@@ -126,9 +126,10 @@ class Result:
 
 
 def error_kinds(kinds: Iterable[str]) -> frozenset[str]:
-    """``kinds`` checked to be error kinds (ValueError naming the first that is not)."""
+    """``kinds`` (or one kind) checked to be error kinds (ValueError naming the first that
+    is not)."""
     known = typing.get_args(ErrorKind)
-    chosen = frozenset(kinds)
+    chosen = frozenset([kinds] if isinstance(kinds, str) else kinds)
     for kind in sorted(chosen):
         if kind not in known:
             raise ValueError(f"{kind!r} is not an error kind; the kinds: {', '.join(known)}")
@@ -419,18 +420,22 @@ class ResultSet(Sequence[Result]):
     def failed(self) -> list[Result]:
         return [result for result in self._results if not result.ok]
 
-    def retry_failed(self, *, kinds: Iterable[str] = (), **options: Any) -> ResultSet:
+    def retry_failed(self, *, kinds: Iterable[str] | None = None, **options: Any) -> ResultSet:
         """Send the failed items again (only those whose ``error_kind`` is in ``kinds``, when
-        given), each with a fresh budget, with the batch's options changed by ``options``;
-        the successes are kept as they are. Returns the merged set: every item, in input
-        order, a retried one with the attempts of both passes (``attempts``,
-        ``attempt_log``). ValueError for a set that no batch made (its items are unknown)."""
+        given), each with a fresh budget, with the batch's options changed by ``options``
+        (its journal stays its own); the successes are kept as they are. Returns the merged
+        set: every item, in input order, a retried one with the attempts of both passes
+        (``attempts``, ``attempt_log``). ValueError for a set that no batch made (its items
+        are unknown)."""
         if self._retry is None:
             raise ValueError(
                 "this ResultSet was not made by fetch_all, run_all or a Batch: it does not know "
                 "its items, so it cannot send them again"
             )
-        return self._retry(error_kinds(kinds), options)
+        chosen = frozenset() if kinds is None else error_kinds(kinds)
+        if kinds is not None and not chosen:
+            raise ValueError("kinds: name at least one error kind, or leave it out for all")
+        return self._retry(chosen, options)
 
     def summary(self) -> Summary:
         return summarize(

@@ -239,7 +239,7 @@ def test_a_journal_that_cannot_be_written_exits_3_and_replaces_no_output(
         (tmp_path / name).write_text("earlier run\n")
     done = run_cli(
         "urls.txt", "-c", "4", "--fresh", cwd=tmp_path,
-        preexec_fn=ignore_sigxfsz_and_limit_files(64 * 1024),
+        preexec_fn=ignore_sigxfsz_and_limit_files(128 * 1024),
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert done.stderr.startswith("Error: the journal urls-journal.sqlite3 cannot be written: ")
@@ -422,13 +422,17 @@ def older_journal(path: Path, urls: bytes) -> None:
     db.close()
 
 
+ALIEN = "only a batchsync journal is replaced: move it away, or give another path"
+OLDER = "run with --fresh to start over"
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("kind", "message"),
     [
-        ("garbage", "cannot be read as a batchsync journal (file is not a database)"),
-        ("foreign", "is not a batchsync journal"),
-        ("older", "was made by an older batchsync (or is not a batchsync journal)"),
+        ("garbage", "cannot be read as a batchsync journal (file is not a database): " + ALIEN),
+        ("foreign", "is not a batchsync journal: " + ALIEN),
+        ("older", "was made by an older batchsync (or is not a batchsync journal): " + OLDER),
     ],
 )
 def test_resume_refuses_a_journal_that_is_not_ours_and_leaves_it_untouched(
@@ -446,12 +450,18 @@ def test_resume_refuses_a_journal_that_is_not_ours_and_leaves_it_untouched(
     before = path.read_bytes()
     done = run_cli("urls.txt", "--resume", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert done.stderr == (
-        f"Error: urls-journal.sqlite3 {message}: run with --fresh to start over\n"
-    )
+    assert done.stderr == (f"Error: urls-journal.sqlite3 {message}\n")
     assert path.read_bytes() == before
     assert fresh_server.stats()["requests"] == 0
     assert not (tmp_path / "urls-results.jsonl").exists()
+    # --fresh replaces a journal of another batchsync, never a file that is no journal.
+    fresh = run_cli("urls.txt", "--fresh", cwd=tmp_path)
+    if kind == "older":
+        assert fresh.returncode == 0, fresh.stderr
+    else:
+        assert fresh.returncode == 2 and ALIEN in fresh.stderr, fresh.stderr
+        assert path.read_bytes() == before
+        assert fresh_server.stats()["requests"] == 0
 
 
 def without_root_powers() -> tuple[str, ...]:

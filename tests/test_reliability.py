@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import gc
 import json
 import random
 import socket
@@ -454,6 +455,9 @@ def batchsync_threads() -> list[str]:
 
 @pytest.fixture
 def settle() -> Iterator[None]:
+    # What earlier tests in this process left for the garbage collector (sockets among it)
+    # goes now, not in the middle of the count (the suite runs several tests per process).
+    gc.collect()
     time.sleep(0.1)
     yield
 

@@ -528,3 +528,128 @@ def test_fetch_all_results_retry_in_place(server: MockServerProcess) -> None:
     assert [r.ok for r in again] == [True, True] and again[1].attempts == 3
     assert [r.url for r in again] == urls
     assert server.count(f"/ok/{key}") == 1
+
+
+# -- what an adversarial review found --------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_paginated_item_that_failed_partway_is_a_finished_failure_retried_from_its_page(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    pages = f"/pages/link/{key}?total=10&size=2&fail=3&fail_times=2&tag={key}"
+    lines = [server.url + pages, f"{server.url}/ok/{key}", f"{server.url}/404/{key}"]
+    (tmp_path / "p.txt").write_text("\n".join(lines) + "\n")
+    args = ("--paginate", "link", "--no-progress")
+    first = run_cli("p.txt", *args, "--attempts", "2", cwd=tmp_path)
+    assert first.returncode == 1 and "3 items: 1 ok, 2 failed" in first.stderr
+    refused = run_cli("p.txt", *args, cwd=tmp_path)
+    assert refused.returncode == 2 and "3 of 3 items done, 2 failed" in refused.stderr
+    retried = run_cli("p.txt", *args, "--retry-failed=status", cwd=tmp_path)
+    assert retried.returncode == 1, retried.stderr
+    paged = results_of(tmp_path / "p-results.jsonl")[0]
+    assert paged["ok"] and paged["pages"] == 5 and len(paged["data"]) == 5
+    assert paged["attempts"] == 2 + 2 + 1 + 2  # pages 1-2, page 3 twice, then 3-5
+    first_page = [
+        e for e in server.log(key) if "pages" in e["target"] and "page=" not in e["target"]
+    ]
+    assert len(first_page) == 1  # it went on from page 3, not from page 1
+
+
+def test_a_refused_run_leaves_a_journal_of_the_version_before_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/a\n")
+    path = tmp_path / "urls-journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE results (idx INTEGER PRIMARY KEY, ok INTEGER NOT NULL, error_kind TEXT,"
+        " status_code INTEGER, attempts INTEGER NOT NULL, elapsed REAL NOT NULL,"
+        " backoff REAL NOT NULL, record TEXT NOT NULL, request TEXT, resume TEXT,"
+        " finished REAL);"
+    )
+    db.executemany(
+        "INSERT INTO meta VALUES (?, ?)",
+        [("schema", "batchsync-journal 3"), ("entries", "1"), ("input", "elsewhere")],
+    )
+    db.commit()
+    db.close()
+    before = digest(path)
+    refused = run_cli("urls.txt", cwd=tmp_path)
+    assert refused.returncode == 2 and "a run of elsewhere: 0 of 1 items done" in refused.stderr
+    other = run_cli("urls.txt", "--resume", cwd=tmp_path)  # made for other input
+    assert other.returncode == 2 and "was made for other input" in other.stderr
+    assert digest(path) == before
+
+
+def test_retry_failed_keeps_the_batch_journal_and_kinds_are_checked_alike(
+    tmp_path: Path,
+) -> None:
+    fn = Flaky(broken=(1,))
+    rs = run_all(fn, [0, 1], journal=tmp_path / "j.sqlite3", progress=False)
+    for change in ({"journal": tmp_path / "other.sqlite3"}, {"fresh": True}):
+        with pytest.raises(ValueError, match="keeps the batch's journal"):
+            rs.retry_failed(**change)
+    with pytest.raises(ValueError, match="name at least one error kind"):
+        rs.retry_failed(kinds=[])
+    fn.mend()
+    again = rs.retry_failed(kinds="status")  # one kind, as a word
+    assert [r.ok for r in again] == [True, True] and fn.calls == {0: 1, 1: 2}
+
+
+@pytest.mark.integration
+def test_a_batch_retry_goes_on_with_a_paginated_item_from_its_page(
+    server: MockServerProcess,
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    url = f"{server.url}/pages/link/{key}?total=10&size=2&fail=3&fail_times=2&tag={key}"
+    rs = fetch_all([url], paginate="link", attempts=2, backoff=no_wait(), progress=False)
+    assert not rs[0].ok and rs[0].pages == 2
+    again = rs.retry_failed()
+    assert again[0].ok and again[0].pages == 5 and len(again[0].data) == 5
+    first_page = [e for e in server.log(key) if "page=" not in e["target"]]
+    assert len(first_page) == 1
+
+
+@pytest.mark.integration
+def test_a_killed_process_still_counts_in_the_run(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    targets = [f"/ok/{key}-{n}?delay=0.25" for n in range(40)]
+    (tmp_path / "urls.txt").write_text("".join(server.url + t + "\n" for t in targets))
+    process = start_cli("urls.txt", "-c", "4", "--no-progress", cwd=tmp_path)
+    wait_until(lambda: sum(server.count(t) for t in targets) >= 16)
+    time.sleep(0.3)
+    process.kill()
+    process.wait(timeout=10)
+    resumed = run_cli("urls.txt", "-c", "4", "--resume", "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    reader = JournalReader(tmp_path / "urls-journal.sqlite3")
+    stints = reader.stints()
+    reader.close()
+    assert len(stints) == 2
+    killed = stints[0]
+    assert killed.items >= 8 and killed.requests >= killed.items and killed.elapsed >= 0.5
+    assert sum(s.items for s in stints) >= 40
+
+
+@pytest.mark.integration
+def test_fresh_says_what_it_replaced_and_odd_prefixes_hold(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    (tmp_path / "urls.txt").write_text(f"{server.url}/ok/{key}\n")
+    (tmp_path / "urls-results.jsonl").write_text("left by hand\n")
+    fresh = run_cli("urls.txt", "--fresh", "--no-progress", cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "--fresh: replaced urls-results.jsonl, left by a run whose journal is gone" in (
+        fresh.stderr
+    )
+    folder = run_cli("urls.txt", "-o", "out2/", "--no-progress", cwd=tmp_path)
+    assert folder.returncode == 0, folder.stderr
+    assert (tmp_path / "out2" / "-results.jsonl").exists()
+    (tmp_path / "loop-results.jsonl").symlink_to("loop-results.jsonl")
+    looped = run_cli("urls.txt", "-o", "loop", "--no-progress", cwd=tmp_path)
+    assert "Traceback" not in looped.stderr
+    assert looped.returncode in (0, 2), looped.stderr

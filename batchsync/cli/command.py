@@ -38,7 +38,7 @@ from .options import (
     positive,
     resume_command,
 )
-from .runner import Continuing, Outcome, Refused, run_batch
+from .runner import Continuing, Outcome, Refused, journal_path, run_batch
 from .signals import EXIT_INTERRUPTED, signals_deferred, stop_on_signals
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -569,7 +569,7 @@ def command(
         raise click.UsageError(str(exc)) from None
     tokens = None
     try:
-        _make_folder(Path(prefix).parent)
+        _make_folder(journal_path(prefix).parent)
         if auth_command is not None:  # (once INPUT is known to be there)
             tokens = _first_token(auth_command, auth_header)
             options = options.model_copy(update={"auth": tokens})
@@ -690,7 +690,7 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
     summary = outcome.summary
     if not quiet:
         if outcome.replaced is not None:
-            click.echo(f"--fresh: replaced the journal of {outcome.replaced}", err=True)
+            click.echo(f"--fresh: replaced {outcome.replaced}", err=True)
         click.echo(str(summary), err=True)
         written = "" if outcome.report_path is None else f"  report: {outcome.report_path}"
         click.echo(
@@ -700,8 +700,8 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
         )
     if outcome.stopped:
         click.echo(
-            f"Interrupted: {summary.total} of {outcome.entries} done — resume with: "
-            f"{resume_command(argv, secrets, command.params)}",
+            f"Interrupted: {outcome.entries - outcome.left} of {outcome.entries} done — resume "
+            f"with: {resume_command(argv, secrets, command.params)}",
             err=True,
         )
         if outcome.abandoned:

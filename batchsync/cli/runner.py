@@ -6,21 +6,31 @@ import contextlib
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..assembly import Ran, Stoppable, adding_to, fetch, journaling, open_journal
+from ..assembly import (
+    Ran,
+    Stoppable,
+    adding_to,
+    fetch,
+    gates_for,
+    journaling,
+    open_journal,
+    progress_of,
+)
 from ..engine import Task
 from ..fetch import WrappedJob
-from ..history import Pass, Stint
+from ..history import Pass
 from ..journal import (
     DONE,
+    TO_FINISH,
     TO_GO_ON,
     TO_REDO,
+    TO_SEND,
     JournalFailed,
     JournalInUse,
     JournalMismatch,
@@ -104,6 +114,8 @@ class Outcome:
     replaced: str | None
     stopped: bool
     abandoned: bool
+    # Items the pass has still to send (when stopped: what --resume sends).
+    left: int = 0
     # PREFIX-report.html, or None: not asked for (--no-report), or it could not be written.
     report_path: Path | None = None
 
@@ -134,11 +146,9 @@ def check_paths(source: Input, prefix: str, form: str) -> None:
 
 def _same_file(output: Path, given: Path) -> bool:
     """Whether ``output`` names the file ``given`` (by its path, a link, or its inode)."""
-    if output.resolve() == given.resolve():
-        return True
     try:
-        return output.exists() and output.samefile(given)
-    except OSError:  # (``given`` a pipe that stat cannot follow, say)
+        return output.resolve() == given.resolve() or (output.exists() and output.samefile(given))
+    except (OSError, RuntimeError):  # (a pipe that stat cannot follow, a loop of links)
         return False
 
 
@@ -201,16 +211,19 @@ def run_batch(
         def taken(index: int) -> Result | None:
             return earlier.pop(index, None)
 
-        journal = open_journal(path, encode, identity, current if to_send else None)
         bar = counter(to_send, progress)
-        started, begun = time.time(), time.monotonic()
+        gates = gates_for(options)
+        journal = open_journal(
+            path, encode, identity, current if to_send else None,
+            progress_of(current, bar, gates),
+        )  # fmt: skip
         ran: Ran | None = None
         try:
             with bar:
                 if dask is None:
                     ran = fetch(
-                        options, pending, _stored, progress=bar, journal=journal, wrap=EntryJob,
-                        on_start=on_start, earlier=taken,
+                        options, pending, _stored, gates=gates, progress=bar, journal=journal,
+                        wrap=EntryJob, on_start=on_start, earlier=taken,
                     )  # fmt: skip
                 else:
                     deliver = adding_to(taken, journaling(journal, _stored))
@@ -219,17 +232,12 @@ def run_batch(
                         deliver=deliver, bar=bar, on_start=on_start,
                     )  # fmt: skip
         finally:
-            done, _, requests = bar.counts()
-            stint = None
-            if ran is not None:
-                stint = Stint(
-                    current, started, time.monotonic() - begun, done, requests,
-                    ran.waits, ran.circuits_opened,
-                )  # fmt: skip
-            journal.close(stint, None if ran is None else ran.timeline)
+            with gates.waits.lock:
+                timeline = dict(gates.waits.timeline)
+            journal.close(timeline)
         assert ran is not None
-        results_path, failed_path, summary = _write(
-            path, prefix, entries, ran.stopped,
+        results_path, failed_path, summary, left = _write(
+            path, prefix, entries, ran.stopped, current,
             form=form, flatten=flatten, paged="paging" in identity,
         )  # fmt: skip
         written = None
@@ -238,7 +246,7 @@ def run_batch(
             written = kept if not to_send and kept.exists() else _write_report(path, prefix)
     return Outcome(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
-        written,
+        left, written,
     )  # fmt: skip
 
 
@@ -249,10 +257,10 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
     outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
     if continuing.fresh:
         if not path.exists():
-            return None
+            return None if not outputs else f"{outputs[0]}, left by a run whose journal is gone"
         held = _holding(path)
         remove(path)
-        return held
+        return f"the journal of {held}"
     if path.exists():
         if continuing.resume or continuing.retry is not None:
             return None
@@ -292,7 +300,7 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tup
     marks = reader.outstanding(entries, current)
     if continuing.resume:
         return current, marks
-    never = entries - sum(1 for mark in marks if mark in (DONE, TO_REDO))
+    never = marks.count(TO_SEND) + marks.count(TO_FINISH)
     if never:
         raise Refused(
             f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
@@ -315,7 +323,7 @@ def _pending(
         mark = marks[index]
         if mark == DONE:
             continue
-        if mark == TO_GO_ON:
+        if mark in (TO_GO_ON, TO_FINISH):
             continuation, record = going_on[index]
             earlier[index] = Result.from_dict(json.loads(record))
             page = Continued.of(entry.item, continuation, earlier[index].data)
@@ -358,12 +366,14 @@ def _write(
     prefix: str,
     entries: int,
     stopped: bool,
+    current: Pass,
     *,
     form: str = "jsonl",
     flatten: bool = False,
     paged: bool = False,
-) -> tuple[Path, Path, Summary]:
-    """Write the output files from the journal; their paths and the stored Results' summary.
+) -> tuple[Path, Path, Summary, int]:
+    """Write the output files from the journal; their paths, the stored Results' summary and,
+    when the run was stopped, how many items the pass ``current`` has still to send.
 
     Checks first that the journal holds one Result per entry (unless the run was stopped):
     a results file must never lack a line while the run reports success.
@@ -381,11 +391,12 @@ def _write(
         results_path, failed_path = write_outputs(
             prefix, reader.rows, form=form, flatten=flatten, paged=paged
         )
+        left = entries - reader.outstanding(entries, current).count(DONE) if stopped else 0
     except sqlite3.Error as exc:
         raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None
     finally:
         reader.close()
-    return results_path, failed_path, stored
+    return results_path, failed_path, stored, left
 
 
 def _run_on_cluster(
