@@ -157,6 +157,18 @@ def _passes_end(timeout: float | None, left: float) -> bool:
     return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
 
 
+def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
+    """The length of the body still to come as the response declares it (before decoding),
+    None when it does not say: urllib3's own count when the stream keeps one, which is 0 for
+    the answer to a HEAD and for a 204 or 304 (their Content-Length describes a body that
+    never comes), else the Content-Length."""
+    remaining = getattr(raw, "length_remaining", None)
+    if isinstance(remaining, int):
+        return remaining
+    value = headers.get("Content-Length")
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
     return BadRedirect(f"cannot follow a redirect: {exc.reason} in its Location")
 
@@ -684,12 +696,12 @@ class Transport:
         keeps watching the attempt after that (it goes on: a redirect's next hop).
         """
         raw = reply.raw
-        declared = reply.headers.get("Content-Length")
         encoded = bool(reply.headers.get("Content-Encoding"))
         # Without an encoding, the declared length is the body's: check it, and stop reading
         # once it has all come.
-        counted = declared is not None and not encoded
-        if counted and declared and declared.isdigit() and int(declared) > max_bytes:
+        declared = None if encoded else declared_length(raw, reply.headers)
+        counted = declared is not None
+        if declared is not None and declared > max_bytes:
             reply.close()
             raise BodyTooLarge(f"body of {declared} bytes is over max_bytes {max_bytes}")
         sock = getattr(getattr(raw, "connection", None), "sock", None)

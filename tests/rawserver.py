@@ -13,6 +13,9 @@ used as a forward proxy, absolute-form ``http://host:port/path?query``):
   cookie, then ``200``;
 * ``/echo-auth``: a malformed status line that quotes the request's Authorization header (a
   hostile server: the client's error then holds the credential);
+* ``/status/CODE``: that status without ``Location`` (a 204 or 304 without a body);
+* ``/sized?bytes=N``: ``200 OK`` declaring a body of N bytes (built only when it is sent);
+* a ``CONNECT`` (as a forward proxy asked for a tunnel): ``407 Proxy Authentication Required``;
 * anything else: ``200 OK``, ``Content-Type: application/json``, body ``{"ok": true}``.
 
 Every response carries Content-Length (a HEAD gets the header but no body). Connections are
@@ -23,6 +26,7 @@ Content-Length; chunked request bodies are not supported.
 from __future__ import annotations
 
 import contextlib
+import http
 import socket
 import ssl
 import threading
@@ -33,7 +37,6 @@ _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
 _IO_TIMEOUT = 10.0
 _JSON_BODY = b'{"ok": true}'
-_REASONS = {200: "OK", 302: "Found", 400: "Bad Request", 503: "Service Unavailable"}
 
 
 def _header_value(head: bytes, name: bytes) -> bytes | None:
@@ -46,11 +49,16 @@ def _header_value(head: bytes, name: bytes) -> bytes | None:
 
 
 def _response(
-    status: int, headers: list[tuple[str, str]], body: bytes, *, send_body: bool
+    status: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    send_body: bool,
+    length: int | None = None,
 ) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS[status]}"]
+    lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}"]
     lines += [f"{name}: {value}" for name, value in headers]
-    lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Content-Length: {len(body) if length is None else length}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head + body if send_body else head
 
@@ -60,6 +68,8 @@ def answer(method: str, target: str, head: bytes = b"") -> bytes:
     parts = urlsplit(target)  # absolute-form (proxy) targets too: only path and query count
     query = parse_qs(parts.query, keep_blank_values=True)
     send_body = method != "HEAD"
+    if method == "CONNECT":
+        return _response(407, [("Proxy-Authenticate", 'Basic realm="p"')], b"", send_body=False)
     if parts.path == "/redirect":
         location = query.get("to", ["/"])[0]
         return _response(
@@ -71,6 +81,15 @@ def answer(method: str, target: str, head: bytes = b"") -> bytes:
     if parts.path == "/echo-auth":
         return b"HTTP/1.1 abc " + (_header_value(head, b"authorization") or b"") + b"\r\n\r\n"
     headers = [("Content-Type", "application/json")]
+    if parts.path.startswith("/status/"):
+        status = int(parts.path.rpartition("/")[2])
+        bodiless = status in (204, 304)
+        body = b"" if bodiless else _JSON_BODY
+        return _response(status, headers, body, send_body=send_body and not bodiless)
+    if parts.path == "/sized":
+        size = int(query.get("bytes", ["0"])[0])
+        body = b"x" * size if send_body else b""
+        return _response(200, headers, body, send_body=send_body, length=size)
     if parts.path == "/cookie-gate":  # 503 and the cookie, until the request carries it
         cookie = f"{query.get('name', ['n'])[0]}={query.get('value', ['v'])[0]}"
         if cookie.encode() not in (_header_value(head, b"cookie") or b""):

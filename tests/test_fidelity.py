@@ -660,3 +660,30 @@ def test_an_adapters_own_tls_context_is_kept(tls_server: RawServer, authority: A
     rs = batch([url, {"url": url, "params": {"a": "1"}}], session=session, concurrency=2)
     assert [r.error for r in rs if not r.ok] == []
     assert session.adapters["https://"].ssl_context is context  # type: ignore[attr-defined]
+
+
+# -- what the caller observes (issue 26) -------------------------------------------------------
+
+
+def observed(response: requests.Response) -> tuple[bool, int, str, int]:
+    """What a requests caller sees of a response: ok, status, final URL, redirects."""
+    return response.ok, response.status_code, response.url, len(response.history)
+
+
+def result_observed(rs: ResultSet, index: int = 0) -> tuple[bool, int | None, str | None, int]:
+    result = rs[index]
+    return result.ok, result.status_code, result.final_url, result.redirects
+
+
+def test_head_of_a_large_file_has_no_body_to_bound() -> None:
+    """A HEAD's Content-Length describes a body that never comes: max_bytes does not apply."""
+    with raw_server() as recorder:
+        url = f"{recorder.url}/sized?bytes={40 * 2**20}"
+        done = exchange(recorder, [{"url": url, "method": "HEAD"}], [Call("HEAD", url)])
+        assert done.responses[0].headers["Content-Length"] == str(40 * 2**20)
+        assert result_observed(done.results) == observed(done.responses[0])
+        assert done.results[0].data is None
+        assert_same_bytes(done)
+        # a GET of it is still bounded by its declared length, before any byte of it is read
+        refused = batch([url], max_bytes=1000)
+        assert refused[0].error_kind == "invalid_body"
