@@ -37,14 +37,17 @@ class BadRedirect(Exception):
 def classify_status(
     status_code: int, retry_after: str | None, now: float, quota: float | None = None
 ) -> Verdict | None:
-    """None for a 2xx (the body decides); otherwise a retry or terminal Verdict.
+    """None for a 2xx or 3xx (the body decides); otherwise a retry or terminal Verdict.
+
+    A 3xx judged here is one nothing follows (no Location, a 300, a 304): an answer, as
+    requests' ``Response.ok`` says.
 
     ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for
     HTTP-dates; ``quota`` the seconds until the host's quota resets when its headers say none
     is left (``quota.quota_wait``). A 403 with either is a rate limit (GitHub's rule), retried
     after it; the longer of the two is the floor under the next wait.
     """
-    if 200 <= status_code < 300:
+    if 200 <= status_code < 400:
         return None
     error = f"HTTP {status_code}"
     wait = parse_retry_after(retry_after, now)

@@ -687,3 +687,20 @@ def test_head_of_a_large_file_has_no_body_to_bound() -> None:
         # a GET of it is still bounded by its declared length, before any byte of it is read
         refused = batch([url], max_bytes=1000)
         assert refused[0].error_kind == "invalid_body"
+
+
+@pytest.mark.parametrize("lane", LANES)
+@pytest.mark.parametrize("status", [300, 301, 302, 303, 304, 305, 307, 308])
+def test_a_3xx_without_location_is_an_answer(status: int, lane: str) -> None:
+    """Nothing to follow: requests hands the 3xx over as it came, ``r.ok`` True."""
+    with raw_server() as recorder:
+        url = f"{recorder.url}/status/{status}"
+        item: TItem = url if lane == "plain-url" else {"url": url, "params": {"lane": lane}}
+        call = Call("GET", url, {} if lane == "plain-url" else {"params": {"lane": lane}})
+        done = exchange(recorder, [item], [call], expect="json")
+        response = done.responses[0]
+        assert result_observed(done.results) == observed(response) == (
+            True, status, response.url, 0,
+        )  # fmt: skip
+        assert done.results[0].data == (None if status == 304 else response.json())
+        assert done.seen == done.expected, difference(done.seen, done.expected)
