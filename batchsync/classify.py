@@ -30,6 +30,10 @@ _CONNECTION_PREFIX = re.compile(r"^\w*(?:Connection|ConnectionPool)\(host=[^)]*\
 _SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:\d+\)")
 
 
+# What http.client says when a proxy answers CONNECT with anything but 200 (only in words).
+_TUNNEL_REFUSED = re.compile(r"^Tunnel connection failed: ([1-5][0-9][0-9])\b")
+
+
 class BadRedirect(Exception):
     """A redirect that cannot be followed (its Location is not a URL requests can read)."""
 
@@ -83,10 +87,36 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def tunnel_refusal(exc: BaseException) -> tuple[int, str] | None:
+    """The status a proxy answered CONNECT with and http.client's line about it, when the
+    proxy refused the tunnel (urllib3 keeps http.client's OSError as ``original_error``)."""
+    if not isinstance(exc, requests.exceptions.ProxyError | urllib3.exceptions.ProxyError):
+        return None
+    reason = innermost(exc)
+    cause = getattr(reason, "original_error", None) or reason
+    match = _TUNNEL_REFUSED.match(str(cause))
+    return None if match is None else (int(match[1]), str(cause))
+
+
+def _refused_tunnel(status: int, line: str) -> Verdict:
+    """A refused CONNECT, judged by the proxy's status (a 407 is final, a 502 retried, as
+    the same answer to a plain-HTTP request through the proxy); a status that is an answer
+    elsewhere (a 3xx) opened no tunnel here either, and is final."""
+    error = f"ProxyError: {line}"
+    verdict = classify_status(status, None, 0.0)  # (no Retry-After: the clock is not read)
+    if verdict is None:
+        return terminal("connection", error)
+    verdict.error = error
+    return verdict
+
+
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
     if isinstance(exc, PrivateAddress):
         return terminal("invalid_request", str(exc))
+    refusal = tunnel_refusal(exc)
+    if refusal is not None:
+        return _refused_tunnel(*refusal)
     error = describe(exc)
     # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
     if isinstance(exc, urllib3.exceptions.NewConnectionError):

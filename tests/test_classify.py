@@ -295,3 +295,37 @@ def test_a_peer_that_hangs_up_during_the_handshake_is_a_connection_failure() -> 
     eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol (_ssl.c:992)")
     verdict = classify_http_exception(urllib3.exceptions.SSLError(eof))
     assert (verdict.outcome, verdict.error_kind) == ("retry", "connection")
+
+
+def refused_tunnel(line: str) -> requests.exceptions.ProxyError:
+    """What requests raises when a proxy answers CONNECT with anything but 200."""
+    cause = urllib3.exceptions.ProxyError("Unable to connect to proxy", OSError(line))
+    pool = urllib3.HTTPSConnectionPool("127.0.0.1", 1)
+    return requests.exceptions.ProxyError(urllib3.exceptions.MaxRetryError(pool, "/", cause))
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "kind", "status_code"),
+    [
+        (407, "terminal", "status", 407),
+        (403, "terminal", "status", 403),
+        (502, "retry", "status", 502),
+        (302, "terminal", "connection", None),
+    ],
+)
+def test_a_refused_tunnel_is_judged_by_the_proxys_status(
+    status: int, outcome: str, kind: str, status_code: int | None
+) -> None:
+    line = f"Tunnel connection failed: {status} Some Reason"
+    verdict = classify_http_exception(refused_tunnel(line))
+    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (
+        outcome, kind, status_code,
+    )  # fmt: skip
+    assert verdict.error == f"ProxyError: {line}"
+
+
+def test_a_proxy_that_cannot_be_reached_is_still_a_connection_failure() -> None:
+    verdict = classify_http_exception(refused_tunnel("[Errno 111] Connection refused"))
+    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (
+        "retry", "connection", None,
+    )  # fmt: skip

@@ -704,3 +704,19 @@ def test_a_3xx_without_location_is_an_answer(status: int, lane: str) -> None:
         )  # fmt: skip
         assert done.results[0].data == (None if status == 304 else response.json())
         assert done.seen == done.expected, difference(done.seen, done.expected)
+
+
+def test_a_407_to_connect_is_final(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy refused the tunnel: requests raises ProxyError; trying again is no use."""
+    with raw_server() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        url = "https://127.0.0.1:1/tunnel"  # nothing listens there: only the proxy answers
+        with pytest.raises(requests.exceptions.ProxyError, match="407"):
+            reference([Call("GET", url)])
+        proxy.clear()
+        rs = batch([url], attempts=3, backoff=Backoff(base=0.01, jitter=0))
+        assert (rs[0].ok, rs[0].error_kind, rs[0].status_code, rs[0].attempts) == (
+            False, "status", 407, 1,
+        )  # fmt: skip
+        assert rs[0].final_url is None  # the answer came from the proxy, not from the URL
+        assert [head.split(b" ")[:2] for head in proxy.requests()] == [[b"CONNECT", b"127.0.0.1:1"]]
