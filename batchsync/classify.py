@@ -65,6 +65,18 @@ def classify_status(
     return verdict
 
 
+def classify_refused_answer(
+    error: Exception, status: int, retry_after: str | None, now: float
+) -> Verdict:
+    """A response the caller's hook raised ``error`` for (``raise_for_status``): judged by
+    its status, as that response would have been (a 503 retried, after its Retry-After); the
+    hook's error, final, when the status alone says nothing failed."""
+    verdict = classify_status(status, retry_after, now)
+    if verdict is None:
+        return terminal("status", describe(error), status)
+    return verdict
+
+
 def innermost(exc: BaseException) -> BaseException:
     """The real cause an exception carries: requests wraps urllib3's MaxRetryError, which
     wraps it in ``.reason`` (or as its first argument)."""

@@ -15,7 +15,13 @@ from urllib.parse import urlsplit
 import requests
 
 from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth
-from .classify import classify_http_exception, classify_status, describe, host_feedback
+from .classify import (
+    classify_http_exception,
+    classify_refused_answer,
+    classify_status,
+    describe,
+    host_feedback,
+)
 from .decode import InvalidBody, decode_body
 from .engine import Route, Task
 from .guard import PrivateAddress
@@ -37,7 +43,7 @@ from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
-from .transport import BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
+from .transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
 from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 # Responses that carry no body to decode, whatever ``expect`` says.
@@ -416,6 +422,14 @@ class HttpJob:
     ) -> Verdict:
         try:
             reply = self._transport.send(request, wall_end)
+        except AnswerRefused as refused:  # the caller's hook raised for the response
+            answer = refused.response
+            verdict = classify_refused_answer(
+                refused.error, answer.status_code, answer.headers.get("Retry-After"),
+                self._unix_time(),
+            )  # fmt: skip
+            verdict.final_url, verdict.redirects = answer.url, refused.redirects
+            return verdict
         except Exception as exc:  # every failure is classified, none escapes
             return classify_http_exception(exc)
         if lost is not None and lost.is_set():

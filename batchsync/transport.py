@@ -177,6 +177,19 @@ class AttemptTimedOut(TimeoutError):
     """The attempt used up its wall-clock allowance (connect, headers and body together)."""
 
 
+class AnswerRefused(Exception):
+    """A session's response hook raised HTTPError for a response (``raise_for_status``):
+    the error, and how many redirects led to the response it was about."""
+
+    def __init__(
+        self, error: requests.HTTPError, response: requests.Response, redirects: int
+    ) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.response = response
+        self.redirects = redirects
+
+
 class BodyTooLarge(ValueError):
     """The (decompressed) body passed ``max_bytes``."""
 
@@ -577,7 +590,11 @@ class Transport:
         return not isinstance(exc, AttemptTimedOut) and self._clock() >= wall_end
 
     def _send_once(
-        self, session: requests.Session, request: requests.PreparedRequest, wall_end: float
+        self,
+        session: requests.Session,
+        request: requests.PreparedRequest,
+        wall_end: float,
+        redirects: int = 0,
     ) -> requests.Response:
         assert request.url is not None
         self.ledger.watchdog.arm(wall_end)
@@ -591,6 +608,11 @@ class Transport:
             )
         except UnicodeDecodeError as exc:  # requests decodes Location as UTF-8
             raise _unreadable_location(exc) from None
+        except requests.HTTPError as exc:
+            if exc.response is None:
+                raise
+            exc.response.close()  # (its body is not read: the connection goes)
+            raise AnswerRefused(exc, exc.response, redirects) from exc
 
     def _send_wire(self, wire: Wire, wall_end: float) -> Reply:
         assert self._shared is not None  # (the fast lane is for batchsync's own session)
@@ -679,7 +701,7 @@ class Transport:
                 for name in list(follow.headers):
                     if self._secrets.is_declared(name):
                         del follow.headers[name]
-            response = self._send_once(session, follow, wall_end)
+            response = self._send_once(session, follow, wall_end, hops)
         return Reply(
             response.status_code, response.headers, response.raw, response.url or first_url,
             hops, response.close,

@@ -15,6 +15,7 @@ import urllib3.exceptions
 from batchsync.classify import (
     classify_http_exception,
     classify_raised,
+    classify_refused_answer,
     classify_status,
     describe,
     is_transient,
@@ -329,3 +330,17 @@ def test_a_proxy_that_cannot_be_reached_is_still_a_connection_failure() -> None:
     assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (
         "retry", "connection", None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "error"),
+    [(503, "retry", "HTTP 503"), (404, "terminal", "HTTP 404"), (200, "terminal", "HTTPError: no")],
+)
+def test_an_answer_a_hook_raised_for_is_judged_by_its_status(
+    status: int, outcome: str, error: str
+) -> None:
+    verdict = classify_refused_answer(requests.HTTPError("no"), status, "7", NOW)
+    assert (verdict.outcome, verdict.error_kind, verdict.status_code, verdict.error) == (
+        outcome, "status", status, error,
+    )  # fmt: skip
+    assert verdict.retry_after == (7.0 if outcome == "retry" else None)

@@ -720,3 +720,35 @@ def test_a_407_to_connect_is_final(monkeypatch: pytest.MonkeyPatch) -> None:
         )  # fmt: skip
         assert rs[0].final_url is None  # the answer came from the proxy, not from the URL
         assert [head.split(b" ")[:2] for head in proxy.requests()] == [[b"CONNECT", b"127.0.0.1:1"]]
+
+
+def hooked_session(*hooks: Any) -> requests.Session:
+    session = requests.Session()
+    session.hooks["response"] = list(hooks)
+    return session
+
+
+@pytest.mark.parametrize("path", ["/status/503", "/redirect?to=/status/503"])
+def test_a_hooks_raise_for_status_is_judged_by_the_status(path: str) -> None:
+    """requests raises the hook's HTTPError; batchsync judges its response: 503 is retried."""
+
+    def raise_for_status(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        response.raise_for_status()
+
+    with raw_server() as recorder:
+        url = recorder.url + path
+        with (
+            hooked_session(raise_for_status) as session,
+            pytest.raises(requests.HTTPError) as raised,
+        ):
+            session.get(url, timeout=10)
+        answer = raised.value.response
+        assert answer is not None and answer.status_code == 503
+        rs = batch(
+            [url], session=hooked_session(raise_for_status), attempts=2,
+            backoff=Backoff(base=0.01, jitter=0),
+        )  # fmt: skip
+        assert (rs[0].ok, rs[0].error_kind, rs[0].status_code, rs[0].attempts) == (
+            False, "status", 503, 2,
+        )  # fmt: skip
+        assert (rs[0].final_url, rs[0].redirects) == (answer.url, path.count("redirect"))
