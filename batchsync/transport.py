@@ -22,7 +22,12 @@ from requests.adapters import HTTPAdapter
 from requests.cookies import extract_cookies_to_jar
 from requests.models import REDIRECT_STATI
 from requests.structures import CaseInsensitiveDict
-from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_netrc_auth, select_proxy
+from requests.utils import (
+    DEFAULT_CA_BUNDLE_PATH,
+    get_netrc_auth,
+    resolve_proxies,
+    select_proxy,
+)
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
@@ -167,6 +172,13 @@ def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
         return remaining
     value = headers.get("Content-Length")
     return int(value) if value is not None and value.isdigit() else None
+
+
+def proxy_reads_headers(url: str, proxies: Mapping[str, str]) -> bool:
+    """Whether a request for ``url`` goes to a proxy in the clear, so that the proxy (and not
+    the origin server) reads its headers: plain HTTP, with a proxy for its URL. (Over HTTPS a
+    proxy only tunnels: the headers are the origin's to read.)"""
+    return urlsplit(url).scheme.lower() == "http" and bool(select_proxy(url, dict(proxies)))
 
 
 def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
@@ -595,8 +607,14 @@ class Transport:
         request: requests.PreparedRequest,
         wall_end: float,
         redirects: int = 0,
+        proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
+        """One request, no redirect followed; ``proxies`` (a redirect hop's) instead of the
+        environment's for its URL."""
         assert request.url is not None
+        settings = self._environment(session, request.url)
+        if proxies is not None:
+            settings = {**settings, "proxies": proxies}
         self.ledger.watchdog.arm(wall_end)
         try:
             return session.send(
@@ -604,7 +622,7 @@ class Transport:
                 allow_redirects=False,
                 stream=True,
                 timeout=self._left(wall_end),
-                **self._environment(session, request.url),
+                **settings,
             )
         except UnicodeDecodeError as exc:  # requests decodes Location as UTF-8
             raise _unreadable_location(exc) from None
@@ -647,9 +665,13 @@ class Transport:
                 jars.keep(response)
             extract_cookies_to_jar(session.cookies, prepared, raw)
             # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
+            proxies = self._environment(session, wire.url)["proxies"]
             try:
                 response._next = next(
-                    session.resolve_redirects(response, prepared, yield_requests=True), None
+                    session.resolve_redirects(
+                        response, prepared, proxies=proxies, yield_requests=True
+                    ),
+                    None,
                 )
             except UnicodeDecodeError as exc:
                 raise BadRedirect(
@@ -684,8 +706,14 @@ class Transport:
         response: requests.Response,
         wall_end: float,
     ) -> Reply:
-        """Follow redirects from ``response`` to the final one."""
+        """Follow redirects from ``response`` to the final one.
+
+        Each hop goes through the proxies requests would use for it: the first request's,
+        with the environment's for the new URL added (``Session.rebuild_proxies``), so a hop
+        to a NO_PROXY host keeps the first request's proxy, as in requests.
+        """
         hops = 0
+        proxies = self._environment(session, first_url)["proxies"]
         while response.is_redirect and response.next is not None:
             follow = response.next
             response.close()
@@ -701,7 +729,10 @@ class Transport:
                 for name in list(follow.headers):
                     if self._secrets.is_declared(name):
                         del follow.headers[name]
-            response = self._send_once(session, follow, wall_end, hops)
+            proxies = resolve_proxies(follow, proxies, session.trust_env)
+            if not proxy_reads_headers(follow.url, proxies):  # (the origin would read it)
+                follow.headers.pop("Proxy-Authorization", None)
+            response = self._send_once(session, follow, wall_end, hops, proxies)
         return Reply(
             response.status_code, response.headers, response.raw, response.url or first_url,
             hops, response.close,

@@ -752,3 +752,66 @@ def test_a_hooks_raise_for_status_is_judged_by_the_status(path: str) -> None:
             False, "status", 503, 2,
         )  # fmt: skip
         assert (rs[0].final_url, rs[0].redirects) == (answer.url, path.count("redirect"))
+
+
+PROXY_AUTHORIZATION = b"\r\nProxy-Authorization: Basic cHVzZXI6cHBhc3M=\r\n"
+
+
+@pytest.mark.parametrize("start", ["proxied", "direct"])
+def test_a_redirect_hop_goes_through_the_proxy_requests_uses(
+    start: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests keeps the first request's proxy for a hop to a NO_PROXY host (and takes the
+    environment's for a hop from one): the same hops through the same proxy, and the proxy's
+    credentials never reach the origin."""
+    with raw_server() as proxy, raw_server() as origin:
+        monkeypatch.setenv("HTTP_PROXY", f"http://puser:ppass@127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        if start == "proxied":  # nothing resolves proxied.test: only the proxy can answer
+            url = f"http://proxied.test/redirect?to={origin.url}/landed"
+        else:
+            url = f"{origin.url}/redirect?to=http://proxied.test/landed"
+        for item in (url, {"url": url, "params": {"lane": "requests"}}):
+            call = Call("GET", url, {} if isinstance(item, str) else {"params": item["params"]})
+            with requests.Session() as session:
+                response = session.request(call.method, call.url, timeout=10, **call.kwargs)
+            expected = (proxy.requests(), origin.requests())
+            proxy.clear()
+            origin.clear()
+            rs = batch([item])
+            seen = (proxy.requests(), origin.requests())
+            proxy.clear()
+            origin.clear()
+            assert result_observed(rs) == observed(response) == (True, 200, response.url, 1)
+            assert len(expected[0]) == 2 if start == "proxied" else 1
+            assert all(PROXY_AUTHORIZATION in head for head in expected[0])
+            assert seen == expected, difference(seen[0] + seen[1], expected[0] + expected[1])
+            assert not any(b"Proxy-Authorization" in head for head in seen[1])
+
+
+def test_proxy_credentials_never_reach_an_origin_server() -> None:
+    """A session whose proxies exempt a host with an empty entry: requests adds the proxy's
+    Proxy-Authorization on the hop to it, then sends it there directly. batchsync leaves it
+    out (a documented difference, docs/fidelity.md); the rest of the request is the same."""
+    with raw_server() as proxy, raw_server() as origin:
+
+        def session() -> requests.Session:
+            made = requests.Session()
+            made.proxies = {
+                "http": f"http://puser:ppass@127.0.0.1:{proxy.port}",
+                "http://127.0.0.1": "",
+            }
+            return made
+
+        url = f"http://proxied.test/redirect?to={origin.url}/landed"
+        with session() as reference_session:
+            response = reference_session.get(url, timeout=10)
+        expected = (proxy.requests(), origin.requests())
+        proxy.clear()
+        origin.clear()
+        rs = batch([url], session=session)
+        seen = (proxy.requests(), origin.requests())
+        assert result_observed(rs) == observed(response) == (True, 200, response.url, 1)
+        assert PROXY_AUTHORIZATION in expected[1][0]  # requests' own leak, still there
+        assert seen[0] == expected[0]
+        assert seen[1] == [expected[1][0].replace(PROXY_AUTHORIZATION, b"\r\n")]
