@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +24,7 @@ from requests.models import REDIRECT_STATI
 from requests.structures import CaseInsensitiveDict
 from requests.utils import (
     DEFAULT_CA_BUNDLE_PATH,
+    default_headers,
     get_netrc_auth,
     resolve_proxies,
     select_proxy,
@@ -172,6 +173,29 @@ def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
         return remaining
     value = headers.get("Content-Length")
     return int(value) if value is not None and value.isdigit() else None
+
+
+# The headers requests sends by default (User-Agent, Accept-Encoding, Accept, Connection).
+_DEFAULT_HEADERS = frozenset(name.lower() for name in default_headers())
+
+
+def leave_origin(
+    headers: MutableMapping[str, str | bytes],
+    is_secret: Callable[[str], bool],
+    defaults: Mapping[str, str | bytes],
+) -> None:
+    """Make a redirect hop's ``headers`` fit for another origin: the run's secret headers go,
+    and one that stood for a header requests sends by default (a ``-H 'User-Agent: …'``) gives
+    its place to the session's value, so the hop is the one requests sends without them."""
+    fallback = {name.lower(): (name, value) for name, value in defaults.items()}
+    for name in list(headers):
+        if not is_secret(name):
+            continue
+        standing = fallback.get(name.lower()) if name.lower() in _DEFAULT_HEADERS else None
+        if standing is None:
+            del headers[name]
+        else:
+            headers[standing[0]] = standing[1]  # (in the place it had)
 
 
 def proxy_reads_headers(url: str, proxies: Mapping[str, str]) -> bool:
@@ -726,9 +750,7 @@ class Transport:
             # requests has already dealt with Authorization, Cookie and Proxy-Authorization
             # for the new URL; the run's own secret headers are batchsync's to drop.
             if session.should_strip_auth(first_url, follow.url):
-                for name in list(follow.headers):
-                    if self._secrets.is_declared(name):
-                        del follow.headers[name]
+                leave_origin(follow.headers, self._secrets.is_declared, session.headers)
             proxies = resolve_proxies(follow, proxies, session.trust_env)
             if not proxy_reads_headers(follow.url, proxies):  # (the origin would read it)
                 follow.headers.pop("Proxy-Authorization", None)

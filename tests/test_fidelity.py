@@ -815,3 +815,32 @@ def test_proxy_credentials_never_reach_an_origin_server() -> None:
         assert PROXY_AUTHORIZATION in expected[1][0]  # requests' own leak, still there
         assert seen[0] == expected[0]
         assert seen[1] == [expected[1][0].replace(PROXY_AUTHORIZATION, b"\r\n")]
+
+
+RUN_HEADERS = {"X-Api-Key": "k1", "User-Agent": "mine/1", "accept": "application/json"}
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_run_headers_leave_a_redirect_to_another_origin_as_requests_sends_it_without_them(
+    lane: str,
+) -> None:
+    """``-H`` / ``headers=`` go only to the item's origin (a documented difference: requests
+    keeps them); the hop elsewhere is the one requests sends without them, its User-Agent and
+    Accept included, never urllib3's bare defaults."""
+    with raw_server() as first, raw_server() as second:
+        url = f"{first.url}/redirect?to={second.url}/landed"
+        params = {} if lane == "plain-url" else {"params": {"lane": lane}}
+        item: TItem = url if lane == "plain-url" else {"url": url, **params}
+        reference([Call("GET", url, {"headers": RUN_HEADERS, **params})])
+        assert b"\r\nX-Api-Key: k1\r\n" in second.requests()[0]  # requests keeps them
+        expected_first = first.requests()
+        first.clear()
+        second.clear()
+        reference([Call("GET", url, params)])
+        expected_hop = second.requests()
+        first.clear()
+        second.clear()
+        rs = batch([item], headers=RUN_HEADERS)
+        assert result_observed(rs) == (True, 200, f"{second.url}/landed", 1)
+        assert first.requests() == expected_first, difference(first.requests(), expected_first)
+        assert second.requests() == expected_hop, difference(second.requests(), expected_hop)

@@ -8,9 +8,11 @@ import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from requests.structures import CaseInsensitiveDict
+from requests.utils import default_headers
 
 from batchsync.origins import host_key, host_of
-from batchsync.transport import _passes_end, lane_split
+from batchsync.transport import _passes_end, lane_split, leave_origin
 
 
 @pytest.mark.parametrize(
@@ -111,3 +113,15 @@ def test_one_host_key_whichever_lane(url: str, key: str) -> None:
     split = lane_split(url)
     if split is not None:
         assert host_key(*split[0]) == key
+
+
+def test_leaving_the_origin_drops_secrets_and_puts_the_sessions_defaults_back() -> None:
+    headers: CaseInsensitiveDict[str | bytes] = CaseInsensitiveDict(
+        {"user-agent": "mine/1", "Accept": "a/b", "X-Api-Key": "k1", "X-Kept": "1", "Extra": "e"}
+    )
+    declared = {"user-agent", "accept", "x-api-key", "extra"}
+    defaults = default_headers()
+    del defaults["Accept"]  # a session without one: nothing stands in its place
+    defaults["Extra"] = "session"  # not one of requests' defaults: a secret name still goes
+    leave_origin(headers, lambda name: name.lower() in declared, defaults)
+    assert list(headers.items()) == [("User-Agent", defaults["User-Agent"]), ("X-Kept", "1")]
