@@ -109,6 +109,8 @@ class Reply:
     url: str
     redirects: int = 0
     closer: Callable[[], None] | None = None
+    # The body, when a response hook of the caller's session has read it already.
+    content: bytes | None = None
 
     def close(self) -> None:
         """Close the stream (and its connection) and hand the connection slot back."""
@@ -709,17 +711,19 @@ class Transport:
         return self.prepare(requests.Request(wire.method, wire.url, headers=dict(wire.headers)))
 
     def drain_redirect(self, response: requests.Response, *args: Any, **kwargs: Any) -> Any:
-        """A response hook, run before any other: discards a redirect's body within the
-        attempt's end and ``CHUNK_BYTES`` (a larger one drops the connection). requests would
-        read it whole, however large or slow, to follow the redirect."""
+        """A response hook, run before any other: reads a redirect's body within the
+        attempt's end and ``CHUNK_BYTES``, for the hooks after it to see as the response's
+        content (a larger one drops the connection, and they see none). requests would read
+        it whole, however large or slow, to follow the redirect."""
         end = self.ledger.watchdog.end()
         if not response.is_redirect or end is None:
             return response
         reply = Reply(response.status_code, response.headers, response.raw, "", 0, response.close)
+        body = b""
         # Past CHUNK_BYTES read_body closes it: the connection goes instead of the rest.
         with contextlib.suppress(BodyTooLarge):
-            self.read_body(reply, end, CHUNK_BYTES, rearm=True)
-        response._content = b""
+            body = bytes(self.read_body(reply, end, CHUNK_BYTES, rearm=True))
+        response._content = body
         response._content_consumed = True
         return response
 
@@ -757,7 +761,7 @@ class Transport:
             response = self._send_once(session, follow, wall_end, hops, proxies)
         return Reply(
             response.status_code, response.headers, response.raw, response.url or first_url,
-            hops, response.close,
+            hops, response.close, response.content if response._content_consumed else None,
         )  # fmt: skip
 
     def read_body(
@@ -782,7 +786,11 @@ class Transport:
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         try:
-            while True:
+            if reply.content is not None:  # a hook read it all, as requests reads it
+                body += reply.content
+                if len(body) > max_bytes:
+                    raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
+            while reply.content is None:
                 left = self._left(wall_end)
                 if sock is not None and _passes_end(sock.gettimeout(), left):
                     sock.settimeout(left)

@@ -9,6 +9,7 @@ when both succeed.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import difflib
 import json
@@ -844,3 +845,41 @@ def test_run_headers_leave_a_redirect_to_another_origin_as_requests_sends_it_wit
         assert result_observed(rs) == (True, 200, f"{second.url}/landed", 1)
         assert first.requests() == expected_first, difference(first.requests(), expected_first)
         assert second.requests() == expected_hop, difference(second.requests(), expected_hop)
+
+
+@pytest.mark.parametrize("expect", ["json", "text", "bytes"])
+def test_a_hook_that_reads_the_body_sees_it_and_so_does_the_caller(expect: str) -> None:
+    """A session response hook reading ``r.content`` (as requests_toolbelt's dump_all does):
+    hooks see every response's body, the redirect's too, and the caller still gets it."""
+    with raw_server() as recorder:
+        urls = [f"{recorder.url}/plain", f"{recorder.url}/redirect?to=/target"]
+        calls = [Call("GET", url) for url in urls]
+
+        def reading(seen: list[tuple[int, bytes]]) -> requests.Session:
+            def hook(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+                seen.append((response.status_code, response.content))
+
+            return hooked_session(hook)
+
+        theirs: list[tuple[int, bytes]] = []
+        with reading(theirs) as session:
+            responses = [session.get(call.url, timeout=10) for call in calls]
+        expected = recorder.requests()
+        recorder.clear()
+        mine: list[tuple[int, bytes]] = []
+        rs = batch([*urls], session=reading(mine), expect=expect)
+        for index, response in enumerate(responses):
+            assert result_observed(rs, index) == observed(response)
+            data = {
+                "json": response.json(),
+                "text": response.text,
+                "bytes": base64.b64encode(response.content).decode(),
+            }
+            assert rs[index].data == data[expect]
+        assert mine == theirs == [
+            (200, b'{"ok": true}'), (302, b"redirecting"), (200, b'{"ok": true}'),
+        ]  # fmt: skip
+        assert recorder.requests() == expected
+        # what a hook read is still bounded by max_bytes
+        bounded = batch([urls[0]], session=reading([]), expect=expect, max_bytes=5)
+        assert (bounded[0].error_kind, bounded[0].status_code) == ("invalid_body", 200)
