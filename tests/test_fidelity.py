@@ -4,7 +4,9 @@ Every case sends the same item twice to a recording raw-socket server (``tests.r
 once through a fresh ``requests.Session().request(...)`` (the reference) and once through
 ``fetch_all``, and compares the raw bytes of every request the server received (request line,
 headers in order and case, body). TLS cases compare outcomes (ok / failed) first, and bytes
-when both succeed.
+when both succeed. The cases of issue 26 compare what the caller observes as well: ``ok``,
+``status_code``, ``final_url`` and ``redirects`` with ``r.ok``, ``r.status_code``, ``r.url`` and
+``r.history``, ``data`` with ``r.json()`` / ``r.text`` / ``r.content``, and what hooks saw.
 """
 
 from __future__ import annotations
