@@ -6,7 +6,9 @@ Proxy-Authorization always, every ``-H`` header, declared names), query paramete
 ``-H`` values, the Redis URL's password). Texts are masked by shape (``user:pass@``,
 ``?api_key=…``), which needs no list of values, and by value, in the forms an error message
 or a log record may hold one: raw, escaped (``repr``, JSON, percent-encoding, base64), the
-credential without its scheme (``Bearer …``), and cut short (``…`` or ``...`` at a cut).
+credential without its scheme (``Bearer …``), and cut short (``…`` or ``...`` at a cut). A
+short value is masked by value only as a word of its own outside a path, so that masking
+never corrupts the text around it (see _MIN_ANYWHERE).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ MASK = "***"
 # masked by their shape only.
 _MIN_PIECE = 6
 _MIN_VALUE = 4
+# A value (or piece) this long is masked wherever it stands: it does not turn up by chance in
+# other text. A shorter one (a user name, a short password) can be a word or a path segment
+# too, so it is masked only as a word of its own outside a path: "user" is masked in
+# "user: bad" and "Basic user", never in "/basic-auth/user" or "/useronly".
+_MIN_ANYWHERE = 8
+# Where a short value may stand: after no letter, digit, "_" or "/" (a path segment), or
+# right after a percent-escape (a value escaped into a URL); before no letter, digit or "_".
+_WORD_START = r"(?:(?<![\w/])|(?<=%[0-9A-Fa-f]{2}))"
+_WORD_END = r"(?!\w)"
 # Userinfo: what stands between a scheme's "//" and the last "@" before the authority ends
 # (as urllib3 splits it: a password may hold an "@"; masking too much is harmless).
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#\s]*@")
@@ -194,9 +205,7 @@ class Secrets:
     def _values_pattern(self, values: frozenset[str], known: frozenset[str]) -> re.Pattern[str]:
         pattern = self._patterns.get(values)
         if pattern is None:
-            forms = {form for value in values for piece in pieces(value) for form in _forms(piece)}
-            escaped = sorted((re.escape(form) for form in forms if form), key=len, reverse=True)
-            pattern = re.compile("|".join(escaped))
+            pattern = _values_regex({piece for value in values for piece in pieces(value)})
             if values == known:  # the run's own: kept; an item's: made each time
                 if len(self._patterns) >= _MAX_PATTERNS:
                     self._patterns.clear()
@@ -233,6 +242,22 @@ class Secrets:
         return found
 
 
+def _values_regex(found: Iterable[str]) -> re.Pattern[str]:
+    """One pattern for every form of the pieces ``found``: a long piece's forms wherever they
+    stand, a short one's only as a word of their own outside a path (see _MIN_ANYWHERE)."""
+    long = {form for piece in found if len(piece) >= _MIN_ANYWHERE for form in _forms(piece)}
+    short = {form for piece in found if len(piece) < _MIN_ANYWHERE for form in _forms(piece)}
+    alternatives = [_alternation(long)] if long else []
+    if short:
+        alternatives.append(f"{_WORD_START}(?:{_alternation(short)}){_WORD_END}")
+    return re.compile("|".join(alternatives))
+
+
+def _alternation(forms: Iterable[str]) -> str:
+    """The forms as one alternation, longest first (a form that holds another wins)."""
+    return "|".join(sorted((re.escape(form) for form in forms if form), key=len, reverse=True))
+
+
 def _mask_userinfo(match: re.Match[str]) -> str:
     return f"{match[1] or ''}//{MASK}@"
 
@@ -242,7 +267,8 @@ def _mask_cut(text: str, values: Iterable[str]) -> str:
     ``…`` or ``...``, an end of one after it."""
     if not any(cut in text for cut in _CUTS):
         return text
-    for piece in {piece for value in values for piece in pieces(value)}:
+    found = {piece for value in values for piece in pieces(value)}
+    for piece in {piece for piece in found if len(piece) >= _MIN_ANYWHERE}:
         for form in _forms(piece):
             if len(form) <= _MIN_PIECE:
                 continue
