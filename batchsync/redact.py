@@ -231,6 +231,8 @@ class Secrets:
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
     def _url_values(self, url: str) -> set[str]:
+        if "=" not in url and "@" not in url and "%" not in url:
+            return set()  # (no parameter, no userinfo: the fast lane's common case, at no cost)
         found = self._param_values(url) | self._param_values(unquote_plus(url))
         try:
             user, password = urlsplit(url).username, urlsplit(url).password

@@ -38,6 +38,9 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /bad-location                    a 302 whose Location is not UTF-8
     /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
     /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
+    /echo-values?style=status|location  echoes the query's values (a key among them) as
+                                     careless servers do: in a status line that is not HTTP
+                                     (status), or in a 302 to /404/VALUES (location)
   An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
@@ -360,6 +363,8 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/deep":
             depth = int(query.get("depth", "1000"))
             self._send(200, b"[" * depth + b"]" * depth, "application/json")
+        elif head == "/echo-values":
+            self._echo_values(query)
         elif head == "/surrogate":
             self._send(200, b'{"name": "\\ud800"}', "application/json")
         elif head == "/text":
@@ -613,6 +618,15 @@ class Handler(BaseHTTPRequestHandler):
         block = b" " * MIB
         for _ in range(mebibytes):
             self.wfile.write(block)
+
+    def _echo_values(self, query: dict[str, str]) -> None:
+        """The query's values (but the style) echoed where a client may quote them."""
+        values = "-".join(v for k, v in query.items() if k != "style")
+        if query.get("style") == "status":
+            self.wfile.write(f"HTTP/1.1 bad key {values}\r\n\r\n".encode())
+            self.close_connection = True
+        else:
+            self._send(302, b"", "text/plain", {"Location": f"/404/{values}"})
 
     def _stall_upload(self) -> None:
         self.close_connection = True

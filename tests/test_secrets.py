@@ -39,6 +39,7 @@ ITEM_TAGS = (
     "user", "pass", "qkey2", "badport", "unsplit", "crlf", "nul", "unread", "non_utf8", "long",
     "badshape", "typo", "trickle", "body", "connect", "trace", "nan", "fastsig", "deep",
     "pctname", "frag", "at1", "at2", "quote", "pathseg", "nested", "basic", "echoed", "words",
+    "echostatus", "echolocation",
 )  # fmt: skip
 
 
@@ -109,6 +110,9 @@ def hostile_input(server: MockServerProcess, raw: str, c: dict[str, str]) -> lis
         line({"url": f"{raw}/echo-auth", "headers": bearer("echoed")}),
         # a short user name that is also a path segment and a start of a word: not a secret there
         f"http://user:{c['words']}@127.0.0.1:{port}/404/{k}/user/useronly?q=username".encode(),
+        # the fast lane's plain URLs, their key echoed by the server: its status line, Location
+        f"{server.url}/echo-values?style=status&api_key={c['echostatus']}".encode(),
+        f"{server.url}/echo-values?style=location&api_key={c['echolocation']}".encode(),
     ]
 
 
@@ -177,7 +181,7 @@ def check_hostile_run(
         "invalid_request", "invalid_request", "timeout", "invalid_body", "invalid_request",
         "invalid_request", "invalid_request", "status", "invalid_body",
         "status", "status", "status", "status", "status", "status", "connection", "connection",
-        "status",
+        "status", "connection", "status",
     ]  # fmt: skip
     assert [r["attempts"] for r in results][2:11] == [0] * 9
     # Every error path ran; now every byte written: stdout, stderr, every file in the folder.
