@@ -60,6 +60,8 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      its first T requests (always without fail_times); a
                                      next page is named on the server at base when given;
                                      with limit, a quota as /quota's (family, style x)
+    /endless-pages?kb=N&cursor=C     a collection that never ends: pages of about N KiB
+                                     (default 1024) whose "next" is always a new cursor
   An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
@@ -392,6 +394,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif head == "/quota":
             self._quota(path.strip("/").split("/")[1], query)
+        elif head == "/endless-pages":
+            number = int(query.get("cursor", "0"))
+            pad = "x" * (int(query.get("kb", "1024")) * 1024)
+            self._json(200, {"items": [{"n": number, "pad": pad}], "next": str(number + 1)})
         elif head == "/pages":
             self._page(path, path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":

@@ -172,7 +172,8 @@ def _retry_kinds(
     type=click.IntRange(min=1),
     default=DEFAULT.max_bytes,
     metavar="BYTES",
-    help="A larger body fails as invalid_body.",
+    help="A larger body fails as invalid_body; with --paginate, an item's pages together "
+    "are bounded the same (its data keeps the pages within it).",
 )
 @click.option(
     "--rate",
