@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
@@ -59,6 +59,8 @@ _PARAMS = (
     re.compile(r"(?<=[?&;#])([^=&;#?\s'\"<>]+)=([^&;#\s'\"<>]*)"),
 )
 _CUTS = ("…", "...")
+# A value made of template fields only ({name}; {{ is a literal brace, no field).
+_FIELDS_ONLY = re.compile(r"(?:\{[^{}]+\})+")
 
 
 def _param_name(name: str) -> str:
@@ -186,11 +188,25 @@ class Secrets:
     def text(self, text: str, extra: Iterable[str] = ()) -> str:
         """``text`` with every secret masked: by shape (userinfo, secret parameters), the
         run's known values and ``extra`` values (an item's own) in every form."""
+        return self._masked(text, extra, self._mask_param)
+
+    def template(self, text: str) -> str:
+        """``text`` masked as a URL template is: a secret parameter whose value is template
+        fields only (``api_key={tok}``) holds no secret and is kept, so that a command line
+        shown with it runs again as given."""
+        return self._masked(text, (), self._mask_param_but_fields)
+
+    def _mask_param_but_fields(self, match: re.Match[str]) -> str:
+        return match[0] if _FIELDS_ONLY.fullmatch(match[2]) else self._mask_param(match)
+
+    def _masked(
+        self, text: str, extra: Iterable[str], mask_param: Callable[[re.Match[str]], str]
+    ) -> str:
         if "@" in text:
             text = _USERINFO.sub(_mask_userinfo, text)
         if "=" in text:
             for pattern in _PARAMS:
-                text = pattern.sub(self._mask_param, text)
+                text = pattern.sub(mask_param, text)
         if "%" in text:  # a URL escaped inside another: its secrets, found decoded
             extra = {*extra, *self._param_values(unquote_plus(text))}
         learned = self._learned.values  # (inline: text() runs for every item)

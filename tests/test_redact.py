@@ -174,3 +174,15 @@ def test_a_short_value_is_still_masked_as_a_word_in_a_message() -> None:
     message = f"BadStatusLine('user passwd, Basic {basic}, key=abc12%26x, X-Api: abc12')"
     assert RUN.text(message, own) == "BadStatusLine('*** ***, Basic ***, key=***%26x, X-Api: ***')"
     assert RUN.text("to /x%3Fq%3Dabc12 and userabc12", own) == "to /x%3Fq%3D*** and userabc12"
+
+
+def test_the_resume_line_keeps_template_fields_and_masks_values() -> None:
+    # (with api_key=*** the printed command was refused: it names another template)
+    from batchsync.cli.command import command
+    from batchsync.cli.options import resume_command
+
+    argv = ["rows.csv", "--url", "https://h.test/{id}?api_key={tok}&token=l1teral-k3y&key={{x}}"]
+    assert resume_command(argv, RUN, command.params) == (
+        "python -m batchsync rows.csv --url "
+        "'https://h.test/{id}?api_key={tok}&token=***&key=***' --resume"
+    )
