@@ -352,19 +352,32 @@ _RUNS = _Registry()
 
 class RedactingFilter(logging.Filter):
     """Masks secrets in every record logged by batchsync and by urllib3 underneath it, with
-    the Secrets of the runs going on (their masking by shape whatever the run)."""
+    the Secrets of the runs going on (their masking by shape whatever the run), and escapes
+    control characters: a server's text (a Link target, a status line) reaches no terminal
+    raw, and makes no line of its own."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a malformed record: the handler reports it, as without us
             return True
-        masked = _masked(message)
+        masked = _printable(_masked(message))
         if masked != message:
             record.msg, record.args = masked, None
         if record.exc_info and not record.exc_text:
-            record.exc_text = _masked(logging.Formatter().formatException(record.exc_info))
+            trace = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = _printable(_masked(trace), keep="\n")
         return True
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str, keep: str = "") -> str:
+    """``text`` with its control characters (but ``keep``) written as ``\\xNN`` escapes."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(lambda m: m[0] if m[0] in keep else f"\\x{ord(m[0]):02x}", text)
 
 
 def _masked(text: str) -> str:

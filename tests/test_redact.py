@@ -186,3 +186,16 @@ def test_the_resume_line_keeps_template_fields_and_masks_values() -> None:
         "python -m batchsync rows.csv --url "
         "'https://h.test/{id}?api_key={tok}&token=***&key=***' --resume"
     )
+
+
+def test_log_records_reach_a_terminal_with_control_characters_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # (a server's Link target, shown in "-v" as "page 2 (…)", may hold ESC and BEL)
+    with caplog.at_level(logging.DEBUG), watching(RUN):
+        logging.getLogger("batchsync").info("page 2 (%s): HTTP 503", "http://h.test/\x1b]0;x\x07")
+        logging.getLogger("urllib3.connectionpool").debug("GET /\x9b2J\r\nfake line")
+    assert caplog.messages == [
+        "page 2 (http://h.test/\\x1b]0;x\\x07): HTTP 503",
+        "GET /\\x9b2J\\x0d\\x0afake line",
+    ]
