@@ -36,6 +36,7 @@ from .paginate import (
     first_page,
     gathered,
     next_page,
+    pages_over,
     same_origin,
     with_userinfo,
 )
@@ -130,7 +131,9 @@ class HttpJob:
                 self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
-                attempt = partial(self._send, wire, self._hedge_host(wire.host), frozenset())
+                # (its own secrets too: a server may echo its key in a status line or Location)
+                own = self._secrets.of_item((item,), None, None)
+                attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
         continued = item if isinstance(item, Continued) else None
@@ -185,6 +188,9 @@ class HttpJob:
         Verdict: the next page cannot be fetched)."""
         paging = self._paging
         assert paging is not None
+        size = page.size + verdict.size
+        if size > self._options.max_bytes:  # (the pages so far are kept, memory bounded)
+            return page.data, terminal("invalid_body", pages_over(page.number, size))
         try:
             data = gathered(paging, page.data, verdict.data, first=page.number == 1)
             following = next_page(
@@ -197,7 +203,7 @@ class HttpJob:
             return data, None
         url, position = following
         url, seen = with_userinfo(url, spec.url), page.seen | {page.url}
-        upcoming = Page(url, page.number + 1, position, data, seen)
+        upcoming = Page(url, page.number + 1, position, data, seen, size)
         problem = self._page_problem(spec.url, url, seen)
         if problem is None:
             return data, self._page_route(spec, own, upcoming)
@@ -466,7 +472,7 @@ class HttpJob:
             expect = self._options.expect
             content_type = reply.headers.get("Content-Type") if expect == "text" else None
             verdict = success(decode_body(body, expect, content_type), status)
-        verdict.quota = quota
+        verdict.quota, verdict.size = quota, len(body)
         if self._paging is not None and self._paging.style == "link":
             verdict.link = reply.headers.get("Link")
         return verdict

@@ -6,6 +6,7 @@ sends the pages and the engine runs each as an attempt of its own.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -245,6 +246,8 @@ class Page:
     data: list[Any]
     # The pages fetched before it in this run (a next page among them is a loop).
     seen: frozenset[str] = frozenset()
+    # Bytes of the bodies of the pages before it: together they stay within max_bytes.
+    size: int = 0
 
     def continuation(self) -> dict[str, Any]:
         """Where the item goes on from this page (JSON, for the journal)."""
@@ -260,8 +263,23 @@ class Continued:
 
     @classmethod
     def of(cls, item: object, continuation: Mapping[str, Any], data: Any) -> Continued:
+        kept = list(data) if isinstance(data, list) else []
         page = Page(
             str(continuation["url"]), int(continuation["page"]), int(continuation["position"]),
-            list(data) if isinstance(data, list) else [],
+            kept, size=_size_of(kept),
         )  # fmt: skip
         return cls(item, page)
+
+
+def _size_of(data: list[Any]) -> int:
+    """About the bytes the pages of ``data`` took (as JSON): a resumed item's pages before go
+    on counting towards its bound."""
+    return len(json.dumps(data, ensure_ascii=False, default=str).encode())
+
+
+def pages_over(number: int, size: int) -> str:
+    """Why an item's pages stop: together they passed max_bytes, as one body may not."""
+    return (
+        f"page {number} makes the pages {size} bytes, over max_bytes: kept the pages before it "
+        "(raise max_bytes, or set max_pages, for a larger collection)"
+    )

@@ -6,7 +6,9 @@ Proxy-Authorization always, every ``-H`` header, declared names), query paramete
 ``-H`` values, the Redis URL's password). Texts are masked by shape (``user:pass@``,
 ``?api_key=…``), which needs no list of values, and by value, in the forms an error message
 or a log record may hold one: raw, escaped (``repr``, JSON, percent-encoding, base64), the
-credential without its scheme (``Bearer …``), and cut short (``…`` or ``...`` at a cut).
+credential without its scheme (``Bearer …``), and cut short (``…`` or ``...`` at a cut). A
+short value is masked by value only as a word of its own outside a path, so that masking
+never corrupts the text around it (see _MIN_ANYWHERE).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
@@ -37,6 +39,15 @@ MASK = "***"
 # masked by their shape only.
 _MIN_PIECE = 6
 _MIN_VALUE = 4
+# A value (or piece) this long is masked wherever it stands: it does not turn up by chance in
+# other text. A shorter one (a user name, a short password) can be a word or a path segment
+# too, so it is masked only as a word of its own outside a path: "user" is masked in
+# "user: bad" and "Basic user", never in "/basic-auth/user" or "/useronly".
+_MIN_ANYWHERE = 8
+# Where a short value may stand: after no letter, digit, "_" or "/" (a path segment), or
+# right after a percent-escape (a value escaped into a URL); before no letter, digit or "_".
+_WORD_START = r"(?:(?<![\w/])|(?<=%[0-9A-Fa-f]{2}))"
+_WORD_END = r"(?!\w)"
 # Userinfo: what stands between a scheme's "//" and the last "@" before the authority ends
 # (as urllib3 splits it: a password may hold an "@"; masking too much is harmless).
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#\s]*@")
@@ -48,6 +59,8 @@ _PARAMS = (
     re.compile(r"(?<=[?&;#])([^=&;#?\s'\"<>]+)=([^&;#\s'\"<>]*)"),
 )
 _CUTS = ("…", "...")
+# A value made of template fields only ({name}; {{ is a literal brace, no field).
+_FIELDS_ONLY = re.compile(r"(?:\{[^{}]+\})+")
 
 
 def _param_name(name: str) -> str:
@@ -175,11 +188,25 @@ class Secrets:
     def text(self, text: str, extra: Iterable[str] = ()) -> str:
         """``text`` with every secret masked: by shape (userinfo, secret parameters), the
         run's known values and ``extra`` values (an item's own) in every form."""
+        return self._masked(text, extra, self._mask_param)
+
+    def template(self, text: str) -> str:
+        """``text`` masked as a URL template is: a secret parameter whose value is template
+        fields only (``api_key={tok}``) holds no secret and is kept, so that a command line
+        shown with it runs again as given."""
+        return self._masked(text, (), self._mask_param_but_fields)
+
+    def _mask_param_but_fields(self, match: re.Match[str]) -> str:
+        return match[0] if _FIELDS_ONLY.fullmatch(match[2]) else self._mask_param(match)
+
+    def _masked(
+        self, text: str, extra: Iterable[str], mask_param: Callable[[re.Match[str]], str]
+    ) -> str:
         if "@" in text:
             text = _USERINFO.sub(_mask_userinfo, text)
         if "=" in text:
             for pattern in _PARAMS:
-                text = pattern.sub(self._mask_param, text)
+                text = pattern.sub(mask_param, text)
         if "%" in text:  # a URL escaped inside another: its secrets, found decoded
             extra = {*extra, *self._param_values(unquote_plus(text))}
         learned = self._learned.values  # (inline: text() runs for every item)
@@ -194,9 +221,7 @@ class Secrets:
     def _values_pattern(self, values: frozenset[str], known: frozenset[str]) -> re.Pattern[str]:
         pattern = self._patterns.get(values)
         if pattern is None:
-            forms = {form for value in values for piece in pieces(value) for form in _forms(piece)}
-            escaped = sorted((re.escape(form) for form in forms if form), key=len, reverse=True)
-            pattern = re.compile("|".join(escaped))
+            pattern = _values_regex({piece for value in values for piece in pieces(value)})
             if values == known:  # the run's own: kept; an item's: made each time
                 if len(self._patterns) >= _MAX_PATTERNS:
                     self._patterns.clear()
@@ -222,6 +247,8 @@ class Secrets:
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
     def _url_values(self, url: str) -> set[str]:
+        if "=" not in url and "@" not in url and "%" not in url:
+            return set()  # (no parameter, no userinfo: the fast lane's common case, at no cost)
         found = self._param_values(url) | self._param_values(unquote_plus(url))
         try:
             user, password = urlsplit(url).username, urlsplit(url).password
@@ -233,6 +260,22 @@ class Secrets:
         return found
 
 
+def _values_regex(found: Iterable[str]) -> re.Pattern[str]:
+    """One pattern for every form of the pieces ``found``: a long piece's forms wherever they
+    stand, a short one's only as a word of their own outside a path (see _MIN_ANYWHERE)."""
+    long = {form for piece in found if len(piece) >= _MIN_ANYWHERE for form in _forms(piece)}
+    short = {form for piece in found if len(piece) < _MIN_ANYWHERE for form in _forms(piece)}
+    alternatives = [_alternation(long)] if long else []
+    if short:
+        alternatives.append(f"{_WORD_START}(?:{_alternation(short)}){_WORD_END}")
+    return re.compile("|".join(alternatives))
+
+
+def _alternation(forms: Iterable[str]) -> str:
+    """The forms as one alternation, longest first (a form that holds another wins)."""
+    return "|".join(sorted((re.escape(form) for form in forms if form), key=len, reverse=True))
+
+
 def _mask_userinfo(match: re.Match[str]) -> str:
     return f"{match[1] or ''}//{MASK}@"
 
@@ -242,7 +285,8 @@ def _mask_cut(text: str, values: Iterable[str]) -> str:
     ``…`` or ``...``, an end of one after it."""
     if not any(cut in text for cut in _CUTS):
         return text
-    for piece in {piece for value in values for piece in pieces(value)}:
+    found = {piece for value in values for piece in pieces(value)}
+    for piece in {piece for piece in found if len(piece) >= _MIN_ANYWHERE}:
         for form in _forms(piece):
             if len(form) <= _MIN_PIECE:
                 continue
@@ -308,19 +352,32 @@ _RUNS = _Registry()
 
 class RedactingFilter(logging.Filter):
     """Masks secrets in every record logged by batchsync and by urllib3 underneath it, with
-    the Secrets of the runs going on (their masking by shape whatever the run)."""
+    the Secrets of the runs going on (their masking by shape whatever the run), and escapes
+    control characters: a server's text (a Link target, a status line) reaches no terminal
+    raw, and makes no line of its own."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a malformed record: the handler reports it, as without us
             return True
-        masked = _masked(message)
+        masked = _printable(_masked(message))
         if masked != message:
             record.msg, record.args = masked, None
         if record.exc_info and not record.exc_text:
-            record.exc_text = _masked(logging.Formatter().formatException(record.exc_info))
+            trace = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = _printable(_masked(trace), keep="\n")
         return True
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str, keep: str = "") -> str:
+    """``text`` with its control characters (but ``keep``) written as ``\\xNN`` escapes."""
+    if not _CONTROLS.search(text):
+        return text
+    return _CONTROLS.sub(lambda m: m[0] if m[0] in keep else f"\\x{ord(m[0]):02x}", text)
 
 
 def _masked(text: str) -> str:

@@ -49,6 +49,8 @@ class Verdict:
     link: str | None = None
     # Requests sent again within this attempt (each after renewing a refused token).
     resent: int = 0
+    # Bytes of the body read (after decompression): an item's pages are bounded in total.
+    size: int = 0
 
     @property
     def ok(self) -> bool:

@@ -38,6 +38,9 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /bad-location                    a 302 whose Location is not UTF-8
     /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
     /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
+    /echo-values?style=status|location  echoes the query's values (a key among them) as
+                                     careless servers do: in a status line that is not HTTP
+                                     (status), or in a 302 to /404/VALUES (location)
   An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
@@ -57,6 +60,8 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      its first T requests (always without fail_times); a
                                      next page is named on the server at base when given;
                                      with limit, a quota as /quota's (family, style x)
+    /endless-pages?kb=N&cursor=C     a collection that never ends: pages of about N KiB
+                                     (default 1024) whose "next" is always a new cursor
   An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
     GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
                                      "slowdown-once" gets, the first time, a 503 SlowDown
@@ -360,6 +365,8 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/deep":
             depth = int(query.get("depth", "1000"))
             self._send(200, b"[" * depth + b"]" * depth, "application/json")
+        elif head == "/echo-values":
+            self._echo_values(query)
         elif head == "/surrogate":
             self._send(200, b'{"name": "\\ud800"}', "application/json")
         elif head == "/text":
@@ -387,6 +394,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif head == "/quota":
             self._quota(path.strip("/").split("/")[1], query)
+        elif head == "/endless-pages":
+            number = int(query.get("cursor", "0"))
+            pad = "x" * (int(query.get("kb", "1024")) * 1024)
+            self._json(200, {"items": [{"n": number, "pad": pad}], "next": str(number + 1)})
         elif head == "/pages":
             self._page(path, path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":
@@ -613,6 +624,15 @@ class Handler(BaseHTTPRequestHandler):
         block = b" " * MIB
         for _ in range(mebibytes):
             self.wfile.write(block)
+
+    def _echo_values(self, query: dict[str, str]) -> None:
+        """The query's values (but the style) echoed where a client may quote them."""
+        values = "-".join(v for k, v in query.items() if k != "style")
+        if query.get("style") == "status":
+            self.wfile.write(f"HTTP/1.1 bad key {values}\r\n\r\n".encode())
+            self.close_connection = True
+        else:
+            self._send(302, b"", "text/plain", {"Location": f"/404/{values}"})
 
     def _stall_upload(self) -> None:
         self.close_connection = True

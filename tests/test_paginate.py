@@ -17,6 +17,7 @@ import pytest
 
 from batchsync import Backoff, Batch, fetch_all
 from batchsync.paginate import (
+    Continued,
     PagingError,
     first_position,
     gathered,
@@ -349,6 +350,28 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "batchsync", *args], check=False, cwd=cwd, capture_output=True,
         text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_an_endless_collection_stops_at_max_bytes_in_total(
+    fresh_server: MockServerProcess,
+) -> None:
+    # 256 KiB pages and a cursor that never ends: memory stays bounded, the item ends at once
+    url = f"{fresh_server.url}/endless-pages?kb=256"
+    started = time.monotonic()
+    (result,) = fetch_all([url], paginate="json:next", page_items="items", max_bytes=2**20,
+                          budget=6, progress=False)  # fmt: skip
+    assert not result.ok and result.error_kind == "invalid_body", result.error
+    assert result.error is not None and "over max_bytes" in result.error
+    assert [record["n"] for record in result.data] == [0, 1, 2]  # the pages within the bound
+    assert result.pages == 4 and result.continuation is None  # finished: a resume is done
+    assert time.monotonic() - started < 5
+
+
+def test_a_resumed_item_counts_the_pages_before_it() -> None:
+    data = [{"n": 0, "pad": "x" * 1000}]
+    page = Continued.of("http://h.test/", {"url": "http://h.test/?p=2", "page": 2, "position": 0},
+                        data).page  # fmt: skip
+    assert page.data == data and page.size > 1000
 
 
 def test_resume_goes_on_from_the_failed_page(

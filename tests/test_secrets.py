@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from batchsync import Batch, fetch_all
 from batchsync.cli.inputs import MAX_LINE_BYTES
+from batchsync.redact import MASK
 
 from .mockserver import MockServerProcess
 from .rawserver import RawServer
@@ -36,7 +38,8 @@ ITEM_TAGS = (
     "qkey", "qtoken", "qcustom", "item_auth", "item_cookie", "declared", "fb_pass", "param",
     "user", "pass", "qkey2", "badport", "unsplit", "crlf", "nul", "unread", "non_utf8", "long",
     "badshape", "typo", "trickle", "body", "connect", "trace", "nan", "fastsig", "deep",
-    "pctname", "frag", "at1", "at2", "quote", "pathseg", "nested", "basic", "echoed",
+    "pctname", "frag", "at1", "at2", "quote", "pathseg", "nested", "basic", "echoed", "words",
+    "echostatus", "echolocation",
 )  # fmt: skip
 
 
@@ -105,6 +108,11 @@ def hostile_input(server: MockServerProcess, raw: str, c: dict[str, str]) -> lis
         f"{server.url}/redirect?to=/404/{k}%3Fapi_key%3D{c['nested']}".encode(),
         f"http://u:{c['basic']}@{raw[len('http://') :]}/echo-auth".encode(),  # Basic, base64
         line({"url": f"{raw}/echo-auth", "headers": bearer("echoed")}),
+        # a short user name that is also a path segment and a start of a word: not a secret there
+        f"http://user:{c['words']}@127.0.0.1:{port}/404/{k}/user/useronly?q=username".encode(),
+        # the fast lane's plain URLs, their key echoed by the server: its status line, Location
+        f"{server.url}/echo-values?style=status&api_key={c['echostatus']}".encode(),
+        f"{server.url}/echo-values?style=location&api_key={c['echolocation']}".encode(),
     ]
 
 
@@ -173,6 +181,7 @@ def check_hostile_run(
         "invalid_request", "invalid_request", "timeout", "invalid_body", "invalid_request",
         "invalid_request", "invalid_request", "status", "invalid_body",
         "status", "status", "status", "status", "status", "status", "connection", "connection",
+        "status", "connection", "status",
     ]  # fmt: skip
     assert [r["attempts"] for r in results][2:11] == [0] * 9
     # Every error path ran; now every byte written: stdout, stderr, every file in the folder.
@@ -184,6 +193,7 @@ def check_hostile_run(
     journal, kept = journal_dump(tmp_path / "run-journal.sqlite3")
     shown += journal
     assert leaked(shown, c, c) == []
+    assert_only_secrets_masked(results, lines, c)
     # The failed file re-runs the items as given (the run's own secrets are never in it) ...
     failed_path = tmp_path / "run-failed.jsonl"
     failed = failed_path.read_text().splitlines()
@@ -207,6 +217,29 @@ def check_hostile_run(
     )
     assert results[6]["error"].startswith("line 7: not valid JSON: ")
     assert results[6]["url"] is None
+
+
+def masked_as_expected(url: str, c: dict[str, str]) -> str:
+    """``url`` with its userinfo and every canary masked, and every other byte as it was."""
+    shown = re.sub(r"//[^/?#\s]*@", f"//{MASK}@", url, count=1)
+    for canary in c.values():
+        shown = shown.replace(canary, MASK)
+    return shown
+
+
+def assert_only_secrets_masked(
+    results: list[dict[str, Any]], lines: list[bytes], c: dict[str, str]
+) -> None:
+    """Each result's ``url`` (and ``final_url`` when it is that URL again) keeps every byte
+    of the item's URL but its secrets: masking a short value never corrupts a path or word."""
+    for result, given in zip(results, lines, strict=True):
+        if result["url"] is None:
+            continue
+        item = json.loads(given) if given.startswith(b"{") else {"url": given.decode()}
+        assert result["url"] == masked_as_expected(item["url"], c)
+        if result["final_url"] is not None and not result["redirects"] and "fallbacks" not in item:
+            # (requests sends a parameter's name percent-decoded: api%5Fkey is api_key)
+            assert result["final_url"] == result["url"].replace("%5F", "_")
 
 
 def test_the_interrupt_line_masks_what_the_command_line_holds(

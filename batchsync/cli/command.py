@@ -26,7 +26,7 @@ from ..journal import JournalUnusable
 from ..limits import Breaker, CooldownScope
 from ..options import DEFAULT, FetchOptions, build
 from ..progress import wanted
-from ..redact import Secrets
+from ..redact import RedactingFilter, Secrets
 from ..result import error_kinds
 from ..template import Template, parse_body
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput
@@ -172,7 +172,8 @@ def _retry_kinds(
     type=click.IntRange(min=1),
     default=DEFAULT.max_bytes,
     metavar="BYTES",
-    help="A larger body fails as invalid_body.",
+    help="A larger body fails as invalid_body; with --paginate, an item's pages together "
+    "are bounded the same (its data keeps the pages within it).",
 )
 @click.option(
     "--rate",
@@ -719,6 +720,7 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(RedactingFilter())  # (every line, a run's or not: masked, printable)
     logger = logging.getLogger("batchsync")
     logger.addHandler(handler)
     logger.setLevel(level)

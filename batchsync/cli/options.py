@@ -65,7 +65,8 @@ def parse_hedge_after(
 def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click.Parameter]) -> str:
     """The command line that continues this run: ``argv`` read as click reads it (short flags
     run together, ``--name=value``), ``-H`` values masked and every word masked by
-    ``secrets`` (the Redis URL's password, secret query parameters)."""
+    ``secrets`` (the Redis URL's password, secret query parameters) but its template fields
+    (``--url '…?api_key={tok}'`` names no secret, and must stay to be run again)."""
     options = {
         name: param
         for param in params
@@ -95,7 +96,7 @@ def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click
                     words.extend(_shown_option(name, option, value))
                     break
                 words.extend(_shown_option(name, option, None))
-    words = [secrets.text(word) for word in words]
+    words = [secrets.template(word) for word in words]
     end = words.index("--") if "--" in words else len(words)
     return shlex.join(["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]])
 
