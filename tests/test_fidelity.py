@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import certifi
 import pytest
 import requests
 import trustme
+from urllib3.exceptions import InsecureRequestWarning
 
 from batchsync import Backoff, ResultSet, fetch_all
 from batchsync import transport as transport_module
@@ -404,6 +406,25 @@ def test_tls_ssl_cert_file_is_not_trusted(
 @pytest.mark.parametrize("lane", LANES)
 def test_tls_verify_false(lane: str, tls_server: RawServer) -> None:
     compare_tls(tls_server, lane, True, {"verify": False}, verify=False)
+
+
+@pytest.mark.parametrize("lane", ["fast", "session"])
+def test_verify_false_warns_once_a_run_not_once_a_request(lane: str, tls_server: RawServer) -> None:
+    """requests warns at each request; batchsync's docs promise nothing per request: one
+    InsecureRequestWarning for the run, and the caller's filters as they were after it."""
+    urls: list[TItem] = [f"{tls_server.url}/insecure/{n}" for n in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        session = requests.Session() if lane == "session" else None
+        rs = batch(urls, verify=False, concurrency=2, session=session)
+        assert warnings.filters == filters
+    assert [r.ok for r in rs] == [True] * 4
+    insecure = [w for w in caught if issubclass(w.category, InsecureRequestWarning)]
+    assert [str(w.message) for w in insecure] == [
+        "verify=False: TLS certificates are not checked in this run (said once, not for each "
+        "request)"
+    ]
 
 
 @pytest.mark.parametrize("lane", LANES)
