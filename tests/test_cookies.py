@@ -304,6 +304,27 @@ def test_the_callers_session_is_handed_back_with_its_policy_and_the_cookies(
     assert seen(b) == [("/after", ["sid=A1"])]
 
 
+def test_the_callers_cookies_are_left_as_plain_requests_leaves_them(
+    origins: tuple[RawServer, RawServer],
+) -> None:
+    """The same items through a plain requests session and through batchsync with another:
+    the two jars end with the same cookies, attribute for attribute. Fails on the old code:
+    each cookie the run received carried a `_batchsync_origin` attribute."""
+    a, b = origins
+    urls = [
+        f"{a.url}/set-cookie?name=sid&value=A1",
+        f"{a.url}/set-and-redirect?name=hop&value=1&to={quote(f'{b.url}/x')}",
+        f"{b.url}/set-cookie?name=other&value=B1",
+    ]
+    with requests.Session() as plain, requests.Session() as session:
+        for url in urls:
+            plain.get(url, timeout=10)
+        run(urls, session=session)
+        assert [vars(cookie) for cookie in session.cookies] == [
+            vars(cookie) for cookie in plain.cookies
+        ]
+
+
 def test_a_callers_own_policy_still_decides_what_is_kept(
     origins: tuple[RawServer, RawServer],
 ) -> None:
