@@ -31,6 +31,8 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
     /set-cookie?name=N&value=V       200 that sets a cookie
+    /cookie-each[/anything]?size=N   200 that sets a new cookie each time (c1, c2, … with N
+                                     bytes of value, default 100): a jar that grows without end
     /half                            200 announcing 100 bytes, then 9 of them and a hang-up
   Hostile servers, for testing that every phase of an attempt stays within its limits:
     /trickle-headers?interval=S&lines=N  the status line, then one header line every S seconds
@@ -398,6 +400,10 @@ class Handler(BaseHTTPRequestHandler):
             self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
+        elif head == "/cookie-each":
+            number = self.server.stats.times_seen("cookie-each")
+            cookie = f"c{number}={'v' * int(query.get('size', '100'))}; Path=/"
+            self._json(200, {"set": f"c{number}"}, {"Set-Cookie": cookie})
         elif head == "/set-cookie":
             cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
             self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
