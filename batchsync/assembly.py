@@ -6,12 +6,17 @@ run through ``fetch`` or ``call``; they differ only in where the Results go.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+from urllib3.exceptions import InsecureRequestWarning
 
 from .calls import CallJob
 from .engine import Deliver, Engine, Job
@@ -159,14 +164,65 @@ def fetch(
         transport.close()
         raise
     try:
-        return _run(
-            options, job if wrap is None else wrap(job), items, deliver, gates=gates,
-            progress=progress, observed=observed, secrets=job.secrets, journal=journal,
-            abort=transport.abort, on_start=on_start, earlier=earlier,
-        )  # fmt: skip
+        with insecure_said_once(options.verify is False):
+            return _run(
+                options, job if wrap is None else wrap(job), items, deliver, gates=gates,
+                progress=progress, observed=observed, secrets=job.secrets, journal=journal,
+                abort=transport.abort, on_start=on_start, earlier=earlier,
+            )  # fmt: skip
     finally:
         job.close()
         transport.close()
+
+
+class _PerRequestWarnings:
+    """urllib3's warning at each unverified request, silenced while runs with verify=False are
+    under way (by the first to start, until the last ends): one filter of batchsync's own,
+    matching only that warning's text, so the caller's filters stay as they are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._filter: Any = None
+
+    def silence(self) -> None:
+        with self._lock:
+            self._runs += 1
+            if self._runs == 1:
+                warnings.filterwarnings(
+                    "ignore", "Unverified HTTPS request", InsecureRequestWarning
+                )
+                self._filter = warnings.filters[0]
+
+    def restore(self) -> None:
+        with self._lock:
+            self._runs -= 1
+            # ("ignore" leaves nothing in the warning registries: removing it is enough)
+            if self._runs == 0 and self._filter in warnings.filters:
+                cast("list[Any]", warnings.filters).remove(self._filter)
+
+
+_PER_REQUEST = _PerRequestWarnings()
+
+
+@contextlib.contextmanager
+def insecure_said_once(insecure: bool) -> Iterator[None]:
+    """For a run with verify=False: one InsecureRequestWarning, instead of urllib3's at each
+    request (thousands of the same line say no more than one)."""
+    if not insecure:
+        yield
+        return
+    warnings.warn(
+        "verify=False: TLS certificates are not checked in this run (said once, not for each "
+        "request)",
+        InsecureRequestWarning,
+        stacklevel=4,
+    )
+    _PER_REQUEST.silence()
+    try:
+        yield
+    finally:
+        _PER_REQUEST.restore()
 
 
 def call(

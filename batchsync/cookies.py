@@ -6,7 +6,8 @@ alike. For a run, a session's jar is lent a policy (``_LentPolicy``) and each pr
 gets a jar of its own (``_RunJar``): a cookie a response sets during the run goes to the jar of
 the origin (scheme, host, port) that set it, and only that jar's cookies go back to that
 origin, across items and on every hop of a redirect. The caller's own cookies (put in the
-session before the run, no origin known) go out as plain requests sends them.
+session before the run, no origin known) go out as plain requests sends them. An origin's
+cookies in a run are bounded as a browser bounds a site's (``MAX_COOKIES_PER_ORIGIN``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http.cookiejar import Cookie, CookieJar, CookiePolicy, DefaultCookiePolicy
 from typing import Any
@@ -23,9 +26,70 @@ from requests.cookies import MockRequest, RequestsCookieJar, extract_cookies_to_
 
 from .origins import origin_of
 
-# Where a cookie that a response set during a run notes its origin. An attribute rather than
-# a nonstandard cookie attribute (``_rest``), which a FileCookieJar would write out.
+# Where a cookie that a response set during a run notes its origin while the run goes. An
+# attribute rather than a nonstandard cookie attribute (``_rest``), which a FileCookieJar
+# would write out; it goes with the copies requests makes of the session's cookies for each
+# request, and is taken off when the run ends.
 _STAMP = "_batchsync_origin"
+
+# The origins of the cookies runs left in callers' jars, for the next run with the jar: kept
+# beside the cookies, not on them, so that a jar ends a run as plain requests leaves it.
+_LEFT: weakref.WeakKeyDictionary[Cookie, str] = weakref.WeakKeyDictionary()
+_LEFT_LOCK = threading.Lock()
+
+
+# The bound of an origin's cookies in a run, as browsers bound a site's (Chromium: 180 per
+# site, 4096 bytes of name and value each): past it the least recently set goes, and a larger
+# cookie is not kept. Without it, a server that sets a new cookie on every response makes
+# every later request carry all of them.
+MAX_COOKIES_PER_ORIGIN = 180
+MAX_COOKIE_BYTES = 4096
+
+CookieKey = tuple[str, str, str]  # (domain, path, name): what a jar keeps one cookie under
+
+
+def _oversized(cookie: Cookie) -> bool:
+    return len(cookie.name) + len(cookie.value or "") > MAX_COOKIE_BYTES
+
+
+def _holds(jar: CookieJar, key: CookieKey) -> bool:
+    domain, path, name = key
+    return name in jar._cookies.get(domain, {}).get(path, {})  # type: ignore[attr-defined]
+
+
+class _Recent:
+    """The cookies one origin set in one jar, least recently set first; ``set`` makes room
+    for one more by dropping the oldest (called with the jar's lock held)."""
+
+    def __init__(self) -> None:
+        self._keys: OrderedDict[CookieKey, None] = OrderedDict()
+
+    def set(self, jar: CookieJar, cookie: Cookie) -> None:
+        key = (cookie.domain, cookie.path, cookie.name)
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        if len(self._keys) <= MAX_COOKIES_PER_ORIGIN:
+            return
+        # Forget cookies the jar no longer holds (deleted, expired) before dropping any.
+        self._keys = OrderedDict((k, None) for k in self._keys if k == key or _holds(jar, k))
+        while len(self._keys) > MAX_COOKIES_PER_ORIGIN:
+            oldest, _ = self._keys.popitem(last=False)
+            jar.clear(*oldest)
+
+
+class _OriginJar(RequestsCookieJar):
+    """One origin's jar for a run, bounded as a browser bounds a site's."""
+
+    def __init__(self, policy: CookiePolicy) -> None:
+        super().__init__(policy)
+        self._recent = _Recent()
+
+    def set_cookie(self, cookie: Cookie, *args: Any, **kwargs: Any) -> None:
+        if _oversized(cookie):
+            return
+        with self._cookies_lock:
+            super().set_cookie(cookie, *args, **kwargs)
+            self._recent.set(self, cookie)
 
 
 def _origin_of_request(request: Any) -> str | None:
@@ -44,12 +108,14 @@ class _LentPolicy(CookiePolicy):
     (so the session ends as plain requests would leave it), but stamped with the origin that
     set it: the run sends it from that origin's jar, never from this shared one."""
 
-    def __init__(self, own: CookiePolicy, jars: OriginJars) -> None:
+    def __init__(self, own: CookiePolicy, jars: OriginJars, jar: CookieJar) -> None:
         self.own = own
         self.jars = jars
+        self.jar = jar  # the session's, bounded per origin as the run's jars are
+        self.recent: dict[str, _Recent] = {}
 
     def __getattr__(self, name: str) -> Any:  # netscape, rfc2965, hide_cookie2, ...
-        if name in {"own", "jars"} or name.startswith("__"):  # (a copy before __init__)
+        if name in {"own", "jars", "jar", "recent"} or name.startswith("__"):  # (a copy)
             raise AttributeError(name)
         return getattr(self.own, name)
 
@@ -63,11 +129,14 @@ class _LentPolicy(CookiePolicy):
         self.own._now = value  # type: ignore[attr-defined]
 
     def set_ok(self, cookie: Cookie, request: Any) -> bool:
-        if not (self.jars.keeping and self.own.set_ok(cookie, request)):
+        """(Asked by the jar's ``extract_cookies``, which holds its lock and sets the cookie
+        next: room is made for it now.)"""
+        if not (self.jars.keeping and self.own.set_ok(cookie, request)) or _oversized(cookie):
             return False
         origin = _origin_of_request(request)
         if origin is not None:
             setattr(cookie, _STAMP, origin)
+            self.recent.setdefault(origin, _Recent()).set(self.jar, cookie)
         return True
 
     def return_ok(self, cookie: Cookie, request: Any) -> bool:
@@ -134,7 +203,7 @@ class OriginJars:
         jar = self.by_origin.get(origin)
         if jar is None:
             with self._lock:
-                jar = self.by_origin.setdefault(origin, RequestsCookieJar(self._policy))
+                jar = self.by_origin.setdefault(origin, _OriginJar(self._policy))
         return jar
 
     def add(self, origin: str, cookie: Cookie) -> None:
@@ -213,13 +282,26 @@ def lend(jar: CookieJar, *, keep: bool = True) -> tuple[OriginJars, Callable[[],
     if isinstance(own, _LentPolicy):  # two sessions of this run share one jar
         return own.jars, lambda: None
     jars = OriginJars(own, keep=keep)
-    for cookie in jar:
-        origin = stamp_of(cookie)
+    with _LEFT_LOCK:
+        left = {cookie: _LEFT.get(cookie) for cookie in jar}
+    for cookie, origin in left.items():
         if origin is not None:
+            setattr(cookie, _STAMP, origin)
             jars.add(origin, copy.copy(cookie))
-    jar.set_policy(_LentPolicy(own, jars))
+    jar.set_policy(_LentPolicy(own, jars, jar))
 
     def restore() -> None:
         jar.set_policy(own)
+        _unstamp(jar)
 
     return jars, restore
+
+
+def _unstamp(jar: CookieJar) -> None:
+    """Take the run's stamps off a caller's cookies, noting their origins beside them."""
+    with jar._cookies_lock, _LEFT_LOCK:  # type: ignore[attr-defined]
+        for cookie in jar:
+            origin = stamp_of(cookie)
+            if origin is not None:
+                delattr(cookie, _STAMP)
+                _LEFT[cookie] = origin

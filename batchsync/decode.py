@@ -1,13 +1,21 @@
-"""Turning a body into the data a Result carries, as ``expect`` asks."""
+"""Turning a body into the data a Result carries, as ``expect`` asks.
+
+Text and JSON are decoded as plain requests decodes them (``r.text``, ``r.json()``), so that a
+caller moving over gets the same strings: the charset the Content-Type declares; for ``text/*``
+without one ISO-8859-1 (requests follows RFC 2616) and for ``application/json`` UTF-8; with no
+label at all, JSON's UTF-8/16/32 from its first bytes and other text the guess of
+charset_normalizer (or chardet). Bytes a charset cannot decode become U+FFFD, as in requests.
+"""
 
 from __future__ import annotations
 
 import base64
-import codecs
 import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from requests.compat import chardet
+from requests.utils import get_encoding_from_headers, guess_json_utf
 
 from .spec import one_line
 
@@ -16,32 +24,51 @@ class InvalidBody(ValueError):
     """The body cannot be read the way ``expect`` asks."""
 
 
-def charset_of(content_type: str | None) -> str:
-    """The charset a Content-Type names, when Python knows it; UTF-8 otherwise."""
-    for param in (content_type or "").split(";")[1:]:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset":
-            charset = value.strip().strip("\"'")
+def declared_encoding(content_type: str | None) -> str | None:
+    """The encoding requests gives a response of this Content-Type (``r.encoding``)."""
+    return get_encoding_from_headers({"content-type": content_type})  # type: ignore[arg-type]
+
+
+def text_of(body: bytes | bytearray, encoding: str | None) -> str:
+    """``r.text``: the body in ``encoding``, else in the guessed one; UTF-8 when unknown."""
+    if not body:
+        return ""
+    if encoding is None:
+        encoding = chardet.detect(bytes(body))["encoding"] if chardet is not None else None
+    try:
+        return str(body, encoding or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        return str(body, "utf-8", errors="replace")
+
+
+def json_text(body: bytes | bytearray, encoding: str | None) -> str:
+    """The text ``r.json()`` parses: without a declared encoding, a UTF-8/16/32 read off the
+    first bytes (when they decode in it), else ``r.text``."""
+    if encoding is None and len(body) > 3:
+        guessed = guess_json_utf(bytes(body[:4]))
+        if guessed is not None:
             try:
-                return codecs.lookup(charset).name
-            except LookupError:
-                break
-    return "utf-8"
+                return str(body, guessed)
+            except UnicodeDecodeError:
+                pass
+    return text_of(body, encoding)
 
 
 def decode_body(body: bytes | bytearray, expect: object, content_type: str | None) -> Any:
     """The body as JSON (default), text, base64 text for bytes, or a validated pydantic model."""
     if expect == "bytes":
         return base64.b64encode(body).decode("ascii")
+    encoding = declared_encoding(content_type)
     if expect == "text":
-        return body.decode(charset_of(content_type), errors="replace")
+        return text_of(body, encoding)
+    text = json_text(body, encoding)
     if isinstance(expect, type) and issubclass(expect, BaseModel):
         try:
-            return expect.model_validate_json(body)
+            return expect.model_validate_json(text)
         except ValidationError as exc:
             raise InvalidBody(f"body does not fit {expect.__name__}: {one_line(exc)}") from None
     try:
-        return json.loads(body)
+        return json.loads(text)
     except ValueError as exc:
         raise InvalidBody(f"body is not JSON: {exc}") from None
     except RecursionError:

@@ -470,7 +470,7 @@ class HttpJob:
             verdict = success(None, status)
         else:
             expect = self._options.expect
-            content_type = reply.headers.get("Content-Type") if expect == "text" else None
+            content_type = reply.headers.get("Content-Type")  # (for every expect: charsets)
             verdict = success(decode_body(body, expect, content_type), status)
         verdict.quota, verdict.size = quota, len(body)
         if self._paging is not None and self._paging.style == "link":

@@ -28,6 +28,7 @@ _NOT_GLOBAL = (
     IPv4Network("192.0.0.0/24"),  # IETF protocol assignments (before 3.12.4: only the /29)
     IPv6Network("2001::/23"),  # IETF protocol assignments (newer Pythons except a few); Teredo
     IPv6Network("fec0::/10"),  # site-local (deprecated)
+    IPv6Network("3fff::/20"),  # documentation (RFC 9637): global to some Pythons, 3.11 too
 )
 _NAT64 = IPv6Network("64:ff9b::/96")  # the well-known prefix: the IPv4 is the last 32 bits
 

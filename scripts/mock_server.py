@@ -25,9 +25,14 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      without a Content-Length (chunked=1)
     /many-headers?n=N                200 with N extra headers (X-Header-0 ... ; default 150)
     /text, /bytes                    200 text/plain UTF-8, 200 application/octet-stream
+    /encoded?text=T&charset=C&type=CT  200 with T (default "café") encoded in C (default
+                                     utf-8), Content-Type CT exactly as given (none without
+                                     type): charsets declared, missing or wrong
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
     /set-cookie?name=N&value=V       200 that sets a cookie
+    /cookie-each[/anything]?size=N   200 that sets a new cookie each time (c1, c2, … with N
+                                     bytes of value, default 100): a jar that grows without end
     /half                            200 announcing 100 bytes, then 9 of them and a hang-up
   Hostile servers, for testing that every phase of an attempt stays within its limits:
     /trickle-headers?interval=S&lines=N  the status line, then one header line every S seconds
@@ -371,6 +376,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b'{"name": "\\ud800"}', "application/json")
         elif head == "/text":
             self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
+        elif head == "/encoded":
+            self._encoded(query)
         elif head == "/bytes":
             self._send(200, bytes(range(256)), "application/octet-stream")
         elif head == "/echo":
@@ -404,6 +411,10 @@ class Handler(BaseHTTPRequestHandler):
             self._s3_object(path.split("/", 2)[2])
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
+        elif head == "/cookie-each":
+            number = self.server.stats.times_seen("cookie-each")
+            cookie = f"c{number}={'v' * int(query.get('size', '100'))}; Path=/"
+            self._json(200, {"set": f"c{number}"}, {"Set-Cookie": cookie})
         elif head == "/set-cookie":
             cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
             self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
@@ -560,6 +571,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _encoded(self, query: dict[str, str]) -> None:
+        """Text in any charset, labelled as the test says (or not at all)."""
+        body = query.get("text", "café").encode(query.get("charset", "utf-8"))
+        self.send_response(200)
+        if "type" in query:
+            self.send_header("Content-Type", query["type"])
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 import requests
 
+from batchsync import cookies as cookies_module
 from batchsync import fetch_all
 from batchsync.transport import Transport
 from tests import rawserver
@@ -302,6 +303,58 @@ def test_the_callers_session_is_handed_back_with_its_policy_and_the_cookies(
         assert session.cookies.get("sid") == "A1"
         session.get(f"{b.url}/after", timeout=10)
     assert seen(b) == [("/after", ["sid=A1"])]
+
+
+def test_the_callers_cookies_are_left_as_plain_requests_leaves_them(
+    origins: tuple[RawServer, RawServer],
+) -> None:
+    """The same items through a plain requests session and through batchsync with another:
+    the two jars end with the same cookies, attribute for attribute. Fails on the old code:
+    each cookie the run received carried a `_batchsync_origin` attribute."""
+    a, b = origins
+    urls = [
+        f"{a.url}/set-cookie?name=sid&value=A1",
+        f"{a.url}/set-and-redirect?name=hop&value=1&to={quote(f'{b.url}/x')}",
+        f"{b.url}/set-cookie?name=other&value=B1",
+    ]
+    with requests.Session() as plain, requests.Session() as session:
+        for url in urls:
+            plain.get(url, timeout=10)
+        run(urls, session=session)
+        assert [vars(cookie) for cookie in session.cookies] == [
+            vars(cookie) for cookie in plain.cookies
+        ]
+
+
+def setting_each(server: RawServer, count: int) -> list[str]:
+    """Items whose answers each set a new cookie (c0, c1, …), then one that sets none."""
+    return [f"{server.url}/set-cookie?name=c{n}&value=v{n}" for n in range(count)] + [
+        f"{server.url}/last"
+    ]
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_an_origins_cookies_are_bounded_the_oldest_going_first(
+    origins: tuple[RawServer, RawServer], lane: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that sets a new cookie on every answer: past the bound, the least recently set
+    goes (from the run's jar and the session's alike), and a cookie over 4096 bytes is not
+    kept. Fails on the old code: every cookie ever set went back, the big one too."""
+    monkeypatch.setattr(cookies_module, "MAX_COOKIES_PER_ORIGIN", 5)
+    a, _ = origins
+    big = f"{a.url}/set-cookie?name=big&value={'x' * 4096}"
+    session = session_for(lane)
+    run([big, *map(item_for(lane), setting_each(a, 8))], session=session)
+    assert seen(a)[-1] == ("/last", ["; ".join(f"c{n}=v{n}" for n in range(3, 8))])
+    if isinstance(session, requests.Session):
+        assert sorted(cookie.name for cookie in session.cookies) == [f"c{n}" for n in range(3, 8)]
+
+
+def test_the_bound_is_180_cookies_an_origin(origins: tuple[RawServer, RawServer]) -> None:
+    a, _ = origins
+    run(setting_each(a, 190))
+    (sent,) = seen(a)[-1][1]
+    assert sent == "; ".join(f"c{n}=v{n}" for n in range(10, 190))
 
 
 def test_a_callers_own_policy_still_decides_what_is_kept(

@@ -16,10 +16,12 @@ import contextlib
 import difflib
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ import certifi
 import pytest
 import requests
 import trustme
+from urllib3.exceptions import InsecureRequestWarning
 
 from batchsync import Backoff, ResultSet, fetch_all
 from batchsync import transport as transport_module
@@ -408,6 +411,25 @@ def test_tls_verify_false(lane: str, tls_server: RawServer) -> None:
     compare_tls(tls_server, lane, True, {"verify": False}, verify=False)
 
 
+@pytest.mark.parametrize("lane", ["fast", "session"])
+def test_verify_false_warns_once_a_run_not_once_a_request(lane: str, tls_server: RawServer) -> None:
+    """requests warns at each request; batchsync's docs promise nothing per request: one
+    InsecureRequestWarning for the run, and the caller's filters as they were after it."""
+    urls: list[TItem] = [f"{tls_server.url}/insecure/{n}" for n in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        session = requests.Session() if lane == "session" else None
+        rs = batch(urls, verify=False, concurrency=2, session=session)
+        assert warnings.filters == filters
+    assert [r.ok for r in rs] == [True] * 4
+    insecure = [w for w in caught if issubclass(w.category, InsecureRequestWarning)]
+    assert [str(w.message) for w in insecure] == [
+        "verify=False: TLS certificates are not checked in this run (said once, not for each "
+        "request)"
+    ]
+
+
 @pytest.mark.parametrize("lane", LANES)
 def test_tls_unknown_ca_fails_once_as_tls(lane: str, tls_server: RawServer) -> None:
     rs = compare_tls(tls_server, lane, False, {}, attempts=3)
@@ -483,6 +505,40 @@ def test_library_tls_options_are_checked_before_anything_is_sent(tmp_path: Path)
         fetch_all(["https://127.0.0.1:1/"], verify=str(tmp_path / "missing.pem"))
     with pytest.raises(ValueError, match="no certificate or key file"):
         fetch_all(["https://127.0.0.1:1/"], cert=str(tmp_path / "missing.pem"))
+
+
+@pytest.mark.parametrize("variable", ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"])
+def test_a_ca_bundle_the_environment_names_must_be_there(
+    variable: str,
+    tls_server: RawServer,
+    authority: Authority,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """requests raises an OSError naming the path; batchsync says so before anything is sent
+    (it had each item end as an `exception`, "internal error: OSError")."""
+    missing = str(tmp_path / "gone.pem")
+    monkeypatch.setenv(variable, missing)
+    url = f"{tls_server.url}/a"
+    with pytest.raises(OSError, match=re.escape(missing)):
+        reference([Call("GET", url)])
+    for session in (None, requests.Session()):
+        with pytest.raises(
+            ValueError, match=re.escape(f"{variable}: no CA bundle or directory at {missing}")
+        ):
+            fetch_all([url], session=session)
+    assert tls_server.requests() == []
+    # Where the variable is not read (a session that does not trust the environment, an
+    # explicit verify), it is not checked either.
+    untrusting = requests.Session()
+    untrusting.trust_env = False
+    assert batch([url], session=untrusting)[0].error_kind == "tls"  # certifi's bundle
+    assert batch([url], verify=str(authority.pem))[0].ok
+    (tmp_path / "urls.txt").write_text(url + "\n")
+    refused = cli("urls.txt", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr == f"Error: {variable}: no CA bundle or directory at {missing}\n"
+    assert not list(tmp_path.glob("urls-*"))
 
 
 def test_the_fast_lane_survives_forgetting_origins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -40,10 +44,11 @@ REFUSED = [
     "100.100.100.200", "0.0.0.0", "255.255.255.255", "224.0.0.1", "192.0.2.1", "198.18.0.1",
     "240.0.0.1", "192.0.0.8",
     # IPv6: loopback, unspecified, link-local (with and without a zone), unique local,
-    # site-local, multicast, documentation, unallocated, IETF protocol assignments (ORCHIDv2,
+    # site-local, multicast, documentation (2001:db8::/32, and 3fff::/20 of RFC 9637, which
+    # Python 3.11's ipaddress calls global), unallocated, IETF protocol assignments (ORCHIDv2,
     # AS112: global on some Python versions only).
     "::1", "::", "fe80::1", "fe80::1%eth0", "fc00::1", "fd12::1", "fec0::1", "ff02::1",
-    "2001:db8::1", "4000::1", "2001:20::1", "2001:4:112::1",
+    "2001:db8::1", "3fff::1", "3fff:fff:ffff::1", "4000::1", "2001:20::1", "2001:4:112::1",
     # IPv4-mapped and (deprecated, never a real peer: refused whatever they carry)
     # IPv4-compatible addresses.
     "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:100.100.100.200", "::127.0.0.1", "::8.8.8.8",
@@ -63,7 +68,8 @@ REFUSED = [
 # public.
 ALLOWED = [
     "8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "2001:4860:4860::8888",
-    "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1", teredo(PUBLIC_SERVER, PUBLIC_CLIENT),
+    "3fff:1000::1", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
+    teredo(PUBLIC_SERVER, PUBLIC_CLIENT),
 ]  # fmt: skip
 
 
@@ -169,3 +175,23 @@ def test_without_the_guard_the_recorder_sees_the_client_hello(listener: socket.s
     received = recorder.stop()
     assert not result.ok
     assert received and received[0][:1] == b"\x16"  # a TLS handshake record
+
+
+@pytest.mark.integration
+def test_the_rfc_9637_documentation_prefix_is_refused_by_the_library_and_the_cli(
+    tmp_path: Path,
+) -> None:
+    # Python 3.11's ipaddress calls 3fff::/20 global: the guard must refuse it all the same,
+    # before a connection is tried (nothing answers there: a try ends `timeout` or `connection`).
+    url = "http://[3fff::1]:9/x"
+    (result,) = fetch_all([url], deny_private=True, attempts=1, timeout=2)
+    assert (result.error_kind, result.attempts) == ("invalid_request", 0)
+    assert "3fff::1, a private or local address" in (result.error or "")
+    (tmp_path / "urls.txt").write_text(url + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "batchsync", "urls.txt", "--deny-private", "--timeout", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (line,) = (tmp_path / "urls-results.jsonl").read_text().splitlines()
+    assert json.loads(line)["error_kind"] == "invalid_request"
