@@ -1,0 +1,87 @@
+"""INPUT that is not a regular file (a pipe, /dev/stdin, a named FIFO) and INPUT that changes
+while the run goes: read once, or refused by name; never an empty run that says it is done."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from .mockserver import MockServerProcess
+from .test_cli import batchsync, key, read_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+def five(server: MockServerProcess) -> list[str]:
+    return [f"{server.url}/ok/{key()}" for _ in range(5)]
+
+
+def shell(script: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash (for process substitution), ``$PY`` the test's Python."""
+    env = {**os.environ, "PY": sys.executable, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        ["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=env, check=False,
+    )  # fmt: skip
+
+
+def test_a_process_substitution_is_read_once(server: MockServerProcess, tmp_path: Path) -> None:
+    urls = five(server)
+    (tmp_path / "five.txt").write_text("\n".join(urls) + "\n")
+    done = shell('"$PY" -m batchsync <(cat five.txt)', tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "5 items: 5 ok" in done.stderr
+    # Named like stdin's: a /dev/fd number says nothing of what the run was.
+    assert [r["url"] for r in read_jsonl(tmp_path / "batch-results.jsonl")] == urls
+
+
+def test_dev_stdin_is_read_once(server: MockServerProcess, tmp_path: Path) -> None:
+    urls = five(server)
+    done = batchsync("/dev/stdin", cwd=tmp_path, stdin="\n".join(urls) + "\n")
+    assert done.returncode == 0, done.stderr
+    assert "5 items: 5 ok" in done.stderr
+    assert [r["url"] for r in read_jsonl(tmp_path / "batch-results.jsonl")] == urls
+
+
+def test_a_table_from_a_pipe_is_read_once(server: MockServerProcess, tmp_path: Path) -> None:
+    names = [key() for _ in range(5)]
+    table = "name\n" + "".join(f"{name}\n" for name in names)
+    template = f"{server.url}/ok/{{name}}"
+    by_csv = batchsync(
+        "/dev/stdin", "--url", template, "--input-format", "csv", "-o", "csv", cwd=tmp_path,
+        stdin=table,
+    )  # fmt: skip
+    assert by_csv.returncode == 0, by_csv.stderr
+    records = "".join(f'{{"name": "{name}"}}\n' for name in names)
+    by_jsonl = batchsync(
+        "/dev/stdin", "--url", template, "-o", "jsonl", cwd=tmp_path, stdin=records
+    )
+    assert by_jsonl.returncode == 0, by_jsonl.stderr
+    for prefix in ("csv", "jsonl"):
+        results = read_jsonl(tmp_path / f"{prefix}-results.jsonl")
+        assert [r["url"] for r in results] == [f"{server.url}/ok/{name}" for name in names]
+
+
+def test_a_named_fifo_is_read_like_a_pipe(server: MockServerProcess, tmp_path: Path) -> None:
+    urls = five(server)
+    fifo = tmp_path / "items.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with fifo.open("w") as writer:  # (waits for the run to open it)
+            writer.write("\n".join(urls) + "\n")
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        done = batchsync(str(fifo), "-o", "fifo", cwd=tmp_path, timeout=30)
+    finally:  # (a run that never opened the FIFO leaves the feeder waiting: let it go)
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        feeder.join(timeout=5)
+    assert done.returncode == 0, done.stderr
+    assert [r["url"] for r in read_jsonl(tmp_path / "fifo-results.jsonl")] == urls
