@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,56 @@ def test_a_named_fifo_is_read_like_a_pipe(server: MockServerProcess, tmp_path: P
         feeder.join(timeout=5)
     assert done.returncode == 0, done.stderr
     assert [r["url"] for r in read_jsonl(tmp_path / "fifo-results.jsonl")] == urls
+
+
+def test_lines_appended_while_the_run_goes_are_not_its_items(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    first = f"/ok/{key()}"
+    urls = [f"{server.url}{first}?delay=1", *(f"{server.url}/ok/{key()}" for _ in range(3))]
+    extra = [f"{server.url}/ok/{key()}" for _ in range(3)]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+
+    def append_once_it_runs() -> None:
+        deadline = time.monotonic() + 30
+        while server.count(f"{first}?delay=1") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with (tmp_path / "urls.txt").open("a") as more:
+            more.write("\n".join(extra) + "\n")
+
+    appender = threading.Thread(target=append_once_it_runs, daemon=True)
+    appender.start()
+    done = batchsync("urls.txt", "-c", "1", cwd=tmp_path)
+    appender.join(timeout=30)
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "4 items: 4 ok" in done.stderr
+    assert [r["url"] for r in read_jsonl(tmp_path / "urls-results.jsonl")] == urls
+    assert all(server.count(url.removeprefix(server.url)) == 0 for url in extra)
+
+
+def test_lines_appended_during_a_retry_are_not_its_items(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    slow = [f"/ok/{key()}?delay=1" for _ in range(2)]
+    urls = [*(server.url + path for path in slow), *(f"{server.url}/ok/{key()}" for _ in range(2))]
+    extra = [f"{server.url}/ok/{key()}" for _ in range(3)]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+    first = batchsync("urls.txt", "--attempts", "1", "--timeout", "0.3", cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+
+    def append_once_it_retries() -> None:
+        deadline = time.monotonic() + 30
+        while server.count(slow[0]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with (tmp_path / "urls.txt").open("a") as more:
+            more.write("\n".join(extra) + "\n")
+
+    appender = threading.Thread(target=append_once_it_retries, daemon=True)
+    appender.start()
+    done = batchsync("urls.txt", "-c", "1", "--retry-failed", cwd=tmp_path)
+    appender.join(timeout=30)
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert [r["url"] for r in read_jsonl(tmp_path / "urls-results.jsonl")] == urls
+    assert all(server.count(url.removeprefix(server.url)) == 0 for url in extra)

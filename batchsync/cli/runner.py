@@ -6,9 +6,10 @@ import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +200,16 @@ def run_batch(
         replaced = _make_way(path, prefix, form, continuing)
         current, marks = Pass(), bytearray(entries)
         earlier: dict[int, Result] = {}
-        pending: Iterator[tuple[int, Entry]] = enumerate(source)
+        # Only the entries counted: lines appended to INPUT while the run goes are not its
+        # items (the journal, the marks and the outputs are sized by the count).
+        counted = islice(source, entries)
+        pending: Iterator[tuple[int, Entry]] = enumerate(counted)
         if path.exists():
             reader = held.enter_context(
                 resumed(path, identity, "input", "run with --fresh to start over")
             )
             current, marks = _planned(reader, entries, continuing)
-            pending = _pending(source, marks, reader, earlier)
+            pending = _pending(counted, marks, reader, earlier)
         to_send = entries - marks.count(DONE)
 
         def taken(index: int) -> Result | None:
@@ -310,7 +314,7 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tup
 
 
 def _pending(
-    source: Input,
+    source: Iterable[Entry],
     marks: bytearray,
     reader: JournalReader,
     earlier: dict[int, Result],
