@@ -38,6 +38,8 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /bad-location                    a 302 whose Location is not UTF-8
     /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
     /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
+    /surrogate-key                   200 with {"\ud800": 1, "a": {"\udc00b": 2}}: lone surrogate
+                                     escapes in keys
   An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
@@ -362,6 +364,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"[" * depth + b"]" * depth, "application/json")
         elif head == "/surrogate":
             self._send(200, b'{"name": "\\ud800"}', "application/json")
+        elif head == "/surrogate-key":
+            self._send(200, b'{"\\ud800": 1, "a": {"\\udc00b": 2}}', "application/json")
         elif head == "/text":
             self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
         elif head == "/bytes":
