@@ -139,3 +139,34 @@ def test_lines_appended_during_a_retry_are_not_its_items(
     assert done.returncode == 0, done.stderr
     assert [r["url"] for r in read_jsonl(tmp_path / "urls-results.jsonl")] == urls
     assert all(server.count(url.removeprefix(server.url)) == 0 for url in extra)
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_temporary_files_a_killed_run_left_are_removed(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A run killed while it writes its outputs leaves its temporary files; the next run on
+    the prefix removes them, and only them (a live writer's, another prefix's stay)."""
+    (tmp_path / "urls.txt").write_text(f"{server.url}/ok/{key()}\n")
+    dead, alive = dead_pid(), os.getpid()
+    stale = [
+        f".urls-{name}.{dead}.0a1b2c3d.tmp"
+        for name in ("results.jsonl", "results.csv", "results.parquet", "failed.jsonl",
+                     "report.html")
+    ]  # fmt: skip
+    kept = [
+        f".urls-results.jsonl.{alive}.0a1b2c3d.tmp",  # (a process that is still running)
+        f".other-results.jsonl.{dead}.0a1b2c3d.tmp",  # (another prefix)
+        f".urls-results.jsonl.{dead}.tmp",  # (not a name atomic_files gives)
+    ]
+    for name in stale + kept:
+        (tmp_path / name).write_text("partial")
+    done = batchsync("urls.txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.glob(".*.tmp")) == sorted(kept)

@@ -23,6 +23,7 @@ from ..assembly import (
     open_journal,
     progress_of,
 )
+from ..columnar import FORMATS
 from ..engine import Task
 from ..fetch import WrappedJob
 from ..history import Pass
@@ -50,7 +51,7 @@ from ..report import report_journal
 from ..result import Result, Summary
 from ..verdict import InvalidItem
 from .inputs import Entry, Input
-from .output import failed_request, output_paths, write_outputs
+from .output import failed_request, output_paths, remove_stale, write_outputs
 
 log = logging.getLogger("batchsync")
 
@@ -198,6 +199,7 @@ def run_batch(
                 f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
             ) from None
         replaced = _make_way(path, prefix, form, continuing)
+        remove_stale(path.parent, _output_names(prefix))
         current, marks = Pass(), bytearray(entries)
         earlier: dict[int, Result] = {}
         # Only the entries counted: lines appended to INPUT while the run goes are not its
@@ -252,6 +254,12 @@ def run_batch(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
         left, written,
     )  # fmt: skip
+
+
+def _output_names(prefix: str) -> list[str]:
+    """The names of every output file a run on ``prefix`` may write, in any format."""
+    paths = [path for form in FORMATS for path in output_paths(prefix, form)]
+    return sorted({path.name for path in (*paths, report_path(prefix))})
 
 
 def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str | None:
