@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import logging
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -16,7 +17,16 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import Ran, call, fetch, gates_for, open_journal, progress_of
+from .assembly import (
+    STARTS_OVER,
+    Ran,
+    call,
+    fetch,
+    gates_for,
+    open_journal,
+    progress_of,
+    trusted_continuation,
+)
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
@@ -32,10 +42,12 @@ from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary, error_kinds
-from .spec import RequestSpec
+from .spec import RequestSpec, item_label
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
 from .verdict import InvalidItem
+
+log = logging.getLogger("batchsync")
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -132,6 +144,7 @@ class Resumable(Generic[OptionsT]):
         self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
+        self._template_url = None if template is None else template.url
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if template is not None and journal is not None:
             self._identity["template"] = f"rows {template.identity()}"
@@ -173,10 +186,20 @@ class Resumable(Generic[OptionsT]):
         again, and the paginated ones that stopped partway, to go on from their next page."""
         for index, item in enumerate(self.items):
             kept = self._done.get(index)
-            if kept is not None and kept.continuation is not None:
-                yield index, Continued.of(item, kept.continuation, kept.data)
+            continuation = None if kept is None else kept.continuation
+            if continuation is not None and not trusted_continuation(
+                self._url_of(item), continuation
+            ):
+                log.warning(STARTS_OVER, f"item {index}")
+                kept = continuation = None
+            if kept is not None and continuation is not None:
+                yield index, Continued.of(item, continuation, kept.data)
             elif kept is None or index in self._retrying:
                 yield index, item
+
+    def _url_of(self, item: Any) -> str | None:
+        """The URL an item is sent to (a row's: its template's, whose origin it keeps)."""
+        return self._template_url if self._template_url is not None else item_label(item)[0]
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""

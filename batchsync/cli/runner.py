@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..assembly import (
+    STARTS_OVER,
     Ran,
     Stoppable,
     adding_to,
@@ -22,6 +23,7 @@ from ..assembly import (
     journaling,
     open_journal,
     progress_of,
+    trusted_continuation,
 )
 from ..columnar import FORMATS
 from ..engine import Task
@@ -49,6 +51,7 @@ from ..progress import Tally, counter
 from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
+from ..spec import item_label
 from ..verdict import InvalidItem
 from .inputs import Entry, Input
 from .output import failed_request, output_paths, remove_stale, write_outputs
@@ -337,10 +340,12 @@ def _pending(
             continue
         if mark in (TO_GO_ON, TO_FINISH):
             continuation, record = going_on[index]
-            earlier[index] = Result.from_dict(json.loads(record))
-            page = Continued.of(entry.item, continuation, earlier[index].data)
-            yield index, replace(entry, going_on=page)
-            continue
+            if trusted_continuation(item_label(entry.item)[0], continuation):
+                earlier[index] = Result.from_dict(json.loads(record))
+                page = Continued.of(entry.item, continuation, earlier[index].data)
+                yield index, replace(entry, going_on=page)
+                continue
+            log.warning(STARTS_OVER, entry.where)
         if mark == TO_REDO:
             stored = reader.record(index)
             assert stored is not None
