@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -451,8 +452,9 @@ class CallBatch(Resumable[CallOptions]):
 
     What ``fn`` returned is journaled as JSON, through ``encode`` when given (and read back
     through ``decode``); a function that says it returns what JSON cannot hold is refused
-    before anything runs, and a value JSON cannot hold fails the run at its first Result
-    (``JournalFailed``), not at the end.
+    before anything runs, and a value JSON cannot hold, or would give back as another value (a
+    tuple as a list, an int key as a str, NaN as null), fails the run at its first Result
+    (``JournalFailed``), not at the end: a resumed run gives back what a first run did.
     """
 
     def __init__(
@@ -517,6 +519,9 @@ class CallBatch(Resumable[CallOptions]):
             except Exception as exc:  # its message reaches the run's error: masked
                 reason = self.options.secrets().text(describe(exc))
                 raise ValueError(f"encode failed on item {result.index}: {reason}") from None
+        changed = _json_changes(result.data) if result.ok else None
+        if changed is not None:  # (a resumed run would give back another value)
+            raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
@@ -527,6 +532,22 @@ class CallBatch(Resumable[CallOptions]):
 
     def _remade_with(self) -> tuple[Any, ...]:
         return (self._fn, self.items)
+
+
+def _json_changes(value: Any) -> str | None:
+    """What in ``value`` JSON would give back as another value (None: it comes back equal;
+    what JSON cannot hold at all is left to the encoder, which says so)."""
+    if isinstance(value, tuple):
+        return "a tuple, which JSON gives back as a list"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN or an infinity, which JSON gives back as null"
+    if isinstance(value, list):
+        return next(filter(None, map(_json_changes, value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            return "a key that is not a str, which JSON gives back as a str"
+        return next(filter(None, map(_json_changes, value.values())), None)
+    return None
 
 
 def _arguments(given: Mapping[str, Any]) -> dict[str, Any]:
