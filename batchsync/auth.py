@@ -295,13 +295,30 @@ class CommandToken:
                 f"the auth command failed (exit status {process.returncode}; its output is "
                 "not shown)"
             )
-        value = out.decode("utf-8", "replace").strip()
-        if not value:
-            raise AuthFailed("the auth command printed nothing")
+        value = _token_text(out)
         if "\n" in value or "\r" in value:
             raise AuthFailed("the auth command printed more than one line")
+        try:  # (before the run starts: a token no request can carry must stop it there)
+            check_headers({self._header: value})
+        except ValueError:  # (its message names what is wrong, never the value)
+            raise AuthFailed(
+                f"the auth command printed a value {self._header} cannot carry (a NUL, a "
+                "control character, or characters beyond latin-1)"
+            ) from None
         self._given.append(value)
         return {self._header: value}
+
+
+def _token_text(out: bytes) -> str:
+    """What the command printed, stripped: AuthFailed when it is nothing or not UTF-8 (a
+    replacement character would be sent in the secret's place)."""
+    try:
+        value = out.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise AuthFailed("the auth command printed text that is not UTF-8") from None
+    if not value:
+        raise AuthFailed("the auth command printed nothing")
+    return value
 
 
 def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:

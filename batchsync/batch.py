@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import inspect
 import json
+import logging
+import math
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -16,7 +18,16 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import Ran, call, fetch, gates_for, open_journal, progress_of
+from .assembly import (
+    STARTS_OVER,
+    Ran,
+    call,
+    fetch,
+    gates_for,
+    open_journal,
+    progress_of,
+    trusted_continuation,
+)
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
@@ -32,10 +43,12 @@ from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary, error_kinds
-from .spec import RequestSpec
+from .spec import RequestSpec, item_label
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
 from .verdict import InvalidItem
+
+log = logging.getLogger("batchsync")
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -132,6 +145,7 @@ class Resumable(Generic[OptionsT]):
         self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
+        self._template_url = None if template is None else template.url
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if template is not None and journal is not None:
             self._identity["template"] = f"rows {template.identity()}"
@@ -173,10 +187,20 @@ class Resumable(Generic[OptionsT]):
         again, and the paginated ones that stopped partway, to go on from their next page."""
         for index, item in enumerate(self.items):
             kept = self._done.get(index)
-            if kept is not None and kept.continuation is not None:
-                yield index, Continued.of(item, kept.continuation, kept.data)
+            continuation = None if kept is None else kept.continuation
+            if continuation is not None and not trusted_continuation(
+                self._url_of(item), continuation
+            ):
+                log.warning(STARTS_OVER, f"item {index}")
+                kept = continuation = None
+            if kept is not None and continuation is not None:
+                yield index, Continued.of(item, continuation, kept.data)
             elif kept is None or index in self._retrying:
                 yield index, item
+
+    def _url_of(self, item: Any) -> str | None:
+        """The URL an item is sent to (a row's: its template's, whose origin it keeps)."""
+        return self._template_url if self._template_url is not None else item_label(item)[0]
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -429,8 +453,9 @@ class CallBatch(Resumable[CallOptions]):
 
     What ``fn`` returned is journaled as JSON, through ``encode`` when given (and read back
     through ``decode``); a function that says it returns what JSON cannot hold is refused
-    before anything runs, and a value JSON cannot hold fails the run at its first Result
-    (``JournalFailed``), not at the end.
+    before anything runs, and a value JSON cannot hold, or would give back as another value (a
+    tuple as a list, an int key as a str, NaN as null), fails the run at its first Result
+    (``JournalFailed``), not at the end: a resumed run gives back what a first run did.
     """
 
     def __init__(
@@ -495,6 +520,9 @@ class CallBatch(Resumable[CallOptions]):
             except Exception as exc:  # its message reaches the run's error: masked
                 reason = self.options.secrets().text(describe(exc))
                 raise ValueError(f"encode failed on item {result.index}: {reason}") from None
+        changed = _json_changes(result.data) if result.ok else None
+        if changed is not None:  # (a resumed run would give back another value)
+            raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
@@ -505,6 +533,22 @@ class CallBatch(Resumable[CallOptions]):
 
     def _remade_with(self) -> tuple[Any, ...]:
         return (self._fn, self.items)
+
+
+def _json_changes(value: Any) -> str | None:
+    """What in ``value`` JSON would give back as another value (None: it comes back equal;
+    what JSON cannot hold at all is left to the encoder, which says so)."""
+    if isinstance(value, tuple):
+        return "a tuple, which JSON gives back as a list"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN or an infinity, which JSON gives back as null"
+    if isinstance(value, list):
+        return next(filter(None, map(_json_changes, value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            return "a key that is not a str, which JSON gives back as a str"
+        return next(filter(None, map(_json_changes, value.values())), None)
+    return None
 
 
 def _arguments(given: Mapping[str, Any]) -> dict[str, Any]:

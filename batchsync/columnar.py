@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .records import dumps
-from .result import flat_body
+from .result import flat_body, utf8_text
 
 FORMATS = ("jsonl", "csv", "parquet")
 # --flatten spreads at most this many body keys into columns; the rest stay in ``data``.
@@ -141,22 +141,10 @@ def _cell(value: Any, kind: str) -> Any:
     if kind == "json" or (kind == "id" and not isinstance(value, str)):
         return dumps(value)
     if isinstance(value, str):
-        return _text(value)
+        return utf8_text(value)
     if kind == "float" or isinstance(value, float):
         number = float(value)
         return number if math.isfinite(number) else None  # (as the JSONL writes NaN: null)
-    return value
-
-
-def _text(value: str) -> str:
-    """Text a UTF-8 file can hold: a lone surrogate (from a JSON "\\ud800" escape) is written
-    as that escape, as the JSONL writes it."""
-    if value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
 
 

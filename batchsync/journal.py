@@ -454,6 +454,9 @@ def resumed(
         problem = mismatch(reader.meta(), identity)
         if problem is not None:
             raise JournalMismatch(f"{path} was made for other {what} ({problem}); {hint}")
+        problem = reader.tampered(int(identity["entries"]))
+        if problem is not None:
+            raise JournalMismatch(f"{path} was altered: {problem}; {hint}")
         reader.upgrade()
         yield reader
     finally:
@@ -489,6 +492,24 @@ class JournalReader:
 
     def meta(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
+
+    def tampered(self, size: int) -> str | None:
+        """What makes a row untrustworthy for an input of ``size`` items (None: nothing): an
+        index outside it (its Result would land on another item, or out of order), a stored
+        text of more than one line (the output files hold one a line). A journal is a file
+        anyone with the owner's rights can edit."""
+        row = self._db.execute(
+            "SELECT idx FROM results WHERE idx < 0 OR idx >= ? LIMIT 1", (size,)
+        ).fetchone()
+        if row is not None:
+            return f"item {row[0]} is not in the input of {size} items"
+        row = self._db.execute(
+            "SELECT idx FROM results WHERE instr(record, char(10)) OR instr(record, char(13)) "
+            "OR instr(request, char(10)) OR instr(request, char(13)) LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            return f"the record of item {row[0]} is not one line"
+        return None
 
     def latest_pass(self) -> Pass:
         """The last pass recorded (the first when none was: nothing was sent yet)."""

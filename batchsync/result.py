@@ -322,7 +322,8 @@ def _percentiles(sorted_times: Iterable[float], count: int) -> dict[str, float]:
 def flat_body(data: Any) -> dict[str, Any]:
     """A JSON body as one flat object, as ``pandas.json_normalize`` spreads records: nested
     objects' keys joined with ``.`` (``{"b": {"c": 1}}`` -> ``{"b.c": 1}``), an empty nested
-    object left out, lists kept whole, a later key winning over an equal earlier one; a body
+    object left out, lists kept whole, a later key winning over an equal earlier one, a key
+    with a lone surrogate named by its escape (``\\ud800``); a body
     that is not an object is ``{"value": body}``. The one rule for ``to_pandas(expand=True)``
     and the CLI's ``--flatten``."""
     if not isinstance(data, dict):
@@ -332,9 +333,22 @@ def flat_body(data: Any) -> dict[str, Any]:
     return flat
 
 
+def utf8_text(value: str) -> str:
+    """Text a UTF-8 file can hold: a lone surrogate (from a JSON "\\ud800" escape) is written
+    as that escape, as the JSONL writes it."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
     for key, value in data.items():
-        name = f"{prefix}{key}"
+        # (a key becomes a column's name, which must be UTF-8 text like a cell's value)
+        name = f"{prefix}{utf8_text(key)}"
         if isinstance(value, dict):
             _spread(value, f"{name}.", into)
         else:

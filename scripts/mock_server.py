@@ -46,6 +46,8 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /echo-values?style=status|location  echoes the query's values (a key among them) as
                                      careless servers do: in a status line that is not HTTP
                                      (status), or in a 302 to /404/VALUES (location)
+    /surrogate-key                   200 with {"\ud800": 1, "a": {"\udc00b": 2}}: lone surrogate
+                                     escapes in keys
   An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
@@ -374,6 +376,8 @@ class Handler(BaseHTTPRequestHandler):
             self._echo_values(query)
         elif head == "/surrogate":
             self._send(200, b'{"name": "\\ud800"}', "application/json")
+        elif head == "/surrogate-key":
+            self._send(200, b'{"\\ud800": 1, "a": {"\\udc00b": 2}}', "application/json")
         elif head == "/text":
             self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
         elif head == "/encoded":

@@ -274,6 +274,10 @@ def test_the_auth_command_refreshes_the_token_for_the_cli(
         ("echo cnryleaked1234567; exit 3", "the auth command failed (exit status 3"),
         ("true", "the auth command printed nothing"),
         ("echo cnry1; echo cnry2", "the auth command printed more than one line"),
+        # what no header can carry: a NUL, beyond latin-1 (a euro sign), not UTF-8 at all
+        (r"printf 'Bearer cnry\000x'", "the auth command printed a value Authorization cannot"),
+        (r"printf 'Bearer cnry\342\202\254'", "the auth command printed a value Authorization"),
+        (r"printf 'Bearer cnry\377'", "the auth command printed text that is not UTF-8"),
     ],
 )
 def test_an_auth_command_that_fails_at_start_stops_the_cli_with_exit_2(
@@ -291,6 +295,21 @@ def test_an_auth_command_that_fails_at_start_stops_the_cli_with_exit_2(
     assert "Traceback" not in done.stderr and "cnry" not in done.stderr + done.stdout
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name != "items.txt"} == earlier
     assert tokens(server, name)["unauthorized"] == 0
+
+
+def test_an_auth_command_that_prints_no_header_value_leaves_the_journal(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    name = realm()
+    (tmp_path / "items.txt").write_text("\n".join(plain_items(server, name, 3)) + "\n")
+    first = run_cli("items.txt", "--attempts", "1", cwd=tmp_path)  # (401s: no token)
+    assert first.returncode == 1, first.stderr
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for how in ("--retry-failed", "--fresh"):
+        done = run_cli("items.txt", how, "--auth-command", r"printf 'Bearer \000'", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_an_auth_command_that_hangs_is_cut_at_its_timeout() -> None:

@@ -242,7 +242,8 @@ def test_help_shows_every_option_with_defaults(tmp_path: Path) -> None:
         "--concurrency", "[default: 10", "--attempts", "[default: 3", "--timeout",
         "[default: 10.0", "--budget", "[default: 60.0", "--deadline", "--expect",
         "--max-bytes", "[default: 33554432", "--header", "--output",
-        "[default: INPUT's name without its extension; stdin: batch]", "--resume",
+        "[default: INPUT's name without its extension; stdin: batch", "as for any pipe]",
+        "--resume",
         "--retry-failed [=KIND,...]", "--fresh", "--version",
         "--progress / --no-progress", "--verbose", "--quiet",
     ):  # fmt: skip

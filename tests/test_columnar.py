@@ -331,3 +331,34 @@ def test_the_library_writes_nan_as_the_command_line_does(tmp_path: Path) -> None
     results.to_csv(tmp_path / "r.csv", flatten=True)
     (row,) = read_csv(tmp_path / "r.csv")
     assert (row["data.x"], row["data.y"]) == (None, "1.5")
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_a_lone_surrogate_in_a_body_key_is_written_as_its_escape(
+    server: MockServerProcess, tmp_path: Path, form: str
+) -> None:
+    """A key "\\ud800" is valid JSON but no UTF-8 text: its column is named by the escape,
+    as a value's cell already is, instead of failing the run's outputs."""
+    (tmp_path / "in.txt").write_text(f"{server.url}/surrogate-key\n")
+    done = batchsync("in.txt", "-o", "out", "--format", form, "--flatten", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    if form == "csv":  # (CSV cells are text)
+        (row,) = read_csv(tmp_path / "out-results.csv")
+        assert (row["data.\\ud800"], row["data.a.\\udc00b"]) == ("1", "2")
+    else:
+        (row,) = pq.read_table(tmp_path / "out-results.parquet").to_pylist()
+        assert (row["data.\\ud800"], row["data.a.\\udc00b"]) == (1, 2)
+
+
+def test_the_library_writes_a_lone_surrogate_key_as_its_escape(tmp_path: Path) -> None:
+    body = {"\ud800": 1, "a": {"\udc00b": 2}}
+    results = ResultSet([Result(0, "http://h.test/x", True, data=body)])
+    results.to_csv(tmp_path / "r.csv", flatten=True)
+    results.to_parquet(tmp_path / "r.parquet", flatten=True)
+    (row,) = read_csv(tmp_path / "r.csv")
+    assert (row["data.\\ud800"], row["data.a.\\udc00b"]) == ("1", "2")
+    (row,) = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert (row["data.\\ud800"], row["data.a.\\udc00b"]) == (1, 2)
+    frame = results.to_pandas(expand=True)
+    assert list(frame.columns[-2:]) == ["data.\\ud800", "data.a.\\udc00b"]
+    frame.to_csv(tmp_path / "frame.csv")  # (a raw surrogate cannot be written as UTF-8)

@@ -516,7 +516,8 @@ def test_the_library_form_of_the_default_prefix() -> None:
     assert default_prefix("urls.txt") == "urls"
     assert default_prefix("data/urls-failed.jsonl") == "urls-failed"
     assert default_prefix("-") == "batch"
-    assert default_prefix("/dev/stdin") == "stdin"
+    # A pipe's name (/dev/stdin, /dev/fd/63) says nothing of the run: named as stdin is.
+    assert default_prefix("/dev/stdin") == "batch"
 
 
 def test_fetch_all_results_retry_in_place(server: MockServerProcess) -> None:

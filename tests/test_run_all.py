@@ -4,6 +4,7 @@ import _thread
 import asyncio
 import dataclasses
 import itertools
+import math
 import threading
 import time
 from pathlib import Path
@@ -359,3 +360,26 @@ def test_a_secret_in_a_key_or_an_encode_error_never_shows(tmp_path: Path) -> Non
         run_all(str, [1], journal=tmp_path / "j.sqlite3", encode=leaky_encode)
     assert "S3cretEncKey" not in str(failed.value)
     assert "encode failed on item 0" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ((1, 2), "a tuple, which JSON gives back as a list"),
+        ({1: "a"}, "a key that is not a str, which JSON gives back as a str"),
+        ({"x": [math.nan]}, "NaN or an infinity, which JSON gives back as null"),
+        (math.inf, "NaN or an infinity, which JSON gives back as null"),
+    ],
+)
+def test_a_value_json_would_change_is_refused_at_journaling(
+    tmp_path: Path, value: Any, reason: str
+) -> None:
+    """A resumed run would give back another value (a list for a tuple, "1" for 1, None for
+    NaN): the journal refuses it at the first Result, as it refuses what JSON cannot hold."""
+    with pytest.raises(JournalFailed, match=f"item 0 returned {reason}: give encode="):
+        run_all(lambda n: value, [0], journal=tmp_path / "j.sqlite3")
+    # What comes back equal is kept, and comes back equal after a resume.
+    faithful = {"a": [1, 2.5, None, True, "\ud800"], "b": {"c": -0.0}}
+    journal = tmp_path / "ok.sqlite3"
+    assert run_all(lambda n: faithful, [0], journal=journal)[0].data == faithful
+    assert run_all(lambda n: faithful, [0], journal=journal)[0].data == faithful

@@ -29,7 +29,7 @@ from ..progress import wanted
 from ..redact import RedactingFilter, Secrets
 from ..result import error_kinds
 from ..template import Template, parse_body
-from .inputs import TABLE_FORMATS, Input, InputError, TableInput
+from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
     BREAKER_DEFAULT,
     parse_breaker,
@@ -79,7 +79,8 @@ def _retry_kinds(
         "file starting with [ is a JSON array of items. Writes PREFIX-results.jsonl (or .csv, "
         ".parquet: --format; one result per item, in input order), PREFIX-failed.jsonl (the "
         "failed items, valid INPUT again) and PREFIX-report.html (charts and tables of the "
-        "run; --no-report: none); PREFIX is INPUT's name without its extension (stdin: batch). "
+        "run; --no-report: none); PREFIX is INPUT's name without its extension (stdin or "
+        "another pipe: batch). "
         "Each result is journaled as it is made (PREFIX-journal.sqlite3): after a crash or "
         "Ctrl-C, the same command with --resume fetches only the rest; --retry-failed sends "
         "the failures again and writes the whole input's results; a prefix that holds a "
@@ -404,7 +405,8 @@ def _retry_kinds(
     default=None,
     metavar="PREFIX",
     help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
-    "as needed.  [default: INPUT's name without its extension; stdin: batch]",
+    "as needed.  [default: INPUT's name without its extension; stdin: batch, as for any "
+    "pipe]",
 )
 @click.option(
     "--format",
@@ -522,7 +524,8 @@ def command(
     verbose: int,
     quiet: bool,
 ) -> int:
-    """Fetch every item of INPUT (a file, or - for stdin) with bounded concurrency and retries."""
+    """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
+    retries."""
     template = _template(url_template, method, body_template, id_field, input_format)
     _check_format(form, flatten)
     if insecure and cacert is not None:
@@ -614,8 +617,9 @@ def _make_folder(folder: Path) -> None:
 
 def default_prefix(input_name: str) -> str:
     """The output prefix when -o is not given: INPUT's name without its extension, in the
-    current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run)."""
-    stem = "" if input_name == "-" else Path(input_name).stem
+    current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run);
+    ``batch`` for stdin and any other pipe, whose name (``/dev/fd/63``) says nothing of it."""
+    stem = "" if is_spooled(input_name) else Path(input_name).stem
     return stem or "batch"
 
 

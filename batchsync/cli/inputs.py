@@ -13,8 +13,10 @@ import csv
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -255,6 +257,28 @@ class _ArrayReader:
         return end
 
 
+def _spooled(stream: IO[bytes], name: str) -> IO[bytes]:
+    """A temporary file holding what ``stream`` gives, read to its end once."""
+    spool = tempfile.TemporaryFile(prefix="batchsync-input-")  # noqa: SIM115
+    try:
+        shutil.copyfileobj(stream, spool)
+    except OSError as exc:
+        spool.close()
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}") from None
+    return spool
+
+
+def is_spooled(name: str) -> bool:
+    """Whether INPUT ``name`` is read through a spool: stdin, or a path that names no
+    regular file (a pipe, a FIFO; one that cannot be looked at is left to ``Input``)."""
+    if name == "-":
+        return True
+    try:
+        return not stat.S_ISREG(Path(name).stat().st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _past(pattern: re.Pattern[str], text: str, pos: int) -> int:
     """Where ``pattern``, which matches anywhere (maybe nothing), stops matching from ``pos``."""
     match = pattern.match(text, pos)
@@ -283,25 +307,32 @@ def _decode_element(number: int, text: str) -> Any:
 
 
 class Input:
-    """INPUT: a file path, or ``-`` for standard input (copied to a temporary file first, so that
-    it can be read more than once). Iterating yields Entries; ``count()`` checks the whole input.
-    """
+    """INPUT: a file path, or ``-`` for standard input. Anything but a regular file (stdin, a
+    pipe, ``/dev/stdin``, a named FIFO) is copied to a temporary file first, as it can be read
+    only once; the input is read several times (its identity, its count, its entries).
+    Iterating yields Entries; ``count()`` checks the whole input."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._spool: IO[bytes] | None = None
+        self.path: Path | None = None
         if name == "-":
-            self._spool = tempfile.TemporaryFile(prefix="batchsync-stdin-")  # noqa: SIM115
-            shutil.copyfileobj(sys.stdin.buffer, self._spool)
-            self.path: Path | None = None
+            self._spool = _spooled(sys.stdin.buffer, name)
         else:
-            self.path = Path(name)
-            try:
-                with self.path.open("rb"):
-                    pass
-            except OSError as exc:
-                raise InputError(f"cannot read {name}: {exc.strerror or exc}") from None
+            self._spool = self._opened(Path(name))
         self.is_array = self._first_significant_byte() == b"["
+
+    def _opened(self, path: Path) -> IO[bytes] | None:
+        """Open ``path`` once: a regular file is kept as ``path`` (None returned), anything
+        else is spooled (its spool returned)."""
+        try:
+            with path.open("rb") as stream:
+                if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                    return _spooled(stream, self.name)
+        except OSError as exc:
+            raise InputError(f"cannot read {self.name}: {exc.strerror or exc}") from None
+        self.path = path
+        return None
 
     def close(self) -> None:
         if self._spool is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -62,6 +63,34 @@ def atomic_files(
             with contextlib.suppress(OSError):
                 temporary.unlink()
         raise
+
+
+def remove_stale(folder: Path, names: Iterable[str]) -> None:
+    """Remove the temporary files that ``atomic_files`` (or the report) left in ``folder``
+    for the outputs ``names`` when its process was killed: those named by a process that is
+    no longer running (or by this one, which has none open yet: its id was reused). Called
+    under the prefix's journal lock, so no run of the prefix is writing them."""
+    either = "|".join(re.escape(name) for name in names)
+    pattern = re.compile(rf"\.(?:{either})\.(\d+)\.[0-9a-f]{{8}}\.tmp")
+    with contextlib.suppress(OSError):  # (a folder that cannot be listed: nothing to do)
+        for found in folder.iterdir():
+            match = pattern.fullmatch(found.name)
+            if match is not None and not _running(int(match[1])):
+                with contextlib.suppress(OSError):
+                    found.unlink()
+
+
+def _running(pid: int) -> bool:
+    """Whether a process other than this one runs with this id."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # (another user's)
+        return True
+    except (OSError, OverflowError):  # (none, or no process id at all)
+        return False
+    return True
 
 
 def _created(path: Path, mode: int, binary: bool = False) -> IO[Any]:

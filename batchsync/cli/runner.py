@@ -6,13 +6,15 @@ import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from ..assembly import (
+    STARTS_OVER,
     Ran,
     Stoppable,
     adding_to,
@@ -21,7 +23,9 @@ from ..assembly import (
     journaling,
     open_journal,
     progress_of,
+    trusted_continuation,
 )
+from ..columnar import FORMATS
 from ..engine import Task
 from ..fetch import WrappedJob
 from ..history import Pass
@@ -47,9 +51,10 @@ from ..progress import Tally, counter
 from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
+from ..spec import item_label
 from ..verdict import InvalidItem
 from .inputs import Entry, Input
-from .output import failed_request, output_paths, write_outputs
+from .output import failed_request, output_paths, remove_stale, write_outputs
 
 log = logging.getLogger("batchsync")
 
@@ -197,15 +202,19 @@ def run_batch(
                 f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
             ) from None
         replaced = _make_way(path, prefix, form, continuing)
+        remove_stale(path.parent, _output_names(prefix))
         current, marks = Pass(), bytearray(entries)
         earlier: dict[int, Result] = {}
-        pending: Iterator[tuple[int, Entry]] = enumerate(source)
+        # Only the entries counted: lines appended to INPUT while the run goes are not its
+        # items (the journal, the marks and the outputs are sized by the count).
+        counted = islice(source, entries)
+        pending: Iterator[tuple[int, Entry]] = enumerate(counted)
         if path.exists():
             reader = held.enter_context(
                 resumed(path, identity, "input", "run with --fresh to start over")
             )
             current, marks = _planned(reader, entries, continuing)
-            pending = _pending(source, marks, reader, earlier)
+            pending = _pending(counted, marks, reader, earlier)
         to_send = entries - marks.count(DONE)
 
         def taken(index: int) -> Result | None:
@@ -248,6 +257,12 @@ def run_batch(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
         left, written,
     )  # fmt: skip
+
+
+def _output_names(prefix: str) -> list[str]:
+    """The names of every output file a run on ``prefix`` may write, in any format."""
+    paths = [path for form in FORMATS for path in output_paths(prefix, form)]
+    return sorted({path.name for path in (*paths, report_path(prefix))})
 
 
 def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str | None:
@@ -310,7 +325,7 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tup
 
 
 def _pending(
-    source: Input,
+    source: Iterable[Entry],
     marks: bytearray,
     reader: JournalReader,
     earlier: dict[int, Result],
@@ -325,10 +340,12 @@ def _pending(
             continue
         if mark in (TO_GO_ON, TO_FINISH):
             continuation, record = going_on[index]
-            earlier[index] = Result.from_dict(json.loads(record))
-            page = Continued.of(entry.item, continuation, earlier[index].data)
-            yield index, replace(entry, going_on=page)
-            continue
+            if trusted_continuation(item_label(entry.item)[0], continuation):
+                earlier[index] = Result.from_dict(json.loads(record))
+                page = Continued.of(entry.item, continuation, earlier[index].data)
+                yield index, replace(entry, going_on=page)
+                continue
+            log.warning(STARTS_OVER, entry.where)
         if mark == TO_REDO:
             stored = reader.record(index)
             assert stored is not None
