@@ -389,7 +389,6 @@ class Batch(Resumable[FetchOptions]):
     ) -> None:
         given = locals()
         options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})
-        options.check_environment()
         self._template = None if url is None else Template.parse(url, method, body, id_field)
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")

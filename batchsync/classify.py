@@ -122,6 +122,11 @@ def _refused_tunnel(status: int, line: str) -> Verdict:
     return verdict
 
 
+# requests' OSError for a CA bundle (verify=, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) that is not
+# there: nothing the server did, and no retry brings it back.
+_MISSING_CA_BUNDLE = "Could not find a suitable TLS CA certificate bundle"
+
+
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
     if isinstance(exc, PrivateAddress):
@@ -135,7 +140,9 @@ def classify_http_exception(exc: Exception) -> Verdict:
         return retry("connection", error)
     if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
         return retry("timeout", error)
-    if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError):
+    if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError) or (
+        _MISSING_CA_BUNDLE in str(exc)
+    ):
         if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
             # The peer hung up during the handshake: said nothing about trust, may not recur.
             return retry("connection", _SSL_SOURCE.sub("", error))

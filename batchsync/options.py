@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -28,7 +27,6 @@ from .spec import RequestSpec, check_headers, one_line
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 
 # Where requests finds a CA bundle when the request's verify is not given (trust_env).
-_CA_BUNDLE_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 class EngineOptions(BaseModel):
@@ -129,19 +127,6 @@ class FetchOptions(FlowOptions):
     @property
     def slots(self) -> int | None:
         return self.per_host
-
-    def check_environment(self) -> None:
-        """ValueError when the CA bundle the environment names for this run is not there:
-        requests raises an OSError at each https request, which is no outcome of an item."""
-        trusts_environment = getattr(self.session, "trust_env", True)  # (a factory's: unknown)
-        if self.verify is not None or not trusts_environment:
-            return
-        for variable in _CA_BUNDLE_VARIABLES:  # the first one set is the one requests reads
-            path = os.environ.get(variable)
-            if path:
-                if not Path(path).exists():
-                    raise ValueError(f"{variable}: no CA bundle or directory at {path}")
-                return
 
     def secrets(self) -> Secrets:
         """The run's secrets: its headers and declared names, and the Redis URL's password."""

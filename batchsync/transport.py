@@ -575,7 +575,10 @@ class Transport:
             pool = adapter.get_connection_with_tls_context(
                 probe, settings["verify"], None, settings["cert"]
             )
-            adapter.cert_verify(pool, probe.url, settings["verify"], settings["cert"])
+            try:
+                adapter.cert_verify(pool, probe.url, settings["verify"], settings["cert"])
+            except OSError:  # (a CA bundle that is not there: each attempt says so, as requests)
+                pool = None
         if len(self._lanes) >= _MAX_CACHED_ORIGINS:
             self._lanes.clear()
         self._lanes[origin] = pool

@@ -515,30 +515,34 @@ def test_a_ca_bundle_the_environment_names_must_be_there(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """requests raises an OSError naming the path; batchsync says so before anything is sent
-    (it had each item end as an `exception`, "internal error: OSError")."""
+    """requests raises an OSError naming the path at each https request and still sends plain
+    http ones; batchsync ends each https item as a `tls` failure naming the path, not retried,
+    and sends the http ones (it had each item end as an `exception`, "internal error:
+    OSError", 0 attempts)."""
     missing = str(tmp_path / "gone.pem")
     monkeypatch.setenv(variable, missing)
     url = f"{tls_server.url}/a"
     with pytest.raises(OSError, match=re.escape(missing)):
         reference([Call("GET", url)])
+    plain = "http://127.0.0.1:9/never"  # (refused at connect: it is tried, not refused up front)
     for session in (None, requests.Session()):
-        with pytest.raises(
-            ValueError, match=re.escape(f"{variable}: no CA bundle or directory at {missing}")
-        ):
-            fetch_all([url], session=session)
+        rs = fetch_all([url, plain], session=session, attempts=2, timeout=2)
+        assert (rs[0].error_kind, rs[0].attempts) == ("tls", 1), rs[0]
+        assert missing in (rs[0].error or "")
+        assert rs[1].error_kind == "connection"
     assert tls_server.requests() == []
     # Where the variable is not read (a session that does not trust the environment, an
-    # explicit verify), it is not checked either.
+    # explicit verify), it does not matter.
     untrusting = requests.Session()
     untrusting.trust_env = False
     assert batch([url], session=untrusting)[0].error_kind == "tls"  # certifi's bundle
     assert batch([url], verify=str(authority.pem))[0].ok
     (tmp_path / "urls.txt").write_text(url + "\n")
-    refused = cli("urls.txt", cwd=tmp_path)
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr == f"Error: {variable}: no CA bundle or directory at {missing}\n"
-    assert not list(tmp_path.glob("urls-*"))
+    done = cli("urls.txt", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    result = json.loads((tmp_path / "urls-results.jsonl").read_text())
+    assert result["error_kind"] == "tls" and missing in result["error"]
+    assert "Traceback" not in done.stderr
 
 
 def test_the_fast_lane_survives_forgetting_origins(monkeypatch: pytest.MonkeyPatch) -> None:

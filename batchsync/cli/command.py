@@ -549,7 +549,6 @@ def command(
             verify=False if insecure else cacert,
             cert=client_cert if client_key is None else (client_cert, client_key),
         )  # fmt: skip
-        options.check_environment()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
