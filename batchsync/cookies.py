@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http.cookiejar import Cookie, CookieJar, CookiePolicy, DefaultCookiePolicy
@@ -26,16 +25,13 @@ from requests.cookies import MockRequest, RequestsCookieJar, extract_cookies_to_
 
 from .origins import origin_of
 
-# Where a cookie that a response set during a run notes its origin while the run goes. An
-# attribute rather than a nonstandard cookie attribute (``_rest``), which a FileCookieJar
-# would write out; it goes with the copies requests makes of the session's cookies for each
-# request, and is taken off when the run ends.
+# Where a cookie that a response set during a run notes its origin. An attribute rather than
+# a nonstandard cookie attribute (``_rest``), which a FileCookieJar would write out; it goes
+# with every copy of the cookie (requests' per-request copies, ``jar.copy()``, a pickle), so
+# that a cookie never reaches another origin, in this run or a later one with the jar. It
+# stays on the caller's cookies after the run: taken off, a copied jar or a second run
+# sharing the jar sent them everywhere.
 _STAMP = "_batchsync_origin"
-
-# The origins of the cookies runs left in callers' jars, for the next run with the jar: kept
-# beside the cookies, not on them, so that a jar ends a run as plain requests leaves it.
-_LEFT: weakref.WeakKeyDictionary[Cookie, str] = weakref.WeakKeyDictionary()
-_LEFT_LOCK = threading.Lock()
 
 
 # The bound of an origin's cookies in a run, as browsers bound a site's (Chromium: 180 per
@@ -282,26 +278,13 @@ def lend(jar: CookieJar, *, keep: bool = True) -> tuple[OriginJars, Callable[[],
     if isinstance(own, _LentPolicy):  # two sessions of this run share one jar
         return own.jars, lambda: None
     jars = OriginJars(own, keep=keep)
-    with _LEFT_LOCK:
-        left = {cookie: _LEFT.get(cookie) for cookie in jar}
-    for cookie, origin in left.items():
+    for cookie in jar:
+        origin = stamp_of(cookie)
         if origin is not None:
-            setattr(cookie, _STAMP, origin)
             jars.add(origin, copy.copy(cookie))
     jar.set_policy(_LentPolicy(own, jars, jar))
 
     def restore() -> None:
         jar.set_policy(own)
-        _unstamp(jar)
 
     return jars, restore
-
-
-def _unstamp(jar: CookieJar) -> None:
-    """Take the run's stamps off a caller's cookies, noting their origins beside them."""
-    with jar._cookies_lock, _LEFT_LOCK:  # type: ignore[attr-defined]
-        for cookie in jar:
-            origin = stamp_of(cookie)
-            if origin is not None:
-                delattr(cookie, _STAMP)
-                _LEFT[cookie] = origin
