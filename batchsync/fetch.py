@@ -358,7 +358,7 @@ class HttpJob:
         if verdict.error is not None:
             verdict = replace(verdict, error=self._secrets.text(verdict.error, own))
         if verdict.final_url is not None:
-            verdict.final_url = self._secrets.text(verdict.final_url, own)
+            verdict.final_url = self._secrets.answered(verdict.final_url, own, _url_of(request))
         return verdict
 
     def _authorized_attempt(

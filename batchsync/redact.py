@@ -190,6 +190,30 @@ class Secrets:
         run's known values and ``extra`` values (an item's own) in every form."""
         return self._masked(text, extra, self._mask_param)
 
+    def answered(self, url: str, own: Iterable[str], given: str) -> str:
+        """Where an item's answer came from (its ``final_url``), masked as ``text`` masks it,
+        and with every path segment that is one of the item's own short secrets masked too,
+        unless the URL the item was sent to has it in its path: a server that copies a short
+        key into a ``Location`` leaks it nowhere, and a path the caller wrote
+        (``/basic-auth/user/passwd``) keeps its bytes."""
+        masked = self.text(url, own)
+        short = {value for value in own if len(value) < _MIN_ANYWHERE}
+        if not short:
+            return masked
+        try:
+            parts, written = urlsplit(masked), urlsplit(given).path.split("/")
+        except ValueError:
+            return masked
+        start = len(parts.scheme) + len(parts.netloc) + 3
+        if masked[start : start + len(parts.path)] != parts.path or not parts.path:
+            return masked
+        kept = {unquote(segment) for segment in written}
+        path = "/".join(
+            MASK if unquote(segment) in short and unquote(segment) not in kept else segment
+            for segment in parts.path.split("/")
+        )
+        return masked[:start] + path + masked[start + len(parts.path) :]
+
     def template(self, text: str) -> str:
         """``text`` masked as a URL template is: a secret parameter whose value is template
         fields only (``api_key={tok}``) holds no secret and is kept, so that a command line

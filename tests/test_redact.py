@@ -199,3 +199,17 @@ def test_log_records_reach_a_terminal_with_control_characters_escaped(
         "page 2 (http://h.test/\\x1b]0;x\\x07): HTTP 503",
         "GET /\\x9b2J\\x0d\\x0afake line",
     ]
+
+
+def test_a_short_secret_a_server_copies_into_a_path_is_masked_a_path_written_so_is_not() -> None:
+    secrets = Secrets()
+    own = frozenset({"k3yab", "user", "passwd"})
+    echoed = secrets.answered(
+        "http://h.test/404/k3yab?x=1", own, "http://h.test/echo?api_key=k3yab"
+    )
+    assert echoed == "http://h.test/404/***?x=1"
+    written = "http://h.test/basic-auth/user/passwd"
+    assert secrets.answered(written, own, "http://u:p@h.test/basic-auth/user/passwd") == written
+    assert secrets.answered("http://h.test/useronly", own, "http://h.test/x") == (
+        "http://h.test/useronly"
+    )

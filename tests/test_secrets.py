@@ -309,3 +309,12 @@ def test_no_canary_leaves_the_library(
     assert any(record.name == "urllib3.connectionpool" for record in caplog.records)
     assert leaked(shown, c, c) == []
     assert (tmp_path / "lib.sqlite3").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.integration
+def test_a_short_key_a_server_copies_into_a_location_is_masked(server: MockServerProcess) -> None:
+    url = f"{server.url}/echo-values?style=location&api_key=k3yab"
+    rs = fetch_all([url], attempts=1)
+    shown = json.dumps(rs[0].to_dict())
+    assert "k3yab" not in shown, shown
+    assert rs[0].final_url is not None and rs[0].final_url.endswith("/404/***")
