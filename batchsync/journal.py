@@ -504,6 +504,12 @@ class JournalReader:
         if row is not None:
             return f"item {row[0]} is not in the input of {size} items"
         row = self._db.execute(
+            "SELECT idx FROM results WHERE json_valid(record) = 0 "
+            "OR json_extract(record, '$.index') IS NOT idx LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            return f"the record of item {row[0]} is not that item's"
+        row = self._db.execute(
             "SELECT idx FROM results WHERE instr(record, char(10)) OR instr(record, char(13)) "
             "OR instr(request, char(10)) OR instr(request, char(13)) LIMIT 1"
         ).fetchone()

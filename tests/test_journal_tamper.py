@@ -96,6 +96,10 @@ def finished(server: MockServerProcess, tmp_path: Path) -> Path:
             "UPDATE results SET record = replace(record, ',', ',' || char(10)) WHERE idx = 1",
             "the record of item 1 is not one line",
         ),
+        (  # (rows swapped: each record says which item it is)
+            "UPDATE results SET record = json_set(record, '$.index', 0) WHERE idx = 1",
+            "the record of item 1 is not that item's",
+        ),
     ],
 )
 def test_a_tampered_row_is_refused_before_anything_is_sent(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -510,14 +511,18 @@ def test_version_and_a_bare_command(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_library_form_of_the_default_prefix() -> None:
+def test_the_library_form_of_the_default_prefix(tmp_path: Path) -> None:
     from batchsync.cli.command import default_prefix
 
     assert default_prefix("urls.txt") == "urls"
     assert default_prefix("data/urls-failed.jsonl") == "urls-failed"
     assert default_prefix("-") == "batch"
-    # A pipe's name (/dev/stdin, /dev/fd/63) says nothing of the run: named as stdin is.
+    # A pipe's name (/dev/stdin, /dev/fd/63) says nothing of the run: named as stdin is;
+    # a named FIFO keeps its name.
     assert default_prefix("/dev/stdin") == "batch"
+    fifo = tmp_path / "feed.txt"
+    os.mkfifo(fifo)
+    assert default_prefix(str(fifo)) == "feed"
 
 
 def test_fetch_all_results_retry_in_place(server: MockServerProcess) -> None:

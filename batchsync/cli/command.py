@@ -617,8 +617,13 @@ def _make_folder(folder: Path) -> None:
 def default_prefix(input_name: str) -> str:
     """The output prefix when -o is not given: INPUT's name without its extension, in the
     current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run);
-    ``batch`` for stdin and any other pipe, whose name (``/dev/fd/63``) says nothing of it."""
-    stem = "" if is_spooled(input_name) else Path(input_name).stem
+    ``batch`` for stdin and an unnamed pipe, whose name (``/dev/fd/63``) says nothing of it
+    (a named FIFO keeps its name)."""
+    folder = Path(input_name).parent
+    unnamed = is_spooled(input_name) and (
+        input_name == "-" or folder.name == "fd" or str(folder) == "/dev"
+    )
+    stem = "" if unnamed else Path(input_name).stem
     return stem or "batch"
 
 
