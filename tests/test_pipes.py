@@ -114,6 +114,29 @@ def test_lines_appended_while_the_run_goes_are_not_its_items(
     assert all(server.count(url.removeprefix(server.url)) == 0 for url in extra)
 
 
+def test_lines_removed_while_the_run_goes_exit_2_naming_the_change(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    first = f"/ok/{key()}"
+    # (more than the reader holds ahead of the run: the cut is seen)
+    urls = [f"{server.url}{first}?delay=1", *(f"{server.url}/ok/{key()}" for _ in range(1999))]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+
+    def cut_once_it_runs() -> None:
+        deadline = time.monotonic() + 30
+        while server.count(f"{first}?delay=1") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (tmp_path / "urls.txt").write_text(urls[0] + "\n")
+
+    cutter = threading.Thread(target=cut_once_it_runs, daemon=True)
+    cutter.start()
+    done = batchsync("urls.txt", "-c", "1", cwd=tmp_path)
+    cutter.join(timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "urls.txt changed while the run went: it had 2000 items" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 def test_lines_appended_during_a_retry_are_not_its_items(
     server: MockServerProcess, tmp_path: Path
 ) -> None:

@@ -53,7 +53,7 @@ from ..report import report_journal
 from ..result import Result, Summary
 from ..spec import item_label
 from ..verdict import InvalidItem
-from .inputs import Entry, Input
+from .inputs import Entry, Input, InputError
 from .output import failed_request, output_paths, remove_stale, write_outputs
 
 log = logging.getLogger("batchsync")
@@ -207,7 +207,7 @@ def run_batch(
         earlier: dict[int, Result] = {}
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
-        counted = islice(source, entries)
+        counted = _Counted(islice(source, entries))
         pending: Iterator[tuple[int, Entry]] = enumerate(counted)
         if path.exists():
             reader = held.enter_context(
@@ -245,6 +245,11 @@ def run_batch(
                 timeline = dict(gates.waits.timeline)
             journal.close(timeline)
         assert ran is not None
+        if not ran.stopped and counted.read < entries:
+            raise InputError(
+                f"{source.name} changed while the run went: it had {entries} items, then "
+                f"{counted.read}; what finished is journaled in {path} (--fresh starts over)"
+            )
         results_path, failed_path, summary, left = _write(
             path, prefix, entries, ran.stopped, current,
             form=form, flatten=flatten, paged="paging" in identity,
@@ -322,6 +327,19 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tup
             "never finished: add --resume to finish them as well"
         )
     return current, marks
+
+
+class _Counted:
+    """The entries of INPUT, counting those read (fewer than counted: INPUT shrank)."""
+
+    def __init__(self, entries: Iterable[Entry]) -> None:
+        self._entries = entries
+        self.read = 0
+
+    def __iter__(self) -> Iterator[Entry]:
+        for entry in self._entries:
+            self.read += 1
+            yield entry
 
 
 def _pending(
