@@ -51,6 +51,9 @@ _WORD_END = r"(?!\w)"
 # Userinfo: what stands between a scheme's "//" and the last "@" before the authority ends
 # (as urllib3 splits it: a password may hold an "@"; masking too much is harmless).
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.\-]*:)?//[^/?#\s]*@")
+# The same in a URL percent-encoded into another one (?base=http%3A%2F%2Fuser%3Apass%40host):
+# up to the last %40 before its authority ends (at %2F, %3F, %23 or the outer URL's own).
+_ESCAPED_USERINFO = re.compile(r"(?i)(%2F%2F)(?:(?!%2F|%3F|%23)[^/?#&;\s'\"<>])*(%40)")
 # name=value after ? & ; or # (a URL, a fragment, or a URL inside a message).
 # Two readings of a value: up to a "?" (a URL given inside one: ?to=http://o/x?api_key=…),
 # and past it (a value may hold a "?"); both are masked.
@@ -231,7 +234,8 @@ class Secrets:
         if "=" in text:
             for pattern in _PARAMS:
                 text = pattern.sub(mask_param, text)
-        if "%" in text:  # a URL escaped inside another: its secrets, found decoded
+        if "%" in text:  # a URL escaped inside another: its userinfo, its secrets found decoded
+            text = _ESCAPED_USERINFO.sub(rf"\1{MASK}\2", text)
             extra = {*extra, *self._param_values(unquote_plus(text))}
         learned = self._learned.values  # (inline: text() runs for every item)
         known = self.values | learned if learned else self.values

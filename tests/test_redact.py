@@ -64,6 +64,22 @@ def test_shapes_a_server_reads_as_secrets_are_masked(text: str, hidden: str) -> 
         assert value not in masked, masked
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [  # a URL escaped into another's query (a next page's server, a callback): its userinfo
+        ("http://h.test/p?base=http%3A%2F%2Fpg%3ANESTEDPW1%40h.test%3A81&x=1",
+         "http://h.test/p?base=http%3A%2F%2F***%40h.test%3A81&x=1"),
+        ("http://h.test/p?to=https%3a%2f%2fab%3Ac%40d%40o.test%2Fx%40y",  # the last %40 of it
+         "http://h.test/p?to=https%3a%2f%2f***%40o.test%2Fx%40y"),
+        ("http://h.test/p?to=http%3A%2F%2Fo.test%2Fa%40b", "http://h.test/p?to=http%3A%2F%2Fo.test%2Fa%40b"),
+        ("http://h.test/a%40b?c=%2F%2Fd", "http://h.test/a%40b?c=%2F%2Fd"),
+    ],
+)  # fmt: skip
+def test_userinfo_of_a_url_escaped_into_another_is_masked(url: str, shown: str) -> None:
+    assert Secrets().url(url) == shown
+    assert RUN.text(f"page 2 ({url}): HTTP 503") == f"page 2 ({shown}): HTTP 503"
+
+
 def test_basic_auth_from_userinfo_is_masked_whatever_the_lengths() -> None:
     for user in ("u", "us", "use", "user", "users"):
         own = RUN.of_item([f"http://{user}:B64secret9@h.test/"], None, None)

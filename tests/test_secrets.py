@@ -4,17 +4,21 @@ the input gave them (the failed file, and the journal's copy of its lines)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -43,11 +47,9 @@ ITEM_TAGS = (
 )  # fmt: skip
 
 
-def canaries() -> dict[str, str]:
+def canaries(tags: Iterable[str] = (*RUN_TAGS, *ITEM_TAGS)) -> dict[str, str]:
     """A distinct canary per place, letters and digits only (so it reads the same escaped)."""
-    return {
-        tag: f"cnry{tag.replace('_', '')}{uuid.uuid4().hex[:12]}" for tag in (*RUN_TAGS, *ITEM_TAGS)
-    }
+    return {tag: f"cnry{tag.replace('_', '')}{uuid.uuid4().hex[:12]}" for tag in tags}
 
 
 def leaks(text: str, canary: str) -> bool:
@@ -58,6 +60,16 @@ def leaks(text: str, canary: str) -> bool:
 
 def leaked(text: str, secrets: dict[str, str], tags: Iterable[str]) -> list[str]:
     return [tag for tag in tags if leaks(text, secrets[tag])]
+
+
+def contexts(text: str, secrets: dict[str, str], tags: Iterable[str]) -> dict[str, str]:
+    """Where each leaked canary stands in ``text`` (for a failure's message)."""
+    found = {}
+    for tag in leaked(text, secrets, tags):
+        core = secrets[tag][-12:]
+        at = text.find(core[:8]) if core[:8] in text else text.find(core[-8:])
+        found[tag] = text[max(at - 160, 0) : at + 60]
+    return found
 
 
 def hostile_input(server: MockServerProcess, raw: str, c: dict[str, str]) -> list[bytes]:
@@ -125,13 +137,23 @@ def batchsync_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
 
 
 def journal_dump(path: Path) -> tuple[str, list[str]]:
-    """The journal's whole dump without its ``request`` column, and that column's values."""
+    """The journal's whole dump without its copies of the items, and its ``request`` column's
+    values. The copies: ``request`` (the item as given, as the failed file has it) and
+    ``resume`` (where a paginated item goes on: its next page's URL, the item's own secrets in
+    it, to be sent again; see journal_continuations)."""
     with sqlite3.connect(path) as db:
         requests = [
             row[0] for row in db.execute("SELECT request FROM results ORDER BY idx") if row[0]
         ]
-        db.execute("UPDATE results SET request = NULL")
+        db.execute("UPDATE results SET request = NULL, resume = NULL")
         return "\n".join(db.iterdump()), requests
+
+
+def journal_continuations(path: Path) -> dict[int, str]:
+    """The journal's ``resume`` column: an item's index, where it goes on."""
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT idx, resume FROM results WHERE resume IS NOT NULL")
+        return {int(idx): str(resume) for idx, resume in rows}
 
 
 @pytest.fixture(scope="module")
@@ -318,3 +340,275 @@ def test_a_short_key_a_server_copies_into_a_location_is_masked(server: MockServe
     shown = json.dumps(rs[0].to_dict())
     assert "k3yab" not in shown, shown
     assert rs[0].final_url is not None and rs[0].final_url.endswith("/404/***")
+
+
+# --- the new paths: pagination hops, templates, the auth command, the report, the columnar
+# outputs, and INPUT from a pipe, /dev/stdin or a named FIFO -----------------------------------
+
+# Where a list run's items (PAGED) and a template run's rows (ROWS) hold them, and the run's own.
+PAGED_TAGS = (
+    "pg_qkey", "pg_user", "pg_pass", "pg_token", "pg_custom", "pg_param", "pg_declared",
+    "pg_failpage", "pg_retried", "pg_hopuser", "pg_fastsig",
+)  # fmt: skip
+ROW_TAGS = ("tp_key1", "tp_key2", "tp_key3", "tp_hopuser")
+NEW_RUN_TAGS = ("np_header",)
+NEW_TAGS = (*NEW_RUN_TAGS, *PAGED_TAGS, *ROW_TAGS)
+
+
+def escaped(url: str) -> str:
+    """``url`` percent-encoded whole, as a value of another URL's query."""
+    return quote(url, safe="")
+
+
+def paged_items(server: MockServerProcess, c: dict[str, str], realm: str) -> list[str]:
+    """A list run's lines under ``--paginate link``: each secret rides on every page's hop
+    (the mock server's next page keeps the query), one hop gets a userinfo the server names."""
+    port = server.url.rsplit(":", 1)[1]
+    k = uuid.uuid4().hex[:8]
+    pages = f"{server.url}/pages/link"
+    hop_base = escaped(f"http://pg:{c['pg_hopuser']}@127.0.0.1:{port}")
+    return [
+        f"{pages}/a{k}?total=7&size=3&api_key={c['pg_qkey']}",  # the fast lane, 3 pages
+        f"http://{c['pg_user']}:{c['pg_pass']}@127.0.0.1:{port}/pages/link/b{k}"
+        f"?total=5&size=2&token={c['pg_token']}",
+        f"{pages}/c{k}?total=5&size=2&mysig={c['pg_custom']}",  # --secret-param mysig
+        json.dumps(
+            {
+                "url": f"{pages}/d{k}?total=5&size=2",
+                "params": {"access_token": c["pg_param"]},
+                "headers": {"X-Session": c["pg_declared"]},
+            }
+        ),
+        f"{pages}/e{k}?total=9&size=2&fail=3&api_key={c['pg_failpage']}",  # page 3 always 503
+        f"{pages}/f{k}?total=5&size=2&fail=2&fail_times=1&tag={k}&sig={c['pg_retried']}",
+        # the next page on the server ``base`` names: the hop carries a userinfo of its own
+        f"{pages}/g{k}?total=5&size=2&base={hop_base}",
+        *(f"{server.url}/protected/{realm}/{n}" for n in range(6)),  # tokens used up: refreshed
+        f"{server.url}/protected/{realm}other/x",  # refused whatever the token: 401, failed
+        f"{server.url}/404/{k}?sig={c['pg_fastsig']}",
+    ]
+
+
+def template_rows(server: MockServerProcess, c: dict[str, str]) -> list[dict[str, str]]:
+    """A template run's rows: the key in a secret parameter, a hop's userinfo in ``base``."""
+    port = server.url.rsplit(":", 1)[1]
+    k = uuid.uuid4().hex[:8]
+    here = f"http://127.0.0.1:{port}"  # (an empty value is no value: page 0 never fails)
+    return [
+        {"id": "1", "name": f"r1{k}", "key": c["tp_key1"], "base": here, "fail": "0"},
+        {"id": "2", "name": f"r2{k}", "key": c["tp_key2"],
+         "base": f"http://pg:{c['tp_hopuser']}@127.0.0.1:{port}", "fail": "0"},
+        {"id": "3", "name": f"r3{k}", "key": c["tp_key3"], "base": here, "fail": "2"},
+    ]  # fmt: skip
+
+
+def table_text(rows: list[dict[str, str]], as_csv: bool) -> str:
+    if not as_csv:
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def auth_script(server: MockServerProcess, folder: Path, realm: str) -> tuple[str, Path]:
+    """An --auth-command that gets a token good for 3 requests, and the file of those issued."""
+    script, issued = folder / "get_token.py", folder / "issued.txt"
+    script.write_text(
+        "import urllib.request\n"
+        f"url = {server.url + '/token/' + realm + '?uses=3&format=header'!r}\n"
+        "value = urllib.request.urlopen(url).read().decode()\n"
+        f"open({str(issued)!r}, 'a').write(value.split()[1] + '\\n')\n"
+        "print(value)\n"
+    )
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", issued
+
+
+def cli_on(kind: str, given: Path, args: Sequence[str], cwd: Path) -> tuple[int, str, str]:
+    """The CLI with INPUT ``given`` read as ``kind``: a file, a process substitution
+    (``<(cat f)``), ``/dev/stdin`` or a named FIFO; its exit status, stdout and stderr."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PY": sys.executable}
+    command = [sys.executable, "-m", "batchsync"]
+    feeder: threading.Thread | None = None
+    fifo = given.with_name(f"{given.name}.{uuid.uuid4().hex[:6]}.fifo")
+    if kind == "file":
+        command += [str(given), *args]
+    elif kind == "procsub":
+        script = f'"$PY" -m batchsync <(cat {shlex.quote(str(given))}) {shlex.join(args)}'
+        command = ["bash", "-c", script]
+    elif kind == "stdin":
+        command += ["/dev/stdin", *args]
+    else:
+        os.mkfifo(fifo)
+
+        def feed() -> None:
+            with fifo.open("wb") as writer:  # (waits for the run to open it)
+                writer.write(given.read_bytes())
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        command += [str(fifo), *args]
+    with given.open("rb") as stdin:
+        try:
+            done = subprocess.run(
+                command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env,
+                stdin=stdin if kind == "stdin" else subprocess.DEVNULL, check=False,
+            )  # fmt: skip
+        finally:
+            if feeder is not None:  # (a run that never opened the FIFO leaves the feeder)
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+                feeder.join(timeout=5)
+    return done.returncode, done.stdout, done.stderr
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """A results file of any --format, one dict a row, its index an int."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            return [{**row, "index": int(row["index"])} for row in csv.DictReader(handle)]
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+def written_text(path: Path) -> str:
+    """What a file written by a run says, decoded as a reader would see it: a Parquet file's
+    values and its metadata (its pages may be compressed), any other file's bytes."""
+    text = path.read_bytes().decode("utf-8", "replace")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        text += json.dumps(table.to_pylist(), default=str) + repr(table.schema.metadata)
+        text += repr(pq.read_metadata(path).metadata)
+    return text
+
+
+def assert_owner_only(folder: Path, prefix: str) -> None:
+    """The failed file and the journal (with its -wal, -shm and .lock) are 0600."""
+    kept = [
+        path for path in folder.glob(f"{prefix}-*")
+        if path.name.endswith(("-failed.jsonl", ".sqlite3", "-wal", "-shm", ".lock"))
+    ]  # fmt: skip
+    assert {p.name for p in kept} >= {f"{prefix}-failed.jsonl", f"{prefix}-journal.sqlite3"}
+    for path in kept:
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+# Each output format once, each input kind at least once.
+NEW_PATH_RUNS = [
+    ("file", "jsonl", False, True),
+    ("procsub", "csv", False, True),
+    ("stdin", "csv", True, False),
+    ("fifo", "parquet", False, False),
+    ("file", "parquet", True, True),
+]
+
+
+@pytest.mark.parametrize(
+    "how", NEW_PATH_RUNS, ids=["-".join(map(str, how)) for how in NEW_PATH_RUNS]
+)
+def test_no_canary_leaves_the_cli_on_the_new_paths(
+    server: MockServerProcess, tmp_path: Path, how: tuple[str, str, bool, bool]
+) -> None:
+    kind, fmt, flatten, table_as_csv = how
+    c = canaries(NEW_TAGS)
+    realm = f"cn{uuid.uuid4().hex[:10]}"
+    given, out = tmp_path / "given", tmp_path / "out"
+    given.mkdir()
+    out.mkdir()
+    auth, issued = auth_script(server, given, realm)
+    common = [
+        "-v", "--no-progress", "--attempts", "2", "--timeout", "5", "-c", "2",
+        "-H", f"X-Api-Key: {c['np_header']}", "--format", fmt, *(["--flatten"] * flatten),
+    ]  # fmt: skip
+    # 1. A list of items, each followed over its pages, with a token that runs out; then the
+    # failures retried once more (a second pass, in the report's Passes table).
+    items = paged_items(server, c, realm)
+    (given / "items.txt").write_text("\n".join(items) + "\n")
+    listed = [
+        "--paginate", "link", "--auth-command", auth, "--secret-param", "mysig",
+        "--secret-header", "X-Session", "-o", "paged", *common,
+    ]  # fmt: skip
+    runs = [cli_on(kind, given / "items.txt", listed, out)]
+    runs.append(cli_on(kind, given / "items.txt", [*listed, "--retry-failed"], out))
+    # 2. A table through a URL template and a body template, each row's key a secret
+    # parameter, followed over pages whose next one is named in the body.
+    rows = template_rows(server, c)
+    table = given / ("rows.csv" if table_as_csv else "rows.jsonl")
+    table.write_text(table_text(rows, table_as_csv))
+    template = (
+        f"{server.url}/pages/next/{{name}}?total=5&size=2&api_key={{key}}&base={{base}}"
+        "&fail={fail}"
+    )
+    templated = [
+        "--url", template, "--input-format", "csv" if table_as_csv else "jsonl",
+        "--method", "POST", "--body-template", '{"name": "{name}", "n": "{id}"}',
+        "--paginate", "json:next", "--items", "items", "-o", "rows", *common,
+    ]  # fmt: skip
+    runs.append(cli_on(kind, table, templated, out))
+    codes = [code for code, _, _ in runs]
+    assert codes == [1, 1, 1], [stderr[-3000:] for _, _, stderr in runs]
+    shown = "".join(stdout + stderr for _, stdout, stderr in runs)
+    assert "Traceback" not in shown
+
+    # Every item has its result, in order, and the paths meant to run did.
+    suffix = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}[fmt]
+    paged = read_results(out / f"paged-results{suffix}")
+    assert [r["index"] for r in paged] == list(range(len(items)))
+    assert [r["ok"] in (True, "true") for r in paged] == [
+        True, True, True, True, False, True, True, *[True] * 6, False, False,
+    ]  # fmt: skip
+    assert [str(r["status_code"]) for r in paged][-2:] == ["401", "404"]
+    assert paged[0]["final_url"] == items[0].replace(c["pg_qkey"], MASK) + "&page=3"
+    assert paged[1]["final_url"].startswith(f"http://{MASK}@127.0.0.1:")
+    hop = paged[6]["final_url"]  # on the server the hop named, with the userinfo it gave
+    assert hop.startswith(f"http://{MASK}@127.0.0.1:") and hop.endswith("&page=3"), hop
+    assert "page 3 (" in str(paged[4]["error"]) and "api_key=***&page=3" in str(paged[4]["error"])
+    hops = server.stats()["counts"]
+    assert any(f"api_key={c['pg_qkey']}&page=3" in target for target in hops)
+    tokens_seen = server.get(f"/tokens/{realm}")
+    assert tokens_seen["expired"] >= 1 and tokens_seen["issued"] >= 2, tokens_seen  # refreshed
+    templated_results = read_results(out / f"rows-results{suffix}")
+    assert [r["index"] for r in templated_results] == [0, 1, 2]
+    assert [str(r["id"]) for r in templated_results] == ["1", "2", "3"]
+    assert [r["ok"] in (True, "true") for r in templated_results] == [True, True, False]
+    assert [r["pages"] for r in templated_results] in ([3, 3, 1], ["3", "3", "1"])
+    assert templated_results[1]["final_url"].startswith(f"http://{MASK}@127.0.0.1:")
+    assert any(f"api_key={c['tp_key2']}&" in target and "page=3" in target for target in hops)
+    for prefix in ("paged", "rows"):
+        report = (out / f"{prefix}-report.html").read_text()
+        assert "<table id='passes'>" in report
+    passes = (out / "paged-report.html").read_text().split("<table id='passes'>", 1)[1]
+    assert passes.split("</table>", 1)[0].count("<tr>") == 3  # a head row, two passes
+
+    # Now every byte written: stdout and stderr (-v), every file in the output folder (the
+    # results in each format, the report), the journal's dump but for its copy of the items.
+    for path in sorted(out.iterdir()):
+        if not path.name.endswith(("-failed.jsonl", ".sqlite3")):
+            shown += written_text(path)
+    for prefix in ("paged", "rows"):
+        shown += journal_dump(out / f"{prefix}-journal.sqlite3")[0]
+    assert leaked(shown, c, c) == [], contexts(shown, c, c)
+    for token in issued.read_text().split():
+        assert token not in shown and token[4:-4] not in shown
+    # A failed page's URL is kept in the journal (0600) to go on from: with the item's own
+    # secret, none of the run's.
+    owners = {("paged", 4): ["pg_failpage"], ("rows", 2): ["tp_key3"]}
+    for prefix in ("paged", "rows"):
+        for index, continuation in journal_continuations(out / f"{prefix}-journal.sqlite3").items():
+            assert leaked(continuation, c, c) == owners[prefix, index], continuation
+            assert not any(token in continuation for token in issued.read_text().split())
+    # The failed files keep the items as given (the run's own secrets never in them) ...
+    failed = (out / "paged-failed.jsonl").read_text().splitlines()
+    assert [json.loads(line)["url"] for line in failed] == [items[4], items[-2], items[-1]]
+    assert leaked("".join(failed), c, NEW_RUN_TAGS) == []
+    failed_rows = (out / "rows-failed.jsonl").read_text().splitlines()
+    assert len(failed_rows) == 1 and c["tp_key3"] in failed_rows[0]
+    # ... and they and the journals are the owner's only.
+    for prefix in ("paged", "rows"):
+        assert_owner_only(out, prefix)
