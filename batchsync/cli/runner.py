@@ -207,7 +207,7 @@ def run_batch(
         earlier: dict[int, Result] = {}
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
-        counted = _Counted(islice(source, entries))
+        counted = _Counted(islice(source, entries), entries)
         pending: Iterator[tuple[int, Entry]] = enumerate(counted)
         if path.exists():
             reader = held.enter_context(
@@ -245,7 +245,7 @@ def run_batch(
                 timeline = dict(gates.waits.timeline)
             journal.close(timeline)
         assert ran is not None
-        if not ran.stopped and counted.read < entries:
+        if counted.shrank:
             raise InputError(
                 f"{source.name} changed while the run went: it had {entries} items, then "
                 f"{counted.read}; what finished is journaled in {path} (--fresh starts over)"
@@ -330,16 +330,20 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tup
 
 
 class _Counted:
-    """The entries of INPUT, counting those read (fewer than counted: INPUT shrank)."""
+    """The entries of INPUT, counting those read: ``shrank`` when INPUT ended before the
+    count (lines removed while the run went)."""
 
-    def __init__(self, entries: Iterable[Entry]) -> None:
+    def __init__(self, entries: Iterable[Entry], expected: int) -> None:
         self._entries = entries
+        self._expected = expected
         self.read = 0
+        self.shrank = False
 
     def __iter__(self) -> Iterator[Entry]:
         for entry in self._entries:
             self.read += 1
             yield entry
+        self.shrank = self.read < self._expected
 
 
 def _pending(
