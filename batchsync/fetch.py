@@ -147,7 +147,7 @@ class HttpJob:
             for fallback in self._options.fallbacks
         ]
         task = Task(
-            self._secrets.text(spec.url, own), spec.id, routes[0], tuple(routes[1:]),
+            self._secrets.given(spec.url, own), spec.id, routes[0], tuple(routes[1:]),
             self._dedup_key(spec), subject=spec,
         )  # fmt: skip
         if self._paging is not None:

@@ -193,14 +193,34 @@ class Secrets:
         run's known values and ``extra`` values (an item's own) in every form."""
         return self._masked(text, extra, self._mask_param)
 
-    def answered(self, url: str, own: Iterable[str], given: str) -> str:
-        """Where an item's answer came from (its ``final_url``), masked as ``text`` masks it,
-        and with every path segment that is one of the item's own short secrets masked too,
-        unless the URL the item was sent to has it in its path: a server that copies a short
+    def given(self, url: str, own: frozenset[str]) -> str:
+        """An item's URL as given, masked: its secrets where they stand as secrets (userinfo,
+        secret parameters, by shape), and the item's other secrets by value; the item's URL
+        secrets that its path also holds are that path's text there (``admin:password@…/
+        password-reset`` keeps ``/password-reset``)."""
+        return self.text(url, self._outside(own, url))
+
+    def _outside(self, own: frozenset[str], url: str) -> frozenset[str]:
+        """``own`` less the secrets of ``url`` (its userinfo, its secret parameters' values,
+        or a piece of one) that its path holds too: text the caller wrote there, which the
+        shape of ``url`` masks where it stands as the secret."""
+        try:
+            path = unquote(urlsplit(url).path)
+        except ValueError:
+            return own
+        written = {piece for value in self._url_values(url) for piece in pieces(value)}
+        context = {piece for piece in written if piece in path}
+        return frozenset(value for value in own if not pieces(value) & context)
+
+    def answered(self, url: str, own: frozenset[str], given: str) -> str:
+        """Where an item's answer came from (its ``final_url``), masked as ``given`` masks the
+        item's URL ``given``, and with every path segment that is one of the item's own short
+        secrets masked too, unless ``given`` has it in its path: a server that copies a short
         key into a ``Location`` leaks it nowhere, and a path the caller wrote
         (``/basic-auth/user/passwd``) keeps its bytes."""
-        masked = self.text(url, own)
-        short = {value for value in own if len(value) < _MIN_ANYWHERE}
+        secret = self._outside(own, given)
+        masked = self.text(url, secret)
+        short = {value for value in secret if len(value) < _MIN_ANYWHERE}
         if not short:
             return masked
         try:

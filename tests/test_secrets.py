@@ -612,3 +612,17 @@ def test_no_canary_leaves_the_cli_on_the_new_paths(
     # ... and they and the journals are the owner's only.
     for prefix in ("paged", "rows"):
         assert_owner_only(out, prefix)
+
+
+@pytest.mark.integration
+def test_a_long_secret_the_items_own_path_also_holds_keeps_the_path(
+    server: MockServerProcess,
+) -> None:
+    """Masking never corrupts (issue 26): a password of 8 characters or more that the item's
+    own path holds too is masked where it stands as the password, never in the path."""
+    base = server.url.replace("http://", "http://admin:password@")
+    rs = fetch_all([f"{base}/ok/password-reset"], attempts=1)
+    expected = server.url.replace("http://", "http://***@") + "/ok/password-reset"
+    assert rs[0].url == expected
+    assert rs[0].final_url == expected
+    assert "admin:password" not in json.dumps(rs[0].to_dict())
