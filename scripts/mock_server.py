@@ -30,6 +30,10 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      type): charsets declared, missing or wrong
     /echo                            200 JSON of the request: method, path, query, headers, body
     /redirect?to=URL&code=302        a redirect to URL
+    /status/CODE                     an answer with that status and nothing else (a 3xx with
+                                     no Location)
+    /sized?bytes=N                   200 with an N-byte body (none to a HEAD: a large file's)
+    CONNECT HOST:PORT                407 with Proxy-Authenticate: a proxy that refuses tunnels
     /set-cookie?name=N&value=V       200 that sets a cookie
     /cookie-each[/anything]?size=N   200 that sets a new cookie each time (c1, c2, … with N
                                      bytes of value, default 100): a jar that grows without end
@@ -427,6 +431,10 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/redirect":
             code = int(query.get("code", "302"))
             self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
+        elif head == "/status":
+            self._send(int(path.strip("/").split("/")[1]), b"status", "text/plain")
+        elif head == "/sized":
+            self._sized(int(query.get("bytes", "0")))
         else:
             self._json(404, {"error": f"no route {path}"})
 
@@ -566,6 +574,25 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             },
         )  # fmt: skip
+
+    def _sized(self, size: int) -> None:
+        """A body of ``size`` bytes announced in Content-Length, written in chunks (none to a
+        HEAD): a large file whose HEAD has no body to bound."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if self.command != "HEAD":
+            chunk = b"\0" * 2**16
+            for start in range(0, size, len(chunk)):
+                self.wfile.write(chunk[: size - start])
+
+    def do_CONNECT(self) -> None:
+        """A forward proxy that refuses every tunnel: 407, as one wanting credentials does."""
+        self.send_response(407)
+        self.send_header("Proxy-Authenticate", 'Basic realm="mock"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _send(
         self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
