@@ -573,13 +573,18 @@ def _returned_type(fn: Callable[..., Any]) -> object:
 
 
 def _json_type(hint: object) -> bool:
-    """False only for a hint that says JSON cannot hold the values: a class that is none of
-    JSON's types (nor a TypedDict, an Enum of str or int, …), alone or inside a container."""
+    """False only for a hint that says JSON cannot hold the values as they are: a class that
+    is none of JSON's types (nor a TypedDict, an Enum of str or int, …), a tuple (it comes
+    back a list) or a dict keyed by other than str (its keys come back str), alone or inside
+    a container."""
     origin = typing.get_origin(hint)
     if hint is Any:
         return True
     if origin is not None:
-        return all(_json_type(arg) for arg in typing.get_args(hint) if isinstance(arg, type))
+        arguments = typing.get_args(hint)
+        if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
+            return False
+        return all(_json_type(arg) for arg in arguments if isinstance(arg, type))
     if not isinstance(hint, type) or typing.is_typeddict(hint):
         return True  # Any, a NewType, a TypeVar: they do not say
-    return issubclass(hint, str | int | float | bool | list | dict | tuple | type(None))
+    return issubclass(hint, str | int | float | bool | list | dict | type(None))

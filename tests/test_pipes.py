@@ -4,6 +4,7 @@ while the run goes: read once, or refused by name; never an empty run that says 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -193,3 +194,28 @@ def test_temporary_files_a_killed_run_left_are_removed(
     done = batchsync("urls.txt", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.glob(".*.tmp")) == sorted(kept)
+
+
+def test_the_resume_line_of_a_pipe_reads_the_same_input_on_stdin(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    urls = [f"{server.url}/ok/{key()}?delay=0.3" for _ in range(30)]
+    (tmp_path / "slow.txt").write_text("\n".join(urls) + "\n")
+    process = subprocess.Popen(
+        ["bash", "-c", '"$PY" -m batchsync <(cat slow.txt) -c 1 --no-progress'],
+        cwd=tmp_path, env={**os.environ, "PY": sys.executable},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while server.count(urls[2].removeprefix(server.url)) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGINT)  # (to bash and batchsync, as Ctrl-C does)
+    _, stderr = process.communicate(timeout=30)
+    line = stderr.split("resume with: ", 1)[1].splitlines()[0]
+    assert line == (
+        "python -m batchsync - -c 1 --no-progress --resume (the same input on standard input)"
+    )
+    resumed = batchsync("-", "--resume", cwd=tmp_path, stdin="\n".join(urls) + "\n")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["url"] for r in read_jsonl(tmp_path / "batch-results.jsonl")] == urls

@@ -362,6 +362,21 @@ def test_a_secret_in_a_key_or_an_encode_error_never_shows(tmp_path: Path) -> Non
     assert "encode failed on item 0" in str(failed.value)
 
 
+def test_a_function_that_says_it_returns_what_json_would_change_is_refused_up_front(
+    tmp_path: Path,
+) -> None:
+    def pair(n: int) -> tuple[int, int]:
+        return n, n
+
+    def by_number(n: int) -> dict[int, str]:
+        return {n: "x"}
+
+    for fn in (pair, by_number):
+        with pytest.raises(ValueError, match="the journal cannot store as JSON"):
+            run_all(fn, [0], journal=tmp_path / "j.sqlite3")
+    assert not (tmp_path / "j.sqlite3").exists()
+
+
 @pytest.mark.parametrize(
     ("value", "reason"),
     [

@@ -593,7 +593,7 @@ def command(
     secrets = options.secrets()
     if tokens is not None:  # (what outlives the run, its summary and resume line, hides them)
         secrets.learn(tokens.given)
-    return _report(outcome, quiet, click.get_current_context().obj or [], secrets)
+    return _report(outcome, quiet, _as_resumed(input_name), secrets)
 
 
 def _continuing(resume: bool, retry: frozenset[str] | None, fresh: bool) -> Continuing:
@@ -619,12 +619,26 @@ def default_prefix(input_name: str) -> str:
     current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run);
     ``batch`` for stdin and an unnamed pipe, whose name (``/dev/fd/63``) says nothing of it
     (a named FIFO keeps its name)."""
+    stem = "" if _unnamed_pipe(input_name) else Path(input_name).stem
+    return stem or "batch"
+
+
+def _as_resumed(input_name: str) -> list[str]:
+    """The command line as given, INPUT read from standard input when it was a pipe that a
+    resume cannot open again by its name (``/dev/fd/63``)."""
+    argv = list(click.get_current_context().obj or [])
+    if input_name == "-" or not _unnamed_pipe(input_name):
+        return argv
+    return ["-" if word == input_name else word for word in argv]
+
+
+def _unnamed_pipe(input_name: str) -> bool:
+    """Whether INPUT is stdin or a pipe named only by a descriptor (``<(…)``, ``/dev/stdin``):
+    a name that will not be there to read again."""
     folder = Path(input_name).parent
-    unnamed = is_spooled(input_name) and (
+    return is_spooled(input_name) and (
         input_name == "-" or folder.name == "fd" or str(folder) == "/dev"
     )
-    stem = "" if unnamed else Path(input_name).stem
-    return stem or "batch"
 
 
 def _template(
@@ -711,7 +725,8 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
     if outcome.stopped:
         click.echo(
             f"Interrupted: {outcome.entries - outcome.left} of {outcome.entries} done — resume "
-            f"with: {resume_command(argv, secrets, command.params)}",
+            f"with: {resume_command(argv, secrets, command.params)}"
+            + (" (the same input on standard input)" if "-" in argv else ""),
             err=True,
         )
         if outcome.abandoned:
