@@ -50,7 +50,7 @@ def peak_rss(
     urls = folder / f"items-{name}.txt"
     write_input(urls, size, base, real_every)
     command = [sys.executable, "-m", "batchsync", str(urls), "-o", str(folder / f"out-{name}"),
-               "-q", "-c", "16"]  # fmt: skip
+               "-q", "-c", "16", "--fresh"]  # fmt: skip
     started = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)

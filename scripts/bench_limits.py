@@ -27,7 +27,7 @@ def run_cli(folder: Path, urls: list[str], *options: str) -> float:
     (folder / "urls.txt").write_text("\n".join(urls) + "\n", encoding="utf-8")
     started = time.monotonic()
     subprocess.run(
-        [sys.executable, "-m", "batchsync", "urls.txt", "-q", *options],
+        [sys.executable, "-m", "batchsync", "urls.txt", "-q", "--fresh", *options],
         cwd=folder, check=False,
     )  # fmt: skip
     return time.monotonic() - started
