@@ -79,6 +79,23 @@ SCHEMA_VERSION = "batchsync-journal 4"
 # passes, the runs and the waits (its runs count from their next process on).
 _UPGRADABLE = "batchsync-journal 3"
 
+# The first row a journal cannot be trusted with, and which of _TAMPERINGS it is: an index
+# outside the input, a record that is no JSON or names another item, a text of more lines.
+_TAMPERED = """
+SELECT idx, CASE
+    WHEN idx < 0 OR idx >= ?1 THEN 0
+    WHEN json_valid(record) = 0 OR json_extract(record, '$.index') IS NOT idx THEN 1
+    WHEN instr(record, char(10)) OR instr(record, char(13))
+        OR instr(request, char(10)) OR instr(request, char(13)) THEN 2
+END AS problem
+FROM results WHERE problem IS NOT NULL ORDER BY problem LIMIT 1
+"""
+_TAMPERINGS = (
+    "item {index} is not in the input of {size} items",
+    "the record of item {index} is not that item's",
+    "the record of item {index} is not one line",
+)
+
 # What a pass does with each item of a journal (``JournalReader.outstanding``).
 TO_SEND, DONE, TO_REDO, TO_GO_ON, TO_FINISH = range(5)
 
@@ -498,24 +515,11 @@ class JournalReader:
         index outside it (its Result would land on another item, or out of order), a stored
         text of more than one line (the output files hold one a line). A journal is a file
         anyone with the owner's rights can edit."""
-        row = self._db.execute(
-            "SELECT idx FROM results WHERE idx < 0 OR idx >= ? LIMIT 1", (size,)
-        ).fetchone()
-        if row is not None:
-            return f"item {row[0]} is not in the input of {size} items"
-        row = self._db.execute(
-            "SELECT idx FROM results WHERE json_valid(record) = 0 "
-            "OR json_extract(record, '$.index') IS NOT idx LIMIT 1"
-        ).fetchone()
-        if row is not None:
-            return f"the record of item {row[0]} is not that item's"
-        row = self._db.execute(
-            "SELECT idx FROM results WHERE instr(record, char(10)) OR instr(record, char(13)) "
-            "OR instr(request, char(10)) OR instr(request, char(13)) LIMIT 1"
-        ).fetchone()
-        if row is not None:
-            return f"the record of item {row[0]} is not one line"
-        return None
+        row = self._db.execute(_TAMPERED, (size,)).fetchone()  # (one scan of the results)
+        if row is None:
+            return None
+        index, problem = row
+        return _TAMPERINGS[problem].format(index=index, size=size)
 
     def latest_pass(self) -> Pass:
         """The last pass recorded (the first when none was: nothing was sent yet)."""
