@@ -145,21 +145,27 @@ class TokenSource:
             raise AuthFailed(
                 f"auth= raised {type(exc).__name__} (its message is not shown)"
             ) from None
-        if not isinstance(headers, Mapping) or not all(
-            isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
-        ):
-            raise AuthFailed("auth= must return a mapping of header names to str values")
-        if self._headers and not headers:
-            raise AuthFailed("auth= returned no headers")
-        if any(len(value) > MAX_TOKEN_BYTES for value in headers.values()):
-            raise AuthFailed(f"auth= returned a header value over {MAX_TOKEN_BYTES // 1024} KiB")
-        headers = dict(headers)
+        headers = _returned_headers(headers, wanted=self._headers)
         self._secrets.learn(headers.values(), headers)
         try:
             check_headers(headers)  # (its messages name the header, never the value)
         except ValueError as exc:
             raise AuthFailed(f"auth= returned a header that cannot be sent: {exc}") from None
         return headers
+
+
+def _returned_headers(headers: object, *, wanted: bool) -> dict[str, str]:
+    """What a token source returned, once it is headers a request can take (AuthFailed
+    saying what is wrong, never quoting a value); ``wanted``: none at all is a failure."""
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
+    ):
+        raise AuthFailed("auth= must return a mapping of header names to str values")
+    if wanted and not headers:
+        raise AuthFailed("auth= returned no headers")
+    if any(len(value) > MAX_TOKEN_BYTES for value in headers.values()):
+        raise AuthFailed(f"auth= returned a header value over {MAX_TOKEN_BYTES // 1024} KiB")
+    return dict(headers)
 
 
 class RunAuth:

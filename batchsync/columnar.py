@@ -118,12 +118,7 @@ class Layout:
 
     def row(self, record: dict[str, Any]) -> list[Any]:
         """The record's cells, in column order, each a value of its column's kind or None."""
-        data = record["data"]
-        spread: dict[str, Any] = {}
-        if self.flatten and record["ok"]:
-            body = flat_body(data)
-            spread = {key: body.pop(key) for key in list(body) if key in self.body}
-            data = body or None
+        data, spread = self._spread(record)
         cells = [_cell(record.get(name), kind) for name, kind in FIXED[:10]]
         cells.append(None if data is None else dumps(data))
         cells.append(record["elapsed"])
@@ -133,6 +128,15 @@ class Layout:
             cells.append(record.get("pages"))
         cells += [_cell(spread.get(key), kind or "str") for key, kind in self.body.items()]
         return cells
+
+    def _spread(self, record: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The record's data, less the keys that have columns of their own; and those keys'
+        values (flattened, of a success only)."""
+        if not (self.flatten and record["ok"]):
+            return record["data"], {}
+        body = flat_body(record["data"])
+        spread = {key: body.pop(key) for key in list(body) if key in self.body}
+        return body or None, spread
 
 
 def _cell(value: Any, kind: str) -> Any:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote_plus, unquote_plus, urljoin, urlsplit, urlunsplit
 
@@ -59,18 +59,40 @@ def paging(how: str, *, cursor_param: str, records: str | None, max_pages: int |
     until an empty page). ValueError when it names none of them."""
     style, _, argument = how.partition(":")
     found = _compiled(records, "page_items (--items)") if records is not None else None
-    if style == "link" and not argument:
-        return Paging("link", records=found, max_pages=max_pages)
-    if style == "json" and argument:
-        path = _compiled(argument, "json")
-        return Paging("json", path, cursor_param, records=found, max_pages=max_pages)
-    if style == "page" and argument and "," not in argument:
-        return Paging("page", param=argument, records=found, max_pages=max_pages)
-    if style == "offset":
-        param, _, step = argument.partition(",")
-        if param and step.isdigit() and int(step) > 0:
-            return Paging("offset", param=param, step=int(step), records=found, max_pages=max_pages)
-    raise ValueError(f"paginate must be {STYLES}, got {how!r}")
+    read = _STYLE_READERS.get(style)
+    shape = None if read is None else read(argument, cursor_param)
+    if shape is None:
+        raise ValueError(f"paginate must be {STYLES}, got {how!r}")
+    return replace(shape, records=found, max_pages=max_pages)
+
+
+def _link_style(argument: str, cursor_param: str) -> Paging | None:
+    return None if argument else Paging("link")
+
+
+def _json_style(argument: str, cursor_param: str) -> Paging | None:
+    return Paging("json", _compiled(argument, "json"), cursor_param) if argument else None
+
+
+def _page_style(argument: str, cursor_param: str) -> Paging | None:
+    return Paging("page", param=argument) if argument and "," not in argument else None
+
+
+def _offset_style(argument: str, cursor_param: str) -> Paging | None:
+    param, _, step = argument.partition(",")
+    if param and step.isdigit() and int(step) > 0:
+        return Paging("offset", param=param, step=int(step))
+    return None
+
+
+# Each style's reader of what follows its colon (and the cursor parameter, for json): its
+# Paging, or None when the argument does not fit the style.
+_STYLE_READERS: dict[str, Callable[[str, str], Paging | None]] = {
+    "link": _link_style,
+    "json": _json_style,
+    "page": _page_style,
+    "offset": _offset_style,
+}
 
 
 def records_of(paging: Paging, body: Any) -> Any:

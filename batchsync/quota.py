@@ -36,15 +36,17 @@ def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float
             found[lowered] = value
     if not found:
         return None
-    remaining = found.get("x-ratelimit-remaining")
-    if remaining is not None:
-        return _wait(remaining, found.get("x-ratelimit-reset"), unix_time)
-    remaining = found.get("ratelimit-remaining")
-    if remaining is not None:
-        return _wait(remaining, found.get("ratelimit-reset"), unix_time)
+    for prefix in ("x-ratelimit-", "ratelimit-"):
+        remaining = found.get(f"{prefix}remaining")
+        if remaining is not None:
+            return _wait(remaining, found.get(f"{prefix}reset"), unix_time)
     field = found.get("ratelimit")
-    if field is None:
-        return None
+    return None if field is None else _structured(field, found, unix_time)
+
+
+def _structured(field: str, found: dict[str, str], unix_time: Callable[[], float]) -> float | None:
+    """The wait of a structured ``RateLimit`` field (``r=0;t=30``), its reset else the
+    window of its ``RateLimit-Policy``."""
     left, reset = _REMAINING.search(field), _RESET.search(field)
     if left is None:
         return None

@@ -104,15 +104,21 @@ def _fields_of(pieces: _Text) -> list[str]:
     return [piece.name for piece in pieces if isinstance(piece, _Field)]
 
 
+def _compile_text(value: str, fields: list[str]) -> _Node:
+    """A string of the body: one whole field keeps its value's JSON type, fields within
+    text are filled as text, and a string with no field stays as it is."""
+    pieces = parse_text(value, "the body template")
+    fields += _fields_of(pieces)
+    if len(pieces) == 1 and isinstance(pieces[0], _Field):
+        return pieces[0]
+    if any(isinstance(piece, _Field) for piece in pieces):
+        return _TextNode(pieces)
+    return _Literal("".join(piece for piece in pieces if isinstance(piece, str)))
+
+
 def _compile_body(value: Any, fields: list[str]) -> _Node:
     if isinstance(value, str):
-        pieces = parse_text(value, "the body template")
-        fields += _fields_of(pieces)
-        if len(pieces) == 1 and isinstance(pieces[0], _Field):
-            return pieces[0]
-        if any(isinstance(piece, _Field) for piece in pieces):
-            return _TextNode(pieces)
-        return _Literal("".join(piece for piece in pieces if isinstance(piece, str)))
+        return _compile_text(value, fields)
     if isinstance(value, Mapping):
         return _DictNode(tuple((str(k), _compile_body(v, fields)) for k, v in value.items()))
     if isinstance(value, list | tuple):
@@ -213,6 +219,36 @@ def _build(node: _Node, row: Mapping[str, Any]) -> Any:
     return {key: _build(item, row) for key, item in node.items}
 
 
+def _checked_url(pieces: _Text) -> str:
+    """The URL template with each field filled by a placeholder, once it is known to be an
+    http(s) URL whose scheme, host and port are written out (fields in path and query only)."""
+    head = _literal_head(pieces)
+    filled = "".join(p if isinstance(p, str) else "x" for p in pieces)
+    origin_written = head is None or _ORIGIN.match(head) is not None
+    if not origin_written and "://" in (head or ""):
+        raise ValueError(
+            "the URL template: fields may stand in the path and query only; the scheme, "
+            "host and port must be written out"
+        )
+    try:
+        check_url(filled)
+    except ValueError as exc:
+        raise ValueError(f"the URL template is not an http(s) URL: {exc}") from None
+    if not origin_written:
+        raise ValueError("the URL template is not an http(s) URL: it starts with a field")
+    return filled
+
+
+def _literal_head(pieces: _Text) -> str | None:
+    """The text before the template's first field; None when it has no field."""
+    head: list[str] = []
+    for piece in pieces:
+        if isinstance(piece, _Field):
+            return "".join(head)
+        head.append(piece)
+    return None
+
+
 @dataclass(frozen=True)
 class Template:
     """A checked request template; ``expand(row)`` makes one request item per row."""
@@ -232,20 +268,7 @@ class Template:
     ) -> Template:
         """Check the template once; ValueError naming what is wrong (nothing is sent)."""
         pieces = parse_text(url, "the URL template")
-        first = next((i for i, p in enumerate(pieces) if isinstance(p, _Field)), None)
-        literal_head = "".join(p for p in pieces[:first] if isinstance(p, str))
-        filled = "".join(p if isinstance(p, str) else "x" for p in pieces)
-        if first is not None and "://" in literal_head and not _ORIGIN.match(literal_head):
-            raise ValueError(
-                "the URL template: fields may stand in the path and query only; the scheme, "
-                "host and port must be written out"
-            )
-        try:
-            check_url(filled)
-        except ValueError as exc:
-            raise ValueError(f"the URL template is not an http(s) URL: {exc}") from None
-        if first is not None and not _ORIGIN.match(literal_head):
-            raise ValueError("the URL template is not an http(s) URL: it starts with a field")
+        filled = _checked_url(pieces)
         if method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(sorted(METHODS))}")
         if id_field is not None and not id_field:

@@ -222,21 +222,7 @@ class _ArrayReader:
         end, size = -1, len(text)
         while pos < size:
             if in_string:
-                # a string that goes on from an earlier chunk (maybe megabytes): from escape
-                # to escape at the speed of str.find, the next quote found once
-                if escaped:
-                    pos, escaped = pos + 1, False
-                quote = text.find('"', pos)
-                while True:
-                    if 0 <= quote < pos:
-                        quote = text.find('"', pos)
-                    backslash = text.find("\\", pos, size if quote < 0 else quote)
-                    if backslash < 0:
-                        break
-                    pos = backslash + 2
-                escaped = pos > size
-                in_string = quote < 0
-                pos = size if in_string else quote + 1
+                pos, escaped, in_string = _through_string(text, pos, escaped)
                 continue
             pos = _past(_NESTED if nesting else _TOP, text, pos)
             if pos == size:
@@ -255,6 +241,26 @@ class _ArrayReader:
             # else a '}' with nothing open: the decoder will find the element is not JSON
         self._nesting, self._in_string, self._escaped = nesting, in_string, escaped
         return end
+
+
+def _through_string(text: str, pos: int, escaped: bool) -> tuple[int, bool, bool]:
+    """Scanning on in a string that goes on from an earlier chunk (maybe megabytes), from
+    escape to escape at the speed of str.find, the next quote found once. ``escaped``: the
+    chunk before ended on its backslash. Where the scan goes on, whether this chunk ends on a
+    backslash, and whether the string goes on past this chunk."""
+    size = len(text)
+    if escaped:
+        pos += 1
+    quote = text.find('"', pos)
+    while True:
+        if 0 <= quote < pos:
+            quote = text.find('"', pos)
+        backslash = text.find("\\", pos, size if quote < 0 else quote)
+        if backslash < 0:
+            break
+        pos = backslash + 2
+    in_string = quote < 0
+    return (size if in_string else quote + 1), pos > size, in_string
 
 
 def _spooled(stream: IO[bytes], name: str) -> IO[bytes]:
