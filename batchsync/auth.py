@@ -287,9 +287,13 @@ class CommandToken:
     def _run(self) -> dict[str, str]:
         try:
             process = subprocess.Popen(
-                self._command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                self._command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise AuthFailed(f"the auth command could not be started ({exc.strerror})") from None
         try:

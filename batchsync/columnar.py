@@ -37,6 +37,7 @@ GROUP_ROWS = 16384
 GROUP_BYTES = 32 * 2**20
 
 # (name, kind) of the fixed columns; kinds: int, float, bool, str, json (JSON text).
+# (This table and the kinds' Arrow types keep a few pairs a line: they read as tables.)
 FIXED = (
     ("index", "int"), ("url", "str"), ("final_url", "str"), ("redirects", "int"),
     ("id", "id"), ("ok", "bool"), ("status_code", "int"), ("attempts", "int"),

@@ -39,9 +39,14 @@ class Limits:
         lease_ttl: float = CALL_DEFAULT.lease_ttl,
     ) -> None:
         options = build(
-            FlowOptions, rate=rate, breaker=breaker, cooldown=cooldown, limits=limits,
-            namespace=namespace, lease_ttl=lease_ttl,
-        )  # fmt: skip
+            FlowOptions,
+            rate=rate,
+            breaker=breaker,
+            cooldown=cooldown,
+            limits=limits,
+            namespace=namespace,
+            lease_ttl=lease_ttl,
+        )
         self.gates: Gates = gates_for(options)
         # (the Redis URL's password, masked in what the calls sharing these limits report)
         self.secrets: Secrets = options.secrets()
@@ -78,9 +83,15 @@ def call(
         kwargs = {**kwargs, "idempotency_key": idempotency_key}
     refuse_async(fn)
     options = _options(
-        fallbacks, key, attempts=attempts, budget=budget, backoff=backoff, retry_if=retry_if,
-        on_attempt=on_attempt, on_result=on_result,
-    )  # fmt: skip
+        fallbacks,
+        key,
+        attempts=attempts,
+        budget=budget,
+        backoff=backoff,
+        retry_if=retry_if,
+        on_attempt=on_attempt,
+        on_result=on_result,
+    )
     return _call(fn, args, kwargs, options, limits)
 
 
@@ -154,9 +165,12 @@ def _options(
     if callable(fallbacks):
         raise ValueError("fallbacks must be a list of callables")
     return build(
-        CallOptions, concurrency=1, fallbacks=tuple(_unpacking(f) for f in fallbacks),
-        per_key=None if key is None else (lambda packed: key), **settings,
-    )  # fmt: skip
+        CallOptions,
+        concurrency=1,
+        fallbacks=tuple(_unpacking(f) for f in fallbacks),
+        per_key=None if key is None else (lambda packed: key),
+        **settings,
+    )
 
 
 def _call(

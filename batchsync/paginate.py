@@ -251,8 +251,11 @@ def with_param(url: str, name: str, value: str) -> str:
     """``url`` with query parameter ``name`` set to ``value`` in place of any it had; the
     rest of the query is kept as written."""
     parts = urlsplit(url)
-    kept = [piece for piece in parts.query.split("&")
-            if piece and unquote_plus(piece.partition("=")[0]) != name]  # fmt: skip
+    kept = [
+        piece
+        for piece in parts.query.split("&")
+        if piece and unquote_plus(piece.partition("=")[0]) != name
+    ]
     kept.append(f"{quote_plus(name)}={quote_plus(value)}")
     return urlunsplit(parts._replace(query="&".join(kept)))
 
@@ -287,9 +290,12 @@ class Continued:
     def of(cls, item: object, continuation: Mapping[str, Any], data: Any) -> Continued:
         kept = list(data) if isinstance(data, list) else []
         page = Page(
-            str(continuation["url"]), int(continuation["page"]), int(continuation["position"]),
-            kept, size=_size_of(kept),
-        )  # fmt: skip
+            str(continuation["url"]),
+            int(continuation["page"]),
+            int(continuation["position"]),
+            kept,
+            size=_size_of(kept),
+        )
         return cls(item, page)
 
 

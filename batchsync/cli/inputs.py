@@ -381,9 +381,11 @@ class Input:
                 size += len(block)
         name = self.name if self.path is None else str(self.path.resolve())
         return {
-            "input": name, "size": str(size), "sha256": digest.hexdigest(),
+            "input": name,
+            "size": str(size),
+            "sha256": digest.hexdigest(),
             "entries": str(self.count()),
-        }  # fmt: skip
+        }
 
     def count(self) -> int:
         """The number of entries; reads the whole input, so a broken JSON array fails here."""
@@ -452,8 +454,10 @@ class TableInput(Input):
             finally:
                 text.detach()
         if not header:
-            raise InputError(f"{self.name} has no header row: a {self.form.upper()} table "
-                             "needs one naming its columns")  # fmt: skip
+            raise InputError(
+                f"{self.name} has no header row: a {self.form.upper()} table "
+                "needs one naming its columns"
+            )
         if len(set(header)) != len(header):
             raise InputError(f"the header row of {self.name} names a column twice")
         needed = [*self.template.fields, *filter(None, [self.template.id_field])]

@@ -70,19 +70,29 @@ class Tracing(Observer):
             span = self._attempts.pop(index, None)
         error = record.error_kind
         self._end(
-            span, error, attempt=record.attempt, status_code=record.status_code,
-            error_kind=error, retry_wait=record.wait, fallback=record.fallback,
+            span,
+            error,
+            attempt=record.attempt,
+            status_code=record.status_code,
+            error_kind=error,
+            retry_wait=record.wait,
+            fallback=record.fallback,
             hedged=record.hedged,
-        )  # fmt: skip
+        )
 
     def item_finished(self, result: Result) -> None:
         with self._lock:
             span = self._items.pop(result.index, None)
         error = None if result.ok else result.error or ""
         self._end(
-            span, error, ok=result.ok, attempts=result.attempts, status_code=result.status_code,
-            error_kind=result.error_kind, fallback_used=result.fallback_used,
-        )  # fmt: skip
+            span,
+            error,
+            ok=result.ok,
+            attempts=result.attempts,
+            status_code=result.status_code,
+            error_kind=result.error_kind,
+            fallback_used=result.fallback_used,
+        )
 
     def _end(self, span: Any, error: str | None, **attributes: object) -> None:
         """Set a span's attributes, mark it failed when there is an ``error``, and end it."""

@@ -52,22 +52,29 @@ class Metrics(Observer):
     def __init__(self, registry: CollectorRegistry) -> None:
         client = _client()
         self._attempts = client.Counter(
-            "batchsync_attempts", "Attempts, by outcome and error kind",
-            ["outcome", "error_kind"], registry=registry,
-        )  # fmt: skip
+            "batchsync_attempts",
+            "Attempts, by outcome and error kind",
+            ["outcome", "error_kind"],
+            registry=registry,
+        )
         self._results = client.Counter(
-            "batchsync_results", "Final results, by outcome and error kind",
-            ["outcome", "error_kind"], registry=registry,
-        )  # fmt: skip
+            "batchsync_results",
+            "Final results, by outcome and error kind",
+            ["outcome", "error_kind"],
+            registry=registry,
+        )
         self._retries = client.Counter("batchsync_retries", "Retries scheduled", registry=registry)
         self._latency = client.Histogram(
-            "batchsync_attempt_seconds", "Time of one attempt", registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )  # fmt: skip
-        self._in_flight = client.Gauge(
-            "batchsync_items_in_flight", "Items a worker has taken and not finished",
+            "batchsync_attempt_seconds",
+            "Time of one attempt",
             registry=registry,
-        )  # fmt: skip
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self._in_flight = client.Gauge(
+            "batchsync_items_in_flight",
+            "Items a worker has taken and not finished",
+            registry=registry,
+        )
         self._lock = threading.Lock()
         self._started: set[int] = set()
         self._waited: dict[str, float] = {}
