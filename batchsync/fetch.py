@@ -23,7 +23,6 @@ from .classify import (
     host_feedback,
 )
 from .decode import InvalidBody, decode_body
-from .engine import Route, Task
 from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
 from .limits import Gates
@@ -44,6 +43,7 @@ from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
+from .task import Route, Task
 from .transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
 from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 

@@ -12,9 +12,10 @@ import pytest
 
 from batchsync.backoff import Backoff
 from batchsync.classify import host_feedback
-from batchsync.engine import Engine, Route, Task, _describe_attempts
+from batchsync.engine import Engine, _describe_attempts
 from batchsync.options import EngineOptions
 from batchsync.result import AttemptRecord, Result
+from batchsync.task import Route, Task
 from batchsync.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 FAST = Backoff(base=0.01, factor=2.0, max=0.05, jitter=0.0)

@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 from batchsync import Backoff, Batch, fetch_all, guard
 from batchsync.classify import host_feedback
 from batchsync.cli.inputs import Input, InputError
-from batchsync.engine import Engine, Route, Task
+from batchsync.engine import Engine
 from batchsync.options import EngineOptions
 from batchsync.result import Result
+from batchsync.task import Route, Task
 from batchsync.verdict import Feedback, Verdict, retry, success, terminal
 
 from .mockserver import MOCK_SERVER, MockServerProcess

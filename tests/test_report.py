@@ -17,7 +17,8 @@ from batchsync import report
 from batchsync.journal import Journal, JournalReader
 from batchsync.limits import WaitStats
 from batchsync.report import Facts, Tally, bucket_width, histogram_percentile, outcome, placed
-from batchsync.result import AttemptRecord, Result, ResultSet
+from batchsync.result import AttemptRecord, Result
+from batchsync.resultset import ResultSet
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync

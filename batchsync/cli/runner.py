@@ -26,7 +26,6 @@ from ..assembly import (
     trusted_continuation,
 )
 from ..columnar import FORMATS
-from ..engine import Task
 from ..fetch import WrappedJob
 from ..history import Pass
 from ..journal import (
@@ -52,6 +51,7 @@ from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
 from ..spec import item_label
+from ..task import Task
 from ..verdict import InvalidItem
 from .inputs import Entry, Input, InputError
 from .output import failed_request, output_paths, remove_stale, write_outputs

@@ -24,7 +24,8 @@ from ..engine import Job
 from ..fetch import HttpJob
 from ..journal import resumed
 from ..options import CallOptions, FetchOptions, FlowOptions, build
-from ..result import Result, ResultSet
+from ..result import Result
+from ..resultset import ResultSet
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]
