@@ -24,7 +24,7 @@ from .budget import Allowance
 from .decide import Attempted, cut_short, decide, plural
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
-from .result import AttemptRecord, Result
+from .result import Answer, AttemptRecord, Result, describe_attempts
 from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
 
@@ -151,6 +151,22 @@ class Job(Protocol):
         ...
 
 
+class _Unanswered:
+    """The Answer of an attempt whose job keeps no facts of it."""
+
+    status_code: int | None = None
+    final_url: str | None = None
+    redirects: int = 0
+
+
+_UNANSWERED = _Unanswered()
+
+
+def _answer(verdict: Verdict) -> Answer:
+    facts = verdict.facts
+    return _UNANSWERED if facts is None else facts
+
+
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
@@ -158,40 +174,17 @@ def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait:
         "retry %s: %s (attempt %d of %d); waiting %.2f s",
         url, verdict.error, number, limit, wait,
         extra={
-            "url": url, "attempt": number, "status_code": verdict.status_code,
+            "url": url, "attempt": number, "status_code": _answer(verdict).status_code,
             "error_kind": verdict.error_kind, "wait": wait,
         },
     )  # fmt: skip
-
-
-def _describe_attempts(records: tuple[AttemptRecord, ...]) -> str:
-    """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
-    parts = []
-    for record in records:
-        part = f"#{record.attempt} {_what_happened(record)}"
-        if record.fallback is not None:
-            part += f" (fallback {record.fallback})"
-        if record.wait is not None:
-            part += f" wait {record.wait:.2f} s"
-        parts.append(part)
-    return ", ".join(parts)
-
-
-def _what_happened(record: AttemptRecord) -> str:
-    """An attempt's outcome in a word: its status when that decided it, else what ended it
-    (a timeout whose headers said 200 is a timeout)."""
-    if record.error_kind in (None, "status"):
-        return str(record.status_code or record.error_kind or "ok")
-    if record.status_code is not None:
-        return f"{record.error_kind} (HTTP {record.status_code})"
-    return record.error_kind
 
 
 def _log_failure(result: Result) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     url = result.url
-    attempts = f" [{_describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
+    attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
     log.info(
         "failed %s: %s%s",
         url, result.error, attempts,
@@ -458,14 +451,15 @@ class Engine:
             verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
         ) -> Result:
             going_on = steps is not None and steps.done > 0 and not verdict.ok
+            answer = _answer(verdict)
             return Result(
                 index=index, url=task.url, ok=verdict.ok, id=task.id,
-                status_code=verdict.status_code,
+                status_code=answer.status_code,
                 attempts=sum(1 + record.hedged + record.resent for record in records),
                 error_kind=verdict.error_kind, error=error,
                 data=verdict.data if steps is None else steps.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),
-                fallback_used=fallback, final_url=verdict.final_url, redirects=verdict.redirects,
+                fallback_used=fallback, final_url=answer.final_url, redirects=answer.redirects,
                 pages=None if steps is None else steps.done,
                 continuation=steps.continuation if going_on and steps else None,
                 finished=time.time(),  # (wall-clock time, for the report's charts)
@@ -581,7 +575,7 @@ class Engine:
             decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
             last = decision.verdict
             record = AttemptRecord(
-                len(records) + 1, last.status_code, last.error_kind, ended - began,
+                len(records) + 1, _answer(last).status_code, last.error_kind, ended - began,
                 wait=decision.wait, fallback=fallback, hedged=last.hedged, resent=last.resent,
             )  # fmt: skip
             self._record(records, record, index, task)

@@ -8,7 +8,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -52,6 +52,41 @@ class AttemptRecord:
             "fallback": self.fallback,
             "hedged": self.hedged,
         } | ({"resent": self.resent} if self.resent else {})
+
+
+class Answer(Protocol):
+    """What a job's facts of an attempt (``Verdict.facts``) give its AttemptRecord and the
+    item's Result: the engine reads no more of them."""
+
+    @property
+    def status_code(self) -> int | None: ...
+    @property
+    def final_url(self) -> str | None: ...
+    @property
+    def redirects(self) -> int: ...
+
+
+def describe_attempts(records: Iterable[AttemptRecord]) -> str:
+    """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
+    parts = []
+    for record in records:
+        part = f"#{record.attempt} {_what_happened(record)}"
+        if record.fallback is not None:
+            part += f" (fallback {record.fallback})"
+        if record.wait is not None:
+            part += f" wait {record.wait:.2f} s"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def _what_happened(record: AttemptRecord) -> str:
+    """An attempt's outcome in a word: its status when that decided it, else what ended it
+    (a timeout whose headers said 200 is a timeout)."""
+    if record.error_kind in (None, "status"):
+        return str(record.status_code or record.error_kind or "ok")
+    if record.status_code is not None:
+        return f"{record.error_kind} (HTTP {record.status_code})"
+    return record.error_kind
 
 
 @dataclass(frozen=True, slots=True)

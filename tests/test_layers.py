@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         ("engine", "task observe engine progress"),
         (
             "http",
-            "guard watchdog headers cookies spec template decode classify quota paginate transport"
-            " hedge auth",
+            "guard watchdog headers cookies spec template decode httpfacts classify quota paginate"
+            " transport hedge auth",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),
