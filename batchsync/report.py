@@ -1,6 +1,6 @@
 """The run's report: one self-contained HTML file of charts and tables over every Result.
 
-Two halves, kept apart: the aggregation (``Tally``, pure, fed one Result's facts at a time,
+Two halves, kept apart: the aggregation (``Tally``, pure, fed one Result's ``Trace`` at a time,
 memory bounded by the number of time buckets, not of items) and the rendering (``render``),
 with plotly when it is installed (the ``report`` extra: one inline copy of plotly.js for
 every chart, so the file opens without a network) and plain HTML tables otherwise.
@@ -17,23 +17,20 @@ from __future__ import annotations
 import contextlib
 import heapq
 import html
-import json
 import math
 import os
 import secrets
-import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .history import Stint
-from .result import PERCENTILES, Result, Summary
+from .journal import JournalReader
+from .result import PERCENTILES, Listing, Result, Summary, Trace, Tried
 
-# What an attempt of the log says: status code, error kind, seconds it took, wait after it.
-Attempt = tuple[int | None, str | None, float, float | None]
 # The outcomes an attempt is counted under in the chart of attempts over time.
 OUTCOMES = ("ok", "retried", "failed", "429")
 # Time buckets at most: a run of any length is drawn with this many points.
@@ -49,29 +46,7 @@ FAILED_SHOWN = 1000
 INSTALL_HINT = "pip install 'batchsync[report]'"
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What the report reads of one Result."""
-
-    index: int
-    ok: bool
-    error_kind: str | None
-    status_code: int | None
-    attempts: int
-    elapsed: float
-    finished: float | None
-    log: Sequence[Attempt] = ()
-
-    @classmethod
-    def of(cls, result: Result) -> Facts:
-        return cls(
-            result.index, result.ok, result.error_kind, result.status_code, result.attempts,
-            result.elapsed, result.finished,
-            tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
-        )  # fmt: skip
-
-
-def outcome(attempt: Attempt, last: bool) -> str:
+def outcome(attempt: Tried, last: bool) -> str:
     """The outcome an attempt is counted under: a 429, a success, a failure followed by
     another attempt (``retried``), or the item's last failure."""
     status, kind, _, _ = attempt
@@ -82,7 +57,7 @@ def outcome(attempt: Attempt, last: bool) -> str:
     return "failed" if last else "retried"
 
 
-def placed(finished: float, log: Sequence[Attempt]) -> list[tuple[float, float]]:
+def placed(finished: float, log: Sequence[Tried]) -> list[tuple[float, float]]:
     """(start, end) of each attempt in unix seconds, placed back from ``finished``."""
     spans: list[tuple[float, float]] = []
     end = finished
@@ -169,23 +144,23 @@ class Tally:
     def bucket(self, moment: float) -> int:
         return min(self._count - 1, max(0, int((moment - self.start) / self.width)))
 
-    def add(self, facts: Facts) -> None:
+    def add(self, trace: Trace) -> None:
         self.items += 1
-        self.attempts_per_item[facts.attempts] += 1
+        self.attempts_per_item[trace.attempts] += 1
         if len(self.slowest) < SLOWEST:
-            heapq.heappush(self.slowest, (facts.elapsed, -facts.index))
-        elif facts.elapsed > self.slowest[0][0]:
-            heapq.heapreplace(self.slowest, (facts.elapsed, -facts.index))
-        if not facts.ok:
+            heapq.heappush(self.slowest, (trace.elapsed, -trace.index))
+        elif trace.elapsed > self.slowest[0][0]:
+            heapq.heapreplace(self.slowest, (trace.elapsed, -trace.index))
+        if not trace.ok:
             self.failed_total += 1
             if len(self.failed) < FAILED_SHOWN:
-                self.failed.append(facts.index)
-        if facts.finished is None:
+                self.failed.append(trace.index)
+        if trace.finished is None:
             self.untimed += 1
             return
-        log = facts.log
+        log = trace.log
         last = len(log) - 1
-        for position, (begun, ended) in enumerate(placed(facts.finished, log)):
+        for position, (begun, ended) in enumerate(placed(trace.finished, log)):
             attempt = log[position]
             self.attempts[outcome(attempt, position == last)][self.bucket(begun)] += 1
             self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
@@ -247,20 +222,20 @@ class Tally:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
 
 
-def span_of(facts: Iterable[Facts]) -> tuple[float, float] | None:
+def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
     """(first claim, last finish) in unix seconds over the timed Results, or None."""
     first, last = math.inf, -math.inf
-    for one in facts:
+    for one in traces:
         if one.finished is not None:
             first = min(first, one.finished - one.elapsed)
             last = max(last, one.finished)
     return None if first == math.inf else (first, last)
 
 
-def tally(facts: Iterable[Facts], span: tuple[float, float] | None) -> Tally:
+def tally(traces: Iterable[Trace], span: tuple[float, float] | None) -> Tally:
     start, end = span or (0.0, 0.0)
     counted = Tally(start, end)
-    for one in facts:
+    for one in traces:
         counted.add(one)
     return counted
 
@@ -268,78 +243,28 @@ def tally(facts: Iterable[Facts], span: tuple[float, float] | None) -> Tally:
 # -- sources -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Listed:
-    """An item as the tables list it (its texts were masked when its Result was made)."""
-
-    index: int
-    url: str | None
-    id: Any
-    status_code: int | None
-    error_kind: str | None
-    error: str | None
-    attempts: int
-    elapsed: float
-
-
-def listed(result: Result) -> Listed:
-    return Listed(
-        result.index, result.url, result.id, result.status_code, result.error_kind,
-        result.error, result.attempts, result.elapsed,
-    )  # fmt: skip
-
-
 def from_results(
     results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
+) -> tuple[Tally, Callable[[list[int]], list[Listing]]]:
     """The tally of Results in memory (and of the gates' waits, when given), and how to list
     some of them by index."""
-    facts = [Facts.of(result) for result in results]
-    counted = tally(facts, span_of(facts))
+    traces = [Trace.of(result) for result in results]
+    counted = tally(traces, span_of(traces))
     counted.add_gate_waits(timeline or {})
     by_index = {result.index: result for result in results}
-    return counted, lambda indexes: [listed(by_index[i]) for i in indexes if i in by_index]
-
-
-_JOURNAL_FACTS = (
-    "SELECT idx, ok, error_kind, status_code, attempts, elapsed, finished, "
-    "json_extract(record, '$.attempt_log') FROM results"
-)
-
-
-def journal_facts(db: sqlite3.Connection) -> Iterator[Facts]:
-    """Each stored Result's facts, streamed (the record's attempt log read by SQLite)."""
-    for index, ok, kind, status, attempts, elapsed, finished, log in db.execute(_JOURNAL_FACTS):
-        attempts_log = tuple(
-            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
-            for entry in json.loads(log or "[]")
-        )
-        yield Facts(index, bool(ok), kind, status, attempts, elapsed, finished, attempts_log)
+    return counted, lambda indexes: [Listing.of(by_index[i]) for i in indexes if i in by_index]
 
 
 def from_journal(
-    db: sqlite3.Connection, timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
+    reader: JournalReader, timeline: Mapping[tuple[str, int], float] | None = None
+) -> tuple[Tally, Callable[[list[int]], list[Listing]]]:
     """The tally of a journal's Results, streamed in one pass after one for the time span
     (and of this run's gate waits, when given)."""
-    first, last = db.execute(
-        "SELECT MIN(finished - elapsed), MAX(finished) FROM results"
-    ).fetchone()
-    span = None if first is None else (float(first), float(last))
-    counted = tally(journal_facts(db), span)
+    counted = tally(reader.traces(), reader.span())
     counted.add_gate_waits(timeline or {})
 
-    def details(indexes: list[int]) -> list[Listed]:
-        found: dict[int, Listed] = {}
-        for chunk in range(0, len(indexes), 500):
-            wanted = indexes[chunk : chunk + 500]
-            query = (
-                "SELECT idx, json_extract(record, '$.url'), json_extract(record, '$.id'), "
-                "status_code, error_kind, json_extract(record, '$.error'), attempts, elapsed "
-                f"FROM results WHERE idx IN ({','.join('?' * len(wanted))})"
-            )
-            for row in db.execute(query, wanted):
-                found[int(row[0])] = Listed(*row)
+    def details(indexes: list[int]) -> list[Listing]:
+        found = reader.listings(indexes)
         return [found[i] for i in indexes if i in found]
 
     return counted, details
@@ -411,7 +336,7 @@ def _facts_table(summary: Summary) -> str:
     return f"<table id='facts'>{body}</table>"
 
 
-def _items_table(name: str, caption: str, items: Sequence[Listed], more: int = 0) -> str:
+def _items_table(name: str, caption: str, items: Sequence[Listing], more: int = 0) -> str:
     head = "".join(
         f"<th>{h}</th>"
         for h in ("index", "id", "url", "status", "error kind", "error", "attempts", "seconds")
@@ -549,7 +474,7 @@ def _plain(tally: Tally) -> str:
 def render(
     summary: Summary,
     tally: Tally,
-    details: Callable[[list[int]], list[Listed]],
+    details: Callable[[list[int]], list[Listing]],
     *,
     title: str = "batchsync report",
     charts: bool = True,
@@ -644,12 +569,8 @@ def report_results(
     return write_atomically(Path(path), page)
 
 
-def _lenient_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
 def report_journal(
-    db: sqlite3.Connection,
+    reader: JournalReader,
     summary: Summary,
     path: str | Path,
     *,
@@ -661,9 +582,6 @@ def report_journal(
     """Write the report of a journal's Results (the command line's PREFIX-report.html);
     ``timeline``: the run's gate waits (``WaitStats.timeline``), ``stints`` what each
     process did."""
-    # SQLite's JSON functions turn a lone surrogate escape ("\ud800", kept as such in the
-    # record) into bytes that are not UTF-8: such a text is shown with a replacement mark.
-    db.text_factory = _lenient_text
-    counted, details = from_journal(db, timeline)
+    counted, details = from_journal(reader, timeline)
     page = render(summary, counted, details, title=title, charts=charts, stints=stints)
     return write_atomically(Path(path), page)

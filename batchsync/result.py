@@ -382,3 +382,52 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
             _spread(value, f"{name}.", into)
         else:
             into[name] = value
+
+
+# What an attempt of the log says, for the report: status code, error kind, seconds it took,
+# wait after it.
+Tried = tuple[int | None, str | None, float, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """What the report reads of one Result, in memory or stored in the journal."""
+
+    index: int
+    ok: bool
+    error_kind: str | None
+    status_code: int | None
+    attempts: int
+    elapsed: float
+    finished: float | None
+    log: Sequence[Tried] = ()
+
+    @classmethod
+    def of(cls, result: Result) -> Trace:
+        return cls(
+            result.index, result.ok, result.error_kind, result.status_code, result.attempts,
+            result.elapsed, result.finished,
+            tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Listing:
+    """An item as the report's tables list it (its texts were masked when its Result was
+    made)."""
+
+    index: int
+    url: str | None
+    id: Any
+    status_code: int | None
+    error_kind: str | None
+    error: str | None
+    attempts: int
+    elapsed: float
+
+    @classmethod
+    def of(cls, result: Result) -> Listing:
+        return cls(
+            result.index, result.url, result.id, result.status_code, result.error_kind,
+            result.error, result.attempts, result.elapsed,
+        )  # fmt: skip

@@ -21,8 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins history redact decide limits result records columnar"
-            " journal report resultset",
+            "verdict budget backoff origins history redact decide limits result records journal",
         ),
         ("engine", "task observe engine progress"),
         (
@@ -34,6 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ("jobs", "fetch calls"),
         ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
         ("assembly", "assembly"),
+        ("results written out", "columnar report resultset"),
         ("library", "batch api once __init__ contrib.__init__"),
         ("scale-out", "contrib.dask"),
         ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),

@@ -16,8 +16,8 @@ import pytest
 from batchsync import report
 from batchsync.journal import Journal, JournalReader
 from batchsync.limits import WaitStats
-from batchsync.report import Facts, Tally, bucket_width, histogram_percentile, outcome, placed
-from batchsync.result import AttemptRecord, Result
+from batchsync.report import Tally, bucket_width, histogram_percentile, outcome, placed
+from batchsync.result import AttemptRecord, Result, Trace
 from batchsync.resultset import ResultSet
 
 from .mockserver import MockServerProcess
@@ -63,11 +63,11 @@ def test_latency_percentiles_from_the_histogram_are_within_ten_percent() -> None
 def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
     tally = Tally(0.0, 10.0)
     assert tally.width == 0.1 and tally.buckets == 100
-    tally.add(Facts(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None),)))
+    tally.add(Trace(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None),)))
     retried = ((503, "status", 0.5, 2.0), (429, "status", 0.5, 1.0), (503, "status", 1.0, None))
-    tally.add(Facts(1, False, "status", 503, 3, 5.0, 9.0, retried))
-    tally.add(Facts(2, False, "invalid_request", None, 0, 0.0, 9.5, ()))
-    tally.add(Facts(3, True, None, 200, 1, 0.2, None, ((200, None, 0.2, None),)))  # untimed
+    tally.add(Trace(1, False, "status", 503, 3, 5.0, 9.0, retried))
+    tally.add(Trace(2, False, "invalid_request", None, 0, 0.0, 9.5, ()))
+    tally.add(Trace(3, True, None, 200, 1, 0.2, None, ((200, None, 0.2, None),)))  # untimed
     assert tally.items == 4 and tally.untimed == 1
     assert dict(tally.attempts_per_item) == {1: 2, 3: 1, 0: 1}
     per_bucket = {name: sum(counts) for name, counts in tally.attempts.items()}
@@ -108,7 +108,7 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
 def test_the_tables_keep_only_the_slowest_and_the_first_failures() -> None:
     tally = Tally(0.0, 1.0)
     for index in range(report.FAILED_SHOWN + 50):
-        tally.add(Facts(index, False, "status", 404, 1, index / 1000, 0.5))
+        tally.add(Trace(index, False, "status", 404, 1, index / 1000, 0.5))
     assert len(tally.slowest) == report.SLOWEST
     assert tally.slowest_indexes()[0] == report.FAILED_SHOWN + 49
     assert tally.failed == list(range(report.FAILED_SHOWN))
@@ -210,7 +210,7 @@ def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
     journal.close()
     reader = JournalReader(path)
     try:
-        tally, details = report.from_journal(reader.db)
+        tally, details = report.from_journal(reader)
         listed = details([1, 0])
         summary = reader.summary()
     finally:

@@ -384,7 +384,7 @@ def _write_report(path: Path, prefix: str) -> Path | None:
         reader = JournalReader(path)
         try:
             return report_journal(
-                reader.db, reader.summary(), target,
+                reader, reader.summary(), target,
                 title=f"batchsync report: {Path(prefix).name}", timeline=reader.timeline(),
                 stints=reader.stints(),
             )  # fmt: skip
