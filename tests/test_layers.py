@@ -9,6 +9,9 @@ pass. Imports inside functions and ``TYPE_CHECKING`` blocks count.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,10 +34,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),
-        ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
+        (
+            "integrations the assembly uses",
+            "contrib.redis contrib.prometheus contrib.otel contrib.__init__",
+        ),
         ("assembly", "assembly"),
         ("results written out", "columnar report resultset"),
-        ("library", "batch api once __init__ contrib.__init__"),
+        ("library", "batch api once __init__"),
         ("scale-out", "contrib.dask"),
         ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),
         ("command line package", "cli.__init__"),
@@ -83,7 +89,9 @@ def _named(parts: list[str], imported: list[str], own: set[str]) -> str:
     elif parts and parts[0] not in own and ".".join(parts) not in own and not imported:
         return parts[0]  # another library
     candidate = ".".join([*parts, *imported])
-    return candidate if imported and candidate in own else ".".join(parts) or "__init__"
+    if imported and (candidate in own or f"{candidate}.__init__" in own):
+        return candidate
+    return ".".join(parts) or "__init__"
 
 
 def _as_module(name: str) -> str:
@@ -130,3 +138,18 @@ def test_the_checks_see_an_upward_import(tmp_path: Path) -> None:
     runner = tmp_path / "runner.py"
     runner.write_text("from ..assembly import fetch\nfrom .signals import EXIT_INTERRUPTED\n")
     assert imports_of("cli.runner", runner) == {"assembly", "cli.signals"}
+    planted.write_text("from .. import __version__, contrib\nfrom ..spec import RequestSpec\n")
+    assert imports_of("cli.command", planted) == {"contrib.__init__", "spec", "__init__"}
+
+
+def test_the_command_line_starts_without_the_optional_integrations() -> None:
+    """Starting the CLI imports no integration a run did not ask for (Dask, Redis)."""
+    code = (
+        "import sys; from batchsync.cli.command import main; "
+        "print(sorted(m for m in sys.modules if m.startswith('batchsync.contrib.')))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert shown.strip() == "[]"

@@ -70,7 +70,7 @@ def _collector(collected: dict[int, Result]) -> Callable[[Result, object], None]
     return lambda result, item: collected.__setitem__(result.index, result)
 
 
-def connect(address: str) -> Any:
+def cluster_client(address: str) -> Any:
     """A client of the Dask scheduler at ``address``; ValueError when it cannot be reached."""
     try:
         from distributed import Client
