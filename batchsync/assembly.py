@@ -225,7 +225,7 @@ def insecure_said_once(insecure: bool) -> Iterator[None]:
         _PER_REQUEST.restore()
 
 
-def call(
+def run_calls(
     options: CallOptions,
     fn: Callable[[Any], Any],
     items: Iterable[tuple[int, object]],

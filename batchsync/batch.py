@@ -21,11 +21,11 @@ from pydantic import BaseModel
 from .assembly import (
     STARTS_OVER,
     Ran,
-    call,
     fetch,
     gates_for,
     open_journal,
     progress_of,
+    run_calls,
     trusted_continuation,
 )
 from .auth import Auth
@@ -526,7 +526,7 @@ class CallBatch(Resumable[CallOptions]):
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
-        return call(
+        return run_calls(
             self.options, self._fn, todo, self._keep, gates=self._gates, progress=bar,
             journal=journal, earlier=self._done.get,
         )  # fmt: skip

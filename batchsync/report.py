@@ -1,6 +1,6 @@
 """The run's report: one self-contained HTML file of charts and tables over every Result.
 
-Two halves, kept apart: the aggregation (``Tally``, pure, fed one Result's ``Trace`` at a time,
+Two halves, kept apart: the aggregation (``Aggregate``, pure, fed one Result's ``Trace`` at a time,
 memory bounded by the number of time buckets, not of items) and the rendering (``render``),
 with plotly when it is installed (the ``report`` extra: one inline copy of plotly.js for
 every chart, so the file opens without a network) and plain HTML tables otherwise.
@@ -32,7 +32,7 @@ from .journal import JournalReader
 from .result import PERCENTILES, Listing, Result, Summary, Trace, Tried
 
 # The outcomes an attempt is counted under in the chart of attempts over time.
-OUTCOMES = ("ok", "retried", "failed", "429")
+CHARTED = ("ok", "retried", "failed", "429")
 # Time buckets at most: a run of any length is drawn with this many points.
 MAX_BUCKETS = 150
 # Latency histogram of each bucket: log-spaced bins from 100 µs, each 10 % wider than the
@@ -46,7 +46,7 @@ FAILED_SHOWN = 1000
 INSTALL_HINT = "pip install 'batchsync[report]'"
 
 
-def outcome(attempt: Tried, last: bool) -> str:
+def charted_as(attempt: Tried, last: bool) -> str:
     """The outcome an attempt is counted under: a 429, a success, a failure followed by
     another attempt (``retried``), or the item's last failure."""
     status, kind, _, _ = attempt
@@ -106,7 +106,7 @@ def histogram_percentile(counts: Mapping[int, int], share: float) -> float:
 
 
 @dataclass
-class Tally:
+class Aggregate:
     """The report's numbers, added up one Result at a time over fixed time buckets.
 
     ``start`` and ``end`` (unix seconds) bound the run's times: the first claim and the last
@@ -133,7 +133,7 @@ class Tally:
         if not self.width:
             self.width = bucket_width(self.end - self.start)
         count = self._count = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
-        self.attempts = {name: [0] * count for name in OUTCOMES}
+        self.attempts = {name: [0] * count for name in CHARTED}
         self.backoff = [0.0] * count
         self.latency = [Counter() for _ in range(count)]
 
@@ -162,7 +162,7 @@ class Tally:
         last = len(log) - 1
         for position, (begun, ended) in enumerate(placed(trace.finished, log)):
             attempt = log[position]
-            self.attempts[outcome(attempt, position == last)][self.bucket(begun)] += 1
+            self.attempts[charted_as(attempt, position == last)][self.bucket(begun)] += 1
             self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
             wait = attempt[3]
             if wait and position < last:
@@ -232,9 +232,9 @@ def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
     return None if first == math.inf else (first, last)
 
 
-def tally(traces: Iterable[Trace], span: tuple[float, float] | None) -> Tally:
+def aggregated(traces: Iterable[Trace], span: tuple[float, float] | None) -> Aggregate:
     start, end = span or (0.0, 0.0)
-    counted = Tally(start, end)
+    counted = Aggregate(start, end)
     for one in traces:
         counted.add(one)
     return counted
@@ -245,11 +245,11 @@ def tally(traces: Iterable[Trace], span: tuple[float, float] | None) -> Tally:
 
 def from_results(
     results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listing]]]:
-    """The tally of Results in memory (and of the gates' waits, when given), and how to list
+) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
+    """The aggregate of Results in memory (and of the gates' waits, when given), and how to list
     some of them by index."""
     traces = [Trace.of(result) for result in results]
-    counted = tally(traces, span_of(traces))
+    counted = aggregated(traces, span_of(traces))
     counted.add_gate_waits(timeline or {})
     by_index = {result.index: result for result in results}
     return counted, lambda indexes: [Listing.of(by_index[i]) for i in indexes if i in by_index]
@@ -257,10 +257,10 @@ def from_results(
 
 def from_journal(
     reader: JournalReader, timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listing]]]:
-    """The tally of a journal's Results, streamed in one pass after one for the time span
+) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
+    """The aggregate of a journal's Results, streamed in one pass after one for the time span
     (and of this run's gate waits, when given)."""
-    counted = tally(reader.traces(), reader.span())
+    counted = aggregated(reader.traces(), reader.span())
     counted.add_gate_waits(timeline or {})
 
     def details(indexes: list[int]) -> list[Listing]:
@@ -330,8 +330,8 @@ def _counts_table(summary: Summary) -> str:
     return f"<table id='counts'>{body}</table>"
 
 
-def _facts_table(summary: Summary) -> str:
-    facts = [(name, value) for name, value in summary._facts() if name != "requests"]
+def _figures_table(summary: Summary) -> str:
+    facts = [(name, value) for name, value in summary._figures() if name != "requests"]
     body = "".join(f"<tr><th>{_e(name)}</th><td class='n'>{_e(v)}</td></tr>" for name, v in facts)
     return f"<table id='facts'>{body}</table>"
 
@@ -378,12 +378,12 @@ def _series_table(name: str, times: Sequence[float], series: Mapping[str, Sequen
 _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#9467bd"}
 
 
-def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
+def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     go, pio = plotly
-    times = tally.times()
+    times = aggregate.times()
     figures = []
     layout = {"height": 340, "margin": {"l": 55, "r": 20, "t": 45, "b": 45}}
-    per_second = tally.per_second()
+    per_second = aggregate.per_second()
     rate = go.Figure(
         [
             go.Bar(x=times, y=values, name=name, marker_color=_COLORS[name])
@@ -398,7 +398,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     latency = go.Figure(
         [
             go.Scatter(x=times, y=values, name=name, mode="lines+markers", connectgaps=True)
-            for name, values in tally.percentiles().items()
+            for name, values in aggregate.percentiles().items()
         ]
     )
     latency.update_layout(
@@ -410,7 +410,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     waits = go.Figure(
         [
             go.Scatter(x=times, y=values, name=name, mode="lines", fill="tozeroy")
-            for name, values in tally.waiting().items()
+            for name, values in aggregate.waiting().items()
         ]
     )
     waits.update_layout(
@@ -418,7 +418,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
         yaxis_title="items waiting", showlegend=True, **layout,
     )  # fmt: skip
     figures.append(("chart-waits", waits))
-    counts = sorted(tally.attempts_per_item.items())
+    counts = sorted(aggregate.attempts_per_item.items())
     histogram = go.Figure(
         [go.Bar(x=[str(n) for n, _ in counts], y=[k for _, k in counts], name="items")]
     )
@@ -452,10 +452,10 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     return f"<div class='charts'>{''.join(parts)}</div>"
 
 
-def _plain(tally: Tally) -> str:
+def _plain(aggregate: Aggregate) -> str:
     """The charts' numbers as tables, for a report made without plotly."""
-    times = tally.times()
-    counts = sorted(tally.attempts_per_item.items())
+    times = aggregate.times()
+    counts = sorted(aggregate.attempts_per_item.items())
     histogram = "".join(f"<tr><td class='n'>{n}</td><td class='n'>{k}</td></tr>" for n, k in counts)
     return (
         f"<p class='note'>Charts need plotly: <code>{_e(INSTALL_HINT)}</code>. "
@@ -463,17 +463,17 @@ def _plain(tally: Tally) -> str:
         "<h2>Attempts per item</h2><table id='attempts-per-item'><thead><tr><th>requests "
         f"sent</th><th>items</th></tr></thead><tbody>{histogram}</tbody></table>"
         "<details><summary>Attempts per second, by outcome</summary>"
-        f"{_series_table('rate', times, tally.per_second())}</details>"
+        f"{_series_table('rate', times, aggregate.per_second())}</details>"
         "<details><summary>Attempt latency percentiles (seconds, ±10 %)</summary>"
-        f"{_series_table('latency', times, tally.percentiles())}</details>"
+        f"{_series_table('latency', times, aggregate.percentiles())}</details>"
         "<details><summary>Items waiting, by gate</summary>"
-        f"{_series_table('waits', times, tally.waiting())}</details>"
+        f"{_series_table('waits', times, aggregate.waiting())}</details>"
     )
 
 
 def render(
     summary: Summary,
-    tally: Tally,
+    aggregate: Aggregate,
     details: Callable[[list[int]], list[Listing]],
     *,
     title: str = "batchsync report",
@@ -482,31 +482,38 @@ def render(
 ) -> str:
     """The report's HTML: one page, scripts and data inline."""
     plotly = _plotly() if charts else None
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tally.start)) if tally.items else ""
+    started = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(aggregate.start))
+        if aggregate.items
+        else ""
+    )
     untimed = (
-        f"<p class='note'>{tally.untimed} item(s) have no finish time (finished by an older "
+        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
         "run) and are counted, but not drawn over time.</p>"
-        if tally.untimed
+        if aggregate.untimed
         else ""
     )
     gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
     body = (
         f"<h1>{_e(title)}</h1>"
         f"<p class='summary'>{_e(summary)}</p>"
-        f"<p>Run started {_e(started)}; time steps of {tally.width:g} s.</p>"
+        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
         "<h2>Outcomes</h2>"
         f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
-        f"{_facts_table(summary)}</div>{untimed}{_stints_table(stints)}"
-        + (_charts(tally, summary, plotly) if plotly is not None else _plain(tally))
+        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
+        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
         + (
             "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
             "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
             "every process that worked on the run. The totals: "
             f"{_e(gates or 'none')}.</p>"
         )
-        + _items_table("slowest", "Slowest items", details(tally.slowest_indexes()))
+        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
         + _items_table(
-            "failed", "Failed items", details(tally.failed), tally.failed_total - len(tally.failed)
+            "failed",
+            "Failed items",
+            details(aggregate.failed),
+            aggregate.failed_total - len(aggregate.failed),
         )
     )
     return (

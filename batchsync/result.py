@@ -230,20 +230,20 @@ class Summary:
     def attempts_per_item(self) -> float | None:
         return self.requests_sent / self.total if self.total else None
 
-    def _facts(self) -> list[tuple[str, str]]:
+    def _figures(self) -> list[tuple[str, str]]:
         """The statistics as (name, value) pairs, for both the text and the HTML form."""
-        facts = [("requests", str(self.requests_sent))]
+        figures = [("requests", str(self.requests_sent))]
         if self.attempts_per_item is not None:
-            facts.append(("per item", f"{self.attempts_per_item:.2f}"))
+            figures.append(("per item", f"{self.attempts_per_item:.2f}"))
         if self.elapsed is not None:
-            facts.append(("elapsed", f"{self.elapsed:.2f} s"))
+            figures.append(("elapsed", f"{self.elapsed:.2f} s"))
         if self.requests_per_second is not None:
-            facts.append(("requests/s", f"{self.requests_per_second:.0f}"))
-        facts += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
-        facts += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
+            figures.append(("requests/s", f"{self.requests_per_second:.0f}"))
+        figures += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
+        figures += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
         if self.circuits_opened:
-            facts.append(("circuits opened", str(self.circuits_opened)))
-        return facts
+            figures.append(("circuits opened", str(self.circuits_opened)))
+        return figures
 
     def __str__(self) -> str:
         parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
@@ -276,7 +276,7 @@ class Summary:
         ]
         rows += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
         rows += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
-        rows += self._facts()
+        rows += self._figures()
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
             f"<td>{html.escape(str(value))}</td></tr>"
@@ -286,16 +286,16 @@ class Summary:
 
 
 # What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff.
-Facts = tuple[bool, ErrorKind | None, int | None, int, float]
+Counted = tuple[bool, ErrorKind | None, int | None, int, float]
 
 
-def facts_of(result: Result) -> Facts:
+def counted(result: Result) -> Counted:
     backoff = sum(record.wait or 0.0 for record in result.attempt_log)
     return result.ok, result.error_kind, result.status_code, result.attempts, backoff
 
 
 def summarize(
-    facts: Iterable[Facts],
+    rows: Iterable[Counted],
     sorted_times: Iterable[float],
     *,
     elapsed: float | None = None,
@@ -304,14 +304,14 @@ def summarize(
 ) -> Summary:
     """The one way a Summary is computed, for Results in memory and in a journal alike.
 
-    ``facts`` are read first, once; then ``sorted_times`` (the elapsed seconds of the items
+    ``rows`` are read first, once; then ``sorted_times`` (the elapsed seconds of the items
     that made an attempt, in ascending order) as a stream, up to the last percentile.
     """
     total = ok = sent = timed = 0
     backoff = 0.0
     kinds = Counter[str]()
     codes = Counter[int]()
-    for is_ok, kind, code, attempts, waited in facts:
+    for is_ok, kind, code, attempts, waited in rows:
         total += 1
         ok += bool(is_ok)
         sent += attempts

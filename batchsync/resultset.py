@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, overload
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
 from .history import Stint
 from .report import report_results
-from .result import Result, Summary, error_kinds, facts_of, flat_body, summarize
+from .result import Result, Summary, counted, error_kinds, flat_body, summarize
 
 if TYPE_CHECKING:
     import pandas
@@ -120,7 +120,7 @@ class ResultSet(Sequence[Result]):
 
     def summary(self) -> Summary:
         return summarize(
-            map(facts_of, self._results),
+            map(counted, self._results),
             sorted(result.elapsed for result in self._results if result.attempts),
             elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
         )  # fmt: skip

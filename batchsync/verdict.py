@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-Outcome = Literal["success", "retry", "terminal"]
+Ruling = Literal["success", "retry", "terminal"]
 
 ErrorKind = Literal[
     "status",
@@ -39,7 +39,7 @@ class Verdict:
     (``result.Answer``).
     """
 
-    outcome: Outcome
+    outcome: Ruling
     error_kind: ErrorKind | None = None
     error: str | None = None
     facts: Any = None

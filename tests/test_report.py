@@ -16,7 +16,7 @@ import pytest
 from batchsync import report
 from batchsync.journal import Journal, JournalReader
 from batchsync.limits import WaitStats
-from batchsync.report import Tally, bucket_width, histogram_percentile, outcome, placed
+from batchsync.report import Aggregate, bucket_width, charted_as, histogram_percentile, placed
 from batchsync.result import AttemptRecord, Result, Trace
 from batchsync.resultset import ResultSet
 
@@ -31,12 +31,12 @@ def test_attempts_are_placed_back_from_the_finish_with_their_waits() -> None:
 
 
 def test_each_attempt_counts_under_one_outcome() -> None:
-    assert outcome((200, None, 0.1, None), last=True) == "ok"
-    assert outcome((429, "status", 0.1, 1.0), last=False) == "429"
-    assert outcome((429, "status", 0.1, None), last=True) == "429"
-    assert outcome((503, "status", 0.1, 1.0), last=False) == "retried"
-    assert outcome((503, "status", 0.1, None), last=True) == "failed"
-    assert outcome((None, "timeout", 10.0, None), last=True) == "failed"
+    assert charted_as((200, None, 0.1, None), last=True) == "ok"
+    assert charted_as((429, "status", 0.1, 1.0), last=False) == "429"
+    assert charted_as((429, "status", 0.1, None), last=True) == "429"
+    assert charted_as((503, "status", 0.1, 1.0), last=False) == "retried"
+    assert charted_as((503, "status", 0.1, None), last=True) == "failed"
+    assert charted_as((None, "timeout", 10.0, None), last=True) == "failed"
 
 
 def test_bucket_widths_are_round_and_bounded() -> None:
@@ -61,7 +61,7 @@ def test_latency_percentiles_from_the_histogram_are_within_ten_percent() -> None
 
 
 def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
-    tally = Tally(0.0, 10.0)
+    tally = Aggregate(0.0, 10.0)
     assert tally.width == 0.1 and tally.buckets == 100
     tally.add(Trace(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None),)))
     retried = ((503, "status", 0.5, 2.0), (429, "status", 0.5, 1.0), (503, "status", 1.0, None))
@@ -96,7 +96,7 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
     assert set(stats.timeline) <= {("cooldown", s) for s in range(int(now) - 3, int(now) + 2)}
     assert sum(stats.timeline.values()) == pytest.approx(2.5)
     assert stats.seconds == {"cooldown": pytest.approx(2.5)}
-    tally = Tally(100.0, 110.0)
+    tally = Aggregate(100.0, 110.0)
     tally.add_gate_waits({("cooldown", 102): 3.0, ("quota", 109): 0.5})
     waiting = tally.waiting()
     assert list(waiting) == ["backoff", "cooldown", "quota"]
@@ -106,7 +106,7 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
 
 
 def test_the_tables_keep_only_the_slowest_and_the_first_failures() -> None:
-    tally = Tally(0.0, 1.0)
+    tally = Aggregate(0.0, 1.0)
     for index in range(report.FAILED_SHOWN + 50):
         tally.add(Trace(index, False, "status", 404, 1, index / 1000, 0.5))
     assert len(tally.slowest) == report.SLOWEST
