@@ -9,7 +9,8 @@ from .batch import Batch, CallBatch
 from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 from .limits import Breaker
 from .once import Limits, call, resilient
-from .result import AttemptRecord, Result, ResultSet, Summary
+from .result import AttemptRecord, Result, Summary
+from .resultset import ResultSet
 from .spec import RequestSpec
 from .verdict import ErrorKind, Retryable
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, ParamSpec
 
 from .batch import Batch, CallBatch, Item
-from .result import ResultSet
+from .resultset import ResultSet
 
 P = ParamSpec("P")
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 
 from urllib3.exceptions import InsecureRequestWarning
 
+from . import contrib
 from .calls import CallJob
 from .engine import Deliver, Engine, Job
 from .fetch import HttpJob
@@ -65,9 +66,7 @@ def shared_limits(options: FlowOptions) -> SharedLimits | None:
     (ValueError when it does not)."""
     if options.limits is None or not isinstance(options.limits, str):
         return options.limits
-    from .contrib.redis import RedisLimits
-
-    return RedisLimits(options.limits, options.namespace, options.lease_ttl)
+    return contrib.shared_limits(options.limits, options.namespace, options.lease_ttl)
 
 
 def gates_for(options: FlowOptions) -> Gates:
@@ -226,7 +225,7 @@ def insecure_said_once(insecure: bool) -> Iterator[None]:
         _PER_REQUEST.restore()
 
 
-def call(
+def run_calls(
     options: CallOptions,
     fn: Callable[[Any], Any],
     items: Iterable[tuple[int, object]],

@@ -21,17 +21,16 @@ from pydantic import BaseModel
 from .assembly import (
     STARTS_OVER,
     Ran,
-    call,
     fetch,
     gates_for,
     open_journal,
     progress_of,
+    run_calls,
     trusted_continuation,
 )
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
-from .engine import Task
 from .fetch import HttpJob, WrappedJob
 from .hedge import HedgeAfter
 from .history import Pass, Stint, difference, merged_timeline, totals
@@ -42,8 +41,10 @@ from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, b
 from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
-from .result import AttemptRecord, Result, ResultSet, Summary, error_kinds
+from .result import AttemptRecord, Result, Summary, error_kinds
+from .resultset import ResultSet
 from .spec import RequestSpec, item_label
+from .task import Task
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
 from .verdict import InvalidItem
@@ -525,7 +526,7 @@ class CallBatch(Resumable[CallOptions]):
         return encode_result(result, item)
 
     def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
-        return call(
+        return run_calls(
             self.options, self._fn, todo, self._keep, gates=self._gates, progress=bar,
             journal=journal, earlier=self._done.get,
         )  # fmt: skip

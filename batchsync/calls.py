@@ -9,13 +9,13 @@ from functools import partial
 from typing import Any
 
 from .classify import classify_raised, describe, host_feedback
-from .engine import Route, Task
 from .hedge import HedgeDelay, Hedger
 from .limits import GLOBAL, Gates
 from .options import CallOptions
 from .redact import Secrets
 from .result import Result
 from .spec import item_label
+from .task import Route, Task
 from .verdict import Feedback, InvalidItem, Verdict, success, terminal
 
 

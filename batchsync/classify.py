@@ -11,6 +11,7 @@ import re
 import ssl
 import urllib.error
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ import urllib3.exceptions
 
 from .backoff import parse_retry_after
 from .guard import PrivateAddress
+from .httpfacts import HttpFacts, facts_of, facts_of_status
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
 
 RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
@@ -57,12 +59,10 @@ def classify_status(
     wait = parse_retry_after(retry_after, now)
     if quota is not None:
         wait = quota if wait is None else max(wait, quota)
+    facts = HttpFacts(status_code, quota=quota)
     if status_code in RETRYABLE_STATUSES or (status_code == 403 and wait is not None):
-        verdict = retry("status", error, status_code, wait)
-    else:
-        verdict = terminal("status", error, status_code)
-    verdict.quota = quota
-    return verdict
+        return retry("status", error, facts, wait)
+    return terminal("status", error, facts)
 
 
 def classify_refused_answer(
@@ -73,7 +73,7 @@ def classify_refused_answer(
     hook's error, final, when the status alone says nothing failed."""
     verdict = classify_status(status, retry_after, now)
     if verdict is None:
-        return terminal("status", describe(error), status)
+        return terminal("status", describe(error), HttpFacts(status))
     return verdict
 
 
@@ -118,8 +118,7 @@ def _refused_tunnel(status: int, line: str) -> Verdict:
     verdict = classify_status(status, None, 0.0)  # (no Retry-After: the clock is not read)
     if verdict is None:
         return terminal("connection", error)
-    verdict.error = error
-    return verdict
+    return replace(verdict, error=error)
 
 
 # requests' OSError for a CA bundle (verify=, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) that is not
@@ -300,8 +299,8 @@ def classify_raised(
         retryable = is_transient(exc)
     error = describe(exc)
     if retryable:
-        return retry(kind, error, status, wait_hint(exc, now))
-    return terminal(kind, error, status)
+        return retry(kind, error, facts_of_status(status), wait_hint(exc, now))
+    return terminal(kind, error, facts_of_status(status))
 
 
 # Kinds an attempt ends with that are no answer of the host's.
@@ -321,7 +320,8 @@ def host_feedback(verdict: Verdict) -> Feedback:
     Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503 (a
     wait hint without such a status, ``Retryable(retry_after=…)``, is that item's alone).
     """
-    status = verdict.status_code
+    facts = facts_of(verdict)
+    status = facts.status_code
     congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
     hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
     unwell: bool | None
@@ -333,8 +333,8 @@ def host_feedback(verdict: Verdict) -> Feedback:
         unwell = None if verdict.retry_after is not None else True
     else:
         unwell = False
-    if hold or verdict.quota:
-        return Feedback(congested, unwell, hold, verdict.quota)
+    if hold or facts.quota:
+        return Feedback(congested, unwell, hold, facts.quota)
     return _FEEDBACK[congested, unwell]
 
 

@@ -24,7 +24,8 @@ from .budget import Allowance
 from .decide import Attempted, cut_short, decide, plural
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
-from .result import AttemptRecord, Result
+from .result import Answer, AttemptRecord, Result, describe_attempts
+from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
 
 log = logging.getLogger("batchsync")
@@ -35,11 +36,6 @@ Deliver = Callable[[Result, object], None]
 _POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 3.0
 ABORT_GRACE_SECONDS = 1.0
-
-
-# One attempt: given the instant (of the engine's monotonic clock) it must end by (None: no
-# bound) and, on a fallback route, the Result the item has come to so far; says what came of it.
-Attempt = Callable[[float | None, "Result | None"], Verdict]
 
 
 class EngineSettings(Protocol):
@@ -59,50 +55,6 @@ class EngineSettings(Protocol):
     def on_attempt(self) -> Callable[[Any, AttemptRecord], None] | None: ...
     @property
     def on_result(self) -> Callable[[Result], None] | None: ...
-
-
-@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
-class Route:
-    """One way to an item's data: its own request, or a fallback tried after it.
-
-    ``max_attempts`` lowers the batch's attempts on this route and ``no_retry_reason`` says
-    why; ``host`` is the key of the per-host limits. An ungated route (a local fallback that
-    calls no API) passes no rate, slot or breaker.
-    """
-
-    attempt: Attempt
-    host: str | None = None
-    max_attempts: int | None = None
-    no_retry_reason: str | None = None
-    gated: bool = True
-    # A step of a longer item (a page of a paged one): after a success, the item's data so
-    # far and the route of its next step (None when it was the last, a Verdict when the item
-    # cannot go on); and where the item would start again from this step, kept when it stops
-    # here (for ``Result.continuation``).
-    then: Callable[[Verdict], tuple[Any, Route | Verdict | None]] | None = None
-    continuation: Any = None
-
-
-@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
-class Task:
-    """An item made ready to run.
-
-    ``route`` is the item's own request; ``fallbacks`` are tried in order after it has used
-    up its retries on a retryable failure (never after a final one). Items whose
-    ``dedup_key`` is equal and in flight together are sent once. ``subject`` is what
-    ``on_attempt`` hooks are shown (the RequestSpec for HTTP). An item made of steps (pages)
-    counts them from ``steps`` (those done before, by an earlier run; None when it has no
-    steps) and starts from the ``data`` they gave.
-    """
-
-    url: str | None
-    id: Any
-    route: Route
-    fallbacks: tuple[Route, ...] = ()
-    dedup_key: Hashable | None = None
-    subject: object = None
-    steps: int | None = None
-    data: Any = None
 
 
 @dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
@@ -199,6 +151,22 @@ class Job(Protocol):
         ...
 
 
+class _Unanswered:
+    """The Answer of an attempt whose job keeps no facts of it."""
+
+    status_code: int | None = None
+    final_url: str | None = None
+    redirects: int = 0
+
+
+_UNANSWERED = _Unanswered()
+
+
+def _answer(verdict: Verdict) -> Answer:
+    facts = verdict.facts
+    return _UNANSWERED if facts is None else facts
+
+
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
@@ -206,40 +174,17 @@ def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait:
         "retry %s: %s (attempt %d of %d); waiting %.2f s",
         url, verdict.error, number, limit, wait,
         extra={
-            "url": url, "attempt": number, "status_code": verdict.status_code,
+            "url": url, "attempt": number, "status_code": _answer(verdict).status_code,
             "error_kind": verdict.error_kind, "wait": wait,
         },
     )  # fmt: skip
-
-
-def _describe_attempts(records: tuple[AttemptRecord, ...]) -> str:
-    """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
-    parts = []
-    for record in records:
-        part = f"#{record.attempt} {_what_happened(record)}"
-        if record.fallback is not None:
-            part += f" (fallback {record.fallback})"
-        if record.wait is not None:
-            part += f" wait {record.wait:.2f} s"
-        parts.append(part)
-    return ", ".join(parts)
-
-
-def _what_happened(record: AttemptRecord) -> str:
-    """An attempt's outcome in a word: its status when that decided it, else what ended it
-    (a timeout whose headers said 200 is a timeout)."""
-    if record.error_kind in (None, "status"):
-        return str(record.status_code or record.error_kind or "ok")
-    if record.status_code is not None:
-        return f"{record.error_kind} (HTTP {record.status_code})"
-    return record.error_kind
 
 
 def _log_failure(result: Result) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     url = result.url
-    attempts = f" [{_describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
+    attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
     log.info(
         "failed %s: %s%s",
         url, result.error, attempts,
@@ -506,14 +451,15 @@ class Engine:
             verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
         ) -> Result:
             going_on = steps is not None and steps.done > 0 and not verdict.ok
+            answer = _answer(verdict)
             return Result(
                 index=index, url=task.url, ok=verdict.ok, id=task.id,
-                status_code=verdict.status_code,
+                status_code=answer.status_code,
                 attempts=sum(1 + record.hedged + record.resent for record in records),
                 error_kind=verdict.error_kind, error=error,
                 data=verdict.data if steps is None else steps.data,
                 elapsed=self._clock() - claimed, attempt_log=tuple(records),
-                fallback_used=fallback, final_url=verdict.final_url, redirects=verdict.redirects,
+                fallback_used=fallback, final_url=answer.final_url, redirects=answer.redirects,
                 pages=None if steps is None else steps.done,
                 continuation=steps.continuation if going_on and steps else None,
                 finished=time.time(),  # (wall-clock time, for the report's charts)
@@ -629,7 +575,7 @@ class Engine:
             decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
             last = decision.verdict
             record = AttemptRecord(
-                len(records) + 1, last.status_code, last.error_kind, ended - began,
+                len(records) + 1, _answer(last).status_code, last.error_kind, ended - began,
                 wait=decision.wait, fallback=fallback, hedged=last.hedged, resent=last.resent,
             )  # fmt: skip
             self._record(records, record, index, task)

@@ -23,9 +23,9 @@ from .classify import (
     host_feedback,
 )
 from .decode import InvalidBody, decode_body
-from .engine import Route, Task
 from .guard import PrivateAddress
 from .hedge import HedgeDelay, Hedger
+from .httpfacts import HttpFacts, facts_of
 from .limits import Gates
 from .options import FetchOptions
 from .origins import host_of
@@ -44,6 +44,7 @@ from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
+from .task import Route, Task
 from .transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
 from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
@@ -151,14 +152,14 @@ class HttpJob:
             self._dedup_key(spec), subject=spec,
         )  # fmt: skip
         if self._paging is not None:
-            self._paged(task, spec, own, continued)
+            return self._paged(task, spec, own, continued)
         return task
 
     def _paged(
         self, task: Task, spec: RequestSpec, own: frozenset[str], continued: Continued | None
-    ) -> None:
-        """Make the item's own route its first page (or, resumed, the page it goes on from),
-        and each fallback URL's route the first page of that URL."""
+    ) -> Task:
+        """The Task with the item's own route made its first page (or, resumed, the page it
+        goes on from), and each fallback URL's route the first page of that URL."""
         paging = self._paging
         assert paging is not None
         # the page parameters go in the URL: so do the item's own
@@ -168,18 +169,21 @@ class HttpJob:
         start = first_page(paging, specs[0].url) if continued is None else continued.page
         routes = [self._page_route(specs[0], own, start)]
         routes += [self._page_route(each, own, first_page(paging, each.url)) for each in specs[1:]]
-        task.route = routes[0]
-        task.fallbacks = (*routes[1:], *task.fallbacks[len(specs) - 1 :])
-        task.steps, task.data = start.number - 1, start.data
+        return replace(
+            task, route=routes[0], fallbacks=(*routes[1:], *task.fallbacks[len(specs) - 1 :]),
+            steps=start.number - 1, data=start.data,
+        )  # fmt: skip
 
     def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
         route = self._url_route(spec, page.url, own)
+        attempt = route.attempt
         if page.number > 1:
             named = f"page {page.number} ({self._secrets.text(page.url, own)})"
-            route.attempt = partial(_on_page, named, route.attempt)
-        route.then = partial(self._after_page, spec, own, page)
-        route.continuation = page.continuation()
-        return route
+            attempt = partial(_on_page, named, attempt)
+        return replace(
+            route, attempt=attempt, then=partial(self._after_page, spec, own, page),
+            continuation=page.continuation(),
+        )  # fmt: skip
 
     def _after_page(
         self, spec: RequestSpec, own: frozenset[str], page: Page, verdict: Verdict
@@ -195,7 +199,7 @@ class HttpJob:
             data = gathered(paging, page.data, verdict.data, first=page.number == 1)
             following = next_page(
                 paging, first_url=spec.url, url=page.url, number=page.number,
-                position=page.position, body=verdict.data, link=verdict.link,
+                position=page.position, body=verdict.data, link=facts_of(verdict).link,
             )  # fmt: skip
         except PagingError as exc:  # (a later run would meet it again: nothing to go on from)
             return page.data, terminal("invalid_body", f"after page {page.number}: {exc}")
@@ -352,13 +356,13 @@ class HttpJob:
         assert wall_end is not None
         with item_secrets(own) if own else nullcontext():
             if hedge_host is not None and self._hedger is not None:
-                verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
+                verdict = self._hedger.run(
+                    partial(self._exchange, request, own, wall_end), hedge_host
+                )
             else:
-                verdict = self._exchange(request, wall_end, None)
+                verdict = self._exchange(request, own, wall_end, None)
         if verdict.error is not None:
             verdict = replace(verdict, error=self._secrets.text(verdict.error, own))
-        if verdict.final_url is not None:
-            verdict.final_url = self._secrets.answered(verdict.final_url, own, _url_of(request))
         return verdict
 
     def _authorized_attempt(
@@ -384,16 +388,18 @@ class HttpJob:
             sent += requests_now
             if sent > requests_now:
                 verdict = replace(verdict, resent=sent - requests_now)
-            if verdict.status_code != 401:
-                if verdict.status_code is not None:
+            facts = facts_of(verdict)
+            if facts.status_code != 401:
+                if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
-            if verdict.redirects and not same_origin(verdict.final_url or "", _url_of(request)):
+            if facts.redirects and not same_origin(facts.final_url or "", _url_of(request)):
                 return verdict  # (from another origin, which never got the token)
             step = auth.step(token, renewals)
             if step == "give_up":
                 if renewals or token.generation > 0:
-                    verdict.error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                    error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                    return replace(verdict, error=error)
                 return verdict
             if step == "refresh":
                 try:
@@ -401,8 +407,8 @@ class HttpJob:
                 except RefreshWaitTimedOut as exc:
                     return replace(retry("timeout", str(exc)), resent=sent - 1)
                 except AuthFailed as exc:
-                    verdict.error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
-                    return verdict
+                    error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                    return replace(verdict, error=error)
             else:
                 token = auth.current()
             renewals += 1
@@ -415,16 +421,24 @@ class HttpJob:
                 )  # fmt: skip
 
     def _exchange(
-        self, request: Outgoing, wall_end: float, lost: threading.Event | None
+        self,
+        request: Outgoing,
+        own: frozenset[str],
+        wall_end: float,
+        lost: threading.Event | None,
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
         try:
-            return self._exchange_watched(request, wall_end, lost)
+            return self._exchange_watched(request, own, wall_end, lost)
         finally:
             self._transport.finish()
 
     def _exchange_watched(
-        self, request: Outgoing, wall_end: float, lost: threading.Event | None
+        self,
+        request: Outgoing,
+        own: frozenset[str],
+        wall_end: float,
+        lost: threading.Event | None,
     ) -> Verdict:
         try:
             reply = self._transport.send(request, wall_end)
@@ -434,25 +448,32 @@ class HttpJob:
                 refused.error, answer.status_code, answer.headers.get("Retry-After"),
                 self._unix_time(),
             )  # fmt: skip
-            verdict.final_url, verdict.redirects = answer.url, refused.redirects
-            return verdict
+            landed = self._landed(answer.url, own, request)
+            facts = HttpFacts(answer.status_code, landed, refused.redirects)
+            return replace(verdict, facts=facts)
         except Exception as exc:  # every failure is classified, none escapes
             return classify_http_exception(exc)
         if lost is not None and lost.is_set():
             reply.close()
             return _LOST
-        status = reply.status
+        landed = self._landed(reply.url, own, request)
         try:
-            verdict = self._judge(request.method, reply, wall_end)
+            return self._judge(request.method, reply, wall_end, landed)
         except (InvalidBody, BodyTooLarge) as exc:
-            verdict = terminal("invalid_body", str(exc), status)
+            facts = HttpFacts(reply.status, landed, reply.redirects)
+            return terminal("invalid_body", str(exc), facts)
         except Exception as exc:  # a failure while reading the body keeps the status seen
-            verdict = replace(classify_http_exception(exc), status_code=status)
-        verdict.final_url = reply.url
-        verdict.redirects = reply.redirects
-        return verdict
+            facts = HttpFacts(reply.status, landed, reply.redirects)
+            return replace(classify_http_exception(exc), facts=facts)
 
-    def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
+    def _landed(self, url: str | None, own: frozenset[str], request: Outgoing) -> str | None:
+        """Where an answer came from, masked (see ``Secrets.answered``)."""
+        return None if url is None else self._secrets.answered(url, own, _url_of(request))
+
+    def _judge(
+        self, method: str | None, reply: Reply, wall_end: float, landed: str | None
+    ) -> Verdict:
+        """The Verdict on an answer, its facts (``HttpFacts``) made once."""
         status = reply.status
         quota = (
             quota_wait(reply.headers.items(), self._unix_time)
@@ -464,18 +485,19 @@ class HttpJob:
             failed = classify_status(status, retry_after, self._unix_time(), quota)
             if failed is not None:
                 self._transport.discard(reply, wall_end)
-                return failed
+                facts = facts_of(failed)._replace(final_url=landed, redirects=reply.redirects)
+                return replace(failed, facts=facts)
         body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
         if method == "HEAD" or status in _NO_BODY_STATUSES:
-            verdict = success(None, status)
+            data = None
         else:
             expect = self._options.expect
             content_type = reply.headers.get("Content-Type")  # (for every expect: charsets)
-            verdict = success(decode_body(body, expect, content_type), status)
-        verdict.quota, verdict.size = quota, len(body)
-        if self._paging is not None and self._paging.style == "link":
-            verdict.link = reply.headers.get("Link")
-        return verdict
+            data = decode_body(body, expect, content_type)
+        paging = self._paging
+        link = reply.headers.get("Link") if paging is not None and paging.style == "link" else None
+        facts = HttpFacts(status, landed, reply.redirects, quota, link)
+        return Verdict("success", facts=facts, data=data, size=len(body))
 
 
 def _on_page(

@@ -22,13 +22,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from .history import Pass, Stint, totals
-from .result import Result, Summary, summarize
+from .result import Listing, Result, Summary, Trace, summarize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -480,6 +480,23 @@ def resumed(
         reader.close()
 
 
+_TRACES = (
+    "SELECT idx, ok, error_kind, status_code, attempts, elapsed, finished, "
+    "json_extract(record, '$.attempt_log') FROM results"
+)
+_LISTINGS = (
+    "SELECT idx, json_extract(record, '$.url'), json_extract(record, '$.id'), status_code, "
+    "error_kind, json_extract(record, '$.error'), attempts, elapsed "
+    "FROM results WHERE idx IN ({marks})"
+)
+
+
+def _lenient_text(raw: bytes) -> str:
+    # SQLite's JSON functions turn a lone surrogate escape ("\ud800", kept as such in the
+    # record) into bytes that are not UTF-8: such a text is shown with a replacement mark.
+    return raw.decode("utf-8", "replace")
+
+
 class JournalReader:
     """Reads a journal: its identity, finished indexes, rows in input order, counts.
 
@@ -501,11 +518,6 @@ class JournalReader:
         if self.meta().get("schema") != SCHEMA_VERSION:
             _upgrade(self._db)
             self._db.commit()
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        """The open connection, for reading the results table directly (the report)."""
-        return self._db
 
     def meta(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
@@ -574,6 +586,37 @@ class JournalReader:
         cursor = self._db.execute("SELECT record, request FROM results ORDER BY idx")
         for record, request in cursor:
             yield str(record), None if request is None else str(request)
+
+    def span(self) -> tuple[float, float] | None:
+        """When the first stored Result's item was claimed and the last one finished (unix
+        seconds); None for a journal with no Result."""
+        first, last = self._db.execute(
+            "SELECT MIN(finished - elapsed), MAX(finished) FROM results"
+        ).fetchone()
+        return None if first is None else (float(first), float(last))
+
+    def traces(self) -> Iterator[Trace]:
+        """What the report reads of each stored Result, streamed: its attempt log read out
+        of the record by SQLite, not the whole record by Python."""
+        self._db.text_factory = _lenient_text
+        for index, ok, kind, status, attempts, elapsed, finished, log in self._db.execute(_TRACES):
+            tried = tuple(
+                (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
+                for entry in json.loads(log or "[]")
+            )
+            yield Trace(index, bool(ok), kind, status, attempts, elapsed, finished, tried)
+
+    def listings(self, indexes: Sequence[int]) -> dict[int, Listing]:
+        """What a table of items shows of the stored Results at ``indexes``, by index (an
+        index with no Result left out)."""
+        self._db.text_factory = _lenient_text
+        found: dict[int, Listing] = {}
+        for chunk in range(0, len(indexes), 500):
+            wanted = indexes[chunk : chunk + 500]
+            query = _LISTINGS.format(marks=",".join("?" * len(wanted)))
+            for row in self._db.execute(query, wanted):
+                found[int(row[0])] = Listing(*row)
+        return found
 
     def stints(self) -> list[Stint]:
         """What each process that worked on the run did, in the order they ran."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .result import AttemptRecord, Result, Summary
 
 if TYPE_CHECKING:
-    from .engine import Task
+    from .task import Task
 
 log = logging.getLogger("batchsync")
 

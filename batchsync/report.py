@@ -1,6 +1,6 @@
 """The run's report: one self-contained HTML file of charts and tables over every Result.
 
-Two halves, kept apart: the aggregation (``Tally``, pure, fed one Result's facts at a time,
+Two halves, kept apart: the aggregation (``Aggregate``, pure, fed one Result's ``Trace`` at a time,
 memory bounded by the number of time buckets, not of items) and the rendering (``render``),
 with plotly when it is installed (the ``report`` extra: one inline copy of plotly.js for
 every chart, so the file opens without a network) and plain HTML tables otherwise.
@@ -17,25 +17,22 @@ from __future__ import annotations
 import contextlib
 import heapq
 import html
-import json
 import math
 import os
 import secrets
-import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .history import Stint
-from .result import PERCENTILES, Result, Summary
+from .journal import JournalReader
+from .result import PERCENTILES, Listing, Result, Summary, Trace, Tried
 
-# What an attempt of the log says: status code, error kind, seconds it took, wait after it.
-Attempt = tuple[int | None, str | None, float, float | None]
 # The outcomes an attempt is counted under in the chart of attempts over time.
-OUTCOMES = ("ok", "retried", "failed", "429")
+CHARTED = ("ok", "retried", "failed", "429")
 # Time buckets at most: a run of any length is drawn with this many points.
 MAX_BUCKETS = 150
 # Latency histogram of each bucket: log-spaced bins from 100 µs, each 10 % wider than the
@@ -49,29 +46,7 @@ FAILED_SHOWN = 1000
 INSTALL_HINT = "pip install 'batchsync[report]'"
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What the report reads of one Result."""
-
-    index: int
-    ok: bool
-    error_kind: str | None
-    status_code: int | None
-    attempts: int
-    elapsed: float
-    finished: float | None
-    log: Sequence[Attempt] = ()
-
-    @classmethod
-    def of(cls, result: Result) -> Facts:
-        return cls(
-            result.index, result.ok, result.error_kind, result.status_code, result.attempts,
-            result.elapsed, result.finished,
-            tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
-        )  # fmt: skip
-
-
-def outcome(attempt: Attempt, last: bool) -> str:
+def charted_as(attempt: Tried, last: bool) -> str:
     """The outcome an attempt is counted under: a 429, a success, a failure followed by
     another attempt (``retried``), or the item's last failure."""
     status, kind, _, _ = attempt
@@ -82,7 +57,7 @@ def outcome(attempt: Attempt, last: bool) -> str:
     return "failed" if last else "retried"
 
 
-def placed(finished: float, log: Sequence[Attempt]) -> list[tuple[float, float]]:
+def placed(finished: float, log: Sequence[Tried]) -> list[tuple[float, float]]:
     """(start, end) of each attempt in unix seconds, placed back from ``finished``."""
     spans: list[tuple[float, float]] = []
     end = finished
@@ -131,7 +106,7 @@ def histogram_percentile(counts: Mapping[int, int], share: float) -> float:
 
 
 @dataclass
-class Tally:
+class Aggregate:
     """The report's numbers, added up one Result at a time over fixed time buckets.
 
     ``start`` and ``end`` (unix seconds) bound the run's times: the first claim and the last
@@ -158,7 +133,7 @@ class Tally:
         if not self.width:
             self.width = bucket_width(self.end - self.start)
         count = self._count = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
-        self.attempts = {name: [0] * count for name in OUTCOMES}
+        self.attempts = {name: [0] * count for name in CHARTED}
         self.backoff = [0.0] * count
         self.latency = [Counter() for _ in range(count)]
 
@@ -169,25 +144,25 @@ class Tally:
     def bucket(self, moment: float) -> int:
         return min(self._count - 1, max(0, int((moment - self.start) / self.width)))
 
-    def add(self, facts: Facts) -> None:
+    def add(self, trace: Trace) -> None:
         self.items += 1
-        self.attempts_per_item[facts.attempts] += 1
+        self.attempts_per_item[trace.attempts] += 1
         if len(self.slowest) < SLOWEST:
-            heapq.heappush(self.slowest, (facts.elapsed, -facts.index))
-        elif facts.elapsed > self.slowest[0][0]:
-            heapq.heapreplace(self.slowest, (facts.elapsed, -facts.index))
-        if not facts.ok:
+            heapq.heappush(self.slowest, (trace.elapsed, -trace.index))
+        elif trace.elapsed > self.slowest[0][0]:
+            heapq.heapreplace(self.slowest, (trace.elapsed, -trace.index))
+        if not trace.ok:
             self.failed_total += 1
             if len(self.failed) < FAILED_SHOWN:
-                self.failed.append(facts.index)
-        if facts.finished is None:
+                self.failed.append(trace.index)
+        if trace.finished is None:
             self.untimed += 1
             return
-        log = facts.log
+        log = trace.log
         last = len(log) - 1
-        for position, (begun, ended) in enumerate(placed(facts.finished, log)):
+        for position, (begun, ended) in enumerate(placed(trace.finished, log)):
             attempt = log[position]
-            self.attempts[outcome(attempt, position == last)][self.bucket(begun)] += 1
+            self.attempts[charted_as(attempt, position == last)][self.bucket(begun)] += 1
             self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
             wait = attempt[3]
             if wait and position < last:
@@ -247,20 +222,20 @@ class Tally:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
 
 
-def span_of(facts: Iterable[Facts]) -> tuple[float, float] | None:
+def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
     """(first claim, last finish) in unix seconds over the timed Results, or None."""
     first, last = math.inf, -math.inf
-    for one in facts:
+    for one in traces:
         if one.finished is not None:
             first = min(first, one.finished - one.elapsed)
             last = max(last, one.finished)
     return None if first == math.inf else (first, last)
 
 
-def tally(facts: Iterable[Facts], span: tuple[float, float] | None) -> Tally:
+def aggregated(traces: Iterable[Trace], span: tuple[float, float] | None) -> Aggregate:
     start, end = span or (0.0, 0.0)
-    counted = Tally(start, end)
-    for one in facts:
+    counted = Aggregate(start, end)
+    for one in traces:
         counted.add(one)
     return counted
 
@@ -268,78 +243,28 @@ def tally(facts: Iterable[Facts], span: tuple[float, float] | None) -> Tally:
 # -- sources -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Listed:
-    """An item as the tables list it (its texts were masked when its Result was made)."""
-
-    index: int
-    url: str | None
-    id: Any
-    status_code: int | None
-    error_kind: str | None
-    error: str | None
-    attempts: int
-    elapsed: float
-
-
-def listed(result: Result) -> Listed:
-    return Listed(
-        result.index, result.url, result.id, result.status_code, result.error_kind,
-        result.error, result.attempts, result.elapsed,
-    )  # fmt: skip
-
-
 def from_results(
     results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
-    """The tally of Results in memory (and of the gates' waits, when given), and how to list
+) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
+    """The aggregate of Results in memory (and of the gates' waits, when given), and how to list
     some of them by index."""
-    facts = [Facts.of(result) for result in results]
-    counted = tally(facts, span_of(facts))
+    traces = [Trace.of(result) for result in results]
+    counted = aggregated(traces, span_of(traces))
     counted.add_gate_waits(timeline or {})
     by_index = {result.index: result for result in results}
-    return counted, lambda indexes: [listed(by_index[i]) for i in indexes if i in by_index]
-
-
-_JOURNAL_FACTS = (
-    "SELECT idx, ok, error_kind, status_code, attempts, elapsed, finished, "
-    "json_extract(record, '$.attempt_log') FROM results"
-)
-
-
-def journal_facts(db: sqlite3.Connection) -> Iterator[Facts]:
-    """Each stored Result's facts, streamed (the record's attempt log read by SQLite)."""
-    for index, ok, kind, status, attempts, elapsed, finished, log in db.execute(_JOURNAL_FACTS):
-        attempts_log = tuple(
-            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
-            for entry in json.loads(log or "[]")
-        )
-        yield Facts(index, bool(ok), kind, status, attempts, elapsed, finished, attempts_log)
+    return counted, lambda indexes: [Listing.of(by_index[i]) for i in indexes if i in by_index]
 
 
 def from_journal(
-    db: sqlite3.Connection, timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Tally, Callable[[list[int]], list[Listed]]]:
-    """The tally of a journal's Results, streamed in one pass after one for the time span
+    reader: JournalReader, timeline: Mapping[tuple[str, int], float] | None = None
+) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
+    """The aggregate of a journal's Results, streamed in one pass after one for the time span
     (and of this run's gate waits, when given)."""
-    first, last = db.execute(
-        "SELECT MIN(finished - elapsed), MAX(finished) FROM results"
-    ).fetchone()
-    span = None if first is None else (float(first), float(last))
-    counted = tally(journal_facts(db), span)
+    counted = aggregated(reader.traces(), reader.span())
     counted.add_gate_waits(timeline or {})
 
-    def details(indexes: list[int]) -> list[Listed]:
-        found: dict[int, Listed] = {}
-        for chunk in range(0, len(indexes), 500):
-            wanted = indexes[chunk : chunk + 500]
-            query = (
-                "SELECT idx, json_extract(record, '$.url'), json_extract(record, '$.id'), "
-                "status_code, error_kind, json_extract(record, '$.error'), attempts, elapsed "
-                f"FROM results WHERE idx IN ({','.join('?' * len(wanted))})"
-            )
-            for row in db.execute(query, wanted):
-                found[int(row[0])] = Listed(*row)
+    def details(indexes: list[int]) -> list[Listing]:
+        found = reader.listings(indexes)
         return [found[i] for i in indexes if i in found]
 
     return counted, details
@@ -405,13 +330,13 @@ def _counts_table(summary: Summary) -> str:
     return f"<table id='counts'>{body}</table>"
 
 
-def _facts_table(summary: Summary) -> str:
-    facts = [(name, value) for name, value in summary._facts() if name != "requests"]
+def _figures_table(summary: Summary) -> str:
+    facts = [(name, value) for name, value in summary._figures() if name != "requests"]
     body = "".join(f"<tr><th>{_e(name)}</th><td class='n'>{_e(v)}</td></tr>" for name, v in facts)
     return f"<table id='facts'>{body}</table>"
 
 
-def _items_table(name: str, caption: str, items: Sequence[Listed], more: int = 0) -> str:
+def _items_table(name: str, caption: str, items: Sequence[Listing], more: int = 0) -> str:
     head = "".join(
         f"<th>{h}</th>"
         for h in ("index", "id", "url", "status", "error kind", "error", "attempts", "seconds")
@@ -453,12 +378,12 @@ def _series_table(name: str, times: Sequence[float], series: Mapping[str, Sequen
 _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#9467bd"}
 
 
-def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
+def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     go, pio = plotly
-    times = tally.times()
+    times = aggregate.times()
     figures = []
     layout = {"height": 340, "margin": {"l": 55, "r": 20, "t": 45, "b": 45}}
-    per_second = tally.per_second()
+    per_second = aggregate.per_second()
     rate = go.Figure(
         [
             go.Bar(x=times, y=values, name=name, marker_color=_COLORS[name])
@@ -473,7 +398,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     latency = go.Figure(
         [
             go.Scatter(x=times, y=values, name=name, mode="lines+markers", connectgaps=True)
-            for name, values in tally.percentiles().items()
+            for name, values in aggregate.percentiles().items()
         ]
     )
     latency.update_layout(
@@ -485,7 +410,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     waits = go.Figure(
         [
             go.Scatter(x=times, y=values, name=name, mode="lines", fill="tozeroy")
-            for name, values in tally.waiting().items()
+            for name, values in aggregate.waiting().items()
         ]
     )
     waits.update_layout(
@@ -493,7 +418,7 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
         yaxis_title="items waiting", showlegend=True, **layout,
     )  # fmt: skip
     figures.append(("chart-waits", waits))
-    counts = sorted(tally.attempts_per_item.items())
+    counts = sorted(aggregate.attempts_per_item.items())
     histogram = go.Figure(
         [go.Bar(x=[str(n) for n, _ in counts], y=[k for _, k in counts], name="items")]
     )
@@ -527,10 +452,10 @@ def _charts(tally: Tally, summary: Summary, plotly: Any) -> str:
     return f"<div class='charts'>{''.join(parts)}</div>"
 
 
-def _plain(tally: Tally) -> str:
+def _plain(aggregate: Aggregate) -> str:
     """The charts' numbers as tables, for a report made without plotly."""
-    times = tally.times()
-    counts = sorted(tally.attempts_per_item.items())
+    times = aggregate.times()
+    counts = sorted(aggregate.attempts_per_item.items())
     histogram = "".join(f"<tr><td class='n'>{n}</td><td class='n'>{k}</td></tr>" for n, k in counts)
     return (
         f"<p class='note'>Charts need plotly: <code>{_e(INSTALL_HINT)}</code>. "
@@ -538,18 +463,18 @@ def _plain(tally: Tally) -> str:
         "<h2>Attempts per item</h2><table id='attempts-per-item'><thead><tr><th>requests "
         f"sent</th><th>items</th></tr></thead><tbody>{histogram}</tbody></table>"
         "<details><summary>Attempts per second, by outcome</summary>"
-        f"{_series_table('rate', times, tally.per_second())}</details>"
+        f"{_series_table('rate', times, aggregate.per_second())}</details>"
         "<details><summary>Attempt latency percentiles (seconds, ±10 %)</summary>"
-        f"{_series_table('latency', times, tally.percentiles())}</details>"
+        f"{_series_table('latency', times, aggregate.percentiles())}</details>"
         "<details><summary>Items waiting, by gate</summary>"
-        f"{_series_table('waits', times, tally.waiting())}</details>"
+        f"{_series_table('waits', times, aggregate.waiting())}</details>"
     )
 
 
 def render(
     summary: Summary,
-    tally: Tally,
-    details: Callable[[list[int]], list[Listed]],
+    aggregate: Aggregate,
+    details: Callable[[list[int]], list[Listing]],
     *,
     title: str = "batchsync report",
     charts: bool = True,
@@ -557,31 +482,38 @@ def render(
 ) -> str:
     """The report's HTML: one page, scripts and data inline."""
     plotly = _plotly() if charts else None
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tally.start)) if tally.items else ""
+    started = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(aggregate.start))
+        if aggregate.items
+        else ""
+    )
     untimed = (
-        f"<p class='note'>{tally.untimed} item(s) have no finish time (finished by an older "
+        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
         "run) and are counted, but not drawn over time.</p>"
-        if tally.untimed
+        if aggregate.untimed
         else ""
     )
     gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
     body = (
         f"<h1>{_e(title)}</h1>"
         f"<p class='summary'>{_e(summary)}</p>"
-        f"<p>Run started {_e(started)}; time steps of {tally.width:g} s.</p>"
+        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
         "<h2>Outcomes</h2>"
         f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
-        f"{_facts_table(summary)}</div>{untimed}{_stints_table(stints)}"
-        + (_charts(tally, summary, plotly) if plotly is not None else _plain(tally))
+        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
+        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
         + (
             "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
             "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
             "every process that worked on the run. The totals: "
             f"{_e(gates or 'none')}.</p>"
         )
-        + _items_table("slowest", "Slowest items", details(tally.slowest_indexes()))
+        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
         + _items_table(
-            "failed", "Failed items", details(tally.failed), tally.failed_total - len(tally.failed)
+            "failed",
+            "Failed items",
+            details(aggregate.failed),
+            aggregate.failed_total - len(aggregate.failed),
         )
     )
     return (
@@ -644,12 +576,8 @@ def report_results(
     return write_atomically(Path(path), page)
 
 
-def _lenient_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
 def report_journal(
-    db: sqlite3.Connection,
+    reader: JournalReader,
     summary: Summary,
     path: str | Path,
     *,
@@ -661,9 +589,6 @@ def report_journal(
     """Write the report of a journal's Results (the command line's PREFIX-report.html);
     ``timeline``: the run's gate waits (``WaitStats.timeline``), ``stints`` what each
     process did."""
-    # SQLite's JSON functions turn a lone surrogate escape ("\ud800", kept as such in the
-    # record) into bytes that are not UTF-8: such a text is shown with a replacement mark.
-    db.text_factory = _lenient_text
-    counted, details = from_journal(db, timeline)
+    counted, details = from_journal(reader, timeline)
     page = render(summary, counted, details, title=title, charts=charts, stints=stints)
     return write_atomically(Path(path), page)

@@ -1,24 +1,18 @@
-"""What happened to each item: Result, its attempt log, and the ResultSet a batch returns."""
+"""What happened to each item: Result, its attempt log, and the Summary of many."""
 
 from __future__ import annotations
 
 import html
 import math
-import os
 import typing
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from .history import Stint
 from .verdict import ErrorKind
-
-if TYPE_CHECKING:
-    import pandas
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +52,41 @@ class AttemptRecord:
             "fallback": self.fallback,
             "hedged": self.hedged,
         } | ({"resent": self.resent} if self.resent else {})
+
+
+class Answer(Protocol):
+    """What a job's facts of an attempt (``Verdict.facts``) give its AttemptRecord and the
+    item's Result: the engine reads no more of them."""
+
+    @property
+    def status_code(self) -> int | None: ...
+    @property
+    def final_url(self) -> str | None: ...
+    @property
+    def redirects(self) -> int: ...
+
+
+def describe_attempts(records: Iterable[AttemptRecord]) -> str:
+    """An attempt log in one short line: ``#1 503 wait 0.52 s, #2 timeout, ...``."""
+    parts = []
+    for record in records:
+        part = f"#{record.attempt} {_what_happened(record)}"
+        if record.fallback is not None:
+            part += f" (fallback {record.fallback})"
+        if record.wait is not None:
+            part += f" wait {record.wait:.2f} s"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def _what_happened(record: AttemptRecord) -> str:
+    """An attempt's outcome in a word: its status when that decided it, else what ended it
+    (a timeout whose headers said 200 is a timeout)."""
+    if record.error_kind in (None, "status"):
+        return str(record.status_code or record.error_kind or "ok")
+    if record.status_code is not None:
+        return f"{record.error_kind} (HTTP {record.status_code})"
+    return record.error_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,20 +230,20 @@ class Summary:
     def attempts_per_item(self) -> float | None:
         return self.requests_sent / self.total if self.total else None
 
-    def _facts(self) -> list[tuple[str, str]]:
+    def _figures(self) -> list[tuple[str, str]]:
         """The statistics as (name, value) pairs, for both the text and the HTML form."""
-        facts = [("requests", str(self.requests_sent))]
+        figures = [("requests", str(self.requests_sent))]
         if self.attempts_per_item is not None:
-            facts.append(("per item", f"{self.attempts_per_item:.2f}"))
+            figures.append(("per item", f"{self.attempts_per_item:.2f}"))
         if self.elapsed is not None:
-            facts.append(("elapsed", f"{self.elapsed:.2f} s"))
+            figures.append(("elapsed", f"{self.elapsed:.2f} s"))
         if self.requests_per_second is not None:
-            facts.append(("requests/s", f"{self.requests_per_second:.0f}"))
-        facts += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
-        facts += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
+            figures.append(("requests/s", f"{self.requests_per_second:.0f}"))
+        figures += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
+        figures += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
         if self.circuits_opened:
-            facts.append(("circuits opened", str(self.circuits_opened)))
-        return facts
+            figures.append(("circuits opened", str(self.circuits_opened)))
+        return figures
 
     def __str__(self) -> str:
         parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
@@ -247,7 +276,7 @@ class Summary:
         ]
         rows += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
         rows += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
-        rows += self._facts()
+        rows += self._figures()
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
             f"<td>{html.escape(str(value))}</td></tr>"
@@ -257,16 +286,16 @@ class Summary:
 
 
 # What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff.
-Facts = tuple[bool, ErrorKind | None, int | None, int, float]
+Counted = tuple[bool, ErrorKind | None, int | None, int, float]
 
 
-def facts_of(result: Result) -> Facts:
+def counted(result: Result) -> Counted:
     backoff = sum(record.wait or 0.0 for record in result.attempt_log)
     return result.ok, result.error_kind, result.status_code, result.attempts, backoff
 
 
 def summarize(
-    facts: Iterable[Facts],
+    rows: Iterable[Counted],
     sorted_times: Iterable[float],
     *,
     elapsed: float | None = None,
@@ -275,14 +304,14 @@ def summarize(
 ) -> Summary:
     """The one way a Summary is computed, for Results in memory and in a journal alike.
 
-    ``facts`` are read first, once; then ``sorted_times`` (the elapsed seconds of the items
+    ``rows`` are read first, once; then ``sorted_times`` (the elapsed seconds of the items
     that made an attempt, in ascending order) as a stream, up to the last percentile.
     """
     total = ok = sent = timed = 0
     backoff = 0.0
     kinds = Counter[str]()
     codes = Counter[int]()
-    for is_ok, kind, code, attempts, waited in facts:
+    for is_ok, kind, code, attempts, waited in rows:
         total += 1
         ok += bool(is_ok)
         sent += attempts
@@ -355,200 +384,50 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
             into[name] = value
 
 
-def _pandas() -> Any:
-    try:
-        import pandas as pd
-    except ImportError as exc:
-        raise ImportError("this needs pandas: pip install 'batchsync[pandas]'") from exc
-    return pd
+# What an attempt of the log says, for the report: status code, error kind, seconds it took,
+# wait after it.
+Tried = tuple[int | None, str | None, float, float | None]
 
 
-# pandas dtypes of the typed columns; nullable ones where a Result may hold None.
-COLUMN_TYPES = {
-    "index": "int64",
-    "ok": "bool",
-    "status_code": "Int64",
-    "attempts": "int64",
-    "error_kind": "string",
-    "error": "string",
-    "elapsed": "float64",
-    "fallback_used": "Int64",
-    "redirects": "int64",
-}
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """What the report reads of one Result, in memory or stored in the journal."""
 
+    index: int
+    ok: bool
+    error_kind: str | None
+    status_code: int | None
+    attempts: int
+    elapsed: float
+    finished: float | None
+    log: Sequence[Tried] = ()
 
-# Sends a batch's failed items again: (the error kinds to retry, empty: all; the options
-# that change) -> the merged set.
-Retry = Callable[[frozenset[str], dict[str, Any]], "ResultSet"]
-
-
-class ResultSet(Sequence[Result]):
-    """The Results of a batch, one per input item, in input order.
-
-    ``stints``: what each ``run()`` (or process, for a journal) did, for the report's table
-    of passes; ``retry``: how the batch that made the set sends its failures again (see
-    ``retry_failed``).
-    """
-
-    def __init__(
-        self,
-        results: Sequence[Result],
-        elapsed: float | None = None,
-        waits: dict[str, float] | None = None,
-        circuits_opened: int = 0,
-        wait_timeline: dict[tuple[str, int], float] | None = None,
-        *,
-        stints: Sequence[Stint] = (),
-        retry: Retry | None = None,
-    ) -> None:
-        self._results = list(results)
-        self.elapsed = elapsed
-        self.waits = dict(waits or {})
-        self.circuits_opened = circuits_opened
-        # Seconds waited at each gate by (gate, unix second), for the report.
-        self.wait_timeline = dict(wait_timeline or {})
-        self.stints = tuple(stints)
-        self._retry = retry
-
-    @overload
-    def __getitem__(self, index: int) -> Result: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Result]: ...
-    def __getitem__(self, index: int | slice) -> Result | list[Result]:
-        return self._results[index]
-
-    def __len__(self) -> int:
-        return len(self._results)
-
-    def __iter__(self) -> Iterator[Result]:
-        return iter(self._results)
-
-    def __repr__(self) -> str:
-        return f"<ResultSet {self.summary()}>"
-
-    @property
-    def ok(self) -> list[Result]:
-        return [result for result in self._results if result.ok]
-
-    @property
-    def failed(self) -> list[Result]:
-        return [result for result in self._results if not result.ok]
-
-    def retry_failed(self, *, kinds: Iterable[str] | None = None, **options: Any) -> ResultSet:
-        """Send the failed items again (only those whose ``error_kind`` is in ``kinds``, when
-        given), each with a fresh budget, with the batch's options changed by ``options``
-        (its journal stays its own); the successes are kept as they are. Returns the merged
-        set: every item, in input order, a retried one with the attempts of both passes
-        (``attempts``, ``attempt_log``). ValueError for a set that no batch made (its items
-        are unknown)."""
-        if self._retry is None:
-            raise ValueError(
-                "this ResultSet was not made by fetch_all, run_all or a Batch: it does not know "
-                "its items, so it cannot send them again"
-            )
-        chosen = frozenset() if kinds is None else error_kinds(kinds)
-        if kinds is not None and not chosen:
-            raise ValueError("kinds: name at least one error kind, or leave it out for all")
-        return self._retry(chosen, options)
-
-    def summary(self) -> Summary:
-        return summarize(
-            map(facts_of, self._results),
-            sorted(result.elapsed for result in self._results if result.attempts),
-            elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
+    @classmethod
+    def of(cls, result: Result) -> Trace:
+        return cls(
+            result.index, result.ok, result.error_kind, result.status_code, result.attempts,
+            result.elapsed, result.finished,
+            tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
         )  # fmt: skip
 
-    def report(self, path: str | Path, *, charts: bool = True) -> Path:
-        """Write the batch's report to ``path``: one self-contained HTML file (charts need
-        the ``report`` extra, plotly; without it, tables). Returns the path."""
-        from .report import report_results
 
-        return report_results(
-            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline,
-            stints=self.stints,
+@dataclass(frozen=True)
+class Listing:
+    """An item as the report's tables list it (its texts were masked when its Result was
+    made)."""
+
+    index: int
+    url: str | None
+    id: Any
+    status_code: int | None
+    error_kind: str | None
+    error: str | None
+    attempts: int
+    elapsed: float
+
+    @classmethod
+    def of(cls, result: Result) -> Listing:
+        return cls(
+            result.index, result.url, result.id, result.status_code, result.error_kind,
+            result.error, result.attempts, result.elapsed,
         )  # fmt: skip
-
-    def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
-        """One row per item with typed columns (needs the ``pandas`` extra).
-
-        ``expand=True`` replaces the ``data`` column by the successes' JSON bodies spread
-        into ``data.``-prefixed columns (see ``data_frame``).
-        """
-        pd = _pandas()
-        frame: pandas.DataFrame = pd.DataFrame.from_records(
-            [result.to_dict() for result in self._results],
-            columns=list(Result.__dataclass_fields__),
-        )
-        typed: pandas.DataFrame = frame.astype(COLUMN_TYPES)
-        if not expand:
-            return typed
-        bodies = self.data_frame().add_prefix("data.")
-        expanded: pandas.DataFrame = typed.drop(columns="data").merge(
-            bodies, how="left", left_on="index", right_index=True
-        )
-        return expanded
-
-    def to_csv(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
-        """Write the Results to ``path`` as the CLI's ``--format csv`` does (``flatten``:
-        its ``--flatten``); the file is replaced only once it is whole."""
-        self._write_table(Path(path), "csv", flatten)
-
-    def to_parquet(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
-        """Write the Results to ``path`` as the CLI's ``--format parquet`` does (needs the
-        ``parquet`` extra); the file is replaced only once it is whole."""
-        self._write_table(Path(path), "parquet", flatten)
-
-    def _write_table(self, path: Path, form: str, flatten: bool) -> None:
-        from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-
-        if form == "parquet" and pyarrow_missing():
-            raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        paged = any(result.pages is not None for result in self._results)
-        try:
-            with temporary.open(
-                "wb" if form == "parquet" else "w",
-                newline=None if form == "parquet" else "",
-                encoding=None if form == "parquet" else "utf-8",
-            ) as handle:
-                write_table(
-                    handle, form, lambda: (result.to_dict() for result in self._results),
-                    paged=paged, flatten=flatten,
-                )  # fmt: skip
-            temporary.replace(path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-
-    def data_frame(self) -> pandas.DataFrame:
-        """The JSON bodies of the successes as columns (see ``flat_body``: as
-        ``pandas.json_normalize`` spreads them), indexed by the item's index."""
-        pd = _pandas()
-        ok = [result for result in self._results if result.ok]
-        rows = [flat_body(result.to_dict()["data"]) for result in ok]
-        frame: pandas.DataFrame = pd.DataFrame.from_records(rows)
-        frame.index = pd.Index([result.index for result in ok], name="index")
-        return frame
-
-    def _repr_html_(self) -> str:
-        summary = self.summary()._repr_html_()
-        failed = self.failed
-        failures = failed[:10]
-        if not failures:
-            return summary
-        rows = "".join(
-            "<tr>"
-            + "".join(
-                f"<td>{html.escape(str(value))}</td>"
-                for value in (r.index, r.url, r.final_url, r.status_code, r.error_kind, r.error)
-            )
-            + "</tr>"
-            for r in failures
-        )
-        head = "".join(
-            f"<th>{name}</th>"
-            for name in ("index", "url", "final url", "status", "error kind", "error")
-        )
-        more = len(failed) - len(failures)
-        note = f"<p>… and {more} more failures</p>" if more > 0 else ""
-        return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-Outcome = Literal["success", "retry", "terminal"]
+Ruling = Literal["success", "retry", "terminal"]
 
 ErrorKind = Literal[
     "status",
@@ -29,24 +29,23 @@ ErrorKind = Literal[
 ]
 
 
-@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
+@dataclass(slots=True)  # built per attempt, never changed (frozen would cost 6x to build)
 class Verdict:
-    """The outcome of one attempt, as the engine needs to see it."""
+    """The outcome of one attempt, as the engine needs to see it.
 
-    outcome: Outcome
+    ``facts`` is the job's own record of what the attempt met (the HTTP job's: the status,
+    where the answer came from, what its headers said), carried by the engine as it is and
+    read back by the job; of it the engine reads only what a Result reports
+    (``result.Answer``).
+    """
+
+    outcome: Ruling
     error_kind: ErrorKind | None = None
     error: str | None = None
-    status_code: int | None = None
+    facts: Any = None
     data: Any = None
     retry_after: float | None = None
     hedged: bool = False
-    # Where the response came from after redirects (already redacted), and how many.
-    final_url: str | None = None
-    redirects: int = 0
-    # Seconds until the host's quota resets, when its headers said none is left.
-    quota: float | None = None
-    # The response's Link header, kept when items are paginated by their links.
-    link: str | None = None
     # Requests sent again within this attempt (each after renewing a refused token).
     resent: int = 0
     # Bytes of the body read (after decompression): an item's pages are bounded in total.
@@ -57,18 +56,18 @@ class Verdict:
         return self.outcome == "success"
 
 
-def success(data: Any, status_code: int | None = None) -> Verdict:
-    return Verdict("success", status_code=status_code, data=data)
+def success(data: Any, facts: Any = None) -> Verdict:
+    return Verdict("success", facts=facts, data=data)
 
 
-def terminal(kind: ErrorKind, error: str, status_code: int | None = None) -> Verdict:
-    return Verdict("terminal", kind, error, status_code)
+def terminal(kind: ErrorKind, error: str, facts: Any = None) -> Verdict:
+    return Verdict("terminal", kind, error, facts)
 
 
 def retry(
-    kind: ErrorKind, error: str, status_code: int | None = None, retry_after: float | None = None
+    kind: ErrorKind, error: str, facts: Any = None, retry_after: float | None = None
 ) -> Verdict:
-    return Verdict("retry", kind, error, status_code, retry_after=retry_after)
+    return Verdict("retry", kind, error, facts, retry_after=retry_after)
 
 
 class InvalidItem(ValueError):

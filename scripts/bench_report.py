@@ -109,7 +109,7 @@ def main() -> None:
         summary = reader.summary()
         summarized = time.perf_counter() - began
         began = time.perf_counter()
-        path = report_journal(reader.db, summary, f"{prefix}-report.html")
+        path = report_journal(reader, summary, f"{prefix}-report.html")
     finally:
         reader.close()
     reported = time.perf_counter() - began

@@ -16,6 +16,7 @@ import pytest
 from batchsync import Breaker, fetch_all
 from batchsync.budget import Allowance
 from batchsync.classify import host_feedback
+from batchsync.httpfacts import HttpFacts
 from batchsync.limits import Admission, CircuitBreaker, Gates
 from batchsync.verdict import retry, success, terminal
 
@@ -51,8 +52,8 @@ class ClockStop(threading.Event):
         return self.is_set()
 
 
-FAIL = retry("status", "HTTP 503", 503)
-OK = success(None, 200)
+FAIL = retry("status", "HTTP 503", HttpFacts(503))
+OK = success(None, HttpFacts(200))
 
 
 def record(breaker: CircuitBreaker, *failures: bool) -> None:
@@ -93,16 +94,22 @@ def test_only_the_last_window_of_calls_counts() -> None:
 def test_what_counts_for_the_breaker() -> None:
     unwell = [
         FAIL,
-        retry("status", "HTTP 500", 500),
-        terminal("status", "HTTP 501", 501),
-        retry("status", "HTTP 503", 503, retry_after=5),  # a 5xx is a 5xx, Retry-After or not
-        retry("status", "HTTP 429", 429),  # a 429 without Retry-After: "I am overloaded"
+        retry("status", "HTTP 500", HttpFacts(500)),
+        terminal("status", "HTTP 501", HttpFacts(501)),
+        retry(
+            "status", "HTTP 503", HttpFacts(503), retry_after=5
+        ),  # a 5xx is a 5xx, Retry-After or not
+        retry("status", "HTTP 429", HttpFacts(429)),  # a 429 without Retry-After: "I am overloaded"
         retry("timeout", "timed out"),
         retry("connection", "refused"),
     ]
-    answered = [OK, terminal("status", "HTTP 404", 404), terminal("invalid_body", "not JSON")]
+    answered = [
+        OK,
+        terminal("status", "HTTP 404", HttpFacts(404)),
+        terminal("invalid_body", "not JSON"),
+    ]
     not_counted = [
-        retry("status", "HTTP 429", 429, retry_after=30),  # the cooldown's business
+        retry("status", "HTTP 429", HttpFacts(429), retry_after=30),  # the cooldown's business
         terminal("cancelled", "lost the race to a hedged request"),
         terminal("deadline", "cut short"),
     ]
@@ -117,7 +124,9 @@ def test_429s_with_retry_after_never_open_the_circuit() -> None:
     for _ in range(30):
         admission = gates.admit("h", Allowance(time.monotonic() + 10), threading.Event())
         assert isinstance(admission, Admission)
-        gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=1)))
+        gates.release(
+            admission, host_feedback(retry("status", "HTTP 429", HttpFacts(429), retry_after=1))
+        )
     assert breaker.check("h")[0] == "closed"
     assert breaker.opened == 0
 

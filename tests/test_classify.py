@@ -22,6 +22,7 @@ from batchsync.classify import (
     status_of,
     wait_hint,
 )
+from batchsync.httpfacts import facts_of
 from batchsync.verdict import Retryable
 
 NOW = 1_800_000_000.0
@@ -36,7 +37,11 @@ def test_2xx_leaves_the_decision_to_the_body(status: int) -> None:
 def test_408_429_and_5xx_are_retryable(status: int) -> None:
     verdict = classify_status(status, None, NOW)
     assert verdict is not None
-    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == ("retry", "status", status)
+    assert (verdict.outcome, verdict.error_kind, facts_of(verdict).status_code) == (
+        "retry",
+        "status",
+        status,
+    )
     assert verdict.error == f"HTTP {status}"
 
 
@@ -82,7 +87,7 @@ def test_retry_after_is_carried_on_retryable_statuses() -> None:
 def test_exceptions_while_fetching(exc: Exception, outcome: str, kind: str) -> None:
     verdict = classify_http_exception(exc)
     assert (verdict.outcome, verdict.error_kind) == (outcome, kind)
-    assert verdict.status_code is None
+    assert facts_of(verdict).status_code is None
 
 
 def test_describe_reaches_the_innermost_reason() -> None:
@@ -184,7 +189,11 @@ def test_an_exception_is_judged_by_the_status_and_the_wait_it_carries(
     exc: Exception, outcome: str, kind: str, status: int | None, hint: float | None
 ) -> None:
     verdict = classify_raised(exc, None, NOW)
-    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (outcome, kind, status)
+    assert (verdict.outcome, verdict.error_kind, facts_of(verdict).status_code) == (
+        outcome,
+        kind,
+        status,
+    )
     assert verdict.retry_after == hint
 
 
@@ -221,7 +230,11 @@ def test_a_botocore_client_error_is_judged_by_its_response_metadata(
     exc: Exception, outcome: str, status: int, hint: float | None
 ) -> None:
     verdict = classify_raised(exc, None, NOW)
-    assert (verdict.outcome, verdict.status_code, verdict.retry_after) == (outcome, status, hint)
+    assert (verdict.outcome, facts_of(verdict).status_code, verdict.retry_after) == (
+        outcome,
+        status,
+        hint,
+    )
 
 
 def test_urllibs_errors_are_judged_like_the_others() -> None:
@@ -229,7 +242,11 @@ def test_urllibs_errors_are_judged_like_the_others() -> None:
     headers["Retry-After"] = "4"
     busy = urllib.error.HTTPError("http://h/x", 503, "Service Unavailable", headers, None)
     verdict = classify_raised(busy, None, NOW)
-    assert (verdict.outcome, verdict.status_code, verdict.retry_after) == ("retry", 503, 4.0)
+    assert (verdict.outcome, facts_of(verdict).status_code, verdict.retry_after) == (
+        "retry",
+        503,
+        4.0,
+    )
     refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
     verdict = classify_raised(refused, None, NOW)
     assert (verdict.outcome, verdict.error_kind) == ("retry", "connection")
@@ -319,7 +336,7 @@ def test_a_refused_tunnel_is_judged_by_the_proxys_status(
 ) -> None:
     line = f"Tunnel connection failed: {status} Some Reason"
     verdict = classify_http_exception(refused_tunnel(line))
-    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (
+    assert (verdict.outcome, verdict.error_kind, facts_of(verdict).status_code) == (
         outcome, kind, status_code,
     )  # fmt: skip
     assert verdict.error == f"ProxyError: {line}"
@@ -327,7 +344,7 @@ def test_a_refused_tunnel_is_judged_by_the_proxys_status(
 
 def test_a_proxy_that_cannot_be_reached_is_still_a_connection_failure() -> None:
     verdict = classify_http_exception(refused_tunnel("[Errno 111] Connection refused"))
-    assert (verdict.outcome, verdict.error_kind, verdict.status_code) == (
+    assert (verdict.outcome, verdict.error_kind, facts_of(verdict).status_code) == (
         "retry", "connection", None,
     )  # fmt: skip
 
@@ -340,7 +357,7 @@ def test_an_answer_a_hook_raised_for_is_judged_by_its_status(
     status: int, outcome: str, error: str
 ) -> None:
     verdict = classify_refused_answer(requests.HTTPError("no"), status, "7", NOW)
-    assert (verdict.outcome, verdict.error_kind, verdict.status_code, verdict.error) == (
+    assert (verdict.outcome, verdict.error_kind, facts_of(verdict).status_code, verdict.error) == (
         outcome, "status", status, error,
     )  # fmt: skip
     assert verdict.retry_after == (7.0 if outcome == "retry" else None)

@@ -19,7 +19,8 @@ from batchsync import columnar
 from batchsync.cli.output import write_outputs
 from batchsync.columnar import FIXED, Layout
 from batchsync.records import dumps
-from batchsync.result import Result, ResultSet, flat_body
+from batchsync.result import Result, flat_body
+from batchsync.resultset import ResultSet
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync, key, read_jsonl

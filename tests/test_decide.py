@@ -7,13 +7,14 @@ import pytest
 from batchsync.backoff import Backoff
 from batchsync.budget import Allowance
 from batchsync.decide import Attempted, Decision, cut_short, decide
+from batchsync.httpfacts import HttpFacts
 from batchsync.verdict import Verdict
 
 BACKOFF = Backoff(base=1.0, factor=2.0, max=30.0, jitter=0.5)
 ROOMY = Allowance(budget_end=100.0)
-OK = Verdict("success", None, None, 200)
-NOT_FOUND = Verdict("terminal", "status", "HTTP 404", 404)
-UNAVAILABLE = Verdict("retry", "status", "HTTP 503", 503)
+OK = Verdict("success", None, None, HttpFacts(200))
+NOT_FOUND = Verdict("terminal", "status", "HTTP 404", HttpFacts(404))
+UNAVAILABLE = Verdict("retry", "status", "HTTP 503", HttpFacts(503))
 
 
 def after(number: int, *, max_attempts: int = 3, attempts: int = 3, **more: object) -> Attempted:
@@ -32,7 +33,7 @@ def test_a_retryable_failure_waits_the_backoff(number: int, rand: float, wait: f
 
 
 def test_retry_after_is_a_floor_under_the_wait() -> None:
-    told = Verdict("retry", "status", "HTTP 429", 429, retry_after=7.0)
+    told = Verdict("retry", "status", "HTTP 429", HttpFacts(429), retry_after=7.0)
     assert decide(told, after(1), BACKOFF, 0.0, ROOMY).wait == 7.0
 
 

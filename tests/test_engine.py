@@ -12,9 +12,11 @@ import pytest
 
 from batchsync.backoff import Backoff
 from batchsync.classify import host_feedback
-from batchsync.engine import Engine, Route, Task, _describe_attempts
+from batchsync.engine import Engine
+from batchsync.httpfacts import HttpFacts
 from batchsync.options import EngineOptions
-from batchsync.result import AttemptRecord, Result
+from batchsync.result import AttemptRecord, Result, describe_attempts
+from batchsync.task import Route, Task
 from batchsync.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
 FAST = Backoff(base=0.01, factor=2.0, max=0.05, jitter=0.0)
@@ -121,7 +123,7 @@ def test_never_more_attempts_at_once_than_the_concurrency() -> None:
 
 def test_items_waiting_to_retry_count_against_the_concurrency() -> None:
     # every item fails once, then waits 0.2 s; with 2 workers, 2 items at most are in progress
-    slow_retry = [retry("status", "HTTP 503", 503, retry_after=0.2), success("ok")]
+    slow_retry = [retry("status", "HTTP 503", HttpFacts(503), retry_after=0.2), success("ok")]
     job = ScriptedJob(script={f"i{n}": list(slow_retry) for n in range(6)})
     in_progress = 0
     peak = 0
@@ -178,7 +180,11 @@ def test_input_is_consumed_lazily_through_a_bounded_window() -> None:
 
 
 def test_a_retryable_failure_is_retried_with_the_wait_logged() -> None:
-    job = ScriptedJob(script={"a": [retry("status", "HTTP 503", 503), success({"x": 1}, 200)]})
+    job = ScriptedJob(
+        script={
+            "a": [retry("status", "HTTP 503", HttpFacts(503)), success({"x": 1}, HttpFacts(200))]
+        }
+    )
     (result,) = run(job, ["a"])
     assert (result.ok, result.attempts, result.status_code, result.data) == (True, 2, 200, {"x": 1})
     first, second = result.attempt_log
@@ -193,7 +199,9 @@ def test_a_retryable_failure_is_retried_with_the_wait_logged() -> None:
 
 
 def test_a_terminal_failure_is_not_retried() -> None:
-    job = ScriptedJob(script={"a": [terminal("status", "HTTP 404", 404), success("never")]})
+    job = ScriptedJob(
+        script={"a": [terminal("status", "HTTP 404", HttpFacts(404)), success("never")]}
+    )
     (result,) = run(job, ["a"])
     assert (result.ok, result.attempts, result.error_kind, result.error) == (
         False,
@@ -204,7 +212,7 @@ def test_a_terminal_failure_is_not_retried() -> None:
 
 
 def test_attempts_are_the_total_tries_and_the_error_says_how_many() -> None:
-    job = ScriptedJob(script={"a": [retry("status", "HTTP 503", 503)] * 5})
+    job = ScriptedJob(script={"a": [retry("status", "HTTP 503", HttpFacts(503))] * 5})
     (result,) = run(job, ["a"], attempts=3)
     assert (result.attempts, result.error_kind, result.status_code) == (3, "status", 503)
     assert result.error == "HTTP 503 after 3 attempts"
@@ -219,7 +227,7 @@ def test_a_task_may_allow_fewer_attempts_and_says_why() -> None:
 
 
 def test_a_wait_that_does_not_fit_the_budget_gives_up_at_once() -> None:
-    job = ScriptedJob(script={"a": [retry("status", "HTTP 429", 429, retry_after=60.0)]})
+    job = ScriptedJob(script={"a": [retry("status", "HTTP 429", HttpFacts(429), retry_after=60.0)]})
     started = time.monotonic()
     (result,) = run(job, ["a"], budget=30)
     assert time.monotonic() - started < 15  # waited neither the 60 s nor the budget's 30 s
@@ -230,7 +238,7 @@ def test_a_wait_that_does_not_fit_the_budget_gives_up_at_once() -> None:
 def test_each_attempt_gets_at_most_the_budget_left() -> None:
     clock = Clock()
     job = ScriptedJob(
-        script={"a": [retry("status", "HTTP 503", 503), success("ok")]},
+        script={"a": [retry("status", "HTTP 503", HttpFacts(503)), success("ok")]},
         timeout=10.0, delay=0.5, clock=clock,
     )  # fmt: skip
     run(job, ["a"], clock=clock, budget=2.0)
@@ -292,7 +300,7 @@ def test_a_failing_sink_stops_the_run_and_raises() -> None:
 
 def test_stop_cancels_items_waiting_to_retry() -> None:
     engine = Engine(EngineOptions(backoff=Backoff(base=30.0, jitter=0.0)))
-    job = ScriptedJob(script={"a": [retry("status", "HTTP 503", 503)] * 3})
+    job = ScriptedJob(script={"a": [retry("status", "HTTP 503", HttpFacts(503))] * 3})
     results: list[Result] = []
     threading.Timer(0.2, engine.stop).start()
     started = time.monotonic()
@@ -318,4 +326,4 @@ def test_stop_cancels_items_waiting_to_retry() -> None:
 def test_the_attempt_log_line_says_what_ended_each_attempt(
     record: AttemptRecord, shown: str
 ) -> None:
-    assert _describe_attempts((record,)) == shown
+    assert describe_attempts((record,)) == shown

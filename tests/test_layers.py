@@ -1,44 +1,55 @@
-"""The package's layers: no module imports one above it, and the engine knows nothing of HTTP.
+"""The package's layers: no module imports one placed after it, and the engine knows no HTTP.
 
-Every module is placed in exactly one layer, lowest first; a module may import modules of its
-own layer and of those below. Imports inside functions and ``TYPE_CHECKING`` blocks count.
+Every module has one place in one order, lowest first, grouped in layers for the reader; a
+module may import only modules placed before it, in its own layer as in those below, so the
+check is made module by module and an import cycle (even through a layer's own modules) cannot
+pass. Imports inside functions and ``TYPE_CHECKING`` blocks count.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchsync"
 
-LAYERS: list[tuple[str, set[str]]] = [
-    (name, set(modules.split()))
+# Each layer's modules in their order: a module may import those before it.
+LAYERS: list[tuple[str, list[str]]] = [
+    (name, modules.split())
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins history result records journal report redact decide"
-            " limits columnar",
+            "verdict budget backoff origins history redact decide limits result records journal",
         ),
-        ("engine", "engine observe progress"),
+        ("engine", "task observe engine progress"),
         (
             "http",
-            "guard watchdog headers cookies spec template decode classify quota paginate transport"
-            " hedge auth",
+            "guard watchdog headers cookies spec template decode httpfacts classify quota paginate"
+            " transport hedge auth",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),
-        ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
+        (
+            "integrations the assembly uses",
+            "contrib.redis contrib.prometheus contrib.otel contrib.__init__",
+        ),
         ("assembly", "assembly"),
-        ("library", "batch api once __init__ contrib.__init__"),
+        ("results written out", "columnar report resultset"),
+        ("library", "batch api once __init__"),
         ("scale-out", "contrib.dask"),
         ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),
         ("command line package", "cli.__init__"),
         ("entry point", "__main__"),
     ]
 ]
-LEVEL = {module: level for level, (_, modules) in enumerate(LAYERS) for module in modules}
+ORDER = [module for _, modules in LAYERS for module in modules]
+PLACE = {module: place for place, module in enumerate(ORDER)}
+LAYER = {module: name for name, modules in LAYERS for module in modules}
 # Layers below the HTTP one: they run any job, so they import nothing that speaks HTTP.
 HTTP_FREE = {module for _, modules in LAYERS[:2] for module in modules}
 HTTP_LIBRARIES = ("requests", "urllib3", "http")
@@ -78,26 +89,29 @@ def _named(parts: list[str], imported: list[str], own: set[str]) -> str:
     elif parts and parts[0] not in own and ".".join(parts) not in own and not imported:
         return parts[0]  # another library
     candidate = ".".join([*parts, *imported])
-    return candidate if imported and candidate in own else ".".join(parts) or "__init__"
+    if imported and (candidate in own or f"{candidate}.__init__" in own):
+        return candidate
+    return ".".join(parts) or "__init__"
 
 
 def _as_module(name: str) -> str:
     return f"{name}.__init__" if name in ("cli", "contrib") else name
 
 
-def test_every_module_has_a_layer() -> None:
-    assert set(modules()) == set(LEVEL), "place new modules in LAYERS"
+def test_every_module_has_one_place() -> None:
+    assert len(ORDER) == len(PLACE), "a module is placed twice"
+    assert set(modules()) == set(PLACE), "place new modules in LAYERS"
 
 
-@pytest.mark.parametrize("name", sorted(LEVEL))
-def test_no_module_imports_one_above_it(name: str) -> None:
+@pytest.mark.parametrize("name", ORDER)
+def test_no_module_imports_one_placed_after_it(name: str) -> None:
     path = modules()[name]
-    above = {
-        module: LAYERS[LEVEL[module]][0]
+    after = {
+        module: LAYER[module]
         for module in imports_of(name, path)
-        if module in LEVEL and LEVEL[module] > LEVEL[name]
+        if module in PLACE and PLACE[module] >= PLACE[name] and module != name
     }
-    assert above == {}, f"{name} ({LAYERS[LEVEL[name]][0]}) imports from above"
+    assert after == {}, f"{name} ({LAYER[name]}) imports modules placed after it"
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_FREE))
@@ -106,7 +120,7 @@ def test_the_engine_and_what_it_stands_on_know_nothing_of_http(name: str) -> Non
     http = {
         module
         for module in imported
-        if module.split(".")[0] in HTTP_LIBRARIES or LEVEL.get(module, 0) >= LEVEL["guard"]
+        if module.split(".")[0] in HTTP_LIBRARIES or PLACE.get(module, 0) >= PLACE["guard"]
     }
     assert http == set()
 
@@ -124,3 +138,18 @@ def test_the_checks_see_an_upward_import(tmp_path: Path) -> None:
     runner = tmp_path / "runner.py"
     runner.write_text("from ..assembly import fetch\nfrom .signals import EXIT_INTERRUPTED\n")
     assert imports_of("cli.runner", runner) == {"assembly", "cli.signals"}
+    planted.write_text("from .. import __version__, contrib\nfrom ..spec import RequestSpec\n")
+    assert imports_of("cli.command", planted) == {"contrib.__init__", "spec", "__init__"}
+
+
+def test_the_command_line_starts_without_the_optional_integrations() -> None:
+    """Starting the CLI imports no integration a run did not ask for (Dask, Redis)."""
+    code = (
+        "import sys; from batchsync.cli.command import main; "
+        "print(sorted(m for m in sys.modules if m.startswith('batchsync.contrib.')))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert shown.strip() == "[]"

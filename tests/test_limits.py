@@ -9,6 +9,7 @@ import pytest
 
 from batchsync.budget import Allowance
 from batchsync.classify import host_feedback
+from batchsync.httpfacts import HttpFacts
 from batchsync.limits import (
     AdaptiveLimit,
     Admission,
@@ -133,16 +134,20 @@ def test_breaker_settings_are_checked(fields: dict[str, float], message: str) ->
 
 
 def test_what_counts_for_the_breaker_and_for_congestion() -> None:
-    assert host_feedback(retry("status", "HTTP 503", 503)).unwell is True
+    assert host_feedback(retry("status", "HTTP 503", HttpFacts(503))).unwell is True
     assert host_feedback(retry("timeout", "timed out")).unwell is True
-    assert host_feedback(retry("status", "HTTP 429", 429)).unwell is True  # overloaded, no end
-    assert host_feedback(retry("status", "HTTP 429", 429, retry_after=5)).unwell is None  # cooldown
-    assert host_feedback(terminal("status", "HTTP 404", 404)).unwell is not True
-    assert host_feedback(success(None, 200)).unwell is not True
-    assert host_feedback(retry("status", "HTTP 429", 429)).congested
-    assert host_feedback(retry("status", "HTTP 503", 503)).congested
+    assert (
+        host_feedback(retry("status", "HTTP 429", HttpFacts(429))).unwell is True
+    )  # overloaded, no end
+    assert (
+        host_feedback(retry("status", "HTTP 429", HttpFacts(429), retry_after=5)).unwell is None
+    )  # cooldown
+    assert host_feedback(terminal("status", "HTTP 404", HttpFacts(404))).unwell is not True
+    assert host_feedback(success(None, HttpFacts(200))).unwell is not True
+    assert host_feedback(retry("status", "HTTP 429", HttpFacts(429))).congested
+    assert host_feedback(retry("status", "HTTP 503", HttpFacts(503))).congested
     assert host_feedback(retry("timeout", "timed out")).congested
-    assert not host_feedback(retry("status", "HTTP 500", 500)).congested
+    assert not host_feedback(retry("status", "HTTP 500", HttpFacts(500))).congested
 
 
 def test_adaptive_limit_slow_starts_then_halves_once_per_round() -> None:
@@ -216,7 +221,9 @@ def test_a_global_cooldown_holds_every_host() -> None:
     gates = Gates(cooldowns=board, cooldown_scope="global")
     admission = admitted(gates, host="a")
     assert isinstance(admission, Admission)
-    gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=60)))
+    gates.release(
+        admission, host_feedback(retry("status", "HTTP 429", HttpFacts(429), retry_after=60))
+    )
     assert admitted(gates, host="b", budget=1.0) == "budget"
 
 
@@ -224,9 +231,9 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
     board = Cooldowns()
     gates = Gates(cooldowns=board)
     for verdict in (
-        retry("status", "HTTP 500", 500, retry_after=5),
-        retry("status", "HTTP 429", 429),
-        success(None, 200),
+        retry("status", "HTTP 500", HttpFacts(500), retry_after=5),
+        retry("status", "HTTP 429", HttpFacts(429)),
+        success(None, HttpFacts(200)),
     ):
         admission = admitted(gates)
         assert isinstance(admission, Admission)
@@ -234,7 +241,9 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
         assert board.remaining("h") == 0
     admission = admitted(gates)
     assert isinstance(admission, Admission)
-    gates.release(admission, host_feedback(retry("status", "HTTP 503", 503, retry_after=5)))
+    gates.release(
+        admission, host_feedback(retry("status", "HTTP 503", HttpFacts(503), retry_after=5))
+    )
     assert 4 < board.remaining("h") <= 5
 
 
@@ -273,7 +282,9 @@ def test_cooldown_off_ignores_retry_after() -> None:
     gates = Gates(cooldowns=Cooldowns(), cooldown_scope="off")
     admission = admitted(gates)
     assert isinstance(admission, Admission)
-    gates.release(admission, host_feedback(retry("status", "HTTP 429", 429, retry_after=60)))
+    gates.release(
+        admission, host_feedback(retry("status", "HTTP 429", HttpFacts(429), retry_after=60))
+    )
     assert isinstance(admitted(gates, budget=1.0), Admission)
 
 
@@ -290,7 +301,7 @@ def test_gates_record_time_spent_waiting() -> None:
     for _ in range(3):
         admission = admitted(gates)
         assert isinstance(admission, Admission)
-        gates.release(admission, host_feedback(success(None, 200)))
+        gates.release(admission, host_feedback(success(None, HttpFacts(200))))
     # the first token is saved up; the next two come 0.1 s apart
     assert gates.waits.seconds["token"] == pytest.approx(0.2, abs=0.05)
 
@@ -301,7 +312,7 @@ def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:
     first = admitted(gates)
     assert isinstance(first, Admission)
     assert admitted(gates, budget=0.2) == "budget"  # no slot came within the budget
-    gates.release(first, host_feedback(success(None, 200)))
+    gates.release(first, host_feedback(success(None, HttpFacts(200))))
     assert isinstance(admitted(gates), Admission)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from batchsync import AttemptRecord, Backoff, Breaker, RequestSpec, Result, fetch_all
 from batchsync.hedge import HedgeDelay, Hedger
+from batchsync.httpfacts import HttpFacts
 from batchsync.result import percentile
 from batchsync.verdict import Verdict, retry, success
 
@@ -179,8 +180,8 @@ def test_a_hedge_wins_when_the_first_request_is_slow() -> None:
         calls.append(lost)
         if len(calls) == 1:
             lost.wait(2)  # a slow first answer, cut short once it has lost
-            return success("slow", 200)
-        return success("fast", 200)
+            return success("slow", HttpFacts(200))
+        return success("fast", HttpFacts(200))
 
     hedger = Hedger(HedgeDelay(0.05), workers=2, gates=None)
     started = time.monotonic()
@@ -196,7 +197,7 @@ def test_a_retryable_failure_does_not_win_the_race() -> None:
         if threading.current_thread().name.endswith("_1"):
             return retry("connection", "reset")
         time.sleep(0.2)
-        return success("answer", 200)
+        return success("answer", HttpFacts(200))
 
     hedger = Hedger(HedgeDelay(0.05), workers=2, gates=None)
     assert hedger.run(exchange, "h").data == "answer"

@@ -13,6 +13,7 @@ import pytest
 from batchsync import fetch_all
 from batchsync.budget import Allowance
 from batchsync.classify import classify_status, host_feedback
+from batchsync.httpfacts import HttpFacts
 from batchsync.quota import quota_wait
 from batchsync.verdict import success
 
@@ -151,8 +152,7 @@ def test_a_spent_quota_holds_every_process_sharing_redis_limits() -> None:
         other = build_gates(**settings, shared=RedisLimits(url, "quota-test", 10.0))
         admission = one.admit("api.test", Allowance(time.monotonic() + 60), threading.Event())
         assert isinstance(admission, Admission)
-        spent = success(None, 200)
-        spent.quota = 30.0
+        spent = success(None, HttpFacts(200, quota=30.0))
         one.release(admission, host_feedback(spent))
         refused = other.admit("api.test", Allowance(time.monotonic() + 5), threading.Event())
         assert refused == "budget"  # held for the reset, 30 s, beyond a budget of 5 s

@@ -28,9 +28,11 @@ from hypothesis import strategies as st
 from batchsync import Backoff, Batch, fetch_all, guard
 from batchsync.classify import host_feedback
 from batchsync.cli.inputs import Input, InputError
-from batchsync.engine import Engine, Route, Task
+from batchsync.engine import Engine
+from batchsync.httpfacts import HttpFacts
 from batchsync.options import EngineOptions
 from batchsync.result import Result
+from batchsync.task import Route, Task
 from batchsync.verdict import Feedback, Verdict, retry, success, terminal
 
 from .mockserver import MOCK_SERVER, MockServerProcess
@@ -92,9 +94,9 @@ class FaultyJob:
             if step.outcome == "raise":
                 raise RuntimeError("scripted bug")
             return {
-                "ok": lambda: success("data", 200),
-                "retry": lambda: retry("status", "HTTP 503", 503, step.retry_after),
-                "terminal": lambda: terminal("status", "HTTP 404", 404),
+                "ok": lambda: success("data", HttpFacts(200)),
+                "retry": lambda: retry("status", "HTTP 503", HttpFacts(503), step.retry_after),
+                "terminal": lambda: terminal("status", "HTTP 404", HttpFacts(404)),
                 "timeout": lambda: retry("timeout", "timed out"),
             }[step.outcome]()
         finally:

@@ -16,8 +16,9 @@ import pytest
 from batchsync import report
 from batchsync.journal import Journal, JournalReader
 from batchsync.limits import WaitStats
-from batchsync.report import Facts, Tally, bucket_width, histogram_percentile, outcome, placed
-from batchsync.result import AttemptRecord, Result, ResultSet
+from batchsync.report import Aggregate, bucket_width, charted_as, histogram_percentile, placed
+from batchsync.result import AttemptRecord, Result, Trace
+from batchsync.resultset import ResultSet
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync
@@ -30,12 +31,12 @@ def test_attempts_are_placed_back_from_the_finish_with_their_waits() -> None:
 
 
 def test_each_attempt_counts_under_one_outcome() -> None:
-    assert outcome((200, None, 0.1, None), last=True) == "ok"
-    assert outcome((429, "status", 0.1, 1.0), last=False) == "429"
-    assert outcome((429, "status", 0.1, None), last=True) == "429"
-    assert outcome((503, "status", 0.1, 1.0), last=False) == "retried"
-    assert outcome((503, "status", 0.1, None), last=True) == "failed"
-    assert outcome((None, "timeout", 10.0, None), last=True) == "failed"
+    assert charted_as((200, None, 0.1, None), last=True) == "ok"
+    assert charted_as((429, "status", 0.1, 1.0), last=False) == "429"
+    assert charted_as((429, "status", 0.1, None), last=True) == "429"
+    assert charted_as((503, "status", 0.1, 1.0), last=False) == "retried"
+    assert charted_as((503, "status", 0.1, None), last=True) == "failed"
+    assert charted_as((None, "timeout", 10.0, None), last=True) == "failed"
 
 
 def test_bucket_widths_are_round_and_bounded() -> None:
@@ -60,13 +61,13 @@ def test_latency_percentiles_from_the_histogram_are_within_ten_percent() -> None
 
 
 def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
-    tally = Tally(0.0, 10.0)
+    tally = Aggregate(0.0, 10.0)
     assert tally.width == 0.1 and tally.buckets == 100
-    tally.add(Facts(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None),)))
+    tally.add(Trace(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None),)))
     retried = ((503, "status", 0.5, 2.0), (429, "status", 0.5, 1.0), (503, "status", 1.0, None))
-    tally.add(Facts(1, False, "status", 503, 3, 5.0, 9.0, retried))
-    tally.add(Facts(2, False, "invalid_request", None, 0, 0.0, 9.5, ()))
-    tally.add(Facts(3, True, None, 200, 1, 0.2, None, ((200, None, 0.2, None),)))  # untimed
+    tally.add(Trace(1, False, "status", 503, 3, 5.0, 9.0, retried))
+    tally.add(Trace(2, False, "invalid_request", None, 0, 0.0, 9.5, ()))
+    tally.add(Trace(3, True, None, 200, 1, 0.2, None, ((200, None, 0.2, None),)))  # untimed
     assert tally.items == 4 and tally.untimed == 1
     assert dict(tally.attempts_per_item) == {1: 2, 3: 1, 0: 1}
     per_bucket = {name: sum(counts) for name, counts in tally.attempts.items()}
@@ -95,7 +96,7 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
     assert set(stats.timeline) <= {("cooldown", s) for s in range(int(now) - 3, int(now) + 2)}
     assert sum(stats.timeline.values()) == pytest.approx(2.5)
     assert stats.seconds == {"cooldown": pytest.approx(2.5)}
-    tally = Tally(100.0, 110.0)
+    tally = Aggregate(100.0, 110.0)
     tally.add_gate_waits({("cooldown", 102): 3.0, ("quota", 109): 0.5})
     waiting = tally.waiting()
     assert list(waiting) == ["backoff", "cooldown", "quota"]
@@ -105,9 +106,9 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
 
 
 def test_the_tables_keep_only_the_slowest_and_the_first_failures() -> None:
-    tally = Tally(0.0, 1.0)
+    tally = Aggregate(0.0, 1.0)
     for index in range(report.FAILED_SHOWN + 50):
-        tally.add(Facts(index, False, "status", 404, 1, index / 1000, 0.5))
+        tally.add(Trace(index, False, "status", 404, 1, index / 1000, 0.5))
     assert len(tally.slowest) == report.SLOWEST
     assert tally.slowest_indexes()[0] == report.FAILED_SHOWN + 49
     assert tally.failed == list(range(report.FAILED_SHOWN))
@@ -209,7 +210,7 @@ def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
     journal.close()
     reader = JournalReader(path)
     try:
-        tally, details = report.from_journal(reader.db)
+        tally, details = report.from_journal(reader)
         listed = details([1, 0])
         summary = reader.summary()
     finally:

@@ -11,17 +11,16 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import click
 import urllib3
 from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import __version__
+from .. import __version__, contrib
 from ..auth import AuthFailed, CommandToken
 from ..columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
-from ..contrib.dask import connect as connect_dask
-from ..contrib.redis import RedisLimits
 from ..journal import JournalUnusable
 from ..limits import Breaker, CooldownScope
 from ..options import DEFAULT, FetchOptions, build
@@ -553,9 +552,9 @@ def command(
         raise click.UsageError(str(exc)) from None
     try:
         if redis_url is not None:
-            shared = RedisLimits(redis_url, namespace, lease_ttl)
+            shared = contrib.shared_limits(redis_url, namespace, lease_ttl)
             options = options.model_copy(update={"limits": shared})
-        cluster = None if dask_address is None else connect_dask(dask_address)
+        cluster = None if dask_address is None else _cluster_client(dask_address)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     _configure_logging(verbose, quiet)
@@ -774,3 +773,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo("Interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _cluster_client(address: str) -> Any:
+    """A client of the Dask scheduler at ``address`` (dask imported only when asked for)."""
+    from ..contrib.dask import cluster_client
+
+    return cluster_client(address)

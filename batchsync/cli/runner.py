@@ -26,7 +26,6 @@ from ..assembly import (
     trusted_continuation,
 )
 from ..columnar import FORMATS
-from ..engine import Task
 from ..fetch import WrappedJob
 from ..history import Pass
 from ..journal import (
@@ -52,6 +51,7 @@ from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
 from ..spec import item_label
+from ..task import Task
 from ..verdict import InvalidItem
 from .inputs import Entry, Input, InputError
 from .output import failed_request, output_paths, remove_stale, write_outputs
@@ -384,7 +384,7 @@ def _write_report(path: Path, prefix: str) -> Path | None:
         reader = JournalReader(path)
         try:
             return report_journal(
-                reader.db, reader.summary(), target,
+                reader, reader.summary(), target,
                 title=f"batchsync report: {Path(prefix).name}", timeline=reader.timeline(),
                 stints=reader.stints(),
             )  # fmt: skip

@@ -18,13 +18,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..assembly import call, fetch, open_journal
+from ..assembly import fetch, open_journal, run_calls
 from ..batch import Item, encode_result, identity_of
 from ..engine import Job
 from ..fetch import HttpJob
 from ..journal import resumed
 from ..options import CallOptions, FetchOptions, FlowOptions, build
-from ..result import Result, ResultSet
+from ..result import Result
+from ..resultset import ResultSet
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]
@@ -38,7 +39,7 @@ _OUTSTANDING_PER_WORKER = 2
 
 
 # What runs one partition on a worker (sent there pickled): its Results, batch indexes kept.
-Task = Callable[[Partition], list[Result]]
+PartitionRun = Callable[[Partition], list[Result]]
 
 
 def run_partition(
@@ -61,7 +62,7 @@ def run_call_partition(
     """Run on a worker: the engine over one partition of calls of ``fn``."""
     options = build(CallOptions, **settings)
     collected: dict[int, Result] = {}
-    call(options, fn, partition, _collector(collected), observed=False)
+    run_calls(options, fn, partition, _collector(collected), observed=False)
     return [collected[index] for index in sorted(collected)]
 
 
@@ -69,7 +70,7 @@ def _collector(collected: dict[int, Result]) -> Callable[[Result, object], None]
     return lambda result, item: collected.__setitem__(result.index, result)
 
 
-def connect(address: str) -> Any:
+def cluster_client(address: str) -> Any:
     """A client of the Dask scheduler at ``address``; ValueError when it cannot be reached."""
     try:
         from distributed import Client
@@ -106,7 +107,7 @@ class Distributor:
     Results as it finishes. ``stop()`` ends it early: nothing more is submitted, what is
     outstanding is cancelled."""
 
-    def __init__(self, client: Any, task: Task) -> None:
+    def __init__(self, client: Any, task: PartitionRun) -> None:
         self._client = client
         self._task = task
         self._stop = threading.Event()
@@ -194,7 +195,7 @@ def _checked(model: type[FlowOptions], options: dict[str, Any]) -> dict[str, Any
 
 
 def _on_cluster(
-    task: Task,
+    task: PartitionRun,
     listed: list[Any],
     client: Any,
     partition_size: int,

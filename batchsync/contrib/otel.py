@@ -14,7 +14,7 @@ from ..observe import Observer
 from ..result import AttemptRecord, Result
 
 if TYPE_CHECKING:
-    from ..engine import Task
+    from ..task import Task
 
 
 def tracer_for(explicit: Any) -> Any:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from ..engine import Task
+    from ..task import Task
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()

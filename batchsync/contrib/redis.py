@@ -183,7 +183,7 @@ class RedisLimits:
     def key(self, *parts: str) -> str:
         return ":".join(("batchsync", self.namespace, *parts))
 
-    def call(self, action: Callable[[], T]) -> T:
+    def guarded(self, action: Callable[[], T]) -> T:
         """Run a Redis call; a failure to reach Redis becomes LimitsUnavailable."""
         try:
             return action()
@@ -221,7 +221,9 @@ class RedisTokenBucket:
 
     def _take(self, count: int) -> float:
         rate, burst = self._args
-        wait = self._limits.call(lambda: self._script(keys=[self._key], args=[rate, burst, count]))
+        wait = self._limits.guarded(
+            lambda: self._script(keys=[self._key], args=[rate, burst, count])
+        )
         return float(wait)
 
     def reserve(self) -> float:
@@ -250,7 +252,7 @@ class RedisLeases:
         lease = uuid.uuid4().hex
         slots = self._limits.key("slots", key)
         args = [self._limit, self._limits.lease_ttl, lease]
-        took = self._limits.call(lambda: self._take(keys=[slots], args=args))
+        took = self._limits.guarded(lambda: self._take(keys=[slots], args=args))
         if not took:
             # Slots free up in another process: nothing to wake us, so look again shortly.
             self._pause.wait(min(timeout, 0.02))
@@ -272,7 +274,7 @@ class RedisLeases:
                 del self._held[key]
         if lease is not None:
             slots = self._limits.key("slots", key)
-            self._limits.call(lambda: self._limits.redis.zrem(slots, lease))
+            self._limits.guarded(lambda: self._limits.redis.zrem(slots, lease))
 
     def _renew_while_held(self) -> None:
         """Renew this process's leases every third of the TTL; end when none are held."""
@@ -285,7 +287,7 @@ class RedisLeases:
             keys = [self._limits.key("slots", key) for key, _ in held]
             args = [self._limits.lease_ttl, *(lease for _, lease in held)]
             try:
-                self._limits.call(partial(self._renew, keys=keys, args=args))
+                self._limits.guarded(partial(self._renew, keys=keys, args=args))
             except LimitsUnavailable as exc:
                 log.warning("cannot renew slot leases: %s", exc)
 
@@ -300,11 +302,11 @@ class RedisCooldowns:
     def hold(self, key: str, seconds: float) -> None:
         name = self._limits.key("cooldown", key)
         milliseconds = max(1, int(seconds * 1000))
-        self._limits.call(lambda: self._hold(keys=[name], args=[milliseconds]))
+        self._limits.guarded(lambda: self._hold(keys=[name], args=[milliseconds]))
 
     def remaining(self, key: str) -> float:
         name = self._limits.key("cooldown", key)
-        milliseconds = int(self._limits.call(lambda: self._limits.redis.pttl(name)))
+        milliseconds = int(self._limits.guarded(lambda: self._limits.redis.pttl(name)))
         return max(milliseconds, 0) / 1000
 
 
@@ -325,7 +327,7 @@ class RedisBreaker:
 
     def check(self, key: str) -> tuple[BreakerState, float]:
         keys, args = self._keys(key), [self._limits.lease_ttl]
-        state, wait = self._limits.call(lambda: self._check(keys=keys, args=args))
+        state, wait = self._limits.guarded(lambda: self._check(keys=keys, args=args))
         text = state.decode() if isinstance(state, bytes) else str(state)
         assert text in ("closed", "probe", "open", "probing")
         return text, float(wait)  # type: ignore[return-value]
@@ -335,7 +337,7 @@ class RedisBreaker:
         outcome = "" if failed is None else str(int(failed))
         args = [outcome, int(probe), settings.ratio, settings.window, settings.min_calls,
                 settings.reset, _BREAKER_KEEP_SECONDS]  # fmt: skip
-        if self._limits.call(lambda: self._record(keys=keys, args=args)):
+        if self._limits.guarded(lambda: self._record(keys=keys, args=args)):
             self.opened += 1
 
     def abandon(self, key: str, probe: bool) -> None:
