@@ -19,6 +19,7 @@ import urllib3.exceptions
 
 from .backoff import parse_retry_after
 from .guard import PrivateAddress
+from .kinds import KINDS, Kind, failed
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
 
 RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
@@ -130,25 +131,25 @@ _MISSING_CA_BUNDLE = "Could not find a suitable TLS CA certificate bundle"
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
     if isinstance(exc, PrivateAddress):
-        return terminal("invalid_request", str(exc))
+        return failed("invalid_request", str(exc))
     refusal = tunnel_refusal(exc)
     if refusal is not None:
         return _refused_tunnel(*refusal)
     error = describe(exc)
     # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
-        return retry("connection", error)
+        return failed("connection", error)
     if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
-        return retry("timeout", error)
+        return failed("timeout", error)
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError) or (
         _MISSING_CA_BUNDLE in str(exc)
     ):
         if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
             # The peer hung up during the handshake: said nothing about trust, may not recur.
-            return retry("connection", _SSL_SOURCE.sub("", error))
-        return terminal("tls", _SSL_SOURCE.sub("", error))
+            return failed("connection", _SSL_SOURCE.sub("", error))
+        return failed("tls", _SSL_SOURCE.sub("", error))
     if isinstance(exc, requests.TooManyRedirects | BadRedirect):
-        return terminal("redirect", error)
+        return failed("redirect", error)
     if isinstance(
         exc,
         requests.exceptions.InvalidURL
@@ -157,9 +158,9 @@ def classify_http_exception(exc: Exception) -> Verdict:
         | requests.exceptions.InvalidHeader
         | requests.exceptions.InvalidJSONError,
     ):
-        return terminal("invalid_request", error)
+        return failed("invalid_request", error)
     if isinstance(exc, requests.exceptions.ContentDecodingError | urllib3.exceptions.DecodeError):
-        return terminal("invalid_body", error)
+        return failed("invalid_body", error)
     if isinstance(
         exc,
         requests.ConnectionError
@@ -167,8 +168,8 @@ def classify_http_exception(exc: Exception) -> Verdict:
         | urllib3.exceptions.ProtocolError
         | ConnectionError,
     ):
-        return retry("connection", error)
-    return terminal("exception", error)
+        return failed("connection", error)
+    return failed("exception", error)
 
 
 # Exception classes of common clients (httpx, SDKs built on it such as openai's and
@@ -304,30 +305,31 @@ def classify_raised(
     return terminal(kind, error, status)
 
 
-# Kinds an attempt ends with that are no answer of the host's.
-_NOT_THE_HOSTS_ANSWER: frozenset[ErrorKind] = frozenset(
-    {"budget", "deadline", "cancelled", "circuit_open"}
-)
 _SLOW_DOWN_STATUSES = frozenset({429, 503})
+# What a success is to the limits: an answer.
+_ANSWER = Kind(False, "answer", "outcome")
 
 
 def host_feedback(verdict: Verdict) -> Feedback:
     """What an attempt tells the limits of its host.
 
-    Congested: a 429, a 503 or a timeout. Unwell (the breaker's failure): a connection error,
-    a timeout, a 5xx, or a retryable answer without Retry-After such as a 429 or 408 (or a
-    ``Retryable`` raised without ``retry_after``). Not counted: a 429 or ``Retryable`` with
-    Retry-After, which the cooldown handles, and an attempt cut short or lost to its hedge.
-    Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503 (a
-    wait hint without such a status, ``Retryable(retry_after=…)``, is that item's alone).
+    Congested: a 429, a 503 or a kind that says so (a timeout). Unwell (the breaker's
+    failure): a kind that is the host's failure (a connection error, a timeout), a 5xx, or a
+    retryable answer without Retry-After such as a 429 or 408 (or a ``Retryable`` raised
+    without ``retry_after``). Not counted: a 429 or ``Retryable`` with Retry-After, which the
+    cooldown handles, and a kind that is no answer of the host's (an attempt cut short, lost to
+    its hedge, or never sent). Anything else is an answer. Hold, for every caller: the
+    Retry-After of a 429 or 503 (a wait hint without such a status, ``Retryable(retry_after=…)``,
+    is that item's alone).
     """
     status = verdict.status_code
-    congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
+    kind = _ANSWER if verdict.error_kind is None else KINDS[verdict.error_kind]
+    congested = status in _SLOW_DOWN_STATUSES or kind.congested
     hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
     unwell: bool | None
-    if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
+    if kind.breaker == "ignored":
         unwell = None
-    elif verdict.error_kind in ("connection", "timeout") or (status is not None and status >= 500):
+    elif kind.breaker == "failure" or (status is not None and status >= 500):
         unwell = True
     elif verdict.outcome == "retry":
         unwell = None if verdict.retry_after is not None else True

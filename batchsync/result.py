@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 from pydantic import BaseModel
 
 from .history import Stint
+from .kinds import NOT_FINAL
 from .verdict import ErrorKind
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Result:
     def final(self) -> bool:
         """False only for an item stopped while waiting to retry with nothing kept: a later
         run should redo it. (A paginated one that got pages is kept and goes on from there.)"""
-        return self.error_kind != "cancelled" or self.continuation is not None
+        return self.error_kind not in NOT_FINAL or self.continuation is not None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Result:

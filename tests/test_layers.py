@@ -18,8 +18,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins history result records journal report redact decide"
-            " limits columnar",
+            "verdict kinds budget backoff origins history result records journal report redact"
+            " decide limits columnar",
         ),
         ("engine", "engine observe progress"),
         (
