@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -43,6 +43,7 @@ from .paginate import Continued
 from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, ResultSet, Summary, error_kinds
+from .retries import RetryIf
 from .spec import RequestSpec, item_label
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
@@ -361,6 +362,8 @@ class Batch(Resumable[FetchOptions]):
         cert: Cert | None = DEFAULT.cert,
         max_bytes: int = DEFAULT.max_bytes,
         backoff: Backoff = DEFAULT.backoff,
+        retry_statuses: str | Collection[int] = DEFAULT.retry_statuses,
+        retry_if: RetryIf | None = DEFAULT.retry_if,
         rate: float | None = DEFAULT.rate,
         per_host: int | None = DEFAULT.per_host,
         cooldown: CooldownScope = DEFAULT.cooldown,

@@ -20,9 +20,8 @@ import urllib3.exceptions
 from .backoff import parse_retry_after
 from .guard import PrivateAddress
 from .kinds import KINDS, Kind, failed
+from .retries import RETRYABLE
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
-
-RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
 
 # urllib3 opens its messages with the connection or pool they came from: "HTTPConnection(
 # host='h', port=80): ..." says nothing the Result does not, so it goes.
@@ -40,7 +39,11 @@ class BadRedirect(Exception):
 
 
 def classify_status(
-    status_code: int, retry_after: str | None, now: float, quota: float | None = None
+    status_code: int,
+    retry_after: str | None,
+    now: float,
+    quota: float | None = None,
+    retryable: frozenset[int] = RETRYABLE,
 ) -> Verdict | None:
     """None for a 2xx or 3xx (the body decides); otherwise a retry or terminal Verdict.
 
@@ -50,7 +53,8 @@ def classify_status(
     ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for
     HTTP-dates; ``quota`` the seconds until the host's quota resets when its headers say none
     is left (``quota.quota_wait``). A 403 with either is a rate limit (GitHub's rule), retried
-    after it; the longer of the two is the floor under the next wait.
+    after it; the longer of the two is the floor under the next wait. ``retryable``: the
+    statuses retried (the caller's ``retry_statuses``).
     """
     if 200 <= status_code < 400:
         return None
@@ -58,7 +62,7 @@ def classify_status(
     wait = parse_retry_after(retry_after, now)
     if quota is not None:
         wait = quota if wait is None else max(wait, quota)
-    if status_code in RETRYABLE_STATUSES or (status_code == 403 and wait is not None):
+    if status_code in retryable or (status_code == 403 and wait is not None):
         verdict = retry("status", error, status_code, wait)
     else:
         verdict = terminal("status", error, status_code)
@@ -67,12 +71,16 @@ def classify_status(
 
 
 def classify_refused_answer(
-    error: Exception, status: int, retry_after: str | None, now: float
+    error: Exception,
+    status: int,
+    retry_after: str | None,
+    now: float,
+    retryable: frozenset[int] = RETRYABLE,
 ) -> Verdict:
     """A response the caller's hook raised ``error`` for (``raise_for_status``): judged by
     its status, as that response would have been (a 503 retried, after its Retry-After); the
     hook's error, final, when the status alone says nothing failed."""
-    verdict = classify_status(status, retry_after, now)
+    verdict = classify_status(status, retry_after, now, retryable=retryable)
     if verdict is None:
         return terminal("status", describe(error), status)
     return verdict
@@ -296,7 +304,7 @@ def classify_raised(
     if retry_if is not None:
         retryable = bool(retry_if(exc))
     elif status is not None:
-        retryable = status in RETRYABLE_STATUSES
+        retryable = status in RETRYABLE
     else:
         retryable = is_transient(exc)
     error = describe(exc)

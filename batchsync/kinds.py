@@ -30,6 +30,7 @@ class Kind:
     breaker: Breaker
     fallback: Fallback
     final: bool = True  # False: a run resumed from the journal sends the item again
+    asked: bool = True  # a caller's retry_if decides it (False: a limit's or a stop's end)
     congested: bool = False  # the host is slowing down (the adaptive limit backs off)
     cut_short: bool = False  # a budget or deadline that bounded the attempt ends it as theirs
     by_status: bool = False  # the attempt's status says what happened (the attempt log shows it)
@@ -45,17 +46,17 @@ KINDS: dict[ErrorKind, Kind] = {
     "invalid_request": Kind(False, "answer", "outcome"),
     "redirect": Kind(False, "answer", "outcome"),
     "tls": Kind(False, "answer", "outcome"),
-    "budget": Kind(False, "ignored", "never", stopped="no time left in the budget"),
+    "budget": Kind(False, "ignored", "never", asked=False, stopped="no time left in the budget"),
     "deadline": Kind(
-        False, "ignored", "never", stopped="no time left before the deadline",
+        False, "ignored", "never", asked=False, stopped="no time left before the deadline",
         unstarted="batch deadline passed before the item started",
     ),
     "circuit_open": Kind(
-        False, "ignored", "always", stopped="the circuit for {host} is open"
+        False, "ignored", "always", asked=False, stopped="the circuit for {host} is open"
     ),
     "cancelled": Kind(
-        False, "ignored", "never", final=False, stopped="stopped before the next try",
-        unstarted="batch stopped before the item started",
+        False, "ignored", "never", final=False, asked=False,
+        stopped="stopped before the next try", unstarted="batch stopped before the item started",
     ),
     "exception": Kind(False, "answer", "outcome"),
 }  # fmt: skip

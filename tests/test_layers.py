@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         (
             "http",
             "guard watchdog headers cookies spec template decode classify quota paginate transport"
-            " hedge auth",
+            " hedge auth retries",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),
