@@ -38,6 +38,8 @@ class Kind:
     unstarted: str = ""  # why an item was never sent
 
 
+# One kind a record, a record a line where it fits (``fmt: skip``: the formatter would spread
+# the longer ones one field a line). A status is retried as the caller's statuses say.
 KINDS: dict[ErrorKind, Kind] = {
     "status": Kind(False, "answer", "outcome", by_status=True),
     "timeout": Kind(True, "failure", "outcome", congested=True, cut_short=True),
