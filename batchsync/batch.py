@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -43,6 +43,7 @@ from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, Summary, error_kinds
 from .resultset import ResultSet
+from .retries import RetryIf
 from .spec import RequestSpec, item_label
 from .task import Task
 from .template import RowError, Template
@@ -362,6 +363,8 @@ class Batch(Resumable[FetchOptions]):
         cert: Cert | None = DEFAULT.cert,
         max_bytes: int = DEFAULT.max_bytes,
         backoff: Backoff = DEFAULT.backoff,
+        retry_statuses: str | Collection[int] = DEFAULT.retry_statuses,
+        retry_if: RetryIf | None = DEFAULT.retry_if,
         rate: float | None = DEFAULT.rate,
         per_host: int | None = DEFAULT.per_host,
         cooldown: CooldownScope = DEFAULT.cooldown,

@@ -21,9 +21,9 @@ import urllib3.exceptions
 from .backoff import parse_retry_after
 from .guard import PrivateAddress
 from .httpfacts import HttpFacts, facts_of, facts_of_status
+from .kinds import KINDS, Kind, failed
+from .retries import RETRYABLE
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
-
-RETRYABLE_STATUSES = frozenset({408, 429, *range(500, 600)})
 
 # urllib3 opens its messages with the connection or pool they came from: "HTTPConnection(
 # host='h', port=80): ..." says nothing the Result does not, so it goes.
@@ -41,7 +41,11 @@ class BadRedirect(Exception):
 
 
 def classify_status(
-    status_code: int, retry_after: str | None, now: float, quota: float | None = None
+    status_code: int,
+    retry_after: str | None,
+    now: float,
+    quota: float | None = None,
+    retryable: frozenset[int] = RETRYABLE,
 ) -> Verdict | None:
     """None for a 2xx or 3xx (the body decides); otherwise a retry or terminal Verdict.
 
@@ -51,7 +55,8 @@ def classify_status(
     ``retry_after`` is the raw Retry-After header; ``now`` the current Unix time for
     HTTP-dates; ``quota`` the seconds until the host's quota resets when its headers say none
     is left (``quota.quota_wait``). A 403 with either is a rate limit (GitHub's rule), retried
-    after it; the longer of the two is the floor under the next wait.
+    after it; the longer of the two is the floor under the next wait. ``retryable``: the
+    statuses retried (the caller's ``retry_statuses``).
     """
     if 200 <= status_code < 400:
         return None
@@ -60,18 +65,22 @@ def classify_status(
     if quota is not None:
         wait = quota if wait is None else max(wait, quota)
     facts = HttpFacts(status_code, quota=quota)
-    if status_code in RETRYABLE_STATUSES or (status_code == 403 and wait is not None):
+    if status_code in retryable or (status_code == 403 and wait is not None):
         return retry("status", error, facts, wait)
     return terminal("status", error, facts)
 
 
 def classify_refused_answer(
-    error: Exception, status: int, retry_after: str | None, now: float
+    error: Exception,
+    status: int,
+    retry_after: str | None,
+    now: float,
+    retryable: frozenset[int] = RETRYABLE,
 ) -> Verdict:
     """A response the caller's hook raised ``error`` for (``raise_for_status``): judged by
     its status, as that response would have been (a 503 retried, after its Retry-After); the
     hook's error, final, when the status alone says nothing failed."""
-    verdict = classify_status(status, retry_after, now)
+    verdict = classify_status(status, retry_after, now, retryable=retryable)
     if verdict is None:
         return terminal("status", describe(error), HttpFacts(status))
     return verdict
@@ -129,25 +138,25 @@ _MISSING_CA_BUNDLE = "Could not find a suitable TLS CA certificate bundle"
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
     if isinstance(exc, PrivateAddress):
-        return terminal("invalid_request", str(exc))
+        return failed("invalid_request", str(exc))
     refusal = tunnel_refusal(exc)
     if refusal is not None:
         return _refused_tunnel(*refusal)
     error = describe(exc)
     # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
-        return retry("connection", error)
+        return failed("connection", error)
     if isinstance(exc, requests.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
-        return retry("timeout", error)
+        return failed("timeout", error)
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError) or (
         _MISSING_CA_BUNDLE in str(exc)
     ):
         if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
             # The peer hung up during the handshake: said nothing about trust, may not recur.
-            return retry("connection", _SSL_SOURCE.sub("", error))
-        return terminal("tls", _SSL_SOURCE.sub("", error))
+            return failed("connection", _SSL_SOURCE.sub("", error))
+        return failed("tls", _SSL_SOURCE.sub("", error))
     if isinstance(exc, requests.TooManyRedirects | BadRedirect):
-        return terminal("redirect", error)
+        return failed("redirect", error)
     if isinstance(
         exc,
         requests.exceptions.InvalidURL
@@ -156,9 +165,9 @@ def classify_http_exception(exc: Exception) -> Verdict:
         | requests.exceptions.InvalidHeader
         | requests.exceptions.InvalidJSONError,
     ):
-        return terminal("invalid_request", error)
+        return failed("invalid_request", error)
     if isinstance(exc, requests.exceptions.ContentDecodingError | urllib3.exceptions.DecodeError):
-        return terminal("invalid_body", error)
+        return failed("invalid_body", error)
     if isinstance(
         exc,
         requests.ConnectionError
@@ -166,8 +175,8 @@ def classify_http_exception(exc: Exception) -> Verdict:
         | urllib3.exceptions.ProtocolError
         | ConnectionError,
     ):
-        return retry("connection", error)
-    return terminal("exception", error)
+        return failed("connection", error)
+    return failed("exception", error)
 
 
 # Exception classes of common clients (httpx, SDKs built on it such as openai's and
@@ -294,7 +303,7 @@ def classify_raised(
     if retry_if is not None:
         retryable = bool(retry_if(exc))
     elif status is not None:
-        retryable = status in RETRYABLE_STATUSES
+        retryable = status in RETRYABLE
     else:
         retryable = is_transient(exc)
     error = describe(exc)
@@ -303,31 +312,32 @@ def classify_raised(
     return terminal(kind, error, facts_of_status(status))
 
 
-# Kinds an attempt ends with that are no answer of the host's.
-_NOT_THE_HOSTS_ANSWER: frozenset[ErrorKind] = frozenset(
-    {"budget", "deadline", "cancelled", "circuit_open"}
-)
 _SLOW_DOWN_STATUSES = frozenset({429, 503})
+# What a success is to the limits: an answer.
+_ANSWER = Kind(False, "answer", "outcome")
 
 
 def host_feedback(verdict: Verdict) -> Feedback:
     """What an attempt tells the limits of its host.
 
-    Congested: a 429, a 503 or a timeout. Unwell (the breaker's failure): a connection error,
-    a timeout, a 5xx, or a retryable answer without Retry-After such as a 429 or 408 (or a
-    ``Retryable`` raised without ``retry_after``). Not counted: a 429 or ``Retryable`` with
-    Retry-After, which the cooldown handles, and an attempt cut short or lost to its hedge.
-    Anything else is an answer. Hold, for every caller: the Retry-After of a 429 or 503 (a
-    wait hint without such a status, ``Retryable(retry_after=…)``, is that item's alone).
+    Congested: a 429, a 503 or a kind that says so (a timeout). Unwell (the breaker's
+    failure): a kind that is the host's failure (a connection error, a timeout), a 5xx, or a
+    retryable answer without Retry-After such as a 429 or 408 (or a ``Retryable`` raised
+    without ``retry_after``). Not counted: a 429 or ``Retryable`` with Retry-After, which the
+    cooldown handles, and a kind that is no answer of the host's (an attempt cut short, lost to
+    its hedge, or never sent). Anything else is an answer. Hold, for every caller: the
+    Retry-After of a 429 or 503 (a wait hint without such a status, ``Retryable(retry_after=…)``,
+    is that item's alone).
     """
     facts = facts_of(verdict)
     status = facts.status_code
-    congested = status in _SLOW_DOWN_STATUSES or verdict.error_kind == "timeout"
+    kind = _ANSWER if verdict.error_kind is None else KINDS[verdict.error_kind]
+    congested = status in _SLOW_DOWN_STATUSES or kind.congested
     hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
     unwell: bool | None
-    if verdict.error_kind in _NOT_THE_HOSTS_ANSWER:
+    if kind.breaker == "ignored":
         unwell = None
-    elif verdict.error_kind in ("connection", "timeout") or (status is not None and status >= 500):
+    elif kind.breaker == "failure" or (status is not None and status >= 500):
         unwell = True
     elif verdict.outcome == "retry":
         unwell = None if verdict.retry_after is not None else True

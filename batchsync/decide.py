@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from .backoff import Backoff
 from .budget import Allowance, Limit
+from .kinds import KINDS
 from .verdict import Verdict
 
 
@@ -35,8 +36,9 @@ class Attempted:
 
 def cut_short(verdict: Verdict, cut_by: Limit | None) -> Verdict:
     """A timeout of an attempt that the budget or the deadline bounded (``cut_by``) is that
-    limit's final failure, not the server's slowness."""
-    if verdict.error_kind != "timeout" or cut_by is None:
+    limit's final failure, not the server's slowness (a kind whose record says ``cut_short``)."""
+    kind = verdict.error_kind
+    if cut_by is None or kind is None or not KINDS[kind].cut_short:
         return verdict
     return replace(
         verdict, outcome="terminal", error_kind=cut_by,

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .backoff import Backoff
 from .budget import Allowance
 from .decide import Attempted, cut_short, decide, plural
+from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .limits import GLOBAL, Gates
 from .observe import Hooks, Observer, Observers
 from .result import Answer, AttemptRecord, Result, describe_attempts
@@ -362,10 +363,7 @@ class Engine:
 
     def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
         url, item_id = job.label(item)
-        reason = {
-            "deadline": "batch deadline passed before the item started",
-            "cancelled": "batch stopped before the item started",
-        }.get(kind, kind)
+        reason = unstarted_reason(kind)
         return Result(
             index, url, False, item_id, error_kind=kind, error=reason, finished=time.time()
         )
@@ -487,7 +485,7 @@ class Engine:
                 return result(verdict, None, fallback)
             errors.append(error if fallback is None else f"fallback {fallback}: {error}")
             so_far = result(verdict, "; ".join(errors), None, steps)
-            if not _may_fall_back(verdict, primary=fallback is None):
+            if not may_fall_back(verdict, primary=fallback is None):
                 break
         assert so_far is not None
         return so_far
@@ -596,12 +594,7 @@ class Engine:
     @staticmethod
     def _stopped_short(last: Verdict | None, kind: ErrorKind, route: Route) -> tuple[Verdict, str]:
         """A route ended before its next attempt was sent: by a limit, a stop or an open circuit."""
-        reason = {
-            "budget": "no time left in the budget",
-            "deadline": "no time left before the deadline",
-            "cancelled": "stopped before the next try",
-            "circuit_open": f"the circuit for {route.host or 'every call'} is open",
-        }.get(kind, kind)
+        reason = stopped_reason(kind, route.host)
         if last is None:
             return Verdict("terminal", kind, reason), reason
         return replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}"
@@ -615,13 +608,3 @@ class Steps:
     done: int
     data: Any
     continuation: Any
-
-
-def _may_fall_back(verdict: Verdict, primary: bool) -> bool:
-    """Fallbacks follow a route that ran out of retries or met an open circuit; after the
-    item's own route, never a final answer (a 404); never once time is up or the run stops."""
-    if verdict.error_kind in ("budget", "deadline", "cancelled"):
-        return False
-    if verdict.error_kind == "circuit_open" or verdict.outcome == "retry":
-        return True
-    return not primary

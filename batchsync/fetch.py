@@ -43,6 +43,7 @@ from .paginate import (
 from .quota import quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
+from .retries import judged, parse_statuses
 from .spec import RequestSpec, item_label, parse_item
 from .task import Route, Task
 from .transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
@@ -84,6 +85,8 @@ class HttpJob:
             and not self._paging
         )  # fmt: skip
         self._unix_time = unix_time
+        self._retryable = parse_statuses(options.retry_statuses)
+        self._retry_if = options.retry_if
         self._hedger: Hedger | None = None
         if options.hedge_after is not None:
             self._hedger = Hedger(
@@ -362,7 +365,9 @@ class HttpJob:
             else:
                 verdict = self._exchange(request, own, wall_end, None)
         if verdict.error is not None:
-            verdict = replace(verdict, error=self._secrets.text(verdict.error, own))
+            if self._retry_if is not None:  # (asked before the error is masked: it may add to it)
+                verdict = judged(verdict, self._retry_if)
+            verdict = replace(verdict, error=self._secrets.text(verdict.error or "", own))
         return verdict
 
     def _authorized_attempt(
@@ -446,7 +451,7 @@ class HttpJob:
             answer = refused.response
             verdict = classify_refused_answer(
                 refused.error, answer.status_code, answer.headers.get("Retry-After"),
-                self._unix_time(),
+                self._unix_time(), self._retryable,
             )  # fmt: skip
             landed = self._landed(answer.url, own, request)
             facts = HttpFacts(answer.status_code, landed, refused.redirects)
@@ -482,7 +487,7 @@ class HttpJob:
         )
         if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
             retry_after = reply.headers.get("Retry-After")
-            failed = classify_status(status, retry_after, self._unix_time(), quota)
+            failed = classify_status(status, retry_after, self._unix_time(), quota, self._retryable)
             if failed is not None:
                 self._transport.discard(reply, wall_end)
                 facts = facts_of(failed)._replace(final_url=landed, redirects=reply.redirects)

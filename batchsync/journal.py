@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .history import Pass, Stint, totals
+from .kinds import NOT_FINAL
 from .result import Listing, Result, Summary, Trace, summarize
 
 SCHEMA = """
@@ -100,6 +101,8 @@ _TAMPERINGS = (
 TO_SEND, DONE, TO_REDO, TO_GO_ON, TO_FINISH = range(5)
 
 _BATCH_ROWS = 5000
+# The kinds a resumed run sends again, as SQL: an item stopped partway with them is not done.
+_NOT_FINAL = ", ".join(f"'{kind}'" for kind in sorted(NOT_FINAL))
 # Results waiting for the writer at most (besides the group it is storing): beyond that,
 # workers wait (back-pressure), so a run whose results come faster than SQLite commits them
 # does not grow without bound.
@@ -551,7 +554,7 @@ class JournalReader:
         query = "SELECT idx, ok, error_kind, pass, resume FROM results WHERE idx < ?"
         for index, ok, kind, made_in, resume in self._db.execute(query, (size,)):
             redone = current.redoes(bool(ok), kind, int(made_in))
-            if resume is not None and kind == "cancelled":
+            if resume is not None and kind in NOT_FINAL:
                 marks[index] = TO_FINISH
             elif resume is not None and (current.retry is None or redone):
                 marks[index] = TO_GO_ON
@@ -647,7 +650,7 @@ class JournalReader:
         meta = self.meta()
         done, failed = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0) FROM results "
-            "WHERE resume IS NULL OR error_kind IS NOT 'cancelled'"
+            f"WHERE resume IS NULL OR error_kind IS NULL OR error_kind NOT IN ({_NOT_FINAL})"
         ).fetchone()
         entries = meta.get("entries", "?")
         source = meta.get("input")

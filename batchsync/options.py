@@ -22,6 +22,7 @@ from .limits import Breaker, CooldownScope
 from .paginate import Paging, paging
 from .redact import Secrets
 from .result import AttemptRecord, Result
+from .retries import RETRY_STATUSES, RetryIf, parse_statuses
 from .spec import RequestSpec, check_headers, one_line
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
@@ -113,6 +114,11 @@ class FetchOptions(FlowOptions):
     # Query parameters whose values are secret, besides redact.SECRET_PARAMS (api_key, token…).
     secret_params: tuple[str, ...] = ()
     max_bytes: int = Field(default=32 * 2**20, ge=1)
+    # What is retried (besides what each error kind says): the statuses, as text ("429,
+    # 502-504", "5xx") or numbers, and ``retry_if(status_code, error_kind)`` -> True (retry),
+    # False (final) or None (as the statuses and the kind say).
+    retry_statuses: str | frozenset[int] = RETRY_STATUSES
+    retry_if: RetryIf | None = None
     session: Any = None
     # Keep the cookies responses set during the run (each sent back to its origin only).
     cookies: bool = True
@@ -167,6 +173,12 @@ class FetchOptions(FlowOptions):
     def _sendable_headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value:
             check_headers(value)
+        return value
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _statuses_known(cls, value: str | frozenset[int]) -> str | frozenset[int]:
+        parse_statuses(value)
         return value
 
     @field_validator("verify")

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from .kinds import KINDS, NOT_FINAL
 from .verdict import ErrorKind
 
 
@@ -82,7 +83,7 @@ def describe_attempts(records: Iterable[AttemptRecord]) -> str:
 def _what_happened(record: AttemptRecord) -> str:
     """An attempt's outcome in a word: its status when that decided it, else what ended it
     (a timeout whose headers said 200 is a timeout)."""
-    if record.error_kind in (None, "status"):
+    if record.error_kind is None or KINDS[record.error_kind].by_status:
         return str(record.status_code or record.error_kind or "ok")
     if record.status_code is not None:
         return f"{record.error_kind} (HTTP {record.status_code})"
@@ -120,7 +121,7 @@ class Result:
     def final(self) -> bool:
         """False only for an item stopped while waiting to retry with nothing kept: a later
         run should redo it. (A paginated one that got pages is kept and goes on from there.)"""
-        return self.error_kind != "cancelled" or self.continuation is not None
+        return self.error_kind not in NOT_FINAL or self.continuation is not None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Result:

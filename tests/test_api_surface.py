@@ -41,7 +41,7 @@ DESCRIBED = {"--output": "INPUT's name without its extension; stdin: batch"}
 CLI_NAMES = {
     "concurrency", "attempts", "timeout", "budget", "deadline", "expect", "max_bytes", "rate",
     "per_host", "cooldown", "adaptive", "dedup", "cookies", "deny_private", "namespace",
-    "lease_ttl", "breaker", "quota_headers",
+    "lease_ttl", "breaker", "quota_headers", "retry_statuses",
 }  # fmt: skip
 
 

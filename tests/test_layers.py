@@ -24,13 +24,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict budget backoff origins history redact decide limits result records journal",
+            "verdict kinds budget backoff origins history redact decide limits result records"
+            " journal",
         ),
         ("engine", "task observe engine progress"),
         (
             "http",
-            "guard watchdog headers cookies spec template decode httpfacts classify quota paginate"
-            " transport hedge auth",
+            "guard watchdog headers cookies spec template decode httpfacts retries classify quota"
+            " paginate transport hedge auth",
         ),
         ("options", "options"),
         ("jobs", "fetch calls"),

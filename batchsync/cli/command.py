@@ -34,6 +34,7 @@ from .options import (
     parse_breaker,
     parse_headers,
     parse_hedge_after,
+    parse_retry_statuses,
     positive,
     resume_command,
 )
@@ -139,6 +140,15 @@ def _retry_kinds(
     type=click.IntRange(min=1),
     default=DEFAULT.attempts,
     help="Total tries per item, the first included.",
+)
+@click.option(
+    "--retry-statuses",
+    default=DEFAULT.retry_statuses,
+    metavar="CODES",
+    callback=parse_retry_statuses,
+    help="The HTTP statuses retried, e.g. 429,502-504 or 5xx (none: no status). Timeouts and "
+    "dropped connections are retried whatever this says, and so is a 403 whose Retry-After "
+    "or rate-limit headers say the quota is spent.",
 )
 @click.option(
     "--timeout",
@@ -478,6 +488,7 @@ def command(
     input_format: str,
     concurrency: int,
     attempts: int,
+    retry_statuses: str,
     timeout: float,
     budget: float,
     deadline: float | None,
@@ -540,6 +551,7 @@ def command(
             FetchOptions,
             concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
             deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
+            retry_statuses=retry_statuses,
             rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
             dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
             secret_params=secret_params,

@@ -10,6 +10,7 @@ import click
 
 from ..limits import Breaker
 from ..redact import MASK, Secrets
+from ..retries import parse_statuses
 
 positive = click.FloatRange(min=0, min_open=True)
 
@@ -46,6 +47,15 @@ def parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Bre
         raise click.BadParameter(
             f"expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off ({exc})"
         ) from None
+
+
+def parse_retry_statuses(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--retry-statuses as given, once it names statuses (the library reads it again)."""
+    try:
+        parse_statuses(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def parse_hedge_after(
