@@ -132,7 +132,7 @@ class HttpJob:
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
                 # (its own secrets too: a server may echo its key in a status line or Location)
-                own = self._secrets.of_item((item,), None, None)
+                own = self._secrets.of_url(item)
                 attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
