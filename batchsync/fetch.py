@@ -40,7 +40,7 @@ from .paginate import (
     same_origin,
     with_userinfo,
 )
-from .quota import quota_wait
+from .quota import answer_quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .spec import RequestSpec, item_label, parse_item
@@ -51,6 +51,7 @@ from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
+_NO_SECRETS = nullcontext()  # (reusable: it holds nothing)
 _NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
 
 log = logging.getLogger("batchsync")
@@ -350,7 +351,7 @@ class HttpJob:
         so_far: Result | None,
     ) -> Verdict:
         assert wall_end is not None
-        with item_secrets(own) if own else nullcontext():
+        with item_secrets(own) if own else _NO_SECRETS:
             if hedge_host is not None and self._hedger is not None:
                 verdict = self._hedger.run(partial(self._exchange, request, wall_end), hedge_host)
             else:
@@ -455,7 +456,7 @@ class HttpJob:
     def _judge(self, method: str | None, reply: Reply, wall_end: float) -> Verdict:
         status = reply.status
         quota = (
-            quota_wait(reply.headers.items(), self._unix_time)
+            answer_quota_wait(reply.headers, self._unix_time)
             if self._options.quota_headers
             else None
         )
