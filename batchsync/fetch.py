@@ -70,6 +70,7 @@ class HttpJob:
     ) -> None:
         """Gets auth='s first token now: AuthFailed when it cannot be got (nothing sent)."""
         self._options = options
+        self.timeout = options.timeout  # (an attribute, not a property: read twice an attempt)
         self._transport = transport
         self._secrets = options.secrets() if secrets is None else secrets
         self._paging = options.paging()
@@ -97,10 +98,6 @@ class HttpJob:
         it in a cycle that outlives the run, and the connections it reaches with it."""
         return self._attempt if self._auth is None else self._authorized_attempt
 
-    @property
-    def timeout(self) -> float:
-        return self._options.timeout
-
     def close(self) -> None:
         """End the hedging threads; requests that lost a race are cut, not waited for."""
         if self._hedger is not None:
@@ -111,8 +108,7 @@ class HttpJob:
     def secrets(self) -> Secrets:
         return self._secrets
 
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return host_feedback(verdict)
+    feedback = staticmethod(host_feedback)
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item.item if isinstance(item, Continued) else item)
@@ -129,7 +125,8 @@ class HttpJob:
         if isinstance(item, str) and self._lean:
             wire = self._transport.wire("GET", item, self._lane_headers)
             if wire is not None:
-                self._guarded(wire.origin[1])
+                if self._transport.guard is not None:
+                    self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
                 # (its own secrets too: a server may echo its key in a status line or Location)
