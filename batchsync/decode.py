@@ -24,9 +24,25 @@ class InvalidBody(ValueError):
     """The body cannot be read the way ``expect`` asks."""
 
 
+# Content-Type → declared encoding, as worked out once: a run meets few Content-Types. Only
+# those up to _MAX_KEPT_LENGTH characters are kept, at most _MAX_KEPT of them (past that the
+# cache starts afresh; an entry is re-derived on demand).
+_ENCODINGS: dict[str | None, str | None] = {}
+_MAX_KEPT, _MAX_KEPT_LENGTH = 256, 200
+
+
 def declared_encoding(content_type: str | None) -> str | None:
     """The encoding requests gives a response of this Content-Type (``r.encoding``)."""
-    return get_encoding_from_headers({"content-type": content_type})  # type: ignore[arg-type]
+    try:
+        return _ENCODINGS[content_type]
+    except KeyError:
+        pass
+    encoding = get_encoding_from_headers({"content-type": content_type})  # type: ignore[arg-type]
+    if content_type is None or len(content_type) <= _MAX_KEPT_LENGTH:
+        if len(_ENCODINGS) >= _MAX_KEPT:
+            _ENCODINGS.clear()
+        _ENCODINGS[content_type] = encoding
+    return encoding
 
 
 def text_of(body: bytes | bytearray, encoding: str | None) -> str:
@@ -61,7 +77,8 @@ def decode_body(body: bytes | bytearray, expect: object, content_type: str | Non
     encoding = declared_encoding(content_type)
     if expect == "text":
         return text_of(body, encoding)
-    text = json_text(body, encoding)
+    # (with a declared encoding, the text r.json() parses is r.text)
+    text = json_text(body, None) if encoding is None else text_of(body, encoding)
     if isinstance(expect, type) and issubclass(expect, BaseModel):
         try:
             return expect.model_validate_json(text)

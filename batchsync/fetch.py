@@ -40,7 +40,7 @@ from .paginate import (
     same_origin,
     with_userinfo,
 )
-from .quota import quota_wait
+from .quota import answer_quota_wait
 from .redact import Secrets, item_secrets
 from .result import Result
 from .retries import judged, parse_statuses
@@ -53,6 +53,7 @@ from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
+_NO_SECRETS = nullcontext()  # (reusable: it holds nothing)
 _NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
 
 log = logging.getLogger("batchsync")
@@ -71,6 +72,7 @@ class HttpJob:
     ) -> None:
         """Gets auth='s first token now: AuthFailed when it cannot be got (nothing sent)."""
         self._options = options
+        self.timeout = options.timeout  # (an attribute, not a property: read twice an attempt)
         self._transport = transport
         self._secrets = options.secrets() if secrets is None else secrets
         self._paging = options.paging()
@@ -100,10 +102,6 @@ class HttpJob:
         it in a cycle that outlives the run, and the connections it reaches with it."""
         return self._attempt if self._auth is None else self._authorized_attempt
 
-    @property
-    def timeout(self) -> float:
-        return self._options.timeout
-
     def close(self) -> None:
         """End the hedging threads; requests that lost a race are cut, not waited for."""
         if self._hedger is not None:
@@ -114,8 +112,7 @@ class HttpJob:
     def secrets(self) -> Secrets:
         return self._secrets
 
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return host_feedback(verdict)
+    feedback = staticmethod(host_feedback)
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item.item if isinstance(item, Continued) else item)
@@ -132,11 +129,12 @@ class HttpJob:
         if isinstance(item, str) and self._lean:
             wire = self._transport.wire("GET", item, self._lane_headers)
             if wire is not None:
-                self._guarded(wire.origin[1])
+                if self._transport.guard is not None:
+                    self._guarded(wire.origin[1])
                 # The common case, kept lean: a plain URL straight to the fast lane.
                 dedup = item if self._options.dedup else None
                 # (its own secrets too: a server may echo its key in a status line or Location)
-                own = self._secrets.of_item((item,), None, None)
+                own = self._secrets.of_url(item)
                 attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
@@ -357,7 +355,7 @@ class HttpJob:
         so_far: Result | None,
     ) -> Verdict:
         assert wall_end is not None
-        with item_secrets(own) if own else nullcontext():
+        with item_secrets(own) if own else _NO_SECRETS:
             if hedge_host is not None and self._hedger is not None:
                 verdict = self._hedger.run(
                     partial(self._exchange, request, own, wall_end), hedge_host
@@ -481,7 +479,7 @@ class HttpJob:
         """The Verdict on an answer, its facts (``HttpFacts``) made once."""
         status = reply.status
         quota = (
-            quota_wait(reply.headers.items(), self._unix_time)
+            answer_quota_wait(reply.headers, self._unix_time)
             if self._options.quota_headers
             else None
         )

@@ -46,24 +46,33 @@ class QuickMessage(http.client.HTTPMessage):
 
 def message_from_lines(lines: list[bytes]) -> http.client.HTTPMessage:
     """The HTTPMessage ``email.parser`` would make of these lines, built directly if plain."""
-    fields = [_PLAIN_LINE.fullmatch(line) for line in lines[:-1]]
-    plain = lines[-1] in _END_OF_HEADERS and all(fields)
-    if not plain or any(
-        field[1].lower() == b"content-type" and _SPECIAL_TYPE.search(field[2])
-        for field in fields
-        if field is not None
-    ):
+    fields = _plain_fields(lines)
+    if fields is None:
         text = b"".join(lines).decode("iso-8859-1")
         message: http.client.HTTPMessage = email.parser.Parser(_class=QuickMessage).parsestr(text)
         return message
     message = QuickMessage()
-    message._headers = [  # type: ignore[attr-defined]
-        (field[1].decode("ascii"), field[2].decode("iso-8859-1"))
-        for field in fields
-        if field is not None
-    ]
-    message.set_payload("")
+    message._headers = fields  # type: ignore[attr-defined]
+    message._payload = ""  # type: ignore[attr-defined]  # (what set_payload("") sets)
     return message
+
+
+def _plain_fields(lines: list[bytes]) -> list[tuple[str, str]] | None:
+    """The (name, value) of each line of a plain header block, in one pass; None when the
+    block is not plain: a line that is not ``Name: value``, no blank line at its end, or a
+    Content-Type the email parser treats specially."""
+    if lines[-1] not in _END_OF_HEADERS:
+        return None
+    fields = []
+    for line in lines[:-1]:
+        field = _PLAIN_LINE.fullmatch(line)
+        if field is None:
+            return None
+        name, value = field.groups()
+        if name.lower() == b"content-type" and _SPECIAL_TYPE.search(value):
+            return None
+        fields.append((name.decode("ascii"), value.decode("iso-8859-1")))
+    return fields
 
 
 # The stdlib pieces the quick path stands on, as this module found them at import.

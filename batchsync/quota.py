@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
@@ -23,6 +23,18 @@ _EPOCH_THRESHOLD = 1e9
 _REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*(\d+)")
 _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)")
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*(\d+(?:\.\d+)?)")
+
+
+def answer_quota_wait(headers: Mapping[str, str], unix_time: Callable[[], float]) -> float | None:
+    """``quota_wait`` of a response's headers (a case-insensitive mapping), read only when
+    one of those it looks at first is there: most answers have none, and reading every
+    header of every answer costs more than three look-ups."""
+    told = (
+        "x-ratelimit-remaining" in headers
+        or "ratelimit-remaining" in headers
+        or "ratelimit" in headers
+    )
+    return quota_wait(headers.items(), unix_time) if told else None
 
 
 def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float]) -> float | None:

@@ -62,6 +62,7 @@ _PARAMS = (
     re.compile(r"(?<=[?&;#])([^=&;#?\s'\"<>]+)=([^&;#\s'\"<>]*)"),
 )
 _CUTS = ("…", "...")
+_NONE: frozenset[str] = frozenset()
 # A value made of template fields only ({name}; {{ is a literal brace, no field).
 _FIELDS_ONLY = re.compile(r"(?:\{[^{}]+\})+")
 
@@ -191,6 +192,9 @@ class Secrets:
     def text(self, text: str, extra: Iterable[str] = ()) -> str:
         """``text`` with every secret masked: by shape (userinfo, secret parameters), the
         run's known values and ``extra`` values (an item's own) in every form."""
+        by_shape_only = not (extra or self.values or self._learned.values)
+        if by_shape_only and "@" not in text and "=" not in text and "%" not in text:
+            return text  # (no value to look for, no shape to mask: the fast lane's common case)
         return self._masked(text, extra, self._mask_param)
 
     def given(self, url: str, own: frozenset[str]) -> str:
@@ -218,6 +222,8 @@ class Secrets:
         secrets masked too, unless ``given`` has it in its path: a server that copies a short
         key into a ``Location`` leaks it nowhere, and a path the caller wrote
         (``/basic-auth/user/passwd``) keeps its bytes."""
+        if not own:
+            return self.text(url)
         secret = self._outside(own, given)
         masked = self.text(url, secret)
         short = {value for value in secret if len(value) < _MIN_ANYWHERE}
@@ -294,9 +300,16 @@ class Secrets:
         )
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
+    def of_url(self, url: str) -> frozenset[str]:
+        """``of_item`` of a URL given alone: at no cost for one with no parameter, userinfo
+        or escape (the fast lane's common case)."""
+        if "=" not in url and "@" not in url and "%" not in url:
+            return _NONE
+        return self.of_item((url,), None, None)
+
     def _url_values(self, url: str) -> set[str]:
         if "=" not in url and "@" not in url and "%" not in url:
-            return set()  # (no parameter, no userinfo: the fast lane's common case, at no cost)
+            return set()  # (no parameter, no userinfo)
         found = self._param_values(url) | self._param_values(unquote_plus(url))
         try:
             user, password = urlsplit(url).username, urlsplit(url).password

@@ -55,9 +55,14 @@ _MAX_CACHED_ORIGINS = 4096
 
 
 Origin = tuple[str, str, int | None]
+# An origin's fast lane: the urllib3 pool that serves it (None: it must go the requests way)
+# and its host key.
+Lane = tuple[HTTPConnectionPool | None, str]
 
 # Bodiless methods the fast lane sends; everything else goes the full requests way.
 _FAST_METHODS = frozenset({"GET", "HEAD"})
+# What urllib3 makes of retries=False, redirect=False on every request, made once.
+_NO_RETRIES = Retry(False, redirect=False)
 
 
 @dataclass(slots=True)  # built per item; only ``pool`` changes, when its pool was closed
@@ -433,7 +438,7 @@ class Transport:
         else:
             self._factory = session
         self._fast = session is None
-        self._lanes: dict[Origin, HTTPConnectionPool | None] = {}
+        self._lanes: dict[Origin, Lane] = {}
         self._local = threading.local()
         self._settings: dict[tuple[int, str], dict[str, Any]] = {}
         # True said in so many words means certifi's bundle, whatever the environment says.
@@ -548,19 +553,18 @@ class Transport:
         if split is None:
             return None
         origin, target = split
-        pool = self._lane(origin, url)
+        pool, host = self._lanes.get(origin) or self._lane(origin, url)
         if pool is None:
             return None
-        return Wire(method, url, origin, host_key(*origin), target, headers, pool)
+        return Wire(method, url, origin, host, target, headers, pool)
 
-    def _lane(self, origin: Origin, url: str) -> HTTPConnectionPool | None:
-        """The urllib3 pool that serves an origin directly, or None when it must not.
+    def _lane(self, origin: Origin, url: str) -> Lane:
+        """The urllib3 pool that serves an origin directly (None when it must not), and the
+        origin's host key; looked up once per origin.
 
         The pool and its TLS settings are the ones ``HTTPAdapter.send`` would use: the same
         look-up and the same ``cert_verify`` (certifi unless told otherwise).
         """
-        if origin in self._lanes:
-            return self._lanes[origin]
         session = self.session()
         settings = self._environment(session, url)
         adapter = session.get_adapter(url)
@@ -581,8 +585,8 @@ class Transport:
                 pool = None
         if len(self._lanes) >= _MAX_CACHED_ORIGINS:
             self._lanes.clear()
-        self._lanes[origin] = pool
-        return pool
+        lane = self._lanes[origin] = (pool, host_key(*origin))
+        return lane
 
     def send(self, request: Outgoing, wall_end: float) -> Reply:
         """Send ``request``, following redirects, until a final response's headers arrive.
@@ -669,13 +673,13 @@ class Transport:
         self.ledger.watchdog.arm(wall_end)
         try:
             raw = wire.pool.urlopen(
-                wire.method, wire.target, headers=wire.headers, retries=False, redirect=False,
+                wire.method, wire.target, headers=wire.headers, retries=_NO_RETRIES, redirect=False,
                 assert_same_host=False, preload_content=False, decode_content=False,
                 timeout=left,
             )  # fmt: skip
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
             self._lanes.pop(wire.origin, None)
-            pool = self._lane(wire.origin, wire.url)
+            pool = self._lane(wire.origin, wire.url)[0]
             if pool is None:
                 return self.send(self._recipe(wire), wall_end)
             wire.pool = pool
@@ -778,7 +782,8 @@ class Transport:
         keeps watching the attempt after that (it goes on: a redirect's next hop).
         """
         raw = reply.raw
-        encoded = bool(reply.headers.get("Content-Encoding"))
+        # (a look-up first: a missing header costs get() a KeyError, caught, on every answer)
+        encoded = "Content-Encoding" in reply.headers and bool(reply.headers["Content-Encoding"])
         # Without an encoding, the declared length is the body's: check it, and stop reading
         # once it has all come.
         declared = None if encoded else declared_length(raw, reply.headers)

@@ -9,12 +9,14 @@ import uuid
 from typing import Any
 
 import pytest
+from requests.structures import CaseInsensitiveDict
+from urllib3 import HTTPHeaderDict
 
 from batchsync import fetch_all
 from batchsync.budget import Allowance
 from batchsync.classify import classify_status, host_feedback
 from batchsync.httpfacts import HttpFacts
-from batchsync.quota import quota_wait
+from batchsync.quota import answer_quota_wait, quota_wait
 from batchsync.verdict import success
 
 from .mockserver import MockServerProcess
@@ -28,26 +30,45 @@ def headers(**given: str) -> list[tuple[str, str]]:
     return [(name.replace("_", "-"), value) for name, value in given.items()]
 
 
+# What each set of headers announces (names as servers write them, with "_" for "-").
+ANNOUNCED = [
+    ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "30"}, 30.0),  # seconds left
+    ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) + 45)}, 45.0),  # epoch
+    ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) - 5)}, 0.0),  # past
+    ({"X_RateLimit_Remaining": "3", "X_RateLimit_Reset": "30"}, None),  # some left
+    ({"X_RateLimit_Remaining": "0"}, None),  # no reset: nothing to go by
+    ({"X_RateLimit_Remaining": "none", "X_RateLimit_Reset": "30"}, None),
+    ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "nan"}, None),
+    ({"RateLimit_Remaining": "0", "RateLimit_Reset": "12"}, 12.0),
+    ({"RateLimit": '"default";r=0;t=20'}, 20.0),  # the IETF structured field
+    ({"RateLimit": '"default";r=7;t=20'}, None),
+    ({"RateLimit": "limit=100, remaining=0, reset=8"}, 8.0),  # its older form
+    ({"RateLimit": '"default";r=0', "RateLimit_Policy": '"default";q=100;w=60'}, 60.0),
+    ({}, None),
+]
+
+
+@pytest.mark.parametrize(("given", "wait"), ANNOUNCED)
+def test_the_wait_a_hosts_headers_announce(given: dict[str, str], wait: float | None) -> None:
+    assert quota_wait(headers(**given), lambda: NOW) == wait
+
+
 @pytest.mark.parametrize(
     ("given", "wait"),
     [
-        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "30"}, 30.0),  # seconds left
-        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) + 45)}, 45.0),  # epoch
-        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW) - 5)}, 0.0),  # past
-        ({"X_RateLimit_Remaining": "3", "X_RateLimit_Reset": "30"}, None),  # some left
-        ({"X_RateLimit_Remaining": "0"}, None),  # no reset: nothing to go by
-        ({"X_RateLimit_Remaining": "none", "X_RateLimit_Reset": "30"}, None),
-        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "nan"}, None),
-        ({"RateLimit_Remaining": "0", "RateLimit_Reset": "12"}, 12.0),
-        ({"RateLimit": '"default";r=0;t=20'}, 20.0),  # the IETF structured field
-        ({"RateLimit": '"default";r=7;t=20'}, None),
-        ({"RateLimit": "limit=100, remaining=0, reset=8"}, 8.0),  # its older form
-        ({"RateLimit": '"default";r=0', "RateLimit_Policy": '"default";q=100;w=60'}, 60.0),
-        ({}, None),
+        *ANNOUNCED,
+        ({"X_RATELIMIT_REMAINING": "0", "x_ratelimit_reset": "30"}, 30.0),  # any case
+        ({"X_RateLimit_Limit": "100", "X_RateLimit_Reset": "30"}, None),  # no remaining count
     ],
 )
-def test_the_wait_a_hosts_headers_announce(given: dict[str, str], wait: float | None) -> None:
-    assert quota_wait(headers(**given), lambda: NOW) == wait
+@pytest.mark.parametrize("mapping", [HTTPHeaderDict, CaseInsensitiveDict])
+def test_an_answers_headers_announce_the_same_wait(
+    given: dict[str, str], wait: float | None, mapping: type[Any]
+) -> None:
+    """Read from a response's own headers (urllib3's or requests'), looked up first."""
+    answer = mapping(headers(**given))
+    assert answer_quota_wait(answer, lambda: NOW) == quota_wait(headers(**given), lambda: NOW)
+    assert answer_quota_wait(answer, lambda: NOW) == wait
 
 
 def test_a_403_that_says_the_quota_is_spent_is_a_rate_limit() -> None:
