@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         ("options", "options"),
         ("jobs", "fetch calls"),
         ("integrations the assembly uses", "contrib.redis contrib.prometheus contrib.otel"),
-        ("assembly", "assembly"),
+        ("assembly", "assembly resume"),
         ("library", "batch api once __init__ contrib.__init__"),
         ("scale-out", "contrib.dask"),
         ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),
