@@ -81,7 +81,7 @@ class Left(Generic[T]):
     form: Form[T]
     stored: Callable[[int], Result | None] = _none
     # The Results of the items sent again, until their new ones come (``taken``).
-    _earlier: dict[int, Result] = field(default_factory=dict)
+    _earlier: dict[int, Result] = field(default_factory=dict, init=False)
 
     @property
     def count(self) -> int:

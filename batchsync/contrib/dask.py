@@ -182,7 +182,8 @@ def fetch_on_cluster(
     ``limits="redis://..."`` so that all workers share one quota), sent to the workers as
     they are: hooks and fallbacks run there. With ``journal=``, each
     finished partition is recorded, and a new call over the same items after a client
-    restart runs only the items whose partitions had not finished.
+    restart runs only what is left, as ``Batch`` does: the items whose partitions had not
+    finished, and the paginated ones that stopped partway, from their next page.
     """
     settings = _checked(FetchOptions, options)
     task = partial(run_partition, settings=settings)
