@@ -103,18 +103,14 @@ class Left(Generic[T]):
         the journal's next page is not on its origin."""
         before = None if mark == TO_SEND else self.stored(index)
         if mark in (TO_GO_ON, TO_FINISH):
-            going = None if before is None else before.continuation
-            if before is not None and going is not None and self._trusted(item, going):
-                self._earlier[index] = before
-                return self.form.going_on(item, going, before.data)
-            log.warning(STARTS_OVER, self.form.where(index, item))
-            return item
+            url = self.form.url(item)
+            if before is None or not trusted_continuation(url, before.continuation):
+                log.warning(STARTS_OVER, self.form.where(index, item))
+                return item
+            item = self.form.going_on(item, before.continuation, before.data)
         if before is not None:
             self._earlier[index] = before
         return item
-
-    def _trusted(self, item: T, continuation: Mapping[str, Any]) -> bool:
-        return trusted_continuation(self.form.url(item), continuation)
 
     def taken(self, index: int) -> Result | None:
         """The Result an item sent again had (None: it had none), given once, when its new
