@@ -28,7 +28,6 @@ from .journal import Encode, Journal, JournalUnusable
 from .limits import Gates, SharedLimits, build_gates
 from .observe import Observer
 from .options import CallOptions, FetchOptions, FlowOptions
-from .paginate import same_origin
 from .progress import Tally
 from .redact import Secrets, watching
 from .result import Result, added_to
@@ -323,15 +322,3 @@ def journaling(journal: Journal, deliver: Deliver) -> Deliver:
             deliver(result, item)
 
     return store_then_deliver
-
-
-# Logged for an item whose journaled next page is not on its origin (the journal was altered).
-STARTS_OVER = "%s: the journal's next page is not on the item's origin: it starts over"
-
-
-def trusted_continuation(item_url: str | None, continuation: Any) -> bool:
-    """Whether a journaled next page may be taken up for the item at ``item_url``: on the
-    item's own origin, as pagination never leaves it (a page elsewhere would get the item's
-    headers and secrets)."""
-    url = continuation.get("url") if isinstance(continuation, Mapping) else None
-    return isinstance(url, str) and item_url is not None and same_origin(url, item_url)

@@ -7,10 +7,9 @@ import contextlib
 import hashlib
 import inspect
 import json
-import logging
 import math
 import typing
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -18,23 +17,14 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import (
-    STARTS_OVER,
-    Ran,
-    fetch,
-    gates_for,
-    open_journal,
-    progress_of,
-    run_calls,
-    trusted_continuation,
-)
+from .assembly import Ran, fetch, gates_for, open_journal, progress_of, run_calls
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
 from .fetch import HttpJob, WrappedJob
 from .hedge import HedgeAfter
-from .history import Pass, Stint, difference, merged_timeline, totals
-from .journal import TO_REDO, Journal, JournalUnusable, locked, remove, resumed
+from .history import DONE, Pass, Stint, difference, merged_timeline, totals
+from .journal import Journal, locked, remove
 from .limits import Breaker, CooldownScope
 from .observe import log_summary
 from .options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
@@ -43,14 +33,13 @@ from .progress import Tally, counter, wanted
 from .records import dumps, public_record
 from .result import AttemptRecord, Result, Summary, error_kinds
 from .resultset import ResultSet
+from .resume import Items, Left, marks_of, read_back
 from .retries import RetryIf
-from .spec import RequestSpec, item_label
+from .spec import RequestSpec
 from .task import Task
 from .template import RowError, Template
 from .transport import Cert, SessionSource, Verify
 from .verdict import InvalidItem
-
-log = logging.getLogger("batchsync")
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -138,16 +127,16 @@ class Resumable(Generic[OptionsT]):
         # What the batch was made with (items aside), to make it again with other options.
         self._arguments = dict(arguments)
         self._done: dict[int, Result] = {}
-        # The pass this batch is in, and the failures it has still to send again.
+        # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
-        self._retrying: set[int] = set()
+        self._marks = bytearray(len(self.items))
         # What each run() did (those of earlier processes too, from the journal), and the
         # seconds earlier processes waited at each gate by second.
         self._stints: list[Stint] = []
         self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
-        self._template_url = None if template is None else template.url
+        self._form = Items(None if template is None else template.url)
         self._identity = {} if journal is None else identity_of(self.items, strict=strict)
         if template is not None and journal is not None:
             self._identity["template"] = f"rows {template.identity()}"
@@ -164,45 +153,9 @@ class Resumable(Generic[OptionsT]):
 
     def _load(self, path: Path) -> None:
         hint = "give another journal, or fresh=True to replace it"
-        with resumed(path, self._identity, "items", hint) as reader:
-            for index, record in reader.records():
-                try:
-                    self._done[index] = self._restore(json.loads(record))
-                except Exception as exc:  # the caller's decode, say
-                    raise JournalUnusable(
-                        f"the journal {path}: the Result of item {index} cannot be read back: "
-                        f"{type(exc).__name__}"
-                    ) from None
-            for index, when in reader.finish_times().items():  # (for the report's charts)
-                if index in self._done:
-                    self._done[index] = replace(self._done[index], finished=when)
-            for index, (continuation, _) in reader.unfinished(len(self.items)).items():
-                self._done[index] = replace(self._done[index], continuation=continuation)
-            self._pass = reader.latest_pass()
-            marks = reader.outstanding(len(self.items), self._pass)
-            self._retrying = {index for index, mark in enumerate(marks) if mark == TO_REDO}
-            self._stints = reader.stints()
-            self._timeline = reader.timeline()
-
-    def _todo(self) -> Iterator[tuple[int, Any]]:
-        """The items to run: those without a final Result, the failures this pass sends
-        again, and the paginated ones that stopped partway, to go on from their next page."""
-        for index, item in enumerate(self.items):
-            kept = self._done.get(index)
-            continuation = None if kept is None else kept.continuation
-            if continuation is not None and not trusted_continuation(
-                self._url_of(item), continuation
-            ):
-                log.warning(STARTS_OVER, f"item {index}")
-                kept = continuation = None
-            if kept is not None and continuation is not None:
-                yield index, Continued.of(item, continuation, kept.data)
-            elif kept is None or index in self._retrying:
-                yield index, item
-
-    def _url_of(self, item: Any) -> str | None:
-        """The URL an item is sent to (a row's: its template's, whose origin it keeps)."""
-        return self._template_url if self._template_url is not None else item_label(item)[0]
+        kept = read_back(path, self._identity, self._restore, hint)
+        self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
+        self._stints, self._timeline = kept.stints, kept.timeline
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -212,8 +165,8 @@ class Resumable(Generic[OptionsT]):
         """The journal's texts for a Result."""
         raise NotImplementedError
 
-    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
-        """Run the items without a final Result through the assembly."""
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
+        """Run what is ``left`` through the assembly."""
         raise NotImplementedError
 
     @property
@@ -246,12 +199,7 @@ class Resumable(Generic[OptionsT]):
     def pending(self) -> int:
         """How many items have no final Result yet, failures this pass has still to send
         again, or paginated items with pages still to fetch."""
-        going_on = sum(
-            1
-            for index, result in self._done.items()
-            if result.continuation is not None or index in self._retrying
-        )
-        return len(self.items) - len(self._done) + going_on
+        return len(self.items) - self._marks.count(DONE)
 
     def run(self, *, retry_failed: bool | Iterable[str] = False) -> ResultSet:
         """Run every item without a final Result (and go on with the paginated ones that
@@ -266,7 +214,7 @@ class Resumable(Generic[OptionsT]):
             if retry_failed is not True and not kinds:
                 raise ValueError("retry_failed: name at least one error kind, or give True")
             self._retry_pass(kinds)
-        todo = self._todo()
+        left = Left(self._marks, self._form, self._done.get)
         gates = self._gates
         with gates.waits.lock:
             timeline = dict(gates.waits.timeline)
@@ -280,7 +228,7 @@ class Resumable(Generic[OptionsT]):
                 journal = open_journal(self.journal, self._stored, self._identity, passing, so_far)
             try:
                 with bar:
-                    self._execute(todo, bar, journal)
+                    self._execute(left, bar, journal)
             finally:
                 stint = so_far()
                 if passing is not None:
@@ -295,11 +243,7 @@ class Resumable(Generic[OptionsT]):
     def _retry_pass(self, kinds: frozenset[str]) -> None:
         """Start a new pass that sends again the failures of ``kinds`` (empty: all)."""
         self._pass = self._pass.retrying(kinds)
-        self._retrying = {
-            index
-            for index, result in self._done.items()
-            if self._pass.redoes(result.ok, result.error_kind, self._pass.number - 1)
-        }
+        self._marks = marks_of(self._done, len(self.items), self._pass)
 
     def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
         """``ResultSet.retry_failed``: this batch's failures sent again, with its options
@@ -325,7 +269,11 @@ class Resumable(Generic[OptionsT]):
     def _keep(self, result: Result, item: object) -> None:
         if result.final:
             self._done[result.index] = result
-            self._retrying.discard(result.index)
+            continued = result.continuation is not None
+            passing = self._pass
+            self._marks[result.index] = passing.does(
+                result.ok, result.error_kind, passing.number, continued
+            )
 
 
 class Batch(Resumable[FetchOptions]):
@@ -412,12 +360,13 @@ class Batch(Resumable[FetchOptions]):
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         return encode_result(result, item)
 
-    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
         template = self._template
         return fetch(
-            self.options, todo, self._keep, gates=self._gates, progress=bar, journal=journal,
+            self.options, left.sent(enumerate(self.items)), self._keep, gates=self._gates,
+            progress=bar, journal=journal,
             wrap=None if template is None else partial(RowJob, template=template),
-            earlier=self._done.get,
+            earlier=left.taken,
         )  # fmt: skip
 
 
@@ -528,10 +477,10 @@ class CallBatch(Resumable[CallOptions]):
             raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
         return encode_result(result, item)
 
-    def _execute(self, todo: Iterator[tuple[int, Any]], bar: Tally, journal: Journal | None) -> Ran:
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
         return run_calls(
-            self.options, self._fn, todo, self._keep, gates=self._gates, progress=bar,
-            journal=journal, earlier=self._done.get,
+            self.options, self._fn, left.sent(enumerate(self.items)), self._keep,
+            gates=self._gates, progress=bar, journal=journal, earlier=left.taken,
         )  # fmt: skip
 
     def _remade_with(self) -> tuple[Any, ...]:

@@ -8,7 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from .kinds import NOT_FINAL
+
 _Key = TypeVar("_Key")
+
+# What a pass does with each item (``Pass.does``).
+TO_SEND, DONE, TO_REDO, TO_GO_ON, TO_FINISH = range(5)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,20 @@ class Pass:
             and made_in < self.number
             and (not self.retry or error_kind in self.retry)
         )
+
+    def does(self, ok: bool, error_kind: str | None, made_in: int, continued: bool) -> int:
+        """What this pass does with an item whose final Result (``ok``, ``error_kind``) was
+        made in pass ``made_in``: ``DONE``, ``TO_REDO`` (a failure it retries), ``TO_FINISH``
+        (``continued``: a paginated item stopped partway before it failed or ended) or
+        ``TO_GO_ON`` (a paginated item that failed partway, which the first pass's resume and
+        a retry of its kind go on with); the last two from their next page. (An item without
+        a final Result is ``TO_SEND``.)"""
+        redone = self.redoes(ok, error_kind, made_in)
+        if continued and error_kind in NOT_FINAL:
+            return TO_FINISH
+        if continued and (self.retry is None or redone):
+            return TO_GO_ON
+        return TO_REDO if redone else DONE
 
     def retrying(self, kinds: Iterable[str]) -> Pass:
         """The pass after this one, retrying the failures of ``kinds`` (none given: all)."""

@@ -545,21 +545,11 @@ class JournalReader:
 
     def outstanding(self, size: int, current: Pass) -> bytearray:
         """One byte per input index below ``size``, saying what pass ``current`` does with
-        it: ``TO_SEND`` (no final Result yet), ``DONE``, ``TO_REDO`` (a failure it retries),
-        ``TO_FINISH`` (a paginated item stopped partway before it failed or ended) or
-        ``TO_GO_ON`` (a paginated item that failed partway, which the first pass's resume
-        and a retry of its kind go on with); the last two from their next page (see
-        ``unfinished``)."""
-        marks = bytearray(size)  # (TO_SEND is 0)
+        it (``Pass.does``; ``TO_SEND``: no final Result yet)."""
+        marks = bytearray(size)  # (history.TO_SEND is 0)
         query = "SELECT idx, ok, error_kind, pass, resume FROM results WHERE idx < ?"
         for index, ok, kind, made_in, resume in self._db.execute(query, (size,)):
-            redone = current.redoes(bool(ok), kind, int(made_in))
-            if resume is not None and kind in NOT_FINAL:
-                marks[index] = TO_FINISH
-            elif resume is not None and (current.retry is None or redone):
-                marks[index] = TO_GO_ON
-            else:
-                marks[index] = TO_REDO if redone else DONE
+            marks[index] = current.does(bool(ok), kind, int(made_in), resume is not None)
         return marks
 
     def record(self, index: int) -> str | None:

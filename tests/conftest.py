@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,3 +23,16 @@ def fresh_server(server: MockServerProcess) -> MockServerProcess:
     """The session's mock server with its stats cleared."""
     server.reset()
     return server
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A Dask client of a local cluster of two worker processes (skipped without dask)."""
+    distributed = pytest.importorskip("distributed")
+    local = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    client = distributed.Client(local)
+    yield client
+    client.close()
+    local.close()

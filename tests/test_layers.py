@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "integrations the assembly uses",
             "contrib.redis contrib.prometheus contrib.otel contrib.__init__",
         ),
-        ("assembly", "assembly"),
+        ("assembly", "resume assembly"),
         ("results written out", "columnar report resultset"),
         ("library", "batch api once __init__"),
         ("scale-out", "contrib.dask"),

@@ -147,18 +147,6 @@ def test_the_library_shares_limits_through_redis(server: MockServerProcess, redi
     assert in_flight_peak(server.log(marker)) <= 3
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    distributed = pytest.importorskip("distributed")
-    local = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
-    client = distributed.Client(local)
-    yield client
-    client.close()
-    local.close()
-
-
 def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: Any) -> None:
     from batchsync.contrib.dask import fetch_on_cluster
 

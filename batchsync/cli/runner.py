@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..assembly import (
-    STARTS_OVER,
     Ran,
     Stoppable,
     adding_to,
@@ -23,17 +21,11 @@ from ..assembly import (
     journaling,
     open_journal,
     progress_of,
-    trusted_continuation,
 )
 from ..columnar import FORMATS
 from ..fetch import WrappedJob
-from ..history import Pass
+from ..history import DONE, TO_FINISH, TO_SEND, Pass
 from ..journal import (
-    DONE,
-    TO_FINISH,
-    TO_GO_ON,
-    TO_REDO,
-    TO_SEND,
     JournalFailed,
     JournalInUse,
     JournalMismatch,
@@ -50,6 +42,7 @@ from ..progress import Tally, counter
 from ..records import dumps, public_record
 from ..report import report_journal
 from ..result import Result, Summary
+from ..resume import Left, planned, stored_in
 from ..spec import item_label
 from ..task import Task
 from ..verdict import InvalidItem
@@ -57,6 +50,19 @@ from .inputs import Entry, Input, InputError
 from .output import failed_request, output_paths, remove_stale, write_outputs
 
 log = logging.getLogger("batchsync")
+
+
+class Entries:
+    """The command line's items, as a resume sees them (``resume.Form``): input entries."""
+
+    def url(self, entry: Entry) -> str | None:
+        return item_label(entry.item)[0]
+
+    def where(self, index: int, entry: Entry) -> str:
+        return entry.where
+
+    def going_on(self, entry: Entry, continuation: Mapping[str, Any], data: Any) -> Entry:
+        return replace(entry, going_on=Continued.of(entry.item, continuation, data))
 
 
 class EntryJob(WrappedJob):
@@ -203,23 +209,16 @@ def run_batch(
             ) from None
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
-        current, marks = Pass(), bytearray(entries)
-        earlier: dict[int, Result] = {}
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
         counted = _Counted(islice(source, entries), entries)
-        pending: Iterator[tuple[int, Entry]] = enumerate(counted)
+        current, todo = Pass(), Left(bytearray(entries), Entries())
         if path.exists():
             reader = held.enter_context(
                 resumed(path, identity, "input", "run with --fresh to start over")
             )
-            current, marks = _planned(reader, entries, continuing)
-            pending = _pending(counted, marks, reader, earlier)
-        to_send = entries - marks.count(DONE)
-
-        def taken(index: int) -> Result | None:
-            return earlier.pop(index, None)
-
+            current, todo = _planned(reader, entries, continuing)
+        to_send = todo.count
         bar = counter(to_send, progress)
         gates = gates_for(options)
         journal = open_journal(
@@ -229,13 +228,14 @@ def run_batch(
         ran: Ran | None = None
         try:
             with bar:
+                pending = todo.sent(enumerate(counted))
                 if dask is None:
                     ran = fetch(
                         options, pending, _stored, gates=gates, progress=bar, journal=journal,
-                        wrap=EntryJob, on_start=on_start, earlier=taken,
+                        wrap=EntryJob, on_start=on_start, earlier=todo.taken,
                     )  # fmt: skip
                 else:
-                    deliver = adding_to(taken, journaling(journal, _stored))
+                    deliver = adding_to(todo.taken, journaling(journal, _stored))
                     ran = _run_on_cluster(
                         dask, partition_size, options=options, pending=pending,
                         deliver=deliver, bar=bar, on_start=on_start,
@@ -310,23 +310,20 @@ def _holding(path: Path) -> str:
         reader.close()
 
 
-def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> tuple[Pass, bytearray]:
-    """The pass this run makes over a journal's items, and what it does with each (see
-    ``JournalReader.outstanding``): a retry starts a new pass; otherwise the last one goes
-    on, so a retry that was interrupted is finished by --resume. Refused for a retry alone
-    over items never finished (--resume finishes them too)."""
-    latest = reader.latest_pass()
-    current = latest if continuing.retry is None else latest.retrying(continuing.retry)
-    marks = reader.outstanding(entries, current)
-    if continuing.resume:
-        return current, marks
+def _planned(
+    reader: JournalReader, entries: int, continuing: Continuing
+) -> tuple[Pass, Left[Entry]]:
+    """The pass this run makes over a journal's items, and what it has left to do
+    (``resume.planned``). Refused for a retry alone over items never finished (--resume
+    finishes them too)."""
+    current, marks = planned(reader, entries, continuing.retry)
     never = marks.count(TO_SEND) + marks.count(TO_FINISH)
-    if never:
+    if never and not continuing.resume:
         raise Refused(
             f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
             "never finished: add --resume to finish them as well"
         )
-    return current, marks
+    return current, Left(marks, Entries(), stored_in(reader, entries))
 
 
 class _Counted:
@@ -344,35 +341,6 @@ class _Counted:
             self.read += 1
             yield entry
         self.shrank = self.read < self._expected
-
-
-def _pending(
-    source: Iterable[Entry],
-    marks: bytearray,
-    reader: JournalReader,
-    earlier: dict[int, Result],
-) -> Iterator[tuple[int, Entry]]:
-    """The entries the pass sends, read lazily; each one that was run before leaves its
-    stored Result in ``earlier`` (taken back when its new Result comes), and a paginated one
-    that stopped partway goes on from its next page."""
-    going_on = reader.unfinished(len(marks))
-    for index, entry in enumerate(source):
-        mark = marks[index]
-        if mark == DONE:
-            continue
-        if mark in (TO_GO_ON, TO_FINISH):
-            continuation, record = going_on[index]
-            if trusted_continuation(item_label(entry.item)[0], continuation):
-                earlier[index] = Result.from_dict(json.loads(record))
-                page = Continued.of(entry.item, continuation, earlier[index].data)
-                yield index, replace(entry, going_on=page)
-                continue
-            log.warning(STARTS_OVER, entry.where)
-        if mark == TO_REDO:
-            stored = reader.record(index)
-            assert stored is not None
-            earlier[index] = Result.from_dict(json.loads(stored))
-        yield index, entry
 
 
 def _write_report(path: Path, prefix: str) -> Path | None:
@@ -443,20 +411,20 @@ def _run_on_cluster(
     partition_size: int,
     *,
     options: FetchOptions,
-    pending: Iterator[tuple[int, Entry]],
+    pending: Iterable[tuple[int, Entry]],
     deliver: Callable[[Result, object], None],
     bar: Tally,
     on_start: Callable[[Stoppable], None],
 ) -> Ran:
     """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from ..contrib.dask import Distributor, partitions, run_partition, worker_settings
+    from ..contrib.dask import distribute, run_partition, worker_settings
+
+    def counted(result: Result, entry: object) -> None:
+        bar.item_finished(result)
+        deliver(result, entry)
 
     task = partial(run_partition, settings=worker_settings(options), wrap=EntryJob)
-    distributor = Distributor(client, task)
-    on_start(distributor)
-    for partition, results in distributor.run(partitions(pending, partition_size)):
-        entries = dict(partition)
-        for result in results:
-            bar.item_finished(result)
-            deliver(result, entries[result.index])
-    return Ran(distributor.stopped, False, {}, 0)
+    stopped = distribute(
+        client, task, pending, partition_size=partition_size, deliver=counted, on_start=on_start
+    )
+    return Ran(stopped, False, {}, 0)

@@ -9,7 +9,6 @@ client redoes only the partitions that had not finished.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,14 +17,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..assembly import fetch, open_journal, run_calls
+from ..assembly import Stoppable, adding_to, fetch, journaling, open_journal, run_calls
 from ..batch import Item, encode_result, identity_of
-from ..engine import Job
+from ..engine import Deliver, Job
 from ..fetch import HttpJob
-from ..journal import resumed
 from ..options import CallOptions, FetchOptions, FlowOptions, build
 from ..result import Result
 from ..resultset import ResultSet
+from ..resume import Items, Kept, Left, read_back
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]
@@ -149,6 +148,27 @@ class Distributor:
                 future.cancel()
 
 
+def distribute(
+    client: Any,
+    task: PartitionRun,
+    pending: Iterable[tuple[int, Any]],
+    *,
+    partition_size: int,
+    deliver: Deliver,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
+) -> bool:
+    """Run the ``pending`` (index, item) pairs on the cluster, a partition at a time, each
+    Result delivered here with its item as its partition comes back; whether it was stopped
+    (``on_start`` sees what runs it, to stop it on a signal)."""
+    distributor = Distributor(client, task)
+    on_start(distributor)
+    for partition, results in distributor.run(partitions(pending, partition_size)):
+        items = dict(partition)
+        for result in results:
+            deliver(result, items[result.index])
+    return distributor.stopped
+
+
 def fetch_on_cluster(
     items: Iterable[Item],
     client: Any,
@@ -163,10 +183,15 @@ def fetch_on_cluster(
     ``limits="redis://..."`` so that all workers share one quota), sent to the workers as
     they are: hooks and fallbacks run there. With ``journal=``, each
     finished partition is recorded, and a new call over the same items after a client
-    restart runs only the items whose partitions had not finished.
+    restart runs only what is left, as ``Batch`` does: the items whose partitions had not
+    finished, and the paginated ones that stopped partway, from their next page.
     """
-    task = partial(run_partition, settings=_checked(FetchOptions, options))
-    return _on_cluster(task, list(items), client, partition_size, journal, strict=False)
+    settings = _checked(FetchOptions, options)
+    task = partial(run_partition, settings=settings)
+    paging = build(FetchOptions, **settings).paging_identity()
+    return _on_cluster(
+        task, list(items), client, partition_size, journal, strict=False, paging=paging
+    )
 
 
 def run_on_cluster(
@@ -202,34 +227,29 @@ def _on_cluster(
     journal: str | Path | None,
     *,
     strict: bool,
+    paging: dict[str, str] | None = None,
 ) -> ResultSet:
-    """``strict``: the items must be JSON to be journaled (``batch.identity_of``)."""
+    """``strict``: the items must be JSON to be journaled (``batch.identity_of``); ``paging``:
+    how they are paginated, which a resumed journal must have been made with."""
     if partition_size < 1:
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
-    identity = {} if journal is None else identity_of(listed, strict=strict)
-    done = _finished(Path(journal), identity) if journal is not None else {}
-    store = None
-    if journal is not None:
-        store = open_journal(Path(journal), encode_result, identity)
-    todo = partitions(
-        ((index, item) for index, item in enumerate(listed) if index not in done), partition_size
-    )
+    path = None if journal is None else Path(journal)
+    identity = {} if path is None else identity_of(listed, strict=strict) | (paging or {})
+    kept = Kept.nothing(len(listed))
+    if path is not None and path.exists():
+        kept = read_back(path, identity, Result.from_dict, "give another journal, or delete it")
+    done = kept.done
+    left = Left(kept.marks, Items(), done.get)
+    deliver = _collector(done)
+    store = None if path is None else open_journal(path, encode_result, identity)
     started = time.monotonic()
     try:
-        for _, results in Distributor(client, task).run(todo):
-            for result in results:
-                done[result.index] = result
-                if store is not None:
-                    store.add(result, None)
+        if store is not None:
+            deliver = journaling(store, deliver)
+        pending = left.sent(enumerate(listed))
+        deliver = adding_to(left.taken, deliver)
+        distribute(client, task, pending, partition_size=partition_size, deliver=deliver)
     finally:
         if store is not None:
             store.close()
     return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
-
-
-def _finished(path: Path, identity: dict[str, str]) -> dict[int, Result]:
-    """The Results a journal kept for these items (ValueError for a journal of other items)."""
-    if not path.exists():
-        return {}
-    with resumed(path, identity, "items", "give another journal, or delete it") as reader:
-        return {index: Result.from_dict(json.loads(record)) for index, record in reader.records()}
