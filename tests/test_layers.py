@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         (
             "generic",
             "verdict budget backoff origins history result records journal report redact decide"
-            " limits columnar",
+            " limits columnar clock gates",
         ),
         ("engine", "engine observe progress"),
         (
