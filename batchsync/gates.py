@@ -5,7 +5,7 @@ A gate admits one attempt at a time — waiting, if it must, only as long as the
 allowance leaves and until the run stops — and keeps in the attempt's ``Admission`` what it
 took (a slot, a probe, a token), to give it back on ``release`` (with what the attempt told,
 its ``Feedback``) or ``abandon`` (the attempt was never sent). A new kind of limit is one
-such class, and a ``GateOption`` that builds it from its option.
+such class, and a ``limits.GateOption`` that builds it from its option.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .budget import Allowance
 from .clock import Clock
 from .verdict import ErrorKind, Feedback
-
-if TYPE_CHECKING:
-    from .limits import SharedLimits
 
 _POLL_SECONDS = 0.05
 T = TypeVar("T")
@@ -70,15 +67,6 @@ class Gate(Protocol):
     def abandon(self, admission: Admission) -> None:
         """The attempt was never sent (a later gate refused it, an interrupt): give back what
         it held; it tells nothing."""
-        ...
-
-
-class GateOption(Protocol):
-    """An option that brings a gate of its own (see ``limits.build_gates``)."""
-
-    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> Gate:
-        """The option's gate for a run of ``concurrency`` workers, kept by ``shared`` (several
-        processes) when there is a backend and the gate can use it."""
         ...
 
 

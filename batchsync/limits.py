@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Literal, Protocol
 
 from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
-from .gates import Admission, Gate, GateOption, Waiting, WaitStats
+from .gates import Admission, Gate, Waiting, WaitStats
 from .verdict import ErrorKind, Feedback
 
 # (Admission and WaitStats are the gates' own, named here too for the callers of the gates)
@@ -39,6 +40,7 @@ __all__ = [
     "CooldownGate",
     "CooldownScope",
     "Cooldowns",
+    "GateOption",
     "Gates",
     "HostSlots",
     "LimitsUnavailable",
@@ -141,6 +143,16 @@ class BreakerBackend(Protocol):
     def opened(self) -> int:
         """How many circuits this process saw open."""
         ...
+
+
+class GateOption(ABC):
+    """An option's value that brings a gate of its own: a run's gates include the gate of
+    each option holding one (see ``assembly.gates_for``)."""
+
+    @abstractmethod
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> Gate:
+        """The option's gate for a run of ``concurrency`` workers, kept by ``shared`` (several
+        processes) when there is a backend and the gate can use it."""
 
 
 class TokenBucket:
