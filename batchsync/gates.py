@@ -34,7 +34,7 @@ class Admission:
     allowance: Allowance
     stop: threading.Event
     held: dict[str, Any] = field(default_factory=dict)
-    # Whether a gate made it wait: the gates before that hold by time look again.
+    # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
 
     @property
@@ -47,7 +47,12 @@ class Gate(Protocol):
     """One limit. ``rank`` places it among the others, lowest first: the breaker 10, the
     adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate token 60.
     ``recheck``: it holds nothing and only makes attempts wait for a time that may begin at
-    any moment (a cooldown): passed again after a later gate made the attempt wait."""
+    any moment (a cooldown): passed again after a later gate, not such a one, made the
+    attempt wait (a hold may have begun meanwhile).
+
+    A weighted limit (a budget of tokens per item) reserves the attempt's cost in ``admit``
+    and sets it right in ``release`` from what the attempt reports; ``Admission`` is where
+    the cost travels."""
 
     name: str
     rank: int

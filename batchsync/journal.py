@@ -275,8 +275,9 @@ class Journal:
         # The writer's clock (to measure the pace of results) and its linger (the clock's
         # own sleep unless given): tests pass their own, so that what they check does not
         # depend on the machine's speed.
-        self._clock = clock_of(clock).now
-        self._sleep = clock_of(clock).sleep if sleep is None else sleep
+        measured = clock_of(clock)
+        self._clock = measured.now
+        self._sleep = measured.sleep if sleep is None else sleep
         self._db = connect(path)
         with self._db:
             self._db.execute("BEGIN")
