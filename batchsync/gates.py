@@ -21,7 +21,8 @@ from .budget import Allowance
 from .clock import Clock
 from .verdict import ErrorKind, Feedback
 
-_POLL_SECONDS = 0.05
+# How often a gate looks again for what nothing wakes it for (room, a probe that ended).
+POLL_SECONDS = 0.05
 T = TypeVar("T")
 
 
@@ -131,7 +132,7 @@ class Waiting:
             left, limit = admission.allowance.tightest(self.now())
             if admission.stop.is_set():
                 return None, "cancelled"
-            value = attempt(max(0.0, min(left, _POLL_SECONDS)))
+            value = attempt(max(0.0, min(left, POLL_SECONDS)))
             if value is not None:
                 self.stats.add(gate, self.now() - began)
                 return value, None

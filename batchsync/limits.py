@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 
 from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
-from .gates import Admission, Gate, Waiting, WaitStats
+from .gates import POLL_SECONDS, Admission, Gate, Waiting, WaitStats
 from .verdict import ErrorKind, Feedback
 
 # (Admission and WaitStats are the gates' own, named here too for the callers of the gates)
@@ -62,7 +62,6 @@ CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
 # The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
 _QUOTA = "quota "
-_POLL_SECONDS = 0.05
 _BACKEND_RETRY_SECONDS = 0.5
 _WARN_EVERY_SECONDS = 10.0
 log = logging.getLogger("batchsync")
@@ -447,7 +446,7 @@ class BreakerGate:
                 if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
                     self.refusals += 1
                     return "circuit_open"
-                pause = wait if state == "open" else min(left, _POLL_SECONDS)
+                pause = wait if state == "open" else min(left, POLL_SECONDS)
                 if waiting.clock.wait(admission.stop, pause):
                     return "cancelled"
                 state, wait = self.backend.check(admission.host)
