@@ -20,12 +20,13 @@ from urllib3.exceptions import InsecureRequestWarning
 
 from . import contrib
 from .calls import CallJob
+from .clock import SYSTEM, Clock
 from .engine import Deliver, Engine, Job
 from .fetch import HttpJob
 from .guard import Guard
 from .history import Pass, Stint, difference
 from .journal import Encode, Journal, JournalUnusable
-from .limits import Gates, SharedLimits, build_gates
+from .limits import GateOption, Gates, SharedLimits, build_gates
 from .observe import Observer
 from .options import CallOptions, FetchOptions, FlowOptions
 from .progress import Tally
@@ -68,12 +69,15 @@ def shared_limits(options: FlowOptions) -> SharedLimits | None:
     return contrib.shared_limits(options.limits, options.namespace, options.lease_ttl)
 
 
-def gates_for(options: FlowOptions) -> Gates:
-    """The limits a run's attempts pass (kept by the shared backend when there is one)."""
+def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
+    """The limits a run's attempts pass (kept by the shared backend when there is one): those
+    of the options, each option that brings a gate of its own (a ``GateOption``) included."""
+    more = [value for name in type(options).model_fields
+            if isinstance(value := getattr(options, name), GateOption)]  # fmt: skip
     return build_gates(
         concurrency=options.concurrency, rate=options.rate, per_host=options.slots,
         cooldown=options.cooldown, breaker=options.breaker, adaptive=options.adaptive,
-        shared=shared_limits(options),
+        shared=shared_limits(options), more=more, clock=clock,
     )  # fmt: skip
 
 
@@ -119,12 +123,14 @@ def open_journal(
     identity: Mapping[str, str],
     passing: Pass | None = None,
     progress: Callable[[], Stint] | None = None,
+    *,
+    clock: Clock = SYSTEM,
 ) -> Journal:
     """A new (or resumed) journal, or JournalUnusable before anything is sent; ``passing``:
     the pass its Results belong to, and ``progress`` what this process does in it, when the
-    run sends anything."""
+    run sends anything; ``clock`` measures the journal's group-commit linger."""
     try:
-        return Journal(path, encode, identity, passing=passing, progress=progress)
+        return Journal(path, encode, identity, passing=passing, progress=progress, clock=clock)
     except sqlite3.Error as exc:
         raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
 
@@ -141,6 +147,7 @@ def fetch(
     wrap: Callable[[HttpJob], Job] | None = None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
     earlier: Earlier | None = None,
+    clock: Clock = SYSTEM,
 ) -> Ran:
     """One HTTP run: transport, job, gates, observers and engine, set up and taken down
     together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
@@ -148,8 +155,8 @@ def fetch(
     the HTTP job into the one the items need (the command line's input entries); ``journal``
     stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
     it starts; ``earlier`` gives the Result an item sent again already has (see
-    ``adding_to``)."""
-    gates = gates_for(options) if gates is None else gates
+    ``adding_to``); ``clock`` measures every wait (a test's own)."""
+    gates = gates_for(options, clock) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
     transport = Transport(
@@ -167,7 +174,7 @@ def fetch(
             return _run(
                 options, job if wrap is None else wrap(job), items, deliver, gates=gates,
                 progress=progress, observed=observed, secrets=job.secrets, journal=journal,
-                abort=transport.abort, on_start=on_start, earlier=earlier,
+                abort=transport.abort, on_start=on_start, earlier=earlier, clock=clock,
             )  # fmt: skip
     finally:
         job.close()
@@ -235,17 +242,18 @@ def run_calls(
     observed: bool = True,
     journal: Journal | None = None,
     earlier: Earlier | None = None,
+    clock: Clock = SYSTEM,
 ) -> Ran:
     """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
-    engine as an HTTP run (``observed``, ``earlier`` as for ``fetch``)."""
-    gates = gates_for(options) if gates is None else gates
+    engine as an HTTP run (``observed``, ``earlier``, ``clock`` as for ``fetch``)."""
+    gates = gates_for(options, clock) if gates is None else gates
     secrets = options.secrets()
     job = CallJob(fn, options, secrets, gates)
     try:
         return _run(
             options, job, items, deliver, gates=gates, progress=progress, observed=observed,
             secrets=secrets, journal=journal, abort=None, on_start=lambda run: None,
-            earlier=earlier,
+            earlier=earlier, clock=clock,
         )  # fmt: skip
     finally:
         job.close()
@@ -283,9 +291,10 @@ def _run(
     abort: Callable[[], None] | None,
     on_start: Callable[[Stoppable], None],
     earlier: Earlier | None,
+    clock: Clock,
 ) -> Ran:
     observers = observers_for(options, gates, progress) if observed else []
-    engine = Engine(options, gates=gates, observers=observers, abort=abort)
+    engine = Engine(options, gates=gates, observers=observers, abort=abort, clock=clock)
     on_start(engine)
     if journal is not None:
         deliver = journaling(journal, deliver)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from .backoff import Backoff
 from .budget import Allowance
+from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .limits import GLOBAL, Gates
@@ -276,7 +277,7 @@ class Engine:
         observers: Iterable[Observer] = (),
         abort: Callable[[], None] | None = None,
         grace: float = STOP_GRACE_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | Callable[[], float] = SYSTEM,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.options = options
@@ -290,7 +291,9 @@ class Engine:
         self.observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
-        self._clock = clock
+        # (its readings, called often, and its waits)
+        self._time = clock_of(clock)
+        self._clock = self._time.now
         self._rand = rand
         self._stop = threading.Event()
         self._stopped_at = 0.0
@@ -580,7 +583,7 @@ class Engine:
             if decision.wait is None:
                 return last, decision.error
             _log_retry(task.url, last, number, max_attempts, decision.wait)
-            if self._stop.wait(decision.wait):
+            if self._time.wait(self._stop, decision.wait):
                 return replace(last, outcome="terminal", error_kind="cancelled"), (
                     f"{last.error} after {plural(number)}; stopped while waiting to retry"
                 )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .clock import SYSTEM, Clock, clock_of
 from .history import Pass, Stint, totals
 from .kinds import NOT_FINAL
 from .result import Listing, Result, Summary, Trace, summarize
@@ -269,15 +270,17 @@ class Journal:
         *,
         passing: Pass | None = None,
         progress: Callable[[], Stint] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock | Callable[[], float] = SYSTEM,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.path = path
         self._encode = encode
-        # The writer's clock (to measure the pace of results) and its linger: tests pass
-        # their own, so that what they check does not depend on the machine's speed.
-        self._clock = clock
-        self._sleep = sleep
+        # The writer's clock (to measure the pace of results) and its linger (the clock's
+        # own sleep unless given): tests pass their own, so that what they check does not
+        # depend on the machine's speed.
+        measured = clock_of(clock)
+        self._clock = measured.now
+        self._sleep = measured.sleep if sleep is None else sleep
         self._db = connect(path)
         with self._db:
             self._db.execute("BEGIN")

@@ -1,9 +1,10 @@
-"""Flow control: what an attempt must pass before it is sent, and what it tells on the way back.
+"""Flow control: today's limits, each a ``Gate`` (see ``gates``), and ``Gates``, which runs
+them for each attempt.
 
-Each limit is a small interface with an in-process implementation here; a shared backend
-(several processes or machines) implements the same interfaces. ``Gates`` runs them in the
-design's order — circuit breaker, concurrency slots, cooldown, rate token — each wait bounded
-by what is left of the item's budget and the batch deadline.
+Each limit keeps its state behind a small interface with an in-process implementation here;
+a shared backend (several processes or machines) implements the same interfaces. ``Gates``
+runs them in the design's order — circuit breaker, concurrency slots, cooldown, rate token —
+each wait bounded by what is left of the item's budget and the batch deadline.
 """
 
 from __future__ import annotations
@@ -13,13 +14,46 @@ import logging
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from .budget import Allowance
+from .clock import SYSTEM, Clock, clock_of
+from .gates import POLL_SECONDS, Admission, Gate, Waiting, WaitStats
 from .verdict import ErrorKind, Feedback
+
+# (Admission and WaitStats are the gates' own, named here too for the callers of the gates)
+__all__ = [
+    "GLOBAL",
+    "AdaptiveGate",
+    "AdaptiveLimit",
+    "Admission",
+    "Breaker",
+    "BreakerBackend",
+    "BreakerGate",
+    "BreakerState",
+    "CircuitBreaker",
+    "CooldownBoard",
+    "CooldownGate",
+    "CooldownScope",
+    "Cooldowns",
+    "GateOption",
+    "Gates",
+    "HostSlots",
+    "LimitsUnavailable",
+    "QuotaGate",
+    "RateLimiter",
+    "SharedLimits",
+    "SlotGate",
+    "SlotPool",
+    "TokenBucket",
+    "TokenGate",
+    "WaitStats",
+    "build_gates",
+]
 
 # closed: go; probe: go, as the one trial of a half-open circuit; open: held until the break
 # ends; probing: held while another attempt is the probe.
@@ -28,13 +62,11 @@ CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
 # The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
 _QUOTA = "quota "
-_POLL_SECONDS = 0.05
 _BACKEND_RETRY_SECONDS = 0.5
 _WARN_EVERY_SECONDS = 10.0
 log = logging.getLogger("batchsync")
 # Adaptive concurrency keeps this share of its limit on a congestion signal.
 DECREASE = 0.5
-T = TypeVar("T")
 
 
 class LimitsUnavailable(Exception):
@@ -110,6 +142,16 @@ class BreakerBackend(Protocol):
     def opened(self) -> int:
         """How many circuits this process saw open."""
         ...
+
+
+class GateOption(ABC):
+    """An option's value that brings a gate of its own: a run's gates include the gate of
+    each option holding one (see ``assembly.gates_for``)."""
+
+    @abstractmethod
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> Gate:
+        """The option's gate for a run of ``concurrency`` workers, kept by ``shared`` (several
+        processes) when there is a backend and the gate can use it."""
 
 
 class TokenBucket:
@@ -377,45 +419,189 @@ class AdaptiveLimit:
             self._successes = 0
 
 
-@dataclass
-class Admission:
-    """An attempt let through the gates; handed back to ``Gates.release`` afterwards."""
+class BreakerGate:
+    """Holds a host's attempts while its circuit is open or another attempt probes it, as a
+    cooldown holds; ``circuit_open`` when the item's budget or the deadline cannot cover the
+    break. Its hold: True for the attempt that is the probe."""
 
-    host: str
-    probe: bool
-    slot: bool
-    adaptive_since: float | None
+    name = "breaker"
+    rank = 10
+    recheck = False
+
+    def __init__(self, backend: BreakerBackend) -> None:
+        self.backend = backend
+        self.refusals = 0
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        state, wait = self.backend.check(admission.host)
+        if state == "closed":  # the healthy path: one lock-free look
+            return None
+        began = waiting.now()
+        try:
+            while state != "closed":
+                if state == "probe":
+                    admission.held["breaker"] = True
+                    return None
+                left, _ = admission.allowance.tightest(waiting.now())
+                if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
+                    self.refusals += 1
+                    return "circuit_open"
+                pause = wait if state == "open" else min(left, POLL_SECONDS)
+                if waiting.clock.wait(admission.stop, pause):
+                    return "cancelled"
+                state, wait = self.backend.check(admission.host)
+            return None
+        finally:
+            waiting.stats.add("breaker", waiting.now() - began)
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        self.backend.record(admission.host, feedback.unwell, admission.probe)
+
+    def abandon(self, admission: Admission) -> None:
+        if admission.probe:
+            self.backend.abandon(admission.host, True)
 
 
-@dataclass
-class WaitStats:
-    """Seconds spent waiting at each gate, summed over all attempts; ``timeline`` the same
-    by (gate, unix second), the seconds of each wait that fell in that second (the report's
-    chart of waits over time: a few dict updates per wait, none per attempt that passes)."""
+class AdaptiveGate:
+    """The attempts in flight the adaptive limit allows (always this process's own); its
+    hold: the instant the attempt was let in."""
 
-    seconds: dict[str, float] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    timeline: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
+    name = "adaptive"
+    rank = 20
+    recheck = False
 
-    def add(self, gate: str, seconds: float) -> None:
-        if seconds > 0:
-            ended = time.time()
-            with self.lock:
-                self.seconds[gate] = self.seconds.get(gate, 0.0) + seconds
-                begun = ended - seconds
-                second = math.floor(begun)
-                while second < ended:
-                    part = min(ended, second + 1) - max(begun, second)
-                    key = (gate, second)
-                    self.timeline[key] = self.timeline.get(key, 0.0) + part
-                    second += 1
+    def __init__(self, limit: AdaptiveLimit) -> None:
+        self.limit = limit
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        since, refusal = waiting.poll(self.name, self.limit.enter, admission)
+        if refusal is None:
+            admission.held[self.name] = since
+        return refusal
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        since = admission.held.get(self.name)
+        if since is not None:
+            self.limit.leave(since, feedback.congested)
+
+    def abandon(self, admission: Admission) -> None:
+        since = admission.held.get(self.name)
+        if since is not None:
+            self.limit.leave(since, congested=None)
+
+
+class SlotGate:
+    """At most N attempts in flight per host; its hold: the slot."""
+
+    name = "host_slot"
+    rank = 30
+    recheck = False
+
+    def __init__(self, slots: SlotPool) -> None:
+        self.slots = slots
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        host, slots = admission.host, self.slots
+        taken, refusal = waiting.poll(
+            self.name, lambda timeout: slots.enter(host, timeout) or None, admission
+        )
+        if taken:
+            admission.held[self.name] = True
+        return refusal
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        self.abandon(admission)
+
+    def abandon(self, admission: Admission) -> None:
+        if admission.held.get(self.name):
+            self.slots.leave(admission.host)
+
+
+class CooldownGate:
+    """Holds attempts while a server's Retry-After (a 429 or 503) holds their host, or every
+    host (``global``)."""
+
+    name = "cooldown"
+    rank = 40
+    recheck = True
+
+    def __init__(self, board: CooldownBoard, scope: CooldownScope) -> None:
+        self.board = board
+        self._global = scope == "global"
+
+    def _key(self, host: str) -> str:
+        return GLOBAL if self._global else host
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        held = self.board.remaining(self._key(admission.host))
+        return waiting.sleep(self.name, held, admission) if held > 0 else None
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        if feedback.hold:
+            self.board.hold(self._key(admission.host), feedback.hold)
+
+    def abandon(self, admission: Admission) -> None:
+        """Nothing is held."""
+
+
+class QuotaGate:
+    """Holds a host's attempts until the reset of a quota its headers said is spent (the
+    host's own, whatever the cooldown's scope, "off" included: a quota is one host's)."""
+
+    name = "quota"
+    rank = 50
+    recheck = True
+
+    def __init__(self, board: CooldownBoard) -> None:
+        self.board = board
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        held = self.board.remaining(_QUOTA + admission.host)
+        return waiting.sleep(self.name, held, admission) if held > 0 else None
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        if feedback.quota:
+            self.board.hold(_QUOTA + admission.host, feedback.quota)
+
+    def abandon(self, admission: Admission) -> None:
+        """Nothing is held."""
+
+
+class TokenGate:
+    """A token of the rate for each attempt, waited for in turn; its hold: the token, given
+    back when the attempt is not sent."""
+
+    name = "token"
+    rank = 60
+    recheck = False
+
+    def __init__(self, rate: RateLimiter) -> None:
+        self.rate = rate
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        refusal = waiting.sleep(self.name, self.rate.reserve(), admission)
+        if refusal is not None:
+            self.rate.refund()
+            return refusal
+        admission.held[self.name] = True
+        return None
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        """The token is spent."""
+
+    def abandon(self, admission: Admission) -> None:
+        if admission.held.get(self.name):
+            self.rate.refund()
 
 
 class Gates:
-    """The limits an attempt passes, in order; see the module docstring."""
+    """The gates an attempt passes, by rank (see ``Gate``): ``gates``, and today's limits
+    given by their backends — a ``rate``, host ``slots``, ``cooldowns`` (also keeping quota
+    resets), a ``breaker``, an ``adaptive`` limit."""
 
     def __init__(
         self,
+        gates: Iterable[Gate] = (),
         *,
         rate: RateLimiter | None = None,
         slots: SlotPool | None = None,
@@ -423,27 +609,34 @@ class Gates:
         cooldown_scope: CooldownScope = "host",
         breaker: BreakerBackend | None = None,
         adaptive: AdaptiveLimit | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | Callable[[], float] = SYSTEM,
     ) -> None:
-        self._rate = rate
-        self._slots = slots
-        self._cooldowns = None if cooldown_scope == "off" else cooldowns
-        # (a quota's reset holds its host whatever the cooldown's scope, "off" included)
-        self._quotas = cooldowns
-        self._scope = cooldown_scope
-        self._breaker = breaker
-        self._adaptive = adaptive
-        self._clock = clock
-        self.waits = WaitStats()
-        self.circuit_refusals = 0
+        given: list[Gate | None] = [
+            None if breaker is None else BreakerGate(breaker),
+            None if adaptive is None else AdaptiveGate(adaptive),
+            None if slots is None else SlotGate(slots),
+            None if cooldowns is None or cooldown_scope == "off" else (
+                CooldownGate(cooldowns, cooldown_scope)
+            ),
+            None if cooldowns is None else QuotaGate(cooldowns),
+            None if rate is None else TokenGate(rate),
+        ]  # fmt: skip
+        self.gates: list[Gate] = sorted(
+            [*(gate for gate in given if gate is not None), *gates], key=lambda gate: gate.rank
+        )
+        self._waiting = Waiting(clock_of(clock))
+        self._now = self._waiting.now
+        self.waits = self._waiting.stats
+        self._breakers = [gate for gate in self.gates if isinstance(gate, BreakerGate)]
         self._last_warning = float("-inf")
 
     @property
     def circuits_opened(self) -> int:
-        return 0 if self._breaker is None else self._breaker.opened
+        return sum(gate.backend.opened for gate in self._breakers)
 
-    def _cooldown_key(self, host: str) -> str:
-        return GLOBAL if self._scope == "global" else host
+    @property
+    def circuit_refusals(self) -> int:
+        return sum(gate.refusals for gate in self._breakers)
 
     def admit(
         self, host: str, allowance: Allowance, stop: threading.Event
@@ -458,14 +651,14 @@ class Gates:
                 return self._admit_once(host, allowance, stop)
             except LimitsUnavailable as exc:
                 self._unavailable(exc)
-                left, limit = allowance.tightest(self._clock())
+                left, limit = allowance.tightest(self._now())
                 if left <= _BACKEND_RETRY_SECONDS:
                     return limit
-                if stop.wait(_BACKEND_RETRY_SECONDS):
+                if self._waiting.clock.wait(stop, _BACKEND_RETRY_SECONDS):
                     return "cancelled"
 
     def _unavailable(self, exc: LimitsUnavailable) -> None:
-        now = self._clock()
+        now = self._now()
         if now - self._last_warning >= _WARN_EVERY_SECONDS:
             self._last_warning = now
             log.warning("shared limits unavailable, holding attempts until they answer: %s", exc)
@@ -473,15 +666,9 @@ class Gates:
     def _admit_once(
         self, host: str, allowance: Allowance, stop: threading.Event
     ) -> Admission | ErrorKind:
-        probe = False
-        if self._breaker is not None:
-            held = self._through_breaker(self._breaker, host, allowance, stop)
-            if isinstance(held, str):
-                return held
-            probe = held
-        admission = Admission(host, probe, slot=False, adaptive_since=None)
+        admission = Admission(host, allowance, stop)
         try:
-            refusal = self._pass(admission, allowance, stop)
+            refusal = self._pass(admission)
         except BaseException:  # (the backend gone, or an interrupt while waiting)
             self.abandon(admission)
             raise
@@ -490,142 +677,50 @@ class Gates:
             return refusal
         return admission
 
-    def _through_breaker(
-        self, breaker: BreakerBackend, host: str, allowance: Allowance, stop: threading.Event
-    ) -> bool | ErrorKind:
-        """Hold while the host's circuit is open or another attempt probes it, as a cooldown
-        holds; True when this attempt is the probe. ``circuit_open`` when the item's budget or
-        the deadline cannot cover the break."""
-        state, wait = breaker.check(host)
-        if state == "closed":  # the healthy path: one lock-free look
-            return False
-        began = self._clock()
-        try:
-            while state != "closed":
-                if state == "probe":
-                    return True
-                left, _ = allowance.tightest(self._clock())
-                if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
-                    self.circuit_refusals += 1
-                    return "circuit_open"
-                if stop.wait(wait if state == "open" else min(left, _POLL_SECONDS)):
-                    return "cancelled"
-                state, wait = breaker.check(host)
-            return False
-        finally:
-            self.waits.add("breaker", self._clock() - began)
+    def _pass(self, admission: Admission) -> ErrorKind | None:
+        waiting = self._waiting
+        for gate in self.gates:
+            refusal = gate.admit(admission, waiting)
+            if refusal is not None:
+                return refusal
+            if admission.waited:
+                admission.waited = False
+                if not gate.recheck:  # a hold may have begun while the attempt waited here
+                    refusal = self._recheck(admission, self.gates.index(gate))
+                    if refusal is not None:
+                        return refusal
+        return None
+
+    def _recheck(self, admission: Admission, before: int) -> ErrorKind | None:
+        """Pass the gates before ``before`` that hold by time again."""
+        for gate in self.gates[:before]:
+            if gate.recheck:
+                refusal = gate.admit(admission, self._waiting)
+                if refusal is not None:
+                    return refusal
+        admission.waited = False
+        return None
 
     def try_admit(self, host: str) -> Admission | None:
         """Admit an extra request (a hedge) only if every gate has room right now."""
-        admitted = self.admit(host, Allowance(self._clock()), threading.Event())
+        admitted = self.admit(host, Allowance(self._now()), threading.Event())
         return admitted if isinstance(admitted, Admission) else None
-
-    def _pass(
-        self, admission: Admission, allowance: Allowance, stop: threading.Event
-    ) -> ErrorKind | None:
-        if self._adaptive is not None:
-            since, refusal = self._wait_for("adaptive", self._adaptive.enter, allowance, stop)
-            if refusal is not None:
-                return refusal
-            admission.adaptive_since = since
-        if self._slots is not None:
-            slots = self._slots
-            taken, refusal = self._wait_for(
-                "host_slot", lambda t: slots.enter(admission.host, t) or None, allowance, stop
-            )
-            if refusal is not None:
-                return refusal
-            admission.slot = bool(taken)
-        refusal = self._cooled_down(admission.host, allowance, stop)
-        if refusal is not None:
-            return refusal
-        if self._rate is not None:
-            waited = self._rate.reserve()
-            refusal = self._sleep("token", waited, allowance, stop)
-            if refusal is not None:
-                self._rate.refund()
-                return refusal
-            if waited > 0:  # a cooldown may have begun while this attempt waited its turn
-                refusal = self._cooled_down(admission.host, allowance, stop)
-                if refusal is not None:
-                    self._rate.refund()
-                return refusal
-        return None
-
-    def _cooled_down(
-        self, host: str, allowance: Allowance, stop: threading.Event
-    ) -> ErrorKind | None:
-        """Wait out the host's cooldown, then its quota's reset (the host's own, whatever
-        the cooldown's scope: a quota is one host's)."""
-        if self._cooldowns is not None:
-            held = self._cooldowns.remaining(self._cooldown_key(host))
-            refusal = self._sleep("cooldown", held, allowance, stop)
-            if refusal is not None:
-                return refusal
-        if self._quotas is None:
-            return None
-        return self._sleep("quota", self._quotas.remaining(_QUOTA + host), allowance, stop)
-
-    def _sleep(
-        self, gate: str, seconds: float, allowance: Allowance, stop: threading.Event
-    ) -> ErrorKind | None:
-        if seconds <= 0:
-            return None
-        left, limit = allowance.tightest(self._clock())
-        if seconds >= left:
-            return limit
-        if stop.wait(seconds):
-            return "cancelled"
-        self.waits.add(gate, seconds)
-        return None
-
-    def _wait_for(
-        self,
-        gate: str,
-        attempt: Callable[[float], T | None],
-        allowance: Allowance,
-        stop: threading.Event,
-    ) -> tuple[T | None, ErrorKind | None]:
-        """Call ``attempt(timeout)`` in short rounds until it gives a value or time runs out."""
-        began = self._clock()
-        while True:
-            left, limit = allowance.tightest(self._clock())
-            if stop.is_set():
-                return None, "cancelled"
-            value = attempt(max(0.0, min(left, _POLL_SECONDS)))
-            if value is not None:
-                self.waits.add(gate, self._clock() - began)
-                return value, None
-            if left <= 0:
-                return None, limit
 
     def abandon(self, admission: Admission) -> None:
         """Give back what an admission held when its attempt never came to a Verdict (a
         refusal at a later gate, an interrupt): its slot, its probe; it tells nothing."""
-        if admission.adaptive_since is not None and self._adaptive is not None:
-            self._adaptive.leave(admission.adaptive_since, congested=None)
-        # A backend that cannot be reached forgets on its own: leases and probes expire.
-        with contextlib.suppress(LimitsUnavailable):
-            if self._breaker is not None:
-                self._breaker.abandon(admission.host, admission.probe)
-            if admission.slot and self._slots is not None:
-                self._slots.leave(admission.host)
+        for gate in self.gates:
+            # A backend that cannot be reached forgets on its own: leases and probes expire.
+            with contextlib.suppress(LimitsUnavailable):
+                gate.abandon(admission)
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         """Give back the slots and tell each limit what the attempt came to."""
-        if admission.adaptive_since is not None and self._adaptive is not None:
-            self._adaptive.leave(admission.adaptive_since, feedback.congested)
-        try:
-            if admission.slot and self._slots is not None:
-                self._slots.leave(admission.host)
-            if self._breaker is not None:
-                self._breaker.record(admission.host, feedback.unwell, admission.probe)
-            if self._cooldowns is not None and feedback.hold:
-                self._cooldowns.hold(self._cooldown_key(admission.host), feedback.hold)
-            if self._quotas is not None and feedback.quota:
-                self._quotas.hold(_QUOTA + admission.host, feedback.quota)
-        except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
-            self._unavailable(exc)
+        for gate in self.gates:
+            try:
+                gate.release(admission, feedback)
+            except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
+                self._unavailable(exc)
 
 
 def build_gates(
@@ -637,23 +732,31 @@ def build_gates(
     breaker: Breaker | None,
     adaptive: bool,
     shared: SharedLimits | None = None,
+    more: Iterable[GateOption] = (),
+    clock: Clock = SYSTEM,
 ) -> Gates:
-    """The gates for a run's settings: in-process, or kept by a ``shared`` backend (the
-    adaptive limit is always this process's own)."""
+    """The gates for a run's settings, and those of the options in ``more``: in-process, or
+    kept by a ``shared`` backend (the adaptive limit is always this process's own)."""
+    others = [option.gate(concurrency=concurrency, shared=shared, clock=clock) for option in more]
+    adaptive_limit = AdaptiveLimit(concurrency, clock.now) if adaptive else None
     if shared is None:
         return Gates(
-            rate=None if rate is None else TokenBucket(rate, burst=concurrency),
+            others,
+            rate=None if rate is None else TokenBucket(rate, burst=concurrency, clock=clock.now),
             slots=None if per_host is None else HostSlots(per_host),
-            cooldowns=Cooldowns(),
+            cooldowns=Cooldowns(clock.now),
             cooldown_scope=cooldown,
-            breaker=None if breaker is None else CircuitBreaker(breaker),
-            adaptive=AdaptiveLimit(concurrency) if adaptive else None,
+            breaker=None if breaker is None else CircuitBreaker(breaker, clock.now),
+            adaptive=adaptive_limit,
+            clock=clock,
         )
     return Gates(
+        others,
         rate=None if rate is None else shared.token_bucket(rate, concurrency),
         slots=None if per_host is None else shared.slots(per_host),
         cooldowns=shared.cooldowns(),
         cooldown_scope=cooldown,
         breaker=None if breaker is None else shared.breaker(breaker),
-        adaptive=AdaptiveLimit(concurrency) if adaptive else None,
+        adaptive=adaptive_limit,
+        clock=clock,
     )

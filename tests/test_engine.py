@@ -19,6 +19,8 @@ from batchsync.result import AttemptRecord, Result, describe_attempts
 from batchsync.task import Route, Task
 from batchsync.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
+from .fakeclock import FakeClock
+
 FAST = Backoff(base=0.01, factor=2.0, max=0.05, jitter=0.0)
 
 
@@ -299,13 +301,14 @@ def test_a_failing_sink_stops_the_run_and_raises() -> None:
 
 
 def test_stop_cancels_items_waiting_to_retry() -> None:
-    engine = Engine(EngineOptions(backoff=Backoff(base=30.0, jitter=0.0)))
+    clock = FakeClock()
+    engine = Engine(EngineOptions(backoff=Backoff(base=30.0, jitter=0.0)), clock=clock)
     job = ScriptedJob(script={"a": [retry("status", "HTTP 503", HttpFacts(503))] * 3})
     results: list[Result] = []
-    threading.Timer(0.2, engine.stop).start()
-    started = time.monotonic()
+    clock.at(0.2, engine.stop)
+    started = clock.now()
     engine.run(job, enumerate(["a"]), lambda result, item: results.append(result))
-    assert time.monotonic() - started < 15  # well short of the 30 s wait it cancelled
+    assert clock.now() - started < 15  # well short of the 30 s wait it cancelled
     assert (results[0].error_kind, results[0].attempts) == ("cancelled", 1)
 
 

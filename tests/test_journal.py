@@ -23,6 +23,8 @@ from batchsync.journal import (
 from batchsync.result import AttemptRecord, Result
 from batchsync.spec import RequestSpec
 
+from .fakeclock import FakeClock
+
 IDENTITY = {"input": "urls.txt", "size": "10", "sha256": "abc", "entries": "3"}
 
 
@@ -174,6 +176,22 @@ def test_a_busy_run_commits_in_groups(tmp_path: Path) -> None:
     journal.close()
     assert linger.asked == [0.02]
     assert counting.groups[commits] == 199  # all that came during the linger, in one commit
+
+
+def test_the_writers_linger_is_a_wait_on_the_runs_clock(tmp_path: Path) -> None:
+    clock = FakeClock(start=0.0)
+    journal = Journal(tmp_path / "j.sqlite3", encode, IDENTITY, clock=clock)
+    counting = journal._db = CountingConnection(journal._db)  # type: ignore[assignment]
+    for index in range(1500):  # a busy first second
+        journal.add(make(index), f"u{index}")
+    wait_until(stored(counting, 1500))
+    clock.time = 1.0
+    journal.add(make(1500), "u1500")  # its commit closes the busy second
+    wait_until(stored(counting, 1501))
+    journal.add(make(1501), "u1501")  # the writer lingers, on the clock: no sleep
+    journal.close()
+    # (once, or twice if the writer measured the busy second before u1500 came)
+    assert clock.waited and set(clock.waited) == {0.02}
 
 
 def test_a_slow_run_commits_each_result_at_once(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from batchsync.limits import (
 )
 from batchsync.verdict import retry, success, terminal
 
+from .fakeclock import FakeClock
+
 
 class Clock:
     def __init__(self) -> None:
@@ -191,8 +193,11 @@ def test_adaptive_limit_stays_between_one_and_the_ceiling() -> None:
     assert low.limit == 1
 
 
-def admitted(gates: Gates, host: str = "h", budget: float = 10.0) -> Admission | str:
-    return gates.admit(host, Allowance(time.monotonic() + budget), threading.Event())
+def admitted(
+    gates: Gates, host: str = "h", budget: float = 10.0, clock: FakeClock | None = None
+) -> Admission | str:
+    now = time.monotonic() if clock is None else clock.now()
+    return gates.admit(host, Allowance(now + budget), threading.Event())
 
 
 def test_an_open_circuit_the_budget_cannot_cover_refuses_at_once() -> None:
@@ -260,22 +265,19 @@ def test_a_wait_hint_without_a_slow_down_status_is_the_items_alone() -> None:
 def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() -> None:
     """Passing the cooldown gate and then waiting for a rate token must not let an attempt
     out during a cooldown that began meanwhile (a 429 answered to another worker)."""
-    board = Cooldowns()
-    gates = Gates(rate=TokenBucket(rate=4, burst=1), cooldowns=board)
-    assert isinstance(admitted(gates), Admission)  # takes the burst: the next token is 0.25 s off
-    passed: list[float] = []
+    clock = FakeClock()
+    board = Cooldowns(clock.now)
+    gates = Gates(rate=TokenBucket(rate=4, burst=1, clock=clock.now), cooldowns=board, clock=clock)
+    assert isinstance(admitted(gates, clock=clock), Admission)  # the next token is 0.25 s off
+    held_at: list[float] = []
 
-    def wait_for_a_token() -> None:
-        assert isinstance(admitted(gates), Admission)
-        passed.append(time.monotonic())
+    def hold() -> None:  # (the attempt is past the cooldown gate, waiting for its token)
+        held_at.append(clock.now())
+        board.hold("h", 1.0)
 
-    waiter = threading.Thread(target=wait_for_a_token)
-    waiter.start()
-    time.sleep(0.05)  # the waiter is past the cooldown gate, waiting for its token
-    held_at = time.monotonic()
-    board.hold("h", 1.0)
-    waiter.join(timeout=10)
-    assert passed and passed[0] - held_at >= 0.95
+    clock.at(0.05, hold)
+    assert isinstance(admitted(gates, clock=clock), Admission)
+    assert held_at and clock.now() - held_at[0] >= 0.95
 
 
 def test_cooldown_off_ignores_retry_after() -> None:
@@ -297,9 +299,10 @@ def test_a_token_wait_past_the_budget_gives_up_and_returns_the_token() -> None:
 
 
 def test_gates_record_time_spent_waiting() -> None:
-    gates = Gates(rate=TokenBucket(rate=10, burst=1))
+    clock = FakeClock()
+    gates = Gates(rate=TokenBucket(rate=10, burst=1, clock=clock.now), clock=clock)
     for _ in range(3):
-        admission = admitted(gates)
+        admission = admitted(gates, clock=clock)
         assert isinstance(admission, Admission)
         gates.release(admission, host_feedback(success(None, HttpFacts(200))))
     # the first token is saved up; the next two come 0.1 s apart
@@ -317,13 +320,15 @@ def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:
 
 
 def test_a_stop_cancels_a_wait_at_the_gates() -> None:
-    board = Cooldowns()
+    clock = FakeClock()
+    board = Cooldowns(clock.now)
     board.hold("h", 30)
     stop = threading.Event()
-    threading.Timer(0.1, stop.set).start()
-    assert Gates(cooldowns=board).admit("h", Allowance(time.monotonic() + 60), stop) == (
+    clock.at(0.1, stop.set)
+    assert Gates(cooldowns=board, clock=clock).admit("h", Allowance(clock.now() + 60), stop) == (
         "cancelled"
     )
+    assert clock.now() - 1000.0 == pytest.approx(0.1)
 
 
 def test_a_refused_probe_is_given_back() -> None:
@@ -356,17 +361,17 @@ class FlakyBucket:
 
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
-    bucket = FlakyBucket()
-    gates = Gates(rate=bucket)
-    threading.Timer(0.8, bucket.up.set).start()
-    started = time.monotonic()
-    assert isinstance(admitted(gates, budget=10), Admission)
-    assert 0.7 < time.monotonic() - started < 3
+    clock, bucket = FakeClock(), FlakyBucket()
+    gates = Gates(rate=bucket, clock=clock)
+    clock.at(0.8, bucket.up.set)
+    started = clock.now()
+    assert isinstance(admitted(gates, budget=10, clock=clock), Admission)
+    assert 0.7 < clock.now() - started < 3
     assert bucket.asked >= 2
 
 
 def test_a_backend_down_for_the_whole_budget_never_lets_the_attempt_through() -> None:
-    bucket = FlakyBucket()
-    started = time.monotonic()
-    assert admitted(Gates(rate=bucket), budget=1.2) == "budget"
-    assert time.monotonic() - started < 2
+    clock, bucket = FakeClock(), FlakyBucket()
+    started = clock.now()
+    assert admitted(Gates(rate=bucket, clock=clock), budget=1.2, clock=clock) == "budget"
+    assert clock.now() - started < 2
