@@ -137,19 +137,20 @@ class Resumable(Generic[OptionsT]):
         self._gates = gates_for(options)
         self.journal = None if journal is None else Path(journal)
         self._form = Items(None if template is None else template.url)
-        self._identity = {} if journal is None else identity_of(self.items, strict=strict)
-        if template is not None and journal is not None:
-            self._identity["template"] = f"rows {template.identity()}"
-        if journal is not None and isinstance(options, FetchOptions):
-            self._identity |= options.paging_identity()
+        self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
         if self.journal is not None:
-            if template is None:  # (a template's rows: each id is checked when it is built)
-                _check_ids(self.items)
-            with locked(self.journal):
-                if fresh:
-                    remove(self.journal)
-                elif self.journal.exists():
-                    self._load(self.journal)
+            self._open(self.journal, fresh=fresh, template=template)
+
+    def _open(self, path: Path, *, fresh: bool, template: Template | None) -> None:
+        """Check the items' ids, then replace the journal at ``path`` (``fresh``) or take
+        back what it holds, under its lock."""
+        if template is None:  # (a template's rows: each id is checked when it is built)
+            _check_ids(self.items)
+        with locked(path):
+            if fresh:
+                remove(path)
+            elif path.exists():
+                self._load(path)
 
     def _load(self, path: Path) -> None:
         hint = "give another journal, or fresh=True to replace it"
@@ -525,6 +526,26 @@ def _returned_type(fn: Callable[..., Any]) -> object:
         return Any
 
 
+def _journal_identity(
+    items: list[Any],
+    options: object,
+    journal: str | Path | None,
+    template: Template | None,
+    *,
+    strict: bool,
+) -> dict[str, str]:
+    """What a journal of these items must have been made with (nothing without a journal):
+    the items, the template's rows, how they are paginated."""
+    if journal is None:
+        return {}
+    identity = identity_of(items, strict=strict)
+    if template is not None:
+        identity["template"] = f"rows {template.identity()}"
+    if isinstance(options, FetchOptions):
+        identity |= options.paging_identity()
+    return identity
+
+
 def _json_type(hint: object) -> bool:
     """False only for a hint that says JSON cannot hold the values as they are: a class that
     is none of JSON's types (nor a TypedDict, an Enum of str or int, …), a tuple (it comes
@@ -534,10 +555,15 @@ def _json_type(hint: object) -> bool:
     if hint is Any:
         return True
     if origin is not None:
-        arguments = typing.get_args(hint)
-        if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
-            return False
-        return all(_json_type(arg) for arg in arguments if isinstance(arg, type))
+        return _json_container(origin, typing.get_args(hint))
     if not isinstance(hint, type) or typing.is_typeddict(hint):
         return True  # Any, a NewType, a TypeVar: they do not say
     return issubclass(hint, str | int | float | bool | list | dict | type(None))
+
+
+def _json_container(origin: object, arguments: tuple[Any, ...]) -> bool:
+    """``_json_type`` of a parameterized hint (``list[X]``, ``dict[K, V]``, ``tuple[…]``):
+    False for a tuple or a dict keyed by other than str, else what its arguments say."""
+    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
+        return False
+    return all(_json_type(arg) for arg in arguments if isinstance(arg, type))

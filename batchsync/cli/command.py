@@ -538,30 +538,61 @@ def command(
     retries."""
     template = _template(url_template, method, body_template, id_field, input_format)
     _check_format(form, flatten)
-    if insecure and cacert is not None:
-        raise click.UsageError("--insecure and --cacert contradict each other: give one")
-    if client_key is not None and client_cert is None:
-        raise click.UsageError("--key needs --cert")
+    tls = _tls(insecure, cacert, client_cert, client_key)
     continuing = _continuing(resume, retry_failed, fresh)
     prefix = default_prefix(input_name) if prefix is None else prefix
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+    options = _fetch_options(
+        concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
+        deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
+        retry_statuses=retry_statuses,
+        rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
+        dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
+        secret_params=secret_params,
+        deny_private=deny_private, quota_headers=quota_headers, paginate=paginate,
+        cursor_param=cursor_param, max_pages=max_pages, page_items=page_items, **tls,
+    )  # fmt: skip
+    options, cluster = _scaled_out(options, redis_url, namespace, lease_ttl, dask_address)
+    _configure_logging(verbose, quiet)
+    show_progress = not quiet and wanted(progress)
+    source = _source(input_name, template, input_format)
+    outcome, secrets = _run(
+        source, options, prefix, cluster=cluster, auth_command=auth_command,
+        auth_header=auth_header, metrics_port=metrics_port, continuing=continuing,
+        progress=show_progress, partition_size=partition_size, report=report, form=form,
+        flatten=flatten,
+    )  # fmt: skip
+    return _report(outcome, quiet, _as_resumed(input_name), secrets)
+
+
+def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) -> dict[str, Any]:
+    """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``;
+    UsageError for options that contradict or lack each other."""
+    if insecure and cacert is not None:
+        raise click.UsageError("--insecure and --cacert contradict each other: give one")
+    if key is not None and cert is None:
+        raise click.UsageError("--key needs --cert")
+    return {"verify": False if insecure else cacert, "cert": cert if key is None else (cert, key)}
+
+
+def _fetch_options(**settings: Any) -> FetchOptions:
+    """The run's FetchOptions, checked: UsageError for what they refuse."""
     try:
-        options = build(
-            FetchOptions,
-            concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
-            deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
-            retry_statuses=retry_statuses,
-            rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
-            dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
-            secret_params=secret_params,
-            deny_private=deny_private, quota_headers=quota_headers, paginate=paginate,
-            cursor_param=cursor_param, max_pages=max_pages, page_items=page_items,
-            verify=False if insecure else cacert,
-            cert=client_cert if client_key is None else (client_cert, client_key),
-        )  # fmt: skip
+        return build(FetchOptions, **settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _scaled_out(
+    options: FetchOptions,
+    redis_url: str | None,
+    namespace: str,
+    lease_ttl: float,
+    dask_address: str | None,
+) -> tuple[FetchOptions, Any]:
+    """``options`` with limits shared through Redis (--redis), and the Dask client the run
+    goes on (--dask; None to run here); UsageError when either cannot be had."""
     try:
         if redis_url is not None:
             shared = contrib.shared_limits(redis_url, namespace, lease_ttl)
@@ -569,19 +600,44 @@ def command(
         cluster = None if dask_address is None else _cluster_client(dask_address)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    _configure_logging(verbose, quiet)
-    show_progress = not quiet and wanted(progress)
-    redirect: AbstractContextManager[object] = (
-        logging_redirect_tqdm() if show_progress else nullcontext()
-    )
+    return options, cluster
+
+
+def _source(input_name: str, template: Template | None, input_format: str) -> Input:
+    """INPUT opened: its items, or a table's rows for the --url template (UsageError when it
+    cannot be read)."""
     try:
-        source = (
+        return (
             Input(input_name)
             if template is None
             else TableInput(input_name, template, input_format)
         )
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _run(
+    source: Input,
+    options: FetchOptions,
+    prefix: str,
+    *,
+    cluster: Any,
+    auth_command: str | None,
+    auth_header: str,
+    metrics_port: str | None,
+    continuing: Continuing,
+    progress: bool,
+    partition_size: int,
+    report: bool,
+    form: str,
+    flatten: bool,
+) -> tuple[Outcome, Secrets]:
+    """Run the batch (``run_batch``), closing INPUT and the cluster's client after: its
+    outcome, and the secrets that what outlives the run (its summary, the resume line) hides.
+    UsageError for what stops the run before anything is sent."""
+    redirect: AbstractContextManager[object] = (
+        logging_redirect_tqdm() if progress else nullcontext()
+    )
     tokens = None
     try:
         _make_folder(journal_path(prefix).parent)
@@ -591,7 +647,7 @@ def command(
         with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
-                source, options, prefix, continuing=continuing, progress=show_progress,
+                source, options, prefix, continuing=continuing, progress=progress,
                 on_start=on_start, dask=cluster, partition_size=partition_size, report=report,
                 form=form, flatten=flatten,
             )  # fmt: skip
@@ -604,7 +660,7 @@ def command(
     secrets = options.secrets()
     if tokens is not None:  # (what outlives the run, its summary and resume line, hides them)
         secrets.learn(tokens.given)
-    return _report(outcome, quiet, _as_resumed(input_name), secrets)
+    return outcome, secrets
 
 
 def _continuing(resume: bool, retry: frozenset[str] | None, fresh: bool) -> Continuing:

@@ -4,7 +4,7 @@ the line that resumes a run."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import click
 
@@ -77,12 +77,7 @@ def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click
     run together, ``--name=value``), ``-H`` values masked and every word masked by
     ``secrets`` (the Redis URL's password, secret query parameters) but its template fields
     (``--url '…?api_key={tok}'`` names no secret, and must stay to be run again)."""
-    options = {
-        name: param
-        for param in params
-        if isinstance(param, click.Option)
-        for name in (*param.opts, *param.secondary_opts)
-    }
+    options = _options_by_name(params)
     words: list[str] = []
     rest = iter(argv)
     for word in rest:
@@ -91,24 +86,51 @@ def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click
         elif not word.startswith("-") or word == "-":
             words.append(word)
         elif word.startswith("--"):
-            name, equals, given = word.partition("=")
-            option = options.get(name)
-            value = given if equals else None
-            if option is not None and _takes_value(option) and not equals:
-                value = next(rest, "")
-            words.extend(_shown_option(name, option, value))
-        else:  # short options, maybe run together (-vH 'Name: value', -c8)
-            for position in range(1, len(word)):
-                name = f"-{word[position]}"
-                option = options.get(name)
-                if option is not None and _takes_value(option):
-                    value = word[position + 1 :] or next(rest, "")
-                    words.extend(_shown_option(name, option, value))
-                    break
-                words.extend(_shown_option(name, option, None))
+            words.extend(_long_option_words(word, options, rest))
+        else:
+            words.extend(_short_option_words(word, options, rest))
     words = [secrets.template(word) for word in words]
     end = words.index("--") if "--" in words else len(words)
     return shlex.join(["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]])
+
+
+def _options_by_name(params: Iterable[click.Parameter]) -> dict[str, click.Option]:
+    """Every name an option is given by (-c, --concurrency, --no-progress) to that option."""
+    return {
+        name: param
+        for param in params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+    }
+
+
+def _long_option_words(
+    word: str, options: Mapping[str, click.Option], rest: Iterator[str]
+) -> list[str]:
+    """``--name=value`` or ``--name value`` (taking the next word from ``rest``), as shown."""
+    name, equals, given = word.partition("=")
+    option = options.get(name)
+    value = given if equals else None
+    if option is not None and _takes_value(option) and not equals:
+        value = next(rest, "")
+    return _shown_option(name, option, value)
+
+
+def _short_option_words(
+    word: str, options: Mapping[str, click.Option], rest: Iterator[str]
+) -> list[str]:
+    """Short options, maybe run together (-vH 'Name: value', -c8): the first one that takes
+    a value takes the rest of the word, or the next word from ``rest``."""
+    words: list[str] = []
+    for position in range(1, len(word)):
+        name = f"-{word[position]}"
+        option = options.get(name)
+        if option is not None and _takes_value(option):
+            value = word[position + 1 :] or next(rest, "")
+            words.extend(_shown_option(name, option, value))
+            break
+        words.extend(_shown_option(name, option, None))
+    return words
 
 
 def _takes_value(option: click.Option) -> bool:

@@ -197,16 +197,9 @@ def run_batch(
     entries = int(identity["entries"])
     path = journal_path(prefix)
     with contextlib.ExitStack() as held:
-        try:
-            # Held until the outputs are written: a second run with this prefix would
-            # remove this run's journal or replace its outputs.
-            held.enter_context(locked(path))
-        except JournalInUse:
-            raise JournalInUse(f"the output prefix {prefix} is in use by another run") from None
-        except OSError as exc:
-            raise JournalUnusable(
-                f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
-            ) from None
+        # Held until the outputs are written: a second run with this prefix would
+        # remove this run's journal or replace its outputs.
+        _lock_prefix(held, path, prefix)
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
         # Only the entries counted: lines appended to INPUT while the run goes are not its
@@ -254,14 +247,30 @@ def run_batch(
             path, prefix, entries, ran.stopped, current,
             form=form, flatten=flatten, paged="paging" in identity,
         )  # fmt: skip
-        written = None
-        if report:
-            kept = report_path(prefix)
-            written = kept if not to_send and kept.exists() else _write_report(path, prefix)
+        written = _report(path, prefix, sent=bool(to_send)) if report else None
     return Outcome(
         summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
         left, written,
     )  # fmt: skip
+
+
+def _lock_prefix(held: contextlib.ExitStack, path: Path, prefix: str) -> None:
+    """Take the lock on the journal at ``path`` until ``held`` closes: JournalInUse naming
+    the prefix when another run holds it, JournalUnusable when its folder cannot be written."""
+    try:
+        held.enter_context(locked(path))
+    except JournalInUse:
+        raise JournalInUse(f"the output prefix {prefix} is in use by another run") from None
+    except OSError as exc:
+        raise JournalUnusable(
+            f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
+        ) from None
+
+
+def _report(path: Path, prefix: str, *, sent: bool) -> Path | None:
+    """The run's report: written from the journal, or the one kept when nothing was sent."""
+    kept = report_path(prefix)
+    return kept if not sent and kept.exists() else _write_report(path, prefix)
 
 
 def _output_names(prefix: str) -> list[str]:
@@ -276,14 +285,26 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
     outputs without ``fresh``, or retry failures that no journal holds."""
     outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
     if continuing.fresh:
-        if not path.exists():
-            return None if not outputs else f"{outputs[0]}, left by a run whose journal is gone"
-        held = _holding(path)
-        remove(path)
-        return f"the journal of {held}"
+        return _replace(path, outputs)
+    _check_unreplaced(path, outputs, continuing)
+    return None
+
+
+def _replace(path: Path, outputs: list[Path]) -> str | None:
+    """Remove the journal at ``path`` for a fresh run: what it held, or None."""
+    if not path.exists():
+        return None if not outputs else f"{outputs[0]}, left by a run whose journal is gone"
+    held = _holding(path)
+    remove(path)
+    return f"the journal of {held}"
+
+
+def _check_unreplaced(path: Path, outputs: list[Path], continuing: Continuing) -> None:
+    """Refused when a run without ``fresh`` would replace another's journal or outputs, or
+    retry failures that no journal holds."""
     if path.exists():
         if continuing.resume or continuing.retry is not None:
-            return None
+            return
         raise Refused(
             f"{path} holds {_holding(path)}: --resume finishes it, --retry-failed sends its "
             "failures again, --fresh replaces it"
@@ -295,7 +316,6 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
             f"{outputs[0]} exists, from a run whose journal {path} is gone: --fresh replaces "
             "it, or give another prefix with -o"
         )
-    return None
 
 
 def _holding(path: Path) -> str:

@@ -235,9 +235,7 @@ def _on_cluster(
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
     path = None if journal is None else Path(journal)
     identity = {} if path is None else identity_of(listed, strict=strict) | (paging or {})
-    kept = Kept.nothing(len(listed))
-    if path is not None and path.exists():
-        kept = read_back(path, identity, Result.from_dict, "give another journal, or delete it")
+    kept = _kept_in(path, identity, len(listed))
     done = kept.done
     left = Left(kept.marks, Items(), done.get)
     deliver = _collector(done)
@@ -253,3 +251,10 @@ def _on_cluster(
         if store is not None:
             store.close()
     return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
+
+
+def _kept_in(path: Path | None, identity: dict[str, str], size: int) -> Kept:
+    """What the journal at ``path`` holds of the ``size`` items (nothing without one)."""
+    if path is not None and path.exists():
+        return read_back(path, identity, Result.from_dict, "give another journal, or delete it")
+    return Kept.nothing(size)
