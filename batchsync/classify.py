@@ -151,32 +151,51 @@ def classify_http_exception(exc: Exception) -> Verdict:
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError) or (
         _MISSING_CA_BUNDLE in str(exc)
     ):
-        if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
-            # The peer hung up during the handshake: said nothing about trust, may not recur.
-            return failed("connection", _SSL_SOURCE.sub("", error))
-        return failed("tls", _SSL_SOURCE.sub("", error))
-    if isinstance(exc, requests.TooManyRedirects | BadRedirect):
-        return failed("redirect", error)
-    if isinstance(
-        exc,
-        requests.exceptions.InvalidURL
-        | requests.exceptions.MissingSchema
-        | requests.exceptions.InvalidSchema
-        | requests.exceptions.InvalidHeader
-        | requests.exceptions.InvalidJSONError,
-    ):
-        return failed("invalid_request", error)
-    if isinstance(exc, requests.exceptions.ContentDecodingError | urllib3.exceptions.DecodeError):
-        return failed("invalid_body", error)
-    if isinstance(
-        exc,
-        requests.ConnectionError
-        | requests.exceptions.ChunkedEncodingError
-        | urllib3.exceptions.ProtocolError
-        | ConnectionError,
-    ):
-        return failed("connection", error)
-    return failed("exception", error)
+        return _tls_failure(exc, error)
+    return failed(_kind_by_class(exc), error)
+
+
+def _tls_failure(exc: Exception, error: str) -> Verdict:
+    """A TLS error, or a "connection" one when the peer hung up during the handshake: that
+    said nothing about trust, and may not recur."""
+    if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return failed("connection", _SSL_SOURCE.sub("", error))
+    return failed("tls", _SSL_SOURCE.sub("", error))
+
+
+# The kind of the other exceptions of requests and urllib3 (and the standard library's
+# ConnectionError), by class, the first that matches; "exception" for none.
+_KIND_BY_CLASS: tuple[tuple[tuple[type[BaseException], ...], ErrorKind], ...] = (
+    ((requests.TooManyRedirects, BadRedirect), "redirect"),
+    (
+        (
+            requests.exceptions.InvalidURL,
+            requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidSchema,
+            requests.exceptions.InvalidHeader,
+            requests.exceptions.InvalidJSONError,
+        ),
+        "invalid_request",
+    ),
+    ((requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError), "invalid_body"),
+    (
+        (
+            requests.ConnectionError,
+            requests.exceptions.ChunkedEncodingError,
+            urllib3.exceptions.ProtocolError,
+            ConnectionError,
+        ),
+        "connection",
+    ),
+)
+
+
+def _kind_by_class(exc: Exception) -> ErrorKind:
+    """The kind of an exception the checks before it did not place, by its class."""
+    for classes, kind in _KIND_BY_CLASS:
+        if isinstance(exc, classes):
+            return kind
+    return "exception"
 
 
 # Exception classes of common clients (httpx, SDKs built on it such as openai's and
@@ -276,17 +295,24 @@ def wait_hint(exc: BaseException, now: float) -> float | None:
         if isinstance(hint, int | float) and not isinstance(hint, bool):
             seconds = float(hint)
             return seconds if math.isfinite(seconds) and seconds >= 0 else None
-        response = _attribute(exc, "response")
-        headers = (
-            _attribute(response, "headers")
-            or _attribute(exc, "headers")
-            or _botocore_metadata(response).get("HTTPHeaders")
-        )
-        get = getattr(headers, "get", None)
-        value = (get("Retry-After") or get("retry-after")) if callable(get) else None
+        value = _retry_after_header(exc)
     except Exception:  # a hint out of range, headers that only look like headers
         return None
     return parse_retry_after(value, now) if isinstance(value, str) else None
+
+
+def _retry_after_header(exc: BaseException) -> object:
+    """The Retry-After header of the exception's response, of its own ``headers`` (urllib's
+    ``HTTPError``) or of botocore's response metadata; None without headers. What headers
+    that only look like headers raise is the caller's to catch."""
+    response = _attribute(exc, "response")
+    headers = (
+        _attribute(response, "headers")
+        or _attribute(exc, "headers")
+        or _botocore_metadata(response).get("HTTPHeaders")
+    )
+    get = getattr(headers, "get", None)
+    return (get("Retry-After") or get("retry-after")) if callable(get) else None
 
 
 def classify_raised(
@@ -315,6 +341,9 @@ def classify_raised(
 _SLOW_DOWN_STATUSES = frozenset({429, 503})
 # What a success is to the limits: an answer.
 _ANSWER = Kind(False, "answer", "outcome")
+# The kind of each error kind, and of none (an answer).
+_KIND_OF_ERROR: dict[ErrorKind | None, Kind] = {None: _ANSWER}
+_KIND_OF_ERROR.update(KINDS.items())
 
 
 def host_feedback(verdict: Verdict) -> Feedback:
@@ -331,9 +360,9 @@ def host_feedback(verdict: Verdict) -> Feedback:
     """
     facts = facts_of(verdict)
     status = facts.status_code
-    kind = _ANSWER if verdict.error_kind is None else KINDS[verdict.error_kind]
-    congested = status in _SLOW_DOWN_STATUSES or kind.congested
-    hold = verdict.retry_after if status in _SLOW_DOWN_STATUSES and verdict.retry_after else None
+    kind = _KIND_OF_ERROR[verdict.error_kind]
+    slow_down = status in _SLOW_DOWN_STATUSES
+    congested = slow_down or kind.congested
     unwell: bool | None
     if kind.breaker == "ignored":
         unwell = None
@@ -343,8 +372,19 @@ def host_feedback(verdict: Verdict) -> Feedback:
         unwell = None if verdict.retry_after is not None else True
     else:
         unwell = False
-    if hold or facts.quota:
-        return Feedback(congested, unwell, hold, facts.quota)
+    if slow_down or facts.quota:
+        return _held_feedback(verdict, facts.quota, congested, unwell, slow_down=slow_down)
+    return _FEEDBACK[congested, unwell]
+
+
+def _held_feedback(
+    verdict: Verdict, quota: float | None, congested: bool, unwell: bool | None, *, slow_down: bool
+) -> Feedback:
+    """The feedback of a 429 or 503 (whose Retry-After holds the host) or of an attempt
+    that read a quota: the rare ones that may carry more than the two judgements."""
+    hold = verdict.retry_after if slow_down and verdict.retry_after else None
+    if hold or quota:
+        return Feedback(congested, unwell, hold, quota)
     return _FEEDBACK[congested, unwell]
 
 

@@ -100,8 +100,12 @@ def _has_expected_shape(begin: Callable[..., Any]) -> bool:
     """Whether ``begin`` and this Python's header functions are the ones the quick path was
     built for: ``begin(self)`` with no defaults or closures that reads the header block
     through a global ``parse_headers(fp, _class=HTTPMessage)``, and a ``_read_headers(fp)``."""
+    return _begin_has_expected_shape(begin) and _header_functions_have_expected_shape()
+
+
+def _begin_has_expected_shape(begin: Callable[..., Any]) -> bool:
+    """``begin(self)``, without defaults or closures, naming a global ``parse_headers``."""
     code = begin.__code__
-    read = getattr(_STDLIB_READ_HEADERS, "__code__", None)
     return (
         code.co_argcount == 1
         and not code.co_kwonlyargcount
@@ -110,7 +114,14 @@ def _has_expected_shape(begin: Callable[..., Any]) -> bool:
         and begin.__kwdefaults__ is None
         and not code.co_freevars
         and "parse_headers" in code.co_names
-        and _STDLIB_PARSE_HEADERS.__code__.co_varnames[:2] == ("fp", "_class")
+    )
+
+
+def _header_functions_have_expected_shape() -> bool:
+    """``parse_headers(fp, _class=HTTPMessage)`` and ``_read_headers(fp)``, as found at import."""
+    read = getattr(_STDLIB_READ_HEADERS, "__code__", None)
+    return (
+        _STDLIB_PARSE_HEADERS.__code__.co_varnames[:2] == ("fp", "_class")
         and _STDLIB_PARSE_HEADERS.__defaults__ == (http.client.HTTPMessage,)
         and read is not None
         and read.co_argcount == 1

@@ -251,14 +251,7 @@ class Summary:
         if self.error_kinds:
             kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
             parts[0] += f" ({kinds})"
-        sent = f"{self.requests_sent} requests"
-        if self.attempts_per_item is not None:
-            sent += f" ({self.attempts_per_item:.2f} per item)"
-        if self.elapsed is not None:
-            sent += f" in {self.elapsed:.2f} s"
-        if self.requests_per_second is not None:
-            sent += f", {self.requests_per_second:.0f}/s"
-        parts.append(sent)
+        parts.append(self._sent())
         if self.latency:
             parts.append("latency " + ", ".join(f"{k} {v:.3f} s" for k, v in self.latency.items()))
         if self.waits:
@@ -268,6 +261,17 @@ class Summary:
         if self.circuits_opened:
             parts.append(f"{self.circuits_opened} circuit(s) opened")
         return "; ".join(parts)
+
+    def _sent(self) -> str:
+        """The requests part of the text form: how many, per item, in what time, how fast."""
+        sent = f"{self.requests_sent} requests"
+        if self.attempts_per_item is not None:
+            sent += f" ({self.attempts_per_item:.2f} per item)"
+        if self.elapsed is not None:
+            sent += f" in {self.elapsed:.2f} s"
+        if self.requests_per_second is not None:
+            sent += f", {self.requests_per_second:.0f}/s"
+        return sent
 
     def _repr_html_(self) -> str:
         rows: list[tuple[str, object]] = [

@@ -39,17 +39,21 @@ def parse_statuses(spec: str | Iterable[int]) -> frozenset[int]:
         return frozenset()
     found: list[int] = []
     for part in spec.split(","):
-        match = _PART.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"{part.strip()!r} is not a status, a range (502-504) or 4xx/5xx")
-        family, first, last = match.groups()
-        if family is not None:
-            found += range(int(family) * 100, int(family) * 100 + 100)
-        elif last is not None and int(last) < int(first):
-            raise ValueError(f"{part.strip()!r}: a range goes from the lower status up")
-        else:
-            found += range(int(first), int(last or first) + 1)
+        found += _statuses_of_part(part.strip())
     return _failures(found, repr(spec))
+
+
+def _statuses_of_part(part: str) -> range:
+    """The statuses one comma-separated part names: ``429``, ``502-504`` or ``5xx``."""
+    match = _PART.fullmatch(part)
+    if match is None:
+        raise ValueError(f"{part!r} is not a status, a range (502-504) or 4xx/5xx")
+    family, first, last = match.groups()
+    if family is not None:
+        return range(int(family) * 100, int(family) * 100 + 100)
+    if last is not None and int(last) < int(first):
+        raise ValueError(f"{part!r}: a range goes from the lower status up")
+    return range(int(first), int(last or first) + 1)
 
 
 def _failures(numbers: list[int], shown: str) -> frozenset[int]:
