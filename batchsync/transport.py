@@ -782,8 +782,9 @@ class Transport:
         hops: int,
         proxies: dict[str, str],
     ) -> dict[str, str]:
-        """Make ready the redirect ``follow``, hop number ``hops`` from ``first_url``: refused
-        past the session's limit or to a guarded host; the proxies it goes through."""
+        """The redirect ``follow`` (hop ``hops`` from ``first_url``) checked and made ready:
+        refused past the session's limit or to a guarded host, the run's secret headers dropped
+        when it leaves the origin; returns the proxies it goes through."""
         if hops > session.max_redirects:
             raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
         assert follow.url is not None
