@@ -229,19 +229,7 @@ class Secrets:
         short = {value for value in secret if len(value) < _MIN_ANYWHERE}
         if not short:
             return masked
-        try:
-            parts, written = urlsplit(masked), urlsplit(given).path.split("/")
-        except ValueError:
-            return masked
-        start = len(parts.scheme) + len(parts.netloc) + 3
-        if masked[start : start + len(parts.path)] != parts.path or not parts.path:
-            return masked
-        kept = {unquote(segment) for segment in written}
-        path = "/".join(
-            MASK if unquote(segment) in short and unquote(segment) not in kept else segment
-            for segment in parts.path.split("/")
-        )
-        return masked[:start] + path + masked[start + len(parts.path) :]
+        return _mask_segments(masked, short, given)
 
     def template(self, text: str) -> str:
         """``text`` masked as a URL template is: a secret parameter whose value is template
@@ -290,15 +278,23 @@ class Secrets:
     ) -> frozenset[str]:
         """An item's own secret values: its secret headers', its URLs' userinfo and secret
         query parameters', and its secret ``params``'."""
-        found = {
-            v for k, v in (headers or {}).items() if isinstance(v, str) and self.is_secret(str(k))
-        }
+        found = self._of_headers(headers)
         for url in urls:
             found.update(self._url_values(url))
-        found.update(
-            str(v) for k, v in (params or {}).items() if str(k).lower() in self.params and v
-        )
+        found.update(self._of_params(params))
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
+
+    def _of_headers(self, headers: Mapping[str, Any] | None) -> set[str]:
+        """The values of the secret ``headers`` (those that are text)."""
+        if not headers:
+            return set()
+        return {v for k, v in headers.items() if isinstance(v, str) and self.is_secret(str(k))}
+
+    def _of_params(self, params: Mapping[str, Any] | None) -> Iterable[str]:
+        """The values of the secret ``params`` (those not empty), as text."""
+        if not params:
+            return ()
+        return (str(v) for k, v in params.items() if str(k).lower() in self.params and v)
 
     def of_url(self, url: str) -> frozenset[str]:
         """``of_item`` of a URL given alone: at no cost for one with no parameter, userinfo
@@ -319,6 +315,24 @@ class Secrets:
             if given:  # (user:password: what Basic auth sends, base64-encoded)
                 found.update((given, unquote(given)))
         return found
+
+
+def _mask_segments(masked: str, short: set[str], given: str) -> str:
+    """``masked`` (a URL) with every path segment that is one of the ``short`` secrets masked,
+    unless the path of ``given`` has it too."""
+    try:
+        parts, written = urlsplit(masked), urlsplit(given).path.split("/")
+    except ValueError:
+        return masked
+    start = len(parts.scheme) + len(parts.netloc) + 3
+    if masked[start : start + len(parts.path)] != parts.path or not parts.path:
+        return masked
+    kept = {unquote(segment) for segment in written}
+    path = "/".join(
+        MASK if unquote(segment) in short and unquote(segment) not in kept else segment
+        for segment in parts.path.split("/")
+    )
+    return masked[:start] + path + masked[start + len(parts.path) :]
 
 
 def _values_regex(found: Iterable[str]) -> re.Pattern[str]:
@@ -346,14 +360,17 @@ def _mask_cut(text: str, values: Iterable[str]) -> str:
     ``…`` or ``...``, an end of one after it."""
     if not any(cut in text for cut in _CUTS):
         return text
-    found = {piece for value in values for piece in pieces(value)}
-    for piece in {piece for piece in found if len(piece) >= _MIN_ANYWHERE}:
-        for form in _forms(piece):
-            if len(form) <= _MIN_PIECE:
-                continue
-            for cut in _CUTS:
-                text = _mask_around(text, form, cut)
+    for form in _cut_forms(values):
+        for cut in _CUTS:
+            text = _mask_around(text, form, cut)
     return text
+
+
+def _cut_forms(values: Iterable[str]) -> list[str]:
+    """The forms of ``values``' long pieces that a cut leaves enough of to be known."""
+    found = {piece for value in values for piece in pieces(value)}
+    long = {piece for piece in found if len(piece) >= _MIN_ANYWHERE}
+    return [form for piece in long for form in _forms(piece) if len(form) > _MIN_PIECE]
 
 
 def _mask_around(text: str, form: str, cut: str) -> str:

@@ -32,6 +32,7 @@ from requests.utils import (
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
+from urllib3.response import BaseHTTPResponse
 from urllib3.util import Retry
 
 from .classify import BadRedirect, describe
@@ -168,6 +169,14 @@ def _passes_end(timeout: float | None, left: float) -> bool:
     if timeout is None:
         return True
     return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
+
+
+def _held_body(content: bytes, max_bytes: int) -> bytearray:
+    """A body read already (by a response hook), refused past ``max_bytes``."""
+    body = bytearray(content)
+    if len(body) > max_bytes:
+        raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
+    return body
 
 
 def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
@@ -678,40 +687,45 @@ class Transport:
                 timeout=left,
             )  # fmt: skip
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
-            self._lanes.pop(wire.origin, None)
-            pool = self._lane(wire.origin, wire.url)[0]
-            if pool is None:
-                return self.send(self._recipe(wire), wall_end)
-            wire.pool = pool
-            return self._send_wire(wire, wall_end)
+            return self._reopened(wire, wall_end)
         if "set-cookie" in raw.headers or (
             raw.status in REDIRECT_STATI and "location" in raw.headers
         ):
-            # Cookies and redirects are the session's business: hand over to requests.
-            session = self.session()
-            prepared = self._recipe(wire).prepared
-            adapter = session.get_adapter(wire.url)
-            assert isinstance(adapter, HTTPAdapter)
-            response = self.drain_redirect(adapter.build_response(prepared, raw))
-            jars = self._cookie_jars.get(id(session))
-            if jars is not None:  # (as its hook would, before the next hop is worked out)
-                jars.keep(response)
-            extract_cookies_to_jar(session.cookies, prepared, raw)
-            # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
-            proxies = self._environment(session, wire.url)["proxies"]
-            try:
-                response._next = next(
-                    session.resolve_redirects(
-                        response, prepared, proxies=proxies, yield_requests=True
-                    ),
-                    None,
-                )
-            except UnicodeDecodeError as exc:
-                raise BadRedirect(
-                    f"cannot follow a redirect: {exc.reason} in its Location"
-                ) from None
-            return self._settle(session, wire.url, response, wall_end)
+            return self._handed_over(wire, raw, wall_end)
         return Reply(raw.status, raw.headers, raw, wire.url)
+
+    def _reopened(self, wire: Wire, wall_end: float) -> Reply:
+        """``wire`` sent again, on its origin's pool as the pool manager makes it anew (or the
+        full requests way, when the origin has no fast lane now)."""
+        self._lanes.pop(wire.origin, None)
+        pool = self._lane(wire.origin, wire.url)[0]
+        if pool is None:
+            return self.send(self._recipe(wire), wall_end)
+        wire.pool = pool
+        return self._send_wire(wire, wall_end)
+
+    def _handed_over(self, wire: Wire, raw: BaseHTTPResponse, wall_end: float) -> Reply:
+        """The fast lane's answer ``raw`` settled by requests: cookies and redirects are the
+        session's business."""
+        session = self.session()
+        prepared = self._recipe(wire).prepared
+        adapter = session.get_adapter(wire.url)
+        assert isinstance(adapter, HTTPAdapter)
+        response = self.drain_redirect(adapter.build_response(prepared, raw))
+        jars = self._cookie_jars.get(id(session))
+        if jars is not None:  # (as its hook would, before the next hop is worked out)
+            jars.keep(response)
+        extract_cookies_to_jar(session.cookies, prepared, raw)
+        # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
+        proxies = self._environment(session, wire.url)["proxies"]
+        try:
+            response._next = next(
+                session.resolve_redirects(response, prepared, proxies=proxies, yield_requests=True),
+                None,
+            )
+        except UnicodeDecodeError as exc:
+            raise BadRedirect(f"cannot follow a redirect: {exc.reason} in its Location") from None
+        return self._settle(session, wire.url, response, wall_end)
 
     def _recipe(self, wire: Wire) -> Recipe:
         """The request the fast-lane ``wire`` stands for, for the full requests way."""
@@ -753,23 +767,37 @@ class Transport:
             follow = response.next
             response.close()
             hops += 1
-            if hops > session.max_redirects:
-                raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
-            assert follow.url is not None
-            if self._guard is not None:
-                self._guard.check(urlsplit(follow.url).hostname or "")
-            # requests has already dealt with Authorization, Cookie and Proxy-Authorization
-            # for the new URL; the run's own secret headers are batchsync's to drop.
-            if session.should_strip_auth(first_url, follow.url):
-                leave_origin(follow.headers, self._secrets.is_declared, session.headers)
-            proxies = resolve_proxies(follow, proxies, session.trust_env)
-            if not proxy_reads_headers(follow.url, proxies):  # (the origin would read it)
-                follow.headers.pop("Proxy-Authorization", None)
+            proxies = self._hop(session, first_url, follow, hops, proxies)
             response = self._send_once(session, follow, wall_end, hops, proxies)
         return Reply(
             response.status_code, response.headers, response.raw, response.url or first_url,
             hops, response.close, response.content if response._content_consumed else None,
         )  # fmt: skip
+
+    def _hop(
+        self,
+        session: requests.Session,
+        first_url: str,
+        follow: requests.PreparedRequest,
+        hops: int,
+        proxies: dict[str, str],
+    ) -> dict[str, str]:
+        """The redirect ``follow`` (hop ``hops`` from ``first_url``) checked and made ready:
+        refused past the session's limit or to a guarded host, the run's secret headers dropped
+        when it leaves the origin; returns the proxies it goes through."""
+        if hops > session.max_redirects:
+            raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
+        assert follow.url is not None
+        if self._guard is not None:
+            self._guard.check(urlsplit(follow.url).hostname or "")
+        # requests has already dealt with Authorization, Cookie and Proxy-Authorization
+        # for the new URL; the run's own secret headers are batchsync's to drop.
+        if session.should_strip_auth(first_url, follow.url):
+            leave_origin(follow.headers, self._secrets.is_declared, session.headers)
+        proxies = resolve_proxies(follow, proxies, session.trust_env)
+        if not proxy_reads_headers(follow.url, proxies):  # (the origin would read it)
+            follow.headers.pop("Proxy-Authorization", None)
+        return proxies
 
     def read_body(
         self, reply: Reply, wall_end: float, max_bytes: int, *, rearm: bool = False
@@ -787,39 +815,17 @@ class Transport:
         # Without an encoding, the declared length is the body's: check it, and stop reading
         # once it has all come.
         declared = None if encoded else declared_length(raw, reply.headers)
-        counted = declared is not None
         if declared is not None and declared > max_bytes:
             reply.close()
             raise BodyTooLarge(f"body of {declared} bytes is over max_bytes {max_bytes}")
-        sock = getattr(getattr(raw, "connection", None), "sock", None)
-        body = bytearray()
         try:
-            if reply.content is not None:  # a hook read it all, as requests reads it
-                body += reply.content
-                if len(body) > max_bytes:
-                    raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
-            while reply.content is None:
-                left = self._left(wall_end)
-                if sock is not None and _passes_end(sock.gettimeout(), left):
-                    sock.settimeout(left)
-                chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
-                if not chunk:
-                    break
-                body += chunk
-                if len(body) > max_bytes:
-                    raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
-                if counted and getattr(raw, "length_remaining", None) == 0:
-                    break
-        except BodyTooLarge:
+            if reply.content is None:
+                body = self._read_stream(raw, wall_end, max_bytes, encoded, declared is not None)
+            else:  # a hook read it all, as requests reads it
+                body = _held_body(reply.content, max_bytes)
+        except BaseException as exc:
             reply.close()
-            raise
-        except Exception as exc:
-            reply.close()
-            if self._ended(exc, wall_end):
-                raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
-            raise
-        except BaseException:
-            reply.close()
+            self._raise_if_ended(exc, wall_end)
             raise
         watchdog = self.ledger.watchdog
         if watchdog.disarm():  # cut as the body completed: the connection is not reusable
@@ -829,6 +835,35 @@ class Transport:
         if rearm:
             watchdog.arm(wall_end)
         return body
+
+    def _read_stream(
+        self, raw: Any, wall_end: float, max_bytes: int, encoded: bool, counted: bool
+    ) -> bytearray:
+        """The body read from ``raw`` in chunks (decoded when ``encoded``), each read bounded
+        by the attempt's end; done when the stream ends or, ``counted``, when the declared
+        length has all come."""
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        body = bytearray()
+        while True:
+            left = self._left(wall_end)
+            if sock is not None and _passes_end(sock.gettimeout(), left):
+                sock.settimeout(left)
+            chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
+            if not chunk:
+                return body
+            body += chunk
+            if len(body) > max_bytes:
+                raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
+            if counted and getattr(raw, "length_remaining", None) == 0:
+                return body
+
+    def _raise_if_ended(self, exc: BaseException, wall_end: float) -> None:
+        """An AttemptTimedOut for ``exc`` when it is the attempt's end coming (see ``_ended``);
+        a body refused as too large, or an interrupt, stands as it is."""
+        if isinstance(exc, BodyTooLarge) or not isinstance(exc, Exception):
+            return
+        if self._ended(exc, wall_end):
+            raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
 
     def discard(self, reply: Reply, wall_end: float) -> None:
         """Drop a response we do not need, keeping its connection when the body is small."""
