@@ -138,12 +138,18 @@ class HttpJob:
                 attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
+        return self._spec_task(item)
+
+    def _spec_task(self, item: object) -> Task:
+        """The Task of an item read as a RequestSpec: a route for its URL, one for each
+        fallback URL and one for each fallback function, in that order; paged when asked."""
         continued = item if isinstance(item, Continued) else None
         spec = parse_item(item if continued is None else continued.item)
-        for url in (spec.url, *(spec.fallbacks or ())):
+        urls = (spec.url, *(spec.fallbacks or ()))
+        for url in urls:
             self._guarded(urlsplit(url).hostname or "")
         own = self._item_secrets(spec)
-        routes = [self._url_route(spec, url, own) for url in (spec.url, *(spec.fallbacks or ()))]
+        routes = [self._url_route(spec, url, own) for url in urls]
         routes += [
             Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
             for fallback in self._options.fallbacks
@@ -270,9 +276,7 @@ class HttpJob:
             return None
         if spec.method == "GET" and not (spec.params or spec.headers or spec.fallbacks):
             return spec.url  # the same key as a plain URL item's
-        params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
-        headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
-        return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
+        return _request_key(spec)
 
     def _outgoing(self, spec: RequestSpec, url: str) -> Outgoing:
         """The request as it goes out, built once and reused by every attempt: the fast form
@@ -527,6 +531,14 @@ class WrappedJob:
 
     def feedback(self, verdict: Verdict) -> Feedback:
         return self._inner.feedback(verdict)
+
+
+def _request_key(spec: RequestSpec) -> Hashable:
+    """What makes two bodiless requests the same: method, URL, params and headers (in any
+    order, header names in any case), fallback URLs."""
+    params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
+    headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
+    return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
 
 
 def _url_of(request: Outgoing) -> str:
