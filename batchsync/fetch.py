@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth
+from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth, Token
 from .classify import (
     classify_http_exception,
     classify_refused_answer,
@@ -400,32 +400,79 @@ class HttpJob:
                 if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
-            if facts.redirects and not same_origin(facts.final_url or "", _url_of(request)):
-                return verdict  # (from another origin, which never got the token)
-            step = auth.step(token, renewals)
-            if step == "give_up":
-                if renewals or token.generation > 0:
-                    error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
-                    return replace(verdict, error=error)
-                return verdict
-            if step == "refresh":
-                try:
-                    token = auth.refresh(token, wall_end - time.monotonic())
-                except RefreshWaitTimedOut as exc:
-                    return replace(retry("timeout", str(exc)), resent=sent - 1)
-                except AuthFailed as exc:
-                    error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
-                    return replace(verdict, error=error)
-            else:
-                token = auth.current()
-            renewals += 1
-            if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
-                return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                    self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
-                )  # fmt: skip
+            resend = self._after_401(
+                auth,
+                request,
+                verdict,
+                token,
+                renewals=renewals,
+                sent=sent,
+                own=own,
+                wall_end=wall_end,
+            )
+            if isinstance(resend, Verdict):
+                return resend
+            token, renewals = resend, renewals + 1
+
+    def _after_401(
+        self,
+        auth: RunAuth,
+        request: Outgoing,
+        verdict: Verdict,
+        token: Token,
+        *,
+        renewals: int,
+        sent: int,
+        own: frozenset[str],
+        wall_end: float,
+    ) -> Token | Verdict:
+        """The token to resend with after a 401, or the Verdict that ends the attempt: the
+        401 came from another origin, no token is to be had, or no time is left to resend."""
+        facts = facts_of(verdict)
+        if facts.redirects and not same_origin(facts.final_url or "", _url_of(request)):
+            return verdict  # (from another origin, which never got the token)
+        renewed = self._renewed(
+            auth, verdict, token, renewals=renewals, sent=sent, own=own, wall_end=wall_end
+        )
+        if isinstance(renewed, Verdict):
+            return renewed
+        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                self._secrets.text(_url_of(request), own), renewed.generation, auth.refreshes,
+            )  # fmt: skip
+        return renewed
+
+    def _renewed(
+        self,
+        auth: RunAuth,
+        verdict: Verdict,
+        token: Token,
+        *,
+        renewals: int,
+        sent: int,
+        own: frozenset[str],
+        wall_end: float,
+    ) -> Token | Verdict:
+        """The token ``auth.after_401`` says to resend with, or the Verdict when it says to
+        give up or the refresh fails."""
+        step = auth.step(token, renewals)
+        if step == "give_up":
+            if renewals or token.generation > 0:
+                error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                return replace(verdict, error=error)
+            return verdict
+        if step == "refresh":
+            try:
+                return auth.refresh(token, wall_end - time.monotonic())
+            except RefreshWaitTimedOut as exc:
+                return replace(retry("timeout", str(exc)), resent=sent - 1)
+            except AuthFailed as exc:
+                error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                return replace(verdict, error=error)
+        return auth.current()
 
     def _exchange(
         self,
