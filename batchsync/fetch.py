@@ -400,6 +400,8 @@ class HttpJob:
                 if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
+            if _from_elsewhere(facts, request):
+                return verdict  # (from another origin, which never got the token)
             resend = self._after_401(
                 auth,
                 request,
@@ -426,38 +428,8 @@ class HttpJob:
         own: frozenset[str],
         wall_end: float,
     ) -> Token | Verdict:
-        """The token to resend with after a 401, or the Verdict that ends the attempt: the
-        401 came from another origin, no token is to be had, or no time is left to resend."""
-        facts = facts_of(verdict)
-        if facts.redirects and not same_origin(facts.final_url or "", _url_of(request)):
-            return verdict  # (from another origin, which never got the token)
-        renewed = self._renewed(
-            auth, verdict, token, renewals=renewals, sent=sent, own=own, wall_end=wall_end
-        )
-        if isinstance(renewed, Verdict):
-            return renewed
-        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
-            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                self._secrets.text(_url_of(request), own), renewed.generation, auth.refreshes,
-            )  # fmt: skip
-        return renewed
-
-    def _renewed(
-        self,
-        auth: RunAuth,
-        verdict: Verdict,
-        token: Token,
-        *,
-        renewals: int,
-        sent: int,
-        own: frozenset[str],
-        wall_end: float,
-    ) -> Token | Verdict:
-        """The token ``auth.after_401`` says to resend with, or the Verdict when it says to
-        give up or the refresh fails."""
+        """The token to resend with after a 401, as ``auth.after_401`` says, or the Verdict
+        that ends the attempt: it says to give up, the refresh fails, or no time is left."""
         step = auth.step(token, renewals)
         if step == "give_up":
             if renewals or token.generation > 0:
@@ -466,13 +438,22 @@ class HttpJob:
             return verdict
         if step == "refresh":
             try:
-                return auth.refresh(token, wall_end - time.monotonic())
+                token = auth.refresh(token, wall_end - time.monotonic())
             except RefreshWaitTimedOut as exc:
                 return replace(retry("timeout", str(exc)), resent=sent - 1)
             except AuthFailed as exc:
                 error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                 return replace(verdict, error=error)
-        return auth.current()
+        else:
+            token = auth.current()
+        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
+            )  # fmt: skip
+        return token
 
     def _exchange(
         self,
@@ -586,6 +567,11 @@ def _request_key(spec: RequestSpec) -> Hashable:
     params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
     headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
     return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
+
+
+def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
+    """Whether an answer came, after redirects, from another origin than the request's."""
+    return bool(facts.redirects) and not same_origin(facts.final_url or "", _url_of(request))
 
 
 def _url_of(request: Outgoing) -> str:

@@ -618,12 +618,7 @@ class Gates:
         clock: Clock | Callable[[], float] = SYSTEM,
     ) -> None:
         given = _limit_gates(
-            rate=rate,
-            slots=slots,
-            cooldowns=cooldowns,
-            cooldown_scope=cooldown_scope,
-            breaker=breaker,
-            adaptive=adaptive,
+            cooldowns, cooldown_scope, rate=rate, slots=slots, breaker=breaker, adaptive=adaptive
         )
         self.gates: list[Gate] = sorted([*given, *gates], key=lambda gate: gate.rank)
         self._waiting = Waiting(clock_of(clock))
@@ -726,11 +721,11 @@ class Gates:
 
 
 def _limit_gates(
+    cooldowns: CooldownBoard | None,
+    cooldown_scope: CooldownScope,
     *,
     rate: RateLimiter | None,
     slots: SlotPool | None,
-    cooldowns: CooldownBoard | None,
-    cooldown_scope: CooldownScope,
     breaker: BreakerBackend | None,
     adaptive: AdaptiveLimit | None,
 ) -> list[Gate]:
