@@ -338,7 +338,15 @@ class Journal:
         linger = 0.0
         window_start, window_results = self._clock(), 0
         while True:
-            pending = self._next_group(linger)
+            first = self._queue.get()
+            if first is not None and linger:
+                self._sleep(linger)
+            pending = [first]
+            while len(pending) < _BATCH_ROWS:
+                try:
+                    pending.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             taken = [entry for entry in pending if entry is not None]
             if taken:
                 self._room.release(len(taken))
@@ -357,20 +365,6 @@ class Journal:
             if elapsed >= 1.0:
                 linger = linger_for(window_results, elapsed)
                 window_start, window_results = self._clock(), 0
-
-    def _next_group(self, linger: float) -> list[tuple[Result, object] | None]:
-        """The entries to write together: the next one, waited for, and after ``linger``
-        (letting more arrive) those queued behind it, up to a group; None marks the end."""
-        first = self._queue.get()
-        if first is not None and linger:
-            self._sleep(linger)
-        pending = [first]
-        while len(pending) < _BATCH_ROWS:
-            try:
-                pending.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return pending
 
     def _row(self, result: Result, item: object) -> Row:
         record, request = self._encode(result, item)
