@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth
+from .auth import AuthFailed, RefreshWaitTimedOut, RunAuth, Token
 from .classify import (
     classify_http_exception,
     classify_refused_answer,
@@ -138,12 +138,18 @@ class HttpJob:
                 attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
                 shown = self._secrets.url(item)
                 return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
+        return self._spec_task(item)
+
+    def _spec_task(self, item: object) -> Task:
+        """The Task of an item read as a RequestSpec: a route for its URL, one for each
+        fallback URL and one for each fallback function, in that order; paged when asked."""
         continued = item if isinstance(item, Continued) else None
         spec = parse_item(item if continued is None else continued.item)
-        for url in (spec.url, *(spec.fallbacks or ())):
+        urls = (spec.url, *(spec.fallbacks or ()))
+        for url in urls:
             self._guarded(urlsplit(url).hostname or "")
         own = self._item_secrets(spec)
-        routes = [self._url_route(spec, url, own) for url in (spec.url, *(spec.fallbacks or ()))]
+        routes = [self._url_route(spec, url, own) for url in urls]
         routes += [
             Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
             for fallback in self._options.fallbacks
@@ -270,9 +276,7 @@ class HttpJob:
             return None
         if spec.method == "GET" and not (spec.params or spec.headers or spec.fallbacks):
             return spec.url  # the same key as a plain URL item's
-        params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
-        headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
-        return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
+        return _request_key(spec)
 
     def _outgoing(self, spec: RequestSpec, url: str) -> Outgoing:
         """The request as it goes out, built once and reused by every attempt: the fast form
@@ -396,32 +400,60 @@ class HttpJob:
                 if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
-            if facts.redirects and not same_origin(facts.final_url or "", _url_of(request)):
+            if _from_elsewhere(facts, request):
                 return verdict  # (from another origin, which never got the token)
-            step = auth.step(token, renewals)
-            if step == "give_up":
-                if renewals or token.generation > 0:
-                    error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
-                    return replace(verdict, error=error)
-                return verdict
-            if step == "refresh":
-                try:
-                    token = auth.refresh(token, wall_end - time.monotonic())
-                except RefreshWaitTimedOut as exc:
-                    return replace(retry("timeout", str(exc)), resent=sent - 1)
-                except AuthFailed as exc:
-                    error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
-                    return replace(verdict, error=error)
-            else:
-                token = auth.current()
-            renewals += 1
-            if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
-                return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                    self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
-                )  # fmt: skip
+            resend = self._after_401(
+                auth,
+                request,
+                verdict,
+                token,
+                renewals=renewals,
+                sent=sent,
+                own=own,
+                wall_end=wall_end,
+            )
+            if isinstance(resend, Verdict):
+                return resend
+            token, renewals = resend, renewals + 1
+
+    def _after_401(
+        self,
+        auth: RunAuth,
+        request: Outgoing,
+        verdict: Verdict,
+        token: Token,
+        *,
+        renewals: int,
+        sent: int,
+        own: frozenset[str],
+        wall_end: float,
+    ) -> Token | Verdict:
+        """The token to resend with after a 401, as ``auth.after_401`` says, or the Verdict
+        that ends the attempt: it says to give up, the refresh fails, or no time is left."""
+        step = auth.step(token, renewals)
+        if step == "give_up":
+            if renewals or token.generation > 0:
+                error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                return replace(verdict, error=error)
+            return verdict
+        if step == "refresh":
+            try:
+                token = auth.refresh(token, wall_end - time.monotonic())
+            except RefreshWaitTimedOut as exc:
+                return replace(retry("timeout", str(exc)), resent=sent - 1)
+            except AuthFailed as exc:
+                error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                return replace(verdict, error=error)
+        else:
+            token = auth.current()
+        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
+            )  # fmt: skip
+        return token
 
     def _exchange(
         self,
@@ -527,6 +559,19 @@ class WrappedJob:
 
     def feedback(self, verdict: Verdict) -> Feedback:
         return self._inner.feedback(verdict)
+
+
+def _request_key(spec: RequestSpec) -> Hashable:
+    """What makes two bodiless requests the same: method, URL, params and headers (in any
+    order, header names in any case), fallback URLs."""
+    params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
+    headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
+    return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
+
+
+def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
+    """Whether an answer came, after redirects, from another origin than the request's."""
+    return bool(facts.redirects) and not same_origin(facts.final_url or "", _url_of(request))
 
 
 def _url_of(request: Outgoing) -> str:

@@ -333,21 +333,27 @@ class CircuitBreaker:
                 circuit = self._circuits[key] = _Circuit(deque(successes, maxlen=window))
             if circuit.open_until is not None:
                 return  # attempts sent before it opened: only the probe speaks now
-            if len(circuit.calls) == window and circuit.calls[0]:
-                circuit.failures -= 1
-            circuit.calls.append(failed)
-            circuit.failures += failed
-            calls = len(circuit.calls)
-            if not circuit.failures:  # the last failure slid out of the window
-                del self._circuits[key]
-                self._healthy[key] = calls
-            elif calls >= self.settings.threshold_calls and (
-                circuit.failures >= self.settings.ratio * calls
-            ):
-                circuit.open_until = self._clock() + self.settings.reset
-                circuit.calls.clear()
-                circuit.failures = 0
-                self.opened += 1
+            self._counted(key, circuit, failed)
+
+    def _counted(self, key: str, circuit: _Circuit, failed: bool) -> None:
+        """One attempt into the window of a closed circuit (under the lock): once no failure
+        is left in it the host is a count of successes again; once enough attempts failed
+        (see ``Breaker``) the circuit opens."""
+        if len(circuit.calls) == self.settings.window and circuit.calls[0]:
+            circuit.failures -= 1
+        circuit.calls.append(failed)
+        circuit.failures += failed
+        calls = len(circuit.calls)
+        if not circuit.failures:  # the last failure slid out of the window
+            del self._circuits[key]
+            self._healthy[key] = calls
+        elif calls >= self.settings.threshold_calls and (
+            circuit.failures >= self.settings.ratio * calls
+        ):
+            circuit.open_until = self._clock() + self.settings.reset
+            circuit.calls.clear()
+            circuit.failures = 0
+            self.opened += 1
 
     def _probed(self, key: str, failed: bool | None) -> None:
         with self._lock:
@@ -611,19 +617,10 @@ class Gates:
         adaptive: AdaptiveLimit | None = None,
         clock: Clock | Callable[[], float] = SYSTEM,
     ) -> None:
-        given: list[Gate | None] = [
-            None if breaker is None else BreakerGate(breaker),
-            None if adaptive is None else AdaptiveGate(adaptive),
-            None if slots is None else SlotGate(slots),
-            None if cooldowns is None or cooldown_scope == "off" else (
-                CooldownGate(cooldowns, cooldown_scope)
-            ),
-            None if cooldowns is None else QuotaGate(cooldowns),
-            None if rate is None else TokenGate(rate),
-        ]  # fmt: skip
-        self.gates: list[Gate] = sorted(
-            [*(gate for gate in given if gate is not None), *gates], key=lambda gate: gate.rank
+        given = _limit_gates(
+            cooldowns, cooldown_scope, rate=rate, slots=slots, breaker=breaker, adaptive=adaptive
         )
+        self.gates: list[Gate] = sorted([*given, *gates], key=lambda gate: gate.rank)
         self._waiting = Waiting(clock_of(clock))
         self._now = self._waiting.now
         self.waits = self._waiting.stats
@@ -721,6 +718,33 @@ class Gates:
                 gate.release(admission, feedback)
             except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
                 self._unavailable(exc)
+
+
+def _limit_gates(
+    cooldowns: CooldownBoard | None,
+    cooldown_scope: CooldownScope,
+    *,
+    rate: RateLimiter | None,
+    slots: SlotPool | None,
+    breaker: BreakerBackend | None,
+    adaptive: AdaptiveLimit | None,
+) -> list[Gate]:
+    """Today's limits as gates, one for each backend given; the cooldowns make two, the
+    cooldown gate (unless its scope is off) and the quota gate."""
+    gates: list[Gate] = []
+    if breaker is not None:
+        gates.append(BreakerGate(breaker))
+    if adaptive is not None:
+        gates.append(AdaptiveGate(adaptive))
+    if slots is not None:
+        gates.append(SlotGate(slots))
+    if cooldowns is not None:
+        if cooldown_scope != "off":
+            gates.append(CooldownGate(cooldowns, cooldown_scope))
+        gates.append(QuotaGate(cooldowns))
+    if rate is not None:
+        gates.append(TokenGate(rate))
+    return gates
 
 
 def build_gates(
