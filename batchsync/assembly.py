@@ -72,13 +72,22 @@ def shared_limits(options: FlowOptions) -> SharedLimits | None:
 def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
     """The limits a run's attempts pass (kept by the shared backend when there is one): those
     of the options, each option that brings a gate of its own (a ``GateOption``) included."""
-    more = [value for name in type(options).model_fields
-            if isinstance(value := getattr(options, name), GateOption)]  # fmt: skip
+    more = [
+        value
+        for name in type(options).model_fields
+        if isinstance(value := getattr(options, name), GateOption)
+    ]
     return build_gates(
-        concurrency=options.concurrency, rate=options.rate, per_host=options.slots,
-        cooldown=options.cooldown, breaker=options.breaker, adaptive=options.adaptive,
-        shared=shared_limits(options), more=more, clock=clock,
-    )  # fmt: skip
+        concurrency=options.concurrency,
+        rate=options.rate,
+        per_host=options.slots,
+        cooldown=options.cooldown,
+        breaker=options.breaker,
+        adaptive=options.adaptive,
+        shared=shared_limits(options),
+        more=more,
+        clock=clock,
+    )
 
 
 def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None) -> list[Observer]:
@@ -160,10 +169,14 @@ def fetch(
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
     transport = Transport(
-        options.session, options.concurrency, secrets,
-        guard=Guard() if options.deny_private else None, verify=options.verify,
-        cert=options.cert, cookies=options.cookies,
-    )  # fmt: skip
+        options.session,
+        options.concurrency,
+        secrets,
+        guard=Guard() if options.deny_private else None,
+        verify=options.verify,
+        cert=options.cert,
+        cookies=options.cookies,
+    )
     try:
         job = HttpJob(options, transport, gates, secrets=secrets)
     except BaseException:  # (auth='s first token could not be got)
@@ -172,10 +185,20 @@ def fetch(
     try:
         with insecure_said_once(options.verify is False):
             return _run(
-                options, job if wrap is None else wrap(job), items, deliver, gates=gates,
-                progress=progress, observed=observed, secrets=job.secrets, journal=journal,
-                abort=transport.abort, on_start=on_start, earlier=earlier, clock=clock,
-            )  # fmt: skip
+                options,
+                job if wrap is None else wrap(job),
+                items,
+                deliver,
+                gates=gates,
+                progress=progress,
+                observed=observed,
+                secrets=job.secrets,
+                journal=journal,
+                abort=transport.abort,
+                on_start=on_start,
+                earlier=earlier,
+                clock=clock,
+            )
     finally:
         job.close()
         transport.close()
@@ -251,10 +274,20 @@ def run_calls(
     job = CallJob(fn, options, secrets, gates)
     try:
         return _run(
-            options, job, items, deliver, gates=gates, progress=progress, observed=observed,
-            secrets=secrets, journal=journal, abort=None, on_start=lambda run: None,
-            earlier=earlier, clock=clock,
-        )  # fmt: skip
+            options,
+            job,
+            items,
+            deliver,
+            gates=gates,
+            progress=progress,
+            observed=observed,
+            secrets=secrets,
+            journal=journal,
+            abort=None,
+            on_start=lambda run: None,
+            earlier=earlier,
+            clock=clock,
+        )
     finally:
         job.close()
 
@@ -303,9 +336,12 @@ def _run(
     with watching(secrets):
         finished = engine.run(job, items, deliver)
     return Ran(
-        engine.stopped, not finished, gates.waits.seconds, gates.circuits_opened,
+        engine.stopped,
+        not finished,
+        gates.waits.seconds,
+        gates.circuits_opened,
         gates.waits.timeline,
-    )  # fmt: skip
+    )
 
 
 def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:

@@ -346,9 +346,14 @@ class Batch(Resumable[FetchOptions]):
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")
         self._start(
-            items, options, journal, progress, fresh=fresh, template=self._template,
+            items,
+            options,
+            journal,
+            progress,
+            fresh=fresh,
+            template=self._template,
             arguments=_arguments(given),
-        )  # fmt: skip
+        )
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -364,11 +369,15 @@ class Batch(Resumable[FetchOptions]):
     def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
         template = self._template
         return fetch(
-            self.options, left.sent(enumerate(self.items)), self._keep, gates=self._gates,
-            progress=bar, journal=journal,
+            self.options,
+            left.sent(enumerate(self.items)),
+            self._keep,
+            gates=self._gates,
+            progress=bar,
+            journal=journal,
             wrap=None if template is None else partial(RowJob, template=template),
             earlier=left.taken,
-        )  # fmt: skip
+        )
 
 
 class RowJob(WrappedJob):
@@ -456,9 +465,14 @@ class CallBatch(Resumable[CallOptions]):
         self._encode = encode
         self._decode = decode
         self._start(
-            items, options, journal, progress, fresh=fresh, strict=True,
+            items,
+            options,
+            journal,
+            progress,
+            fresh=fresh,
+            strict=True,
             arguments=_arguments(given),
-        )  # fmt: skip
+        )
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -480,9 +494,15 @@ class CallBatch(Resumable[CallOptions]):
 
     def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
         return run_calls(
-            self.options, self._fn, left.sent(enumerate(self.items)), self._keep,
-            gates=self._gates, progress=bar, journal=journal, earlier=left.taken,
-        )  # fmt: skip
+            self.options,
+            self._fn,
+            left.sent(enumerate(self.items)),
+            self._keep,
+            gates=self._gates,
+            progress=bar,
+            journal=journal,
+            earlier=left.taken,
+        )
 
     def _remade_with(self) -> tuple[Any, ...]:
         return (self._fn, self.items)

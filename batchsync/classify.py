@@ -198,6 +198,7 @@ def _kind_by_class(exc: Exception) -> ErrorKind:
     return "exception"
 
 
+# (The two name sets below keep a library's names a line, ``fmt: skip``: they read as tables.)
 # Exception classes of common clients (httpx, SDKs built on it such as openai's and
 # anthropic's, botocore) that mean the call never got an answer, known by name so that none of
 # those libraries is needed here; a name with "Timeout" in it is a timeout.

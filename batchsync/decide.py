@@ -41,9 +41,11 @@ def cut_short(verdict: Verdict, cut_by: Limit | None) -> Verdict:
     if cut_by is None or kind is None or not KINDS[kind].cut_short:
         return verdict
     return replace(
-        verdict, outcome="terminal", error_kind=cut_by,
+        verdict,
+        outcome="terminal",
+        error_kind=cut_by,
         error=f"{verdict.error} (cut short by the {cut_by})",
-    )  # fmt: skip
+    )
 
 
 def decide(

@@ -174,12 +174,19 @@ def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait:
         return
     log.info(
         "retry %s: %s (attempt %d of %d); waiting %.2f s",
-        url, verdict.error, number, limit, wait,
+        url,
+        verdict.error,
+        number,
+        limit,
+        wait,
         extra={
-            "url": url, "attempt": number, "status_code": _answer(verdict).status_code,
-            "error_kind": verdict.error_kind, "wait": wait,
+            "url": url,
+            "attempt": number,
+            "status_code": _answer(verdict).status_code,
+            "error_kind": verdict.error_kind,
+            "wait": wait,
         },
-    )  # fmt: skip
+    )
 
 
 def _log_failure(result: Result) -> None:
@@ -189,12 +196,17 @@ def _log_failure(result: Result) -> None:
     attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
     log.info(
         "failed %s: %s%s",
-        url, result.error, attempts,
+        url,
+        result.error,
+        attempts,
         extra={
-            "url": url, "attempt": result.attempts, "status_code": result.status_code,
-            "error_kind": result.error_kind, "wait": None,
+            "url": url,
+            "attempt": result.attempts,
+            "status_code": result.status_code,
+            "error_kind": result.error_kind,
+            "wait": None,
         },
-    )  # fmt: skip
+    )
 
 
 class _Run:
@@ -419,9 +431,15 @@ class Engine:
     def _copy(self, result: Result, copy: _Copy) -> Result:
         """The Result of an item that shared an identical item's request: none of its own."""
         return replace(
-            result, index=copy.index, url=copy.url, id=copy.id, attempts=0, attempt_log=(),
-            elapsed=self._clock() - copy.claimed, finished=time.time(),
-        )  # fmt: skip
+            result,
+            index=copy.index,
+            url=copy.url,
+            id=copy.id,
+            attempts=0,
+            attempt_log=(),
+            elapsed=self._clock() - copy.claimed,
+            finished=time.time(),
+        )
 
     def _prepare(
         self, job: Job, index: int, item: object, claimed: float, deadline_end: float | None
@@ -436,9 +454,15 @@ class Engine:
         except InvalidItem as exc:
             url, item_id = job.label(item)
             return Result(
-                index, url, False, item_id, error_kind="invalid_request", error=str(exc),
-                elapsed=self._clock() - claimed, finished=time.time(),
-            )  # fmt: skip
+                index,
+                url,
+                False,
+                item_id,
+                error_kind="invalid_request",
+                error=str(exc),
+                elapsed=self._clock() - claimed,
+                finished=time.time(),
+            )
 
     def _attempts(
         self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
@@ -454,31 +478,50 @@ class Engine:
             going_on = steps is not None and steps.done > 0 and not verdict.ok
             answer = _answer(verdict)
             return Result(
-                index=index, url=task.url, ok=verdict.ok, id=task.id,
+                index=index,
+                url=task.url,
+                ok=verdict.ok,
+                id=task.id,
                 status_code=answer.status_code,
                 attempts=sum(1 + record.hedged + record.resent for record in records),
-                error_kind=verdict.error_kind, error=error,
+                error_kind=verdict.error_kind,
+                error=error,
                 data=verdict.data if steps is None else steps.data,
-                elapsed=self._clock() - claimed, attempt_log=tuple(records),
-                fallback_used=fallback, final_url=answer.final_url, redirects=answer.redirects,
+                elapsed=self._clock() - claimed,
+                attempt_log=tuple(records),
+                fallback_used=fallback,
+                final_url=answer.final_url,
+                redirects=answer.redirects,
                 pages=None if steps is None else steps.done,
                 continuation=steps.continuation if going_on and steps else None,
                 finished=time.time(),  # (wall-clock time, for the report's charts)
-            )  # fmt: skip
+            )
 
         so_far: Result | None = None
         for position, route in enumerate((task.route, *task.fallbacks)):
             fallback = position - 1 if position else None
             verdict, error = self._follow(
-                route, fallback, index=index, task=task, allowance=allowance, job=job,
-                records=records, so_far=so_far,
-            )  # fmt: skip
+                route,
+                fallback,
+                index=index,
+                task=task,
+                allowance=allowance,
+                job=job,
+                records=records,
+                so_far=so_far,
+            )
             steps = None
             if route.then is not None:  # (the partial only for items made of steps)
                 follow = partial(
-                    self._follow, fallback=fallback, index=index, task=task,
-                    allowance=allowance, job=job, records=records, so_far=so_far,
-                )  # fmt: skip
+                    self._follow,
+                    fallback=fallback,
+                    index=index,
+                    task=task,
+                    allowance=allowance,
+                    job=job,
+                    records=records,
+                    so_far=so_far,
+                )
                 verdict, error, steps = self._steps(route, verdict, error, task, follow)
                 # A step that failed ends the item with what the steps before it gave (a
                 # first one that failed is the item's own route failing, as without steps).
@@ -576,9 +619,15 @@ class Engine:
             decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
             last = decision.verdict
             record = AttemptRecord(
-                len(records) + 1, _answer(last).status_code, last.error_kind, ended - began,
-                wait=decision.wait, fallback=fallback, hedged=last.hedged, resent=last.resent,
-            )  # fmt: skip
+                len(records) + 1,
+                _answer(last).status_code,
+                last.error_kind,
+                ended - began,
+                wait=decision.wait,
+                fallback=fallback,
+                hedged=last.hedged,
+                resent=last.resent,
+            )
             self._record(records, record, index, task)
             if decision.wait is None:
                 return last, decision.error

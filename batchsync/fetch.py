@@ -83,9 +83,11 @@ class HttpJob:
         self._lane_ok = self._auth is None or self._auth.lane
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
         self._lean = (
-            options.on_attempt is None and not options.fallbacks and self._lane_ok
+            options.on_attempt is None
+            and not options.fallbacks
+            and self._lane_ok
             and not self._paging
-        )  # fmt: skip
+        )
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
@@ -155,9 +157,13 @@ class HttpJob:
             for fallback in self._options.fallbacks
         ]
         task = Task(
-            self._secrets.given(spec.url, own), spec.id, routes[0], tuple(routes[1:]),
-            self._dedup_key(spec), subject=spec,
-        )  # fmt: skip
+            self._secrets.given(spec.url, own),
+            spec.id,
+            routes[0],
+            tuple(routes[1:]),
+            self._dedup_key(spec),
+            subject=spec,
+        )
         if self._paging is not None:
             return self._paged(task, spec, own, continued)
         return task
@@ -171,15 +177,20 @@ class HttpJob:
         assert paging is not None
         # the page parameters go in the URL: so do the item's own
         params, spec = spec.params, spec.model_copy(update={"params": None})
-        specs = [spec.model_copy(update={"url": _with_params(url, params) if params else url})
-                 for url in (spec.url, *(spec.fallbacks or ()))]  # fmt: skip
+        specs = [
+            spec.model_copy(update={"url": _with_params(url, params) if params else url})
+            for url in (spec.url, *(spec.fallbacks or ()))
+        ]
         start = first_page(paging, specs[0].url) if continued is None else continued.page
         routes = [self._page_route(specs[0], own, start)]
         routes += [self._page_route(each, own, first_page(paging, each.url)) for each in specs[1:]]
         return replace(
-            task, route=routes[0], fallbacks=(*routes[1:], *task.fallbacks[len(specs) - 1 :]),
-            steps=start.number - 1, data=start.data,
-        )  # fmt: skip
+            task,
+            route=routes[0],
+            fallbacks=(*routes[1:], *task.fallbacks[len(specs) - 1 :]),
+            steps=start.number - 1,
+            data=start.data,
+        )
 
     def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
         route = self._url_route(spec, page.url, own)
@@ -188,9 +199,11 @@ class HttpJob:
             named = f"page {page.number} ({self._secrets.text(page.url, own)})"
             attempt = partial(_on_page, named, attempt)
         return replace(
-            route, attempt=attempt, then=partial(self._after_page, spec, own, page),
+            route,
+            attempt=attempt,
+            then=partial(self._after_page, spec, own, page),
             continuation=page.continuation(),
-        )  # fmt: skip
+        )
 
     def _after_page(
         self, spec: RequestSpec, own: frozenset[str], page: Page, verdict: Verdict
@@ -205,9 +218,14 @@ class HttpJob:
         try:
             data = gathered(paging, page.data, verdict.data, first=page.number == 1)
             following = next_page(
-                paging, first_url=spec.url, url=page.url, number=page.number,
-                position=page.position, body=verdict.data, link=facts_of(verdict).link,
-            )  # fmt: skip
+                paging,
+                first_url=spec.url,
+                url=page.url,
+                number=page.number,
+                position=page.position,
+                body=verdict.data,
+                link=facts_of(verdict).link,
+            )
         except PagingError as exc:  # (a later run would meet it again: nothing to go on from)
             return page.data, terminal("invalid_body", f"after page {page.number}: {exc}")
         if following is None:
@@ -245,8 +263,11 @@ class HttpJob:
         if isinstance(item, RequestSpec):
             urls, headers, params = [item.url, *(item.fallbacks or ())], item.headers, item.params
         elif isinstance(item, Mapping):
-            urls = [url for url in (item.get("url"), *_listed(item.get("fallbacks")))
-                    if isinstance(url, str)]  # fmt: skip
+            urls = [
+                url
+                for url in (item.get("url"), *_listed(item.get("fallbacks")))
+                if isinstance(url, str)
+            ]
             headers, params = _mapping(item.get("headers")), _mapping(item.get("params"))
         else:
             urls, headers, params = [item] if isinstance(item, str) else [], None, None
@@ -451,8 +472,10 @@ class HttpJob:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                self._secrets.text(_url_of(request), own), token.generation, auth.refreshes,
-            )  # fmt: skip
+                self._secrets.text(_url_of(request), own),
+                token.generation,
+                auth.refreshes,
+            )
         return token
 
     def _exchange(
@@ -480,9 +503,12 @@ class HttpJob:
         except AnswerRefused as refused:  # the caller's hook raised for the response
             answer = refused.response
             verdict = classify_refused_answer(
-                refused.error, answer.status_code, answer.headers.get("Retry-After"),
-                self._unix_time(), self._retryable,
-            )  # fmt: skip
+                refused.error,
+                answer.status_code,
+                answer.headers.get("Retry-After"),
+                self._unix_time(),
+                self._retryable,
+            )
             landed = self._landed(answer.url, own, request)
             facts = HttpFacts(answer.status_code, landed, refused.redirects)
             return replace(verdict, facts=facts)

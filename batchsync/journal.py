@@ -374,9 +374,19 @@ class Journal:
         # workers has no such time: when the writer stores it, then.
         finished = time.time() if result.finished is None else result.finished
         return (
-            result.index, int(result.ok), result.error_kind, result.status_code, result.attempts,
-            result.elapsed, backoff, record, request, resume, finished, self._pass_number,
-        )  # fmt: skip
+            result.index,
+            int(result.ok),
+            result.error_kind,
+            result.status_code,
+            result.attempts,
+            result.elapsed,
+            backoff,
+            record,
+            request,
+            resume,
+            finished,
+            self._pass_number,
+        )
 
     def _record_progress(self, stint: Stint | None = None) -> None:
         """This process's row of ``runs`` brought up to date (within a transaction), to
@@ -388,10 +398,14 @@ class Journal:
             "UPDATE runs SET elapsed = ?, items = ?, requests = ?, waits = ?, circuits = ? "
             "WHERE rowid = ?",
             (
-                stint.elapsed, stint.items, stint.requests, json.dumps(dict(stint.waits)),
-                stint.circuits_opened, self._run_row,
+                stint.elapsed,
+                stint.items,
+                stint.requests,
+                json.dumps(dict(stint.waits)),
+                stint.circuits_opened,
+                self._run_row,
             ),
-        )  # fmt: skip
+        )
 
     def close(
         self,
@@ -626,9 +640,14 @@ class JournalReader:
         ):
             kinds = None if retry is None else frozenset(json.loads(retry))
             stint = Stint(
-                Pass(int(number), kinds), started, elapsed, items, requests, json.loads(waits),
+                Pass(int(number), kinds),
+                started,
+                elapsed,
+                items,
+                requests,
+                json.loads(waits),
                 circuits,
-            )  # fmt: skip
+            )
             stints.append(stint)
         return stints
 

@@ -113,8 +113,11 @@ def log_summary(results: Callable[[], Summary]) -> None:
         "batch done: %s",
         summary,
         extra={
-            "total": summary.total, "ok": summary.ok, "failed": summary.failed,
-            "error_kinds": summary.error_kinds, "requests": summary.requests_sent,
+            "total": summary.total,
+            "ok": summary.ok,
+            "failed": summary.failed,
+            "error_kinds": summary.error_kinds,
+            "requests": summary.requests_sent,
             "elapsed": summary.elapsed,
         },
-    )  # fmt: skip
+    )

@@ -152,9 +152,11 @@ class FetchOptions(FlowOptions):
         if self.paginate is None:
             return None
         return paging(
-            self.paginate, cursor_param=self.cursor_param, records=self.page_items,
+            self.paginate,
+            cursor_param=self.cursor_param,
+            records=self.page_items,
             max_pages=self.max_pages,
-        )  # fmt: skip
+        )
 
     @model_validator(mode="after")
     def _paging_known(self) -> FetchOptions:

@@ -27,10 +27,21 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # Query parameters whose values are secrets (case-insensitive), as many APIs take their keys.
-SECRET_PARAMS = frozenset({
-    "api_key", "apikey", "key", "access_token", "token", "auth", "signature", "sig",
-    "password", "secret", "client_secret",
-})  # fmt: skip
+SECRET_PARAMS = frozenset(
+    {
+        "api_key",
+        "apikey",
+        "key",
+        "access_token",
+        "token",
+        "auth",
+        "signature",
+        "sig",
+        "password",
+        "secret",
+        "client_secret",
+    }
+)
 
 MASK = "***"
 
@@ -481,8 +492,14 @@ def item_secrets(values: frozenset[str]) -> Iterator[None]:
 
 
 _FILTER = RedactingFilter()
-_LOGGERS = ("batchsync", "urllib3.connectionpool", "urllib3.connection", "urllib3.poolmanager",
-            "urllib3.response", "urllib3.util.retry")  # fmt: skip
+_LOGGERS = (
+    "batchsync",
+    "urllib3.connectionpool",
+    "urllib3.connection",
+    "urllib3.poolmanager",
+    "urllib3.response",
+    "urllib3.util.retry",
+)
 
 
 @contextlib.contextmanager

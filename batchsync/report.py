@@ -391,9 +391,13 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
         ]
     )
     rate.update_layout(
-        title="Attempts per second, by outcome", barmode="stack", bargap=0,
-        xaxis_title="seconds from start", yaxis_title="attempts / s", **layout,
-    )  # fmt: skip
+        title="Attempts per second, by outcome",
+        barmode="stack",
+        bargap=0,
+        xaxis_title="seconds from start",
+        yaxis_title="attempts / s",
+        **layout,
+    )
     figures.append(("chart-rate", rate))
     latency = go.Figure(
         [
@@ -404,8 +408,10 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     latency.update_layout(
         title="Attempt latency percentiles (±10 %; lines join the steps with attempts)",
         xaxis_title="seconds from start",
-        yaxis_title="seconds", yaxis_type="log", **layout,
-    )  # fmt: skip
+        yaxis_title="seconds",
+        yaxis_type="log",
+        **layout,
+    )
     figures.append(("chart-latency", latency))
     waits = go.Figure(
         [
@@ -414,18 +420,24 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
         ]
     )
     waits.update_layout(
-        title="Items waiting, by gate (average over each step)", xaxis_title="seconds from start",
-        yaxis_title="items waiting", showlegend=True, **layout,
-    )  # fmt: skip
+        title="Items waiting, by gate (average over each step)",
+        xaxis_title="seconds from start",
+        yaxis_title="items waiting",
+        showlegend=True,
+        **layout,
+    )
     figures.append(("chart-waits", waits))
     counts = sorted(aggregate.attempts_per_item.items())
     histogram = go.Figure(
         [go.Bar(x=[str(n) for n, _ in counts], y=[k for _, k in counts], name="items")]
     )
     histogram.update_layout(
-        title="Attempts per item", xaxis_title="requests sent", yaxis_title="items",
-        xaxis_type="category", **layout,
-    )  # fmt: skip
+        title="Attempts per item",
+        xaxis_title="requests sent",
+        yaxis_title="items",
+        xaxis_type="category",
+        **layout,
+    )
     figures.append(("chart-attempts", histogram))
     outcomes = [("ok", summary.ok), *summary.error_kinds.items()]
     kinds = go.Figure(
@@ -445,9 +457,12 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     parts = []
     for position, (name, figure) in enumerate(figures):
         chart = pio.to_html(
-            figure, include_plotlyjs=position == 0, full_html=False, div_id=name,
+            figure,
+            include_plotlyjs=position == 0,
+            full_html=False,
+            div_id=name,
             config={"displaylogo": False, "responsive": True},
-        )  # fmt: skip
+        )
         parts.append(f"<div class='chart'>{chart}</div>")
     return f"<div class='charts'>{''.join(parts)}</div>"
 

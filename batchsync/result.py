@@ -38,10 +38,15 @@ class AttemptRecord:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
         return cls(
-            record["attempt"], record["status_code"], record["error_kind"], record["elapsed"],
-            record["wait"], record.get("fallback"), record.get("hedged", False),
+            record["attempt"],
+            record["status_code"],
+            record["error_kind"],
+            record["elapsed"],
+            record["wait"],
+            record.get("fallback"),
+            record.get("hedged", False),
             record.get("resent", 0),
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -330,11 +335,17 @@ def summarize(
     if backoff:
         all_waits["backoff"] = backoff
     return Summary(
-        total=total, ok=ok, failed=total - ok, error_kinds=dict(sorted(kinds.items())),
+        total=total,
+        ok=ok,
+        failed=total - ok,
+        error_kinds=dict(sorted(kinds.items())),
         status_codes=dict(sorted(codes.items())),
-        requests_sent=sent, elapsed=elapsed, waits=all_waits, circuits_opened=circuits_opened,
+        requests_sent=sent,
+        elapsed=elapsed,
+        waits=all_waits,
+        circuits_opened=circuits_opened,
         latency=_percentiles(sorted_times, timed),
-    )  # fmt: skip
+    )
 
 
 def _percentiles(sorted_times: Iterable[float], count: int) -> dict[str, float]:
@@ -410,10 +421,15 @@ class Trace:
     @classmethod
     def of(cls, result: Result) -> Trace:
         return cls(
-            result.index, result.ok, result.error_kind, result.status_code, result.attempts,
-            result.elapsed, result.finished,
+            result.index,
+            result.ok,
+            result.error_kind,
+            result.status_code,
+            result.attempts,
+            result.elapsed,
+            result.finished,
             tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -433,6 +449,12 @@ class Listing:
     @classmethod
     def of(cls, result: Result) -> Listing:
         return cls(
-            result.index, result.url, result.id, result.status_code, result.error_kind,
-            result.error, result.attempts, result.elapsed,
-        )  # fmt: skip
+            result.index,
+            result.url,
+            result.id,
+            result.status_code,
+            result.error_kind,
+            result.error,
+            result.attempts,
+            result.elapsed,
+        )

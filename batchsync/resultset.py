@@ -122,16 +122,22 @@ class ResultSet(Sequence[Result]):
         return summarize(
             map(counted, self._results),
             sorted(result.elapsed for result in self._results if result.attempts),
-            elapsed=self.elapsed, waits=self.waits, circuits_opened=self.circuits_opened,
-        )  # fmt: skip
+            elapsed=self.elapsed,
+            waits=self.waits,
+            circuits_opened=self.circuits_opened,
+        )
 
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the batch's report to ``path``: one self-contained HTML file (charts need
         the ``report`` extra, plotly; without it, tables). Returns the path."""
         return report_results(
-            self._results, self.summary(), path, charts=charts, timeline=self.wait_timeline,
+            self._results,
+            self.summary(),
+            path,
+            charts=charts,
+            timeline=self.wait_timeline,
             stints=self.stints,
-        )  # fmt: skip
+        )
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).
@@ -175,9 +181,12 @@ class ResultSet(Sequence[Result]):
                 encoding=None if form == "parquet" else "utf-8",
             ) as handle:
                 write_table(
-                    handle, form, lambda: (result.to_dict() for result in self._results),
-                    paged=paged, flatten=flatten,
-                )  # fmt: skip
+                    handle,
+                    form,
+                    lambda: (result.to_dict() for result in self._results),
+                    paged=paged,
+                    flatten=flatten,
+                )
             temporary.replace(path)
         except BaseException:
             temporary.unlink(missing_ok=True)

@@ -682,10 +682,16 @@ class Transport:
         self.ledger.watchdog.arm(wall_end)
         try:
             raw = wire.pool.urlopen(
-                wire.method, wire.target, headers=wire.headers, retries=_NO_RETRIES, redirect=False,
-                assert_same_host=False, preload_content=False, decode_content=False,
+                wire.method,
+                wire.target,
+                headers=wire.headers,
+                retries=_NO_RETRIES,
+                redirect=False,
+                assert_same_host=False,
+                preload_content=False,
+                decode_content=False,
                 timeout=left,
-            )  # fmt: skip
+            )
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
             return self._reopened(wire, wall_end)
         if "set-cookie" in raw.headers or (
@@ -770,9 +776,14 @@ class Transport:
             proxies = self._hop(session, first_url, follow, hops, proxies)
             response = self._send_once(session, follow, wall_end, hops, proxies)
         return Reply(
-            response.status_code, response.headers, response.raw, response.url or first_url,
-            hops, response.close, response.content if response._content_consumed else None,
-        )  # fmt: skip
+            response.status_code,
+            response.headers,
+            response.raw,
+            response.url or first_url,
+            hops,
+            response.close,
+            response.content if response._content_consumed else None,
+        )
 
     def _hop(
         self,

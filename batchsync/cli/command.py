@@ -544,25 +544,52 @@ def command(
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
     options = _fetch_options(
-        concurrency=concurrency, attempts=attempts, timeout=timeout, budget=budget,
-        deadline=deadline, expect=expect, max_bytes=max_bytes, headers=headers or None,
+        concurrency=concurrency,
+        attempts=attempts,
+        timeout=timeout,
+        budget=budget,
+        deadline=deadline,
+        expect=expect,
+        max_bytes=max_bytes,
+        headers=headers or None,
         retry_statuses=retry_statuses,
-        rate=rate, per_host=per_host, cooldown=cooldown, breaker=breaker, adaptive=adaptive,
-        dedup=dedup, cookies=cookies, hedge_after=hedge_after, secret_headers=secret_headers,
+        rate=rate,
+        per_host=per_host,
+        cooldown=cooldown,
+        breaker=breaker,
+        adaptive=adaptive,
+        dedup=dedup,
+        cookies=cookies,
+        hedge_after=hedge_after,
+        secret_headers=secret_headers,
         secret_params=secret_params,
-        deny_private=deny_private, quota_headers=quota_headers, paginate=paginate,
-        cursor_param=cursor_param, max_pages=max_pages, page_items=page_items, **tls,
-    )  # fmt: skip
+        deny_private=deny_private,
+        quota_headers=quota_headers,
+        paginate=paginate,
+        cursor_param=cursor_param,
+        max_pages=max_pages,
+        page_items=page_items,
+        **tls,
+    )
     options, cluster = _scaled_out(options, redis_url, namespace, lease_ttl, dask_address)
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     source = _source(input_name, template, input_format)
     outcome, secrets = _run(
-        source, options, prefix, cluster=cluster, auth_command=auth_command,
-        auth_header=auth_header, metrics_port=metrics_port, continuing=continuing,
-        progress=show_progress, partition_size=partition_size, report=report, form=form,
+        source,
+        options,
+        prefix,
+        cluster=cluster,
+        auth_command=auth_command,
+        auth_header=auth_header,
+        metrics_port=metrics_port,
+        continuing=continuing,
+        progress=show_progress,
+        partition_size=partition_size,
+        report=report,
+        form=form,
         flatten=flatten,
-    )  # fmt: skip
+    )
     return _report(outcome, quiet, _as_resumed(input_name), secrets)
 
 
@@ -647,10 +674,18 @@ def _run(
         with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
             outcome = run_batch(
-                source, options, prefix, continuing=continuing, progress=progress,
-                on_start=on_start, dask=cluster, partition_size=partition_size, report=report,
-                form=form, flatten=flatten,
-            )  # fmt: skip
+                source,
+                options,
+                prefix,
+                continuing=continuing,
+                progress=progress,
+                on_start=on_start,
+                dask=cluster,
+                partition_size=partition_size,
+                report=report,
+                form=form,
+                flatten=flatten,
+            )
     except (InputError, JournalUnusable, Refused) as exc:
         raise click.UsageError(str(exc)) from None
     finally:

@@ -145,9 +145,12 @@ def check_paths(source: Input, prefix: str, form: str) -> None:
         return
     journal = journal_path(prefix)
     outputs = (
-        *output_paths(prefix, form), report_path(prefix), journal, lock_path(journal),
+        *output_paths(prefix, form),
+        report_path(prefix),
+        journal,
+        lock_path(journal),
         *(Path(f"{journal}{suffix}") for suffix in ("-wal", "-shm")),
-    )  # fmt: skip
+    )
     for output in outputs:
         if _same_file(output, source.path):
             raise Refused(
@@ -215,24 +218,39 @@ def run_batch(
         bar = counter(to_send, progress)
         gates = gates_for(options)
         journal = open_journal(
-            path, encode, identity, current if to_send else None,
+            path,
+            encode,
+            identity,
+            current if to_send else None,
             progress_of(current, bar, gates),
-        )  # fmt: skip
+        )
         ran: Ran | None = None
         try:
             with bar:
                 pending = todo.sent(enumerate(counted))
                 if dask is None:
                     ran = fetch(
-                        options, pending, _stored, gates=gates, progress=bar, journal=journal,
-                        wrap=EntryJob, on_start=on_start, earlier=todo.taken,
-                    )  # fmt: skip
+                        options,
+                        pending,
+                        _stored,
+                        gates=gates,
+                        progress=bar,
+                        journal=journal,
+                        wrap=EntryJob,
+                        on_start=on_start,
+                        earlier=todo.taken,
+                    )
                 else:
                     deliver = adding_to(todo.taken, journaling(journal, _stored))
                     ran = _run_on_cluster(
-                        dask, partition_size, options=options, pending=pending,
-                        deliver=deliver, bar=bar, on_start=on_start,
-                    )  # fmt: skip
+                        dask,
+                        partition_size,
+                        options=options,
+                        pending=pending,
+                        deliver=deliver,
+                        bar=bar,
+                        on_start=on_start,
+                    )
         finally:
             with gates.waits.lock:
                 timeline = dict(gates.waits.timeline)
@@ -244,14 +262,27 @@ def run_batch(
                 f"{counted.read}; what finished is journaled in {path} (--fresh starts over)"
             )
         results_path, failed_path, summary, left = _write(
-            path, prefix, entries, ran.stopped, current,
-            form=form, flatten=flatten, paged="paging" in identity,
-        )  # fmt: skip
+            path,
+            prefix,
+            entries,
+            ran.stopped,
+            current,
+            form=form,
+            flatten=flatten,
+            paged="paging" in identity,
+        )
         written = _report(path, prefix, sent=bool(to_send)) if report else None
     return Outcome(
-        summary, entries, results_path, failed_path, replaced, ran.stopped, ran.abandoned,
-        left, written,
-    )  # fmt: skip
+        summary,
+        entries,
+        results_path,
+        failed_path,
+        replaced,
+        ran.stopped,
+        ran.abandoned,
+        left,
+        written,
+    )
 
 
 def _lock_prefix(held: contextlib.ExitStack, path: Path, prefix: str) -> None:
@@ -372,10 +403,13 @@ def _write_report(path: Path, prefix: str) -> Path | None:
         reader = JournalReader(path)
         try:
             return report_journal(
-                reader, reader.summary(), target,
-                title=f"batchsync report: {Path(prefix).name}", timeline=reader.timeline(),
+                reader,
+                reader.summary(),
+                target,
+                title=f"batchsync report: {Path(prefix).name}",
+                timeline=reader.timeline(),
                 stints=reader.stints(),
-            )  # fmt: skip
+            )
         finally:
             reader.close()
     except Exception as exc:  # whatever it is, the run's results stand

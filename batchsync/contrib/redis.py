@@ -335,8 +335,15 @@ class RedisBreaker:
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
         keys, settings = self._keys(key), self.settings
         outcome = "" if failed is None else str(int(failed))
-        args = [outcome, int(probe), settings.ratio, settings.window, settings.min_calls,
-                settings.reset, _BREAKER_KEEP_SECONDS]  # fmt: skip
+        args = [
+            outcome,
+            int(probe),
+            settings.ratio,
+            settings.window,
+            settings.min_calls,
+            settings.reset,
+            _BREAKER_KEEP_SECONDS,
+        ]
         if self._limits.guarded(lambda: self._record(keys=keys, args=args)):
             self.opened += 1
 
