@@ -55,8 +55,11 @@ def decide(
     failure or the last allowed attempt ends the route; a retryable failure waits ``backoff``
     (Retry-After a floor), unless that wait would pass the budget or the deadline, which then
     ends the route as ``budget`` / ``deadline``."""
+    outcome = verdict.outcome
+    if outcome == "success":
+        return Decision(verdict, error=verdict.error or "")
     number = attempted.number
-    if verdict.outcome != "retry" or number >= attempted.max_attempts:
+    if outcome != "retry" or number >= attempted.max_attempts:
         return Decision(verdict, error=_final_error(verdict, attempted))
     wait = backoff.wait(number, verdict.retry_after, rand)
     refused = allowance.refuses_wait(wait, attempted.ended)
@@ -70,10 +73,9 @@ def decide(
 
 
 def _final_error(verdict: Verdict, attempted: Attempted) -> str:
+    """The error line of a failed route."""
     error = verdict.error or ""
     number = attempted.number
-    if verdict.ok:
-        return error
     limited = attempted.max_attempts < attempted.attempts
     if verdict.outcome == "retry" and limited and attempted.no_retry_reason:
         return f"{error} after {plural(number)} ({attempted.no_retry_reason})"

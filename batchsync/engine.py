@@ -24,7 +24,7 @@ from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
-from .limits import GLOBAL, Gates
+from .limits import GLOBAL, Admission, Gates
 from .observe import Hooks, Observer, Observers
 from .result import Answer, AttemptRecord, Result, describe_attempts
 from .task import Route, Task
@@ -226,6 +226,7 @@ class _Run:
         self._source_lock = threading.Lock()
         self._deliver = deliver
         self._deadline_end = deadline_end
+        self._stopped = engine._stop.is_set  # (read on every claim: the Event's own method)
         # Items parked on an identical request in flight: at most one per worker.
         self._parked = _Window(engine.options.concurrency)
         self.failures: list[BaseException] = []
@@ -248,7 +249,7 @@ class _Run:
     def _claim(self) -> tuple[int, object] | None:
         """The next item, read lazily by whichever worker is free; None when done."""
         with self._source_lock:
-            if self._engine.stopped:
+            if self._stopped():
                 return None
             try:
                 return next(self._source)
@@ -267,7 +268,9 @@ class _Run:
     def _hand_over(self, result: Result, item: object) -> None:
         if not result.ok:
             _log_failure(result)
-        self._engine.observers.item_finished(result)
+        observers = self._engine.observers
+        if observers.sees_item_finished:
+            observers.item_finished(result)
         try:
             self._deliver(result, item)
         except BaseException as exc:  # a sink failed: stop the run and report it
@@ -390,7 +393,8 @@ class Engine:
         ((result, _), *_) = self.carry(job, 0, item, deadline_end)
         if not result.ok:
             _log_failure(result)
-        self.observers.item_finished(result)
+        if self.observers.sees_item_finished:
+            self.observers.item_finished(result)
         return result
 
     def carry(
@@ -410,13 +414,16 @@ class Engine:
             key, _Copy(index, item, task.url, task.id, claimed)
         ):
             return []
-        self.observers.item_started(index, task)
+        if self.observers.sees_item_started:
+            self.observers.item_started(index, task)
         try:
             result = self._attempts(job, task, index, claimed, deadline_end)
         except Exception as exc:
             result = self._internal_error(job, index, item, exc)
         finally:
             copies = self._flights.land(key) if key is not None else []
+        if not copies:
+            return [(result, item)]
         return [(result, item), *((self._copy(result, copy), copy.item) for copy in copies)]
 
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
@@ -475,15 +482,19 @@ class Engine:
         def result(
             verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
         ) -> Result:
-            going_on = steps is not None and steps.done > 0 and not verdict.ok
-            answer = _answer(verdict)
+            ok = verdict.outcome == "success"
+            going_on = steps is not None and steps.done > 0 and not ok
+            answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
+            sent = 0
+            for record in records:
+                sent += 1 + record.hedged + record.resent
             return Result(
                 index=index,
                 url=task.url,
-                ok=verdict.ok,
+                ok=ok,
                 id=task.id,
                 status_code=answer.status_code,
-                attempts=sum(1 + record.hedged + record.resent for record in records),
+                attempts=sent,
                 error_kind=verdict.error_kind,
                 error=error,
                 data=verdict.data if steps is None else steps.data,
@@ -527,7 +538,7 @@ class Engine:
                 # first one that failed is the item's own route failing, as without steps).
                 if verdict.ok or steps.done:
                     return result(verdict, None if verdict.ok else error, fallback, steps)
-            if verdict.ok:
+            if verdict.outcome == "success":
                 return result(verdict, None, fallback)
             errors.append(error if fallback is None else f"fallback {fallback}: {error}")
             so_far = result(verdict, "; ".join(errors), None, steps)
@@ -595,32 +606,27 @@ class Engine:
                 if isinstance(admitted, str):
                     return self._stopped_short(last, admitted, route)
                 admission = admitted
-            self.observers.attempt_started(index)
+            if self.observers.sees_attempt_started:
+                self.observers.attempt_started(index)
             began = self._clock()
             ends_at, limit = (
                 (None, None) if job.timeout is None else allowance.attempt_end(job.timeout, began)
             )
-            try:
-                verdict = route.attempt(ends_at, so_far)
-            except Exception as exc:  # a bug in an attempt: that attempt's final failure
-                log.exception("internal error in an attempt of %s", task.url)
-                verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
-            except BaseException:  # an interrupt: the limits must not keep this attempt's place
-                if admission is not None and self._gates is not None:
-                    self._gates.abandon(admission)
-                raise
+            verdict = self._attempt(route, ends_at, so_far, task, admission)
             ended = self._clock()
-            # (a timeout the budget cut short says nothing of the host: its limits see that)
-            verdict = cut_short(verdict, limit)
+            if limit is not None:
+                # (a timeout the budget cut short says nothing of the host: its limits see that)
+                verdict = cut_short(verdict, limit)
             if admission is not None and self._gates is not None:
                 self._gates.release(admission, job.feedback(verdict))
             number += 1
             attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
             decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
             last = decision.verdict
+            answer: Answer = _UNANSWERED if last.facts is None else last.facts
             record = AttemptRecord(
                 len(records) + 1,
-                _answer(last).status_code,
+                answer.status_code,
                 last.error_kind,
                 ended - began,
                 wait=decision.wait,
@@ -628,7 +634,9 @@ class Engine:
                 hedged=last.hedged,
                 resent=last.resent,
             )
-            self._record(records, record, index, task)
+            records.append(record)
+            if self.observers.sees_attempt_finished:
+                self.observers.attempt_finished(index, task, record)
             if decision.wait is None:
                 return last, decision.error
             _log_retry(task.url, last, number, max_attempts, decision.wait)
@@ -637,11 +645,25 @@ class Engine:
                     f"{last.error} after {plural(number)}; stopped while waiting to retry"
                 )
 
-    def _record(
-        self, records: list[AttemptRecord], record: AttemptRecord, index: int, task: Task
-    ) -> None:
-        records.append(record)
-        self.observers.attempt_finished(index, task, record)
+    def _attempt(
+        self,
+        route: Route,
+        ends_at: float | None,
+        so_far: Result | None,
+        task: Task,
+        admission: Admission | None,
+    ) -> Verdict:
+        """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
+        back the place it held at the limits."""
+        try:
+            return route.attempt(ends_at, so_far)
+        except Exception as exc:
+            log.exception("internal error in an attempt of %s", task.url)
+            return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+        except BaseException:
+            if admission is not None and self._gates is not None:
+                self._gates.abandon(admission)
+            raise
 
     @staticmethod
     def _stopped_short(last: Verdict | None, kind: ErrorKind, route: Route) -> tuple[Verdict, str]:

@@ -57,7 +57,8 @@ class Hooks(Observer):
 class Observers(Observer):
     """Tells every observer; one that raises is logged and never ends a worker or an item.
 
-    Only the observers that override an event are called for it.
+    Only the observers that override an event are called for it, and ``sees_*`` say whether
+    any does: the engine does not tell an event that no observer looks at.
     """
 
     def __init__(self, observers: Iterable[Observer] = ()) -> None:
@@ -73,6 +74,10 @@ class Observers(Observer):
         self._attempt_started = overriding("attempt_started")
         self._attempt_finished = overriding("attempt_finished")
         self._item_finished = overriding("item_finished")
+        self.sees_item_started = bool(self._item_started)
+        self.sees_attempt_started = bool(self._attempt_started)
+        self.sees_attempt_finished = bool(self._attempt_finished)
+        self.sees_item_finished = bool(self._item_finished)
 
     @staticmethod
     def _tell(calls: tuple[Callable[..., None], ...], *args: object) -> None:
@@ -80,25 +85,27 @@ class Observers(Observer):
             try:
                 call(*args)
             except Exception:
-                log.exception(
-                    "a batchsync hook or observer raised in %s; carrying on", call.__name__
-                )
+                _log_raised(call)
 
     def item_started(self, index: int, task: Task) -> None:
-        if self._item_started:
-            self._tell(self._item_started, index, task)
+        self._tell(self._item_started, index, task)
 
     def attempt_started(self, index: int) -> None:
-        if self._attempt_started:
-            self._tell(self._attempt_started, index)
+        self._tell(self._attempt_started, index)
 
     def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
-        if self._attempt_finished:
-            self._tell(self._attempt_finished, index, task, record)
+        self._tell(self._attempt_finished, index, task, record)
 
     def item_finished(self, result: Result) -> None:
-        if self._item_finished:
-            self._tell(self._item_finished, result)
+        for call in self._item_finished:  # (not through _tell: every item's, the tally's)
+            try:
+                call(result)
+            except Exception:
+                _log_raised(call)
+
+
+def _log_raised(call: Callable[..., None]) -> None:
+    log.exception("a batchsync hook or observer raised in %s; carrying on", call.__name__)
 
 
 def log_summary(results: Callable[[], Summary]) -> None:

@@ -58,16 +58,14 @@ class Tally(Observer):
         self._local = threading.local()
         self._shares: list[_Counts] = []
 
-    def _share(self) -> _Counts:
-        share: _Counts | None = getattr(self._local, "share", None)
-        if share is None:
-            share = self._local.share = _Counts()
-            with self._lock:
-                self._shares.append(share)
+    def _new_share(self) -> _Counts:
+        share = self._local.share = _Counts()
+        with self._lock:
+            self._shares.append(share)
         return share
 
     def item_finished(self, result: Result) -> None:
-        share = self._share()
+        share: _Counts = getattr(self._local, "share", None) or self._new_share()
         share.done += 1
         share.requests += result.attempts
         if not result.ok:

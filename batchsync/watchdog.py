@@ -44,17 +44,16 @@ class Watchdog:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
-    def _slot(self) -> _Slot:
-        slot: _Slot | None = getattr(self._local, "slot", None)
-        if slot is None:
-            slot = self._local.slot = _Slot()
-            with self._lock:
-                self._slots.append(slot)
-                if self._watcher is None and not self._stop.is_set():
-                    self._watcher = threading.Thread(
-                        target=self._watch, name="batchsync-watchdog", daemon=True
-                    )
-                    self._watcher.start()
+    def _new_slot(self) -> _Slot:
+        """This thread's slot, made on its first attempt (and the watcher, on the first)."""
+        slot = self._local.slot = _Slot()
+        with self._lock:
+            self._slots.append(slot)
+            if self._watcher is None and not self._stop.is_set():
+                self._watcher = threading.Thread(
+                    target=self._watch, name="batchsync-watchdog", daemon=True
+                )
+                self._watcher.start()
         return slot
 
     def arm(self, end: float) -> None:
@@ -64,7 +63,7 @@ class Watchdog:
         earlier attempt is under way), or armed with this same end (a redirect's next hop).
         ``end`` is set last, as the watcher reads it first.
         """
-        slot = self._slot()
+        slot: _Slot = getattr(self._local, "slot", None) or self._new_slot()
         if slot.end != end:
             slot.sock, slot.cut = None, False
             slot.end = end
