@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .assembly import Ran, fetch, gates_for, open_journal, progress_of, run_calls
+from .assembly import Earlier, Ran, fetch, gates_for, open_journal, progress_of, run_calls
 from .auth import Auth
 from .backoff import Backoff
 from .classify import describe
@@ -267,6 +267,11 @@ class Resumable(Generic[OptionsT]):
         """The positional arguments that make this batch again."""
         return (self.items,)
 
+    def _earlier(self, left: Left[Any]) -> Earlier | None:
+        """``left.taken``; None when no item has a Result yet that a new one adds to, so a
+        run that starts with none delivers each Result without a look-up."""
+        return left.taken if self._done else None
+
     def _keep(self, result: Result, item: object) -> None:
         if result.final:
             self._done[result.index] = result
@@ -376,7 +381,7 @@ class Batch(Resumable[FetchOptions]):
             progress=bar,
             journal=journal,
             wrap=None if template is None else partial(RowJob, template=template),
-            earlier=left.taken,
+            earlier=self._earlier(left),
         )
 
 
@@ -501,7 +506,7 @@ class CallBatch(Resumable[CallOptions]):
             gates=self._gates,
             progress=bar,
             journal=journal,
-            earlier=left.taken,
+            earlier=self._earlier(left),
         )
 
     def _remade_with(self) -> tuple[Any, ...]:
