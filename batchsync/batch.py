@@ -273,12 +273,17 @@ class Resumable(Generic[OptionsT]):
         return left.taken if self._done else None
 
     def _keep(self, result: Result, item: object) -> None:
-        if result.final:
+        # (most Results are answers, with no page to go on from: final, done in any pass)
+        plain_answer = result.ok and result.continuation is None
+        if plain_answer or result.final:
             self._done[result.index] = result
-            continued = result.continuation is not None
             passing = self._pass
-            self._marks[result.index] = passing.does(
-                result.ok, result.error_kind, passing.number, continued
+            self._marks[result.index] = (
+                DONE
+                if plain_answer
+                else passing.does(
+                    result.ok, result.error_kind, passing.number, result.continuation is not None
+                )
             )
 
 

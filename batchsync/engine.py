@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from .backoff import Backoff
 from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
-from .decide import Attempted, cut_short, decide, plural
+from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .limits import GLOBAL, Admission, Gates
 from .observe import Hooks, Observer, Observers
@@ -620,8 +620,11 @@ class Engine:
             if admission is not None and self._gates is not None:
                 self._gates.release(admission, job.feedback(verdict))
             number += 1
-            attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
-            decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
+            if verdict.outcome == "success":  # (nothing to decide: the route's answer)
+                decision = Decision(verdict, error=verdict.error or "")
+            else:
+                attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
+                decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
             last = decision.verdict
             answer: Answer = _UNANSWERED if last.facts is None else last.facts
             record = AttemptRecord(

@@ -74,6 +74,7 @@ class HttpJob:
         self._options = options
         self.timeout = options.timeout  # (an attribute, not a property: read twice an attempt)
         self._transport = transport
+        self._guard = transport.guard
         self._secrets = options.secrets() if secrets is None else secrets
         self._paging = options.paging()
         self._auth: RunAuth | None = None
@@ -123,24 +124,26 @@ class HttpJob:
     def prepare(self, item: object) -> Task:
         """The item's Task; InvalidItem (its message masked) when it cannot be sent."""
         try:
-            return self._prepare(item)
+            if isinstance(item, str) and self._lean:
+                wire = self._transport.wire("GET", item, self._lane_headers)
+                if wire is not None:  # the common case, kept lean: a plain URL, fast lane
+                    if self._guard is not None:
+                        self._guarded(wire.origin[1])
+                    dedup = item if self._options.dedup else None
+                    # (its own secrets too: a server may echo its key in a status line)
+                    own = self._secrets.of_url(item)
+                    hedge_host = wire.host if self._hedger is not None else None
+                    attempt = partial(self._send, wire, hedge_host, own)
+                    return Task(
+                        self._secrets.url(item),
+                        None,
+                        Route(attempt, wire.host),
+                        dedup_key=dedup,
+                        subject=item,
+                    )
+            return self._spec_task(item)
         except InvalidItem as exc:
             raise InvalidItem(self._secrets.text(str(exc), self._item_secrets(item))) from None
-
-    def _prepare(self, item: object) -> Task:
-        if isinstance(item, str) and self._lean:
-            wire = self._transport.wire("GET", item, self._lane_headers)
-            if wire is not None:
-                if self._transport.guard is not None:
-                    self._guarded(wire.origin[1])
-                # The common case, kept lean: a plain URL straight to the fast lane.
-                dedup = item if self._options.dedup else None
-                # (its own secrets too: a server may echo its key in a status line or Location)
-                own = self._secrets.of_url(item)
-                attempt = partial(self._send, wire, self._hedge_host(wire.host), own)
-                shown = self._secrets.url(item)
-                return Task(shown, None, Route(attempt, wire.host), dedup_key=dedup, subject=item)
-        return self._spec_task(item)
 
     def _spec_task(self, item: object) -> Task:
         """The Task of an item read as a RequestSpec: a route for its URL, one for each
@@ -277,9 +280,8 @@ class HttpJob:
         request = self._outgoing(spec, url)
         host = request.host if isinstance(request, Wire) else host_of(url)
         # Only GETs are hedged: a second copy of anything else could change something twice.
-        attempt = partial(
-            self._send, request, self._hedge_host(host) if spec.method == "GET" else None, own
-        )
+        hedged = self._hedger is not None and spec.method == "GET"
+        attempt = partial(self._send, request, host if hedged else None, own)
         if spec.retry_safe:
             return Route(attempt, host)
         reason = f"{spec.method} is not retried without an idempotency_key"
@@ -324,15 +326,12 @@ class HttpJob:
 
     def _guarded(self, host: str) -> None:
         """With deny_private, refuse (as an invalid item) a host that resolves privately."""
-        guard = self._transport.guard
+        guard = self._guard
         if guard is not None:
             try:
                 guard.check(host)
             except PrivateAddress as exc:
                 raise InvalidItem(str(exc)) from None
-
-    def _hedge_host(self, host: str) -> str | None:
-        return host if self._hedger is not None else None
 
     @cached_property
     def _lane_headers(self) -> Mapping[str, str]:
@@ -487,45 +486,36 @@ class HttpJob:
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
         try:
-            return self._exchange_watched(request, own, wall_end, lost)
+            try:
+                reply = self._transport.send(request, wall_end)
+            except AnswerRefused as refused:  # the caller's hook raised for the response
+                answer = refused.response
+                verdict = classify_refused_answer(
+                    refused.error,
+                    answer.status_code,
+                    answer.headers.get("Retry-After"),
+                    self._unix_time(),
+                    self._retryable,
+                )
+                landed = self._landed(answer.url, own, request)
+                facts = HttpFacts(answer.status_code, landed, refused.redirects)
+                return replace(verdict, facts=facts)
+            except Exception as exc:  # every failure is classified, none escapes
+                return classify_http_exception(exc)
+            if lost is not None and lost.is_set():
+                reply.close()
+                return _LOST
+            landed = self._landed(reply.url, own, request)
+            try:
+                return self._judge(request.method, reply, wall_end, landed)
+            except (InvalidBody, BodyTooLarge) as exc:
+                facts = HttpFacts(reply.status, landed, reply.redirects)
+                return terminal("invalid_body", str(exc), facts)
+            except Exception as exc:  # a failure while reading the body keeps the status seen
+                facts = HttpFacts(reply.status, landed, reply.redirects)
+                return replace(classify_http_exception(exc), facts=facts)
         finally:
             self._transport.finish()
-
-    def _exchange_watched(
-        self,
-        request: Outgoing,
-        own: frozenset[str],
-        wall_end: float,
-        lost: threading.Event | None,
-    ) -> Verdict:
-        try:
-            reply = self._transport.send(request, wall_end)
-        except AnswerRefused as refused:  # the caller's hook raised for the response
-            answer = refused.response
-            verdict = classify_refused_answer(
-                refused.error,
-                answer.status_code,
-                answer.headers.get("Retry-After"),
-                self._unix_time(),
-                self._retryable,
-            )
-            landed = self._landed(answer.url, own, request)
-            facts = HttpFacts(answer.status_code, landed, refused.redirects)
-            return replace(verdict, facts=facts)
-        except Exception as exc:  # every failure is classified, none escapes
-            return classify_http_exception(exc)
-        if lost is not None and lost.is_set():
-            reply.close()
-            return _LOST
-        landed = self._landed(reply.url, own, request)
-        try:
-            return self._judge(request.method, reply, wall_end, landed)
-        except (InvalidBody, BodyTooLarge) as exc:
-            facts = HttpFacts(reply.status, landed, reply.redirects)
-            return terminal("invalid_body", str(exc), facts)
-        except Exception as exc:  # a failure while reading the body keeps the status seen
-            facts = HttpFacts(reply.status, landed, reply.redirects)
-            return replace(classify_http_exception(exc), facts=facts)
 
     def _landed(self, url: str | None, own: frozenset[str], request: Outgoing) -> str | None:
         """Where an answer came from, masked (see ``Secrets.answered``)."""

@@ -18,12 +18,13 @@ import types
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-# One plain header line: a name of printable ASCII (no colon), a colon, then a value without
-# CR or LF. ``email``'s compat32 policy drops the spaces and tabs before the value.
-_PLAIN_LINE = re.compile(rb"([!-9;-~]+):[ \t]*([^\r\n]*)\r?\n")
+# A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
+# then a value without CR or LF. ``email``'s compat32 policy drops the spaces and tabs before
+# the value.
+_PLAIN_LINES = re.compile(r"^([!-9;-~]+):[ \t]*([^\r\n]*)\r?\n", re.MULTILINE)
 _END_OF_HEADERS = (b"\r\n", b"\n")
 # Content types for which the email parser looks into the (empty) body and builds parts.
-_SPECIAL_TYPE = re.compile(rb"multipart|message", re.IGNORECASE)
+_SPECIAL_TYPE = re.compile(r"multipart|message", re.IGNORECASE)
 
 
 class QuickMessage(http.client.HTTPMessage):
@@ -33,9 +34,19 @@ class QuickMessage(http.client.HTTPMessage):
     latin-1, as every HTTP header here is, cannot hold any.
     """
 
+    # The header list as this module built it, and its names lower-cased: while the message's
+    # own list still equals it (nothing added, removed or renamed since), ``get`` finds a name
+    # by the index of its first line without lower-casing every name on every look-up.
+    _built: list[tuple[str, Any]] | None = None
+    _names: list[str]
+
     def get(self, name: str, failobj: Any = None) -> Any:
         name = name.lower()
-        for key, value in self._headers:  # type: ignore[attr-defined]
+        headers = self._headers  # type: ignore[attr-defined]
+        if headers == self._built:
+            names = self._names
+            return headers[names.index(name)][1] if name in names else failobj
+        for key, value in headers:
             if key.lower() == name:
                 return value
         return failobj
@@ -44,35 +55,27 @@ class QuickMessage(http.client.HTTPMessage):
         return list(self._headers)  # type: ignore[attr-defined]
 
 
-def message_from_lines(lines: list[bytes]) -> http.client.HTTPMessage:
-    """The HTTPMessage ``email.parser`` would make of these lines, built directly if plain."""
-    fields = _plain_fields(lines)
-    if fields is None:
-        text = b"".join(lines).decode("iso-8859-1")
-        message: http.client.HTTPMessage = email.parser.Parser(_class=QuickMessage).parsestr(text)
-        return message
-    message = QuickMessage()
-    message._headers = fields  # type: ignore[attr-defined]
-    message._payload = ""  # type: ignore[attr-defined]  # (what set_payload("") sets)
-    return message
+def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]] | None:
+    """The (name, value) of each line of a plain header block, and each name lower-cased;
+    None when the block is not plain: a line that is not ``Name: value``, no blank line at
+    its end, or a Content-Type the email parser treats specially.
 
-
-def _plain_fields(lines: list[bytes]) -> list[tuple[str, str]] | None:
-    """The (name, value) of each line of a plain header block, in one pass; None when the
-    block is not plain: a line that is not ``Name: value``, no blank line at its end, or a
-    Content-Type the email parser treats specially."""
+    The block is read in one search: each line ends at its only LF, so a match that begins
+    where a line does takes the whole line, and as many matches as lines means every line is
+    one."""
     if lines[-1] not in _END_OF_HEADERS:
         return None
-    fields = []
-    for line in lines[:-1]:
-        field = _PLAIN_LINE.fullmatch(line)
-        if field is None:
-            return None
-        name, value = field.groups()
-        if name.lower() == b"content-type" and _SPECIAL_TYPE.search(value):
-            return None
-        fields.append((name.decode("ascii"), value.decode("iso-8859-1")))
-    return fields
+    block = b"".join(lines[:-1]).decode("iso-8859-1")
+    fields: list[tuple[str, str]] = _PLAIN_LINES.findall(block)
+    if len(fields) != len(lines) - 1:
+        return None
+    names = [name.lower() for name, _ in fields]
+    if _SPECIAL_TYPE.search(block) and any(
+        name == "content-type" and _SPECIAL_TYPE.search(value)
+        for name, (_, value) in zip(names, fields, strict=True)
+    ):
+        return None
+    return fields, names
 
 
 # The stdlib pieces the quick path stands on, as this module found them at import.
@@ -93,7 +96,18 @@ def parse_headers(
     """
     if _class is not http.client.HTTPMessage or _STDLIB_READ_HEADERS is None:
         return _STDLIB_PARSE_HEADERS(fp, _class)
-    return message_from_lines(_STDLIB_READ_HEADERS(fp))
+    lines = _STDLIB_READ_HEADERS(fp)
+    plain = _plain_fields(lines)
+    if plain is None:  # what ``email.parser`` makes of them, as the stdlib does
+        text = b"".join(lines).decode("iso-8859-1")
+        parsed: http.client.HTTPMessage = email.parser.Parser(_class=QuickMessage).parsestr(text)
+        return parsed
+    message = QuickMessage()  # (the same, built directly: the block is plain)
+    fields, message._names = plain
+    message._headers = fields  # type: ignore[attr-defined]
+    message._built = list(fields)
+    message._payload = ""  # type: ignore[attr-defined]  # (what set_payload("") sets)
+    return message
 
 
 def _has_expected_shape(begin: Callable[..., Any]) -> bool:

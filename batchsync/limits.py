@@ -461,10 +461,10 @@ class BreakerGate:
             waiting.stats.add("breaker", waiting.now() - began)
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
-        self.backend.record(admission.host, feedback.unwell, admission.probe)
+        self.backend.record(admission.host, feedback.unwell, self.name in admission.held)
 
     def abandon(self, admission: Admission) -> None:
-        if admission.probe:
+        if self.name in admission.held:
             self.backend.abandon(admission.host, True)
 
 
@@ -535,16 +535,13 @@ class CooldownGate:
         self.board = board
         self._global = scope == "global"
 
-    def _key(self, host: str) -> str:
-        return GLOBAL if self._global else host
-
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        held = self.board.remaining(self._key(admission.host))
+        held = self.board.remaining(GLOBAL if self._global else admission.host)
         return waiting.sleep(self.name, held, admission) if held > 0 else None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.hold:
-            self.board.hold(self._key(admission.host), feedback.hold)
+            self.board.hold(GLOBAL if self._global else admission.host, feedback.hold)
 
     def abandon(self, admission: Admission) -> None:
         """Nothing is held."""
@@ -638,41 +635,38 @@ class Gates:
     def admit(
         self, host: str, allowance: Allowance, stop: threading.Event
     ) -> Admission | ErrorKind:
-        """Wait at each gate; an Admission, or the kind that ends the item instead.
+        """Wait at each gate; an Admission, or the kind that ends the item instead (what the
+        gates passed hold is given back then).
 
         While a shared backend cannot be reached, wait and ask again (fail closed): an item
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
         """
         while True:
+            admission = Admission(host, allowance, stop)
             try:
-                return self._admit_once(host, allowance, stop)
+                refusal = self._pass(admission)
             except LimitsUnavailable as exc:
+                self.abandon(admission)
                 self._unavailable(exc)
                 left, limit = allowance.tightest(self._now())
                 if left <= _BACKEND_RETRY_SECONDS:
                     return limit
                 if self._waiting.clock.wait(stop, _BACKEND_RETRY_SECONDS):
                     return "cancelled"
+                continue
+            except BaseException:  # (an interrupt while waiting)
+                self.abandon(admission)
+                raise
+            if refusal is None:
+                return admission
+            self.abandon(admission)
+            return refusal
 
     def _unavailable(self, exc: LimitsUnavailable) -> None:
         now = self._now()
         if now - self._last_warning >= _WARN_EVERY_SECONDS:
             self._last_warning = now
             log.warning("shared limits unavailable, holding attempts until they answer: %s", exc)
-
-    def _admit_once(
-        self, host: str, allowance: Allowance, stop: threading.Event
-    ) -> Admission | ErrorKind:
-        admission = Admission(host, allowance, stop)
-        try:
-            refusal = self._pass(admission)
-        except BaseException:  # (the backend gone, or an interrupt while waiting)
-            self.abandon(admission)
-            raise
-        if refusal is not None:
-            self.abandon(admission)
-            return refusal
-        return admission
 
     def _pass(self, admission: Admission) -> ErrorKind | None:
         waiting = self._waiting

@@ -194,12 +194,6 @@ class Secrets:
         # (in a message the value may run into the punctuation after it: "…=v4lue: HTTP 404")
         return found | {value.rstrip(".,:)]}") for value in found}
 
-    def url(self, url: str) -> str:
-        """``url`` with its userinfo and its secret query parameters' values masked, and any
-        known secret value in it too; whether it can be parsed or not. (The same object when
-        there is nothing to mask: two ``in`` tests, for the fast lane.)"""
-        return self.text(url)
-
     def text(self, text: str, extra: Iterable[str] = ()) -> str:
         """``text`` with every secret masked: by shape (userinfo, secret parameters), the
         run's known values and ``extra`` values (an item's own) in every form."""
@@ -207,6 +201,10 @@ class Secrets:
         if by_shape_only and "@" not in text and "=" not in text and "%" not in text:
             return text  # (no value to look for, no shape to mask: the fast lane's common case)
         return self._masked(text, extra, self._mask_param)
+
+    # A URL is masked as any text: its userinfo and its secret query parameters' values by
+    # shape, and known secret values in it too; whether it can be parsed or not.
+    url = text
 
     def given(self, url: str, own: frozenset[str]) -> str:
         """An item's URL as given, masked: its secrets where they stand as secrets (userinfo,

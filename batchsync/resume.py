@@ -92,9 +92,12 @@ class Left(Generic[T]):
         """The (index, item) pairs the pass sends, read lazily: an item with a final Result
         is left out, a failure retried is sent again, a paginated item stopped partway goes
         on from its next page."""
+        marks = self.marks
         for index, item in items:
-            mark = self.marks[index]
-            if mark != DONE:
+            mark = marks[index]
+            if mark == TO_SEND:  # (most items: sent as they are)
+                yield index, item
+            elif mark != DONE:
                 yield index, self._sent(index, item, mark)
 
     def _sent(self, index: int, item: T, mark: int) -> T:

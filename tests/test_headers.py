@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.message
 import http.client
 import io
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,9 +32,13 @@ def quick_message(block: bytes) -> http.client.HTTPMessage:
     return parse_headers(io.BytesIO(block))
 
 
+# The policy object, and the quick message's index of the names it built (see QuickMessage).
+_NOT_STATE = {"policy", "_built", "_names"}
+
+
 def snapshot(message: email.message.Message) -> dict[str, Any]:
     """Everything a message holds, in comparable form (defects by type, parts recursively)."""
-    state = {name: value for name, value in vars(message).items() if name != "policy"}
+    state = {name: value for name, value in vars(message).items() if name not in _NOT_STATE}
     state["defects"] = [type(defect).__name__ for defect in message.defects]
     if isinstance(message._payload, list):  # type: ignore[attr-defined]
         state["_payload"] = [snapshot(part) for part in message._payload]  # type: ignore[attr-defined]
@@ -70,6 +75,36 @@ def test_message_matches_the_stdlib(block: bytes) -> None:
     assert isinstance(quick, QuickMessage)
     assert snapshot(quick) == snapshot(expected)
     assert looked_up(quick, NAMES) == looked_up(expected, NAMES)
+
+
+def _renamed(message: email.message.Message) -> None:
+    del message["Content-Length"]  # the same count of lines, another name in its place
+    message["X-Late"] = "1"
+
+
+def _replaced(message: email.message.Message) -> None:
+    message.replace_header("content-type", "text/plain")
+
+
+def _added(message: email.message.Message) -> None:
+    message["Content-Type"] = "text/html"
+
+
+def _private_list_changed(message: email.message.Message) -> None:
+    message._headers.pop()  # type: ignore[attr-defined]
+    message._headers.append(("Transfer-Encoding", "chunked"))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("change", [_renamed, _replaced, _added, _private_list_changed])
+def test_lookups_after_a_change_match_the_stdlib(change: Callable[..., None]) -> None:
+    """The quick look-up's index of names stands only while the header list is as built."""
+    block = b"Content-Type: application/json\r\nContent-Length: 11\r\nX-A: b\r\n\r\n"
+    expected, quick = stdlib_message(block), quick_message(block)
+    names = [*NAMES, "X-Late"]
+    assert looked_up(quick, names) == looked_up(expected, names)
+    change(expected)
+    change(quick)
+    assert looked_up(quick, names) == looked_up(expected, names)
 
 
 def test_plain_headers_take_the_quick_path(monkeypatch: pytest.MonkeyPatch) -> None:
