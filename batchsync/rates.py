@@ -1,0 +1,87 @@
+"""A rate as a user writes it: ``500/min``, ``10/s``, ``3600/h``, or a bare number per second.
+
+Providers state their limits per minute (requests and tokens per minute), so a rate keeps the
+period it was given in: shown back to the user as they wrote it, and turned into a per-second
+figure only where a bucket refills.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_PERIODS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hour": 3600.0,
+}
+_LABELS = {1.0: "s", 60.0: "min", 3600.0: "h"}
+# A plain decimal with an optional exponent: what str(Rate) writes, so every rate shown can be
+# read back. Not Python's float() syntax: no "inf", "nan" or "1_000".
+_RATE = re.compile(
+    r"\s*(?P<count>(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*(?:/\s*(?P<unit>[a-z]+)\s*)?",
+    re.IGNORECASE,
+)
+_FORMS = "a positive number per second or N/s, N/min, N/h"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``count`` units per ``period`` seconds (1, 60 or 3600)."""
+
+    count: float
+    period: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not (math.isfinite(self.count) and self.count > 0):
+            raise ValueError(f"rate count must be a positive finite number, got {self.count!r}")
+        if self.period not in _LABELS:
+            raise ValueError(f"rate period must be 1, 60 or 3600 seconds, got {self.period!r}")
+
+    @property
+    def per_second(self) -> float:
+        """Units per second: what a bucket refills at."""
+        return self.count / self.period
+
+    def __str__(self) -> str:
+        """The rate as a user writes it (``500/min``), which ``parse_rate`` reads back."""
+        count = float(self.count)
+        number = str(int(count)) if count.is_integer() and count < 1e16 else repr(count)
+        return f"{number}/{_LABELS[self.period]}"
+
+
+def parse_rate(value: float | int | str, *, name: str = "rate") -> Rate:
+    """A ``Rate`` from a number (per second) or a string ``N``, ``N/s``, ``N/min``, ``N/h``.
+
+    Units (any case, spaces around ``/`` allowed): ``s``, ``sec``, ``second``, ``min``,
+    ``minute``, ``h``, ``hr``, ``hour``. ``N`` is a positive finite decimal, an exponent
+    allowed (``1e3/min``). Anything else raises ValueError naming ``name`` and the value.
+    """
+    if isinstance(value, bool):
+        raise _invalid(name, value)
+    if isinstance(value, int | float):
+        try:
+            count, period = float(value), 1.0
+        except OverflowError:  # an int beyond any float
+            raise _invalid(name, value) from None
+    elif isinstance(value, str):
+        match = _RATE.fullmatch(value)
+        unit = (match["unit"] or "s").lower() if match is not None else ""
+        if match is None or unit not in _PERIODS:
+            raise _invalid(name, value)
+        count, period = float(match["count"]), _PERIODS[unit]
+    else:
+        raise _invalid(name, value)
+    if not (math.isfinite(count) and count > 0):
+        raise _invalid(name, value)
+    return Rate(count=count, period=period)
+
+
+def _invalid(name: str, value: object) -> ValueError:
+    return ValueError(f"{name} must be {_FORMS}: got {value!r}")
