@@ -236,8 +236,8 @@ def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | Non
     for key in IDENTITY_KEYS:
         if key == "template" and stored.get(key) != current.get(key):
             return (
-                "its template options were different: the URL template, method, body template, "
-                "id field and table format must be the ones it was made with"
+                "its template options were different: the URL template, method, body template "
+                "(or --row-as-body), id field and table format must be the ones it was made with"
             )
         if key == "paging" and stored.get(key) != current.get(key):
             return (

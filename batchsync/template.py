@@ -18,6 +18,11 @@ Rules:
 * A value is text as JSON would write it (``true``, ``12``, ``1.5``); a missing key, ``None``,
   or NaN (a pandas gap) is no value.
 * The id: the ``id_field`` value; without ``id_field``, the row's ``id`` when it has one.
+* ``row_as_body`` (the OpenAI cookbook's input: a file of request bodies): the body is the row
+  itself, less its ``metadata`` field (dropped always, as the cookbook drops it), sent as the
+  row gives it (a row that strict JSON cannot write fails alone). The URL names no field: one
+  URL for every row, no value of theirs in it. The id: the ``metadata`` value when the row has
+  one (any JSON value); with ``id_field``, that field's value, which stays in the body.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from typing import Any, Union
 from urllib.parse import quote, urlsplit
 
 from .spec import METHODS, check_url, json_writable
+
+# The field a row sent as the body keeps apart from it: the cookbook's, its id by default.
+METADATA = "metadata"
 
 
 class RowError(ValueError):
@@ -219,6 +227,14 @@ def _build(node: _Node, row: Mapping[str, Any]) -> Any:
     return {key: _build(item, row) for key, item in node.items}
 
 
+def _row_body(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row as a request body: all of it but ``metadata``, in its order."""
+    body = {key: value for key, value in row.items() if key != METADATA}
+    if not json_writable(body):
+        raise RowError("the row has no JSON form (a NaN, an infinity or another object)")
+    return body
+
+
 def _checked_url(pieces: _Text) -> str:
     """The URL template with each field filled by a placeholder, once it is known to be an
     http(s) URL whose scheme, host and port are written out (fields in path and query only)."""
@@ -261,10 +277,17 @@ class Template:
     _url: _Text
     _body: _Node | None
     _dots: int  # '.' and '..' segments the template's own path has
+    row_as_body: bool = False  # the row itself is the body (see the module's rules)
 
     @classmethod
     def parse(
-        cls, url: str, method: str = "GET", body: Any = None, id_field: str | None = None
+        cls,
+        url: str,
+        method: str = "GET",
+        body: Any = None,
+        id_field: str | None = None,
+        *,
+        row_as_body: bool = False,
     ) -> Template:
         """Check the template once; ValueError naming what is wrong (nothing is sent)."""
         pieces = parse_text(url, "the URL template")
@@ -274,12 +297,15 @@ class Template:
         if id_field is not None and not id_field:
             raise ValueError("id_field: give a field name")
         names = _fields_of(pieces)
+        if row_as_body:
+            _check_row_as_body(names, body)
         try:
             node = None if body is None else _compile_body(body, names)
         except RecursionError:
             raise ValueError("the body template is nested too deeply") from None
         fields = tuple(dict.fromkeys(names))
-        return cls(url, method.upper(), body, id_field, fields, pieces, node, _dot_segments(filled))
+        dots = _dot_segments(filled)
+        return cls(url, method.upper(), body, id_field, fields, pieces, node, dots, row_as_body)
 
     def expand(self, row: object) -> dict[str, Any]:
         """The request item for ``row``; RowError (naming a field, never a value) when the row
@@ -296,18 +322,34 @@ class Template:
         item: dict[str, Any] = {"url": url}
         if self.method != "GET":
             item["method"] = self.method
-        if self._body is not None:
+        if self.row_as_body:
+            item["json"] = _row_body(row)
+        elif self._body is not None:
             item["json"] = _build(self._body, row)
         if self.id_field is not None:
             item["id"] = _value(row, self.id_field)
-        elif not _missing(row.get("id")):
-            item["id"] = row["id"]
+        else:
+            default = row.get(METADATA if self.row_as_body else "id")
+            if not _missing(default):
+                item["id"] = default
         return item
 
     def identity(self) -> str:
         """A digest of the template options, for a journal: resuming with other options would
         pair stored Results with other requests."""
-        text = json.dumps(
-            [self.url, self.method, self.body, self.id_field], sort_keys=True, default=repr
-        )
+        options = [self.url, self.method, self.body, self.id_field]
+        if self.row_as_body:  # (only then: the digests of earlier journals stay as they were)
+            options.append("row as body")
+        text = json.dumps(options, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_row_as_body(names: list[str], body: Any) -> None:
+    """ValueError for a template that would fill what ``row_as_body`` leaves to the row alone."""
+    if body is not None:
+        raise ValueError("with the row as the body, give no body template: the row is the body")
+    if names:
+        raise ValueError(
+            "with the row as the body, every row goes to the one URL given: the URL template "
+            f"cannot name a field ({{{names[0]}}}; {{{{ and }}}} are literal braces)"
+        )

@@ -106,7 +106,9 @@ def _retry_kinds(
     "--method",
     default="GET",
     metavar="METHOD",
-    help="With --url: the HTTP method of every row's request.",
+    help="With --url: the HTTP method of every row's request.  [default: GET; with "
+    "--row-as-body: POST]",
+    show_default=False,
 )
 @click.option(
     "--body-template",
@@ -116,10 +118,18 @@ def _retry_kinds(
     "takes the row's value with its type; {field} inside a longer string is put in as text.",
 )
 @click.option(
+    "--row-as-body",
+    is_flag=True,
+    help="With --url, a plain URL (no {field}): send each row, a JSON object, as the JSON "
+    "body, less its metadata field, whose value becomes the result's id (the OpenAI "
+    "cookbook's request files run as they are). INPUT must be JSON records.",
+)
+@click.option(
     "--id-field",
     default=None,
     metavar="NAME",
-    help="With --url: the field that becomes each result's id.  [default: id, when a row has it]",
+    help="With --url: the field that becomes each result's id (with --row-as-body it stays "
+    "in the body).  [default: id, when a row has it; with --row-as-body: metadata]",
 )
 @click.option(
     "--input-format",
@@ -484,6 +494,7 @@ def command(
     url_template: str | None,
     method: str,
     body_template: str | None,
+    row_as_body: bool,
     id_field: str | None,
     input_format: str,
     concurrency: int,
@@ -536,7 +547,9 @@ def command(
 ) -> int:
     """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
     retries."""
-    template = _template(url_template, method, body_template, id_field, input_format)
+    template = _template(
+        url_template, method, body_template, id_field, input_format, row_as_body=row_as_body
+    )
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
     continuing = _continuing(resume, retry_failed, fresh)
@@ -749,17 +762,27 @@ def _template(
     body: str | None,
     id_field: str | None,
     input_format: str,
+    *,
+    row_as_body: bool,
 ) -> Template | None:
     """The checked --url template, or None when INPUT holds items; UsageError otherwise."""
+    context = click.get_current_context()
     if url is None:
-        context = click.get_current_context()
-        for name in ("method", "body_template", "id_field", "input_format"):
+        for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
             if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
                 flag = "--" + name.replace("_", "-")
                 raise click.UsageError(f"{flag} goes with --url (a template filled from a table)")
         return None
+    if row_as_body:
+        if body is not None:
+            raise click.UsageError(
+                "--row-as-body sends each row as the body, --body-template builds one: give one"
+            )
+        if context.get_parameter_source("method") is ParameterSource.DEFAULT:
+            method = "POST"  # (a body goes with a POST, unless --method says otherwise)
     try:
-        return Template.parse(url, method, None if body is None else parse_body(body), id_field)
+        given = None if body is None else parse_body(body)
+        return Template.parse(url, method, given, id_field, row_as_body=row_as_body)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 

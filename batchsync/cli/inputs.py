@@ -407,12 +407,19 @@ def table_format(name: str, given: str = "auto") -> str:
 class TableInput(Input):
     """INPUT read as a table (CSV/TSV with a header row, or JSON records), each row turned by
     ``template`` into a request item: its Entry is that item, or the row (for the failed file)
-    and the field it lacks. Rows are read and expanded one at a time."""
+    and the field it lacks. Rows are read and expanded one at a time. A template that sends
+    the row as the body takes JSON records only: a CSV cell's type cannot be told."""
 
     def __init__(self, name: str, template: Template, form: str = "auto") -> None:
         super().__init__(name)
         self.template = template
         self.form = table_format(name, form)
+        if template.row_as_body and self.form != "jsonl":
+            raise InputError(
+                f"--row-as-body sends each row as it is, a JSON object: {name} is read as "
+                f"{self.form.upper()} (its cells are text); give JSON records (one object per "
+                "line), or build each body from the columns with --body-template"
+            )
         if self.form == "jsonl":
             first = self._first_significant_byte()
             if first not in (b"{", b"[", b""):
