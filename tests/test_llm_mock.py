@@ -5,14 +5,17 @@ window that slides (server-side counts)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -323,3 +326,35 @@ def test_the_window_slides(server: MockServerProcess) -> None:
     assert 4 < log[3][0] < 6, log  # (the server's clock: after "a" left, before "b" did)
     assert counted["peak_tokens"] <= 1000
     assert [(w["requests"], w["rejected"]) for w in counted["windows"]] == [(2, 1), (1, 1)]
+
+
+def test_the_cookbook_peer_runs_its_batch_against_the_mock(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """scripts/llm_peer.py (the benchmark's peer) answers every row, in its output with its
+    metadata, and counts as rate-limit errors exactly the 429s the mock sent: its buckets
+    start a minute's worth full, so the sliding window refuses it in its first minute."""
+    pytest.importorskip("aiohttp")
+    base, key = prefix(server, "rpm=600,tpm=3000,window=2")
+    rows = tmp_path / "rows.jsonl"
+    with rows.open("w", encoding="utf-8") as out:
+        for number in range(40):
+            message = {"role": "user", "content": "x" * (40 + 10 * number)}
+            body = {"model": "gpt-mock", "max_tokens": 60, "messages": [message],
+                    "metadata": {"row_id": number}}  # fmt: skip
+            out.write(json.dumps(body) + "\n")
+    output = tmp_path / "results.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "llm_peer.py"), str(rows), "--url",
+         f"{base}/v1/chat/completions", "--rpm", "600", "--tpm", "3000", "--window", "2",
+         "-o", str(output)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    summary = json.loads(done.stdout.splitlines()[-1])
+    answers = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted(row[2]["row_id"] for row in answers) == list(range(40))
+    assert all(row[1]["object"] == "chat.completion" and "metadata" not in row[0]
+               for row in answers)  # fmt: skip
+    counted = stats(server, key)
+    assert (summary["num_tasks_succeeded"], counted["requests"]) == (40, 40)
+    assert summary["num_rate_limit_errors"] == counted["rejected"] > 0
