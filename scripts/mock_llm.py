@@ -76,6 +76,16 @@ NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency"}
 DEFAULT_MAX_TOKENS = 16
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "elit", "sed", "do", "tempor"]
 
+COUNTS = [
+    "requests",
+    "rejected",
+    "too_large",
+    "tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "peak_tokens",
+]
+
 Reply = tuple[int, dict[str, Any], dict[str, str]]
 
 
@@ -89,6 +99,10 @@ class Limits:
     otpm: int
     window: float
     latency: float
+
+    def sizes(self) -> dict[str, int]:
+        """Each sliding window's size: requests, tokens, input and output tokens."""
+        return {"requests": self.rpm, "tokens": self.tpm, "input": self.itpm, "output": self.otpm}
 
 
 def parse_limits(text: str) -> Limits:
@@ -104,9 +118,13 @@ def parse_limits(text: str) -> Limits:
         raise ValueError(f"limits must be positive: {text!r}")
     tpm = int(values["tpm"])
     return Limits(
-        rpm=int(values["rpm"]), tpm=tpm, itpm=int(given.get("itpm", tpm)),
-        otpm=int(given.get("otpm", tpm)), window=values["window"], latency=values["latency"],
-    )  # fmt: skip
+        rpm=int(values["rpm"]),
+        tpm=tpm,
+        itpm=int(given.get("itpm", tpm)),
+        otpm=int(given.get("otpm", tpm)),
+        window=values["window"],
+        latency=values["latency"],
+    )
 
 
 def text_tokens(text: str) -> int:
@@ -232,9 +250,7 @@ class Account:
     def __post_init__(self) -> None:
         for name in ("requests", "tokens", "input", "output"):
             self.windows[name] = Window(self.limits.window)
-        for name in ("requests", "rejected", "too_large", "tokens", "prompt_tokens",
-                     "completion_tokens", "peak_tokens"):  # fmt: skip
-            self.counts[name] = 0
+        self.counts = dict.fromkeys(COUNTS, 0)
 
     def _event(self, now: float, kind: str, tokens: int) -> None:
         if self.started is None:
@@ -245,9 +261,7 @@ class Account:
         """Count one request charging ``charges`` (window name: tokens; an ``output`` of 0:
         some output budget must be left) if every limit has room; else count nothing and say
         which limit refused it."""
-        limits = self.limits
-        sizes = {"requests": limits.rpm, "tokens": limits.tpm, "input": limits.itpm,
-                 "output": limits.otpm}  # fmt: skip
+        sizes = self.limits.sizes()
         asked = {"requests": 1, **charges}
         with self.lock:
             now = time.monotonic()
@@ -289,9 +303,7 @@ class Account:
 
     def state(self) -> dict[str, tuple[int, int, float]]:
         """Per window: (limit, remaining, seconds until it is empty again)."""
-        limits = self.limits
-        sizes = {"requests": limits.rpm, "tokens": limits.tpm, "input": limits.itpm,
-                 "output": limits.otpm}  # fmt: skip
+        sizes = self.limits.sizes()
         with self.lock:
             now = time.monotonic()
             return {
@@ -305,8 +317,9 @@ class Account:
             report: dict[str, Any] = {"limits": asdict(self.limits), **self.counts}
         span = self.limits.window
         count = int(events[-1][0] // span) + 1 if events else 0
-        windows = [{"start": n * span, "requests": 0, "tokens": 0, "rejected": 0}
-                   for n in range(count)]  # fmt: skip
+        windows = [
+            {"start": n * span, "requests": 0, "tokens": 0, "rejected": 0} for n in range(count)
+        ]
         for moment, kind, tokens in events:
             window = windows[int(moment // span)]
             if kind == "rejected":
@@ -333,8 +346,12 @@ def openai_headers(state: dict[str, tuple[int, int, float]]) -> dict[str, str]:
 
 def anthropic_headers(state: dict[str, tuple[int, int, float]]) -> dict[str, str]:
     headers, now = {}, time.time()
-    for name, label in (("requests", "requests"), ("tokens", "tokens"),
-                        ("input", "input-tokens"), ("output", "output-tokens")):  # fmt: skip
+    for name, label in (
+        ("requests", "requests"),
+        ("tokens", "tokens"),
+        ("input", "input-tokens"),
+        ("output", "output-tokens"),
+    ):
         limit, remaining, reset = state[name]
         shown = remaining if name == "requests" else nearest_thousand(remaining)
         headers[f"anthropic-ratelimit-{label}-limit"] = str(limit)
@@ -349,8 +366,12 @@ def retry_after(refusal: Refusal) -> dict[str, str]:
 
 
 OPENAI_LIMIT_NAMES = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}
-ANTHROPIC_LIMIT_NAMES = {"requests": "requests", "tokens": "tokens", "input": "input tokens",
-                         "output": "output tokens"}  # fmt: skip
+ANTHROPIC_LIMIT_NAMES = {
+    "requests": "requests",
+    "tokens": "tokens",
+    "input": "input tokens",
+    "output": "output tokens",
+}
 
 
 def openai_refusal(model: str, refusal: Refusal) -> dict[str, Any]:
@@ -367,8 +388,14 @@ def openai_refusal(model: str, refusal: Refusal) -> dict[str, Any]:
             f"{refusal.size}, Used {refusal.used}, Requested {refusal.requested}. Please try "
             f"again in {go_duration(refusal.wait)}."
         )
-    return {"error": {"message": message, "type": refusal.limit, "param": None,
-                      "code": "rate_limit_exceeded"}}  # fmt: skip
+    return {
+        "error": {
+            "message": message,
+            "type": refusal.limit,
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
 
 
 def anthropic_refusal(refusal: Refusal) -> dict[str, Any]:
@@ -458,16 +485,24 @@ def chat_completion(account: Account, request: dict[str, Any], seed: random.Rand
     lengths = [seed.randint(1, budget) for _ in range(choices)]
     account.usage(prompt, sum(lengths))
     answer = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-        "created": int(time.time()), "model": model,
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [
-            {"index": n, "message": {"role": "assistant", "content": completion_text(length)},
-             "finish_reason": "length" if length == budget else "stop"}
+            {
+                "index": n,
+                "message": {"role": "assistant", "content": completion_text(length)},
+                "finish_reason": "length" if length == budget else "stop",
+            }
             for n, length in enumerate(lengths)
         ],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": sum(lengths),
-                  "total_tokens": prompt + sum(lengths)},
-    }  # fmt: skip
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": sum(lengths),
+            "total_tokens": prompt + sum(lengths),
+        },
+    }
     return 200, answer, {**headers, "x-request-id": f"req_{uuid.uuid4().hex[:24]}"}
 
 
@@ -484,11 +519,20 @@ def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -
     time.sleep(account.limits.latency)
     account.usage(prompt, 0)
     size = int(request.get("dimensions") or 8)
-    data = [{"object": "embedding", "index": n,
-             "embedding": [round(seed.uniform(-1, 1), 6) for _ in range(size)]}
-            for n in range(len(texts))]  # fmt: skip
-    answer = {"object": "list", "data": data, "model": model,
-              "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}  # fmt: skip
+    data = [
+        {
+            "object": "embedding",
+            "index": n,
+            "embedding": [round(seed.uniform(-1, 1), 6) for _ in range(size)],
+        }
+        for n in range(len(texts))
+    ]
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+    }
     return 200, answer, headers
 
 
@@ -509,14 +553,21 @@ def messages(account: Account, request: dict[str, Any], seed: random.Random) -> 
     account.charge_output(length)
     account.usage(prompt, length)
     answer = {
-        "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
-        "content": [{"type": "text", "text": completion_text(length)}], "model": model,
-        "stop_reason": "max_tokens" if length == budget else "end_turn", "stop_sequence": None,
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": completion_text(length)}],
+        "model": model,
+        "stop_reason": "max_tokens" if length == budget else "end_turn",
+        "stop_sequence": None,
         "usage": {"input_tokens": prompt, "output_tokens": length},
-    }  # fmt: skip
+    }
     headers = anthropic_headers(account.state())
     return 200, answer, {**headers, "request-id": f"req_{uuid.uuid4().hex[:24]}"}
 
 
-ROUTES = {"v1/chat/completions": chat_completion, "v1/embeddings": embeddings,
-          "v1/messages": messages}  # fmt: skip
+ROUTES = {
+    "v1/chat/completions": chat_completion,
+    "v1/embeddings": embeddings,
+    "v1/messages": messages,
+}

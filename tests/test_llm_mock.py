@@ -31,11 +31,16 @@ from mock_llm import Window, go_duration, nearest_thousand, parse_limits, rfc333
 pytestmark = pytest.mark.integration
 
 GO_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+(\.\d+)?s|\d+ms)$")
-OPENAI_HEADERS = [f"x-ratelimit-{what}-{name}" for what in ("limit", "remaining", "reset")
-                  for name in ("requests", "tokens")]  # fmt: skip
-ANTHROPIC_HEADERS = [f"anthropic-ratelimit-{name}-{what}"
-                     for name in ("requests", "tokens", "input-tokens", "output-tokens")
-                     for what in ("limit", "remaining", "reset")]  # fmt: skip
+OPENAI_HEADERS = [
+    f"x-ratelimit-{what}-{name}"
+    for what in ("limit", "remaining", "reset")
+    for name in ("requests", "tokens")
+]
+ANTHROPIC_HEADERS = [
+    f"anthropic-ratelimit-{name}-{what}"
+    for name in ("requests", "tokens", "input-tokens", "output-tokens")
+    for what in ("limit", "remaining", "reset")
+]
 
 
 def prefix(server: MockServerProcess, limits: str) -> tuple[str, str]:
@@ -58,9 +63,11 @@ def claude(base: str) -> anthropic.Anthropic:
 
 def ask(client: openai.OpenAI, text: str, max_tokens: int, **extra: Any) -> Any:
     return client.chat.completions.create(
-        model="gpt-mock", messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
+        model="gpt-mock",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=max_tokens,
         **extra,
-    )  # fmt: skip
+    )
 
 
 # The mock's own token count: ceil(characters / 4) a text, 4 a message, 2 a prompt.
@@ -70,22 +77,38 @@ def cost(text: str, max_tokens: int = 0, n: int = 1) -> int:
 
 def test_go_durations_are_printed_as_go_prints_them() -> None:
     assert [go_duration(s) for s in (0, 0.02, 0.0004, 1, 1.5, 59.9991, 360, 3600, 3725.5)] == [
-        "0s", "20ms", "1ms", "1s", "1.5s", "1m0s", "6m0s", "1h0m0s", "1h2m5.5s",
-    ]  # fmt: skip
+        "0s",
+        "20ms",
+        "1ms",
+        "1s",
+        "1.5s",
+        "1m0s",
+        "6m0s",
+        "1h0m0s",
+        "1h2m5.5s",
+    ]
 
 
 def test_anthropic_times_and_counts_are_shown_as_theirs_are() -> None:
     assert rfc3339(1_767_225_599.2) == "2026-01-01T00:00:00Z"  # (rounded up)
     assert [nearest_thousand(n) for n in (0, 499, 500, 59_400, 60_000)] == [
-        0, 0, 1000, 59_000, 60_000,
-    ]  # fmt: skip
+        0,
+        0,
+        1000,
+        59_000,
+        60_000,
+    ]
 
 
 def test_limits_are_read_from_the_path_with_defaults() -> None:
     limits = parse_limits("rpm=600,tpm=60000,window=6")
     assert (limits.rpm, limits.tpm, limits.itpm, limits.otpm, limits.window) == (
-        600, 60_000, 60_000, 60_000, 6.0,
-    )  # fmt: skip
+        600,
+        60_000,
+        60_000,
+        60_000,
+        6.0,
+    )
     assert parse_limits("-") == parse_limits("")
     assert parse_limits("-").window == 60
     for bad in ("rpm", "rpx=5", "window=0", "tpm=-1"):
@@ -123,8 +146,9 @@ def test_openai_chat_completion_with_usage_and_headers(server: MockServerProcess
     headers = raw.headers
     assert all(name in headers for name in OPENAI_HEADERS), dict(headers)
     assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-limit-tokens"]) == (
-        "10", "10000",
-    )  # fmt: skip
+        "10",
+        "10000",
+    )
     # OpenAI counts a request at admission: its prompt and the whole max_tokens.
     assert headers["x-ratelimit-remaining-requests"] == "9"
     assert headers["x-ratelimit-remaining-tokens"] == str(10_000 - 109)
@@ -132,8 +156,10 @@ def test_openai_chat_completion_with_usage_and_headers(server: MockServerProcess
     assert re.fullmatch(r"59\.\d+s|1m0s", headers["x-ratelimit-reset-requests"])
     counted = stats(server, key)
     assert (counted["requests"], counted["tokens"], counted["completion_tokens"]) == (
-        1, 109, completion,
-    )  # fmt: skip
+        1,
+        109,
+        completion,
+    )
 
 
 def test_openai_counts_max_tokens_times_n_and_answers_n_choices(
@@ -212,9 +238,11 @@ def test_anthropic_message_with_usage_and_headers(server: MockServerProcess) -> 
     base, key = prefix(server, "rpm=50,tpm=40000,itpm=30000,otpm=8000")
     before = time.time()
     raw = claude(base).messages.with_raw_response.create(
-        model="claude-mock", max_tokens=200, system="Be brief.",
+        model="claude-mock",
+        max_tokens=200,
+        system="Be brief.",
         messages=[{"role": "user", "content": "hello there"}],
-    )  # fmt: skip
+    )
     message = raw.parse()
     assert (message.type, message.role, message.model) == ("message", "assistant", "claude-mock")
     assert message.content[0].type == "text" and message.content[0].text
@@ -225,10 +253,15 @@ def test_anthropic_message_with_usage_and_headers(server: MockServerProcess) -> 
     assert message.stop_reason == ("max_tokens" if output == 200 else "end_turn")
     headers = raw.headers
     assert all(name in headers for name in ANTHROPIC_HEADERS), dict(headers)
-    assert [headers[f"anthropic-ratelimit-{name}-limit"]
-            for name in ("requests", "tokens", "input-tokens", "output-tokens")] == [
-        "50", "40000", "30000", "8000",
-    ]  # fmt: skip
+    assert [
+        headers[f"anthropic-ratelimit-{name}-limit"]
+        for name in ("requests", "tokens", "input-tokens", "output-tokens")
+    ] == [
+        "50",
+        "40000",
+        "30000",
+        "8000",
+    ]
     assert headers["anthropic-ratelimit-requests-remaining"] == "49"
     # Token counts remaining are rounded to the nearest thousand, as Anthropic's are.
     assert headers["anthropic-ratelimit-output-tokens-remaining"] == str(
@@ -252,9 +285,10 @@ def test_anthropic_over_a_limit_raises_rate_limit_error_with_headers(
     with pytest.raises(anthropic.RateLimitError) as raised:
         for number in range(20):
             reply = client.messages.create(
-                model="claude-mock", max_tokens=40,
+                model="claude-mock",
+                max_tokens=40,
                 messages=[{"role": "user", "content": f"question {number}"}],
-            )  # fmt: skip
+            )
             answered += reply.usage.output_tokens
     # Admitted while output budget was left; refused once the answers had used it all.
     assert answered >= 50
@@ -321,8 +355,12 @@ def test_the_window_slides(server: MockServerProcess) -> None:
     counted = stats(server, key)
     log = counted["log"]
     assert [kind for _, kind, _ in log] == [
-        "admitted", "admitted", "rejected", "admitted", "rejected",
-    ]  # fmt: skip
+        "admitted",
+        "admitted",
+        "rejected",
+        "admitted",
+        "rejected",
+    ]
     assert 4 < log[3][0] < 6, log  # (the server's clock: after "a" left, before "b" did)
     assert counted["peak_tokens"] <= 1000
     assert [(w["requests"], w["rejected"]) for w in counted["windows"]] == [(2, 1), (1, 1)]
@@ -340,21 +378,41 @@ def test_the_cookbook_peer_runs_its_batch_against_the_mock(
     with rows.open("w", encoding="utf-8") as out:
         for number in range(40):
             message = {"role": "user", "content": "x" * (40 + 10 * number)}
-            body = {"model": "gpt-mock", "max_tokens": 60, "messages": [message],
-                    "metadata": {"row_id": number}}  # fmt: skip
+            body = {
+                "model": "gpt-mock",
+                "max_tokens": 60,
+                "messages": [message],
+                "metadata": {"row_id": number},
+            }
             out.write(json.dumps(body) + "\n")
     output = tmp_path / "results.jsonl"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "llm_peer.py"), str(rows), "--url",
-         f"{base}/v1/chat/completions", "--rpm", "600", "--tpm", "3000", "--window", "2",
-         "-o", str(output)],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "llm_peer.py"),
+            str(rows),
+            "--url",
+            f"{base}/v1/chat/completions",
+            "--rpm",
+            "600",
+            "--tpm",
+            "3000",
+            "--window",
+            "2",
+            "-o",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     summary = json.loads(done.stdout.splitlines()[-1])
     answers = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(row[2]["row_id"] for row in answers) == list(range(40))
-    assert all(row[1]["object"] == "chat.completion" and "metadata" not in row[0]
-               for row in answers)  # fmt: skip
+    assert all(
+        row[1]["object"] == "chat.completion" and "metadata" not in row[0] for row in answers
+    )
     counted = stats(server, key)
     assert (summary["num_tasks_succeeded"], counted["requests"]) == (40, 40)
     assert summary["num_rate_limit_errors"] == counted["rejected"] > 0
