@@ -2,6 +2,7 @@
 
     python scripts/bench.py               # the full run (about 15 minutes on 2 cores)
     python scripts/bench.py --quick       # one repeat, concurrency 32 and 64 only
+    python scripts/bench.py --only llm    # the "LLM batch" section alone (about 3 minutes)
 
 Every method runs in its own process (``scripts/bench_client.py``), interleaved and repeated,
 against (a) a fast local keep-alive server (nginx when installed, else the bundled asyncio
@@ -10,7 +11,8 @@ method and concurrency: median requests/s, CPU ms per request, efficiency agains
 N / 50 ms, connections the server saw opened, peak RSS, and the ratio to the hand-rolled
 baseline of the same run. A peer that is not installed is skipped with a note. Then the CLI's
 peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against these medians.
-Writes docs/benchmarks.md and docs/benchmarks.png.
+Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``). Writes
+docs/benchmarks.md and docs/benchmarks.png; ``--only llm`` rewrites only that section.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_llm  # noqa: E402
 from bench_durability import peak_rss  # noqa: E402
 
 from tests.mockserver import start_mock_server  # noqa: E402
@@ -333,7 +336,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--only", choices=["llm"], help="run this section alone and rewrite it")
     args = parser.parse_args()
+    llm_repeats = 1 if args.quick else 2
+    if args.only == "llm":
+        text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
+        args.out.write_text(bench_llm.replace_section(text, bench_llm.section(llm_repeats)))
+        print(f"wrote the LLM batch section of {args.out}")
+        return
     levels = [32, 64] if args.quick else [8, 32, 64, 256]
     repeats = 1 if args.quick else args.repeats
     sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
@@ -359,6 +369,7 @@ def main() -> None:
         finally:
             mock.process.terminate()
             mock.process.wait(timeout=10)
+    llm = bench_llm.section(llm_repeats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
@@ -412,6 +423,7 @@ def main() -> None:
         "| ---: | ---: | ---: |",
         *(f"| {size:,} | {rss:.0f} | {seconds:.1f} |" for size, rss, seconds in failing),
         "",
+        *llm,
     ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out} and {picture}")

@@ -56,6 +56,13 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
                                      a message "429-once:KEY" gets, the first time per KEY, a
                                      429 with Retry-After: 1, and "500-once:KEY" a 500
+  A mock LLM API limiting requests and tokens per minute like OpenAI and Anthropic (see
+  scripts/mock_llm.py: LIMITS is e.g. rpm=600,tpm=60000,window=6,latency=0.05, or -):
+    POST /llm/KEY/LIMITS/v1/chat/completions, /llm/KEY/LIMITS/v1/embeddings (OpenAI) and
+         /llm/KEY/LIMITS/v1/messages (Anthropic): answers with `usage` and random lengths,
+                                     429s with the providers' bodies, every answer with their
+                                     rate-limit headers; each KEY has its own sliding window
+    GET /llm/KEY/stats?log=1         JSON: what the KEY's limits counted, window by window
   Quotas announced in rate-limit headers, with a real per-window counter:
     /quota/FAMILY/...?limit=N&window=S&style=x|github|ietf
                                      N requests of a FAMILY per S-second window, each answer
@@ -116,6 +123,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from mock_llm import LLMMock
 
 MIB = 2**20
 
@@ -417,6 +426,8 @@ class Handler(BaseHTTPRequestHandler):
             self._page(path, path.strip("/").split("/")[1], query)
         elif head == "/s3-mock":
             self._s3_object(path.split("/", 2)[2])
+        elif head == "/llm":
+            self._json(*self.server.llm.answer(self.command, path, query, body))
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
         elif head == "/cookie-each":
@@ -739,6 +750,7 @@ class MockServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.stats = Stats()
         self.tokens = Tokens()
+        self.llm = LLMMock()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""

@@ -1,0 +1,573 @@
+"""A mock LLM API that limits requests and tokens per minute the way OpenAI and Anthropic do,
+served by ``scripts/mock_server.py`` under ``/llm/``: a batch can meet it without a key.
+
+Paths (KEY is any name without a slash; each KEY has its own limits, counters and random
+completion lengths, so every test and benchmark run gets a state of its own):
+
+    POST /llm/KEY/LIMITS/v1/chat/completions   OpenAI's chat completion
+    POST /llm/KEY/LIMITS/v1/embeddings         OpenAI's embeddings
+    POST /llm/KEY/LIMITS/v1/messages           Anthropic's messages
+    GET  /llm/KEY/stats?log=1                  what the KEY's limits counted (below)
+
+LIMITS is ``name=value`` pairs joined by commas, any of them left out for its default, or
+``-`` for all the defaults: ``rpm`` (requests a window, 500), ``tpm`` (tokens a window,
+200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
+by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
+or a benchmark fast) and ``latency`` (seconds before each answer, 0). The first request of
+a KEY sets its limits; a later one naming other limits is answered 400. SDK base URLs:
+``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``, ``http://HOST:PORT/llm/KEY/LIMITS``
+for ``anthropic``.
+
+The limits are enforced over a sliding window: what was admitted in the last ``window``
+seconds counts, each request and token leaving the window ``window`` seconds after it was
+counted. The mock counts tokens its own way, deterministic and about as real tokenizers do:
+a text is ceil(characters / 4) tokens, a chat message 4 more, a prompt 2 more. As the
+services describe their limits:
+
+* OpenAI counts a request when it admits it, at its prompt plus ``max_tokens`` (or
+  ``max_completion_tokens``, 16 when neither is given) times ``n``; the tokens the answer
+  really uses do not change the count.
+* Anthropic counts the input tokens when it admits a request (against ``itpm`` and ``tpm``)
+  and the output tokens when the answer is made (against ``otpm`` and ``tpm``); a request
+  is admitted while some output budget is left.
+
+A request over a limit is answered 429 with the provider's error body and a ``retry-after``
+in whole seconds (rounded up) saying when it would fit; one larger than a whole limit is
+answered 429 without ``retry-after``, as waiting cannot help. Refused requests count
+nothing. Every answer, 200 or 429, carries the provider's headers:
+
+* OpenAI: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, resets as Go durations
+  (``6m0s``, ``1.5s``, ``20ms``) until the window would be empty again;
+* Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+  remaining,reset}``, resets as RFC 3339 times (whole seconds, rounded up) and token counts
+  remaining rounded to the nearest thousand, as Anthropic's are.
+
+A completion is as long as a draw between 1 and ``max_tokens`` tokens (for each of ``n``
+choices), the draw seeded by the KEY and the request's body: a rerun gets the same lengths
+whatever order its requests arrive in. ``finish_reason`` is ``length`` (Anthropic's
+``stop_reason`` ``max_tokens``) when the draw is the whole budget, else ``stop``
+(``end_turn``). Every 200 has ``usage``.
+
+The stats are JSON: ``limits``; ``requests`` admitted, ``rejected`` (429s, the too large
+among them) and ``too_large``; ``tokens`` counted against ``tpm``; ``prompt_tokens`` and
+``completion_tokens`` answered; ``peak_tokens`` (the most tokens the window held after any
+count); ``elapsed`` (seconds from the first request to the last event) and ``windows``: for
+each window of ``window`` seconds from the first request, its ``requests``, ``tokens`` and
+``rejected``. With ``log=1`` also ``log``: ``[t, kind, tokens]`` for each event (seconds
+from the first request; kind ``admitted``, ``output`` or ``rejected``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+DEFAULTS = {"rpm": 500.0, "tpm": 200_000.0, "window": 60.0, "latency": 0.0}
+NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency"}
+DEFAULT_MAX_TOKENS = 16
+WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "elit", "sed", "do", "tempor"]
+
+COUNTS = [
+    "requests",
+    "rejected",
+    "too_large",
+    "tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "peak_tokens",
+]
+
+Reply = tuple[int, dict[str, Any], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One KEY's limits, parsed from the path."""
+
+    rpm: int
+    tpm: int
+    itpm: int
+    otpm: int
+    window: float
+    latency: float
+
+    def sizes(self) -> dict[str, int]:
+        """Each sliding window's size: requests, tokens, input and output tokens."""
+        return {"requests": self.rpm, "tokens": self.tpm, "input": self.itpm, "output": self.otpm}
+
+
+def parse_limits(text: str) -> Limits:
+    """``rpm=600,tpm=60000,window=6`` (or ``-``) into Limits; ValueError when malformed."""
+    given: dict[str, float] = {}
+    for pair in text.split(",") if text not in ("", "-") else []:
+        name, equals, value = pair.partition("=")
+        if not equals or name not in NAMES:
+            raise ValueError(f"not a limit: {pair!r} (names: {', '.join(sorted(NAMES))})")
+        given[name] = float(value)
+    values = {**DEFAULTS, **given}
+    if min(values.values()) < 0 or values["window"] <= 0:
+        raise ValueError(f"limits must be positive: {text!r}")
+    tpm = int(values["tpm"])
+    return Limits(
+        rpm=int(values["rpm"]),
+        tpm=tpm,
+        itpm=int(given.get("itpm", tpm)),
+        otpm=int(given.get("otpm", tpm)),
+        window=values["window"],
+        latency=values["latency"],
+    )
+
+
+def text_tokens(text: str) -> int:
+    """The mock's token count of a text: a token per 4 characters, begun ones counted."""
+    return math.ceil(len(text) / 4)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_tokens(messages: list[Any], system: Any = None) -> int:
+    """A chat prompt's tokens: each message's text and 4 for the message, 2 for the prompt."""
+    counted = 2 + (text_tokens(content_text(system)) if system else 0)
+    for message in messages:
+        text = content_text(message.get("content")) if isinstance(message, dict) else ""
+        counted += 4 + text_tokens(text)
+    return counted
+
+
+def embedding_tokens(given: Any) -> int:
+    """The tokens of an embeddings ``input``: a text or a list of texts."""
+    texts = given if isinstance(given, list) else [given]
+    return sum(text_tokens(str(text)) for text in texts)
+
+
+def go_duration(seconds: float) -> str:
+    """Seconds as Go prints a duration (``6m0s``, ``1.5s``, ``20ms``), to the millisecond,
+    rounded up: OpenAI's reset headers."""
+    millis = max(0, math.ceil(seconds * 1000 - 1e-6))
+    if millis == 0:
+        return "0s"
+    if millis < 1000:
+        return f"{millis}ms"
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def rfc3339(moment: float) -> str:
+    """A Unix time as RFC 3339 in UTC, rounded up to the second: Anthropic's reset headers."""
+    return datetime.fromtimestamp(math.ceil(moment), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nearest_thousand(count: int) -> int:
+    return math.floor(count / 1000 + 0.5) * 1000
+
+
+class Window:
+    """A sliding window: amounts counted at times, each leaving it ``span`` seconds later."""
+
+    def __init__(self, span: float) -> None:
+        self.span = span
+        self.entries: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def _expire(self, now: float) -> None:
+        while self.entries and self.entries[0][0] <= now - self.span:
+            self.total -= self.entries.popleft()[1]
+
+    def used(self, now: float) -> int:
+        self._expire(now)
+        return self.total
+
+    def add(self, now: float, amount: int) -> None:
+        self._expire(now)
+        if amount:
+            self.entries.append((now, amount))
+            self.total += amount
+
+    def wait_for(self, now: float, amount: int, limit: int) -> float:
+        """Seconds until ``amount`` more fits under ``limit`` (0: now; inf: never)."""
+        self._expire(now)
+        excess = self.total + amount - limit
+        if excess <= 0:
+            return 0.0
+        if amount > limit:
+            return math.inf
+        for moment, counted in self.entries:
+            excess -= counted
+            if excess <= 0:
+                return moment + self.span - now
+        return math.inf  # (unreachable: the entries hold more than the excess)
+
+    def reset_in(self, now: float) -> float:
+        """Seconds until the window is empty again."""
+        self._expire(now)
+        return self.entries[-1][0] + self.span - now if self.entries else 0.0
+
+
+@dataclass
+class Refusal:
+    """Why a request was refused: the limit's name, its size, what was used, what the
+    request asked and the seconds until it would fit (inf: never)."""
+
+    limit: str
+    size: int
+    used: int
+    requested: int
+    wait: float
+
+
+@dataclass
+class Account:
+    """One KEY: its limits, sliding windows and what it counted."""
+
+    key: str
+    limits: Limits
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    windows: dict[str, Window] = field(default_factory=dict)
+    started: float | None = None
+    events: list[tuple[float, str, int]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "tokens", "input", "output"):
+            self.windows[name] = Window(self.limits.window)
+        self.counts = dict.fromkeys(COUNTS, 0)
+
+    def _event(self, now: float, kind: str, tokens: int) -> None:
+        if self.started is None:
+            self.started = now
+        self.events.append((now - self.started, kind, tokens))
+
+    def admit(self, charges: dict[str, int]) -> Refusal | None:
+        """Count one request charging ``charges`` (window name: tokens; an ``output`` of 0:
+        some output budget must be left) if every limit has room; else count nothing and say
+        which limit refused it."""
+        sizes = self.limits.sizes()
+        asked = {"requests": 1, **charges}
+        with self.lock:
+            now = time.monotonic()
+            for name, amount in asked.items():
+                window, size = self.windows[name], sizes[name]
+                # (output is counted after the answer: admitted while any of it is left)
+                need = max(amount, 1) if name == "output" else amount
+                wait = window.wait_for(now, need, size)
+                if wait > 0:
+                    self.counts["rejected"] += 1
+                    self.counts["too_large"] += wait == math.inf
+                    self._event(now, "rejected", charges.get("tokens", 0))
+                    return Refusal(name, size, window.used(now), need, wait)
+            for name, amount in asked.items():
+                self.windows[name].add(now, amount)
+            self.counts["requests"] += 1
+            self._count_tokens(now, "admitted", charges.get("tokens", 0))
+        return None
+
+    def charge_output(self, tokens: int) -> None:
+        """Count an answer's output tokens (Anthropic's way: when the answer is made)."""
+        with self.lock:
+            now = time.monotonic()
+            self.windows["output"].add(now, tokens)
+            self.windows["tokens"].add(now, tokens)
+            self._count_tokens(now, "output", tokens)
+
+    def _count_tokens(self, now: float, kind: str, tokens: int) -> None:
+        self.counts["tokens"] += tokens
+        self.counts["peak_tokens"] = max(
+            self.counts["peak_tokens"], self.windows["tokens"].used(now)
+        )
+        self._event(now, kind, tokens)
+
+    def usage(self, prompt: int, completion: int) -> None:
+        with self.lock:
+            self.counts["prompt_tokens"] += prompt
+            self.counts["completion_tokens"] += completion
+
+    def state(self) -> dict[str, tuple[int, int, float]]:
+        """Per window: (limit, remaining, seconds until it is empty again)."""
+        sizes = self.limits.sizes()
+        with self.lock:
+            now = time.monotonic()
+            return {
+                name: (sizes[name], max(0, sizes[name] - window.used(now)), window.reset_in(now))
+                for name, window in self.windows.items()
+            }
+
+    def stats(self, with_log: bool) -> dict[str, Any]:
+        with self.lock:
+            events = list(self.events)
+            report: dict[str, Any] = {"limits": asdict(self.limits), **self.counts}
+        span = self.limits.window
+        count = int(events[-1][0] // span) + 1 if events else 0
+        windows = [
+            {"start": n * span, "requests": 0, "tokens": 0, "rejected": 0} for n in range(count)
+        ]
+        for moment, kind, tokens in events:
+            window = windows[int(moment // span)]
+            if kind == "rejected":
+                window["rejected"] += 1
+            else:
+                window["tokens"] += tokens
+                window["requests"] += kind == "admitted"
+        report["elapsed"] = events[-1][0] if events else 0.0
+        report["windows"] = windows
+        if with_log:
+            report["log"] = [list(event) for event in events]
+        return report
+
+
+def openai_headers(state: dict[str, tuple[int, int, float]]) -> dict[str, str]:
+    headers = {}
+    for name in ("requests", "tokens"):
+        limit, remaining, reset = state[name]
+        headers[f"x-ratelimit-limit-{name}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{name}"] = str(remaining)
+        headers[f"x-ratelimit-reset-{name}"] = go_duration(reset)
+    return headers
+
+
+def anthropic_headers(state: dict[str, tuple[int, int, float]]) -> dict[str, str]:
+    headers, now = {}, time.time()
+    for name, label in (
+        ("requests", "requests"),
+        ("tokens", "tokens"),
+        ("input", "input-tokens"),
+        ("output", "output-tokens"),
+    ):
+        limit, remaining, reset = state[name]
+        shown = remaining if name == "requests" else nearest_thousand(remaining)
+        headers[f"anthropic-ratelimit-{label}-limit"] = str(limit)
+        headers[f"anthropic-ratelimit-{label}-remaining"] = str(shown)
+        headers[f"anthropic-ratelimit-{label}-reset"] = rfc3339(now + reset)
+    return headers
+
+
+def retry_after(refusal: Refusal) -> dict[str, str]:
+    """``retry-after`` in whole seconds, rounded up; none when waiting cannot help."""
+    return {} if refusal.wait == math.inf else {"retry-after": str(max(1, math.ceil(refusal.wait)))}
+
+
+OPENAI_LIMIT_NAMES = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}
+ANTHROPIC_LIMIT_NAMES = {
+    "requests": "requests",
+    "tokens": "tokens",
+    "input": "input tokens",
+    "output": "output tokens",
+}
+
+
+def openai_refusal(model: str, refusal: Refusal) -> dict[str, Any]:
+    limit = OPENAI_LIMIT_NAMES[refusal.limit]
+    if refusal.wait == math.inf:
+        message = (
+            f"Request too large for {model} in organization org-mock on {limit}: Limit "
+            f"{refusal.size}, Requested {refusal.requested}. The input or output tokens must "
+            "be reduced in order to run successfully."
+        )
+    else:
+        message = (
+            f"Rate limit reached for {model} in organization org-mock on {limit}: Limit "
+            f"{refusal.size}, Used {refusal.used}, Requested {refusal.requested}. Please try "
+            f"again in {go_duration(refusal.wait)}."
+        )
+    return {
+        "error": {
+            "message": message,
+            "type": refusal.limit,
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+
+
+def anthropic_refusal(refusal: Refusal) -> dict[str, Any]:
+    limit = ANTHROPIC_LIMIT_NAMES[refusal.limit]
+    message = (
+        f"This request would exceed the mock's rate limit of {refusal.size:,} {limit} per "
+        f"minute (used {refusal.used:,}, requested {refusal.requested:,}). See the response "
+        "headers for current usage; reduce the prompt or max_tokens, or try again later."
+    )
+    return {"type": "error", "error": {"type": "rate_limit_error", "message": message}}
+
+
+def openai_invalid(message: str) -> Reply:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    return 400, {"error": error}, {}
+
+
+def anthropic_invalid(message: str) -> Reply:
+    error = {"type": "invalid_request_error", "message": message}
+    return 400, {"type": "error", "error": error}, {}
+
+
+def completion_text(tokens: int) -> str:
+    """A text the mock counts as ``tokens`` tokens (words of about 4 characters)."""
+    words = (WORDS[n % len(WORDS)] for n in range(tokens))
+    return " ".join(words)[: tokens * 4].rstrip() or "."
+
+
+class LLMMock:
+    """Every KEY's account, and the answers of the ``/llm/`` routes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._accounts: dict[str, Account] = {}
+
+    def answer(self, method: str, path: str, query: dict[str, str], body: bytes) -> Reply:
+        """The status, JSON payload and headers for a request to ``/llm/...``."""
+        parts = path.strip("/").split("/")
+        if len(parts) == 3 and parts[2] == "stats" and method == "GET":
+            account = self._accounts.get(parts[1])
+            if account is None:
+                return 404, {"error": f"no requests for key {parts[1]!r} yet"}, {}
+            return 200, account.stats(with_log=query.get("log") == "1"), {}
+        route = "/".join(parts[3:])
+        if len(parts) < 5 or method != "POST" or route not in ROUTES:
+            return 404, {"error": f"no route {path} for {method}"}, {}
+        try:
+            account = self._account(parts[1], parse_limits(parts[2]))
+        except ValueError as problem:
+            return 400, {"error": {"message": str(problem), "type": "invalid_request_error"}}, {}
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:
+            request = None
+        invalid = openai_invalid if route != "v1/messages" else anthropic_invalid
+        if not isinstance(request, dict):
+            return invalid("the body must be a JSON object")
+        seed = random.Random(f"{account.key}\n{hashlib.sha256(body).hexdigest()}")
+        return ROUTES[route](account, request, seed)
+
+    def _account(self, key: str, limits: Limits) -> Account:
+        with self._lock:
+            account = self._accounts.setdefault(key, Account(key, limits))
+        if account.limits != limits:
+            raise ValueError(f"key {key!r} already has the limits {asdict(account.limits)}")
+        return account
+
+
+def max_tokens_of(request: dict[str, Any]) -> int | None:
+    given = request.get("max_completion_tokens", request.get("max_tokens", DEFAULT_MAX_TOKENS))
+    return given if isinstance(given, int) and given > 0 else None
+
+
+def chat_completion(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    messages, model = request.get("messages"), str(request.get("model", "mock"))
+    budget, choices = max_tokens_of(request), request.get("n", 1)
+    if not isinstance(messages, list) or not messages:
+        return openai_invalid("'messages' must be a non-empty list")
+    if budget is None or not isinstance(choices, int) or choices < 1:
+        return openai_invalid("'max_tokens' and 'n' must be positive integers")
+    prompt = prompt_tokens(messages)
+    refusal = account.admit({"tokens": prompt + budget * choices})
+    headers = openai_headers(account.state())
+    if refusal is not None:
+        return 429, openai_refusal(model, refusal), {**headers, **retry_after(refusal)}
+    time.sleep(account.limits.latency)
+    lengths = [seed.randint(1, budget) for _ in range(choices)]
+    account.usage(prompt, sum(lengths))
+    answer = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": n,
+                "message": {"role": "assistant", "content": completion_text(length)},
+                "finish_reason": "length" if length == budget else "stop",
+            }
+            for n, length in enumerate(lengths)
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": sum(lengths),
+            "total_tokens": prompt + sum(lengths),
+        },
+    }
+    return 200, answer, {**headers, "x-request-id": f"req_{uuid.uuid4().hex[:24]}"}
+
+
+def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    given, model = request.get("input"), str(request.get("model", "mock-embedding"))
+    if not given or not isinstance(given, str | list):
+        return openai_invalid("'input' must be a text or a non-empty list of texts")
+    texts = given if isinstance(given, list) else [given]
+    prompt = embedding_tokens(texts)
+    refusal = account.admit({"tokens": prompt})
+    headers = openai_headers(account.state())
+    if refusal is not None:
+        return 429, openai_refusal(model, refusal), {**headers, **retry_after(refusal)}
+    time.sleep(account.limits.latency)
+    account.usage(prompt, 0)
+    size = int(request.get("dimensions") or 8)
+    data = [
+        {
+            "object": "embedding",
+            "index": n,
+            "embedding": [round(seed.uniform(-1, 1), 6) for _ in range(size)],
+        }
+        for n in range(len(texts))
+    ]
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+    }
+    return 200, answer, headers
+
+
+def messages(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    given, model = request.get("messages"), str(request.get("model", "mock"))
+    budget = request.get("max_tokens")
+    if not isinstance(given, list) or not given:
+        return anthropic_invalid("messages: a non-empty list is required")
+    if not isinstance(budget, int) or budget < 1:
+        return anthropic_invalid("max_tokens: a positive integer is required")
+    prompt = prompt_tokens(given, request.get("system"))
+    refusal = account.admit({"tokens": prompt, "input": prompt, "output": 0})
+    if refusal is not None:
+        headers = anthropic_headers(account.state())
+        return 429, anthropic_refusal(refusal), {**headers, **retry_after(refusal)}
+    time.sleep(account.limits.latency)
+    length = seed.randint(1, budget)
+    account.charge_output(length)
+    account.usage(prompt, length)
+    answer = {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": completion_text(length)}],
+        "model": model,
+        "stop_reason": "max_tokens" if length == budget else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": length},
+    }
+    headers = anthropic_headers(account.state())
+    return 200, answer, {**headers, "request-id": f"req_{uuid.uuid4().hex[:24]}"}
+
+
+ROUTES = {
+    "v1/chat/completions": chat_completion,
+    "v1/embeddings": embeddings,
+    "v1/messages": messages,
+}
