@@ -77,9 +77,11 @@ def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
         for name in type(options).model_fields
         if isinstance(value := getattr(options, name), GateOption)
     ]
+    if options.announced_rates is not None:
+        more.append(options.announced_rates)
     return build_gates(
         concurrency=options.concurrency,
-        rate=options.rate,
+        rate=options.per_second,
         per_host=options.slots,
         cooldown=options.cooldown,
         breaker=options.breaker,

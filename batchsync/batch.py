@@ -38,6 +38,7 @@ from .retries import RetryIf
 from .spec import RequestSpec
 from .task import Task
 from .template import RowError, Template
+from .tokenrate import TokenRate
 from .transport import Cert, SessionSource, Verify
 from .verdict import InvalidItem
 
@@ -324,7 +325,10 @@ class Batch(Resumable[FetchOptions]):
         backoff: Backoff = DEFAULT.backoff,
         retry_statuses: str | Collection[int] = DEFAULT.retry_statuses,
         retry_if: RetryIf | None = DEFAULT.retry_if,
-        rate: float | None = DEFAULT.rate,
+        rate: float | str | None = DEFAULT.rate,
+        token_rate: TokenRate | float | str | None = DEFAULT.token_rate,
+        cost: Callable[[Any], int] | None = DEFAULT.cost,
+        usage: Callable[[Any], int | None] | None = DEFAULT.usage,
         per_host: int | None = DEFAULT.per_host,
         cooldown: CooldownScope = DEFAULT.cooldown,
         breaker: Breaker | None = DEFAULT.breaker,
@@ -446,7 +450,10 @@ class CallBatch(Resumable[CallOptions]):
         deadline: float | None = CALL_DEFAULT.deadline,
         retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
         backoff: Backoff = CALL_DEFAULT.backoff,
-        rate: float | None = CALL_DEFAULT.rate,
+        rate: float | str | None = CALL_DEFAULT.rate,
+        token_rate: TokenRate | float | str | None = CALL_DEFAULT.token_rate,
+        cost: Callable[[Any], int] | None = CALL_DEFAULT.cost,
+        usage: Callable[[Any], int | None] | None = CALL_DEFAULT.usage,
         per_key: Callable[[Any], str] | None = CALL_DEFAULT.per_key,
         cooldown: CooldownScope = CALL_DEFAULT.cooldown,
         breaker: Breaker | None = CALL_DEFAULT.breaker,

@@ -8,14 +8,18 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from .classify import classify_raised, describe, host_feedback
+from .classify import classify_raised, describe, headers_of, host_feedback
 from .hedge import HedgeDelay, Hedger
+from .httpfacts import facts_of
 from .limits import GLOBAL, Gates
 from .options import CallOptions
+from .quota import answer_limits
 from .redact import Secrets
 from .result import Result
 from .spec import item_label
 from .task import Route, Task
+from .tokenrate import item_cost, used_tokens
+from .tokens import usage_tokens
 from .verdict import Feedback, InvalidItem, Verdict, success, terminal
 
 
@@ -41,6 +45,8 @@ class CallJob:
         self._options = options
         self._secrets = secrets
         self._unix_time = unix_time
+        # What an answer used, for a token budget to set its estimate right.
+        self._usage = None if options.token_rate is None else options.usage or usage_tokens
         self._hedger: Hedger | None = None
         if options.hedge_after is not None:
             workers = 2 * options.concurrency
@@ -60,6 +66,13 @@ class CallJob:
         return host_feedback(verdict)
 
     def prepare(self, item: object) -> Task:
+        try:
+            cost = item_cost(item, item, self._options.cost, self._options.token_rate)
+        except InvalidItem as exc:
+            raise InvalidItem(self._masked(str(exc))) from None
+        return replace(self._task(item), cost=cost)
+
+    def _task(self, item: object) -> Task:
         url, item_id = self.label(item)
         key = None
         if self._options.per_key is not None:
@@ -85,14 +98,30 @@ class CallJob:
 
     def _call_once(self, item: object) -> Verdict:
         try:
-            return success(self._fn(item))
+            returned = self._fn(item)
         except Exception as exc:  # the caller's errors become Results, never crashes
             try:
                 verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
             except Exception as broken:  # retry_if raising: the item still says what happened
                 error = f"{describe(exc)} (retry_if raised {describe(broken)})"
                 verdict = terminal("exception", error)
-            return replace(verdict, error=self._masked(verdict.error or ""))
+            verdict = replace(verdict, error=self._masked(verdict.error or ""))
+            return self._told(verdict, exc, None)
+        used = None if self._usage is None else used_tokens(self._usage, returned)
+        return self._told(success(returned), returned, used)
+
+    def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
+        """``verdict`` with what an SDK's ``answer`` (its raw response, or the exception it
+        raised with its response) says of the provider's limits, and what it ``used``: the
+        headers an HTTP answer's are, read the same way (``quota.answer_limits``)."""
+        headers = headers_of(answer)
+        quota, announced = (
+            (None, None) if headers is None else answer_limits(headers, self._unix_time)
+        )
+        if quota is None and announced is None and used is None:
+            return verdict
+        facts = facts_of(verdict)._replace(quota=quota, announced=announced, used=used)
+        return replace(verdict, facts=facts)
 
     def _fall_back(
         self,

@@ -66,7 +66,9 @@ def classify_status(
         wait = quota if wait is None else max(wait, quota)
     facts = HttpFacts(status_code, quota=quota)
     if status_code in retryable or (status_code == 403 and wait is not None):
-        return retry("status", error, facts, wait)
+        # (a 429 or 403 refused the request: nothing was done, any method may go again)
+        refused = status_code in _REFUSED_STATUSES
+        return Verdict("retry", "status", error, facts, retry_after=wait, unprocessed=refused)
     return terminal("status", error, facts)
 
 
@@ -302,6 +304,19 @@ def wait_hint(exc: BaseException, now: float) -> float | None:
     return parse_retry_after(value, now) if isinstance(value, str) else None
 
 
+def headers_of(holder: object) -> Mapping[str, str] | None:
+    """The response headers an SDK's answer or exception carries: its own ``headers`` (a raw
+    response: openai's ``with_raw_response``, httpx's), or its ``response``'s (openai's and
+    anthropic's errors, requests' and httpx's ``HTTPError``); None without any."""
+    for headers in (
+        _attribute(holder, "headers"),
+        _attribute(_attribute(holder, "response"), "headers"),
+    ):
+        if isinstance(headers, Mapping):
+            return headers
+    return None
+
+
 def _retry_after_header(exc: BaseException) -> object:
     """The Retry-After header of the exception's response, of its own ``headers`` (urllib's
     ``HTTPError``) or of botocore's response metadata; None without headers. What headers
@@ -333,13 +348,18 @@ def classify_raised(
         retryable = status in RETRYABLE
     else:
         retryable = is_transient(exc)
+    wait = wait_hint(exc, now)
+    if retry_if is None and status is None and wait is not None:
+        retryable = True  # (a wait hint without a status can only mean: come back later)
     error = describe(exc)
     if retryable:
-        return retry(kind, error, facts_of_status(status), wait_hint(exc, now))
+        return retry(kind, error, facts_of_status(status), wait)
     return terminal(kind, error, facts_of_status(status))
 
 
 _SLOW_DOWN_STATUSES = frozenset({429, 503})
+# Statuses that say the server did not act on the request (RFC 6585's 429, a refusal).
+_REFUSED_STATUSES = frozenset({403, 429})
 # What a success is to the limits: an answer.
 _ANSWER = Kind(False, "answer", "outcome")
 # The kind of each error kind, and of none (an answer).
@@ -373,19 +393,20 @@ def host_feedback(verdict: Verdict) -> Feedback:
         unwell = None if verdict.retry_after is not None else True
     else:
         unwell = False
-    if slow_down or facts.quota:
-        return _held_feedback(verdict, facts.quota, congested, unwell, slow_down=slow_down)
+    if slow_down or facts.quota or facts.announced is not None or facts.used is not None:
+        return _held_feedback(verdict, facts, congested, unwell, slow_down=slow_down)
     return _FEEDBACK[congested, unwell]
 
 
 def _held_feedback(
-    verdict: Verdict, quota: float | None, congested: bool, unwell: bool | None, *, slow_down: bool
+    verdict: Verdict, facts: HttpFacts, congested: bool, unwell: bool | None, *, slow_down: bool
 ) -> Feedback:
-    """The feedback of a 429 or 503 (whose Retry-After holds the host) or of an attempt
-    that read a quota: the rare ones that may carry more than the two judgements."""
+    """The feedback of a 429 or 503 (whose Retry-After holds the host), of an attempt that
+    read a quota or a provider's limits, or of an answer that says what it used: the rare
+    ones that may carry more than the two judgements."""
     hold = verdict.retry_after if slow_down and verdict.retry_after else None
-    if hold or quota:
-        return Feedback(congested, unwell, hold, quota)
+    if hold or facts.quota or facts.announced is not None or facts.used is not None:
+        return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
     return _FEEDBACK[congested, unwell]
 
 

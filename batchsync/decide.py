@@ -59,7 +59,8 @@ def decide(
     if outcome == "success":
         return Decision(verdict, error=verdict.error or "")
     number = attempted.number
-    if outcome != "retry" or number >= attempted.max_attempts:
+    limit = attempted.attempts if verdict.unprocessed else attempted.max_attempts
+    if outcome != "retry" or number >= limit:
         return Decision(verdict, error=_final_error(verdict, attempted))
     wait = backoff.wait(number, verdict.retry_after, rand)
     refused = allowance.refuses_wait(wait, attempted.ended)

@@ -602,7 +602,7 @@ class Engine:
                 return self._stopped_short(last, nearest, route)
             admission = None
             if self._gates is not None and route.gated:
-                admitted = self._gates.admit(route.host or GLOBAL, allowance, self._stop)
+                admitted = self._gates.admit(route.host or GLOBAL, allowance, self._stop, task.cost)
                 if isinstance(admitted, str):
                     return self._stopped_short(last, admitted, route)
                 admission = admitted

@@ -40,12 +40,14 @@ from .paginate import (
     same_origin,
     with_userinfo,
 )
-from .quota import answer_quota_wait
+from .quota import answer_limits, retry_after_of
 from .redact import Secrets, item_secrets
 from .result import Result
 from .retries import judged, parse_statuses
 from .spec import RequestSpec, item_label, parse_item
 from .task import Route, Task
+from .tokenrate import item_cost, used_tokens
+from .tokens import usage_tokens
 from .transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
 from .verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 
@@ -88,7 +90,10 @@ class HttpJob:
             and not options.fallbacks
             and self._lane_ok
             and not self._paging
+            and options.cost is None
         )
+        # What an answer used, for a token budget to set its estimate right.
+        self._usage = None if options.token_rate is None else options.usage or usage_tokens
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
@@ -166,6 +171,7 @@ class HttpJob:
             tuple(routes[1:]),
             self._dedup_key(spec),
             subject=spec,
+            cost=item_cost(item, spec.json_body, self._options.cost, self._options.token_rate),
         )
         if self._paging is not None:
             return self._paged(task, spec, own, continued)
@@ -526,17 +532,19 @@ class HttpJob:
     ) -> Verdict:
         """The Verdict on an answer, its facts (``HttpFacts``) made once."""
         status = reply.status
-        quota = (
-            answer_quota_wait(reply.headers, self._unix_time)
+        quota, announced = (
+            answer_limits(reply.headers, self._unix_time)
             if self._options.quota_headers
-            else None
+            else (None, None)
         )
         if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
-            retry_after = reply.headers.get("Retry-After")
+            retry_after = retry_after_of(reply.headers)
             failed = classify_status(status, retry_after, self._unix_time(), quota, self._retryable)
             if failed is not None:
                 self._transport.discard(reply, wall_end)
-                facts = facts_of(failed)._replace(final_url=landed, redirects=reply.redirects)
+                facts = facts_of(failed)._replace(
+                    final_url=landed, redirects=reply.redirects, announced=announced
+                )
                 return replace(failed, facts=facts)
         body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
         if method == "HEAD" or status in _NO_BODY_STATUSES:
@@ -547,7 +555,8 @@ class HttpJob:
             data = decode_body(body, expect, content_type)
         paging = self._paging
         link = reply.headers.get("Link") if paging is not None and paging.style == "link" else None
-        facts = HttpFacts(status, landed, reply.redirects, quota, link)
+        used = None if self._usage is None else used_tokens(self._usage, data)
+        facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used)
         return Verdict("success", facts=facts, data=data, size=len(body))
 
 

@@ -35,6 +35,8 @@ class Admission:
     allowance: Allowance
     stop: threading.Event
     held: dict[str, Any] = field(default_factory=dict)
+    # What the attempt weighs at a weighted limit (its item's ``Task.cost``: LLM tokens).
+    cost: int = 0
     # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
 
@@ -46,7 +48,8 @@ class Admission:
 
 class Gate(Protocol):
     """One limit. ``rank`` places it among the others, lowest first: the breaker 10, the
-    adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate token 60.
+    adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate token 60,
+    the provider's announced budgets 62, the token budget 65.
     ``recheck``: it holds nothing and only makes attempts wait for a time that may begin at
     any moment (a cooldown): passed again after a later gate, not such a one, made the
     attempt wait (a hold may have begun meanwhile).

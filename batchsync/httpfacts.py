@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .provider import Announced
 from .verdict import Verdict
 
 
@@ -20,6 +21,9 @@ class HttpFacts(NamedTuple):
     redirects: int = 0
     quota: float | None = None
     link: str | None = None
+    # The provider's rate-limit headers, and the tokens its answer says it used.
+    announced: Announced | None = None
+    used: int | None = None
 
 
 NO_FACTS = HttpFacts()

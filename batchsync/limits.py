@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from .announced import AnnouncedTokens
 from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
 from .gates import POLL_SECONDS, Admission, Gate, Waiting, WaitStats
@@ -76,7 +77,9 @@ class LimitsUnavailable(Exception):
 class SharedLimits(Protocol):
     """A backend that keeps the limits for several processes (see ``shared.RedisLimits``)."""
 
-    def token_bucket(self, rate: float, burst: int) -> RateLimiter: ...
+    def token_bucket(
+        self, rate: float, burst: float, *, name: str = "rate", start: float | None = None
+    ) -> RateLimiter: ...
 
     def slots(self, limit: int) -> SlotPool: ...
 
@@ -86,14 +89,20 @@ class SharedLimits(Protocol):
 
 
 class RateLimiter(Protocol):
-    """A token bucket shared by every worker: each attempt takes one token."""
+    """A token bucket shared by every worker: each attempt takes one token (or, weighed, its
+    cost: the tokens of a budget of LLM tokens)."""
 
-    def reserve(self) -> float:
-        """Take a token; the seconds to wait before it may be used."""
+    def reserve(self, amount: float = 1.0) -> float:
+        """Take ``amount`` tokens; the seconds to wait before they may be used (a negative
+        ``amount`` gives tokens back, as ``refund``)."""
         ...
 
-    def refund(self) -> None:
-        """Give back a reserved token that will not be used."""
+    def refund(self, amount: float = 1.0) -> None:
+        """Give back ``amount`` reserved tokens that will not be used."""
+        ...
+
+    def at_most(self, level: float) -> None:
+        """Hold no more than ``level`` tokens (what the provider says is left)."""
         ...
 
 
@@ -156,27 +165,43 @@ class GateOption(ABC):
 
 class TokenBucket:
     """``rate`` tokens a second, at most ``burst`` saved up: no 1-s window sees more than
-    rate + burst attempts, and a long run averages the rate."""
+    rate + burst attempts, and a long run averages the rate. It starts full, or at ``start``
+    (a budget of LLM tokens starts empty: its first minute holds no more than the rate)."""
 
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        start: float | None = None,
+    ) -> None:
         self._rate = rate
         self._burst = float(burst)
         self._clock = clock
         self._lock = threading.Lock()
-        self._tokens = float(burst)
+        self._tokens = float(burst if start is None else start)
         self._updated = clock()
 
-    def reserve(self) -> float:
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+        self._updated = now
+
+    def reserve(self, amount: float = 1.0) -> float:
         with self._lock:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-            self._updated = now
-            self._tokens -= 1.0
+            self._refill()
+            self._tokens -= amount
             return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
 
-    def refund(self) -> None:
+    def refund(self, amount: float = 1.0) -> None:
         with self._lock:
-            self._tokens = min(self._burst, self._tokens + 1.0)
+            self._tokens = min(self._burst, self._tokens + amount)
+
+    def at_most(self, level: float) -> None:
+        with self._lock:
+            self._refill()
+            self._tokens = min(self._tokens, level)
 
 
 class HostSlots:
@@ -549,25 +574,36 @@ class CooldownGate:
 
 class QuotaGate:
     """Holds a host's attempts until the reset of a quota its headers said is spent (the
-    host's own, whatever the cooldown's scope, "off" included: a quota is one host's)."""
+    host's own, whatever the cooldown's scope, "off" included: a quota is one host's), and
+    each attempt that weighs tokens until the host has them, as its provider's headers said
+    (``announced.AnnouncedTokens``). Its hold: the mark of the tokens taken."""
 
     name = "quota"
     rank = 50
     recheck = True
 
-    def __init__(self, board: CooldownBoard) -> None:
+    def __init__(self, board: CooldownBoard, clock: Callable[[], float] = time.monotonic) -> None:
         self.board = board
+        self.tokens = AnnouncedTokens(clock)
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         held = self.board.remaining(_QUOTA + admission.host)
-        return waiting.sleep(self.name, held, admission) if held > 0 else None
+        refusal = waiting.sleep(self.name, held, admission) if held > 0 else None
+        if refusal is not None or admission.cost <= 0 or self.name in admission.held:
+            return refusal
+        wait, mark = self.tokens.take(admission.host, admission.cost)
+        admission.held[self.name] = mark
+        return waiting.sleep(self.name, wait, admission)
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.quota:
             self.board.hold(_QUOTA + admission.host, feedback.quota)
+        if feedback.announced is not None:
+            self.tokens.told(admission.host, feedback.announced, admission.held.get(self.name, 0))
 
     def abandon(self, admission: Admission) -> None:
-        """Nothing is held."""
+        if self.name in admission.held:
+            self.tokens.give_back(admission.host, admission.cost)
 
 
 class TokenGate:
@@ -614,11 +650,12 @@ class Gates:
         adaptive: AdaptiveLimit | None = None,
         clock: Clock | Callable[[], float] = SYSTEM,
     ) -> None:
-        given = _limit_gates(
-            cooldowns, cooldown_scope, rate=rate, slots=slots, breaker=breaker, adaptive=adaptive
-        )
-        self.gates: list[Gate] = sorted([*given, *gates], key=lambda gate: gate.rank)
         self._waiting = Waiting(clock_of(clock))
+        given = _limit_gates(
+            cooldowns, cooldown_scope, rate=rate, slots=slots, breaker=breaker, adaptive=adaptive,
+            clock=self._waiting.now,
+        )  # fmt: skip
+        self.gates: list[Gate] = sorted([*given, *gates], key=lambda gate: gate.rank)
         self._now = self._waiting.now
         self.waits = self._waiting.stats
         self._breakers = [gate for gate in self.gates if isinstance(gate, BreakerGate)]
@@ -633,7 +670,7 @@ class Gates:
         return sum(gate.refusals for gate in self._breakers)
 
     def admit(
-        self, host: str, allowance: Allowance, stop: threading.Event
+        self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
     ) -> Admission | ErrorKind:
         """Wait at each gate; an Admission, or the kind that ends the item instead (what the
         gates passed hold is given back then).
@@ -642,7 +679,7 @@ class Gates:
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
         """
         while True:
-            admission = Admission(host, allowance, stop)
+            admission = Admission(host, allowance, stop, cost=cost)
             try:
                 refusal = self._pass(admission)
             except LimitsUnavailable as exc:
@@ -722,6 +759,7 @@ def _limit_gates(
     slots: SlotPool | None,
     breaker: BreakerBackend | None,
     adaptive: AdaptiveLimit | None,
+    clock: Callable[[], float],
 ) -> list[Gate]:
     """Today's limits as gates, one for each backend given; the cooldowns make two, the
     cooldown gate (unless its scope is off) and the quota gate."""
@@ -735,7 +773,7 @@ def _limit_gates(
     if cooldowns is not None:
         if cooldown_scope != "off":
             gates.append(CooldownGate(cooldowns, cooldown_scope))
-        gates.append(QuotaGate(cooldowns))
+        gates.append(QuotaGate(cooldowns, clock))
     if rate is not None:
         gates.append(TokenGate(rate))
     return gates

@@ -18,20 +18,24 @@ from .limits import Breaker, CooldownScope, Gates
 from .options import CALL_DEFAULT, CallOptions, FlowOptions, build
 from .redact import Secrets
 from .result import AttemptRecord, Result
+from .tokenrate import TokenRate
+from .tokens import estimate_tokens
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 class Limits:
-    """Limits kept across calls and threads: a rate, a circuit breaker and a cooldown per key
-    (``key=`` of ``call``; one key for all without it). Give the same object to every call
-    that should share them; ``limits="redis://…"`` shares them with other processes too."""
+    """Limits kept across calls and threads: a rate, a budget of LLM tokens, a circuit
+    breaker and a cooldown per key (``key=`` of ``call``; one key for all without it). Give
+    the same object to every call that should share them; ``limits="redis://…"`` shares
+    them with other processes too."""
 
     def __init__(
         self,
         *,
-        rate: float | None = CALL_DEFAULT.rate,
+        rate: float | str | None = CALL_DEFAULT.rate,
+        token_rate: TokenRate | float | str | None = CALL_DEFAULT.token_rate,
         breaker: Breaker | None = CALL_DEFAULT.breaker,
         cooldown: CooldownScope = CALL_DEFAULT.cooldown,
         limits: Any = CALL_DEFAULT.limits,
@@ -41,6 +45,7 @@ class Limits:
         options = build(
             FlowOptions,
             rate=rate,
+            token_rate=token_rate,
             breaker=breaker,
             cooldown=cooldown,
             limits=limits,
@@ -48,6 +53,7 @@ class Limits:
             lease_ttl=lease_ttl,
         )
         self.gates: Gates = gates_for(options)
+        self.token_rate = options.token_rate
         # (the Redis URL's password, masked in what the calls sharing these limits report)
         self.secrets: Secrets = options.secrets()
 
@@ -64,6 +70,8 @@ def call(
     idempotency_key: str | None = None,
     key: str | None = None,
     limits: Limits | None = None,
+    cost: Callable[..., int] | None = CALL_DEFAULT.cost,
+    usage: Callable[[Any], int | None] | None = CALL_DEFAULT.usage,
     on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
     on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
     **kwargs: Any,
@@ -75,7 +83,10 @@ def call(
     attempts on a retryable failure; ``idempotency_key`` is passed to ``fn`` (and to each
     fallback) as that keyword argument, the same on every attempt, for SDKs that take one.
     ``limits`` (shared ``Limits``) make the call wait for the rate, a cooldown and an open
-    circuit of ``key``, as a batch's items do; without it the call has no limits. The
+    circuit of ``key``, as a batch's items do; without it the call has no limits. With a
+    ``token_rate`` in them, the call weighs ``cost(*args, **kwargs)`` tokens (default: the
+    estimate of its keyword arguments as a request body) until ``usage(returned)`` (default:
+    its ``.usage``) or the provider's headers say what it used. The
     keyword arguments named as this function's options are its own, not ``fn``'s: to pass
     ``fn`` an argument called ``key``, say, wrap it (``lambda: fn(key=…)``).
     """
@@ -91,6 +102,9 @@ def call(
         retry_if=retry_if,
         on_attempt=on_attempt,
         on_result=on_result,
+        token_rate=None if limits is None else limits.token_rate,
+        cost=_packed_cost if cost is None else _unpacking(cost),
+        usage=usage,
     )
     return _call(fn, args, kwargs, options, limits)
 
@@ -108,7 +122,7 @@ def resilient(
     retry_if: Callable[[BaseException], bool] | None = ...,
     fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]] = ...,
     key: str | None = ...,
-    rate: float | None = ...,
+    rate: float | str | None = ...,
     breaker: Breaker | None = ...,
     cooldown: CooldownScope = ...,
     limits: Limits | None = ...,
@@ -125,7 +139,7 @@ def resilient(
     retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
     fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]] = (),
     key: str | None = None,
-    rate: float | None = CALL_DEFAULT.rate,
+    rate: float | str | None = CALL_DEFAULT.rate,
     breaker: Breaker | None = CALL_DEFAULT.breaker,
     cooldown: CooldownScope = CALL_DEFAULT.cooldown,
     limits: Limits | None = None,
@@ -193,3 +207,9 @@ def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args, **kwargs)
 
     return unpacked
+
+
+def _packed_cost(packed: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
+    """A call's estimated tokens: its keyword arguments read as a request body (an SDK's
+    ``create(model=…, messages=…, max_tokens=…)``)."""
+    return estimate_tokens(packed[1])

@@ -20,12 +20,16 @@ from pydantic import (
 from .backoff import Backoff
 from .limits import Breaker, CooldownScope
 from .paginate import Paging, paging
+from .rates import parse_rate
 from .redact import Secrets
 from .result import AttemptRecord, Result
 from .retries import RETRY_STATUSES, RetryIf, parse_statuses
 from .spec import RequestSpec, check_headers, one_line
+from .tokenrate import AnnouncedRates, TokenRate
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
+# The rate that the provider's headers announce.
+AUTO = "auto"
 
 # Where requests finds a CA bundle when the request's verify is not given (trust_env).
 
@@ -50,7 +54,15 @@ class EngineOptions(BaseModel):
 class FlowOptions(EngineOptions):
     """What every batch, HTTP or not, adds: the limits its attempts pass and who watches."""
 
-    rate: float | None = Field(default=None, gt=0)
+    # Attempts a second over all workers, or a period's: "500/min", "10/s", "3600/h"; "auto":
+    # the requests and tokens a minute the provider's headers announce (OpenAI, Anthropic).
+    rate: float | str | None = None
+    # A budget of LLM tokens ("200000/min"), each item weighed by ``cost(item)`` (default: its
+    # request body's estimate, ``tokens.estimate_tokens``) and set right by ``usage(data)``
+    # (default: the answer's ``usage``) or the provider's remaining-tokens header.
+    token_rate: TokenRate | None = None
+    cost: Callable[[Any], int] | None = None
+    usage: Callable[[Any], int | None] | None = None
     # Seconds (or "p95") after which a slow attempt gets a second, racing one (HTTP: GETs
     # only; calls: only what may safely run twice).
     hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
@@ -71,6 +83,28 @@ class FlowOptions(EngineOptions):
     def slots(self) -> int | None:
         """Attempts in flight per limit key (a host, or what ``per_key`` says)."""
         return None
+
+    @property
+    def per_second(self) -> float | None:
+        """``rate`` as attempts a second (None: none, or the provider's, ``"auto"``)."""
+        return None if self.rate in (None, AUTO) else parse_rate(self.rate).per_second
+
+    @property
+    def announced_rates(self) -> AnnouncedRates | None:
+        """With ``rate="auto"``: the budgets the provider's headers announce."""
+        return AnnouncedRates(tokens=self.token_rate is None) if self.rate == AUTO else None
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_readable(cls, value: float | str | None) -> float | str | None:
+        if value is not None and value != AUTO:
+            parse_rate(value)
+        return value
+
+    @field_validator("token_rate", mode="before")
+    @classmethod
+    def _token_rate_of(cls, value: object) -> object:
+        return value if value is None or isinstance(value, TokenRate) else TokenRate.of(value)  # type: ignore[arg-type]
 
     def secrets(self) -> Secrets:
         """The run's secrets known up front: the Redis URL's password."""

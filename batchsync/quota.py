@@ -17,6 +17,8 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+from .provider import Announced, announced
+
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
 _EPOCH_THRESHOLD = 1e9
@@ -25,16 +27,41 @@ _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)")
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*(\d+(?:\.\d+)?)")
 
 
-def answer_quota_wait(headers: Mapping[str, str], unix_time: Callable[[], float]) -> float | None:
-    """``quota_wait`` of a response's headers (a case-insensitive mapping), read only when
-    one of those it looks at first is there: most answers have none, and reading every
-    header of every answer costs more than three look-ups."""
+def answer_limits(
+    headers: Mapping[str, str], unix_time: Callable[[], float]
+) -> tuple[float | None, Announced | None]:
+    """An answer's ``quota_wait`` and what an LLM provider's own headers announce
+    (``provider.announced``: OpenAI's, Anthropic's), each read only when a header it looks at
+    first is there (most answers have none, and reading every header of every answer costs
+    more than a few look-ups); requests none of which are left hold the host until their
+    reset, as a spent quota does."""
     told = (
         "x-ratelimit-remaining" in headers
         or "ratelimit-remaining" in headers
         or "ratelimit" in headers
     )
-    return quota_wait(headers.items(), unix_time) if told else None
+    quota = quota_wait(headers.items(), unix_time) if told else None
+    if not (
+        "x-ratelimit-remaining-requests" in headers
+        or "anthropic-ratelimit-requests-remaining" in headers
+    ):
+        return quota, None
+    said = announced(headers.items(), unix_time())
+    if said is not None and said.requests_remaining == 0 and said.requests_reset is not None:
+        quota = max(quota or 0.0, said.requests_reset)
+    return quota, said
+
+
+def retry_after_of(headers: Mapping[str, str]) -> str | None:
+    """An answer's Retry-After, or Azure's ``retry-after-ms`` / ``x-ms-retry-after-ms`` in its
+    terms (seconds) when it has none."""
+    value = headers.get("Retry-After")
+    if value is not None:
+        return value
+    millis = headers.get("retry-after-ms") or headers.get("x-ms-retry-after-ms")
+    if millis is None or not millis.strip().isdigit():
+        return None
+    return str(int(millis) / 1000)
 
 
 def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float]) -> float | None:

@@ -49,7 +49,8 @@ class Task:
     ``dedup_key`` is equal and in flight together are sent once. ``subject`` is what
     ``on_attempt`` hooks are shown (the RequestSpec for HTTP). An item made of steps (pages)
     counts them from ``steps`` (those done before, by an earlier run; None when it has no
-    steps) and starts from the ``data`` they gave.
+    steps) and starts from the ``data`` they gave. ``cost``: what each of its attempts takes
+    from a weighted limit (see ``gates.Admission``).
     """
 
     url: str | None
@@ -60,3 +61,5 @@ class Task:
     subject: object = None
     steps: int | None = None
     data: Any = None
+    # What each attempt weighs at a weighted limit (an LLM request's estimated tokens).
+    cost: int = 0

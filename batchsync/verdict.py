@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from .provider import Announced
+
 Ruling = Literal["success", "retry", "terminal"]
 
 ErrorKind = Literal[
@@ -50,6 +52,9 @@ class Verdict:
     resent: int = 0
     # Bytes of the body read (after decompression): an item's pages are bounded in total.
     size: int = 0
+    # The server said it did not act on the request (a 429): retried as often as any
+    # attempt, even on a route that is not retried for fear of acting twice (a POST).
+    unprocessed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -93,10 +98,14 @@ class Feedback:
     ``congested``: the host says it is overloaded (the adaptive limit backs off);
     ``unwell``: True a failure the breaker counts, False an answer, None not counted;
     ``hold``: seconds the host asked every caller to wait (the shared cooldown);
-    ``quota``: seconds until the host's quota resets, none being left (held the same way).
+    ``quota``: seconds until the host's quota resets, none being left (held the same way);
+    ``announced``: the limits the provider's headers announced (what is left, until when);
+    ``used``: what the answer says it cost (an LLM answer's ``usage``, in tokens).
     """
 
     congested: bool = False
     unwell: bool | None = None
     hold: float | None = None
     quota: float | None = None
+    announced: Announced | None = None
+    used: int | None = None

@@ -90,6 +90,25 @@ def test_post_without_idempotency_key_is_sent_once(mocked: responses.RequestsMoc
     )
 
 
+def test_a_post_refused_by_a_rate_limit_is_retried_without_an_idempotency_key(
+    mocked: responses.RequestsMock,
+) -> None:
+    """A 429 says the server did not act on the request: sending it again cannot act twice
+    (an LLM's completions are POSTs, and their 429s must be waited out, not kept)."""
+    limited = mocked.post(f"{API}/v1/chat/completions", status=429, headers={"Retry-After": "0"})
+    done = mocked.post(f"{API}/v1/chat/completions", json={"usage": {"total_tokens": 3}})
+    item = {"url": f"{API}/v1/chat/completions", "method": "POST", "json": {"n": 1}}
+    rs = fetch_all([item], attempts=3, backoff=FAST)
+    assert (limited.call_count, done.call_count, rs[0].ok, rs[0].attempts) == (1, 1, True, 2)
+    mocked.post(f"{API}/orders", status=429, headers={"Retry-After": "0"})
+    mocked.post(f"{API}/orders", status=503)
+    rs = fetch_all([{"url": f"{API}/orders", "method": "POST"}], attempts=3, backoff=FAST)
+    assert rs[0].attempts == 2  # the 503 may have acted: not sent a third time
+    assert rs[0].error == (
+        "HTTP 503 after 2 attempts (POST is not retried without an idempotency_key)"
+    )
+
+
 def test_post_with_idempotency_key_is_retried_with_the_same_key(
     mocked: responses.RequestsMock,
 ) -> None:

@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     for name, modules in [
         (
             "generic",
-            "verdict kinds budget backoff origins history redact decide clock gates limits result"
-            " records journal",
+            "rates tokens provider announced verdict kinds budget backoff origins history redact"
+            " decide clock gates limits tokenrate result records journal",
         ),
         ("engine", "task observe engine progress"),
         (

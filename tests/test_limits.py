@@ -350,14 +350,17 @@ class FlakyBucket:
         self.up = threading.Event()
         self.asked = 0
 
-    def reserve(self) -> float:
+    def reserve(self, amount: float = 1.0) -> float:
         self.asked += 1
         if not self.up.is_set():
             raise LimitsUnavailable("Redis at redis://127.0.0.1:1/0: connection refused")
         return 0.0
 
-    def refund(self) -> None:
+    def refund(self, amount: float = 1.0) -> None:
         """Nothing to give back."""
+
+    def at_most(self, level: float) -> None:
+        """Nothing to cap."""
 
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:

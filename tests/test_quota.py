@@ -16,7 +16,7 @@ from batchsync import fetch_all
 from batchsync.budget import Allowance
 from batchsync.classify import classify_status, host_feedback
 from batchsync.httpfacts import HttpFacts
-from batchsync.quota import answer_quota_wait, quota_wait
+from batchsync.quota import answer_limits, quota_wait
 from batchsync.verdict import success
 
 from .mockserver import MockServerProcess
@@ -67,8 +67,8 @@ def test_an_answers_headers_announce_the_same_wait(
 ) -> None:
     """Read from a response's own headers (urllib3's or requests'), looked up first."""
     answer = mapping(headers(**given))
-    assert answer_quota_wait(answer, lambda: NOW) == quota_wait(headers(**given), lambda: NOW)
-    assert answer_quota_wait(answer, lambda: NOW) == wait
+    assert answer_limits(answer, lambda: NOW)[0] == quota_wait(headers(**given), lambda: NOW)
+    assert answer_limits(answer, lambda: NOW)[0] == wait
 
 
 def test_a_403_that_says_the_quota_is_spent_is_a_rate_limit() -> None:

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from batchsync import Backoff, fetch_all
+from batchsync.clock import SYSTEM
 
 from .mockserver import MockServerProcess, busiest_second, in_flight_peak
 from .services import redis_server
@@ -231,3 +232,24 @@ def test_a_partition_leaves_metrics_and_traces_to_its_client(
     results = run_partition([(5, f"{server.url}/ok/partition")], {}, None)
     assert [(r.index, r.ok) for r in results] == [(5, True)]
     assert asked == []
+
+
+def test_a_token_budget_is_shared_through_redis_by_weight(redis_url: str) -> None:
+    """Two processes' budgets are one: what one takes, the other waits for; what one gives
+    back (an answer that used less), the other may take at once."""
+    from batchsync.contrib import shared_limits
+    from batchsync.tokenrate import TokenRate
+
+    quota = namespace()
+    budget = TokenRate.of("6000/min")  # 100 tokens a second, starting empty
+    first, second = (shared_limits(redis_url, quota, 10.0) for _ in range(2))
+    one = first.token_bucket(100.0, 6000, name="tokens", start=0.0)
+    other = second.token_bucket(100.0, 6000, name="tokens", start=0.0)
+    assert one.reserve(50) == pytest.approx(0.5, abs=0.4)  # empty: 50 tokens take 0.5 s
+    assert other.reserve(50) == pytest.approx(1.0, abs=0.4)  # behind the first's 50
+    one.refund(100)  # both given back: nothing owed
+    assert other.reserve(10) == pytest.approx(0.1, abs=0.4)
+    other.at_most(-1000)  # the provider says far less is left: 10 s of debt
+    assert one.reserve(0) == pytest.approx(10.0, abs=0.4)
+    gate = budget.gate(concurrency=2, shared=first, clock=SYSTEM)
+    assert gate.budget.reserve(0) == pytest.approx(10.0, abs=0.4)  # the same shared bucket

@@ -34,6 +34,7 @@ from .options import (
     parse_breaker,
     parse_headers,
     parse_hedge_after,
+    parse_rate_option,
     parse_retry_statuses,
     positive,
     resume_command,
@@ -197,11 +198,25 @@ def _retry_kinds(
 )
 @click.option(
     "--rate",
-    type=positive,
+    callback=parse_rate_option,
     default=DEFAULT.rate,
-    metavar="PER_SECOND",
-    help="At most this many attempts a second over all workers, retries included "
-    "(bursts of up to the concurrency).  [default: none]",
+    metavar="N[/s|/min|/h]",
+    help="At most this many attempts a second (or a minute, an hour: 500/min) over all "
+    "workers, retries included (bursts of up to the concurrency). auto: the requests (and, "
+    "without --token-rate, the tokens) a minute that the API's rate-limit headers announce "
+    "(OpenAI's x-ratelimit-limit-*, Anthropic's anthropic-ratelimit-*-limit), from the "
+    "first answer on.  [default: none; a bare N is per second]",
+)
+@click.option(
+    "--token-rate",
+    callback=parse_rate_option,
+    default=None,
+    metavar="N[/s|/min|/h]",
+    help="A budget of LLM tokens over all workers (200000/min): each item takes its request "
+    "body's estimated tokens (the text of messages, input or prompt at about 4 characters a "
+    "token, plus max_tokens x n) before it is sent; the answer's remaining-tokens header, or "
+    "else its usage, sets the estimate right. An item that needs more than the whole budget "
+    "fails at once, unsent.  [default: none]",
 )
 @click.option(
     "--per-host",
@@ -505,7 +520,8 @@ def command(
     deadline: float | None,
     expect: str,
     max_bytes: int,
-    rate: float | None,
+    rate: str | None,
+    token_rate: str | None,
     per_host: int | None,
     cooldown: CooldownScope,
     breaker: Breaker | None,
@@ -567,6 +583,7 @@ def command(
         headers=headers or None,
         retry_statuses=retry_statuses,
         rate=rate,
+        token_rate=token_rate,
         per_host=per_host,
         cooldown=cooldown,
         breaker=breaker,

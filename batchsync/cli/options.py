@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import click
 
 from ..limits import Breaker
+from ..rates import parse_rate
 from ..redact import MASK, Secrets
 from ..retries import parse_statuses
 
@@ -47,6 +48,18 @@ def parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Bre
         raise click.BadParameter(
             f"expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off ({exc})"
         ) from None
+
+
+def parse_rate_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--rate and --token-rate as given, once they read as a rate (the library reads them
+    again): N a second, or N/s, N/min, N/h; --rate auto too."""
+    if value is None or (value == "auto" and param.name == "rate"):
+        return value
+    try:
+        parse_rate(value, name=param.name or "rate")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def parse_retry_statuses(ctx: click.Context, param: click.Parameter, value: str) -> str:

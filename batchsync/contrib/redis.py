@@ -45,9 +45,11 @@ TOKEN_BUCKET = (
     + """
 local rate, burst, take = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or burst
+local tokens = tonumber(state[1]) or tonumber(ARGV[4])
 local at = tonumber(state[2]) or now
-tokens = math.min(burst, math.min(burst, tokens + (now - at) * rate) - take)
+tokens = math.min(burst, tokens + (now - at) * rate)
+if ARGV[5] == 'at_most' then tokens = math.min(tokens, take)
+else tokens = math.min(burst, tokens - take) end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
 if tokens >= 0 then return '0' end
@@ -193,8 +195,10 @@ class RedisLimits:
     def script(self, source: str) -> Any:
         return self._redis.register_script(source)
 
-    def token_bucket(self, rate: float, burst: int) -> RedisTokenBucket:
-        return RedisTokenBucket(self, rate, burst)
+    def token_bucket(
+        self, rate: float, burst: float, *, name: str = "rate", start: float | None = None
+    ) -> RedisTokenBucket:
+        return RedisTokenBucket(self, rate, burst, name=name, start=start)
 
     def slots(self, limit: int) -> RedisLeases:
         return RedisLeases(self, limit)
@@ -211,26 +215,32 @@ class RedisLimits:
 
 
 class RedisTokenBucket:
-    """The shared token bucket (see limits.RateLimiter)."""
+    """The shared token bucket (see limits.RateLimiter), kept under ``name``; it starts full,
+    or at ``start``, when no process has used it yet."""
 
-    def __init__(self, limits: RedisLimits, rate: float, burst: int) -> None:
+    def __init__(
+        self, limits: RedisLimits, rate: float, burst: float, *, name: str, start: float | None
+    ) -> None:
         self._limits = limits
-        self._key = limits.key("rate")
+        self._key = limits.key(name)
         self._script = limits.script(TOKEN_BUCKET)
-        self._args = (rate, burst)
+        self._args = (rate, burst, burst if start is None else start)
 
-    def _take(self, count: int) -> float:
-        rate, burst = self._args
+    def _run(self, amount: float, how: str) -> float:
+        rate, burst, start = self._args
         wait = self._limits.guarded(
-            lambda: self._script(keys=[self._key], args=[rate, burst, count])
+            lambda: self._script(keys=[self._key], args=[rate, burst, amount, start, how])
         )
         return float(wait)
 
-    def reserve(self) -> float:
-        return self._take(1)
+    def reserve(self, amount: float = 1.0) -> float:
+        return self._run(amount, "take")
 
-    def refund(self) -> None:
-        self._take(-1)
+    def refund(self, amount: float = 1.0) -> None:
+        self._run(-amount, "take")
+
+    def at_most(self, level: float) -> None:
+        self._run(level, "at_most")
 
 
 class RedisLeases:
