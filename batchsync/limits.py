@@ -652,9 +652,14 @@ class Gates:
     ) -> None:
         self._waiting = Waiting(clock_of(clock))
         given = _limit_gates(
-            cooldowns, cooldown_scope, rate=rate, slots=slots, breaker=breaker, adaptive=adaptive,
+            cooldowns,
+            cooldown_scope,
+            rate=rate,
+            slots=slots,
+            breaker=breaker,
+            adaptive=adaptive,
             clock=self._waiting.now,
-        )  # fmt: skip
+        )
         self.gates: list[Gate] = sorted([*given, *gates], key=lambda gate: gate.rank)
         self._now = self._waiting.now
         self.waits = self._waiting.stats
