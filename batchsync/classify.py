@@ -405,9 +405,7 @@ def _held_feedback(
     read a quota or a provider's limits, or of an answer that says what it used: the rare
     ones that may carry more than the two judgements."""
     hold = verdict.retry_after if slow_down and verdict.retry_after else None
-    if hold or facts.quota or facts.announced is not None or facts.used is not None:
-        return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
-    return _FEEDBACK[congested, unwell]
+    return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
 
 
 # The feedbacks without a hold, made once: one is needed per attempt.

@@ -2,14 +2,16 @@
 cost (``Task.cost``, an LLM request's tokens) before it is sent, and the answer sets the
 estimate right.
 
-The budget is a token bucket of one period's tokens that starts empty and fills at the rate,
-so no period holds more than the rate, as a provider that counts over a sliding minute
-expects. After an answer, what the provider said stands over the estimate: the tokens it
-says are left (``x-ratelimit-remaining-tokens``, Anthropic's ``anthropic-ratelimit-tokens-
-remaining``) cap what the budget holds; without that header, the tokens the answer says it
-used (its ``usage``) replace the estimate, giving back or taking more. (OpenAI counts a
-request at admission from its size and ``max_tokens``: there the estimate already is the
-provider's count, and the header agrees.)
+The budget is a token bucket of one period's tokens that starts empty and fills at the rate:
+a run's first period holds no more than the rate, and a quiet spell saves up at most one
+period's (the provider's own window emptied meanwhile). After an answer, what the provider
+said stands over the estimate: the tokens it says are left (``x-ratelimit-remaining-tokens``,
+Anthropic's ``anthropic-ratelimit-tokens-remaining``), less what attempts sent after the
+answered one took, cap what the budget holds; without that header, the tokens the answer
+says it used (its ``usage``) replace the estimate, giving back or taking more. (OpenAI counts
+a request at admission from its size and ``max_tokens``: there the estimate already is the
+provider's count, and the header agrees.) ``AnnouncedRates`` is ``rate="auto"``: the budgets
+taken from the limits the provider's headers announce.
 """
 
 from __future__ import annotations
@@ -46,17 +48,17 @@ class TokenRate(GateOption):
             return None
         return f"needs about {cost} tokens, more than the token_rate of {self.rate} allows at once"
 
-    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> TokenGate:
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> BudgetGate:
         rate, capacity = self.rate.per_second, self.rate.count
         if shared is None:
-            return TokenGate(TokenBucket(rate, capacity, clock.now, start=0.0))
-        return TokenGate(shared.token_bucket(rate, capacity, name="tokens", start=0.0))
+            return BudgetGate(TokenBucket(rate, capacity, clock.now, start=0.0))
+        return BudgetGate(shared.token_bucket(rate, capacity, name="tokens", start=0.0))
 
     def __str__(self) -> str:
         return str(self.rate)
 
 
-class TokenGate:
+class BudgetGate:
     """Takes each attempt's cost from the budget, waiting for it as the rate token is waited
     for; its hold: the cost taken, reconciled on ``release`` and given back on ``abandon``."""
 
@@ -156,7 +158,7 @@ class AnnouncedRates(GateOption):
 class AnnouncedGate:
     """Passes every attempt until an answer announces the provider's limits, then holds them
     to those: a request rate (one at a time, no burst: providers enforce a minute's limit over
-    shorter spans too) and a token budget as ``TokenGate``'s."""
+    shorter spans too) and a token budget as ``BudgetGate``'s."""
 
     name = "announced"
     rank = 62
@@ -168,8 +170,8 @@ class AnnouncedGate:
         self._bucket = bucket
         self._learn_tokens = tokens
         self._lock = threading.Lock()
-        self.requests: TokenBucket | RateLimiter | None = None
-        self.tokens: TokenGate | None = None
+        self.requests: RateLimiter | None = None
+        self.tokens: BudgetGate | None = None
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         requests, tokens = self.requests, self.tokens
@@ -206,4 +208,4 @@ class AnnouncedGate:
                 self.requests = self._bucket("announced-requests", requests_limit, 1.0, 1.0)
             if self.tokens is None and self._learn_tokens and tokens_limit:
                 budget = self._bucket("announced-tokens", tokens_limit, tokens_limit, 0.0)
-                self.tokens = TokenGate(budget, name="announced-tokens")
+                self.tokens = BudgetGate(budget, name="announced-tokens")
