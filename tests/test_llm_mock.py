@@ -372,7 +372,6 @@ def test_the_cookbook_peer_runs_its_batch_against_the_mock(
     """scripts/llm_peer.py (the benchmark's peer) answers every row, in its output with its
     metadata, and counts as rate-limit errors exactly the 429s the mock sent: its buckets
     start a minute's worth full, so the sliding window refuses it in its first minute."""
-    pytest.importorskip("aiohttp")
     base, key = prefix(server, "rpm=600,tpm=3000,window=2")
     rows = tmp_path / "rows.jsonl"
     with rows.open("w", encoding="utf-8") as out:
