@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import batchsync
 from batchsync import fetch_all
 from batchsync.budget import Allowance
 from batchsync.calls import CallJob
@@ -277,3 +278,22 @@ def test_auto_takes_up_the_budgets_the_first_answer_announces() -> None:
         tokens=False
     )
     assert build(FetchOptions, rate="10/s").announced_rates is None
+
+
+def test_a_cost_function_that_raises_with_a_secret_ends_its_item_masked_and_unsent(
+    fresh_server: MockServerProcess,
+) -> None:
+    """The caller's cost function may quote the item, key and all: the Result says it
+    failed, invalid_request and never sent, with the key masked."""
+    url = f"{fresh_server.url}/status/200?api_key=cost-canary-5150"
+
+    def cost(item: Any) -> int:
+        raise ValueError(f"cannot weigh {item['url']}")
+
+    rs = fetch_all([{"url": url, "method": "POST", "json": {}}], cost=cost)
+    assert (rs[0].error_kind, rs[0].attempts) == ("invalid_request", 0)
+    assert "cost raised ValueError" in (rs[0].error or "")
+    assert "cost-canary-5150" not in repr(rs[0]) and "cost-canary-5150" not in str(rs.summary())
+    assert fresh_server.count("/status/200") == 0
+    calls = batchsync.run_all(lambda item: item, ["secret cost-canary-5150"], cost=cost)
+    assert calls[0].error_kind == "invalid_request"
