@@ -81,7 +81,7 @@ def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
         more.append(options.announced_rates)
     return build_gates(
         concurrency=options.concurrency,
-        rate=options.per_second,
+        rate=options.rate_window,
         per_host=options.slots,
         cooldown=options.cooldown,
         breaker=options.breaker,

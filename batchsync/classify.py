@@ -22,6 +22,7 @@ from .backoff import parse_retry_after
 from .guard import PrivateAddress
 from .httpfacts import HttpFacts, facts_of, facts_of_status
 from .kinds import KINDS, Kind, failed
+from .provider import Announced
 from .retries import RETRYABLE
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
 
@@ -367,6 +368,18 @@ _KIND_OF_ERROR: dict[ErrorKind | None, Kind] = {None: _ANSWER}
 _KIND_OF_ERROR.update(KINDS.items())
 
 
+def paces(said: Announced | None) -> bool:
+    """Whether a provider's headers say when its limits come back (a reset, a spent count, a
+    millisecond wait): a 429 with them is a hold until then, not a sign the host is unwell."""
+    return said is not None and (
+        said.requests_reset is not None
+        or said.tokens_reset is not None
+        or said.retry_after is not None
+        or said.requests_remaining == 0
+        or said.tokens_remaining == 0
+    )
+
+
 def host_feedback(verdict: Verdict) -> Feedback:
     """What an attempt tells the limits of its host.
 
@@ -374,7 +387,8 @@ def host_feedback(verdict: Verdict) -> Feedback:
     failure): a kind that is the host's failure (a connection error, a timeout), a 5xx, or a
     retryable answer without Retry-After such as a 429 or 408 (or a ``Retryable`` raised
     without ``retry_after``). Not counted: a 429 or ``Retryable`` with Retry-After, which the
-    cooldown handles, and a kind that is no answer of the host's (an attempt cut short, lost to
+    cooldown handles, or with a provider's reset or count (``paces``), which the quota gate
+    holds, and a kind that is no answer of the host's (an attempt cut short, lost to
     its hedge, or never sent). Anything else is an answer. Hold, for every caller: the
     Retry-After of a 429 or 503 (a wait hint without such a status, ``Retryable(retry_after=…)``,
     is that item's alone).
@@ -390,7 +404,7 @@ def host_feedback(verdict: Verdict) -> Feedback:
     elif kind.breaker == "failure" or (status is not None and status >= 500):
         unwell = True
     elif verdict.outcome == "retry":
-        unwell = None if verdict.retry_after is not None else True
+        unwell = None if verdict.retry_after is not None or paces(facts.announced) else True
     else:
         unwell = False
     if slow_down or facts.quota or facts.announced is not None or facts.used is not None:

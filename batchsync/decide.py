@@ -77,7 +77,8 @@ def _final_error(verdict: Verdict, attempted: Attempted) -> str:
     """The error line of a failed route."""
     error = verdict.error or ""
     number = attempted.number
-    limited = attempted.max_attempts < attempted.attempts
+    # (a 429 is retried as often as any attempt: the route's own limit did not stop it)
+    limited = attempted.max_attempts < attempted.attempts and not verdict.unprocessed
     if verdict.outcome == "retry" and limited and attempted.no_retry_reason:
         return f"{error} after {plural(number)} ({attempted.no_retry_reason})"
     if verdict.outcome == "retry" or number > 1:

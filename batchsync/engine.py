@@ -8,6 +8,7 @@ give-up decisions, and delivers exactly one Result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -24,7 +25,7 @@ from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
-from .limits import GLOBAL, Admission, Gates
+from .limits import GLOBAL, Admission, Gates, Refusal
 from .observe import Hooks, Observer, Observers
 from .result import Answer, AttemptRecord, Result, describe_attempts
 from .task import Route, Task
@@ -602,13 +603,15 @@ class Engine:
                 return self._stopped_short(last, nearest, route)
             admission = None
             if self._gates is not None and route.gated:
-                admitted = self._gates.admit(route.host or GLOBAL, allowance, self._stop, task.cost)
-                if isinstance(admitted, str):
-                    return self._stopped_short(last, admitted, route)
+                admitted = self._gates.enter(route.host or GLOBAL, allowance, self._stop, task.cost)
+                if isinstance(admitted, Refusal):
+                    return self._stopped_short(last, admitted.kind, route, admitted.why)
                 admission = admitted
             if self.observers.sees_attempt_started:
                 self.observers.attempt_started(index)
             began = self._clock()
+            if admission is not None:
+                admission.sent = began
             ends_at, limit = (
                 (None, None) if job.timeout is None else allowance.attempt_end(job.timeout, began)
             )
@@ -617,8 +620,8 @@ class Engine:
             if limit is not None:
                 # (a timeout the budget cut short says nothing of the host: its limits see that)
                 verdict = cut_short(verdict, limit)
-            if admission is not None and self._gates is not None:
-                self._gates.release(admission, job.feedback(verdict))
+            if admission is not None:
+                self._release(admission, job, verdict, task)
             number += 1
             if verdict.outcome == "success":  # (nothing to decide: the route's answer)
                 decision = Decision(verdict, error=verdict.error or "")
@@ -668,10 +671,29 @@ class Engine:
                 self._gates.abandon(admission)
             raise
 
+    def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
+        """Tell the limits what an attempt came to. Whatever that raises (a hostile number
+        a limit could not use), the attempt stays counted and its answer kept; the limits
+        get back what they held, and learn nothing from it."""
+        if self._gates is None:
+            return
+        try:
+            self._gates.release(admission, job.feedback(verdict))
+        except Exception as exc:
+            log.warning(
+                "the limits could not learn from an answer of %s: %s", task.url, type(exc).__name__
+            )
+            log.debug("the limits' failure", exc_info=True)
+            with contextlib.suppress(Exception):
+                self._gates.abandon(admission)
+
     @staticmethod
-    def _stopped_short(last: Verdict | None, kind: ErrorKind, route: Route) -> tuple[Verdict, str]:
-        """A route ended before its next attempt was sent: by a limit, a stop or an open circuit."""
-        reason = stopped_reason(kind, route.host)
+    def _stopped_short(
+        last: Verdict | None, kind: ErrorKind, route: Route, why: str | None = None
+    ) -> tuple[Verdict, str]:
+        """A route ended before its next attempt was sent: by a limit, a stop or an open
+        circuit; ``why``, when a gate said more than the kind does."""
+        reason = why or stopped_reason(kind, route.host)
         if last is None:
             return Verdict("terminal", kind, reason), reason
         return replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}"

@@ -39,6 +39,10 @@ class Admission:
     cost: int = 0
     # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
+    # Why a gate refused it, when a person needs more than the kind (a reset past the budget).
+    why: str | None = None
+    # When the attempt was sent, once it was: the gates may have held it long after they took.
+    sent: float | None = None
 
     @property
     def probe(self) -> bool:
@@ -112,13 +116,18 @@ class Waiting:
         self.now = clock.now
         self.stats = WaitStats()
 
-    def sleep(self, gate: str, seconds: float, admission: Admission) -> ErrorKind | None:
+    def sleep(
+        self, gate: str, seconds: float, admission: Admission, cause: str | None = None
+    ) -> ErrorKind | None:
         """Wait ``seconds`` (none when 0 or less); the kind that ends the item when its
-        allowance cannot cover them or the run stops meanwhile."""
+        allowance cannot cover them or the run stops meanwhile. ``cause``: what the wait is
+        for, said in ``admission.why`` when it is longer than the allowance."""
         if seconds <= 0:
             return None
         left, limit = admission.allowance.tightest(self.now())
         if seconds >= left:
+            if cause is not None:
+                admission.why = f"{cause} in {seconds:.1f} s, more than the {limit} left"
             return limit
         if self.clock.wait(admission.stop, seconds):
             return "cancelled"

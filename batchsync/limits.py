@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .announced import AnnouncedTokens
+from .announced import AnnouncedCounts
 from .budget import Allowance
 from .clock import SYSTEM, Clock, clock_of
 from .gates import POLL_SECONDS, Admission, Gate, Waiting, WaitStats
 from .verdict import ErrorKind, Feedback
+from .window import INFINITE, LocalWindow, Window, WindowGate, WindowLimiter
 
 # (Admission and WaitStats are the gates' own, named here too for the callers of the gates)
 __all__ = [
@@ -46,12 +47,10 @@ __all__ = [
     "HostSlots",
     "LimitsUnavailable",
     "QuotaGate",
-    "RateLimiter",
+    "Refusal",
     "SharedLimits",
     "SlotGate",
     "SlotPool",
-    "TokenBucket",
-    "TokenGate",
     "WaitStats",
     "build_gates",
 ]
@@ -63,11 +62,21 @@ CooldownScope = Literal["host", "global", "off"]
 GLOBAL = "*"
 # The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
 _QUOTA = "quota "
+_RESET = "the server's reset is"
 _BACKEND_RETRY_SECONDS = 0.5
 _WARN_EVERY_SECONDS = 10.0
 log = logging.getLogger("batchsync")
 # Adaptive concurrency keeps this share of its limit on a congestion signal.
 DECREASE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What ends an item at the gates: its kind, and why in a person's words when the kind
+    alone would mislead (a server's reset further off than the budget)."""
+
+    kind: ErrorKind
+    why: str | None = None
 
 
 class LimitsUnavailable(Exception):
@@ -77,33 +86,15 @@ class LimitsUnavailable(Exception):
 class SharedLimits(Protocol):
     """A backend that keeps the limits for several processes (see ``shared.RedisLimits``)."""
 
-    def token_bucket(
-        self, rate: float, burst: float, *, name: str = "rate", start: float | None = None
-    ) -> RateLimiter: ...
+    def window(self, name: str) -> WindowLimiter:
+        """The shared log of the window kept under ``name`` (see ``window``)."""
+        ...
 
     def slots(self, limit: int) -> SlotPool: ...
 
     def cooldowns(self) -> CooldownBoard: ...
 
     def breaker(self, settings: Breaker) -> BreakerBackend: ...
-
-
-class RateLimiter(Protocol):
-    """A token bucket shared by every worker: each attempt takes one token (or, weighed, its
-    cost: the tokens of a budget of LLM tokens)."""
-
-    def reserve(self, amount: float = 1.0) -> float:
-        """Take ``amount`` tokens; the seconds to wait before they may be used (a negative
-        ``amount`` gives tokens back, as ``refund``)."""
-        ...
-
-    def refund(self, amount: float = 1.0) -> None:
-        """Give back ``amount`` reserved tokens that will not be used."""
-        ...
-
-    def at_most(self, level: float) -> None:
-        """Hold no more than ``level`` tokens (what the provider says is left)."""
-        ...
 
 
 class SlotPool(Protocol):
@@ -161,47 +152,6 @@ class GateOption(ABC):
     def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> Gate:
         """The option's gate for a run of ``concurrency`` workers, kept by ``shared`` (several
         processes) when there is a backend and the gate can use it."""
-
-
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up: no 1-s window sees more than
-    rate + burst attempts, and a long run averages the rate. It starts full, or at ``start``
-    (a budget of LLM tokens starts empty: its first minute holds no more than the rate)."""
-
-    def __init__(
-        self,
-        rate: float,
-        burst: float,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        start: float | None = None,
-    ) -> None:
-        self._rate = rate
-        self._burst = float(burst)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._tokens = float(burst if start is None else start)
-        self._updated = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-        self._updated = now
-
-    def reserve(self, amount: float = 1.0) -> float:
-        with self._lock:
-            self._refill()
-            self._tokens -= amount
-            return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
-
-    def refund(self, amount: float = 1.0) -> None:
-        with self._lock:
-            self._tokens = min(self._burst, self._tokens + amount)
-
-    def at_most(self, level: float) -> None:
-        with self._lock:
-            self._refill()
-            self._tokens = min(self._tokens, level)
 
 
 class HostSlots:
@@ -575,8 +525,8 @@ class CooldownGate:
 class QuotaGate:
     """Holds a host's attempts until the reset of a quota its headers said is spent (the
     host's own, whatever the cooldown's scope, "off" included: a quota is one host's), and
-    each attempt that weighs tokens until the host has them, as its provider's headers said
-    (``announced.AnnouncedTokens``). Its hold: the mark of the tokens taken."""
+    each attempt until the host has the requests and tokens it needs, as its provider's
+    headers said (``announced.AnnouncedCounts``). Its hold: the mark of what it took."""
 
     name = "quota"
     rank = 50
@@ -584,53 +534,42 @@ class QuotaGate:
 
     def __init__(self, board: CooldownBoard, clock: Callable[[], float] = time.monotonic) -> None:
         self.board = board
-        self.tokens = AnnouncedTokens(clock)
+        self.counts = AnnouncedCounts(clock)
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        held = self.board.remaining(_QUOTA + admission.host)
-        refusal = waiting.sleep(self.name, held, admission) if held > 0 else None
-        if refusal is not None or admission.cost <= 0 or self.name in admission.held:
+        host = admission.host
+        held = self.board.remaining(_QUOTA + host)
+        refusal = waiting.sleep(self.name, held, admission, _RESET) if held > 0 else None
+        if refusal is not None or self.name in admission.held:
             return refusal
-        wait, mark = self.tokens.take(admission.host, admission.cost)
-        admission.held[self.name] = mark
-        return waiting.sleep(self.name, wait, admission)
+        while True:
+            change = self.counts.changed()
+            mark, wait = self.counts.take(host, admission.cost)
+            if mark is not None:
+                if mark:
+                    admission.held[self.name] = mark
+                return None
+            if wait < INFINITE:
+                refusal = waiting.sleep(self.name, wait, admission, _RESET)
+            else:  # until an answer to the host tells what is left
+                left, limit = admission.allowance.tightest(waiting.now())
+                if left <= 0:
+                    return limit
+                waiting.clock.wait(change, min(left, POLL_SECONDS))
+                refusal = "cancelled" if admission.stop.is_set() else None
+            if refusal is not None:
+                return refusal
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.quota:
             self.board.hold(_QUOTA + admission.host, feedback.quota)
-        if feedback.announced is not None:
-            self.tokens.told(admission.host, feedback.announced, admission.held.get(self.name, 0))
+        mark = admission.held.get(self.name, 0)
+        self.counts.ended(admission.host, mark, feedback.announced, sent=admission.sent)
 
     def abandon(self, admission: Admission) -> None:
-        if self.name in admission.held:
-            self.tokens.give_back(admission.host, admission.cost)
-
-
-class TokenGate:
-    """A token of the rate for each attempt, waited for in turn; its hold: the token, given
-    back when the attempt is not sent."""
-
-    name = "token"
-    rank = 60
-    recheck = False
-
-    def __init__(self, rate: RateLimiter) -> None:
-        self.rate = rate
-
-    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        refusal = waiting.sleep(self.name, self.rate.reserve(), admission)
-        if refusal is not None:
-            self.rate.refund()
-            return refusal
-        admission.held[self.name] = True
-        return None
-
-    def release(self, admission: Admission, feedback: Feedback) -> None:
-        """The token is spent."""
-
-    def abandon(self, admission: Admission) -> None:
-        if admission.held.get(self.name):
-            self.rate.refund()
+        mark = admission.held.pop(self.name, None)
+        if mark is not None:
+            self.counts.give_back(admission.host, mark)
 
 
 class Gates:
@@ -642,7 +581,8 @@ class Gates:
         self,
         gates: Iterable[Gate] = (),
         *,
-        rate: RateLimiter | None = None,
+        rate: WindowLimiter | None = None,
+        rate_window: Window | None = None,
         slots: SlotPool | None = None,
         cooldowns: CooldownBoard | None = None,
         cooldown_scope: CooldownScope = "host",
@@ -654,7 +594,7 @@ class Gates:
         given = _limit_gates(
             cooldowns,
             cooldown_scope,
-            rate=rate,
+            rate=None if rate is None or rate_window is None else (rate, rate_window),
             slots=slots,
             breaker=breaker,
             adaptive=adaptive,
@@ -677,8 +617,16 @@ class Gates:
     def admit(
         self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
     ) -> Admission | ErrorKind:
-        """Wait at each gate; an Admission, or the kind that ends the item instead (what the
-        gates passed hold is given back then).
+        """Wait at each gate; an Admission, or the kind that ends the item instead (see
+        ``enter``)."""
+        entered = self.enter(host, allowance, stop, cost)
+        return entered.kind if isinstance(entered, Refusal) else entered
+
+    def enter(
+        self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
+    ) -> Admission | Refusal:
+        """Wait at each gate; an Admission, or the Refusal that ends the item instead (what
+        the gates passed hold is given back then).
 
         While a shared backend cannot be reached, wait and ask again (fail closed): an item
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
@@ -692,9 +640,9 @@ class Gates:
                 self._unavailable(exc)
                 left, limit = allowance.tightest(self._now())
                 if left <= _BACKEND_RETRY_SECONDS:
-                    return limit
+                    return Refusal(limit)
                 if self._waiting.clock.wait(stop, _BACKEND_RETRY_SECONDS):
-                    return "cancelled"
+                    return Refusal("cancelled")
                 continue
             except BaseException:  # (an interrupt while waiting)
                 self.abandon(admission)
@@ -702,7 +650,7 @@ class Gates:
             if refusal is None:
                 return admission
             self.abandon(admission)
-            return refusal
+            return Refusal(refusal, admission.why)
 
     def _unavailable(self, exc: LimitsUnavailable) -> None:
         now = self._now()
@@ -760,7 +708,7 @@ def _limit_gates(
     cooldowns: CooldownBoard | None,
     cooldown_scope: CooldownScope,
     *,
-    rate: RateLimiter | None,
+    rate: tuple[WindowLimiter, Window] | None,
     slots: SlotPool | None,
     breaker: BreakerBackend | None,
     adaptive: AdaptiveLimit | None,
@@ -780,14 +728,14 @@ def _limit_gates(
             gates.append(CooldownGate(cooldowns, cooldown_scope))
         gates.append(QuotaGate(cooldowns, clock))
     if rate is not None:
-        gates.append(TokenGate(rate))
+        gates.append(WindowGate("token", 60, *rate, weighed=False))
     return gates
 
 
 def build_gates(
     *,
     concurrency: int,
-    rate: float | None,
+    rate: Window | None,
     per_host: int | None,
     cooldown: CooldownScope,
     breaker: Breaker | None,
@@ -803,7 +751,8 @@ def build_gates(
     if shared is None:
         return Gates(
             others,
-            rate=None if rate is None else TokenBucket(rate, burst=concurrency, clock=clock.now),
+            rate=LocalWindow(clock.now),
+            rate_window=rate,
             slots=None if per_host is None else HostSlots(per_host),
             cooldowns=Cooldowns(clock.now),
             cooldown_scope=cooldown,
@@ -813,7 +762,8 @@ def build_gates(
         )
     return Gates(
         others,
-        rate=None if rate is None else shared.token_bucket(rate, concurrency),
+        rate=shared.window("rate"),
+        rate_window=rate,
         slots=None if per_host is None else shared.slots(per_host),
         cooldowns=shared.cooldowns(),
         cooldown_scope=cooldown,

@@ -26,6 +26,7 @@ from .result import AttemptRecord, Result
 from .retries import RETRY_STATUSES, RetryIf, parse_statuses
 from .spec import RequestSpec, check_headers, one_line
 from .tokenrate import AnnouncedRates, TokenRate
+from .window import Window
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 # The rate that the provider's headers announce.
@@ -85,9 +86,9 @@ class FlowOptions(EngineOptions):
         return None
 
     @property
-    def per_second(self) -> float | None:
-        """``rate`` as attempts a second (None: none, or the provider's, ``"auto"``)."""
-        return None if self.rate in (None, AUTO) else parse_rate(self.rate).per_second
+    def rate_window(self) -> Window | None:
+        """``rate`` as the window that holds it (None: none, or the provider's, ``"auto"``)."""
+        return None if self.rate in (None, AUTO) else Window.of(parse_rate(self.rate))
 
     @property
     def announced_rates(self) -> AnnouncedRates | None:

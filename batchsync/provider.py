@@ -15,12 +15,13 @@ These names are exact: OpenAI's ``x-ratelimit-remaining-requests`` is not the
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
+
+from .numbers import count_of, seconds_of
 
 _T = TypeVar("_T")
 
@@ -37,8 +38,8 @@ _NAMES = frozenset(
     ]
 )
 
-_DIGITS = re.compile(r"[0-9]+")
-_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+# A duration's text longer than this is no reset a server means (and its parts could overflow).
+_LONGEST_DURATION = 40
 # Go's time.Duration text: a sequence of decimal numbers each with a unit, "1h2m3.5s"; the
 # alternatives longest first, so that "ms" is not read as minutes. Go takes either micro sign
 # (U+00B5, U+03BC) as well as "us".
@@ -70,6 +71,8 @@ class Announced:
     tokens_remaining: int | None = None
     tokens_reset: float | None = None
     retry_after: float | None = None
+    # The limit headers that were sent but cannot be a count (-1, text, hundreds of digits).
+    unreadable: tuple[str, ...] = ()
 
 
 def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | None:
@@ -112,6 +115,12 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
             _duration(found, f"{_OPENAI}reset-tokens"), _until(found, f"{tokens}reset", now)
         ),
         retry_after=_either(*(_millis(found, name) for name in _RETRY_AFTER_MS)),
+        unreadable=tuple(
+            name
+            for name, value in found.items()
+            if name.endswith("limit") or "-limit-" in name
+            if count_of(value) is None
+        ),
     )
 
 
@@ -143,15 +152,9 @@ def _either(first: _T | None, *others: _T | None) -> _T | None:
 
 
 def _count(found: Mapping[str, str], name: str) -> int | None:
-    """A header's non-negative integer (a limit, or what remains); None when absent or not
-    one (Azure sends -1 when it does not say)."""
-    text = found.get(name, "").strip()
-    if not _DIGITS.fullmatch(text):
-        return None
-    try:
-        return int(text)
-    except ValueError:  # more digits than int() reads from text
-        return None
+    """A header's count (a limit, or what remains); None when absent or not one (Azure sends
+    -1 when it does not say)."""
+    return count_of(found.get(name))
 
 
 def _duration(found: Mapping[str, str], name: str) -> float | None:
@@ -160,18 +163,15 @@ def _duration(found: Mapping[str, str], name: str) -> float | None:
 
 
 def _until(found: Mapping[str, str], name: str, now: float) -> float | None:
-    """Seconds from ``now`` until a header's RFC 3339 time, 0 when it is past."""
+    """Seconds from ``now`` until a header's RFC 3339 time, 0 when it is past; None beyond
+    ``numbers.MAX_SECONDS`` (a year 9999 is no reset)."""
     text = found.get(name)
     moment = None if text is None else _timestamp(text)
-    return None if moment is None else max(moment - now, 0.0)
+    return None if moment is None else seconds_of(max(moment - now, 0.0))
 
 
 def _millis(found: Mapping[str, str], name: str) -> float | None:
-    text = found.get(name, "").strip()
-    if not _NUMBER.fullmatch(text):
-        return None
-    seconds = float(text) / 1e3
-    return seconds if math.isfinite(seconds) else None
+    return seconds_of(found.get(name), scale=1e-3)
 
 
 def parse_duration(text: str) -> float | None:
@@ -179,16 +179,12 @@ def parse_duration(text: str) -> float | None:
 
     Units ``h``, ``m``, ``s``, ``ms``, ``us`` (or ``µs``), ``ns``, as Go writes them. A bare
     number is seconds (Go's ``0``; Azure OpenAI's resets). None when it is neither, negative,
-    or not finite.
+    or longer than ``numbers.MAX_SECONDS``.
     """
     text = text.strip()
-    if _NUMBER.fullmatch(text):
-        seconds = float(text)
-    elif _DURATION.fullmatch(text):
-        seconds = sum(_part_seconds(*part) for part in _DURATION_PART.findall(text))
-    else:
-        return None
-    return seconds if math.isfinite(seconds) else None
+    if len(text) <= _LONGEST_DURATION and _DURATION.fullmatch(text):
+        return seconds_of(sum(_part_seconds(*part) for part in _DURATION_PART.findall(text)))
+    return seconds_of(text)
 
 
 def _part_seconds(number: str, unit: str) -> float:

@@ -13,18 +13,31 @@ Read, the first that says something winning:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+from .numbers import count_of, seconds_of
 from .provider import Announced, announced
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
 _EPOCH_THRESHOLD = 1e9
-_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*(\d+)")
-_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)")
-_WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*(\d+(?:\.\d+)?)")
+# Each value whole up to the next parameter: "t=1e5" is no reset of 1 s, "r=0x10" no 0 left.
+_END = r"(?=$|[;,\s])"
+_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*([0-9]+)" + _END)
+_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
+_WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
+# Headers one of which an answer that tells a provider's counts has (a server may send only
+# its tokens' or only its requests').
+_PROVIDER_MARKS = (
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-remaining",
+)
+# The largest reset read: an epoch time in seconds far in the future, not a 400-digit number.
+_LATEST_EPOCH = 1e11
 
 
 def answer_limits(
@@ -33,23 +46,17 @@ def answer_limits(
     """An answer's ``quota_wait`` and what an LLM provider's own headers announce
     (``provider.announced``: OpenAI's, Anthropic's), each read only when a header it looks at
     first is there (most answers have none, and reading every header of every answer costs
-    more than a few look-ups); requests none of which are left hold the host until their
-    reset, as a spent quota does."""
+    more than a few look-ups). The provider's counts are the quota gate's to hold
+    (``announced``)."""
     told = (
         "x-ratelimit-remaining" in headers
         or "ratelimit-remaining" in headers
         or "ratelimit" in headers
     )
     quota = quota_wait(headers.items(), unix_time) if told else None
-    if not (
-        "x-ratelimit-remaining-requests" in headers
-        or "anthropic-ratelimit-requests-remaining" in headers
-    ):
+    if not any(name in headers for name in _PROVIDER_MARKS):
         return quota, None
-    said = announced(headers.items(), unix_time())
-    if said is not None and said.requests_remaining == 0 and said.requests_reset is not None:
-        quota = max(quota or 0.0, said.requests_reset)
-    return quota, said
+    return quota, announced(headers.items(), unix_time())
 
 
 def retry_after_of(headers: Mapping[str, str]) -> str | None:
@@ -58,10 +65,11 @@ def retry_after_of(headers: Mapping[str, str]) -> str | None:
     value = headers.get("Retry-After")
     if value is not None:
         return value
-    millis = headers.get("retry-after-ms") or headers.get("x-ms-retry-after-ms")
-    if millis is None or not millis.strip().isdigit():
-        return None
-    return str(int(millis) / 1000)
+    seconds = seconds_of(headers.get("retry-after-ms"), scale=1e-3)
+    if seconds is None:  # (absent, or no number: the other name may say it)
+        seconds = seconds_of(headers.get("x-ms-retry-after-ms"), scale=1e-3)
+    # (in plain decimals, as a Retry-After is written: no "1e-05")
+    return None if seconds is None else f"{seconds:.6f}".rstrip("0").rstrip(".")
 
 
 def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float]) -> float | None:
@@ -96,14 +104,11 @@ def _structured(field: str, found: dict[str, str], unix_time: Callable[[], float
 
 
 def _wait(remaining: str, reset: str | None, unix_time: Callable[[], float]) -> float | None:
-    try:
-        if int(remaining.strip()) > 0:
-            return None
-        seconds = float((reset or "").strip())
-    except ValueError:  # a value that says nothing usable
+    if count_of(remaining) != 0:  # something left, or a value that says nothing usable
         return None
-    if not math.isfinite(seconds) or seconds < 0:
+    seconds = seconds_of(reset, most=_LATEST_EPOCH)
+    if seconds is None:
         return None
     if seconds > _EPOCH_THRESHOLD:
         seconds -= unix_time()
-    return max(seconds, 0.0)
+    return seconds_of(max(seconds, 0.0))

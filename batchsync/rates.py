@@ -1,8 +1,8 @@
 """A rate as a user writes it: ``500/min``, ``10/s``, ``3600/h``, or a bare number per second.
 
 Providers state their limits per minute (requests and tokens per minute), so a rate keeps the
-period it was given in: shown back to the user as they wrote it, and turned into a per-second
-figure only where a bucket refills.
+period it was given in: shown back to the user as they wrote it, and held over windows of that
+period (``window.Window``).
 """
 
 from __future__ import annotations
@@ -43,11 +43,6 @@ class Rate:
             raise ValueError(f"rate count must be a positive finite number, got {self.count!r}")
         if self.period not in _LABELS:
             raise ValueError(f"rate period must be 1, 60 or 3600 seconds, got {self.period!r}")
-
-    @property
-    def per_second(self) -> float:
-        """Units per second: what a bucket refills at."""
-        return self.count / self.period
 
     def __str__(self) -> str:
         """The rate as a user writes it (``500/min``), which ``parse_rate`` reads back."""

@@ -1,21 +1,17 @@
 """A budget of tokens per period (``token_rate``): each attempt takes its item's estimated
-cost (``Task.cost``, an LLM request's tokens) before it is sent, and the answer sets the
-estimate right.
+cost (``Task.cost``, an LLM request's tokens) from a window of the period (``window``), and
+the answer's ``usage`` sets the estimate right when it says more.
 
-The budget is a token bucket of one period's tokens that starts empty and fills at the rate:
-a run's first period holds no more than the rate, and a quiet spell saves up at most one
-period's (the provider's own window emptied meanwhile). After an answer, what the provider
-said stands over the estimate: the tokens it says are left (``x-ratelimit-remaining-tokens``,
-Anthropic's ``anthropic-ratelimit-tokens-remaining``), less what attempts sent after the
-answered one took, cap what the budget holds; without that header, the tokens the answer
-says it used (its ``usage``) replace the estimate, giving back or taking more. (OpenAI counts
-a request at admission from its size and ``max_tokens``: there the estimate already is the
-provider's count, and the header agrees.) ``AnnouncedRates`` is ``rate="auto"``: the budgets
-taken from the limits the provider's headers announce.
+Like ``rate``, the budget holds over every window of its period as the server counts it, paced
+evenly from the start: a run's first period holds no more than the budget, and a quiet spell
+saves nothing up. What the provider's own headers say is left is the quota gate's to hold
+(``announced``). ``AnnouncedRates`` is ``rate="auto"``: windows sized by the limits the
+provider's headers announce, following them as they change.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,16 +19,23 @@ from typing import Any
 
 from .clock import Clock
 from .gates import Admission, Waiting
-from .limits import GateOption, RateLimiter, SharedLimits, TokenBucket
+from .limits import GateOption, SharedLimits
+from .numbers import MAX_COUNT, count_of
+from .provider import Announced
 from .rates import Rate, parse_rate
 from .tokens import estimate_tokens
 from .verdict import ErrorKind, Feedback, InvalidItem
+from .window import LocalWindow, Window, WindowGate, WindowLimiter, enter
+
+log = logging.getLogger("batchsync")
+# The period of the limits a provider's headers announce: requests and tokens a minute.
+ANNOUNCED_PERIOD = 60.0
 
 
 @dataclass(frozen=True)
 class TokenRate(GateOption):
-    """``token_rate``: at most ``rate.count`` tokens per ``rate.period`` over all workers (and
-    all processes sharing ``--redis``)."""
+    """``token_rate``: at most ``rate.count`` tokens in any ``rate.period`` over all workers
+    (and all processes sharing ``--redis``)."""
 
     rate: Rate
 
@@ -44,65 +47,16 @@ class TokenRate(GateOption):
 
     def too_costly(self, cost: int) -> str | None:
         """Why an item of ``cost`` tokens can never be sent under this budget; None when it can."""
-        if cost <= self.rate.count:
+        if cost <= Window.of(self.rate).count:
             return None
         return f"needs about {cost} tokens, more than the token_rate of {self.rate} allows at once"
 
-    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> BudgetGate:
-        rate, capacity = self.rate.per_second, self.rate.count
-        if shared is None:
-            return BudgetGate(TokenBucket(rate, capacity, clock.now, start=0.0))
-        return BudgetGate(shared.token_bucket(rate, capacity, name="tokens", start=0.0))
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> WindowGate:
+        limiter = LocalWindow(clock.now) if shared is None else shared.window("tokens")
+        return WindowGate("tokens", 65, limiter, Window.of(self.rate), weighed=True)
 
     def __str__(self) -> str:
         return str(self.rate)
-
-
-class BudgetGate:
-    """Takes each attempt's cost from the budget, waiting for it as the rate token is waited
-    for; its hold: the cost taken, reconciled on ``release`` and given back on ``abandon``."""
-
-    rank = 65
-    recheck = False
-
-    def __init__(self, budget: RateLimiter, *, name: str = "tokens") -> None:
-        self.budget = budget
-        self.name = name
-        # Tokens taken so far, all attempts together: what was taken after an attempt, the
-        # remaining-tokens header of that attempt's answer does not count yet.
-        self._taken = 0
-        self._lock = threading.Lock()
-
-    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        cost = admission.cost
-        if cost <= 0:
-            return None
-        refusal = waiting.sleep(self.name, self.budget.reserve(cost), admission)
-        if refusal is not None:
-            self.budget.refund(cost)
-            return refusal
-        with self._lock:
-            self._taken += cost
-            admission.held[self.name] = (cost, self._taken)
-        return None
-
-    def release(self, admission: Admission, feedback: Feedback) -> None:
-        held = admission.held.get(self.name)
-        if held is None:
-            return
-        cost, taken = held
-        left = None if feedback.announced is None else feedback.announced.tokens_remaining
-        if left is not None:  # (less what was taken since: that is not counted in it yet)
-            self.budget.at_most(left - (self._taken - taken))
-        elif feedback.used is not None and feedback.used != cost:
-            self.budget.reserve(feedback.used - cost)
-
-    def abandon(self, admission: Admission) -> None:
-        held = admission.held.get(self.name)
-        if held is not None:
-            with self._lock:
-                self._taken -= held[0]
-            self.budget.refund(held[0])
 
 
 def item_cost(
@@ -118,8 +72,10 @@ def item_cost(
             weight = cost(item)
         except Exception as exc:  # the caller's function failing is that item's fault
             raise InvalidItem(f"cost raised {type(exc).__name__}: {exc}") from None
-        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
-            raise InvalidItem(f"cost must give a whole number of tokens, 0 or more: got {weight!r}")
+        if count_of(weight) is None or not isinstance(weight, int):
+            raise InvalidItem(
+                f"cost must give a whole number of tokens from 0 to {MAX_COUNT}: got {weight!r}"
+            )
     refusal = None if budget is None else budget.too_costly(weight)
     if refusal is not None:
         raise InvalidItem(refusal)
@@ -133,79 +89,94 @@ def used_tokens(usage: Callable[[Any], int | None], data: object) -> int | None:
         used = usage(data)
     except Exception:
         return None
-    if not isinstance(used, int) or isinstance(used, bool) or used < 0:
-        return None
-    return used
+    return count_of(used) if isinstance(used, int) else None
 
 
 @dataclass(frozen=True)
 class AnnouncedRates(GateOption):
-    """``rate="auto"``: the budgets a provider's headers announce (OpenAI's and Anthropic's
-    requests and tokens a minute), taken up from the first answer that tells them; the
+    """``rate="auto"``: the requests and tokens a minute a provider's headers announce (OpenAI's
+    and Anthropic's limits), each a window sized by the latest answer that tells it; the
     tokens' only when the run has no ``token_rate`` of its own."""
 
     tokens: bool = True
 
     def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> AnnouncedGate:
-        def bucket(name: str, per_minute: int, burst: float, start: float) -> RateLimiter:
-            if shared is None:
-                return TokenBucket(per_minute / 60.0, burst, clock.now, start=start)
-            return shared.token_bucket(per_minute / 60.0, burst, name=name, start=start)
+        def limiter(name: str) -> WindowLimiter:
+            return LocalWindow(clock.now) if shared is None else shared.window(name)
 
-        return AnnouncedGate(bucket, tokens=self.tokens)
+        tokens = limiter("announced-tokens") if self.tokens else None
+        return AnnouncedGate(limiter("announced-requests"), tokens)
 
 
 class AnnouncedGate:
     """Passes every attempt until an answer announces the provider's limits, then holds them
-    to those: a request rate (one at a time, no burst: providers enforce a minute's limit over
-    shorter spans too) and a token budget as ``BudgetGate``'s."""
+    to windows of those (as ``rate`` and ``token_rate`` hold theirs): each answer that
+    announces a limit sets its window, down at once and up as the answers say. A value that
+    cannot be a limit (0, unreadable) is ignored, with one warning a host and header."""
 
     name = "announced"
     rank = 62
     recheck = False
 
-    def __init__(
-        self, bucket: Callable[[str, int, float, float], RateLimiter], *, tokens: bool
-    ) -> None:
-        self._bucket = bucket
-        self._learn_tokens = tokens
+    def __init__(self, requests: WindowLimiter, tokens: WindowLimiter | None) -> None:
+        self._limiters = {"requests": requests, "tokens": tokens}
+        self.windows: dict[str, Window] = {}
+        self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
-        self.requests: RateLimiter | None = None
-        self.tokens: BudgetGate | None = None
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        requests, tokens = self.requests, self.tokens
-        if requests is not None:
-            refusal = waiting.sleep(self.name, requests.reserve(), admission)
-            if refusal is not None:
-                requests.refund()
-                return refusal
-            admission.held[self.name] = requests
-        if tokens is not None:
-            refusal = tokens.admit(admission, waiting)
-            if refusal is not None:
+        for kind, amount in (("requests", 1), ("tokens", admission.cost)):
+            limiter, window = self._limiters[kind], self.windows.get(kind)
+            if limiter is None or window is None or amount <= 0:
+                continue
+            name = f"announced {kind}"
+            entry, refusal = enter(
+                limiter,
+                window,
+                min(amount, window.count),
+                name=name,
+                admission=admission,
+                waiting=waiting,
+            )
+            if entry is None:
                 self.abandon(admission)
                 return refusal
+            admission.held[name] = entry
         return None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
-        if self.tokens is not None:
-            self.tokens.release(admission, feedback)
-        said = feedback.announced
-        if said is not None and (self.requests is None or self.tokens is None):
-            self._learn(said.requests_limit, said.tokens_limit)
+        for kind, used in (("requests", None), ("tokens", feedback.used)):
+            entry, limiter = admission.held.get(f"announced {kind}"), self._limiters[kind]
+            if entry is not None and limiter is not None:
+                limiter.finish(entry, used)
+        if feedback.announced is not None:
+            self._learn(admission.host, feedback.announced)
 
     def abandon(self, admission: Admission) -> None:
-        requests = admission.held.pop(self.name, None)
-        if requests is not None:
-            requests.refund()
-        if self.tokens is not None:
-            self.tokens.abandon(admission)
+        for kind, limiter in self._limiters.items():
+            entry = admission.held.pop(f"announced {kind}", None)
+            if entry is not None and limiter is not None:
+                limiter.cancel(entry)
 
-    def _learn(self, requests_limit: int | None, tokens_limit: int | None) -> None:
+    def _learn(self, host: str, said: Announced) -> None:
+        for header in said.unreadable:
+            self._warn(host, header, "an unreadable value")
+        for kind, limit in (("requests", said.requests_limit), ("tokens", said.tokens_limit)):
+            if limit is None or self._limiters[kind] is None:
+                continue
+            if limit <= 0:
+                self._warn(host, kind, limit)
+                continue
+            window = Window(float(limit), ANNOUNCED_PERIOD)
+            if self.windows.get(kind) != window:
+                with self._lock:
+                    self.windows[kind] = window
+
+    def _warn(self, host: str, kind: str, value: object) -> None:
         with self._lock:
-            if self.requests is None and requests_limit:
-                self.requests = self._bucket("announced-requests", requests_limit, 1.0, 1.0)
-            if self.tokens is None and self._learn_tokens and tokens_limit:
-                budget = self._bucket("announced-tokens", tokens_limit, tokens_limit, 0.0)
-                self.tokens = BudgetGate(budget, name="announced-tokens")
+            if (host, kind) in self._warned:
+                return
+            self._warned.add((host, kind))
+        log.warning(
+            "%s announced a %s limit of %r, which cannot be a limit: ignored", host, kind, value
+        )

@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol, TypeGuard
 
+from .numbers import MAX_COUNT, count_of
+
 _CHARS_PER_TOKEN = 4
 # The cookbook's chat overhead: each message is framed as <im_start>{role}\n{content}<im_end>\n,
 # and every reply is primed with <im_start>assistant.
@@ -46,7 +48,9 @@ def estimate_tokens(body: object) -> int:
 
     Plus the completion allowance: ``max_tokens``, else ``max_completion_tokens``, else
     ``max_output_tokens``, times ``n`` (default 1) and times the number of prompts of a
-    ``prompt`` list. 0 when ``body`` is no such body; never raises on odd shapes.
+    ``prompt`` list. 0 when ``body`` is no such body; never raises on odd shapes, and never
+    says more than ``numbers.MAX_COUNT`` (a 400-digit ``max_tokens`` is no count to compute
+    with).
     """
     if not isinstance(body, Mapping):
         return 0
@@ -59,7 +63,7 @@ def estimate_tokens(body: object) -> int:
         tokens, prompts = _inputs_tokens(prompt), _prompt_count(prompt)
     else:
         return 0
-    return tokens + _allowance(body) * prompts
+    return min(tokens + _allowance(body) * prompts, MAX_COUNT)
 
 
 def _chat_tokens(messages: list[object], system: object) -> int:
@@ -97,19 +101,26 @@ def _prompt_count(prompt: str | list[object]) -> int:
 
 
 def _allowance(body: Mapping[object, object]) -> int:
-    """The completion tokens the body allows for: its limit times ``n``."""
+    """The completion tokens the body allows for: its limit times ``n``, each factor taken
+    at most ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget holds,
+    and is that much, not nothing)."""
     n = body.get("n", 1)
-    choices = n if _count(n) and n > 0 else 1
+    choices = min(n, MAX_COUNT) if _whole(n) and n > 0 else 1
     for key in _ALLOWANCES:
         limit = body.get(key)
-        if _count(limit):
-            return limit * choices
+        if _whole(limit):
+            return min(limit, MAX_COUNT) * choices
     return 0
 
 
-def _count(value: object) -> TypeGuard[int]:
-    """A token count: a non-negative int, not a bool."""
+def _whole(value: object) -> TypeGuard[int]:
+    """A non-negative int of any size, not a bool."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A token count: an int from 0 to ``numbers.MAX_COUNT``, not a bool."""
+    return isinstance(value, int) and count_of(value) is not None
 
 
 def _message_texts(message: Mapping[object, object]) -> Iterator[str]:
@@ -185,7 +196,7 @@ def _usage_total(usage: object) -> int | None:
     for first, second in _USAGE_PAIRS:
         one, other = _tokens(usage, first), _tokens(usage, second)
         if one is not None or other is not None:
-            return (one or 0) + (other or 0)
+            return min((one or 0) + (other or 0), MAX_COUNT)
     return None
 
 

@@ -13,14 +13,22 @@ LIMITS is ``name=value`` pairs joined by commas, any of them left out for its de
 ``-`` for all the defaults: ``rpm`` (requests a window, 500), ``tpm`` (tokens a window,
 200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
 by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
-or a benchmark fast) and ``latency`` (seconds before each answer, 0). The first request of
+or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
+the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0). The first request of
 a KEY sets its limits; a later one naming other limits is answered 400. SDK base URLs:
 ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``, ``http://HOST:PORT/llm/KEY/LIMITS``
 for ``anthropic``.
 
-The limits are enforced over a sliding window: what was admitted in the last ``window``
-seconds counts, each request and token leaving the window ``window`` seconds after it was
-counted. The mock counts tokens its own way, deterministic and about as real tokenizers do:
+With ``refill=window`` (the default) the limits are enforced over a sliding window: what was
+admitted in the last ``window`` seconds counts, each request and token leaving the window
+``window`` seconds after it was counted. With ``refill=bucket`` each limit is a token bucket
+instead: it starts full (``rpm`` requests, ``tpm`` tokens, ...), refills continuously at its
+size / ``window`` a second up to its size, and admits a request only while it holds the
+request's count; so a fresh bucket admits its whole size at once, and then its refill a
+second. ``retry_after=0`` leaves the ``retry-after`` header off every 429, as OpenAI's often
+are: only the rate-limit headers then say when.
+
+The mock counts tokens its own way, deterministic and about as real tokenizers do:
 a text is ceil(characters / 4) tokens, a chat message 4 more, a prompt 2 more. As the
 services describe their limits:
 
@@ -29,7 +37,10 @@ services describe their limits:
   really uses do not change the count.
 * Anthropic counts the input tokens when it admits a request (against ``itpm`` and ``tpm``)
   and the output tokens when the answer is made (against ``otpm`` and ``tpm``); a request
-  is admitted while some output budget is left.
+  is admitted while some output budget is left. With ``refill=bucket`` the mock keeps it
+  simple and counts Anthropic's requests as OpenAI's: prompt plus ``max_tokens`` at
+  admission (against ``tpm``; the prompt against ``itpm``, ``max_tokens`` against ``otpm``),
+  nothing when the answer is made.
 
 A request over a limit is answered 429 with the provider's error body and a ``retry-after``
 in whole seconds (rounded up) saying when it would fit; one larger than a whole limit is
@@ -37,7 +48,9 @@ answered 429 without ``retry-after``, as waiting cannot help. Refused requests c
 nothing. Every answer, 200 or 429, carries the provider's headers:
 
 * OpenAI: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, resets as Go durations
-  (``6m0s``, ``1.5s``, ``20ms``) until the window would be empty again;
+  (``6m0s``, ``1.5s``, ``20ms``) until the window would be empty again (with
+  ``refill=bucket``: remaining is the bucket's level, floored, and reset the time until the
+  bucket is full again, "until the rate limit resets to its initial state" as OpenAI says);
 * Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
   remaining,reset}``, resets as RFC 3339 times (whole seconds, rounded up) and token counts
   remaining rounded to the nearest thousand, as Anthropic's are.
@@ -50,11 +63,14 @@ whatever order its requests arrive in. ``finish_reason`` is ``length`` (Anthropi
 
 The stats are JSON: ``limits``; ``requests`` admitted, ``rejected`` (429s, the too large
 among them) and ``too_large``; ``tokens`` counted against ``tpm``; ``prompt_tokens`` and
-``completion_tokens`` answered; ``peak_tokens`` (the most tokens the window held after any
-count); ``elapsed`` (seconds from the first request to the last event) and ``windows``: for
-each window of ``window`` seconds from the first request, its ``requests``, ``tokens`` and
-``rejected``. With ``log=1`` also ``log``: ``[t, kind, tokens]`` for each event (seconds
-from the first request; kind ``admitted``, ``output`` or ``rejected``).
+``completion_tokens`` answered; ``peak_tokens`` and ``peak_requests`` (the most tokens and
+requests admitted that any sliding window of ``window`` seconds held, counted when admitted,
+on arrival, and Anthropic's output when answered: in either refill mode, so a bucket's
+opening burst plus its refill shows there); ``elapsed`` (seconds from the first request to
+the last event) and ``windows``: for each window of ``window`` seconds from the first
+request, its ``requests``, ``tokens`` and ``rejected``. With ``log=1`` also ``log``:
+``[t, kind, tokens]`` for each event (seconds from the first request; kind ``admitted``,
+``output`` or ``rejected``; a rejected request's tokens are what it asked).
 """
 
 from __future__ import annotations
@@ -72,7 +88,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 DEFAULTS = {"rpm": 500.0, "tpm": 200_000.0, "window": 60.0, "latency": 0.0}
-NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency"}
+NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency", "retry_after"}
+# How the limits give back: a sliding window (the default) or a token bucket.
+REFILLS = ("window", "bucket")
 DEFAULT_MAX_TOKENS = 16
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "elit", "sed", "do", "tempor"]
 
@@ -84,6 +102,7 @@ COUNTS = [
     "prompt_tokens",
     "completion_tokens",
     "peak_tokens",
+    "peak_requests",
 ]
 
 Reply = tuple[int, dict[str, Any], dict[str, str]]
@@ -99,6 +118,8 @@ class Limits:
     otpm: int
     window: float
     latency: float
+    refill: str = "window"
+    retry_after: bool = True
 
     def sizes(self) -> dict[str, int]:
         """Each sliding window's size: requests, tokens, input and output tokens."""
@@ -108,14 +129,23 @@ class Limits:
 def parse_limits(text: str) -> Limits:
     """``rpm=600,tpm=60000,window=6`` (or ``-``) into Limits; ValueError when malformed."""
     given: dict[str, float] = {}
+    refill = "window"
     for pair in text.split(",") if text not in ("", "-") else []:
         name, equals, value = pair.partition("=")
+        if name == "refill" and equals:
+            if value not in REFILLS:
+                raise ValueError(f"refill is one of {', '.join(REFILLS)}: {pair!r}")
+            refill = value
+            continue
         if not equals or name not in NAMES:
-            raise ValueError(f"not a limit: {pair!r} (names: {', '.join(sorted(NAMES))})")
+            names = ", ".join(sorted(NAMES | {"refill"}))
+            raise ValueError(f"not a limit: {pair!r} (names: {names})")
         given[name] = float(value)
-    values = {**DEFAULTS, **given}
+    values = {**DEFAULTS, "retry_after": 1.0, **given}
     if min(values.values()) < 0 or values["window"] <= 0:
         raise ValueError(f"limits must be positive: {text!r}")
+    if values["retry_after"] not in (0.0, 1.0):
+        raise ValueError(f"retry_after is 1 or 0: {text!r}")
     tpm = int(values["tpm"])
     return Limits(
         rpm=int(values["rpm"]),
@@ -124,6 +154,8 @@ def parse_limits(text: str) -> Limits:
         otpm=int(given.get("otpm", tpm)),
         window=values["window"],
         latency=values["latency"],
+        refill=refill,
+        retry_after=bool(values["retry_after"]),
     )
 
 
@@ -223,6 +255,42 @@ class Window:
         return self.entries[-1][0] + self.span - now if self.entries else 0.0
 
 
+class Bucket:
+    """A token bucket of ``size`` that starts full and refills in ``span`` seconds: the same
+    questions as a ``Window``, answered the way a bucket server answers them."""
+
+    def __init__(self, span: float, size: int) -> None:
+        self.rate = size / span
+        self.size = size
+        self.level = float(size)
+        self.at: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self.at is not None:
+            self.level = min(self.size, self.level + (now - self.at) * self.rate)
+        self.at = now
+
+    def used(self, now: float) -> int:
+        self._refill(now)
+        return math.ceil(self.size - self.level)
+
+    def add(self, now: float, amount: int) -> None:
+        self._refill(now)
+        self.level -= amount
+
+    def wait_for(self, now: float, amount: int, limit: int) -> float:
+        """Seconds until the bucket holds ``amount`` (0: now; inf: never)."""
+        self._refill(now)
+        if amount > limit:
+            return math.inf
+        return max(0.0, (amount - self.level) / self.rate)
+
+    def reset_in(self, now: float) -> float:
+        """Seconds until the bucket is full again."""
+        self._refill(now)
+        return (self.size - self.level) / self.rate
+
+
 @dataclass
 class Refusal:
     """Why a request was refused: the limit's name, its size, what was used, what the
@@ -237,20 +305,26 @@ class Refusal:
 
 @dataclass
 class Account:
-    """One KEY: its limits, sliding windows and what it counted."""
+    """One KEY: its limits, sliding windows (or buckets) and what it counted; ``held`` are
+    sliding windows of requests and tokens whatever the refill, for the stats' peaks."""
 
     key: str
     limits: Limits
     lock: threading.Lock = field(default_factory=threading.Lock)
-    windows: dict[str, Window] = field(default_factory=dict)
+    windows: dict[str, Window | Bucket] = field(default_factory=dict)
     started: float | None = None
     events: list[tuple[float, str, int]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    held: dict[str, Window] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("requests", "tokens", "input", "output"):
-            self.windows[name] = Window(self.limits.window)
+        for name, size in self.limits.sizes().items():
+            bucket = self.limits.refill == "bucket"
+            self.windows[name] = (
+                Bucket(self.limits.window, size) if bucket else Window(self.limits.window)
+            )
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.held = {name: Window(self.limits.window) for name in ("requests", "tokens")}
 
     def _event(self, now: float, kind: str, tokens: int) -> None:
         if self.started is None:
@@ -278,6 +352,10 @@ class Account:
             for name, amount in asked.items():
                 self.windows[name].add(now, amount)
             self.counts["requests"] += 1
+            self.held["requests"].add(now, 1)
+            self.counts["peak_requests"] = max(
+                self.counts["peak_requests"], self.held["requests"].used(now)
+            )
             self._count_tokens(now, "admitted", charges.get("tokens", 0))
         return None
 
@@ -291,9 +369,8 @@ class Account:
 
     def _count_tokens(self, now: float, kind: str, tokens: int) -> None:
         self.counts["tokens"] += tokens
-        self.counts["peak_tokens"] = max(
-            self.counts["peak_tokens"], self.windows["tokens"].used(now)
-        )
+        self.held["tokens"].add(now, tokens)
+        self.counts["peak_tokens"] = max(self.counts["peak_tokens"], self.held["tokens"].used(now))
         self._event(now, kind, tokens)
 
     def usage(self, prompt: int, completion: int) -> None:
@@ -360,9 +437,12 @@ def anthropic_headers(state: dict[str, tuple[int, int, float]]) -> dict[str, str
     return headers
 
 
-def retry_after(refusal: Refusal) -> dict[str, str]:
-    """``retry-after`` in whole seconds, rounded up; none when waiting cannot help."""
-    return {} if refusal.wait == math.inf else {"retry-after": str(max(1, math.ceil(refusal.wait)))}
+def retry_after(refusal: Refusal, limits: Limits) -> dict[str, str]:
+    """``retry-after`` in whole seconds, rounded up; none when waiting cannot help, or when the
+    limits say to send none (``retry_after=0``: only the rate-limit headers say when)."""
+    if refusal.wait == math.inf or not limits.retry_after:
+        return {}
+    return {"retry-after": str(max(1, math.ceil(refusal.wait)))}
 
 
 OPENAI_LIMIT_NAMES = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}
@@ -480,7 +560,11 @@ def chat_completion(account: Account, request: dict[str, Any], seed: random.Rand
     refusal = account.admit({"tokens": prompt + budget * choices})
     headers = openai_headers(account.state())
     if refusal is not None:
-        return 429, openai_refusal(model, refusal), {**headers, **retry_after(refusal)}
+        return (
+            429,
+            openai_refusal(model, refusal),
+            {**headers, **retry_after(refusal, account.limits)},
+        )
     time.sleep(account.limits.latency)
     lengths = [seed.randint(1, budget) for _ in range(choices)]
     account.usage(prompt, sum(lengths))
@@ -515,7 +599,11 @@ def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -
     refusal = account.admit({"tokens": prompt})
     headers = openai_headers(account.state())
     if refusal is not None:
-        return 429, openai_refusal(model, refusal), {**headers, **retry_after(refusal)}
+        return (
+            429,
+            openai_refusal(model, refusal),
+            {**headers, **retry_after(refusal, account.limits)},
+        )
     time.sleep(account.limits.latency)
     account.usage(prompt, 0)
     size = int(request.get("dimensions") or 8)
@@ -544,13 +632,21 @@ def messages(account: Account, request: dict[str, Any], seed: random.Random) -> 
     if not isinstance(budget, int) or budget < 1:
         return anthropic_invalid("max_tokens: a positive integer is required")
     prompt = prompt_tokens(given, request.get("system"))
-    refusal = account.admit({"tokens": prompt, "input": prompt, "output": 0})
+    bucket = account.limits.refill == "bucket"
+    # (in bucket mode counted as OpenAI counts: prompt plus max_tokens at admission)
+    charges = (
+        {"tokens": prompt + budget, "input": prompt, "output": budget}
+        if bucket
+        else {"tokens": prompt, "input": prompt, "output": 0}
+    )
+    refusal = account.admit(charges)
     if refusal is not None:
         headers = anthropic_headers(account.state())
-        return 429, anthropic_refusal(refusal), {**headers, **retry_after(refusal)}
+        return 429, anthropic_refusal(refusal), {**headers, **retry_after(refusal, account.limits)}
     time.sleep(account.limits.latency)
     length = seed.randint(1, budget)
-    account.charge_output(length)
+    if not bucket:
+        account.charge_output(length)
     account.usage(prompt, length)
     answer = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",

@@ -19,9 +19,11 @@ from batchsync.limits import (
     Gates,
     HostSlots,
     LimitsUnavailable,
-    TokenBucket,
+    Refusal,
 )
+from batchsync.rates import parse_rate
 from batchsync.verdict import retry, success, terminal
+from batchsync.window import LocalWindow, Window
 
 from .fakeclock import FakeClock
 
@@ -32,24 +34,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def test_token_bucket_allows_a_burst_then_spaces_tokens_at_the_rate() -> None:
-    clock = Clock()
-    bucket = TokenBucket(rate=10, burst=3, clock=clock)
-    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert [round(bucket.reserve(), 3) for _ in range(3)] == [0.1, 0.2, 0.3]
-    clock.now += 1.0  # the debt is paid and 0.6 s of tokens saved up, capped at the burst
-    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert round(bucket.reserve(), 3) == 0.1
-
-
-def test_a_refunded_token_serves_the_next_caller() -> None:
-    bucket = TokenBucket(rate=1, burst=1, clock=Clock())
-    assert bucket.reserve() == 0.0
-    assert bucket.reserve() == pytest.approx(1.0)
-    bucket.refund()
-    assert bucket.reserve() == pytest.approx(1.0)
 
 
 def test_host_slots_count_per_host() -> None:
@@ -267,8 +251,10 @@ def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() 
     out during a cooldown that began meanwhile (a 429 answered to another worker)."""
     clock = FakeClock()
     board = Cooldowns(clock.now)
-    gates = Gates(rate=TokenBucket(rate=4, burst=1, clock=clock.now), cooldowns=board, clock=clock)
-    assert isinstance(admitted(gates, clock=clock), Admission)  # the next token is 0.25 s off
+    gates = Gates(
+        rate=LocalWindow(clock.now), rate_window=Window(4, 1), cooldowns=board, clock=clock
+    )
+    assert isinstance(admitted(gates, clock=clock), Admission)  # the next send is 0.25 s off
     held_at: list[float] = []
 
     def hold() -> None:  # (the attempt is past the cooldown gate, waiting for its token)
@@ -290,22 +276,30 @@ def test_cooldown_off_ignores_retry_after() -> None:
     assert isinstance(admitted(gates, budget=1.0), Admission)
 
 
-def test_a_token_wait_past_the_budget_gives_up_and_returns_the_token() -> None:
-    bucket = TokenBucket(rate=0.5, burst=1)
-    gates = Gates(rate=bucket)
-    assert isinstance(admitted(gates), Admission)
-    assert admitted(gates, budget=1.0) == "budget"  # the next token is 2 s away
-    assert bucket.reserve() == pytest.approx(2.0, abs=0.05)  # the refunded token is not lost
+def test_a_rate_wait_past_the_budget_gives_up_at_once_and_says_why() -> None:
+    clock = FakeClock()
+    gates = Gates(rate=LocalWindow(clock.now), rate_window=Window.of(parse_rate(0.5)), clock=clock)
+    first = admitted(gates, clock=clock)
+    assert isinstance(first, Admission)
+    gates.release(first, host_feedback(success(None, HttpFacts(200))))
+    began = clock.now()
+    refused = gates.enter("h", Allowance(clock.now() + 1.0), threading.Event())
+    assert refused == Refusal(
+        "budget", "the token limit of 1 per 2 s has room again in 2.0 s, more than the budget left"
+    )
+    assert clock.now() == began  # (refused without waiting for what cannot come in time)
+    clock.time += 2.0  # the refused attempt took nothing: the next one goes at once
+    assert isinstance(admitted(gates, clock=clock), Admission)
 
 
 def test_gates_record_time_spent_waiting() -> None:
     clock = FakeClock()
-    gates = Gates(rate=TokenBucket(rate=10, burst=1, clock=clock.now), clock=clock)
+    gates = Gates(rate=LocalWindow(clock.now), rate_window=Window(10, 1), clock=clock)
     for _ in range(3):
         admission = admitted(gates, clock=clock)
         assert isinstance(admission, Admission)
         gates.release(admission, host_feedback(success(None, HttpFacts(200))))
-    # the first token is saved up; the next two come 0.1 s apart
+    # the first goes at once; the next two are paced 0.1 s apart
     assert gates.waits.seconds["token"] == pytest.approx(0.2, abs=0.05)
 
 
@@ -343,29 +337,39 @@ def test_a_refused_probe_is_given_back() -> None:
     assert breaker.check("h")[0] == "probe"
 
 
-class FlakyBucket:
-    """A shared rate limiter whose backend is down until ``up`` is set."""
+class FlakyWindow:
+    """A shared window whose backend is down until ``up`` is set."""
+
+    poll = 0.02
 
     def __init__(self) -> None:
         self.up = threading.Event()
         self.asked = 0
 
-    def reserve(self, amount: float = 1.0) -> float:
+    def take(
+        self, amount: float, window: Window, turn: object, longest: float
+    ) -> tuple[object | None, float]:
         self.asked += 1
         if not self.up.is_set():
             raise LimitsUnavailable("Redis at redis://127.0.0.1:1/0: connection refused")
-        return 0.0
+        return object(), 0.0
 
-    def refund(self, amount: float = 1.0) -> None:
+    def finish(self, entry: object, used: float | None) -> None:
+        """Nothing to end."""
+
+    def cancel(self, entry: object) -> None:
         """Nothing to give back."""
 
-    def at_most(self, level: float) -> None:
-        """Nothing to cap."""
+    def withdraw(self, turn: object) -> None:
+        """No line."""
+
+    def changed(self) -> threading.Event:
+        return threading.Event()
 
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
-    clock, bucket = FakeClock(), FlakyBucket()
-    gates = Gates(rate=bucket, clock=clock)
+    clock, bucket = FakeClock(), FlakyWindow()
+    gates = Gates(rate=bucket, rate_window=Window(10, 1), clock=clock)
     clock.at(0.8, bucket.up.set)
     started = clock.now()
     assert isinstance(admitted(gates, budget=10, clock=clock), Admission)
@@ -374,7 +378,8 @@ def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
 
 
 def test_a_backend_down_for_the_whole_budget_never_lets_the_attempt_through() -> None:
-    clock, bucket = FakeClock(), FlakyBucket()
+    clock, bucket = FakeClock(), FlakyWindow()
     started = clock.now()
-    assert admitted(Gates(rate=bucket, clock=clock), budget=1.2, clock=clock) == "budget"
+    gates = Gates(rate=bucket, rate_window=Window(10, 1), clock=clock)
+    assert admitted(gates, budget=1.2, clock=clock) == "budget"
     assert clock.now() - started < 2

@@ -25,9 +25,8 @@ pytestmark = pytest.mark.integration
 # A short window: its limits are the minute's, in 3 s.
 WINDOW = 3.0
 TPM = 3000  # tokens a window: 1 000 a second
-# The budget a little under the limit, as for any server that counts over a sliding window:
-# what arrives a little late at the server would otherwise tip a window over.
-PER_MINUTE = f"{int(0.95 * TPM * 60 / WINDOW)}/min"
+# The budget at the server's limit itself: 1 000 tokens in any second keeps any 3 s to 3 000.
+LIMIT = f"{TPM / WINDOW:g}/s"
 
 
 def prefix(server: MockServerProcess, limits: str) -> tuple[str, str]:
@@ -54,14 +53,14 @@ def counted(server: MockServerProcess, key: str) -> dict[str, Any]:
 
 
 def kept_to_the_limit(stats: dict[str, Any]) -> None:
-    """No 429 after the first window, every full window but the last near the limit."""
+    """No 429 at all, no window of the server's over the limit, and most of the limit used
+    over the run (the benchmark measures how close it comes: 90 % and more, the price of
+    each answer's latency once a period)."""
     windows = stats["windows"]
     assert len(windows) >= 3, windows
-    assert all(window["rejected"] == 0 for window in windows[1:]), windows
-    middle = windows[1:-1]
-    assert all(window["tokens"] <= TPM for window in middle), windows
-    # (generous for a loaded machine: the benchmark measures how close it comes)
-    assert sum(window["tokens"] for window in middle) >= 0.6 * TPM * len(middle), windows
+    assert stats["rejected"] == 0, windows
+    assert stats["peak_tokens"] <= TPM, stats
+    assert stats["tokens"] >= 0.85 * TPM / WINDOW * stats["elapsed"], stats
 
 
 def test_the_library_keeps_to_the_tokens_a_window(server: MockServerProcess) -> None:
@@ -72,7 +71,7 @@ def test_the_library_keeps_to_the_tokens_a_window(server: MockServerProcess) -> 
          "json": row}
         for row in rows
     ]  # fmt: skip
-    rs = fetch_all(items, concurrency=16, token_rate=PER_MINUTE, budget=120, attempts=5)
+    rs = fetch_all(items, concurrency=16, token_rate=LIMIT, budget=120, attempts=5)
     assert [r.id for r in rs] == [{"row": n} for n in range(120)]
     assert all(r.ok for r in rs), rs.summary()
     assert all(r.data["usage"]["total_tokens"] > 0 for r in rs)
@@ -87,7 +86,7 @@ def test_the_cookbooks_file_runs_from_the_command_line(
     (tmp_path / "requests.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     done = run_cli(
         "requests.jsonl", "--url", f"{base}/v1/chat/completions", "--row-as-body",
-        "--token-rate", PER_MINUTE, "--rate", "100000/min", "-c", "16", "--attempts", "5",
+        "--token-rate", LIMIT, "--rate", "100000/min", "-c", "16", "--attempts", "5",
         "--budget", "120", "-q", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -108,9 +107,7 @@ def test_an_sdk_batch_reads_the_headers_and_usage_of_raw_responses(
     def complete(body: dict[str, Any]) -> Any:
         return client.chat.completions.with_raw_response.create(**body)
 
-    rs = batchsync.run_all(
-        complete, rows, concurrency=8, token_rate=PER_MINUTE, budget=120, attempts=5
-    )
+    rs = batchsync.run_all(complete, rows, concurrency=8, token_rate=LIMIT, budget=120, attempts=5)
     assert all(r.ok for r in rs), rs.summary()
     assert all(r.data.parse().usage.total_tokens > 0 for r in rs)
     kept_to_the_limit(counted(server, key))

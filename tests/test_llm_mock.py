@@ -21,12 +21,13 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+import requests
 
 from .mockserver import ROOT, MockServerProcess
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mock_llm import Window, go_duration, nearest_thousand, parse_limits, rfc3339
+from mock_llm import Bucket, Window, go_duration, nearest_thousand, parse_limits, rfc3339
 
 pytestmark = pytest.mark.integration
 
@@ -415,3 +416,138 @@ def test_the_cookbook_peer_runs_its_batch_against_the_mock(
     counted = stats(server, key)
     assert (summary["num_tasks_succeeded"], counted["requests"]) == (40, 40)
     assert summary["num_rate_limit_errors"] == counted["rejected"] > 0
+
+
+# The token bucket (refill=bucket) and the 429s without retry-after (retry_after=0), driven by
+# plain requests.
+
+
+def seconds(duration: str) -> float:
+    """A Go duration of OpenAI's reset headers (``1.5s``, ``20ms``, ``1m2s``) in seconds."""
+    match = GO_DURATION.match(duration)
+    assert match, duration
+    hours, minutes, rest = match.group(1), match.group(2), match.group(3)
+    total = int(hours[:-1]) * 3600 if hours else 0.0
+    total += int(minutes[:-1]) * 60 if minutes else 0
+    return total + (float(rest[:-2]) / 1000 if rest.endswith("ms") else float(rest[:-1]))
+
+
+def chat(base: str, text: str = "hi", max_tokens: int = 10) -> requests.Response:
+    body = {"model": "gpt-mock", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    return requests.post(f"{base}/v1/chat/completions", json=body, timeout=10)
+
+
+def test_refill_and_retry_after_are_read_from_the_path() -> None:
+    assert parse_limits("-").refill == "window"
+    assert parse_limits("-").retry_after is True
+    limits = parse_limits("rpm=5,refill=bucket,retry_after=0")
+    assert (limits.rpm, limits.refill, limits.retry_after) == (5, "bucket", False)
+    assert parse_limits("refill=window,retry_after=1") == parse_limits("-")
+    for bad in ("refill=leaky", "refill", "retry_after=2"):
+        with pytest.raises(ValueError):
+            parse_limits(bad)
+
+
+def test_a_bucket_starts_full_and_refills_evenly() -> None:
+    bucket = Bucket(10.0, 100)  # 10 a second
+    assert bucket.wait_for(0.0, 100, 100) == 0
+    bucket.add(0.0, 100)
+    assert bucket.used(0.0) == 100
+    assert bucket.wait_for(0.0, 20, 100) == 2.0
+    assert bucket.reset_in(0.0) == 10.0
+    assert bucket.used(2.5) == 75  # 25 back after 2.5 s
+    assert bucket.wait_for(2.5, 101, 100) == math.inf
+    assert bucket.reset_in(2.5) == 7.5
+    assert bucket.used(30.0) == 0  # never more than full
+    assert bucket.reset_in(30.0) == 0
+
+
+def test_a_bucket_admits_its_full_count_at_once_then_refills(server: MockServerProcess) -> None:
+    """5 requests a 2-s window as a bucket: all 5 at once, then one each 0.4 s (a sliding
+    window would admit none until 2 s after the first)."""
+    base, key = prefix(server, "rpm=5,tpm=1000000,window=2,refill=bucket")
+    remaining = []
+    for _ in range(5):
+        reply = chat(base)
+        assert reply.status_code == 200, reply.text
+        remaining.append(int(reply.headers["x-ratelimit-remaining-requests"]))
+    assert remaining == [4, 3, 2, 1, 0]
+    refused = chat(base)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.headers["retry-after"] == "1"  # (one request back in 0.4 s, rounded up)
+    assert 0 < seconds(refused.headers["x-ratelimit-reset-requests"]) <= 2.0
+    time.sleep(0.5)  # 1.25 requests back
+    assert chat(base).status_code == 200
+    assert chat(base).status_code == 429
+    counted = stats(server, key)
+    assert (counted["requests"], counted["rejected"]) == (6, 2)
+    assert counted["peak_requests"] == 6  # more than rpm in a window: the bucket's way
+    assert [kind for _, kind, _ in counted["log"]] == ["admitted"] * 5 + [
+        "rejected",
+        "admitted",
+        "rejected",
+    ]
+
+
+def test_a_sliding_window_holds_no_more_than_its_limit(server: MockServerProcess) -> None:
+    base, key = prefix(server, "rpm=5,tpm=1000000,window=2")
+    assert [chat(base).status_code for _ in range(6)] == [200] * 5 + [429]
+    time.sleep(0.5)
+    assert chat(base).status_code == 429  # (a bucket would have given one back)
+    counted = stats(server, key)
+    assert (counted["requests"], counted["rejected"], counted["peak_requests"]) == (5, 2, 5)
+
+
+def test_a_bucket_says_remaining_and_when_it_is_full_again(server: MockServerProcess) -> None:
+    """1000 tokens a 4-s window as a bucket, 250 back a second: after 600 tokens, 400 are
+    left and it is full again in 600 / 250 = 2.4 s (a sliding window would say 4 s)."""
+    base, key = prefix(server, "rpm=1000,tpm=1000,window=4,refill=bucket")
+    text = "x" * (4 * (600 - 6 - 10))  # 600 tokens with max_tokens 10
+    reply = chat(base, text, 10)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-ratelimit-remaining-tokens"] == "400"  # floored: never 401
+    assert 2.3 <= seconds(reply.headers["x-ratelimit-reset-tokens"]) <= 2.4
+    assert 0 < seconds(reply.headers["x-ratelimit-reset-requests"]) <= 0.004  # 1 of 1000
+    time.sleep(0.4)  # 100 back
+    second = chat(base, text, 10)
+    assert second.status_code == 429
+    assert 0.8 <= seconds(second.headers["x-ratelimit-reset-tokens"]) * 250 / 600 <= 1
+    assert 490 <= int(second.headers["x-ratelimit-remaining-tokens"]) <= 520
+    assert second.headers["retry-after"] == "1"
+    counted = stats(server, key)
+    assert (counted["tokens"], counted["rejected"], counted["peak_tokens"]) == (600, 1, 600)
+
+
+def test_retry_after_0_leaves_it_off_a_429_but_keeps_the_rate_limit_headers(
+    server: MockServerProcess,
+) -> None:
+    for refill in ("window", "bucket"):
+        base, _ = prefix(server, f"rpm=1,tpm=100000,window=5,retry_after=0,refill={refill}")
+        assert chat(base).status_code == 200
+        refused = chat(base)
+        assert refused.status_code == 429, refill
+        assert "retry-after" not in refused.headers, refill
+        assert all(name in refused.headers for name in OPENAI_HEADERS), refill
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert 4 <= seconds(refused.headers["x-ratelimit-reset-requests"]) <= 5, refill
+    base, _ = prefix(server, "rpm=1,tpm=100000,window=5")
+    chat(base)
+    assert chat(base).headers["retry-after"] == "5"  # (the default: retry-after sent)
+
+
+def test_anthropic_in_a_bucket_is_counted_at_admission_as_openai_is(
+    server: MockServerProcess,
+) -> None:
+    base, key = prefix(server, "rpm=100,tpm=1000,window=10,refill=bucket")
+    body = {"model": "claude-mock", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "x" * 376}]}  # 100 + 100 tokens
+    headers = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}  # fmt: skip
+    reply = requests.post(f"{base}/v1/messages", json=body, headers=headers, timeout=10)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["anthropic-ratelimit-tokens-remaining"] == "1000"  # 800: nearest 1000
+    assert reply.headers["anthropic-ratelimit-output-tokens-remaining"] == "1000"  # 900
+    counted = stats(server, key)
+    assert [(kind, tokens) for _, kind, tokens in counted["log"]] == [("admitted", 200)]
+    assert counted["tokens"] == counted["peak_tokens"] == 200

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchsync.rates import Rate, parse_rate
+from batchsync.window import Window
 
 
 @pytest.mark.parametrize(
@@ -119,17 +120,22 @@ def test_a_rate_is_shown_as_a_user_writes_it(rate: Rate, shown: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("rate", "per_second"),
+    ("rate", "count", "period"),
     [
-        (parse_rate("500/min"), 500 / 60),
-        (parse_rate("3600/h"), 1.0),
-        (parse_rate("10/s"), 10.0),
-        (parse_rate(2.5), 2.5),
-        (parse_rate("200000/min"), 200000 / 60),
+        (parse_rate("500/min"), 500, 60),
+        (parse_rate("3600/h"), 3600, 3600),
+        (parse_rate("10/s"), 10, 1),
+        (parse_rate(2.5), 2.5, 1),
+        (parse_rate(0.5), 1, 2),  # below one a period: one in the period that makes it one
+        (parse_rate("0.25/min"), 1, 240),
     ],
 )
-def test_per_second_is_what_a_bucket_refills_at(rate: Rate, per_second: float) -> None:
-    assert rate.per_second == per_second
+def test_a_rate_is_held_over_the_window_of_its_period(
+    rate: Rate, count: float, period: float
+) -> None:
+    window = Window.of(rate)
+    assert (window.count, window.period) == (count, period)
+    assert window.interval == period / count
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ import pytest
 import requests
 
 from batchsync import Backoff, fetch_all
-from batchsync.clock import SYSTEM
 
 from .mockserver import MockServerProcess, busiest_second, in_flight_peak
 from .services import redis_server
@@ -234,22 +233,28 @@ def test_a_partition_leaves_metrics_and_traces_to_its_client(
     assert asked == []
 
 
-def test_a_token_budget_is_shared_through_redis_by_weight(redis_url: str) -> None:
-    """Two processes' budgets are one: what one takes, the other waits for; what one gives
-    back (an answer that used less), the other may take at once."""
+def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> None:
+    """Two processes' windows are one log: what one takes, the other waits for (its pace,
+    then its room); what one never sent, the other may take; an entry leaves one period after
+    its attempt ended, not before."""
     from batchsync.contrib import shared_limits
-    from batchsync.tokenrate import TokenRate
+    from batchsync.window import INFINITE, Window
 
     quota = namespace()
-    budget = TokenRate.of("6000/min")  # 100 tokens a second, starting empty
+    window = Window(100, 1)  # 100 tokens in any second, one each 10 ms
     first, second = (shared_limits(redis_url, quota, 10.0) for _ in range(2))
-    one = first.token_bucket(100.0, 6000, name="tokens", start=0.0)
-    other = second.token_bucket(100.0, 6000, name="tokens", start=0.0)
-    assert one.reserve(50) == pytest.approx(0.5, abs=0.4)  # empty: 50 tokens take 0.5 s
-    assert other.reserve(50) == pytest.approx(1.0, abs=0.4)  # behind the first's 50
-    one.refund(100)  # both given back: nothing owed
-    assert other.reserve(10) == pytest.approx(0.1, abs=0.4)
-    other.at_most(-1000)  # the provider says far less is left: 10 s of debt
-    assert one.reserve(0) == pytest.approx(10.0, abs=0.4)
-    gate = budget.gate(concurrency=2, shared=first, clock=SYSTEM)
-    assert gate.budget.reserve(0) == pytest.approx(10.0, abs=0.4)  # the same shared bucket
+    one, other = first.window("tokens"), second.window("tokens")
+    taken, wait = one.take(40, window, object(), 5.0)
+    assert taken is not None and wait == 0
+    refused, wait = other.take(40, window, object(), 5.0)  # paced behind the first's 40
+    assert refused is None and wait == pytest.approx(0.4, abs=0.2)
+    time.sleep(0.45)
+    refused, wait = other.take(80, window, object(), 5.0)  # 120 > 100, the 40 in flight
+    assert refused is None and wait == INFINITE
+    one.cancel(taken)  # never sent: its room is back
+    again, wait = other.take(80, window, object(), 5.0)
+    assert again is not None and wait == 0
+    other.finish(again, 90)  # the answer said 90: the log holds 90 for a second from now
+    time.sleep(0.8)
+    refused, wait = one.take(60, window, object(), 5.0)
+    assert refused is None and wait == pytest.approx(0.2, abs=0.15)

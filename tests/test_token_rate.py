@@ -5,6 +5,7 @@ request would overdraw the tokens they say are left."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from batchsync.calls import CallJob
 from batchsync.classify import classify_raised, host_feedback
 from batchsync.gates import Admission
 from batchsync.httpfacts import HttpFacts, facts_of
-from batchsync.limits import Cooldowns, Gates, QuotaGate
+from batchsync.limits import Cooldowns, Gates, QuotaGate, Refusal
 from batchsync.options import CallOptions, FetchOptions, build
 from batchsync.provider import Announced
 from batchsync.quota import answer_limits
@@ -36,13 +37,15 @@ def admit(gates: Gates, clock: FakeClock, cost: int, budget: float = 600.0) -> A
     return gates.admit("h", Allowance(clock.now() + budget), threading.Event(), cost)
 
 
-def test_a_budget_starts_empty_and_each_attempt_waits_for_its_cost_at_the_rate() -> None:
+def test_a_budget_is_paced_from_the_start_each_cost_spacing_the_next() -> None:
     clock = FakeClock()
-    gates = gates_with("600/min", clock)  # 10 tokens a second
+    gates = gates_with("600/min", clock)  # 600 tokens in any minute: one each 0.1 s
     started = clock.now()
-    assert isinstance(admit(gates, clock, 20), Admission)
+    assert isinstance(admit(gates, clock, 20), Admission)  # no burst saved up, none owed
+    assert clock.now() == started
+    assert isinstance(admit(gates, clock, 50), Admission)  # behind the first's 20: 2 s
     assert clock.now() - started == pytest.approx(2.0)
-    assert isinstance(admit(gates, clock, 50), Admission)
+    assert isinstance(admit(gates, clock, 10), Admission)  # behind the 50: 5 s more
     assert clock.now() - started == pytest.approx(7.0)
     assert gates.waits.seconds["tokens"] == pytest.approx(7.0)
 
@@ -56,41 +59,27 @@ def test_an_attempt_that_weighs_nothing_passes_without_taking_from_the_budget() 
     assert clock.now() == started
 
 
-def test_what_the_answer_used_replaces_the_estimate() -> None:
+def test_a_window_holds_what_the_answer_used_when_more_never_less_and_for_a_period() -> None:
+    """The server may count what was asked for (``max_tokens``): an answer that used less
+    gives nothing back; one that used more holds more. An entry leaves one period after its
+    attempt ended."""
     clock = FakeClock()
     gates = gates_with("600/min", clock)
-    clock.time += 60  # a full budget: 600 tokens
-    first = admit(gates, clock, 500)
+    first = admit(gates, clock, 100)
     assert isinstance(first, Admission)
-    gates.release(first, Feedback(used=100))  # 400 given back: 500 left
+    gates.release(first, Feedback(used=300))  # 300 held, ended at 0: leaves at 60
     started = clock.now()
-    assert isinstance(admit(gates, clock, 500), Admission)
-    assert clock.now() == started
-    second = admit(gates, clock, 10)  # nothing left: 1 s for 10 tokens
-    assert clock.now() - started == pytest.approx(1.0)
+    second = admit(gates, clock, 300)  # paced 10 s behind; 600 held then
     assert isinstance(second, Admission)
-    gates.release(second, Feedback(used=110))  # 100 more taken: 10 s more for the next 0+
-    started = clock.now()
-    assert isinstance(admit(gates, clock, 10), Admission)
-    assert clock.now() - started == pytest.approx(11.0)
+    assert clock.now() - started == pytest.approx(10.0)
+    gates.release(second, Feedback(used=5))  # used less: still 300
+    assert isinstance(admit(gates, clock, 10), Admission)  # 610 > 600: until the first leaves
+    assert clock.now() - started == pytest.approx(60.0)
 
 
-def test_the_providers_remaining_tokens_cap_the_budget_and_stand_over_usage() -> None:
+def test_an_attempt_never_sent_gives_its_tokens_and_its_pace_back() -> None:
     clock = FakeClock()
     gates = gates_with("600/min", clock)
-    clock.time += 60
-    first = admit(gates, clock, 100)  # 500 left to us
-    assert isinstance(first, Admission)
-    gates.release(first, Feedback(announced=Announced(tokens_remaining=20), used=1))
-    started = clock.now()
-    assert isinstance(admit(gates, clock, 40), Admission)  # 20 there, 20 more in 2 s
-    assert clock.now() - started == pytest.approx(2.0)
-
-
-def test_an_attempt_never_sent_gives_its_tokens_back() -> None:
-    clock = FakeClock()
-    gates = gates_with("600/min", clock)
-    clock.time += 60
     first = admit(gates, clock, 600)
     assert isinstance(first, Admission)
     gates.abandon(first)
@@ -99,14 +88,20 @@ def test_an_attempt_never_sent_gives_its_tokens_back() -> None:
     assert clock.now() == started
 
 
-def test_a_wait_the_items_budget_cannot_cover_ends_it_and_takes_nothing() -> None:
+def test_a_wait_the_items_budget_cannot_cover_ends_it_at_once_and_takes_nothing() -> None:
     clock = FakeClock()
-    gates = gates_with("60/min", clock)  # 1 token a second
-    assert admit(gates, clock, 30, budget=10.0) == "budget"
-    clock.time += 30
+    gates = gates_with("60/min", clock)  # 60 tokens in any minute: one each second
+    assert isinstance(admit(gates, clock, 30), Admission)
     started = clock.now()
-    assert isinstance(admit(gates, clock, 30), Admission)  # the refused 30 were given back
+    refused = gates.enter("h", Allowance(clock.now() + 10.0), threading.Event(), 30)
+    assert isinstance(refused, Refusal) and refused.kind == "budget"
+    assert refused.why == (
+        "the tokens limit of 60 per 60 s has room again in 30.0 s, more than the budget left"
+    )
     assert clock.now() == started
+    clock.time += 30
+    assert isinstance(admit(gates, clock, 30), Admission)  # the refused 30 took nothing
+    assert clock.now() == started + 30
 
 
 @pytest.mark.parametrize(
@@ -116,6 +111,7 @@ def test_a_wait_the_items_budget_cannot_cover_ends_it_and_takes_nothing() -> Non
         (lambda item: 1 / 0, "cost raised ZeroDivisionError"),
         (lambda item: -1, "cost must give a whole number of tokens"),
         (lambda item: 2.5, "cost must give a whole number of tokens"),
+        (lambda item: 10**400, "cost must give a whole number of tokens from 0 to"),
     ],
 )
 def test_an_item_whose_cost_is_unusable_or_too_large_is_invalid(cost: Any, error: str) -> None:
@@ -135,14 +131,15 @@ def test_usage_that_cannot_be_read_leaves_the_estimate() -> None:
     assert [used_tokens(usage, {}) for usage in unusable] == [None, None, None]
 
 
-def test_the_tokens_a_host_says_are_left_hold_its_attempts_before_they_overdraw() -> None:
-    """No budget of its own: once an answer says 300 of 1 300 tokens are left, back in full
-    in 10 s (100 a second), attempts take from those and wait for what is missing; what was
-    taken after the answered attempt is not in its count, and is taken off it."""
+def test_the_tokens_a_host_says_are_left_hold_its_attempts_until_its_reset() -> None:
+    """No budget of its own: once an answer says 300 of 1 300 tokens are left, the whole
+    count back in 10 s, attempts take from those 300 and wait for the reset for more (a
+    sliding window may free nothing sooner); what was taken after the answered attempt is
+    not in its count, and is taken off it."""
     clock = FakeClock()
     gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
     said = Announced(tokens_limit=1300, tokens_remaining=300, tokens_reset=10.0)
-    first = admit(gates, clock, 200)  # nothing told yet: sent at once
+    first = admit(gates, clock, 200)  # nothing told yet: the host's first, alone
     assert isinstance(first, Admission)
     gates.release(first, Feedback(announced=said))  # 300 left
     started = clock.now()
@@ -150,13 +147,65 @@ def test_the_tokens_a_host_says_are_left_hold_its_attempts_before_they_overdraw(
     assert isinstance(answered, Admission) and isinstance(after, Admission)
     assert clock.now() == started
     gates.release(answered, Feedback(announced=said))  # 300 left, less the 100 sent after
-    assert isinstance(admit(gates, clock, 400), Admission)  # 200 there: 200 more, 2 s
-    assert clock.now() - started == pytest.approx(2.0)
+    assert isinstance(admit(gates, clock, 400), Admission)  # 200 there: wait for the reset
+    assert clock.now() - started == pytest.approx(10.0)
     gates.abandon(after)  # never sent after all: its 100 back
-    assert isinstance(admit(gates, clock, 100), Admission)
-    assert clock.now() - started == pytest.approx(2.0)
+    assert isinstance(admit(gates, clock, 800), Admission)  # 1300 - 400 taken since: 900
+    assert clock.now() - started == pytest.approx(10.0)
     assert isinstance(admit(gates, clock, 0), Admission)  # weighs nothing: never held
     assert any(isinstance(gate, QuotaGate) for gate in gates.gates)
+
+
+def test_a_spent_count_without_a_limit_holds_until_its_reset() -> None:
+    clock = FakeClock()
+    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    first = admit(gates, clock, 10)
+    assert isinstance(first, Admission)
+    gates.release(first, Feedback(announced=Announced(tokens_remaining=0, tokens_reset=2.0)))
+    started = clock.now()
+    assert isinstance(admit(gates, clock, 10), Admission)
+    assert clock.now() - started == pytest.approx(2.0)
+
+
+def test_an_older_answer_never_undoes_what_a_newer_one_told() -> None:
+    clock = FakeClock()
+    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    probe = admit(gates, clock, 1)
+    assert isinstance(probe, Admission)
+    told = Announced(tokens_limit=1000, tokens_remaining=900, tokens_reset=5.0)
+    gates.release(probe, Feedback(announced=told))
+    older, newer = admit(gates, clock, 10), admit(gates, clock, 10)
+    assert isinstance(older, Admission) and isinstance(newer, Admission)
+    older.sent, newer.sent = clock.now() - 0.5, clock.now()
+    gates.release(newer, Feedback(announced=Announced(tokens_remaining=50, tokens_reset=5.0)))
+    gates.release(older, Feedback(announced=Announced(tokens_remaining=880, tokens_reset=5.0)))
+    started = clock.now()
+    assert isinstance(admit(gates, clock, 100), Admission)  # 50 left, as the newer said
+    assert clock.now() - started == pytest.approx(5.0)
+
+
+def test_before_a_hosts_first_answer_its_weighed_attempts_go_one_at_a_time() -> None:
+    """With many workers, a blind start would send a period's worth before the first count
+    came back: the second waits for the first's answer, then takes from its count."""
+    gates = Gates(cooldowns=Cooldowns())
+    first = gates.admit("h", Allowance(time.monotonic() + 30), threading.Event(), 100)
+    assert isinstance(first, Admission)
+    got: list[object] = []
+    second = threading.Thread(
+        target=lambda: got.append(
+            gates.admit("h", Allowance(time.monotonic() + 30), threading.Event(), 100)
+        )
+    )
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and not got  # held while the first is in flight
+    elsewhere = gates.admit("other", Allowance(time.monotonic() + 5), threading.Event(), 100)
+    assert isinstance(elsewhere, Admission)  # (another host's first is its own)
+    gates.release(first, Feedback(announced=Announced(tokens_remaining=150, tokens_reset=60)))
+    second.join(5)
+    assert got and isinstance(got[0], Admission)
+    refused = gates.admit("h", Allowance(time.monotonic() + 1), threading.Event(), 100)
+    assert refused == "budget"  # 150 - 100 taken since: 50 left until the reset in 60 s
 
 
 def test_an_answer_that_says_no_requests_are_left_holds_the_host_until_their_reset() -> None:
@@ -168,8 +217,8 @@ def test_an_answer_that_says_no_requests_are_left_holds_the_host_until_their_res
         {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s"},
         lambda: 0.0,
     )
-    assert said is not None and quota == 1.5
-    gates.release(answered, Feedback(quota=quota, announced=said))
+    assert said is not None and quota is None  # (the counts hold it, not a quota)
+    gates.release(answered, Feedback(announced=said))
     started = clock.now()
     assert isinstance(admit(gates, clock, 0), Admission)
     assert clock.now() - started == pytest.approx(1.5)
@@ -256,7 +305,7 @@ def test_a_call_reads_the_headers_on_the_exception_an_sdk_raises() -> None:
     assert facts.announced is not None and facts.announced.tokens_reset == 3.0
 
 
-def test_auto_takes_up_the_budgets_the_first_answer_announces() -> None:
+def test_auto_follows_the_limits_each_answer_announces(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     option = build(FetchOptions, rate="auto").announced_rates
     assert option is not None
@@ -266,14 +315,26 @@ def test_auto_takes_up_the_budgets_the_first_answer_announces() -> None:
     assert isinstance(first, Admission) and isinstance(second, Admission)
     assert clock.now() == started
     said = Announced(requests_limit=60, tokens_limit=600, tokens_remaining=590)
-    gates.release(first, Feedback(announced=said))  # 1 request a second, 10 tokens a second
+    gates.release(first, Feedback(announced=said))  # 60 requests, 600 tokens a minute
     gates.release(second, Feedback(announced=said))
-    assert isinstance(admit(gates, clock, 30), Admission)  # its 30 tokens: 3 s (none to start)
+    assert isinstance(admit(gates, clock, 30), Admission)  # evenly paced from here
+    assert clock.now() == started
+    assert isinstance(admit(gates, clock, 0), Admission)  # a request each second
+    assert clock.now() - started == pytest.approx(1.0)
+    up = admit(gates, clock, 0)
+    assert isinstance(up, Admission) and clock.now() - started == pytest.approx(2.0)
+    gates.release(up, Feedback(announced=Announced(requests_limit=120)))
+    assert isinstance(admit(gates, clock, 0), Admission)  # (its pace was set before)
     assert clock.now() - started == pytest.approx(3.0)
-    assert isinstance(admit(gates, clock, 0), Admission)  # the request rate's token came back
-    assert clock.now() - started == pytest.approx(3.0)
-    assert isinstance(admit(gates, clock, 0), Admission)  # and the next is 1 s later
-    assert clock.now() - started == pytest.approx(4.0)
+    assert isinstance(admit(gates, clock, 0), Admission)  # now one each 0.5 s
+    assert clock.now() - started == pytest.approx(3.5)
+    for _ in range(2):  # a limit of 0 cannot be one: ignored, said once
+        zero = admit(gates, clock, 0)
+        assert isinstance(zero, Admission)
+        gates.release(zero, Feedback(announced=Announced(requests_limit=0)))
+    assert [r.getMessage() for r in caplog.records].count(
+        "h announced a requests limit of 0, which cannot be a limit: ignored"
+    ) == 1
     assert build(FetchOptions, rate="auto", token_rate="60/s").announced_rates == AnnouncedRates(
         tokens=False
     )

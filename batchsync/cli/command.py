@@ -201,22 +201,25 @@ def _retry_kinds(
     callback=parse_rate_option,
     default=DEFAULT.rate,
     metavar="N[/s|/min|/h]",
-    help="At most this many attempts a second (or a minute, an hour: 500/min) over all "
-    "workers, retries included (bursts of up to the concurrency). auto: the requests (and, "
-    "without --token-rate, the tokens) a minute that the API's rate-limit headers announce "
-    "(OpenAI's x-ratelimit-limit-*, Anthropic's anthropic-ratelimit-*-limit), from the "
-    "first answer on.  [default: none; a bare N is per second]",
+    help="At most this many attempts in any second (or minute, hour: 500/min) over all "
+    "workers, retries included, as the server counts them: give the limit itself. Sends are "
+    "evenly paced (no burst at the start); an attempt counts until a period after it ended. "
+    "auto: the requests (and, without --token-rate, the tokens) a minute that the API's "
+    "rate-limit headers announce (OpenAI's x-ratelimit-limit-*, Anthropic's "
+    "anthropic-ratelimit-*-limit), following each answer.  [default: none; a bare N is per "
+    "second]",
 )
 @click.option(
     "--token-rate",
     callback=parse_rate_option,
     default=None,
     metavar="N[/s|/min|/h]",
-    help="A budget of LLM tokens over all workers (200000/min): each item takes its request "
-    "body's estimated tokens (the text of messages, input or prompt at about 4 characters a "
-    "token, plus max_tokens x n) before it is sent; the answer's remaining-tokens header, or "
-    "else its usage, sets the estimate right. An item that needs more than the whole budget "
-    "fails at once, unsent.  [default: none]",
+    help="At most this many LLM tokens in any second, minute or hour over all workers "
+    "(200000/min), held as --rate holds its count: give the limit itself. Each item takes its "
+    "request body's estimated tokens (the text of messages, input or prompt at about 4 "
+    "characters a token, plus max_tokens x n) before it is sent, or its usage when the answer "
+    "says more. An item that needs more than the whole budget fails at once, unsent.  "
+    "[default: none]",
 )
 @click.option(
     "--per-host",

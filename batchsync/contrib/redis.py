@@ -1,6 +1,6 @@
 """Limits shared through Redis (the optional ``redis`` extra), for several processes or machines.
 
-The same interfaces as the in-process limits in ``limits.py``: a token bucket, per-host slots,
+The same interfaces as the in-process limits in ``limits.py``: a window's log, per-host slots,
 cooldowns and circuit breakers, each kept in Redis under one namespace (the shared quota).
 Every decision is one atomic Lua script on the Redis server's clock, so processes on machines
 whose clocks disagree still agree on the limits. Slots are leases with a TTL that a holder
@@ -22,6 +22,10 @@ from urllib.parse import urlsplit
 
 from ..limits import Breaker, BreakerState, LimitsUnavailable
 from ..redact import Secrets
+from ..window import INFINITE, Window
+
+# The longest an attempt is taken to run, for forgetting the entries of a process that died.
+_LONGEST_ATTEMPT = 3600.0
 
 log = logging.getLogger("batchsync")
 
@@ -40,20 +44,67 @@ T = TypeVar("T")
 # Server time in seconds, as a float, inside a script.
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
-TOKEN_BUCKET = (
+# A window's log (see ``window``): KEYS[1] a hash of ``held`` (every entry's amount) and
+# ``paced`` (when the pace lets the next go), KEYS[2] the entries in flight (id -> when a
+# process that died is forgotten), KEYS[3] the ended ones (id -> when they leave), KEYS[4]
+# each entry's amount. Returns '0' when taken, else the seconds to wait ('-1': until an
+# attempt in flight ends).
+WINDOW_TAKE = (
     _NOW
     + """
-local rate, burst, take = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or tonumber(ARGV[4])
-local at = tonumber(state[2]) or now
-tokens = math.min(burst, tokens + (now - at) * rate)
-if ARGV[5] == 'at_most' then tokens = math.min(tokens, take)
-else tokens = math.min(burst, tokens - take) end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
-if tokens >= 0 then return '0' end
-return tostring(-tokens / rate)
+local amount, count, interval = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local id, hold = ARGV[4], tonumber(ARGV[5])
+local held = tonumber(redis.call('HGET', KEYS[1], 'held')) or 0
+local paced = tonumber(redis.call('HGET', KEYS[1], 'paced')) or now
+for _, log in ipairs({KEYS[3], KEYS[2]}) do
+  local gone = redis.call('ZRANGEBYSCORE', log, '-inf', now)
+  for _, old in ipairs(gone) do
+    held = held - (tonumber(redis.call('HGET', KEYS[4], old)) or 0)
+    redis.call('HDEL', KEYS[4], old)
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', log, '-inf', now) end
+end
+if held < 0 then held = 0 end
+redis.call('HSET', KEYS[1], 'held', tostring(held))
+local wait = paced - now
+local need = held + amount - count
+if need > 0 and held > 0 then
+  local room = -1
+  local ended = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+  for i = 1, #ended, 2 do
+    need = need - (tonumber(redis.call('HGET', KEYS[4], ended[i])) or 0)
+    if need <= 0 then room = tonumber(ended[i + 1]) - now break end
+  end
+  if room < 0 then return '-1' end
+  if room > wait then wait = room end
+end
+if wait > 0 then return tostring(wait) end
+redis.call('HSET', KEYS[4], id, tostring(amount))
+redis.call('ZADD', KEYS[2], now + hold, id)
+redis.call('HSET', KEYS[1], 'held', tostring(held + amount),
+  'paced', tostring(math.max(paced, now) + amount * interval))
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, math.ceil(hold) + 60) end
+return '0'
+"""
+)
+
+WINDOW_END = (
+    _NOW
+    + """
+local id, used, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
+local amount = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+if ARGV[4] == 'cancel' then
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('HINCRBYFLOAT', KEYS[1], 'held', -amount)
+  return 1
+end
+if used > amount then
+  redis.call('HSET', KEYS[4], id, tostring(used))
+  redis.call('HINCRBYFLOAT', KEYS[1], 'held', used - amount)
+end
+redis.call('ZADD', KEYS[3], now + period, id)
+return 1
 """
 )
 
@@ -195,10 +246,8 @@ class RedisLimits:
     def script(self, source: str) -> Any:
         return self._redis.register_script(source)
 
-    def token_bucket(
-        self, rate: float, burst: float, *, name: str = "rate", start: float | None = None
-    ) -> RedisTokenBucket:
-        return RedisTokenBucket(self, rate, burst, name=name, start=start)
+    def window(self, name: str) -> RedisWindow:
+        return RedisWindow(self, name)
 
     def slots(self, limit: int) -> RedisLeases:
         return RedisLeases(self, limit)
@@ -214,33 +263,49 @@ class RedisLimits:
         return self._redis
 
 
-class RedisTokenBucket:
-    """The shared token bucket (see limits.RateLimiter), kept under ``name``; it starts full,
-    or at ``start``, when no process has used it yet."""
+class RedisWindow:
+    """A window's shared log (see window.WindowLimiter), kept under ``name``: every process's
+    attempts in one log, on the Redis server's clock. Turns are not kept in line across
+    processes; a waiter looks again every ``poll`` seconds. An entry in flight is forgotten
+    once its attempt could no longer be running (its process died)."""
 
-    def __init__(
-        self, limits: RedisLimits, rate: float, burst: float, *, name: str, start: float | None
-    ) -> None:
+    poll = 0.02
+
+    def __init__(self, limits: RedisLimits, name: str) -> None:
         self._limits = limits
-        self._key = limits.key(name)
-        self._script = limits.script(TOKEN_BUCKET)
-        self._args = (rate, burst, burst if start is None else start)
+        self._keys = [limits.key(name, part) for part in ("state", "flying", "ended", "amounts")]
+        self._take = limits.script(WINDOW_TAKE)
+        self._end = limits.script(WINDOW_END)
+        self._periods: dict[str, float] = {}
 
-    def _run(self, amount: float, how: str) -> float:
-        rate, burst, start = self._args
-        wait = self._limits.guarded(
-            lambda: self._script(keys=[self._key], args=[rate, burst, amount, start, how])
-        )
-        return float(wait)
+    def take(
+        self, amount: float, window: Window, turn: object, longest: float
+    ) -> tuple[object | None, float]:
+        entry = uuid.uuid4().hex
+        hold = min(longest, _LONGEST_ATTEMPT) + window.period
+        args = [amount, window.count, window.interval, entry, hold]
+        wait = float(self._limits.guarded(lambda: self._take(keys=self._keys, args=args)))
+        if wait == 0:
+            self._periods[entry] = window.period
+            return entry, 0.0
+        return None, INFINITE if wait < 0 else wait
 
-    def reserve(self, amount: float = 1.0) -> float:
-        return self._run(amount, "take")
+    def finish(self, entry: object, used: float | None) -> None:
+        self._ended(entry, used or 0, "finish")
 
-    def refund(self, amount: float = 1.0) -> None:
-        self._run(-amount, "take")
+    def cancel(self, entry: object) -> None:
+        self._ended(entry, 0, "cancel")
 
-    def at_most(self, level: float) -> None:
-        self._run(level, "at_most")
+    def _ended(self, entry: object, used: float, how: str) -> None:
+        assert isinstance(entry, str)
+        args = [entry, used, self._periods.pop(entry, 0.0), how]
+        self._limits.guarded(lambda: self._end(keys=self._keys, args=args))
+
+    def withdraw(self, turn: object) -> None:
+        """No line is kept."""
+
+    def changed(self) -> threading.Event:
+        return threading.Event()  # (another process's change wakes nothing here: poll)
 
 
 class RedisLeases:
