@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from datetime import UTC
 
+from .numbers import seconds_of
+
 
 @dataclass(frozen=True)
 class Backoff:
@@ -59,12 +61,8 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     text = value.strip()
     if not text:
         return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    if text[0] in "0123456789.+-" and not any(char.isalpha() for char in text):
+        return seconds_of(text)  # (a number, or no usable one: ASCII digits, bounded)
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):

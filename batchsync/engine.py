@@ -672,20 +672,22 @@ class Engine:
             raise
 
     def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
-        """Tell the limits what an attempt came to. Whatever that raises (a hostile number
-        a limit could not use), the attempt stays counted and its answer kept; the limits
-        get back what they held, and learn nothing from it."""
+        """Tell the limits what an attempt came to (``Gates.release`` keeps each gate's failure
+        to itself). Whatever reading the answer for them raises, the attempt stays counted and
+        its answer kept; the limits get back what they held, and learn nothing from it."""
         if self._gates is None:
             return
         try:
-            self._gates.release(admission, job.feedback(verdict))
+            feedback = job.feedback(verdict)
         except Exception as exc:
             log.warning(
-                "the limits could not learn from an answer of %s: %s", task.url, type(exc).__name__
+                "the limits could not read an answer of %s: %s", task.url, type(exc).__name__
             )
             log.debug("the limits' failure", exc_info=True)
             with contextlib.suppress(Exception):
                 self._gates.abandon(admission)
+            return
+        self._gates.release(admission, feedback)
 
     @staticmethod
     def _stopped_short(

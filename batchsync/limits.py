@@ -696,12 +696,20 @@ class Gates:
                 gate.abandon(admission)
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
-        """Give back the slots and tell each limit what the attempt came to."""
+        """Give back the slots and tell each limit what the attempt came to. A gate that
+        cannot learn from it (a value it cannot use) gives back what it holds instead; the
+        others still learn."""
         for gate in self.gates:
             try:
                 gate.release(admission, feedback)
             except LimitsUnavailable as exc:  # leases expire; what this attempt taught is lost
                 self._unavailable(exc)
+            except Exception as exc:
+                log.warning("the %s limit could not learn from an answer: %s", gate.name,
+                            type(exc).__name__)  # fmt: skip
+                log.debug("the %s limit's failure", gate.name, exc_info=True)
+                with contextlib.suppress(Exception):
+                    gate.abandon(admission)
 
 
 def _limit_gates(

@@ -115,11 +115,13 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
             _duration(found, f"{_OPENAI}reset-tokens"), _until(found, f"{tokens}reset", now)
         ),
         retry_after=_either(*(_millis(found, name) for name in _RETRY_AFTER_MS)),
-        unreadable=tuple(
-            name
-            for name, value in found.items()
-            if name.endswith("limit") or "-limit-" in name
-            if count_of(value) is None
+        unreadable=tuple(  # (sorted: the headers' order says nothing)
+            sorted(
+                name
+                for name, value in found.items()
+                if name.endswith("limit") or "-limit-" in name
+                if count_of(value) is None
+            )
         ),
     )
 

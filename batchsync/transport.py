@@ -188,7 +188,7 @@ def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
     if isinstance(remaining, int):
         return remaining
     value = headers.get("Content-Length")
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 # The headers requests sends by default (User-Agent, Accept-Encoding, Accept, Connection).

@@ -42,14 +42,18 @@ CONCURRENCY = 32
 ATTEMPTS = 5  # the cookbook script's
 METHODS = ["batchsync-cli", "batchsync", "peer", "peer-75%"]
 HEADROOM = 0.75  # what the cookbook tells its users to give the script ("50% or 75%")
-# What batchsync is given: its recipe's advice for a server that counts over a sliding window.
-SHARE = 0.95
 HEADING = "## LLM batch"
 
 
 def per_minute(count: float) -> str:
     """A count a window as the rate a client is given: per real minute, scaled."""
     return f"{round(count * 60 / WINDOW)}/min"
+
+
+def per_second(count: float) -> str:
+    """A count a window as batchsync is given it: the limit itself, a second's share (no
+    second over it keeps every window of whole seconds to the count)."""
+    return f"{count / WINDOW:g}/s"
 
 
 def write_rows(path: Path, count: int) -> int:
@@ -84,8 +88,8 @@ def flags(options: dict[str, str]) -> list[str]:
 
 def command(method: str, url: str, rows: Path, folder: Path) -> list[str]:
     if method == "batchsync-cli":
-        options = {"--url": url, "--method": "POST", "--rate": per_minute(RPM * SHARE),
-                   "--token-rate": per_minute(TPM * SHARE), "-c": str(CONCURRENCY),
+        options = {"--url": url, "--method": "POST", "--rate": per_second(RPM),
+                   "--token-rate": per_second(TPM), "-c": str(CONCURRENCY),
                    "--attempts": str(ATTEMPTS), "-o": str(folder / "cli-out")}  # fmt: skip
         batchsync = [sys.executable, "-m", "batchsync", str(rows), *flags(options)]
         return [*batchsync, "--row-as-body", "-q", "--fresh"]
@@ -108,8 +112,8 @@ def run_library(rows: Path, url: str) -> None:
         metadata = body.pop("metadata", None)
         items.append({"url": url, "method": "POST", "json": body, "id": metadata})
     limits: dict[str, Any] = {
-        "rate": per_minute(RPM * SHARE),
-        "token_rate": per_minute(TPM * SHARE),
+        "rate": per_second(RPM),
+        "token_rate": per_second(TPM),
     }
     results = fetch_all(items, concurrency=CONCURRENCY, attempts=ATTEMPTS, progress=False, **limits)
     print(json.dumps({"ok": sum(1 for r in results if r.ok), "items": len(results)}))
@@ -235,9 +239,9 @@ def section(repeats: int, methods: list[str] = METHODS) -> list[str]:
         f"`max_tokens` 16 to 128, the cookbook's JSONL with `metadata`) count {tokens:,} "
         f"tokens, {tokens / TPM:.1f} windows' worth. `batchsync-cli` is `python -m batchsync "
         f"rows.jsonl --url …/v1/chat/completions --method POST --row-as-body --rate "
-        f"{per_minute(RPM * SHARE)} --token-rate {per_minute(TPM * SHARE)} -c {CONCURRENCY} "
-        f"--attempts {ATTEMPTS} -q` ({SHARE:.0%} of the limits, as the LLM recipe advises for "
-        "a server that counts over a sliding window); `batchsync` is `fetch_all` with the "
+        f"{per_second(RPM)} --token-rate {per_second(TPM)} -c {CONCURRENCY} "
+        f"--attempts {ATTEMPTS} -q` (the limits themselves, a second's share of each window's "
+        "count); `batchsync` is `fetch_all` with the "
         "same rates (`rate=`, `token_rate=`), the metadata as each item's id; `peer` is "
         "`scripts/llm_peer.py`, "
         "the asyncio script written as the OpenAI cookbook's parallel processor is (request "

@@ -433,8 +433,8 @@ def seconds(duration: str) -> float:
 
 
 def chat(base: str, text: str = "hi", max_tokens: int = 10) -> requests.Response:
-    body = {"model": "gpt-mock", "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    body: dict[str, Any] = {"model": "gpt-mock", "max_tokens": max_tokens,
+                            "messages": [{"role": "user", "content": text}]}  # fmt: skip
     return requests.post(f"{base}/v1/chat/completions", json=body, timeout=10)
 
 
@@ -541,8 +541,11 @@ def test_anthropic_in_a_bucket_is_counted_at_admission_as_openai_is(
     server: MockServerProcess,
 ) -> None:
     base, key = prefix(server, "rpm=100,tpm=1000,window=10,refill=bucket")
-    body = {"model": "claude-mock", "max_tokens": 100,
-            "messages": [{"role": "user", "content": "x" * 376}]}  # 100 + 100 tokens
+    body: dict[str, Any] = {
+        "model": "claude-mock",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "x" * 376}],
+    }  # 100 + 100 tokens
     headers = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}  # fmt: skip
     reply = requests.post(f"{base}/v1/messages", json=body, headers=headers, timeout=10)
     assert reply.status_code == 200, reply.text

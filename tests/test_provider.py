@@ -127,7 +127,11 @@ AZURE_NOTHING = [
             NOW,
             Announced(requests_remaining=0, tokens_remaining=1200, retry_after=2.5),
         ),
-        (AZURE_NOTHING, NOW, Announced(tokens_reset=0.0)),
+        (
+            AZURE_NOTHING,
+            NOW,
+            Announced(tokens_reset=0.0, unreadable=("x-ratelimit-limit-tokens",)),
+        ),
     ],
 )
 def test_what_the_providers_answers_announce(
@@ -336,10 +340,19 @@ def test_every_duration_go_writes_reads_back(
                 ("x-ratelimit-reset-tokens", "soon"),
                 ("retry-after-ms", "-5"),
             ],
-            Announced(requests_remaining=59),
+            Announced(
+                requests_remaining=59,
+                unreadable=("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens"),
+            ),
         ),
-        ([("x-ratelimit-limit-requests", "9" * 5000)], Announced()),  # past int()'s digits
-        ([("x-ratelimit-limit-requests", "\u0661\u0662")], Announced()),  # not ASCII digits
+        (  # past int()'s digits
+            [("x-ratelimit-limit-requests", "9" * 5000)],
+            Announced(unreadable=("x-ratelimit-limit-requests",)),
+        ),
+        (  # not ASCII digits
+            [("x-ratelimit-limit-requests", "\u0661\u0662")],
+            Announced(unreadable=("x-ratelimit-limit-requests",)),
+        ),
         ([("retry-after-ms", "1" * 400)], Announced()),  # not finite
         # OpenAI's and Anthropic's both: OpenAI's where it says the part.
         (
@@ -349,7 +362,11 @@ def test_every_duration_go_writes_reads_back(
                 ("anthropic-ratelimit-requests-limit", "50"),
                 ("x-ratelimit-limit-requests", "bad"),
             ],
-            Announced(requests_limit=50, requests_remaining=5),
+            Announced(
+                requests_limit=50,
+                requests_remaining=5,
+                unreadable=("x-ratelimit-limit-requests",),
+            ),
         ),
     ],
 )
