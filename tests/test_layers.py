@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     for name, modules in [
         (
             "generic",
-            "rates tokens provider announced verdict kinds budget backoff origins history redact"
-            " decide clock gates limits tokenrate result records journal",
+            "numbers rates tokens provider verdict kinds budget backoff origins history redact"
+            " decide clock gates window announced limits tokenrate result records journal",
         ),
         ("engine", "task observe engine progress"),
         (
