@@ -52,7 +52,7 @@ class Admission:
 
 class Gate(Protocol):
     """One limit. ``rank`` places it among the others, lowest first: the breaker 10, the
-    adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate token 60,
+    adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate window 60,
     the provider's announced budgets 62, the token budget 65.
     ``recheck``: it holds nothing and only makes attempts wait for a time that may begin at
     any moment (a cooldown): passed again after a later gate, not such a one, made the

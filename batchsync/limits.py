@@ -3,7 +3,7 @@ them for each attempt.
 
 Each limit keeps its state behind a small interface with an in-process implementation here;
 a shared backend (several processes or machines) implements the same interfaces. ``Gates``
-runs them in the design's order — circuit breaker, concurrency slots, cooldown, rate token —
+runs them in the design's order — circuit breaker, concurrency slots, cooldown, rate window —
 each wait bounded by what is left of the item's budget and the batch deadline.
 """
 
