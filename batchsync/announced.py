@@ -10,8 +10,9 @@ than both kinds of server would have given:
 * a server that refills as a bucket gives back evenly until the reset;
 * one that counts over a sliding window gives back an amount only when the request that took
   it leaves the window: the attempts of ours that the spent part can be, each no sooner than
-  its end plus the window (at most the reset plus the answered attempt's age), the rest (other
-  clients') at the reset.
+  its end plus the window, the rest (other clients') at the reset. The window is at most the
+  reset plus the answered attempt's age, for any answer the server counted (one that says what
+  it used): the least of these bounds, over the host's answers, stands.
 
 The smaller of the two stands, so neither kind of server is overdrawn. After the reset the whole
 count is back, less what was taken since the answer.
@@ -67,6 +68,7 @@ class _Host:
     taken: deque[_Taking] = field(default_factory=deque)  # oldest first
     marks: int = 0
     heard: bool = False  # an attempt to it has ended
+    windows: dict[str, float] = field(default_factory=dict)  # per kind: the least bound told
     probing: bool = False  # its first attempt that weighs tokens is in flight
 
 
@@ -140,9 +142,12 @@ class AnnouncedCounts:
             state.taken.append(_Taking(state.marks, amounts, now))
             return state.marks, 0.0
 
-    def ended(self, host: str, mark: int, said: Announced | None, sent: float | None) -> None:
+    def ended(
+        self, host: str, mark: int, said: Announced | None, sent: float | None, *, counted: bool
+    ) -> None:
         """The attempt taken as ``mark`` was sent at ``sent`` (None: now) and ended; ``said``:
-        what its answer's headers told."""
+        what its answer's headers told; ``counted``: the server counted it (its answer said what
+        it used), so the answer bounds the window."""
         known = self._hosts.get(host)
         if mark == 0 and said is None and (known is None or known.heard):
             return
@@ -154,7 +159,7 @@ class AnnouncedCounts:
             if taking is not None:
                 taking.sent_at, taking.ended_at = now if sent is None else sent, now
             if said is not None:
-                self._told(state, said, mark, taking, now)
+                self._told(state, said, mark, taking, now, counted=counted)
             self._wake()
 
     def give_back(self, host: str, mark: int) -> None:
@@ -182,7 +187,13 @@ class AnnouncedCounts:
 
     @staticmethod
     def _told(
-        state: _Host, said: Announced, mark: int, answered: _Taking | None, now: float
+        state: _Host,
+        said: Announced,
+        mark: int,
+        answered: _Taking | None,
+        now: float,
+        *,
+        counted: bool,
     ) -> None:
         for kind, left, reset, said_whole in (
             ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
@@ -197,6 +208,10 @@ class AnnouncedCounts:
             count = _Count(left, whole, now, now + until, mark, since)
             if whole is not None and answered is not None:
                 window = until + (now - answered.sent_at)  # the longest the window can be
+                if counted:
+                    window = state.windows[kind] = min(window, state.windows.get(kind, window))
+                else:
+                    window = min(window, state.windows.get(kind, window))
                 count.back = _given_back(
                     state.taken, mark, kind, spent=whole - left, window=window, count=count
                 )

@@ -564,7 +564,13 @@ class QuotaGate:
         if feedback.quota:
             self.board.hold(_QUOTA + admission.host, feedback.quota)
         mark = admission.held.get(self.name, 0)
-        self.counts.ended(admission.host, mark, feedback.announced, sent=admission.sent)
+        self.counts.ended(
+            admission.host,
+            mark,
+            feedback.announced,
+            sent=admission.sent,
+            counted=feedback.used is not None,
+        )
 
     def abandon(self, admission: Admission) -> None:
         mark = admission.held.pop(self.name, None)

@@ -3,7 +3,7 @@ own counts (issue 33). The mock LLM API counts over a sliding window (or refills
 bucket, ``refill=bucket``) from when each request reaches it, and answers 429 to anything over:
 a stated rate, a token budget and the providers' headers alone must each keep a batch clear of
 429s there (the headers: but for the first wave, sent before any answer could tell), open no
-circuit, and use at least 90 % of the limit. Windows of 1 s and a few dozen requests each."""
+circuit, and use most of the limit. Windows of 1 or 2 s and a few dozen requests each."""
 
 from __future__ import annotations
 
@@ -70,11 +70,13 @@ def share(counted: dict[str, Any], name: str, per_second: float) -> float:
     return float(counted[name]) / (per_second * float(counted["elapsed"]))
 
 
-def share_after(counted: dict[str, Any], per_second: float, start: float = 1.0) -> float:
-    """The share of the token limit used from ``start`` seconds on (after the opening, when
-    the headers had had their say), by the server's log."""
-    tokens = sum(n for t, kind, n in counted["log"] if kind == "admitted" and t >= start)
-    return float(tokens) / (per_second * (float(counted["elapsed"]) - start))
+def steady_share(counted: dict[str, Any], name: str, per_window: float) -> float:
+    """The share of the limit used in the server's whole windows between the opening (the
+    first, when the headers had not had their say yet) and the last (when the run had fewer
+    items left than it could send)."""
+    steady = [window[name] for window in counted["windows"][1:-1]]
+    assert steady, counted["windows"]
+    return sum(steady) / (per_window * len(steady))
 
 
 def before_first_answer(counted: dict[str, Any]) -> int:
@@ -150,15 +152,17 @@ def test_the_headers_alone_pace_a_sliding_window_and_a_bucket(
     server: MockServerProcess, refill: str
 ) -> None:
     """No rate, no token budget and no retry-after on a 429: OpenAI's x-ratelimit headers
-    alone, 1 500 tokens a second, 125-token requests at 8 workers (before issue 33: 59 429s,
-    the circuit opened, 3 items failed). The only 429s allowed are those of requests that
-    reached the server before its first answer."""
-    url, key = account(server, f"rpm=100000,tpm=1500,window=1,retry_after=0,refill={refill}")
-    rs = fetch_all(chats(url, 40, 125), concurrency=8, budget=30)
+    alone, 3 000 tokens in 2 s, 125-token requests at 8 workers (before issue 33, 1 500 in 1 s:
+    59 429s, the circuit opened, 3 items failed). The only 429s allowed are those of requests
+    that reached the server before its first answer. The headers tell after each answer, so
+    each attempt counts until a window after its answer: windows of 2 s keep a loaded
+    machine's latency a small part of them (at 1 s, 10 of 12 a window in a loaded suite)."""
+    url, key = account(server, f"rpm=100000,tpm=3000,window=2,retry_after=0,refill={refill}")
+    rs = fetch_all(chats(url, 80, 125), concurrency=8, budget=60)
     counted = stats(server, key)
     assert counted["rejected"] <= before_first_answer(counted), counted["windows"]
-    assert share_after(counted, 1500) >= USED, counted["windows"]
-    all_ok(rs, 40)
+    assert steady_share(counted, "tokens", 3000) >= USED, counted["windows"]
+    all_ok(rs, 80)
 
 
 def test_the_command_line_at_the_token_limit_meets_no_429(

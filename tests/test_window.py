@@ -116,13 +116,13 @@ def test_a_sliding_window_gives_back_our_own_attempts_a_window_after_they_ended(
     assert first
     clock.now = 100.1
     counts.ended("h", first, Announced(tokens_limit=1000, tokens_remaining=600,
-                                       tokens_reset=1.0), sent=100.0)  # fmt: skip
+                                       tokens_reset=1.0), sent=100.0, counted=True)  # fmt: skip
     clock.now = 100.5
     second, _ = counts.take("h", 400)
     assert second
     clock.now = 100.6
     told = Announced(tokens_limit=1000, tokens_remaining=200, tokens_reset=1.0)
-    counts.ended("h", second, told, sent=100.5)
+    counts.ended("h", second, told, sent=100.5, counted=True)
     assert counts.take("h", 500)[1] == pytest.approx(0.6)
     clock.now = 101.2
     assert counts.take("h", 500)[1] == 0
@@ -134,5 +134,29 @@ def test_what_a_lone_answer_says_is_spent_comes_back_at_its_reset() -> None:
     counts = AnnouncedCounts(clock)
     mark, _ = counts.take("h", 10)
     told = Announced(tokens_limit=1000, tokens_remaining=0, tokens_reset=2.0)
-    counts.ended("h", mark or 0, told, sent=100.0)  # 990 of it spent by others, unknown when
+    counts.ended("h", mark or 0, told, sent=100.0, counted=True)  # 990 spent by others
     assert counts.take("h", 250)[1] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_the_window_is_the_least_any_counted_answer_bounds_it_to(counted: bool) -> None:
+    """The first answer comes 0.05 s after its send and says the window is empty again in
+    1 s: the window is at most 1.05 s. A slower second answer (0.4 s, the same reset) cannot
+    lengthen it: the first attempt's 400 are back at 100.05 + 1.05, not 100.05 + 1.4. An
+    answer the server did not count (no usage: a 429) may have been told of an older window:
+    it bounds nothing."""
+    clock = Now()
+    counts = AnnouncedCounts(clock)
+    first, _ = counts.take("h", 400)
+    assert first
+    clock.now = 100.05
+    told = Announced(tokens_limit=1000, tokens_remaining=600, tokens_reset=1.0)
+    counts.ended("h", first, told, sent=100.0, counted=counted)
+    clock.now = 100.5
+    second, _ = counts.take("h", 400)
+    assert second
+    clock.now = 100.9
+    told = Announced(tokens_limit=1000, tokens_remaining=200, tokens_reset=1.0)
+    counts.ended("h", second, told, sent=100.5, counted=True)
+    back = 100.05 + 1.05 if counted else 100.05 + 1.4
+    assert counts.take("h", 300)[1] == pytest.approx(back - 100.9)  # (evenly: by 101.025)
