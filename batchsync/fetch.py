@@ -30,13 +30,17 @@ from .limits import Gates
 from .options import FetchOptions
 from .origins import host_of
 from .paginate import (
+    HELD_SHARE,
     Continued,
     Page,
     PagingError,
     first_page,
     gathered,
+    held_size,
     next_page,
+    pages_held_over,
     pages_over,
+    records_of,
     same_origin,
     with_userinfo,
 )
@@ -224,6 +228,9 @@ class HttpJob:
         size = page.size + verdict.size
         if size > self._options.max_bytes:  # (the pages so far are kept, memory bounded)
             return page.data, terminal("invalid_body", pages_over(page.number, size))
+        held = page.held + held_size(records_of(paging, verdict.data))
+        if held > HELD_SHARE * self._options.max_bytes:  # (decoded, tiny records weigh more)
+            return page.data, terminal("invalid_body", pages_held_over(page.number, held))
         try:
             data = gathered(paging, page.data, verdict.data, first=page.number == 1)
             following = next_page(
@@ -241,7 +248,7 @@ class HttpJob:
             return data, None
         url, position = following
         url, seen = with_userinfo(url, spec.url), page.seen | {page.url}
-        upcoming = Page(url, page.number + 1, position, data, seen, size)
+        upcoming = Page(url, page.number + 1, position, data, seen, size, held)
         problem = self._page_problem(spec.url, url, seen)
         if problem is None:
             return data, self._page_route(spec, own, upcoming)

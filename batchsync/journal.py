@@ -597,6 +597,13 @@ class JournalReader:
         for record, request in cursor:
             yield str(record), None if request is None else str(request)
 
+    def finals(self) -> Iterator[tuple[int, str, str | None, float | None]]:
+        """Each stored Result in input order as the outputs read it: its index, record,
+        failed-file line and finish time (``resultset.StoredResults``)."""
+        query = "SELECT idx, record, request, finished FROM results ORDER BY idx"
+        for index, record, request, finished in self._db.execute(query):
+            yield int(index), str(record), None if request is None else str(request), finished
+
     def span(self) -> tuple[float, float] | None:
         """When the first stored Result's item was claimed and the last one finished (unix
         seconds); None for a journal with no Result."""

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from itertools import chain
+from random import Random
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote_plus, unquote_plus, urljoin, urlsplit, urlunsplit
 
@@ -273,6 +276,8 @@ class Page:
     seen: frozenset[str] = frozenset()
     # Bytes of the bodies of the pages before it: together they stay within max_bytes.
     size: int = 0
+    # Bytes their data takes in memory (see ``held_size``): within HELD_SHARE x max_bytes.
+    held: int = 0
 
     def continuation(self) -> dict[str, Any]:
         """Where the item goes on from this page (JSON, for the journal)."""
@@ -295,6 +300,7 @@ class Continued:
             int(continuation["position"]),
             kept,
             size=_size_of(kept),
+            held=held_size(kept),
         )
         return cls(item, page)
 
@@ -303,6 +309,69 @@ def _size_of(data: list[Any]) -> int:
     """About the bytes the pages of ``data`` took (as JSON): a resumed item's pages before go
     on counting towards its bound."""
     return len(json.dumps(data, ensure_ascii=False, default=str).encode())
+
+
+# What an item's pages may take in memory, decoded, as a multiple of max_bytes. Text-heavy
+# JSON takes about its own size decoded, so max_bytes of bodies binds first; tiny records
+# ({"n": 1}) take 10 to 25 times theirs, and would make max_bytes of pages a multiple of
+# it in memory. With the page in flight (its body, text and value, for pages well under
+# max_bytes) an item's peak stays within 3 x max_bytes.
+HELD_SHARE = 2
+# The values CPython shares rather than makes anew (True and False among them, as 1 and 0):
+# they cost a page nothing.
+_SHARED = frozenset(range(-5, 257))
+_SHARED_SIZE = sys.getsizeof(256)
+_CONTAINERS = frozenset({dict, list})
+# What the garbage collector adds to each container (sys.getsizeof less __sizeof__).
+_TRACKED = sys.getsizeof([]) - [].__sizeof__()
+
+
+def held_size(value: Any) -> int:
+    """About the bytes a decoded JSON value holds in CPython: every container, string and
+    number it is made of (a key once, as ``json.loads`` shares keys; None, True, False and
+    small ints not at all). Read a level at a time by C loops, the containers counted
+    exactly and a long level's strings and numbers from an even sample of them: a page of
+    records costs a fraction of its decoding."""
+    total = 0
+    keys: set[Any] = set()
+    level: list[Any] = [value]
+    while level:
+        kinds = set(map(type, level))
+        if not _CONTAINERS & kinds:
+            return total + _scalars_size(level)
+        dicts = level if kinds == {dict} else [item for item in level if type(item) is dict]
+        lists = level if kinds == {list} else [item for item in level if type(item) is list]
+        if not kinds <= _CONTAINERS:
+            total += _scalars_size([item for item in level if type(item) not in _CONTAINERS])
+        total += sum(map(dict.__sizeof__, dicts)) + sum(map(list.__sizeof__, lists))
+        total += (len(dicts) + len(lists)) * _TRACKED
+        fresh = set(chain.from_iterable(dicts)) - keys
+        keys |= fresh
+        total += sum(map(sys.getsizeof, fresh))
+        level = [*chain.from_iterable(map(dict.values, dicts)), *chain.from_iterable(lists)]
+    return total
+
+
+# Strings and numbers measured one by one at most; past that, an even sample of this many.
+_SAMPLE = 1024
+
+
+def _scalars_size(values: list[Any]) -> int:
+    """What strings and numbers take, less the shared ones (see _SHARED)."""
+    # (at random, seeded by the count: an even stride could keep in step with the records)
+    sample = values if len(values) <= _SAMPLE else Random(len(values)).sample(values, _SAMPLE)
+    shared = sum(map(_SHARED.__contains__, sample)) * _SHARED_SIZE
+    size = sum(map(sys.getsizeof, sample)) - shared - sample.count(None) * sys.getsizeof(None)
+    return size * len(values) // len(sample)
+
+
+def pages_held_over(number: int, held: int) -> str:
+    """Why an item's pages stop: decoded, they would take more than HELD_SHARE x max_bytes."""
+    return (
+        f"page {number} makes the pages take about {held} bytes in memory, over "
+        f"{HELD_SHARE} x max_bytes: kept the pages before it (raise max_bytes, or set "
+        "max_pages, for a larger collection)"
+    )
 
 
 def pages_over(number: int, size: int) -> str:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from .history import Stint
-from .journal import JournalReader
 from .result import PERCENTILES, Listing, Result, Summary, Trace, Tried
 
 # The outcomes an attempt is counted under in the chart of attempts over time.
@@ -243,31 +242,43 @@ def aggregated(traces: Iterable[Trace], span: tuple[float, float] | None) -> Agg
 # -- sources -------------------------------------------------------------------------------
 
 
+# One item as the report reads it: what its charts count, and what its tables list.
+Entry = tuple[Trace, Listing]
+
+
+def collected(
+    entries: Iterable[Entry],
+    span: tuple[float, float] | None,
+    timeline: Mapping[tuple[str, int], float] | None = None,
+) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
+    """The aggregate of ``entries`` (and of the gates' waits, when given), added up in one
+    pass within ``span``, and how to list the items its tables show, by index: only those
+    listings are kept (at most a few times the tables' rows at any moment)."""
+    counted = aggregated((), span)
+    kept: dict[int, Listing] = {}
+    for trace, listing in entries:
+        counted.add(trace)
+        kept[trace.index] = listing
+        if len(kept) > 2 * (SLOWEST + FAILED_SHOWN):
+            kept = _shown(counted, kept)
+    counted.add_gate_waits(timeline or {})
+    kept = _shown(counted, kept)
+    return counted, lambda indexes: [kept[i] for i in indexes if i in kept]
+
+
+def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
+    wanted = {*counted.failed, *counted.slowest_indexes()}
+    return {index: listing for index, listing in kept.items() if index in wanted}
+
+
 def from_results(
     results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
 ) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
-    """The aggregate of Results in memory (and of the gates' waits, when given), and how to list
-    some of them by index."""
+    """The aggregate of Results in memory (and of the gates' waits, when given), and how to
+    list some of them by index."""
     traces = [Trace.of(result) for result in results]
-    counted = aggregated(traces, span_of(traces))
-    counted.add_gate_waits(timeline or {})
-    by_index = {result.index: result for result in results}
-    return counted, lambda indexes: [Listing.of(by_index[i]) for i in indexes if i in by_index]
-
-
-def from_journal(
-    reader: JournalReader, timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
-    """The aggregate of a journal's Results, streamed in one pass after one for the time span
-    (and of this run's gate waits, when given)."""
-    counted = aggregated(reader.traces(), reader.span())
-    counted.add_gate_waits(timeline or {})
-
-    def details(indexes: list[int]) -> list[Listing]:
-        found = reader.listings(indexes)
-        return [found[i] for i in indexes if i in found]
-
-    return counted, details
+    entries = zip(traces, map(Listing.of, results), strict=True)
+    return collected(entries, span_of(traces), timeline)
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -564,7 +575,8 @@ def write_atomically(path: Path, text: str) -> Path:
     """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with temporary.open("x", encoding="utf-8") as handle:
+        # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
+        with temporary.open("x", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -591,8 +603,9 @@ def report_results(
     return write_atomically(Path(path), page)
 
 
-def report_journal(
-    reader: JournalReader,
+def report_of(
+    entries: Iterable[Entry],
+    span: tuple[float, float] | None,
     summary: Summary,
     path: str | Path,
     *,
@@ -601,9 +614,9 @@ def report_journal(
     timeline: Mapping[tuple[str, int], float] | None = None,
     stints: Sequence[Stint] = (),
 ) -> Path:
-    """Write the report of a journal's Results (the command line's PREFIX-report.html);
-    ``timeline``: the run's gate waits (``WaitStats.timeline``), ``stints`` what each
-    process did."""
-    counted, details = from_journal(reader, timeline)
+    """Write the report of a stream of items within ``span`` (the command line's
+    PREFIX-report.html, from ``resultset.StoredResults``); ``timeline``: the run's gate
+    waits (``WaitStats.timeline``), ``stints`` what each process did."""
+    counted, details = collected(entries, span, timeline)
     page = render(summary, counted, details, title=title, charts=charts, stints=stints)
     return write_atomically(Path(path), page)

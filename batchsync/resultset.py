@@ -8,15 +8,31 @@ them is written out.
 from __future__ import annotations
 
 import html
+import json
+import math
 import os
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .history import Stint
-from .report import report_results
-from .result import Result, Summary, counted, error_kinds, flat_body, summarize
+from .history import Stint, totals
+from .journal import JournalMismatch, JournalReader
+from .kinds import KINDS
+from .report import Entry, report_of, report_results
+from .result import (
+    Counted,
+    Listing,
+    Result,
+    Summary,
+    Trace,
+    counted,
+    error_kinds,
+    flat_body,
+    summarize,
+)
 
 if TYPE_CHECKING:
     import pandas
@@ -224,3 +240,175 @@ class ResultSet(Sequence[Result]):
         more = len(failed) - len(failures)
         note = f"<p>… and {more} more failures</p>" if more > 0 else ""
         return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """One item's final Result as every output of a journaled run reads it: the record (the
+    results file's line) and its fields, the failed file's line (None unless the record
+    failed) and when it finished (for the report)."""
+
+    index: int
+    record: str
+    fields: dict[str, Any]
+    request: str | None
+    finished: float | None
+
+    def trace(self) -> Trace:
+        fields = self.fields
+        log = tuple(
+            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
+            for entry in fields["attempt_log"]
+        )
+        return Trace(
+            self.index,
+            fields["ok"],
+            fields["error_kind"],
+            fields["status_code"],
+            fields["attempts"],
+            fields["elapsed"],
+            self.finished,
+            log,
+        )
+
+    def listing(self) -> Listing:
+        fields = self.fields
+        return Listing(
+            self.index,
+            fields["url"],
+            fields["id"],
+            fields["status_code"],
+            fields["error_kind"],
+            fields["error"],
+            fields["attempts"],
+            fields["elapsed"],
+        )
+
+
+class StoredResults:
+    """A journaled run's final Results: the one source of the command line's summary line,
+    results file, failed file, columnar tables and report, so that they cannot disagree.
+
+    Every output reads the stored records (the Results as written), never the journal's
+    columns beside them: a failed record's line goes to the failed file and only a failed
+    one's. ``summary`` is computed once, on a first pass that also checks each record
+    (JournalMismatch naming the item when it is not a Result, or a failure has no line to
+    re-run). Iterating makes a fresh pass in input order, holding one record at a time; only
+    the latency percentiles hold a float per item sent.
+    """
+
+    def __init__(self, reader: JournalReader, path: Path) -> None:
+        self._reader = reader
+        self._path = path
+        self.stints = reader.stints()
+        self.timeline = reader.timeline()
+        self.span: tuple[float, float] | None = None
+        times = array("d")
+        # (summarize reads every row before it asks for the times: sorted once they are in)
+        self.summary = summarize(self._counted(times), _sorted(times), **_run_totals(self.stints))
+
+    def _counted(self, times: array[float]) -> Iterator[Counted]:
+        """The first pass: what the summary counts of each Result, the times of those sent,
+        and the run's time span."""
+        first, last = math.inf, -math.inf
+        for final in self:
+            fields = final.fields
+            if fields["attempts"]:
+                times.append(fields["elapsed"])
+            if final.finished is not None:
+                first = min(first, final.finished - fields["elapsed"])
+                last = max(last, final.finished)
+            backoff = sum(entry["wait"] or 0.0 for entry in fields["attempt_log"])
+            yield (
+                fields["ok"],
+                fields["error_kind"],
+                fields["status_code"],
+                fields["attempts"],
+                backoff,
+            )
+        self.span = None if first == math.inf else (first, last)
+
+    def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
+        """One stored row as a Final; JournalMismatch naming the item when its record is not a
+        Result as this batchsync writes them, or a failure has no line for the failed file."""
+        try:
+            fields = json.loads(record)
+            problem = _not_a_record(index, fields)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            problem = "is not a Result"
+        if problem is None and not fields["ok"] and request is None:
+            problem = "failed, but has no line for the failed file"
+        if problem is None and not (finished is None or _is_number(finished)):
+            problem = "has no finish time"
+        if problem is not None:
+            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {problem}")
+        return Final(index, record, fields, None if fields["ok"] else request, finished)
+
+    def __iter__(self) -> Iterator[Final]:
+        for index, record, request, finished in self._reader.finals():
+            yield self._final(index, record, request, finished)
+
+    def rows(self) -> Iterator[tuple[str, str | None]]:
+        """(record, failed line) pairs in input order, as ``cli.output.write_outputs`` takes."""
+        return ((final.record, final.request) for final in self)
+
+    def entries(self) -> Iterator[Entry]:
+        return ((final.trace(), final.listing()) for final in self)
+
+    def report(self, path: Path, *, title: str, charts: bool = True) -> Path:
+        """The run's report, from the same Results and summary as the other outputs."""
+        return report_of(
+            self.entries(),
+            self.span,
+            self.summary,
+            path,
+            title=title,
+            charts=charts,
+            timeline=self.timeline,
+            stints=self.stints,
+        )
+
+
+def _sorted(times: array[float]) -> Iterator[float]:
+    yield from sorted(times)
+
+
+def _run_totals(stints: Sequence[Stint]) -> dict[str, Any]:
+    ran = totals(stints)
+    return {"elapsed": ran.elapsed, "waits": ran.waits, "circuits_opened": ran.circuits_opened}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _not_a_record(index: int, fields: Any) -> str | None:
+    """What makes ``fields`` no record of the Result of item ``index`` (None: nothing): the
+    fields every output reads, of their types and ranges."""
+    if not isinstance(fields, dict) or fields.get("index") != index:
+        return "is not that item's"
+    ok, kind, status = fields["ok"], fields["error_kind"], fields["status_code"]
+    if not isinstance(ok, bool) or not (kind is None or kind in KINDS):
+        return "has no outcome it can have"
+    if not (status is None or _count(status)):
+        return "has no status code it can have"
+    if not (
+        _count(fields["attempts"]) and _is_number(fields["elapsed"]) and fields["elapsed"] >= 0
+    ):
+        return "has no attempts or time it can have"
+    log = fields["attempt_log"]
+    if not isinstance(log, list):
+        return "has an attempt log that is not its attempts'"
+    for entry in log:
+        wait, elapsed = entry["wait"], entry["elapsed"]
+        fine = wait is None or (_is_number(wait) and wait >= 0)
+        if not (fine and _is_number(elapsed) and {"status_code", "error_kind"} <= entry.keys()):
+            return "has an attempt log that is not its attempts'"
+    for name in ("url", "error"):
+        if not (fields[name] is None or isinstance(fields[name], str)):
+            return f"has a {name} that is no text"
+    return None

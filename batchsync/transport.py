@@ -406,6 +406,61 @@ def fit_session(
     return restore
 
 
+# What a lent session's auth is shown to find what it sends: a request to nowhere in particular.
+_AUTH_PROBE = "http://auth-probe.invalid/"
+
+
+def lent_secrets(session: requests.Session, secrets: Secrets) -> frozenset[str]:
+    """The secret values a caller's session holds, which its requests carry as an item's own
+    would: its secret headers' (Authorization, Cookie, Proxy-Authorization, ``secret_headers``
+    names), its secret ``params``', its proxies' userinfo, its cookies', and its ``auth``'s."""
+    headers = {str(name): _text(value) for name, value in session.headers.items()}
+    params = session.params if isinstance(session.params, Mapping) else None
+    proxies = [value for value in (session.proxies or {}).values() if isinstance(value, str)]
+    found = set(secrets.of_item(proxies, headers, params))
+    found.update(f"{cookie.name}={cookie.value}" for cookie in session.cookies if cookie.value)
+    found.update(auth_secrets(session.auth))
+    return frozenset(found)
+
+
+def auth_secrets(auth: object) -> set[str]:
+    """What a session's ``auth`` holds and sends: a (user, password) pair, an auth's
+    ``username`` and ``password`` (requests' Basic, Digest and proxy auths), and the header
+    values it sets on a request (a custom AuthBase's token, however it writes it)."""
+    if auth is None:
+        return set()
+    pair = auth if isinstance(auth, tuple) and len(auth) == 2 else None
+    user = pair[0] if pair else getattr(auth, "username", None)
+    password = pair[1] if pair else getattr(auth, "password", None)
+    given = [_text(value) for value in (user, password) if isinstance(value, str | bytes)]
+    found = set(given)
+    if len(given) == 2:
+        found.add(":".join(given))  # (what Basic auth sends, base64-encoded)
+    if callable(auth):
+        found.update(_sent_by(auth))
+    return found
+
+
+def _sent_by(auth: Callable[[requests.PreparedRequest], Any]) -> set[str]:
+    """The header values ``auth`` sets on a probe request (none if it fails on one)."""
+    probe = requests.Request("GET", _AUTH_PROBE).prepare()
+    before = dict(probe.headers)
+    try:
+        applied = auth(probe)
+    except Exception:  # (an auth that needs a real request: it is masked by shape only)
+        return set()
+    headers = getattr(applied, "headers", None) or {}
+    return {
+        _text(value)
+        for name, value in headers.items()
+        if isinstance(value, str | bytes) and before.get(name) != value
+    }
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
 class Transport:
     """Sends prepared requests and reads their bodies, each attempt within a wall-clock bound.
 
@@ -419,7 +474,7 @@ class Transport:
         self,
         session: SessionSource | None,
         pool_size: int,
-        secrets: Secrets = Secrets(),  # noqa: B008 - immutable
+        secrets: Secrets | None = None,
         *,
         guard: Guard | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -440,6 +495,8 @@ class Transport:
         self._cookie_jars: dict[int, OriginJars] = {}
         # Sessions batchsync made (its own, or a factory's) are closed with the run.
         self._owns_sessions = not isinstance(session, requests.Session)
+        # (a Secrets of its own when none is given: a lent session's are learned into it)
+        self._secrets = Secrets() if secrets is None else secrets
         if session is None:
             self._shared = self._fitted(requests.Session())
         elif isinstance(session, requests.Session):
@@ -453,7 +510,6 @@ class Transport:
         # True said in so many words means certifi's bundle, whatever the environment says.
         self._verify = DEFAULT_CA_BUNDLE_PATH if verify is True else verify
         self._cert = cert
-        self._secrets = secrets
         self._clock = clock
 
     @property
@@ -469,6 +525,8 @@ class Transport:
                 self._restores.append(restore)
                 self._cookie_jars[id(session)] = jars
                 self._sessions.append(session)
+                # (the caller's secrets, masked in every text from the run's first request on)
+                self._secrets.learn(lent_secrets(session, self._secrets))
         return session
 
     def session(self) -> requests.Session:

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync.journal import Journal, JournalReader, remove
 from batchsync.records import dumps, public_record
-from batchsync.report import report_journal
 from batchsync.result import AttemptRecord, Result
+from batchsync.resultset import StoredResults
 
 
 def synthetic(index: int, picks: random.Random, start: float, span: float) -> Result:
@@ -97,7 +97,9 @@ def main() -> None:
     remove(journal_path)
     picks = random.Random(7)
     began = time.perf_counter()
-    journal = Journal(journal_path, lambda r, item: (dumps(public_record(r)), None), {})
+    journal = Journal(
+        journal_path, lambda r, item: (dumps(public_record(r)), None if r.ok else "{}"), {}
+    )
     start = time.time() - 3600
     for index in range(args.items):
         journal.add(synthetic(index, picks, start, 3600.0), None)
@@ -106,10 +108,10 @@ def main() -> None:
     began = time.perf_counter()
     reader = JournalReader(journal_path)
     try:
-        summary = reader.summary()
+        stored = StoredResults(reader, journal_path)
         summarized = time.perf_counter() - began
         began = time.perf_counter()
-        path = report_journal(reader, summary, f"{prefix}-report.html")
+        path = stored.report(Path(f"{prefix}-report.html"), title="batchsync report")
     finally:
         reader.close()
     reported = time.perf_counter() - began

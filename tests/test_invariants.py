@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -112,6 +113,8 @@ def run_cli(
             out = os.open("stderr.txt", os.O_WRONLY | os.O_CREAT, 0o600)
             os.dup2(out, 1)
             os.dup2(out, 2)
+            # (pytest's capture replaced them: what the CLI echoes must land in the file too)
+            sys.stdout = sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
             if piped is not None:
                 os.dup2(piped, 0)
             entered = True
@@ -123,6 +126,8 @@ def run_cli(
         except BaseException:
             code = 99
         finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if piped is not None:

@@ -76,7 +76,7 @@ def steady_share(counted: dict[str, Any], name: str, per_window: float) -> float
     items left than it could send)."""
     steady = [window[name] for window in counted["windows"][1:-1]]
     assert steady, counted["windows"]
-    return sum(steady) / (per_window * len(steady))
+    return float(sum(steady)) / (per_window * len(steady))
 
 
 def before_first_answer(counted: dict[str, Any]) -> int:

@@ -18,7 +18,7 @@ from batchsync.journal import Journal, JournalReader
 from batchsync.limits import WaitStats
 from batchsync.report import Aggregate, bucket_width, charted_as, histogram_percentile, placed
 from batchsync.result import AttemptRecord, Result, Trace
-from batchsync.resultset import ResultSet
+from batchsync.resultset import ResultSet, StoredResults
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync
@@ -204,15 +204,18 @@ def test_the_journal_stores_when_each_result_finished(tmp_path: Path) -> None:
 def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     rs = results()
-    journal = Journal(path, lambda r, item: (__import__("json").dumps(r.to_dict()), None), {})
+    journal = Journal(
+        path, lambda r, item: (__import__("json").dumps(r.to_dict()), None if r.ok else "{}"), {}
+    )
     for result in rs:
         journal.add(result, None)
     journal.close()
     reader = JournalReader(path)
     try:
-        tally, details = report.from_journal(reader)
+        stored = StoredResults(reader, path)
+        tally, details = report.collected(stored.entries(), stored.span)
         listed = details([1, 0])
-        summary = reader.summary()
+        summary = stored.summary
     finally:
         reader.close()
     memory, _ = report.from_results(list(rs))

@@ -4,6 +4,7 @@ the input gave them (the failed file, and the journal's copy of its lines)."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -18,12 +19,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+import requests
+import requests.auth
+from requests.utils import get_auth_from_url
 
 from batchsync import Batch, fetch_all
 from batchsync.cli.inputs import MAX_LINE_BYTES
@@ -626,3 +630,124 @@ def test_a_long_secret_the_items_own_path_also_holds_keeps_the_path(
     assert rs[0].url == expected
     assert rs[0].final_url == expected
     assert "admin:password" not in json.dumps(rs[0].to_dict())
+
+
+# --- a lent session: its headers, auth, params, cookies and proxies are the run's secrets -------
+
+SESSION_TAGS = (
+    "s_auth", "s_cookie", "s_proxyauth", "s_declared", "s_param", "s_jar", "s_user", "s_pass",
+    "s_puser", "s_ppass", "s_token",
+)  # fmt: skip
+
+
+class TokenAuth(requests.auth.AuthBase):
+    """A caller's own auth: its token in a header whose name says nothing of secrets."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["X-Auth-Token"] = self.token
+        return request
+
+
+def quoting_hook(session: requests.Session) -> Callable[..., Any]:
+    """A response hook that, for some paths, raises quoting everything the session holds and
+    the request it sent: as a plain exception, or as raise_for_status' HTTPError."""
+
+    def hook(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        quoted = (
+            f"{dict(session.headers)!r} {session.auth!r} {vars(session.auth)} "
+            f"{session.proxies} {get_auth_from_url(session.proxies['http'])} "
+            f"{session.params} {list(session.cookies)} "
+            f"{dict(response.request.headers)}"
+        )
+        if "/hooked" in str(response.url):
+            raise RuntimeError(f"hook saw {quoted}")
+        if "/status/503" in str(response.url):
+            raise requests.HTTPError(f"503 with {quoted}", response=response)
+
+    return hook
+
+
+def lent_session(c: dict[str, str], proxy: str) -> requests.Session:
+    """A caller's session with a canary in every place it can hold one, through ``proxy``."""
+    session = requests.Session()
+    session.headers.update({
+        "Authorization": f"Bearer {c['s_auth']}", "Cookie": f"sid={c['s_cookie']}",
+        "Proxy-Authorization": f"Basic {c['s_proxyauth']}", "X-Sess-Secret": c["s_declared"],
+    })  # fmt: skip
+    session.params = {"token": c["s_param"]}
+    session.cookies.set("jar", c["s_jar"], domain="origin.test")
+    session.auth = requests.auth.HTTPBasicAuth(c["s_user"], c["s_pass"])
+    port = proxy.rsplit(":", 1)[1]
+    session.proxies = {"http": f"http://{c['s_puser']}:{c['s_ppass']}@127.0.0.1:{port}"}
+    session.hooks["response"].append(quoting_hook(session))
+    return session
+
+
+def test_no_canary_of_a_lent_session_leaves_the_run(tmp_path: Path) -> None:
+    """A caller's session lent to the command line's own run (journal, outputs, report, a
+    retry pass, logging to a file): its secrets are masked wherever an item's would be."""
+    from batchsync.cli.inputs import Input
+    from batchsync.cli.runner import Continuing, run_batch
+    from batchsync.options import FetchOptions, build
+
+    c = canaries(SESSION_TAGS)
+    log_path = tmp_path / "run.log"
+    handler = logging.FileHandler(log_path)
+    handler.setLevel(logging.DEBUG)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    shown = ""
+    try:
+        with RawServer() as raw:  # the proxy every request goes through (it answers them)
+            session = lent_session(c, raw.url)
+            by_token = lent_session(c, raw.url)
+            by_token.auth = TokenAuth(c["s_token"])
+            for name, lent, form in (("basic", session, "jsonl"), ("token", by_token, "csv")):
+                items = [
+                    "http://origin.test/echo-auth",  # the server quotes Authorization
+                    "http://origin.test/hooked",  # a hook raises quoting the session
+                    "http://origin.test/status/503",  # raise_for_status' HTTPError, retried
+                    "http://origin.test/status/200",
+                ]
+                given = tmp_path / f"{name}.txt"
+                given.write_text("\n".join(items) + "\n")
+                options = build(
+                    FetchOptions, session=lent, attempts=2, timeout=5,
+                    secret_headers=("X-Sess-Secret",),
+                )  # fmt: skip
+                prefix = str(tmp_path / "out" / name)
+                (tmp_path / "out").mkdir(exist_ok=True)
+                for continuing in (Continuing(), Continuing(retry=frozenset())):
+                    source = Input(str(given))
+                    try:
+                        outcome = run_batch(
+                            source, options, prefix, continuing=continuing, progress=False,
+                            report=True, form=form,
+                        )  # fmt: skip
+                    finally:
+                        source.close()
+                    shown += f"{outcome.summary}\n{outcome!r}\n"
+                results = read_results(outcome.results_path)
+                assert [r["ok"] in (True, "true") for r in results] == [False, False, False, True]
+                shown += journal_dump(tmp_path / "out" / f"{name}-journal.sqlite3")[0]
+            sent = b"".join(raw.requests()).decode("latin-1")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+    # Every canary was sent (each place is a place the session holds one) ...
+    for tag in ("s_cookie", "s_declared", "s_param", "s_token"):
+        assert c[tag] in sent, tag
+    assert base64.b64encode(f"{c['s_user']}:{c['s_pass']}".encode()).decode() in sent
+    # ... and every byte written holds none: the log, every output (the failed file and the
+    # journal too: the items never held the session's secrets).
+    shown += log_path.read_text()
+    for path in sorted((tmp_path / "out").iterdir()):
+        shown += written_text(path)
+    assert "hook saw" in shown and "BadStatusLine('HTTP/1.1 abc " in shown  # (both ran)
+    assert leaked(shown, c, c) == [], contexts(shown, c, c)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 import pytest
 import requests
+import requests.auth
 from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.util import Retry
 
 from batchsync import fetch_all
 from batchsync.guard import Guard
-from batchsync.transport import Transport, fit_session
+from batchsync.redact import Secrets
+from batchsync.transport import Transport, auth_secrets, fit_session, lent_secrets
 from tests.mockserver import MockServerProcess
 
 
@@ -154,3 +157,84 @@ def test_an_adapters_own_pool_classes_are_watched_and_checked(
     assert rs[0].error_kind == "invalid_request"
     assert "connected to 127.0.0.1" in (rs[0].error or "")
     assert adapter.poolmanager.pool_classes_by_scheme["http"] is OwnPool
+
+
+class TokenAuth(requests.auth.AuthBase):
+    """A caller's own auth, its token in a header whose name says nothing of secrets."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["X-Auth-Token"] = f"tok {self.token}"
+        return request
+
+
+class BrokenAuth(requests.auth.AuthBase):
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        raise RuntimeError("needs a real request")
+
+
+def test_what_a_lent_session_holds_is_secret() -> None:
+    session = requests.Session()
+    session.headers.update(
+        {"Authorization": "Bearer s3cr3t-bearer", "X-Declared": "decl4red", "X-Plain": "visible"}
+    )
+    session.params = {"api_key": "par4mkey", "page": "2"}
+    session.proxies = {"http": "http://puser:ppassword@127.0.0.1:3128", "no_proxy": "x"}
+    session.cookies.set("sid", "c00kie-value", domain="example.test")
+    session.auth = ("ann", "basicpass")
+    found = lent_secrets(session, Secrets.of(declared=["X-Declared"]))
+    assert found >= {
+        "Bearer s3cr3t-bearer", "decl4red", "par4mkey", "puser", "ppassword",
+        "puser:ppassword", "sid=c00kie-value", "basicpass", "ann:basicpass",
+    }  # fmt: skip
+    assert not found & {"visible", "2", "x"}
+
+
+def test_what_an_auth_sends_is_secret_whatever_it_is() -> None:
+    assert auth_secrets(None) == set()
+    assert auth_secrets(requests.auth.HTTPBasicAuth("user1", "pa55word")) >= {
+        "user1",
+        "pa55word",
+        "user1:pa55word",
+        "Basic dXNlcjE6cGE1NXdvcmQ=",
+    }
+    assert auth_secrets(requests.auth.HTTPDigestAuth("user2", "digestpw")) >= {"digestpw"}
+    assert auth_secrets(TokenAuth("t0ken-attr")) == {"tok t0ken-attr"}
+    assert auth_secrets(BrokenAuth()) == set()  # masked by shape only
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("lent", ["instance", "factory"])
+def test_a_lent_sessions_secret_headers_are_masked_in_what_leaves(
+    server: MockServerProcess, caplog: pytest.LogCaptureFixture, lent: str
+) -> None:
+    """Issue 34: a hook raising with the session's Authorization and a declared header in
+    its message showed them verbatim in the error, the Result's repr and the log."""
+
+    def made() -> requests.Session:
+        session = requests.Session()
+        session.headers["Authorization"] = "Bearer canaryAuthZ0123"
+        session.headers["X-Sess-Secret"] = "canary2"
+        session.auth = TokenAuth("canaryTok3n")
+
+        def hook(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+            sent = {name: str(value) for name, value in response.request.headers.items()}
+            raise RuntimeError(
+                f"{sent['Authorization']} and {sent['X-Sess-Secret']} and {sent['X-Auth-Token']}"
+            )
+
+        session.hooks["response"].append(hook)
+        return session
+
+    source: Any = made() if lent == "instance" else made
+    with caplog.at_level(logging.DEBUG):
+        rs = fetch_all(
+            [f"{server.url}/ok/lent-secret"], session=source, secret_headers=("X-Sess-Secret",),
+            attempts=1,
+        )  # fmt: skip
+    assert rs[0].error == "RuntimeError: *** and *** and ***"
+    shown = f"{rs[0].error} {rs[0]!r} {rs!r} {rs[0].to_dict()} {caplog.text}"
+    assert "canary" not in shown
+    assert "failed " in caplog.text

@@ -31,6 +31,7 @@ from ..journal import (
     JournalMismatch,
     JournalReader,
     JournalUnusable,
+    Requests,
     lock_path,
     locked,
     remove,
@@ -40,8 +41,8 @@ from ..options import FetchOptions
 from ..paginate import Continued
 from ..progress import Tally, counter
 from ..records import dumps, public_record
-from ..report import report_journal
 from ..result import Result, Summary
+from ..resultset import StoredResults
 from ..resume import Left, planned, stored_in
 from ..spec import item_label
 from ..task import Task
@@ -211,7 +212,13 @@ def run_batch(
         current, todo = Pass(), Left(bytearray(entries), Entries())
         if path.exists():
             reader = held.enter_context(
-                resumed(path, identity, "input", "run with --fresh to start over")
+                resumed(
+                    path,
+                    identity,
+                    "input",
+                    "run with --fresh to start over",
+                    Requests(islice(source, entries), failed_request),
+                )
             )
             current, todo = _planned(reader, entries, continuing)
         to_send = todo.count
@@ -261,7 +268,7 @@ def run_batch(
                 f"{source.name} changed while the run went: it had {entries} items, then "
                 f"{counted.read}; what finished is journaled in {path} (--fresh starts over)"
             )
-        results_path, failed_path, summary, left = _write(
+        results_path, failed_path, summary, left, written = _write(
             path,
             prefix,
             entries,
@@ -270,8 +277,9 @@ def run_batch(
             form=form,
             flatten=flatten,
             paged="paging" in identity,
+            report=report,
+            sent=bool(to_send),
         )
-        written = _report(path, prefix, sent=bool(to_send)) if report else None
     return Outcome(
         summary,
         entries,
@@ -296,12 +304,6 @@ def _lock_prefix(held: contextlib.ExitStack, path: Path, prefix: str) -> None:
         raise JournalUnusable(
             f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
         ) from None
-
-
-def _report(path: Path, prefix: str, *, sent: bool) -> Path | None:
-    """The run's report: written from the journal, or the one kept when nothing was sent."""
-    kept = report_path(prefix)
-    return kept if not sent and kept.exists() else _write_report(path, prefix)
 
 
 def _output_names(prefix: str) -> list[str]:
@@ -394,24 +396,15 @@ class _Counted:
         self.shrank = self.read < self._expected
 
 
-def _write_report(path: Path, prefix: str) -> Path | None:
-    """PREFIX-report.html from the journal (every finished item and every process that
-    worked on the run); None, with a warning, when it cannot be written: the results are
-    written already, and a report is not worth failing the run for."""
+def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
+    """PREFIX-report.html from the run's final Results (the one kept when nothing was sent);
+    None, with a warning, when it cannot be written: the results are written already, and a
+    report is not worth failing the run for."""
     target = report_path(prefix)
+    if not sent and target.exists():
+        return target
     try:
-        reader = JournalReader(path)
-        try:
-            return report_journal(
-                reader,
-                reader.summary(),
-                target,
-                title=f"batchsync report: {Path(prefix).name}",
-                timeline=reader.timeline(),
-                stints=reader.stints(),
-            )
-        finally:
-            reader.close()
+        return stored.report(target, title=f"batchsync report: {Path(prefix).name}")
     except Exception as exc:  # whatever it is, the run's results stand
         log.warning("the report %s could not be written: %s", target, exc)
         return None
@@ -432,9 +425,13 @@ def _write(
     form: str = "jsonl",
     flatten: bool = False,
     paged: bool = False,
-) -> tuple[Path, Path, Summary, int]:
-    """Write the output files from the journal; their paths, the stored Results' summary and,
-    when the run was stopped, how many items the pass ``current`` has still to send.
+    report: bool = False,
+    sent: bool = True,
+) -> tuple[Path, Path, Summary, int, Path | None]:
+    """Write every output from the journal's final Results (``StoredResults``, the one
+    source of the summary, the results and failed files and the report); their paths, the
+    summary, how many items the pass ``current`` has still to send when the run was stopped,
+    and the report's path (None: not asked for, or not written).
 
     Checks first that the journal holds one Result per entry (unless the run was stopped):
     a results file must never lack a line while the run reports success.
@@ -444,20 +441,22 @@ def _write(
     except JournalMismatch as exc:
         raise JournalFailed(str(exc)) from None
     try:
-        stored = reader.summary()
-        if not stopped and stored.total != entries:
+        stored = StoredResults(reader, path)
+        summary = stored.summary
+        if not stopped and summary.total != entries:
             raise MissingResults(
-                f"the journal {path} holds {stored.total} results for {entries} items"
+                f"the journal {path} holds {summary.total} results for {entries} items"
             )
         results_path, failed_path = write_outputs(
-            prefix, reader.rows, form=form, flatten=flatten, paged=paged
+            prefix, stored.rows, form=form, flatten=flatten, paged=paged
         )
         left = entries - reader.outstanding(entries, current).count(DONE) if stopped else 0
+        written = _report(stored, prefix, sent=sent) if report else None
     except sqlite3.Error as exc:
         raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None
     finally:
         reader.close()
-    return results_path, failed_path, stored, left
+    return results_path, failed_path, summary, left, written
 
 
 def _run_on_cluster(
