@@ -10,6 +10,11 @@ The ``meta`` table records what the journal was made for (the input's identity) 
 batchsync, or by something else altogether. Anything the writer cannot store fails the run
 (``JournalFailed``) rather than losing a Result quietly; a lock file beside the journal keeps
 a second run from using the same journal at once.
+
+A journal is a file anyone with the owner's rights can edit, so a run that goes on with one
+(``resumed``) trusts nothing in it unchecked: its layout, then every row of every table, on a
+read-only connection before anything opens it for writing (``check``). A refused journal is
+left byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -19,18 +24,22 @@ import fcntl
 import json
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 from .clock import SYSTEM, Clock, clock_of
 from .history import Pass, Stint, totals
-from .kinds import NOT_FINAL
-from .result import Listing, Result, Summary, Trace, summarize
+from .kinds import KINDS, NOT_FINAL
+from .records import dumps
+from .result import AttemptRecord, Listing, Result, Summary, Trace, summarize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,23 +89,6 @@ SCHEMA_VERSION = "batchsync-journal 4"
 # Journals of this layout are brought up to SCHEMA_VERSION when opened: version 3 lacked the
 # passes, the runs and the waits (its runs count from their next process on).
 _UPGRADABLE = "batchsync-journal 3"
-
-# The first row a journal cannot be trusted with, and which of _TAMPERINGS it is: an index
-# outside the input, a record that is no JSON or names another item, a text of more lines.
-_TAMPERED = """
-SELECT idx, CASE
-    WHEN idx < 0 OR idx >= ?1 THEN 0
-    WHEN json_valid(record) = 0 OR json_extract(record, '$.index') IS NOT idx THEN 1
-    WHEN instr(record, char(10)) OR instr(record, char(13))
-        OR instr(request, char(10)) OR instr(request, char(13)) THEN 2
-END AS problem
-FROM results WHERE problem IS NOT NULL ORDER BY problem LIMIT 1
-"""
-_TAMPERINGS = (
-    "item {index} is not in the input of {size} items",
-    "the record of item {index} is not that item's",
-    "the record of item {index} is not one line",
-)
 
 # What a pass does with each item of a journal (``JournalReader.outstanding``).
 TO_SEND, DONE, TO_REDO, TO_GO_ON, TO_FINISH = range(5)
@@ -442,9 +434,22 @@ class Journal:
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection to ``path``: a file that is not ours stays as it was."""
+    """A read-only connection to ``path``: a file that is not ours stays as it was.
+
+    Without a WAL or rollback journal beside it, everything is in the file itself: it is read
+    as immutable, so that SQLite makes no -wal and -shm files either (only a connection that
+    writes removes them again, and a refused journal is never opened for writing)."""
     uri = f"file:{quote(os.fsencode(path))}?mode=ro"  # a name may hold ? # or %
+    if not any(_nonempty(Path(f"{path}{suffix}")) for suffix in ("-wal", "-journal")):
+        uri += "&immutable=1"
     return sqlite3.connect(uri, uri=True)
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _open_for_reading(path: Path) -> sqlite3.Connection:
@@ -465,39 +470,561 @@ def _open_for_reading(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, check_same_thread=False)
 
 
+# A schema row as batchsync writes one (any other value is not shown: it could be anything).
+_VERSION = re.compile(r"batchsync-journal [0-9]{1,4}")
+# Each column as ``PRAGMA table_info`` gives it: name, declared type, NOT NULL, key position.
+Column = tuple[str, str, int, int]
+# Where ``_tables_of`` lists the tables that have triggers (no table can be named so).
+_TRIGGERS = " triggers"
+
+
 def _layout_problem(db: sqlite3.Connection) -> str | None:
-    """Why ``db`` is not a journal of this layout, or None."""
+    """Why ``db`` is not a journal of this layout (or of the version before), or None: its
+    schema row, then its tables, each column's name, declared type, NOT NULL and key."""
     if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
         return "is not a batchsync journal"
     row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     if row is None:
         return "was made by an older batchsync (or is not a batchsync journal)"
     if row[0] not in (SCHEMA_VERSION, _UPGRADABLE):
-        return f"was made by another batchsync ({row[0]}, not {SCHEMA_VERSION})"
+        shown = isinstance(row[0], str) and _VERSION.fullmatch(row[0])
+        made_by = f"{row[0]}, not" if shown else "not"
+        return f"was made by another batchsync ({made_by} {SCHEMA_VERSION})"
+    problem = layout_problem(_tables_of(db), upgradable=row[0] == _UPGRADABLE)
+    return None if problem is None else f"was altered: {problem}"
+
+
+def _tables_of(db: sqlite3.Connection) -> dict[str, list[Column]]:
+    """The tables of ``db`` with their columns as ``PRAGMA table_info`` gives them, and a
+    ``_TRIGGERS`` entry naming the tables that have triggers."""
+    tables: dict[str, list[Column]] = {}
+    for kind, name, table in db.execute("SELECT type, name, tbl_name FROM sqlite_master"):
+        if kind == "table":
+            info = db.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (name,))
+            tables[str(name)] = [
+                (str(n), str(t).upper(), int(nn), int(pk)) for n, t, nn, pk in info
+            ]
+        elif kind == "trigger":
+            tables.setdefault(_TRIGGERS, []).append((str(table), "", 0, 0))
+    return tables
+
+
+def _layout(schema: str) -> dict[str, list[Column]]:
+    """The tables ``schema`` makes, read back as a journal's are (the one source of both)."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(schema)
+        return _tables_of(db)
+
+
+LAYOUT = _layout(SCHEMA)
+# The tables that a journal of the version before holds (its results lack ``pass``); when a
+# run was killed while upgrading one, some of the others may be there too.
+_V3_TABLES = ("meta", "results")
+
+
+def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) -> str | None:
+    """What in ``tables`` (``_tables_of``) is not the journal's layout, or None: a table
+    missing, a column missing, added or declared otherwise, a trigger (it would rewrite what
+    a run stores after the checks). Other tables are left alone: nothing reads them."""
+    if _TRIGGERS in tables:
+        ours = [name for name, *_ in tables[_TRIGGERS] if name in LAYOUT]
+        return f"its table {ours[0]} has a trigger" if ours else "it has a trigger"
+    for name, columns in LAYOUT.items():
+        found = tables.get(name)
+        if found is None:
+            if upgradable and name not in _V3_TABLES:
+                continue
+            return f"it has no table {name}"
+        expected = list(columns)
+        if upgradable and name == "results" and "pass" not in {column[0] for column in found}:
+            expected = [column for column in columns if column[0] != "pass"]
+        for column in expected:
+            if column not in found:
+                return f"its table {name} has no column {column[0]} as batchsync makes it"
+        for column in found:
+            if column not in expected:
+                return f"its table {name} has a column {column[0]} batchsync does not make"
     return None
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What the input gives as each item's stored request, the failed file's line: ``text``
+    of each of ``items`` in input order (``resumed`` reads them only up to the last failure)."""
+
+    items: Iterable[Any]
+    text: Callable[[Any], str]
 
 
 @contextlib.contextmanager
 def resumed(
-    path: Path, identity: Mapping[str, str], what: str, hint: str
+    path: Path,
+    identity: Mapping[str, str],
+    what: str,
+    hint: str,
+    requests: Requests | None = None,
 ) -> Iterator[JournalReader]:
     """A reader of the journal to resume, checked to be one of this layout made for these
-    ``what`` (their identity); JournalMismatch naming the problem, then ``hint``, otherwise."""
-    try:
-        reader = JournalReader(path)
-    except JournalMismatch as exc:
-        raise JournalMismatch(f"{exc}: {_NOT_REPLACED if _foreign(path) else hint}") from None
-    try:
-        problem = mismatch(reader.meta(), identity)
+    ``what`` (their identity), every row of it trusted (``check``): JournalMismatch naming
+    the problem, then ``hint``, otherwise. Checked on a read-only connection before anything
+    else opens the file, so a journal refused stays as it was, byte for byte. ``requests``:
+    what each failed row's request must be (None: a library's journal, which holds none)."""
+    with contextlib.closing(_read_only(path)) as db:
+        db.text_factory = _decoded
+        try:
+            problem = _layout_problem(db)
+        except sqlite3.Error as exc:  # not SQLite at all, or unreadable
+            problem = f"cannot be read as a batchsync journal ({exc})"
         if problem is not None:
-            raise JournalMismatch(f"{path} was made for other {what} ({problem}); {hint}")
-        problem = reader.tampered(int(identity["entries"]))
-        if problem is not None:
-            raise JournalMismatch(f"{path} was altered: {problem}; {hint}")
+            chosen = _NOT_REPLACED if _foreign(path) else hint
+            raise JournalMismatch(f"{path} {problem}: {chosen}")
+        try:
+            problem = meta_shape_problem(db.execute("SELECT rowid, key, value FROM meta"))
+            other = mismatch(_stored_meta(db), identity) if problem is None else None
+            if other is not None:
+                raise JournalMismatch(f"{path} was made for other {what} ({other}); {hint}")
+            problem = problem or check(db, identity, requests)
+        except sqlite3.Error as exc:  # damaged past what SQLite can read
+            problem = f"it cannot be read ({exc})"
+    if problem is not None:
+        raise JournalMismatch(f"{path} was altered: {problem}; {hint}")
+    reader = JournalReader(path)
+    try:
         reader.upgrade()
         yield reader
     finally:
         reader.close()
+
+
+def _stored_meta(db: sqlite3.Connection) -> dict[str, str]:
+    return {str(key): str(value) for key, value in db.execute("SELECT key, value FROM meta")}
+
+
+# --- what every row must hold before a run trusts it -------------------------------------
+# A journal is a file anyone with the owner's rights can edit: each value a run reads is
+# checked for its type and range, each JSON text for its shape, the columns beside a record
+# against the record (the summary reads the columns, the results file the records), each
+# failed item's request against the input, the passes, the runs and the waits against each
+# other. A problem is named by its table, row and column, never by the value (a secret, say).
+
+# The largest count (attempts, items, requests, a pass) and the most seconds a journal holds:
+# far beyond any run, small enough that no sum of them overflows or loses its units.
+_MOST = 2**53
+_MOST_SECONDS = 1e9
+# The unix seconds a journal's times lie within (1970 to 2514).
+_LAST_MOMENT = 2.0**34
+# How far a gate's waits may lie outside the runs' time (the wall clock may be set meanwhile).
+_CLOCK_SLACK = 3600.0
+_RECORD_KEYS = frozenset(Result(0, None, False).to_dict())
+_ATTEMPT_KEYS = frozenset(AttemptRecord(1, None, None, 0.0).to_dict())
+_KINDS = frozenset(KINDS)
+_CONTINUATION_KEYS = frozenset({"url", "page", "position"})
+
+
+class _NotText:
+    """A stored text that is not UTF-8: no reader can take it back."""
+
+
+_NOT_TEXT = _NotText()
+
+
+def _decoded(raw: bytes) -> str | _NotText:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _NOT_TEXT
+
+
+def _count(value: object, least: int = 0) -> bool:
+    return type(value) is int and least <= value <= _MOST
+
+
+def _number(value: object) -> TypeGuard[float]:
+    return type(value) is float or type(value) is int  # (not a bool)
+
+
+def _seconds(value: object) -> TypeGuard[float]:
+    if type(value) is float or type(value) is int:  # (not a bool)
+        return 0 <= value <= _MOST_SECONDS  # (NaN is neither)
+    return False
+
+
+def _moment(value: object) -> bool:
+    return _number(value) and 0 <= value < _LAST_MOMENT
+
+
+def _line(value: object) -> bool:
+    return isinstance(value, str) and "\n" not in value and "\r" not in value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _json(text: object) -> Any:
+    """The value of a stored JSON text; ``_NOT_TEXT`` for anything strict JSON is not."""
+    if not isinstance(text, str):
+        return _NOT_TEXT
+    try:
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError):
+        return _NOT_TEXT
+
+
+def _agrees(column: object, stored: object) -> bool:
+    """A column's value is the record's (1 is not True, nor 1.0)."""
+    return type(column) is type(stored) and column == stored
+
+
+def _near(column: object, stored: object, terms: int = 1) -> bool:
+    """Seconds stored unrounded in a column and rounded to the microsecond, ``terms`` times
+    over, in the record."""
+    if not (_seconds(column) and _seconds(stored)):
+        return False
+    return abs(column - stored) <= 1e-6 * terms + 1e-9 * abs(column)
+
+
+def attempt_problem(entry: Any) -> bool:
+    """Whether one entry of a record's attempt log is not one as batchsync writes it."""
+    if not isinstance(entry, dict) or not _ATTEMPT_KEYS <= entry.keys() <= _ATTEMPT_KEYS | {
+        "resent"
+    }:
+        return True
+    return not (
+        _count(entry["attempt"], 1)
+        and _status(entry["status_code"])
+        and (entry["error_kind"] is None or entry["error_kind"] in _KINDS)
+        and _seconds(entry["elapsed"])
+        and (entry["wait"] is None or _seconds(entry["wait"]))
+        and (entry["fallback"] is None or _count(entry["fallback"]))
+        and isinstance(entry["hedged"], bool)
+        and _count(entry.get("resent", 0))
+    )
+
+
+def _status(value: object) -> bool:
+    return value is None or (type(value) is int and 100 <= value <= 999)
+
+
+def record_problem(record: Any, row: Sequence[Any]) -> str | None:
+    """What in a parsed record disagrees with the columns of its ``results`` row (``idx``,
+    ``ok``, ``error_kind``, ``status_code``, ``attempts``, ``elapsed``, ``backoff``) or is not
+    a Result's as batchsync writes it (None: nothing); the column named first."""
+    index, ok, kind, status, attempts, elapsed, backoff = row[:7]
+    if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys() <= _RECORD_KEYS | {
+        "pages"
+    }:
+        return "record is not a Result as batchsync writes it"
+    if not _agrees(index, record["index"]):
+        return f"the record of item {index} is not that item's"
+    for column, value, stored in (
+        ("ok", bool(ok), record["ok"]),
+        ("error_kind", kind, record["error_kind"]),
+        ("status_code", status, record["status_code"]),
+        ("attempts", attempts, record["attempts"]),
+    ):
+        if not _agrees(value, stored):
+            return f"{column} is not the record's"
+    if not _near(elapsed, record["elapsed"]):
+        return "elapsed is not the record's"
+    log = record["attempt_log"]
+    if not isinstance(log, list) or any(attempt_problem(entry) for entry in log):
+        return "record has an attempt log batchsync does not write"
+    if attempts < sum(1 + entry["hedged"] + entry.get("resent", 0) for entry in log):
+        return "attempts is fewer than the record's attempt log sent"
+    waited = sum(entry["wait"] or 0.0 for entry in log)
+    if not _near(backoff, waited, len(log) + 1):
+        return "backoff is not the waits of the record's attempt log"
+    if not (
+        all(record[key] is None or isinstance(record[key], str) for key in _TEXTS)
+        and _count(record["redirects"])
+        and (record["fallback_used"] is None or _count(record["fallback_used"]))
+        and (record.get("pages") is None or _count(record["pages"]))
+    ):
+        return "record is not a Result as batchsync writes it"
+    return None
+
+
+_TEXTS = ("url", "final_url", "error")
+
+
+def result_problem(
+    row: Sequence[Any], *, size: int, latest: int, paged: bool, requested: bool
+) -> str | None:
+    """What makes one ``results`` row (its columns in the schema's order) untrustworthy for
+    an input of ``size`` items whose last pass is ``latest``, ``paged`` or not, whose failed
+    items keep their request (``requested``: the command line's) or not (a library's); None:
+    nothing. The column is named first, never its value."""
+    index, ok, kind, status, attempts, elapsed, backoff, record, request, resume = row[:10]
+    finished, made_in = row[10:12]
+    problem = None
+    if not 0 <= index < size:
+        problem = f"item {index} is not in the input of {size} items"
+    elif type(ok) is not int or ok not in (0, 1):
+        problem = "ok is not 0 or 1"
+    elif kind is not None and kind not in _KINDS:
+        problem = "error_kind is not an error kind"
+    elif (kind is None) != bool(ok):
+        problem = "error_kind does not agree with ok (a failure has one, a success none)"
+    elif not _status(status) or (kind == "status" and status is None):
+        problem = "status_code is not an HTTP status"
+    elif not _count(attempts):
+        problem = "attempts is not a count"
+    elif not _seconds(elapsed):
+        problem = "elapsed is not a number of seconds"
+    elif not _seconds(backoff):
+        problem = "backoff is not a number of seconds"
+    elif finished is not None and not _moment(finished):
+        problem = "finished is not a time"
+    elif not _count(made_in, 1) or made_in > latest:
+        problem = "pass is not a pass the journal recorded"
+    else:
+        problem = _texts_problem(
+            index, ok, record, request, resume, paged=paged, requested=requested
+        )
+    if problem is not None:
+        return problem
+    parsed = _json(record)
+    if parsed is _NOT_TEXT or dumps(parsed) != record:
+        return "record is not a Result as batchsync writes it"
+    return record_problem(parsed, row)
+
+
+def _texts_problem(
+    index: int,
+    ok: int,
+    record: object,
+    request: object,
+    resume: object,
+    *,
+    paged: bool,
+    requested: bool,
+) -> str | None:
+    """``result_problem`` of a row's texts: its record is one line, its request is there for
+    a failure (when the journal keeps them) and only then, where it goes on is a next page."""
+    if not isinstance(record, str):
+        return "record is not text"
+    if not _line(record):
+        return f"the record of item {index} is not one line"
+    if request is not None and not _line(request):
+        return "request is not one line of text"
+    if request is not None and not requested:
+        return "request is there, but the journal of a library's batch keeps none"
+    if request is not None and ok:
+        return "request is there for an item that did not fail"
+    if request is None and requested and not ok:
+        return "request is missing: the failed file needs it to send the item again"
+    if resume is None:
+        return None
+    if not paged:
+        return "resume is there for an item that was not paginated"
+    if ok:
+        return "resume is there for an item that did not fail"
+    going_on = _json(resume)
+    if not (
+        isinstance(going_on, dict)
+        and going_on.keys() == _CONTINUATION_KEYS
+        and isinstance(going_on["url"], str)
+        and _count(going_on["page"], 1)
+        and _count(going_on["position"])
+    ):
+        return "resume is not where a paginated item goes on"
+    return None
+
+
+def pass_problem(number: int, retry: object) -> str | None:
+    """What makes a ``passes`` row untrustworthy: the first pass retries nothing, each later
+    one the error kinds it names (a sorted JSON list of them; empty: every failure)."""
+    if not _count(number, 1):
+        return "number is not a pass"
+    if number == 1:
+        return None if retry is None else "retry is there for the first pass"
+    kinds = _json(retry)
+    if not (
+        isinstance(kinds, list)
+        and all(isinstance(kind, str) and kind in _KINDS for kind in kinds)
+        and kinds == sorted(set(kinds))
+    ):
+        return "retry is not a list of error kinds"
+    return None
+
+
+def run_problem(row: Sequence[Any], passes: Iterable[int]) -> str | None:
+    """What makes a ``runs`` row (its columns in the schema's order) untrustworthy, given the
+    numbers of the passes recorded; None: nothing."""
+    number, started, elapsed, items, requests, waits, circuits = row
+    if type(number) is not int or number not in passes:
+        return "pass is not a pass the journal recorded"
+    if not _moment(started):
+        return "started is not a time"
+    if not _seconds(elapsed):
+        return "elapsed is not a number of seconds"
+    for column, value in (("items", items), ("requests", requests), ("circuits", circuits)):
+        if not _count(value):
+            return f"{column} is not a count"
+    gates = _json(waits)
+    if not isinstance(gates, dict) or not all(
+        gate and _seconds(seconds) for gate, seconds in gates.items()
+    ):
+        return "waits is not the seconds waited at each gate"
+    return None
+
+
+def wait_problem(
+    row: Sequence[Any], span: tuple[float, float] | None, gates: Iterable[str]
+) -> str | None:
+    """What makes a ``waits`` row untrustworthy, given when the runs went (``span``: the
+    first start and the last end, None: no run recorded) and the ``gates`` they waited at
+    (the same waits, summed by gate); None: nothing."""
+    gate, second, seconds = row
+    if gate not in gates:
+        return "gate is not a gate the runs waited at"
+    if type(second) is not int or not _moment(second):
+        return "second is not a time"
+    if span is None or not span[0] - _CLOCK_SLACK <= second <= span[1] + _CLOCK_SLACK:
+        return "second is not within the runs the journal recorded"
+    if not _seconds(seconds):
+        return "seconds is not a number of seconds"
+    return None
+
+
+# What the values of ``meta`` that have a shape look like (a value of another shape was
+# edited, whatever the input): a count, a SHA-256; the others are texts.
+_META_SHAPES = {
+    "entries": re.compile(r"0|[1-9][0-9]{0,15}"),
+    "size": re.compile(r"0|[1-9][0-9]{0,18}"),
+    "sha256": re.compile(r"[0-9a-f]{64}"),
+}
+_META_KEYS = ("schema", "input", "size", "sha256", "entries", "template", "paging")
+
+
+def meta_shape_problem(rows: Iterable[tuple[int, Any, Any]]) -> str | None:
+    """What in the ``meta`` rows (rowid, key, value) no batchsync writes, whatever the input:
+    a key of its own, a text, a count or a SHA-256 where one belongs. (A value
+    of the right shape but not the input's: made for other input, ``mismatch`` says.)"""
+    for rowid, key, value in rows:
+        if key not in _META_KEYS:
+            return f"meta row {rowid}: key is not one batchsync writes"
+        shape = _META_SHAPES.get(key)
+        if not isinstance(value, str) or (shape is not None and not shape.fullmatch(value)):
+            return f"meta row {rowid}: value of {key} is not one batchsync writes"
+    return None
+
+
+def meta_problem(rows: Iterable[tuple[int, Any, Any]], identity: Mapping[str, str]) -> str | None:
+    """What in the ``meta`` rows (rowid, key, value) is not what a journal made for
+    ``identity`` holds: each of its keys and the schema's, no other, each value the input's
+    (``input``, where it was, aside: a file moved is still the same input)."""
+    expected = {key: _storable(value) for key, value in identity.items()}
+    seen = set()
+    for rowid, key, value in rows:
+        if key == "schema":
+            seen.add(key)
+            continue
+        if not isinstance(key, str) or key not in expected:
+            return f"meta row {rowid}: key is not one a journal of this input has"
+        if not isinstance(value, str) or (key != "input" and value != expected[key]):
+            return f"meta row {rowid}: value of {key} is not the input's"
+        seen.add(key)
+    missing = sorted(expected.keys() - seen)
+    return f"meta has no row {missing[0]}" if missing else None
+
+
+def check(
+    db: sqlite3.Connection, identity: Mapping[str, str], requests: Requests | None
+) -> str | None:
+    """The first thing in the journal ``db`` (of this layout, made for ``identity``) that a
+    run cannot trust, named by its table, row and column, or None; ``requests``: what each
+    failed item's request must be (None: the journal keeps none). Each table is read once,
+    the input up to its last failed item."""
+    tables = {str(name) for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    problem = meta_problem(db.execute("SELECT rowid, key, value FROM meta"), identity)
+    if problem is not None:
+        return problem
+    numbers: set[int] = set()
+    if "passes" in tables:
+        for number, retry in db.execute("SELECT number, retry FROM passes"):
+            problem = pass_problem(number, retry)
+            if problem is not None:
+                return f"passes row {number}: {problem}"
+            numbers.add(number)
+    ran = _runs_problem(db, numbers) if "runs" in tables else _Ran()
+    if ran.problem is not None:
+        return ran.problem
+    if "waits" in tables:
+        for rowid, *row in db.execute("SELECT rowid, * FROM waits"):
+            problem = wait_problem(row, ran.span, ran.gates)
+            if problem is not None:
+                return f"waits row {rowid}: {problem}"
+    columns = [column[0] for column in _tables_of(db)["results"]]
+    query = "SELECT * FROM results" if "pass" in columns else "SELECT *, 1 FROM results"
+    size, paged, latest = int(identity["entries"]), "paging" in identity, max(numbers, default=1)
+    made: Counter[int] = Counter()
+    for row in db.execute(query):
+        problem = result_problem(
+            row, size=size, latest=latest, paged=paged, requested=requests is not None
+        )
+        if problem is not None:
+            return f"results row {row[0]}: {problem}"
+        made[row[11]] += 1
+    for number, count in sorted(made.items()):
+        if number > 1 and count > ran.finished[number]:
+            return f"runs of pass {number}: items are fewer than the results of that pass"
+    return None if requests is None else _requests_problem(db, requests)
+
+
+@dataclass
+class _Ran:
+    """What the ``runs`` rows say: the items the runs of each pass finished, when the first
+    started and the last ended (None: no run), the gates they waited at, and the first
+    problem with them."""
+
+    finished: Counter[int] = field(default_factory=Counter)
+    span: tuple[float, float] | None = None
+    gates: set[str] = field(default_factory=set)
+    problem: str | None = None
+
+
+def _runs_problem(db: sqlite3.Connection, numbers: set[int]) -> _Ran:
+    """``check`` of the ``runs`` rows: each one trusted (``run_problem``), none repeated,
+    a run recorded for each pass."""
+    ran = _Ran()
+    seen: dict[tuple[Any, Any], int] = {}
+    for rowid, *row in db.execute("SELECT rowid, * FROM runs"):
+        ran.problem = run_problem(row, numbers)
+        if ran.problem is None and (row[0], row[1]) in seen:
+            ran.problem = f"it repeats row {seen[row[0], row[1]]}"
+        if ran.problem is not None:
+            ran.problem = f"runs row {rowid}: {ran.problem}"
+            return ran
+        seen[row[0], row[1]] = rowid
+        ran.finished[row[0]] += row[3]
+        ran.gates.update(json.loads(row[5]))
+        start, end = row[1], row[1] + row[2]
+        ran.span = (
+            (start, end) if ran.span is None else (min(ran.span[0], start), max(ran.span[1], end))
+        )
+    unrun = sorted(numbers - {number for number, _ in seen})
+    if unrun:
+        ran.problem = f"passes row {unrun[0]}: no run of it is recorded in runs"
+    return ran
+
+
+def _requests_problem(db: sqlite3.Connection, requests: Requests) -> str | None:
+    """The first failed item whose stored request is not what the input gives (the failed
+    file would send it elsewhere), or None."""
+    items = enumerate(requests.items)
+    query = "SELECT idx, request FROM results WHERE request IS NOT NULL ORDER BY idx"
+    for index, stored in db.execute(query):
+        item = next((item for position, item in items if position == index), _NOT_TEXT)
+        if item is _NOT_TEXT:
+            return f"results row {index}: request is for an item the input does not have"
+        if requests.text(item) != stored:
+            return f"results row {index}: request is not the input's item {index}"
+    return None
 
 
 _TRACES = (
@@ -523,7 +1050,8 @@ class JournalReader:
     Opens the file read-only and checks that it is a journal of this batchsync's layout
     (JournalMismatch otherwise), so that a foreign or older file is left exactly as it was.
     A journal of the version before can be described (``meta``, ``holding``); the rest needs
-    ``upgrade`` first (``resumed`` does it).
+    ``upgrade`` first (``resumed`` does it). Its rows are read as they are: ``resumed`` checks
+    them before a run trusts them.
     """
 
     def __init__(self, path: Path) -> None:
@@ -541,17 +1069,6 @@ class JournalReader:
 
     def meta(self) -> dict[str, str]:
         return {str(key): str(value) for key, value in self._db.execute("SELECT * FROM meta")}
-
-    def tampered(self, size: int) -> str | None:
-        """What makes a row untrustworthy for an input of ``size`` items (None: nothing): an
-        index outside it (its Result would land on another item, or out of order), a stored
-        text of more than one line (the output files hold one a line). A journal is a file
-        anyone with the owner's rights can edit."""
-        row = self._db.execute(_TAMPERED, (size,)).fetchone()  # (one scan of the results)
-        if row is None:
-            return None
-        index, problem = row
-        return _TAMPERINGS[problem].format(index=index, size=size)
 
     def latest_pass(self) -> Pass:
         """The last pass recorded (the first when none was: nothing was sent yet)."""

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +19,26 @@ import pytest
 from batchsync.batch import Item, identity_of
 from batchsync.history import Pass
 from batchsync.journal import (
+    LAYOUT,
     SCHEMA_VERSION,
     Journal,
+    JournalMismatch,
     JournalReader,
+    Requests,
+    layout_problem,
     linger_for,
+    meta_problem,
+    meta_shape_problem,
     mismatch,
+    pass_problem,
+    record_problem,
     remove,
+    result_problem,
+    resumed,
+    run_problem,
+    wait_problem,
 )
+from batchsync.records import dumps
 from batchsync.result import AttemptRecord, Result
 from batchsync.spec import RequestSpec
 
@@ -306,3 +325,241 @@ def test_the_journal_and_the_failed_file_are_the_owners_only(tmp_path: Path) -> 
     umask = os.umask(0)
     os.umask(umask)
     assert results.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# --- what a row must hold to be trusted (issue 34) ----------------------------------------
+
+
+def stored_row(result: Result, request: str | None = None, made_in: int = 1) -> list[Any]:
+    """A ``results`` row as the journal stores ``result`` (columns in the schema's order)."""
+    backoff = sum(attempt.wait or 0.0 for attempt in result.attempt_log)
+    record = dumps(result.to_dict())
+    return [result.index, int(result.ok), result.error_kind, result.status_code,
+            result.attempts, result.elapsed, backoff, record, request, None, 1.8e9,
+            made_in]  # fmt: skip
+
+
+FAILED = Result(
+    2, "http://h.test/2", False, status_code=503, attempts=2, error_kind="status",
+    elapsed=0.25, attempt_log=(AttemptRecord(1, 503, "status", 0.1, 0.05),
+                               AttemptRecord(2, 503, "status", 0.1)),
+)  # fmt: skip
+
+
+def problem_of(changes: dict[int, Any], *, requested: bool = True) -> str | None:
+    row = stored_row(FAILED, '{"url":"http://h.test/2"}', made_in=2)
+    for position, value in changes.items():
+        row[position] = value
+    return result_problem(row, size=3, latest=2, paged=False, requested=requested)
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({0: 3}, "item 3 is not in the input of 3 items"),
+        ({1: 2}, "ok is not 0 or 1"),
+        ({1: "zz"}, "ok is not 0 or 1"),
+        ({1: 1}, "error_kind does not agree with ok"),
+        ({2: "bogus"}, "error_kind is not an error kind"),
+        ({3: 99}, "status_code is not an HTTP status"),
+        ({3: None}, "status_code is not an HTTP status"),
+        ({4: -3}, "attempts is not a count"),
+        ({4: 1.5}, "attempts is not a count"),
+        ({4: 3}, "attempts is not the record's"),
+        ({5: "NaN"}, "elapsed is not a number of seconds"),
+        ({5: math.inf}, "elapsed is not a number of seconds"),
+        ({5: 0.5}, "elapsed is not the record's"),
+        ({6: -1.0}, "backoff is not a number of seconds"),
+        ({6: 0.0}, "backoff is not the waits of the record's attempt log"),
+        ({10: "x"}, "finished is not a time"),
+        ({11: 3}, "pass is not a pass the journal recorded"),
+        ({7: "{"}, "record is not a Result as batchsync writes it"),
+        ({7: "[1]"}, "record is not a Result as batchsync writes it"),
+        ({7: dumps(FAILED.to_dict()).replace(":", ": ")}, "record is not a Result as"),
+        ({7: dumps(FAILED.to_dict()) + "\n"}, "the record of item 2 is not one line"),
+        ({8: None}, "request is missing: the failed file needs it"),
+        ({9: '{"url":"http://h.test/2?page=2","page":2,"position":3}'}, "resume is there for"),
+    ],
+)
+def test_a_results_row_names_its_column_that_cannot_be_trusted(
+    changes: dict[int, Any], problem: str
+) -> None:
+    assert problem_of({}) is None
+    found = problem_of(changes)
+    assert found is not None and found.startswith(problem), found
+
+
+def test_a_libraries_journal_keeps_no_request_and_a_success_none() -> None:
+    assert problem_of({8: None}, requested=False) is None
+    assert problem_of({}, requested=False) == (
+        "request is there, but the journal of a library's batch keeps none"
+    )
+    ok = stored_row(make(0), '{"url":"u0"}')
+    assert result_problem(ok, size=1, latest=1, paged=False, requested=True) == (
+        "request is there for an item that did not fail"
+    )
+
+
+def test_where_a_paginated_failure_goes_on_is_a_next_page() -> None:
+    row = stored_row(FAILED, '{"url":"http://h.test/2"}')
+    for resume, trusted in [
+        ('{"url": "http://h.test/2?page=2", "page": 2, "position": 3}', True),
+        ("{", False), ("[1]", False), ('{"url": 1, "page": 2, "position": 3}', False),
+        ('{"url": "http://h.test/", "page": 0, "position": 3}', False),
+    ]:  # fmt: skip
+        row[9] = resume
+        found = result_problem(row, size=3, latest=1, paged=True, requested=True)
+        assert (found is None) == trusted, resume
+
+
+def test_a_record_agrees_with_the_columns_beside_it() -> None:
+    row = stored_row(FAILED)
+    record = json.loads(row[7])
+    assert record_problem(record, row) is None
+    for key, value, problem in [
+        ("ok", True, "ok is not the record's"),
+        ("status_code", 500, "status_code is not the record's"),
+        ("index", 1, "the record of item 2 is not that item's"),
+        ("attempts", 1, "attempts is not the record's"),
+        ("attempt_log", [{"attempt": 0}], "record has an attempt log batchsync does not write"),
+        ("redirects", -1, "record is not a Result as batchsync writes it"),
+    ]:
+        assert record_problem(record | {key: value}, row) == problem, key
+    assert record_problem({k: v for k, v in record.items() if k != "url"}, row) is not None
+
+
+def test_passes_runs_and_waits_rows_name_what_cannot_be_trusted() -> None:
+    assert pass_problem(1, None) is None and pass_problem(2, "[]") is None
+    assert pass_problem(2, '["status","timeout"]') is None
+    assert pass_problem(1, "[]") == "retry is there for the first pass"
+    for retry in (None, "zz", '{"a":', "[1]", '["bogus"]', '["timeout","status"]'):
+        assert pass_problem(2, retry) == "retry is not a list of error kinds", retry
+    assert pass_problem(-3, None) == "number is not a pass"
+    run = [1, 1.8e9, 2.5, 6, 10, '{"token": 1.5}', 0]
+    assert run_problem(run, {1}) is None
+    for position, value, problem in [
+        (0, 2, "pass is not a pass the journal recorded"),
+        (1, "NaN", "started is not a time"),
+        (2, math.inf, "elapsed is not a number of seconds"),
+        (3, -3, "items is not a count"),
+        (4, 2**63 - 1, "requests is not a count"),
+        (5, "[1]", "waits is not the seconds waited at each gate"),
+        (5, '{"token": NaN}', "waits is not the seconds waited at each gate"),
+        (6, "zz", "circuits is not a count"),
+    ]:
+        assert run_problem([*run[:position], value, *run[position + 1 :]], {1}) == problem
+    span, gates = (1.8e9, 1.8e9 + 3), {"token"}
+    assert wait_problem(["token", 1_800_000_001, 0.5], span, gates) is None
+    assert wait_problem(["zz", 1_800_000_001, 0.5], span, gates) == (
+        "gate is not a gate the runs waited at"
+    )
+    assert wait_problem(["token", 2**40, 0.5], span, gates) == "second is not a time"
+    assert wait_problem(["token", 1_700_000_000, 0.5], span, gates) == (
+        "second is not within the runs the journal recorded"
+    )
+    assert wait_problem(["token", 1_800_000_001, -3], span, gates) == (
+        "seconds is not a number of seconds"
+    )
+
+
+def test_meta_holds_the_inputs_identity_and_nothing_else() -> None:
+    identity = {"input": "urls.txt", "size": "10", "sha256": "a" * 64, "entries": "3"}
+    rows = [(n, key, value) for n, (key, value) in enumerate(identity.items(), 1)]
+    rows.append((9, "schema", SCHEMA_VERSION))
+    assert meta_shape_problem(rows) is None and meta_problem(rows, identity) is None
+    assert meta_problem(rows, dict(identity, input="moved/urls.txt")) is None
+    assert meta_problem(rows, dict(identity, size="11")) == (
+        "meta row 2: value of size is not the input's"
+    )
+    assert meta_problem(rows[1:], identity) == "meta has no row input"
+    for row in [(3, "sha256", "zz"), (4, "entries", "-3"), (4, "entries", "NaN"), (5, None, "x")]:
+        assert meta_shape_problem([*rows, row]) is not None, row
+
+
+def test_the_layout_names_the_table_and_column_that_differ() -> None:
+    tables = {name: list(columns) for name, columns in LAYOUT.items()}
+    assert layout_problem(tables, upgradable=False) is None
+    assert layout_problem({k: v for k, v in tables.items() if k != "passes"}, upgradable=False) == (
+        "it has no table passes"
+    )
+    retyped = [("elapsed", "TEXT", 1, 0) if c[0] == "elapsed" else c for c in tables["runs"]]
+    assert layout_problem(tables | {"runs": retyped}, upgradable=False) == (
+        "its table runs has no column elapsed as batchsync makes it"
+    )
+    added = [*tables["waits"], ("note", "TEXT", 0, 0)]
+    assert layout_problem(tables | {"waits": added}, upgradable=False) == (
+        "its table waits has a column note batchsync does not make"
+    )
+    older = {"meta": tables["meta"], "results": [c for c in tables["results"] if c[0] != "pass"]}
+    assert layout_problem(older, upgradable=True) is None
+    assert layout_problem(older, upgradable=False) == (
+        "its table results has no column pass as batchsync makes it"
+    )
+
+
+def as_the_cli_stores(result: Result, item: object) -> tuple[str, str | None]:
+    """The texts the command line stores: the record, and a failure's request."""
+    return dumps(result.to_dict()), None if result.ok else json.dumps({"url": item})
+
+
+def test_a_failed_items_request_must_be_the_inputs(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    items = ["http://h.test/0", "http://h.test/1", "http://h.test/2"]
+    identity = identity_of(items)
+    journal = Journal(path, as_the_cli_stores, identity)
+    journal.add(make(0), items[0])
+    journal.add(replace(FAILED, index=1), items[1])
+    journal.close()
+    requests = Requests(items, lambda item: json.dumps({"url": item}))
+    with resumed(path, identity, "items", "hint", requests) as reader:
+        assert reader.record(1) is not None
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("""UPDATE results SET request = '{"url": "http://elsewhere.test/"}'
+                      WHERE idx = 1""")
+    before = path.read_bytes()
+    with (
+        pytest.raises(JournalMismatch) as refused,
+        resumed(path, identity, "items", "hint", requests),
+    ):
+        pass
+    assert str(refused.value) == (
+        f"{path} was altered: results row 1: request is not the input's item 1; hint"
+    )
+    assert "elsewhere" not in str(refused.value) and path.read_bytes() == before
+
+
+def test_a_journal_left_with_its_wal_is_checked_there_and_left_as_it_was(tmp_path: Path) -> None:
+    """A run killed leaves its last commits in the -wal file: they are checked too, and a
+    refusal leaves the journal and its -wal byte for byte."""
+    path = tmp_path / "j.sqlite3"
+    items = ["http://h.test/0"]
+    journal = Journal(path, as_the_cli_stores, identity_of(items))
+    journal.add(make(0), items[0])
+    journal.close()
+    altered_then_killed = (
+        "import os, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
+        "db.execute(\"UPDATE results SET elapsed = 'x'\"); db.commit(); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", altered_then_killed, str(path)], check=True)
+    wal = Path(f"{path}-wal")
+    before = (path.read_bytes(), wal.read_bytes())
+    assert before[1]
+    requests = Requests(items, lambda item: json.dumps({"url": item}))
+    refused = pytest.raises(JournalMismatch, match="results row 0: elapsed is not a number")
+    with refused, resumed(path, identity_of(items), "items", "hint", requests):
+        pass
+    assert (path.read_bytes(), wal.read_bytes()) == before
+
+
+def test_a_trigger_is_refused_as_it_would_rewrite_what_a_run_stores(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    items = ["http://h.test/0"]
+    Journal(path, as_the_cli_stores, identity_of(items)).close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            "CREATE TRIGGER moved AFTER INSERT ON results BEGIN "
+            "UPDATE results SET request = '{}' WHERE idx = new.idx; END"
+        )
+    refused = pytest.raises(JournalMismatch, match="was altered: its table results has a trigger")
+    with refused, resumed(path, identity_of(items), "items", "hint"):
+        pass

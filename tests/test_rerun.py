@@ -150,8 +150,8 @@ def test_a_journal_of_the_version_before_is_upgraded_and_resumed(tmp_path: Path)
     db.executemany("INSERT INTO meta VALUES (?, ?)", meta)
     record = Result(0, None, True, attempts=1, data="A").to_dict()
     db.execute(
-        "INSERT INTO results VALUES (0, 1, NULL, NULL, 1, 0.1, 0, ?, NULL, NULL, 1.0)",
-        (json.dumps(record),),
+        "INSERT INTO results VALUES (0, 1, NULL, NULL, 1, 0.0, 0, ?, NULL, NULL, 1.0)",
+        (json.dumps(record, separators=(",", ":")),),
     )
     db.commit()
     db.close()
