@@ -4,6 +4,11 @@ Workers read the input lazily themselves, one item at a time, and at most ``2 * 
 items are claimed and unfinished (items waiting on an identical request included), so memory
 does not grow with the input. Each worker carries one item through its attempts, waits and
 give-up decisions, and delivers exactly one Result.
+
+Workers follow the work: a run starts one, and each worker starts the next when it claims its
+first item, up to ``concurrency``. So a run never has more than one worker beyond the items it
+has read (a one-item input starts two threads, whatever the concurrency), and the pool fills
+as fast as the input comes.
 """
 
 from __future__ import annotations
@@ -231,11 +236,38 @@ class _Run:
         # Items parked on an identical request in flight: at most one per worker.
         self._parked = _Window(engine.options.concurrency)
         self.failures: list[BaseException] = []
+        self._pool = ThreadPoolExecutor(engine.options.concurrency, thread_name_prefix="batchsync")
+        self._workers: list[Future[None]] = []
+        self._workers_lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        """Start one more worker, while the pool has room and the run goes on."""
+        with self._workers_lock:
+            room = len(self._workers) < self._engine.options.concurrency
+            if room and not self._closed and not self._stopped():
+                self._workers.append(self._pool.submit(self.work))
+
+    @property
+    def workers(self) -> list[Future[None]]:
+        """The workers started so far (a worker starts the next before it ends)."""
+        with self._workers_lock:
+            return list(self._workers)
+
+    def shutdown(self, *, wait: bool) -> None:
+        with self._workers_lock:
+            self._closed = True
+        self._pool.shutdown(wait=wait)
 
     def work(self) -> None:
-        """Claim items until there are none; each worker carries one item at a time."""
+        """Claim items until there are none; each worker carries one item at a time, and
+        starts the next worker when it claims its first."""
         engine = self._engine
+        started_next = False
         while (entry := self._claim()) is not None:
+            if not started_next:
+                started_next = True
+                self.start()
             index, item = entry
             delivered = engine.carry(self._job, index, item, self._deadline_end)
             if not delivered:  # parked on an identical request: hold a slot until it lands
@@ -341,26 +373,25 @@ class Engine:
         started = self._clock()
         deadline_end = None if options.deadline is None else started + options.deadline
         run = _Run(self, job, iter(items), deliver, deadline_end)
-        pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="batchsync")
-        workers = [pool.submit(run.work) for _ in range(options.concurrency)]
+        run.start()
         finished = False
         try:
-            finished = self._drain(workers)
+            finished = self._drain(run)
         except BaseException:
             self.stop()
-            finished = self._drain(workers)
+            finished = self._drain(run)
             raise
         finally:
-            pool.shutdown(wait=finished)
+            run.shutdown(wait=finished)
         # A worker ended by what no item may catch (SystemExit from a callable, say): the run
         # cannot give every item its Result, so it says so rather than return fewer.
-        escaped = [exc for w in workers if w.done() and (exc := w.exception()) is not None]
+        escaped = [exc for w in run.workers if w.done() and (exc := w.exception()) is not None]
         failures = [*run.failures, *escaped]
         if failures:
             raise failures[0]
         return finished
 
-    def _drain(self, workers: list[Future[None]]) -> bool:
+    def _drain(self, run: _Run) -> bool:
         """Wait until every worker has run out of items.
 
         After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
@@ -368,9 +399,10 @@ class Engine:
         """
         aborted_at: float | None = None
         while True:
+            workers = run.workers
             # A timed wait keeps the main thread responsive to Ctrl-C.
             _, running = wait(workers, timeout=_POLL_SECONDS)
-            if not running:
+            if not running and len(run.workers) == len(workers):  # (none started meanwhile)
                 return True
             if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
                 continue

@@ -35,6 +35,11 @@ AUTO = "auto"
 # Where requests finds a CA bundle when the request's verify is not given (trust_env).
 
 
+# The most items in progress at once: a thread each. Past some thousands a process spends
+# more on switching threads than it gains in flight; more is several processes (--redis).
+MAX_CONCURRENCY = 10_000
+
+
 class EngineOptions(BaseModel):
     """What every batch takes: how many at once, how many tries, how much time."""
 
@@ -42,7 +47,7 @@ class EngineOptions(BaseModel):
         frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
     )
 
-    concurrency: int = Field(default=10, ge=1)
+    concurrency: int = Field(default=10, ge=1, le=MAX_CONCURRENCY)
     attempts: int = Field(default=3, ge=1)
     budget: float = Field(default=60.0, gt=0)
     deadline: float | None = Field(default=None, gt=0)
@@ -115,7 +120,8 @@ class FlowOptions(EngineOptions):
 class CallOptions(FlowOptions):
     """What a batch of calls adds: a limit key per item, fallbacks called with the item."""
 
-    concurrency: int = Field(default=4, ge=1)  # calls are often heavier than requests
+    # Calls are often heavier than requests.
+    concurrency: int = Field(default=4, ge=1, le=MAX_CONCURRENCY)
     # Off: calls share no host, and one breaker over every item would let some items'
     # failures hold the healthy ones; give per_key and a Breaker to have one per key.
     breaker: Breaker | None = None

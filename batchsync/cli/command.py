@@ -23,7 +23,7 @@ from ..auth import AuthFailed, CommandToken
 from ..columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..journal import JournalUnusable
 from ..limits import Breaker, CooldownScope
-from ..options import DEFAULT, FetchOptions, build
+from ..options import DEFAULT, MAX_CONCURRENCY, FetchOptions, build
 from ..progress import wanted
 from ..redact import RedactingFilter, Secrets
 from ..result import error_kinds
@@ -142,9 +142,9 @@ def _retry_kinds(
 @click.option(
     "-c",
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
     default=DEFAULT.concurrency,
-    help="At most N items in progress at once.",
+    help=f"At most N items in progress at once (1 to {MAX_CONCURRENCY}).",
 )
 @click.option(
     "--attempts",
