@@ -23,7 +23,7 @@ from .guard import PrivateAddress
 from .httpfacts import HttpFacts, facts_of, facts_of_status
 from .kinds import KINDS, Kind, failed
 from .provider import Announced
-from .retries import RETRYABLE
+from .retries import RETRYABLE, no_answer
 from .verdict import ErrorKind, Feedback, Retryable, Verdict, retry, terminal
 
 # urllib3 opens its messages with the connection or pool they came from: "HTTPConnection(
@@ -337,14 +337,19 @@ def classify_raised(
 ) -> Verdict:
     """Map an exception raised by a callable to a Verdict.
 
-    Retried when ``retry_if`` says so; without it, an exception carrying an HTTP status is
-    judged by the HTTP rules (429, 408 and 5xx retried), any other by ``is_transient``. Its
-    wait hint (``wait_hint``) is a floor under the next wait, as a Retry-After is.
+    Retried when ``retry_if`` says so (an answer that is not a bool or None ends the item,
+    saying so); without it, an exception carrying an HTTP status is judged by the HTTP rules
+    (429, 408 and 5xx retried), any other by ``is_transient``. Its wait hint (``wait_hint``)
+    is a floor under the next wait, as a Retry-After is.
     """
     status = status_of(exc)
     kind = _transient_kind(exc) or ("status" if status is not None else "exception")
     if retry_if is not None:
-        retryable = bool(retry_if(exc))
+        said = retry_if(exc)
+        unsaid = no_answer(retry_if, said)
+        if unsaid is not None:
+            return terminal(kind, f"{describe(exc)} ({unsaid})", facts_of_status(status))
+        retryable = bool(said)
     elif status is not None:
         retryable = status in RETRYABLE
     else:

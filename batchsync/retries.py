@@ -70,7 +70,8 @@ def judged(verdict: Verdict, retry_if: RetryIf) -> Verdict:
     """A failed attempt's Verdict as ``retry_if`` says (given its status and error kind):
     retried, final, or (None) as it was. Only kinds that are the attempt's own failure are
     asked about (``Kind.asked``: not a limit, a stop or a race lost to a hedge). A
-    ``retry_if`` that raises ends the route, saying so."""
+    ``retry_if`` that raises, or answers anything but True, False or None, ends the route,
+    saying so."""
     kind = verdict.error_kind
     if verdict.ok or kind is None or not KINDS[kind].asked:
         return verdict
@@ -79,6 +80,25 @@ def judged(verdict: Verdict, retry_if: RetryIf) -> Verdict:
     except Exception as broken:
         error = f"{verdict.error} (retry_if raised {type(broken).__name__}: {broken})"
         return replace(verdict, outcome="terminal", error=error)
+    unsaid = no_answer(retry_if, say)
+    if unsaid is not None:
+        return replace(verdict, outcome="terminal", error=f"{verdict.error} ({unsaid})")
     if say is None or (verdict.outcome == "retry") == bool(say):
         return verdict
     return replace(verdict, outcome="retry" if say else "terminal")
+
+
+def no_answer(retry_if: Callable[..., object], said: object) -> str | None:
+    """Why what ``retry_if`` returned is no answer, or None when it is one (True, False or
+    None): taken by its truth, a "no" would retry. Names the function and the type it
+    returned, never the value (it may hold a secret)."""
+    if said is None or isinstance(said, bool):
+        return None
+    kind = type(said)
+    shown = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    name = getattr(retry_if, "__qualname__", None) or type(retry_if).__qualname__
+    return f"retry_if {name} returned {shown}, not True, False or None"

@@ -133,9 +133,9 @@ def test_bad_lines_become_invalid_request_results_with_their_line_numbers(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-c", "0"], "Invalid value for '-c' / '--concurrency': 0 is not in the range x>=1"),
+        (["-c", "0"], "'-c' / '--concurrency': 0 is not in the range 1<=x<=10000"),
         (["--timeout", "-1"], "--timeout"),
-        (["--budget", "nan"], "invalid option: budget"),
+        (["--budget", "nan"], "Invalid value for '--budget': 'nan' is not a finite number"),
         (["--expect", "xml"], "--expect"),
         (["-H", "no colon here"], "header 1 is not in the form 'Name: value'"),
         (["--no-such-option"], "No such option '--no-such-option'"),

@@ -127,6 +127,33 @@ def test_a_retry_if_that_raises_ends_the_route_saying_so() -> None:
     assert judgement.error == "HTTP 503 (retry_if raised KeyError: 'oops')"
 
 
+@pytest.mark.parametrize("said", ["no", 1, 0, ["sk-secret"], 0.5])
+def test_a_retry_if_that_answers_no_bool_ends_the_item_naming_it_and_the_type(
+    server: MockServerProcess, said: object
+) -> None:
+    """Taken by its truth, "no" would retry and 0 would not: neither is an answer. The
+    value itself is never shown (it may hold a secret), its type is."""
+
+    def policy(status: int | None, kind: ErrorKind) -> bool | None:
+        return said  # type: ignore[return-value]
+
+    urls = answering(server, 503, 404)
+    rs = fetch_all(urls, attempts=3, backoff=FAST, retry_if=policy, progress=False)
+    shown = type(said).__name__
+    for result, status in zip(rs, (503, 404), strict=True):
+        assert (result.ok, result.attempts, result.error_kind, result.status_code) == (
+            False,
+            1,
+            "status",
+            status,
+        )
+        assert result.error == (
+            f"HTTP {status} (retry_if test_a_retry_if_that_answers_no_bool_ends_the_item_naming_"
+            f"it_and_the_type.<locals>.policy returned {shown}, not True, False or None)"
+        )
+        assert "sk-secret" not in result.error
+
+
 def test_a_status_not_retried_by_default_is_retried_when_listed_and_a_default_one_not(
     server: MockServerProcess,
 ) -> None:

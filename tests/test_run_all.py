@@ -324,6 +324,28 @@ def test_a_retry_if_that_raises_still_leaves_the_item_its_result() -> None:
     )
 
 
+@pytest.mark.parametrize("said", ["no", 1, 0, ["sk-secret"]])
+def test_a_retry_if_that_answers_no_bool_ends_the_item_naming_it_and_the_type(
+    said: object,
+) -> None:
+    """As with fetch_all: not retried, not taken by its truth; the type shown, not the value."""
+    calls: list[int] = []
+
+    def fails(n: int) -> int:
+        calls.append(n)
+        raise TimeoutError("slow")  # (retried without a retry_if)
+
+    def policy(exc: BaseException) -> bool:
+        return said  # type: ignore[return-value]
+
+    (result,) = run_all(fails, [1], attempts=3, backoff=FAST, retry_if=policy)
+    assert (result.ok, result.attempts, result.error_kind, calls) == (False, 1, "timeout", [1])
+    assert result.error == (
+        "TimeoutError: slow (retry_if test_a_retry_if_that_answers_no_bool_ends_the_item_naming_"
+        f"it_and_the_type.<locals>.policy returned {type(said).__name__}, not True, False or None)"
+    )
+
+
 def test_a_journal_refuses_what_it_could_not_resume(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"item 0 cannot be journaled"):
         run_all(str, [object()], journal=tmp_path / "j.sqlite3")

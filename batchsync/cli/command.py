@@ -31,13 +31,22 @@ from ..template import Template, parse_body
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
     BREAKER_DEFAULT,
+    FilePath,
+    names_folder,
+    parse_auth_command,
     parse_breaker,
+    parse_dask_address,
+    parse_header_names,
     parse_headers,
     parse_hedge_after,
+    parse_metrics_port,
+    parse_prefix,
     parse_rate_option,
+    parse_redis_url,
     parse_retry_statuses,
     positive,
     resume_command,
+    split_address,
 )
 from .runner import Continuing, Outcome, Refused, journal_path, run_batch
 from .signals import EXIT_INTERRUPTED, signals_deferred, stop_on_signals
@@ -51,11 +60,16 @@ class _Command(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
-        bare = [f"{RETRY_FAILED}=" if word == RETRY_FAILED else word for word in args[:end]]
+        bare = [
+            f"{RETRY_FAILED}={_EVERY_KIND}" if word == RETRY_FAILED else word for word in args[:end]
+        ]
         return super().parse_args(ctx, [*bare, *args[end:]])
 
 
 RETRY_FAILED = "--retry-failed"
+# What a bare --retry-failed stands for (every failure): a value no command line can give,
+# so that --retry-failed= (an unset shell variable's kinds) is not taken for it.
+_EVERY_KIND = "\0"
 
 
 def _retry_kinds(
@@ -64,8 +78,15 @@ def _retry_kinds(
     """--retry-failed's error kinds (empty: every failure), None when it was not given."""
     if value is None:
         return None
+    if value == _EVERY_KIND:
+        return frozenset()
+    kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
+    if not kinds:
+        raise click.BadParameter(
+            "names no error kind: give =KIND,... or --retry-failed alone for every failure"
+        )
     try:
-        return error_kinds(kind.strip() for kind in value.split(",") if kind.strip())
+        return error_kinds(kinds)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -288,6 +309,7 @@ def _retry_kinds(
     "--auth-command",
     default=None,
     metavar="'CMD'",
+    callback=parse_auth_command,
     help="Get the token from CMD (run by sh, stdin closed, 30 s at most): what it prints, "
     "stripped, is the --auth-header value (e.g. 'Bearer abc'), a secret. It is run once "
     "before anything is sent (if it fails, the run does not start) and again whenever the "
@@ -298,6 +320,7 @@ def _retry_kinds(
     "--auth-header",
     default="Authorization",
     metavar="NAME",
+    callback=parse_header_names,
     help="The header --auth-command's output goes in.",
 )
 @click.option(
@@ -305,6 +328,7 @@ def _retry_kinds(
     "secret_headers",
     multiple=True,
     metavar="NAME",
+    callback=parse_header_names,
     help="Treat this item header as a secret too, like Authorization (repeatable).",
 )
 @click.option(
@@ -365,7 +389,7 @@ def _retry_kinds(
 )
 @click.option(
     "--cacert",
-    type=click.Path(exists=True, readable=True),
+    type=FilePath(exists=True, readable=True),
     default=None,
     metavar="FILE",
     help="Trust the CA certificates in FILE (PEM; or a directory of them) instead of the "
@@ -374,7 +398,7 @@ def _retry_kinds(
 @click.option(
     "--cert",
     "client_cert",
-    type=click.Path(exists=True, dir_okay=False, readable=True),
+    type=FilePath(exists=True, dir_okay=False, readable=True),
     default=None,
     metavar="FILE",
     help="Client certificate (PEM) to present, with its key unless --key is given.",
@@ -382,7 +406,7 @@ def _retry_kinds(
 @click.option(
     "--key",
     "client_key",
-    type=click.Path(exists=True, dir_okay=False, readable=True),
+    type=FilePath(exists=True, dir_okay=False, readable=True),
     default=None,
     metavar="FILE",
     help="Private key (PEM) of the --cert client certificate.",
@@ -398,6 +422,7 @@ def _retry_kinds(
     "redis_url",
     default=None,
     metavar="URL",
+    callback=parse_redis_url,
     help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
     "through this Redis server, e.g. redis://127.0.0.1:6379/0; needs the redis extra.",
 )
@@ -418,6 +443,7 @@ def _retry_kinds(
     "dask_address",
     default=None,
     metavar="ADDRESS",
+    callback=parse_dask_address,
     help="Run the batch on the Dask cluster at ADDRESS (tcp://scheduler:8786), a partition "
     "per task; add --redis so that all workers share the limits; needs the dask extra.",
 )
@@ -432,8 +458,9 @@ def _retry_kinds(
     "--metrics-port",
     default=None,
     metavar="[HOST:]PORT",
-    help="Serve Prometheus metrics on this port (HOST defaults to 127.0.0.1) while the run "
-    "goes; needs the metrics extra.",
+    callback=parse_metrics_port,
+    help="Serve Prometheus metrics on this port, 1 to 65535 (HOST defaults to 127.0.0.1), "
+    "while the run goes; needs the metrics extra.",
 )
 @click.option(
     "-o",
@@ -441,9 +468,11 @@ def _retry_kinds(
     "prefix",
     default=None,
     metavar="PREFIX",
+    callback=parse_prefix,
     help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
-    "as needed.  [default: INPUT's name without its extension; stdin: batch, as for any "
-    "pipe]",
+    "as needed. A PREFIX that ends in / (or is . or ..) is a folder: the files go in it, "
+    "under the default name.  [default: INPUT's name without its extension; stdin: batch, "
+    "as for any pipe]",
 )
 @click.option(
     "--format",
@@ -572,7 +601,7 @@ def command(
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
     continuing = _continuing(resume, retry_failed, fresh)
-    prefix = default_prefix(input_name) if prefix is None else prefix
+    prefix = output_prefix(prefix, input_name)
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
     options = _fetch_options(
@@ -749,6 +778,14 @@ def _make_folder(folder: Path) -> None:
         ) from None
 
 
+def output_prefix(given: str | None, input_name: str) -> str:
+    """The output files' prefix: -o as given, or INPUT's default name (``default_prefix``)
+    when it is not given, or inside the folder -o names (``out/``, ``.``)."""
+    if given is None:
+        return default_prefix(input_name)
+    return str(Path(given) / default_prefix(input_name)) if names_folder(given) else given
+
+
 def default_prefix(input_name: str) -> str:
     """The output prefix when -o is not given: INPUT's name without its extension, in the
     current folder (so a rerun of PREFIX-failed.jsonl writes beside, never over, its run);
@@ -820,8 +857,6 @@ def _check_format(form: str, flatten: bool) -> None:
 def _first_token(command: str, header: str) -> CommandToken:
     """The --auth-command token source, its first token got now: a command that fails stops
     the run before anything is sent or written (exit 2, one line without its output)."""
-    if not header or any(c.isspace() or c == ":" for c in header) or not header.isascii():
-        raise click.UsageError(f"--auth-header {header!r} is not a header name")
     source = CommandToken(command, header)
     try:
         source.prime()
@@ -832,11 +867,12 @@ def _first_token(command: str, header: str) -> CommandToken:
 
 @contextlib.contextmanager
 def _metrics_server(where: str | None) -> Iterator[object]:
-    """A Prometheus registry served over HTTP for the run's duration (None: no metrics)."""
+    """A Prometheus registry served over HTTP for the run's duration (None: no metrics).
+    ``where`` was checked when it was parsed; what binding it raises is a usage line too."""
     if where is None:
         yield None
         return
-    host, _, port = where.rpartition(":")
+    host, port = split_address(where)
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
@@ -845,8 +881,8 @@ def _metrics_server(where: str | None) -> Iterator[object]:
         ) from None
     registry = CollectorRegistry()
     try:
-        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
-    except (ValueError, OSError) as exc:
+        server, _thread = start_http_server(port, addr=host or "127.0.0.1", registry=registry)
+    except (ValueError, OSError, OverflowError) as exc:
         raise click.UsageError(f"cannot serve metrics on {where}: {exc}") from None
     try:
         yield registry
