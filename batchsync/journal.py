@@ -39,7 +39,7 @@ from .clock import SYSTEM, Clock, clock_of
 from .history import Pass, Stint, totals
 from .kinds import KINDS, NOT_FINAL
 from .records import dumps
-from .result import AttemptRecord, Listing, Result, Summary, Trace, summarize
+from .result import AttemptRecord, Listing, Result, Summary, Trace, kept, summarize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -360,7 +360,8 @@ class Journal:
 
     def _row(self, result: Result, item: object) -> Row:
         record, request = self._encode(result, item)
-        backoff = sum(attempt.wait or 0.0 for attempt in result.attempt_log)
+        # (the columns keep the record's seconds: a summary of them is one of the records)
+        backoff = sum(kept(attempt.wait or 0.0) for attempt in result.attempt_log)
         resume = None if result.continuation is None else json.dumps(result.continuation)
         # When it finished (unix seconds), for the report; a Result made outside a run's
         # workers has no such time: when the writer stores it, then.
@@ -371,7 +372,7 @@ class Journal:
             result.error_kind,
             result.status_code,
             result.attempts,
-            result.elapsed,
+            kept(result.elapsed),
             backoff,
             record,
             request,
@@ -680,8 +681,9 @@ def _agrees(column: object, stored: object) -> bool:
 
 
 def _near(column: object, stored: object, terms: int = 1) -> bool:
-    """Seconds stored unrounded in a column and rounded to the microsecond, ``terms`` times
-    over, in the record."""
+    """Seconds in a column and in the record: the same, but for the rounding to the
+    microsecond (``terms`` times over, for a sum) of columns an earlier batchsync wrote
+    unrounded."""
     if not (_seconds(column) and _seconds(stored)):
         return False
     return abs(column - stored) <= 1e-6 * terms + 1e-9 * abs(column)

@@ -16,6 +16,13 @@ from .kinds import KINDS, NOT_FINAL
 from .verdict import ErrorKind
 
 
+def kept(seconds: float) -> float:
+    """``seconds`` as a Result's record keeps them (to the microsecond): the one precision of
+    every output and of every summary, so that a summary of Results in memory and one of
+    their records read back (a resume, a batch's journal in a new session) say the same."""
+    return round(seconds, 6)
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
     """One attempt: its number, what came back, how long it took and the wait that followed.
@@ -53,8 +60,8 @@ class AttemptRecord:
             "attempt": self.attempt,
             "status_code": self.status_code,
             "error_kind": self.error_kind,
-            "elapsed": round(self.elapsed, 6),
-            "wait": None if self.wait is None else round(self.wait, 6),
+            "elapsed": kept(self.elapsed),
+            "wait": None if self.wait is None else kept(self.wait),
             "fallback": self.fallback,
             "hedged": self.hedged,
         } | ({"resent": self.resent} if self.resent else {})
@@ -154,7 +161,7 @@ class Result:
             "error_kind": self.error_kind,
             "error": self.error,
             "data": data,
-            "elapsed": round(self.elapsed, 6),
+            "elapsed": kept(self.elapsed),
             "attempt_log": [record.to_dict() for record in self.attempt_log],
             "fallback_used": self.fallback_used,
         } | ({} if self.pages is None else {"pages": self.pages})
@@ -295,12 +302,13 @@ class Summary:
         return f"<table>{body}</table>"
 
 
-# What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff.
+# What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff
+# (as its record keeps them, ``kept``).
 Counted = tuple[bool, ErrorKind | None, int | None, int, float]
 
 
 def counted(result: Result) -> Counted:
-    backoff = sum(record.wait or 0.0 for record in result.attempt_log)
+    backoff = sum(kept(record.wait or 0.0) for record in result.attempt_log)
     return result.ok, result.error_kind, result.status_code, result.attempts, backoff
 
 

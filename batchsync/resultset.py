@@ -31,6 +31,7 @@ from .result import (
     counted,
     error_kinds,
     flat_body,
+    kept,
     summarize,
 )
 
@@ -137,7 +138,7 @@ class ResultSet(Sequence[Result]):
     def summary(self) -> Summary:
         return summarize(
             map(counted, self._results),
-            sorted(result.elapsed for result in self._results if result.attempts),
+            sorted(kept(result.elapsed) for result in self._results if result.attempts),
             elapsed=self.elapsed,
             waits=self.waits,
             circuits_opened=self.circuits_opened,

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchsync import Batch, Breaker
 from tests.mockserver import MockServerProcess
 from tests.test_invariants import BROKEN_LINES, run_cli, strict_json
 
@@ -266,3 +267,57 @@ def test_a_resume_that_sends_nothing_keeps_its_summary_circuits_and_all(
     assert summary_of(again)[0] == line
     assert len(server.log(key)) == sent  # (nothing sent)
     assert agree(tmp_path, lines, again) == line
+
+
+def test_a_retry_with_no_failure_to_send_keeps_its_summary_circuits_and_all(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Every item fails once, then works: circuits open, nothing fails in the end. Neither
+    --retry-failed (no failure to send again) nor --resume sends anything, and each writes
+    the run's summary, byte for byte, its circuits included."""
+    key = uuid.uuid4().hex[:8]
+    other = server.url.replace("127.0.0.1", "localhost")
+    lines = [
+        f"{base}/503-then-ok/{key}-{host}{n}/x?after=1"
+        for host, base in enumerate((server.url, other))
+        for n in range(8)
+    ]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, first = cli(tmp_path)
+    assert code == 0, first
+    line = summary_of(first)[0]
+    assert "circuit(s) opened" in line, line
+    sent = len(server.log(key))
+    for again in ("--retry-failed", "--resume"):
+        code, stderr = cli(tmp_path, again)
+        assert code == 0, stderr
+        assert summary_of(stderr)[0] == line, again
+    assert len(server.log(key)) == sent  # (nothing sent)
+    assert agree(tmp_path, lines, stderr) == line
+
+
+def test_a_batch_run_again_or_read_back_keeps_its_summary_circuits_and_all(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """The library's forms of the same, over a journal: ``run()`` again, a retry of a kind
+    that did not fail, and a new Batch over the journal (a new session) send nothing and show
+    the run's summary, byte for byte, "2 circuit(s) opened" included."""
+    key = uuid.uuid4().hex[:8]
+    other = server.url.replace("127.0.0.1", "localhost")
+    items = [f"{base}/503/{key}-{n}" for base in (server.url, other) for n in range(8)]
+    options: dict[str, Any] = {
+        "concurrency": 3, "attempts": 2, "timeout": 2, "budget": 3, "progress": False,
+        "breaker": Breaker(0.5, 4, 4, 0.3), "journal": tmp_path / "j.sqlite3",
+    }  # fmt: skip
+    batch = Batch(items, **options)
+    line = str(batch.run().summary())
+    assert "2 circuit(s) opened" in line, line
+    sent = len(server.log(key))
+    again = [
+        batch.run(),
+        batch.run(retry_failed=["timeout"]),
+        Batch(items, **options).results,
+        Batch(items, **options).run(),
+    ]
+    assert [str(results.summary()) for results in again] == [line] * len(again)
+    assert len(server.log(key)) == sent  # (nothing sent)

@@ -22,8 +22,9 @@ import pytest
 
 import batchsync
 from batchsync import Result, ResultSet, fetch_all, run_all
+from batchsync.batch import encode_result, identity_of
 from batchsync.history import Pass, Stint, difference, merged_timeline, totals
-from batchsync.journal import JournalReader
+from batchsync.journal import Journal, JournalReader
 from batchsync.result import AttemptRecord, added_to, error_kinds
 
 from .mockserver import MockServerProcess
@@ -251,6 +252,43 @@ def test_batch_retry_with_a_journal_is_resumable_and_keeps_the_run_numbers(
     reader.close()
     with pytest.raises(ValueError, match="retry_failed: name at least one error kind"):
         loaded.run(retry_failed=[])
+
+
+def test_a_batch_read_back_from_its_journal_shows_the_summary_its_run_showed(
+    tmp_path: Path,
+) -> None:
+    """Seconds a hair from where the summary line rounds them (an item's 0.0124996 s shows as
+    0.012, its record's 0.0125 as 0.013; a wait of 0.04999996 s as 0.0, its record's 0.05 as
+    0.1) are counted as the journal keeps them: a new session over the journal, which reads
+    the records back, shows the summary the session that ran the batch showed, byte for byte,
+    circuits included, and sends nothing."""
+    path, url = tmp_path / "j.sqlite3", "http://h.test/a"
+    made = Result(
+        0, url, False, status_code=503, attempts=2, error_kind="status", error="HTTP 503",
+        elapsed=0.0124996,
+        attempt_log=(
+            AttemptRecord(1, 503, "status", 0.005, 0.04999996),
+            AttemptRecord(2, 503, "status", 0.0075),
+        ),
+    )  # fmt: skip
+    stint = Stint(Pass(), time.time(), 3.0, 1, 2, {"breaker": 1.5}, 2)
+    journal = Journal(
+        path, encode_result, identity_of([url]), passing=Pass(), progress=lambda: stint
+    )
+    journal.add(made, url)
+    journal.close()
+    ran = totals([stint])  # (what the session that made the Result shows: Batch.results)
+    shown = ResultSet([made], ran.elapsed, ran.waits, ran.circuits_opened).summary()
+    loaded = batchsync.Batch([url], journal=path, progress=False)
+    reader = JournalReader(path)
+    again = [loaded.results.summary(), loaded.run().summary(), reader.summary()]
+    reader.close()
+    assert [str(summary) for summary in again] == [str(shown)] * 3
+    assert str(shown) == (
+        "1 items: 0 ok, 1 failed (status 1); 2 requests (2.00 per item) in 3.00 s, 1/s; "
+        "latency p50 0.013 s, p95 0.013 s, p99 0.013 s; waited: backoff 0.1 s, breaker 1.5 s; "
+        "2 circuit(s) opened"
+    )
 
 
 def test_an_interrupted_retry_pass_is_finished_by_the_next_run(tmp_path: Path) -> None:
@@ -654,7 +692,11 @@ def test_fresh_says_what_it_replaced_and_odd_prefixes_hold(
     )
     folder = run_cli("urls.txt", "-o", "out2/", "--no-progress", cwd=tmp_path)
     assert folder.returncode == 0, folder.stderr
-    assert (tmp_path / "out2" / "-results.jsonl").exists()
+    # (a folder: the default name in it, not out2/-results.jsonl)
+    assert sorted(path.name for path in (tmp_path / "out2").glob("*.jsonl")) == [
+        "urls-failed.jsonl",
+        "urls-results.jsonl",
+    ]
     (tmp_path / "loop-results.jsonl").symlink_to("loop-results.jsonl")
     looped = run_cli("urls.txt", "-o", "loop", "--no-progress", cwd=tmp_path)
     assert "Traceback" not in looped.stderr
