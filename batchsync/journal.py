@@ -491,7 +491,10 @@ def _layout_problem(db: sqlite3.Connection) -> str | None:
         shown = isinstance(row[0], str) and _VERSION.fullmatch(row[0])
         made_by = f"{row[0]}, not" if shown else "not"
         return f"was made by another batchsync ({made_by} {SCHEMA_VERSION})"
-    problem = layout_problem(_tables_of(db), upgradable=row[0] == _UPGRADABLE)
+    upgradable = row[0] == _UPGRADABLE
+    problem = layout_problem(_tables_of(db), upgradable=upgradable) or declared_problem(
+        db.execute("SELECT type, tbl_name, sql FROM sqlite_master"), upgradable=upgradable
+    )
     return None if problem is None else f"was altered: {problem}"
 
 
@@ -518,6 +521,48 @@ def _layout(schema: str) -> dict[str, list[Column]]:
 
 
 LAYOUT = _layout(SCHEMA)
+
+
+def _squeezed(sql: object) -> str:
+    """A CREATE statement without its whitespace: SQLite keeps the text as it was written,
+    and ALTER TABLE ADD COLUMN appends to it."""
+    return "".join(str(sql).split())
+
+
+def _declarations(schema: str) -> dict[str, str]:
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(schema)
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+        return {str(name): _squeezed(sql) for name, sql in db.execute(query)}
+
+
+DECLARED = _declarations(SCHEMA)
+# The column the version before lacked, as its upgrade's ALTER TABLE appends it.
+_PASS_COLUMN = ",passINTEGERNOTNULLDEFAULT1)"
+
+
+def declared_problem(
+    entries: Iterable[tuple[object, object, object]], *, upgradable: bool
+) -> str | None:
+    """What the columns do not show, in the ``sqlite_master`` rows (type, table, sql): each
+    of the journal's tables declared as batchsync declares it (not a key in another order,
+    a CHECK, a collation, a generated column, WITHOUT ROWID), and none with an index of
+    another's making (a unique one would make storing one Result delete another)."""
+    for kind, table, sql in entries:
+        expected = DECLARED.get(str(table))
+        if expected is None:
+            continue
+        if kind == "table":
+            allowed = {expected}
+            if upgradable and table == "results":
+                allowed.add(expected.replace(_PASS_COLUMN, ")"))
+            if _squeezed(sql) not in allowed:
+                return f"its table {table} is not declared as batchsync declares it"
+        elif sql is not None:  # (the indexes of its keys have none)
+            return f"its table {table} has an index batchsync does not make"
+    return None
+
+
 # The tables that a journal of the version before holds (its results lack ``pass``); when a
 # run was killed while upgrading one, some of the others may be there too.
 _V3_TABLES = ("meta", "results")
@@ -790,8 +835,11 @@ def result_problem(
     if problem is not None:
         return problem
     parsed = _json(record)
-    if parsed is _NOT_TEXT or dumps(parsed) != record:
-        return "record is not a Result as batchsync writes it"
+    try:
+        if parsed is _NOT_TEXT or dumps(parsed) != record:
+            return "record is not a Result as batchsync writes it"
+    except RecursionError:
+        return "record nests deeper than this process can read"
     return record_problem(parsed, row)
 
 
@@ -869,10 +917,15 @@ def run_problem(row: Sequence[Any], passes: Iterable[int]) -> str | None:
             return f"{column} is not a count"
     gates = _json(waits)
     if not isinstance(gates, dict) or not all(
-        gate and _seconds(seconds) for gate, seconds in gates.items()
+        _gate_name(gate) and _seconds(seconds) for gate, seconds in gates.items()
     ):
         return "waits is not the seconds waited at each gate"
     return None
+
+
+def _gate_name(name: str) -> bool:
+    """A name the summary line can show: a gate's, one short printable line."""
+    return 0 < len(name) <= 64 and name.isprintable()
 
 
 def wait_problem(

@@ -38,6 +38,11 @@ AUTO = "auto"
 # The most items in progress at once: a thread each. Past some thousands a process spends
 # more on switching threads than it gains in flight; more is several processes (--redis).
 MAX_CONCURRENCY = 10_000
+# The most seconds a timeout, budget, deadline or lease may be, about 31 years: well within
+# what a thread or a socket can wait (``threading.TIMEOUT_MAX``, some 9.2e9 s), even added to
+# the clock. Beyond it, an attempt's timer overflows: a Result of OverflowError, not a timeout.
+MAX_SETTING_SECONDS = 1_000_000_000
+Seconds = Annotated[float, Field(gt=0, le=MAX_SETTING_SECONDS)]
 
 
 class EngineOptions(BaseModel):
@@ -49,8 +54,8 @@ class EngineOptions(BaseModel):
 
     concurrency: int = Field(default=10, ge=1, le=MAX_CONCURRENCY)
     attempts: int = Field(default=3, ge=1)
-    budget: float = Field(default=60.0, gt=0)
-    deadline: float | None = Field(default=None, gt=0)
+    budget: Seconds = 60.0
+    deadline: Seconds | None = None
     backoff: Backoff = Backoff()
     # Hooks, called from worker threads; an exception in one is logged and ignored.
     on_attempt: Callable[[Any, AttemptRecord], None] | None = None
@@ -71,7 +76,7 @@ class FlowOptions(EngineOptions):
     usage: Callable[[Any], int | None] | None = None
     # Seconds (or "p95") after which a slow attempt gets a second, racing one (HTTP: GETs
     # only; calls: only what may safely run twice).
-    hedge_after: Annotated[float, Field(gt=0)] | Literal["p95"] | None = None
+    hedge_after: Seconds | Literal["p95"] | None = None
     cooldown: CooldownScope = "host"
     breaker: Breaker | None = Breaker()
     adaptive: bool = False
@@ -83,7 +88,7 @@ class FlowOptions(EngineOptions):
     # namespace naming the shared quota, and how long a slot lease lives without renewal.
     limits: Any = None
     namespace: str = "batchsync"
-    lease_ttl: float = Field(default=10.0, gt=0)
+    lease_ttl: Seconds = 10.0
 
     @property
     def slots(self) -> int | None:
@@ -134,7 +139,7 @@ class CallOptions(FlowOptions):
 class FetchOptions(FlowOptions):
     """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
 
-    timeout: float = Field(default=10.0, gt=0)
+    timeout: Seconds = 10.0
     per_host: int | None = Field(default=None, ge=1)
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
     dedup: bool = False

@@ -335,7 +335,7 @@ class StoredResults:
         try:
             fields = json.loads(record)
             problem = _not_a_record(index, fields)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             problem = "is not a Result"
         if problem is None and not fields["ok"] and request is None:
             problem = "failed, but has no line for the failed file"

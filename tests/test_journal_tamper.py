@@ -524,3 +524,71 @@ def test_a_tampering_found_is_refused_by_the_command_line(
     assert done.stderr.startswith("Error: ") and table in done.stderr
     assert snapshot(folder) == before
     assert server.stats()["requests"] == sent
+
+
+# What the columns do not show: a journal rebuilt with each table declared otherwise, or
+# given an index of its own, has the same PRAGMA table_info and is refused all the same.
+def rebuilt(journal: Path, schema: str) -> None:
+    """``journal`` made anew from ``schema``, every row copied."""
+    fresh = journal.with_name("rebuilt.sqlite3")
+    with contextlib.closing(sqlite3.connect(fresh)) as db:
+        db.executescript(schema)
+        db.execute("ATTACH ? AS old", (str(journal),))
+        with db:
+            for table in TABLES:
+                db.execute(f"INSERT INTO main.{table} SELECT * FROM old.{table}")
+        db.execute("DETACH old")
+    fresh.replace(journal)
+
+
+def evil(a: str, b: str) -> int:
+    return 0
+
+
+REDECLARED = {
+    # idx no longer the rowid: it could hold NULL, text or 4.5
+    "key_descending": ("idx INTEGER PRIMARY KEY,", "idx INTEGER PRIMARY KEY DESC,"),
+    # storing the next pass's Results fails after its requests went out
+    "check": ("DEFAULT 1\n", "DEFAULT 1 CHECK (pass < 3)\n"),
+}
+ADDED = {
+    # storing one failure deletes the other's Result, on every resume
+    "unique_index": "CREATE UNIQUE INDEX u ON results(ok) WHERE ok = 0 AND pass = 3",
+    "collated_index": "CREATE INDEX c ON results(error_kind COLLATE evil)",
+    "generated_column": "ALTER TABLE results ADD COLUMN g TEXT AS (json('{')) VIRTUAL",
+}
+
+
+@pytest.mark.parametrize("case", ["as_written", *REDECLARED, *ADDED])
+def test_a_table_declared_otherwise_is_refused(
+    cli_source: Path, cli_baseline: tuple[int, Any], tmp_path: Path, case: str
+) -> None:
+    folder = copy_of(cli_source, tmp_path / "run")
+    journal = folder / "out-journal.sqlite3"
+    old, new = REDECLARED.get(case, ("", ""))
+    assert old in journal_module.SCHEMA
+    rebuilt(journal, journal_module.SCHEMA.replace(old, new))
+    if case in ADDED:
+        with contextlib.closing(sqlite3.connect(journal)) as db:
+            db.create_collation("evil", evil)
+            db.execute(ADDED[case])
+    before = snapshot(folder)
+    code, err = in_process(folder, "--retry-failed")
+    if case == "as_written":  # the rebuilding itself changes nothing a run trusts
+        assert code == cli_baseline[0], err
+        return
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(r"was altered: its table \w+ (is not declared|has an index)", err), err
+    assert snapshot(folder) == before
+
+
+def test_a_gate_name_the_summary_cannot_show_is_refused(cli_source: Path, tmp_path: Path) -> None:
+    folder = copy_of(cli_source, tmp_path / "run")
+    journal = folder / "out-journal.sqlite3"
+    forged = json.dumps({"rate\n2 items: 2 ok, 0 failed": 0.5})
+    tamper(journal, "UPDATE runs SET waits = ? WHERE rowid = 1", forged)
+    before = snapshot(folder)
+    code, err = in_process(folder)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "runs row 1: waits is not the seconds waited at each gate" in err
+    assert snapshot(folder) == before

@@ -20,6 +20,7 @@ from typing import Any
 import click
 import pytest
 
+from batchsync import fetch_all
 from batchsync.cli.command import _metrics_server, command
 
 CLOSED = "http://127.0.0.1:1/x"
@@ -322,3 +323,20 @@ def test_seconds_are_finite_and_fit_a_timer(folder: Path, name: str, value: str)
     assert code == 2, stderr
     (line,) = error_lines(stderr)
     assert line.startswith(f"Error: Invalid value for '{name}': "), stderr
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"timeout": 1e308},
+        {"budget": 1e10},
+        {"deadline": float("inf")},
+        {"hedge_after": 1e10},
+        {"lease_ttl": float("nan")},
+    ],
+    ids=str,
+)
+def test_the_library_takes_seconds_that_fit_a_timer_only(setting: dict[str, float]) -> None:
+    """Before, ``timeout=1e308`` ended every item as an OverflowError from its timer."""
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        fetch_all(["http://127.0.0.1:9/"], **setting)  # type: ignore[arg-type]

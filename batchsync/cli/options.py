@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from ..limits import Breaker
+from ..options import MAX_SETTING_SECONDS
 from ..rates import parse_rate
 from ..redact import MASK, Secrets
 from ..retries import parse_statuses
@@ -30,11 +31,7 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-# The most seconds an option may say, about 31 years: well within what a thread or a socket
-# can wait (``threading.TIMEOUT_MAX``, some 9.2e9 s), even added to the clock. Beyond it, an
-# attempt's timer overflows: a Result of OverflowError, not a timeout.
-MAX_SECONDS = 1_000_000_000
-positive = FiniteFloatRange(min=0, min_open=True, max=MAX_SECONDS)
+positive = FiniteFloatRange(min=0, min_open=True, max=MAX_SETTING_SECONDS)
 
 
 class FilePath(click.Path):
@@ -226,9 +223,9 @@ def parse_hedge_after(
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not 0 < seconds <= MAX_SECONDS:
+    if not 0 < seconds <= MAX_SETTING_SECONDS:
         raise click.BadParameter(
-            f"expected a number of seconds above 0, or p95 (at most {MAX_SECONDS} s)"
+            f"expected a number of seconds above 0, or p95 (at most {MAX_SETTING_SECONDS} s)"
         )
     return seconds
 
