@@ -154,6 +154,26 @@ def connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
+def _create(path: Path, meta: Mapping[str, str]) -> None:
+    """A new journal, made whole beside ``path`` and then moved there: a run interrupted or
+    killed while it makes one leaves no journal (the next run starts over) or one that knows
+    its input, never a file that no run can go on with nor ``--fresh`` replace."""
+    making = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        with contextlib.closing(connect(making)) as db, db:
+            db.execute("BEGIN")
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", _meta_rows(meta))
+        making.replace(path)  # (the lock beside it keeps any other run out meanwhile)
+    finally:
+        for leftover in (making, *(Path(f"{making}{end}") for end in ("-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
+
+
+def _meta_rows(meta: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The ``meta`` rows of a journal made for ``meta`` (the input's identity)."""
+    return [(key, _storable(value)) for key, value in meta.items()] + [("schema", SCHEMA_VERSION)]
+
+
 def _upgrade(db: sqlite3.Connection) -> None:
     """Create what is missing of this layout; a journal of the version before gains its new
     column and tables."""
@@ -273,14 +293,12 @@ class Journal:
         measured = clock_of(clock)
         self._clock = measured.now
         self._sleep = measured.sleep if sleep is None else sleep
+        if not path.exists():
+            _create(path, meta)
         self._db = connect(path)
         with self._db:
             self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [(key, _storable(value)) for key, value in meta.items()]
-                + [("schema", SCHEMA_VERSION)],
-            )
+            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", _meta_rows(meta))
             if passing is not None:
                 retry = None if passing.retry is None else json.dumps(sorted(passing.retry))
                 self._db.execute(

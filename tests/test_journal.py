@@ -563,3 +563,28 @@ def test_a_trigger_is_refused_as_it_would_rewrite_what_a_run_stores(tmp_path: Pa
     refused = pytest.raises(JournalMismatch, match="was altered: its table results has a trigger")
     with refused, resumed(path, identity_of(items), "items", "hint"):
         pass
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_a_run_interrupted_while_its_journal_is_made_leaves_none_to_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException]
+) -> None:
+    """Ctrl-C a few ms into a run, as its journal's tables were made: before, the file held
+    tables and no input identity, and neither a resume nor --fresh would take it."""
+    import batchsync.journal as journal_module
+    from batchsync import CallBatch
+
+    path = tmp_path / "j.sqlite3"
+    made = journal_module._upgrade
+
+    def made_then_interrupted(db: sqlite3.Connection) -> None:
+        made(db)
+        raise interrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(journal_module, "_upgrade", made_then_interrupted)
+        with pytest.raises(interrupt):
+            CallBatch(str, range(3), journal=path, progress=False).run()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == []
+    results = CallBatch(str, range(3), journal=path, progress=False).run()
+    assert [r.data for r in results] == ["0", "1", "2"]
