@@ -156,13 +156,16 @@ def test_the_headers_alone_pace_a_sliding_window_and_a_bucket(
     59 429s, the circuit opened, 3 items failed). The only 429s allowed are those of requests
     that reached the server before its first answer. The headers tell after each answer, so
     each attempt counts until a window after its answer: windows of 2 s keep a loaded
-    machine's latency a small part of them (at 1 s, 10 of 12 a window in a loaded suite)."""
+    machine's latency a small part of them (at 1 s, 10 of 12 a window in a loaded suite).
+    120 requests: a bucket's opening takes up to two windows' worth in the first, and the
+    share is judged over the steady windows after it (at 80, one: 18 of 24 in it once, in 34
+    runs on a loaded machine)."""
     url, key = account(server, f"rpm=100000,tpm=3000,window=2,retry_after=0,refill={refill}")
-    rs = fetch_all(chats(url, 80, 125), concurrency=8, budget=60)
+    rs = fetch_all(chats(url, 120, 125), concurrency=8, budget=60)
     counted = stats(server, key)
     assert counted["rejected"] <= before_first_answer(counted), counted["windows"]
     assert steady_share(counted, "tokens", 3000) >= USED, counted["windows"]
-    all_ok(rs, 80)
+    all_ok(rs, 120)
 
 
 def test_the_command_line_at_the_token_limit_meets_no_429(
