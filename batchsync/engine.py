@@ -373,9 +373,9 @@ class Engine:
         started = self._clock()
         deadline_end = None if options.deadline is None else started + options.deadline
         run = _Run(self, job, iter(items), deliver, deadline_end)
-        run.start()
         finished = False
         try:
+            run.start()
             finished = self._drain(run)
         except BaseException:
             self.stop()
