@@ -531,14 +531,13 @@ def _tables_of(db: sqlite3.Connection) -> dict[str, list[Column]]:
     return tables
 
 
-def _layout(schema: str) -> dict[str, list[Column]]:
-    """The tables ``schema`` makes, read back as a journal's are (the one source of both)."""
+def _read_back(schema: str) -> tuple[dict[str, list[Column]], dict[str, str]]:
+    """The tables ``schema`` makes, read back as a journal's are (the one source of both):
+    their columns (``_tables_of``) and their CREATE statements (``_squeezed``)."""
     with contextlib.closing(sqlite3.connect(":memory:")) as db:
         db.executescript(schema)
-        return _tables_of(db)
-
-
-LAYOUT = _layout(SCHEMA)
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+        return _tables_of(db), {str(name): _squeezed(sql) for name, sql in db.execute(query)}
 
 
 def _squeezed(sql: object) -> str:
@@ -547,14 +546,7 @@ def _squeezed(sql: object) -> str:
     return "".join(str(sql).split())
 
 
-def _declarations(schema: str) -> dict[str, str]:
-    with contextlib.closing(sqlite3.connect(":memory:")) as db:
-        db.executescript(schema)
-        query = "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
-        return {str(name): _squeezed(sql) for name, sql in db.execute(query)}
-
-
-DECLARED = _declarations(SCHEMA)
+LAYOUT, DECLARED = _read_back(SCHEMA)
 # The column the version before lacked, as its upgrade's ALTER TABLE appends it.
 _PASS_COLUMN = ",passINTEGERNOTNULLDEFAULT1)"
 

@@ -248,50 +248,42 @@ def test_every_output_says_the_same(
         agree(folder, lines, stderr)  # (the resume may send: it plans from those columns)
 
 
-def test_a_resume_that_sends_nothing_keeps_its_summary_circuits_and_all(
-    server: MockServerProcess, tmp_path: Path
+@pytest.mark.parametrize(
+    "case",
+    [
+        # Two hosts answering only 503 open their circuits; the resume of the finished run
+        # sends nothing.
+        ("503/{key}-{host}{n}", 1, "2 circuit(s) opened", ("--resume",)),
+        # Every item fails once, then works: circuits open, nothing fails in the end, and
+        # --retry-failed has no failure to send again.
+        ("503-then-ok/{key}-{host}{n}/x?after=1", 0, "circuit(s) opened",
+         ("--retry-failed", "--resume")),
+    ],
+    ids=["resume", "retry-failed"],
+)  # fmt: skip
+def test_a_run_that_sends_nothing_keeps_its_summary_circuits_and_all(
+    server: MockServerProcess, tmp_path: Path, case: tuple[str, int, str, tuple[str, ...]]
 ) -> None:
-    """Two hosts answering only 503 open their circuits; the resume of the finished run sends
-    nothing and writes the same summary, byte for byte, "2 circuit(s) opened" included."""
-    key = uuid.uuid4().hex[:8]
-    other = server.url.replace("127.0.0.1", "localhost")
-    lines = [f"{base}/503/{key}-{n}" for base in (server.url, other) for n in range(8)]
-    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    code, first = cli(tmp_path)
-    assert code == 1, first
-    line = summary_of(first)[0]
-    assert "2 circuit(s) opened" in line, line
-    sent = len(server.log(key))
-    code, again = cli(tmp_path, "--resume")
-    assert code == 1, again
-    assert summary_of(again)[0] == line
-    assert len(server.log(key)) == sent  # (nothing sent)
-    assert agree(tmp_path, lines, again) == line
-
-
-def test_a_retry_with_no_failure_to_send_keeps_its_summary_circuits_and_all(
-    server: MockServerProcess, tmp_path: Path
-) -> None:
-    """Every item fails once, then works: circuits open, nothing fails in the end. Neither
-    --retry-failed (no failure to send again) nor --resume sends anything, and each writes
-    the run's summary, byte for byte, its circuits included."""
+    """A run of a finished journal that sends nothing writes the run's summary, byte for
+    byte, its circuits included."""
+    path, code, opened, again = case
     key = uuid.uuid4().hex[:8]
     other = server.url.replace("127.0.0.1", "localhost")
     lines = [
-        f"{base}/503-then-ok/{key}-{host}{n}/x?after=1"
+        f"{base}/{path.format(key=key, host=host, n=n)}"
         for host, base in enumerate((server.url, other))
         for n in range(8)
     ]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    code, first = cli(tmp_path)
-    assert code == 0, first
+    done, first = cli(tmp_path)
+    assert done == code, first
     line = summary_of(first)[0]
-    assert "circuit(s) opened" in line, line
+    assert opened in line, line
     sent = len(server.log(key))
-    for again in ("--retry-failed", "--resume"):
-        code, stderr = cli(tmp_path, again)
-        assert code == 0, stderr
-        assert summary_of(stderr)[0] == line, again
+    for option in again:
+        done, stderr = cli(tmp_path, option)
+        assert done == code, stderr
+        assert summary_of(stderr)[0] == line, option
     assert len(server.log(key)) == sent  # (nothing sent)
     assert agree(tmp_path, lines, stderr) == line
 

@@ -21,26 +21,6 @@ from batchsync.options import MAX_CONCURRENCY
 from .mockserver import MockServerProcess
 
 
-def pool_threads() -> int:
-    return sum(t.name.startswith("batchsync_") for t in threading.enumerate())
-
-
-@pytest.mark.parametrize("items", [1, 3, 40])
-def test_a_small_input_starts_a_worker_per_item_and_one_more(items: int) -> None:
-    seen: list[int] = []
-    lock = threading.Lock()
-
-    def call(item: int) -> int:
-        with lock:
-            seen.append(pool_threads())
-        return item
-
-    results = run_all(call, range(items), concurrency=MAX_CONCURRENCY)
-    assert [r.data for r in results] == list(range(items))
-    # Every worker but the newest holds an item: the newest may wait for the next one.
-    assert max(seen) <= items + 1, max(seen)
-
-
 class CountingPool(ThreadPoolExecutor):
     submitted = 0
 
