@@ -2,17 +2,17 @@
 
 import logging
 
-from .api import fetch_all, run_all
-from .auth import AuthFailed
-from .backoff import Backoff
-from .batch import Batch, CallBatch
-from .journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
-from .limits import Breaker
-from .once import Limits, call, resilient
-from .result import AttemptRecord, Result, Summary
-from .resultset import ResultSet
-from .spec import RequestSpec
-from .verdict import ErrorKind, Retryable
+from .core.backoff import Backoff
+from .core.result import AttemptRecord, Result, Summary
+from .core.verdict import ErrorKind, Retryable
+from .http.auth import AuthFailed
+from .http.spec import RequestSpec
+from .limits.gates import Breaker
+from .output.resultset import ResultSet
+from .run.api import fetch_all, run_all
+from .run.batch import Batch, CallBatch
+from .run.once import Limits, call, resilient
+from .store.journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
 
 __version__ = "0.1.0"
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync import Batch
 from batchsync.cli.runner import encode
-from batchsync.journal import Journal
-from batchsync.result import Result
+from batchsync.core.result import Result
+from batchsync.store.journal import Journal
 from tests.mockserver import start_mock_server
 
 REAL_EVERY = 100

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchsync import fetch_all
-from batchsync.result import percentile
+from batchsync.core.result import percentile
 from tests.mockserver import start_mock_server
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batchsync.journal import Journal, JournalReader, remove
-from batchsync.records import dumps, public_record
-from batchsync.result import AttemptRecord, Result
-from batchsync.resultset import StoredResults
+from batchsync.core.records import dumps, public_record
+from batchsync.core.result import AttemptRecord, Result
+from batchsync.output.resultset import StoredResults
+from batchsync.store.journal import Journal, JournalReader, remove
 
 
 def synthetic(index: int, picks: random.Random, start: float, span: float) -> Result:

@@ -6,7 +6,7 @@
    --rate 40`` and 100 requests of 0.2 s (then of 0.02 s), sharing one namespace: the most
    requests the server handled at once, and the most that arrived in any 1-s window.
 2. 20 000 requests to a server that answers in 20 ms (``scripts/bench_server.py``) through
-   ``batchsync.contrib.dask.fetch_on_cluster`` on a LocalCluster with 1 and with 2 worker
+   ``batchsync.run.cluster.fetch_on_cluster`` on a LocalCluster with 1 and with 2 worker
    processes (1 thread each, concurrency 16 per partition, so 800 requests/s per worker at
    best): requests/s.
 """
@@ -59,7 +59,7 @@ def three_processes(server: MockServerProcess, redis_url: str, folder: Path, del
 def dask_rate(base: str, workers: int) -> str:
     import distributed
 
-    from batchsync.contrib.dask import fetch_on_cluster
+    from batchsync.run.cluster import fetch_on_cluster
 
     cluster = distributed.LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from batchsync.clock import Clock
+from batchsync.core.clock import Clock
 
 
 class FakeClock(Clock):

@@ -19,7 +19,7 @@ import pytest
 import batchsync
 from batchsync import Batch, fetch_all, run_all
 from batchsync.cli import command
-from batchsync.options import CallOptions, FetchOptions, FlowOptions
+from batchsync.jobs.options import CallOptions, FetchOptions, FlowOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT.parent / "shared" / "DESIGN.md"

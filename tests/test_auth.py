@@ -23,8 +23,8 @@ import requests
 from requests.auth import AuthBase
 
 from batchsync import AuthFailed, fetch_all
-from batchsync.auth import MAX_RENEWALS, RefreshWaitTimedOut, Token, TokenSource, after_401
-from batchsync.redact import Secrets
+from batchsync.core.redact import Secrets
+from batchsync.http.auth import MAX_RENEWALS, RefreshWaitTimedOut, Token, TokenSource, after_401
 
 from .mockserver import MockServerProcess
 
@@ -313,7 +313,7 @@ def test_an_auth_command_that_prints_no_header_value_leaves_the_journal(
 
 
 def test_an_auth_command_that_hangs_is_cut_at_its_timeout() -> None:
-    from batchsync.auth import CommandToken
+    from batchsync.http.auth import CommandToken
 
     started = time.monotonic()
     with pytest.raises(AuthFailed, match=r"did not finish within 0\.5 s"):
@@ -324,7 +324,7 @@ def test_an_auth_command_that_hangs_is_cut_at_its_timeout() -> None:
 def test_an_auth_command_whose_child_leaves_its_group_is_cut_too() -> None:
     """A child that left the process group (setsid) keeps the pipe open after the group is
     killed: the command is given up on, not waited for."""
-    from batchsync.auth import CommandToken
+    from batchsync.http.auth import CommandToken
 
     started = time.monotonic()
     with pytest.raises(AuthFailed, match=r"did not finish within 0\.5 s"):
@@ -333,7 +333,7 @@ def test_an_auth_command_whose_child_leaves_its_group_is_cut_too() -> None:
 
 
 def test_an_auth_command_that_prints_too_much_fails_at_once() -> None:
-    from batchsync.auth import CommandToken
+    from batchsync.http.auth import CommandToken
 
     started = time.monotonic()
     with pytest.raises(AuthFailed, match="printed more than 16 KiB"):

@@ -4,7 +4,7 @@ import email.utils
 
 import pytest
 
-from batchsync.backoff import Backoff, parse_retry_after
+from batchsync.core.backoff import Backoff, parse_retry_after
 
 NOW = 1_800_000_000.0
 

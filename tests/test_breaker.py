@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from batchsync import Breaker, fetch_all
-from batchsync.budget import Allowance
-from batchsync.classify import host_feedback
-from batchsync.httpfacts import HttpFacts
-from batchsync.limits import Admission, CircuitBreaker, Gates
-from batchsync.verdict import retry, success, terminal
+from batchsync.core.budget import Allowance
+from batchsync.core.verdict import retry, success, terminal
+from batchsync.http.classify import host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.limits.gates import Admission, CircuitBreaker, Gates
 
 from .mockserver import MockServerProcess
 from .services import redis_server

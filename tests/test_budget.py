@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from batchsync.budget import Allowance
+from batchsync.core.budget import Allowance
 
 
 def test_the_timeout_bounds_an_attempt_when_time_is_plentiful() -> None:

@@ -12,7 +12,8 @@ import pytest
 import requests
 import urllib3.exceptions
 
-from batchsync.classify import (
+from batchsync.core.verdict import Retryable
+from batchsync.http.classify import (
     classify_http_exception,
     classify_raised,
     classify_refused_answer,
@@ -22,8 +23,7 @@ from batchsync.classify import (
     status_of,
     wait_hint,
 )
-from batchsync.httpfacts import facts_of
-from batchsync.verdict import Retryable
+from batchsync.http.httpfacts import facts_of
 
 NOW = 1_800_000_000.0
 

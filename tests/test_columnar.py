@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from batchsync import columnar
 from batchsync.cli.output import write_outputs
-from batchsync.columnar import FIXED, Layout
-from batchsync.records import dumps
-from batchsync.result import Result, flat_body
-from batchsync.resultset import ResultSet
+from batchsync.core.records import dumps
+from batchsync.core.result import Result, flat_body
+from batchsync.output import columnar
+from batchsync.output.columnar import FIXED, Layout
+from batchsync.output.resultset import ResultSet
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync, key, read_jsonl

@@ -20,9 +20,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 import requests
 
-from batchsync import cookies as cookies_module
 from batchsync import fetch_all
-from batchsync.transport import Transport
+from batchsync.http import cookies as cookies_module
+from batchsync.http.transport import Transport
 from tests import rawserver
 from tests.rawserver import RawServer
 
@@ -105,7 +105,7 @@ def run(items: list[Any], **options: Any) -> None:
 
 
 def test_an_origin_is_scheme_and_host_key_a_default_port_the_same_as_none() -> None:
-    from batchsync.origins import origin_of
+    from batchsync.http.origins import origin_of
 
     assert origin_of("http://Example.COM/a") == "http://example.com"
     assert origin_of("http://example.com:80/b?c") == "http://example.com"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from batchsync.backoff import Backoff
-from batchsync.budget import Allowance
-from batchsync.decide import Attempted, Decision, cut_short, decide
-from batchsync.httpfacts import HttpFacts
-from batchsync.verdict import Verdict
+from batchsync.core.backoff import Backoff
+from batchsync.core.budget import Allowance
+from batchsync.core.decide import Attempted, Decision, cut_short, decide
+from batchsync.core.verdict import Verdict
+from batchsync.http.httpfacts import HttpFacts
 
 BACKOFF = Backoff(base=1.0, factor=2.0, max=30.0, jitter=0.5)
 ROOMY = Allowance(budget_end=100.0)

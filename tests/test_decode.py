@@ -5,7 +5,7 @@ import base64
 import pytest
 from pydantic import BaseModel
 
-from batchsync.decode import InvalidBody, declared_encoding, decode_body
+from batchsync.http.decode import InvalidBody, declared_encoding, decode_body
 
 
 class Product(BaseModel):

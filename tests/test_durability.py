@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from batchsync import Batch, JournalFailed, Result
-from batchsync.history import Pass
-from batchsync.journal import JournalReader
+from batchsync.core.history import Pass
+from batchsync.store.journal import JournalReader
 
 from .mockserver import MockServerProcess
 
@@ -304,7 +304,7 @@ def test_a_batch_whose_journal_fails_keeps_every_answer_it_got(
     """A journal that cannot store a Result stops the run, but the answers that came back
     (requests sent, maybe not idempotent) stay in ``results``: the next run must not send
     them again."""
-    from batchsync import batch as batch_module
+    from batchsync.run import batch as batch_module
 
     stored = itertools.count(1)
     encode = batch_module.encode_result

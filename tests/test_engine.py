@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from batchsync.backoff import Backoff
-from batchsync.classify import host_feedback
-from batchsync.engine import Engine
-from batchsync.httpfacts import HttpFacts
-from batchsync.options import EngineOptions
-from batchsync.result import AttemptRecord, Result, describe_attempts
-from batchsync.task import Route, Task
-from batchsync.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
+from batchsync.core.backoff import Backoff
+from batchsync.core.engine import Engine
+from batchsync.core.result import AttemptRecord, Result, describe_attempts
+from batchsync.core.task import Route, Task
+from batchsync.core.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
+from batchsync.http.classify import host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.jobs.options import EngineOptions
 
 from .fakeclock import FakeClock
 

@@ -34,8 +34,8 @@ import trustme
 from urllib3.exceptions import InsecureRequestWarning
 
 from batchsync import Backoff, ResultSet, fetch_all
-from batchsync import transport as transport_module
-from batchsync.transport import Transport
+from batchsync.http import transport as transport_module
+from batchsync.http.transport import Transport
 from tests.rawserver import RawServer
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from batchsync import fetch_all
-from batchsync.guard import Guard, PrivateAddress, denied
+from batchsync.http.guard import Guard, PrivateAddress, denied
 
 
 def teredo(server: str, client: str, port: int = 40000, flags: int = 0x8000) -> str:

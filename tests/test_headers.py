@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchsync import fetch_all
-from batchsync.headers import (
+from batchsync.http.headers import (
     QuickHeadersResponse,
     QuickMessage,
     _quick_begin_of,

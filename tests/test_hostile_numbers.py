@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 
 from batchsync import Backoff, fetch_all
-from batchsync.backoff import parse_retry_after
-from batchsync.numbers import MAX_COUNT
-from batchsync.provider import Announced, announced, parse_duration
-from batchsync.quota import quota_wait, retry_after_of
-from batchsync.tokens import estimate_tokens, usage_tokens
+from batchsync.core.backoff import parse_retry_after
+from batchsync.core.numbers import MAX_COUNT
+from batchsync.core.verdict import Announced
+from batchsync.http.provider import announced, parse_duration
+from batchsync.http.quota import quota_wait, retry_after_of
+from batchsync.limits.tokens import estimate_tokens, usage_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -465,7 +466,7 @@ def test_an_answer_stands_when_the_limits_fail_to_learn_from_it(
     """A limit that raises on an answer (a number it could not use) loses what the answer
     taught, not the answer: the attempt counts, its status and data stay, and the slot it
     held is given back, so that the next items are sent."""
-    from batchsync import limits
+    from batchsync.limits import gates as limits
 
     def failing(self: limits.QuotaGate, *_: object) -> None:
         raise OverflowError("int too large to convert to float")

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-import batchsync.journal as journal_module
+import batchsync.store.journal as journal_module
 from batchsync import Batch
-from batchsync.batch import Item
-from batchsync.history import Pass
-from batchsync.journal import Journal, JournalReader
-from batchsync.records import dumps
-from batchsync.result import Result
+from batchsync.core.history import Pass
+from batchsync.core.records import dumps
+from batchsync.core.result import Result
+from batchsync.run.batch import Item
+from batchsync.store.journal import Journal, JournalReader
 
 from .mockserver import MockServerProcess
 

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
-from batchsync.batch import Item, identity_of
-from batchsync.history import Pass
-from batchsync.journal import (
+from batchsync.core.history import Pass
+from batchsync.core.records import dumps
+from batchsync.core.result import AttemptRecord, Result
+from batchsync.http.spec import RequestSpec
+from batchsync.run.batch import Item, identity_of
+from batchsync.store.journal import (
     LAYOUT,
     SCHEMA_VERSION,
     Journal,
@@ -38,9 +41,6 @@ from batchsync.journal import (
     run_problem,
     wait_problem,
 )
-from batchsync.records import dumps
-from batchsync.result import AttemptRecord, Result
-from batchsync.spec import RequestSpec
 
 from .fakeclock import FakeClock
 
@@ -311,7 +311,7 @@ def test_a_journal_whose_name_holds_uri_characters_reads_back(tmp_path: Path) ->
 
 def test_the_journal_and_the_failed_file_are_the_owners_only(tmp_path: Path) -> None:
     from batchsync.cli.output import write_outputs
-    from batchsync.journal import connect
+    from batchsync.store.journal import connect
 
     old = tmp_path / "old-journal.sqlite3"
     old.touch(mode=0o644)
@@ -571,7 +571,7 @@ def test_a_run_interrupted_while_its_journal_is_made_leaves_none_to_refuse(
 ) -> None:
     """Ctrl-C a few ms into a run, as its journal's tables were made: before, the file held
     tables and no input identity, and neither a resume nor --fresh would take it."""
-    import batchsync.journal as journal_module
+    import batchsync.store.journal as journal_module
     from batchsync import CallBatch
 
     path = tmp_path / "j.sqlite3"

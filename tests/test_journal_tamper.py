@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-import batchsync.journal as journal_module
+import batchsync.store.journal as journal_module
 from batchsync import Batch
-from batchsync.journal import JournalUnusable
+from batchsync.store.journal import JournalUnusable
 
 from .mockserver import MockServerProcess
 

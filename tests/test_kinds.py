@@ -6,9 +6,9 @@ import typing
 
 import pytest
 
-from batchsync.httpfacts import HttpFacts
-from batchsync.kinds import KINDS, NOT_FINAL, failed, may_fall_back, stopped_reason
-from batchsync.verdict import ErrorKind, Verdict
+from batchsync.core.kinds import KINDS, NOT_FINAL, failed, may_fall_back, stopped_reason
+from batchsync.core.verdict import ErrorKind, Verdict
+from batchsync.http.httpfacts import HttpFacts
 
 
 def test_every_error_kind_has_its_record_and_no_other() -> None:

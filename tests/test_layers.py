@@ -1,59 +1,32 @@
-"""The package's layers: no module imports one placed after it, and the engine knows no HTTP.
+"""The package's layers are its folders: each folder's ``__init__`` says which others it may
+import, every module keeps to its folder's word, the folders stand in one order, and the
+engine and the limits know nothing of HTTP.
 
-Every module has one place in one order, lowest first, grouped in layers for the reader; a
-module may import only modules placed before it, in its own layer as in those below, so the
-check is made module by module and an import cycle (even through a layer's own modules) cannot
-pass. Imports inside functions and ``TYPE_CHECKING`` blocks count.
+Imports inside functions and ``TYPE_CHECKING`` blocks count. Within a folder, no import goes
+round in a cycle. The development page's table of layers is this rule, written out.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchsync"
-
-# Each layer's modules in their order: a module may import those before it.
-LAYERS: list[tuple[str, list[str]]] = [
-    (name, modules.split())
-    for name, modules in [
-        (
-            "generic",
-            "numbers rates tokens provider verdict kinds budget backoff origins history redact"
-            " decide clock gates window announced limits tokenrate result records journal",
-        ),
-        ("engine", "task observe engine progress"),
-        (
-            "http",
-            "guard watchdog headers cookies spec template decode httpfacts retries classify quota"
-            " paginate transport hedge auth",
-        ),
-        ("options", "options"),
-        ("jobs", "fetch calls"),
-        (
-            "integrations the assembly uses",
-            "contrib.redis contrib.prometheus contrib.otel contrib.__init__",
-        ),
-        ("assembly", "resume assembly"),
-        ("results written out", "columnar report resultset"),
-        ("library", "batch api once __init__"),
-        ("scale-out", "contrib.dask"),
-        ("command line", "cli.inputs cli.output cli.options cli.signals cli.runner cli.command"),
-        ("command line package", "cli.__init__"),
-        ("entry point", "__main__"),
-    ]
-]
-ORDER = [module for _, modules in LAYERS for module in modules]
-PLACE = {module: place for place, module in enumerate(ORDER)}
-LAYER = {module: name for name, modules in LAYERS for module in modules}
-# Layers below the HTTP one: they run any job, so they import nothing that speaks HTTP.
-HTTP_FREE = {module for _, modules in LAYERS[:2] for module in modules}
-HTTP_LIBRARIES = ("requests", "urllib3", "http")
+DEVELOPMENT_PAGE = PACKAGE.parent / "docs" / "development.md"
+FOLDERS = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+# The top: the public names (``__init__``) and the entry point, above every folder but cli.
+ROOF = {"__init__": set(FOLDERS) - {"cli"}, "__main__": {"cli"}}
+# Folders that run any job: they import nothing that speaks HTTP.
+HTTP_FREE = ("core", "limits")
+HTTP_LIBRARIES = {"requests", "urllib3", "http"}
+_MAY_IMPORT = re.compile(r"^May import: (.*)\.$", re.MULTILINE)
 
 
 def modules() -> dict[str, Path]:
@@ -63,91 +36,171 @@ def modules() -> dict[str, Path]:
     }
 
 
-def imports_of(name: str, path: Path) -> set[str]:
-    """The modules ``name`` imports: the package's own as names like ``cli.runner`` (imported
-    relatively or as ``batchsync.…``), others by their top-level name."""
+def folder_of(module: str) -> str:
+    """The folder a module is in (``core`` for ``core.engine``); the roof's own name for the
+    package's ``__init__`` and ``__main__``."""
+    return module.split(".", maxsplit=1)[0]
+
+
+def docstring(folder: str) -> str:
+    return ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
+
+
+def may_import(folder: str) -> set[str]:
+    """The other folders ``folder`` says it may import, from its ``__init__``'s docstring."""
+    if folder in ROOF:
+        return ROOF[folder]
+    said = _MAY_IMPORT.findall(docstring(folder))
+    assert len(said) == 1, f"{folder}/__init__.py must end its docstring with 'May import: ….'"
+    if said[0] == "nothing else of the package":
+        return set()
+    if said[0] == "every other folder, and the package's public names":
+        return set(FOLDERS) - {folder} | {"__init__"}
+    return {name.strip() for name in said[0].split(",")}
+
+
+def imports_of(name: str, path: Path) -> tuple[set[str], set[str]]:
+    """What module ``name`` imports: the package's own modules (named like ``cli.runner``,
+    imported relatively or as ``batchsync.…``), and other libraries by their top-level name."""
     package = name.split(".")[:-1]
-    own = set(modules())
-    found: set[str] = set()
+    own_modules = set(modules())
+    own: set[str] = set()
+    others: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(_named(alias.name.split("."), [], own) for alias in node.names)
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "batchsync":
+                    own.add(_named(parts[1:], [], own_modules))
+                else:
+                    others.add(parts[0])
         elif isinstance(node, ast.ImportFrom):
             module = (node.module or "").split(".") if node.module else []
             if node.level == 0 and module[0] != "batchsync":
-                found.add(module[0])
+                others.add(module[0])
                 continue
+            if node.level == 0:
+                module = module[1:]
             base = package[: len(package) - (node.level - 1)] if node.level else []
-            found.update(_named([*base, *module], [alias.name], own) for alias in node.names)
-    return {_as_module(module) for module in found}
+            own.update(_named([*base, *module], [alias.name], own_modules) for alias in node.names)
+    return own, others
 
 
 def _named(parts: list[str], imported: list[str], own: set[str]) -> str:
-    """The module a dotted path names, ``batchsync.`` left out; with ``imported`` (``from X
-    import y``), X.y when that is a module, else X."""
-    if parts[:1] == ["batchsync"]:
-        parts = parts[1:]
-    elif parts and parts[0] not in own and ".".join(parts) not in own and not imported:
-        return parts[0]  # another library
-    candidate = ".".join([*parts, *imported])
-    if imported and (candidate in own or f"{candidate}.__init__" in own):
-        return candidate
-    return ".".join(parts) or "__init__"
+    """The module a dotted path names; with ``imported`` (``from X import y``), X.y when that
+    is a module, else X; a folder by its ``__init__``."""
+    for candidate in (".".join([*parts, *imported]), ".".join(parts)):
+        if candidate in own:
+            return candidate
+        if f"{candidate}.__init__" in own or candidate == "":
+            return f"{candidate}.__init__".lstrip(".")
+    raise AssertionError(f"no module {'.'.join(parts)} in the package")
 
 
-def _as_module(name: str) -> str:
-    return f"{name}.__init__" if name in ("cli", "contrib") else name
+def test_every_module_is_in_a_folder() -> None:
+    assert {name for name in modules() if "." not in name} == set(ROOF)
 
 
-def test_every_module_has_one_place() -> None:
-    assert len(ORDER) == len(PLACE), "a module is placed twice"
-    assert set(modules()) == set(PLACE), "place new modules in LAYERS"
+def test_each_folder_names_only_folders() -> None:
+    for folder in FOLDERS:
+        assert may_import(folder) <= set(FOLDERS) | {"__init__"} - {folder}, folder
 
 
-@pytest.mark.parametrize("name", ORDER)
-def test_no_module_imports_one_placed_after_it(name: str) -> None:
-    path = modules()[name]
-    after = {
-        module: LAYER[module]
-        for module in imports_of(name, path)
-        if module in PLACE and PLACE[module] >= PLACE[name] and module != name
+def test_the_folders_stand_in_one_order() -> None:
+    """No folder may import one that may import it, by any way round."""
+    rule = {folder: may_import(folder) for folder in [*FOLDERS, *ROOF]}
+    try:
+        order = list(TopologicalSorter(rule).static_order())
+    except CycleError as exc:
+        pytest.fail(f"the folders' rule goes round: {exc.args[1]}")
+    assert order.index("core") == 0
+
+
+@pytest.mark.parametrize("folder", [*FOLDERS, *ROOF])
+def test_a_folder_imports_only_what_it_says(folder: str) -> None:
+    allowed = may_import(folder) | {folder}
+    strays = {
+        name: sorted(
+            module for module in imports_of(name, path)[0] if folder_of(module) not in allowed
+        )
+        for name, path in modules().items()
+        if folder_of(name) == folder
     }
-    assert after == {}, f"{name} ({LAYER[name]}) imports modules placed after it"
+    assert {name: found for name, found in strays.items() if found} == {}
 
 
-@pytest.mark.parametrize("name", sorted(HTTP_FREE))
-def test_the_engine_and_what_it_stands_on_know_nothing_of_http(name: str) -> None:
-    imported = imports_of(name, modules()[name])
-    http = {
-        module
-        for module in imported
-        if module.split(".")[0] in HTTP_LIBRARIES or PLACE.get(module, 0) >= PLACE["guard"]
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_import_goes_round_within_a_folder(folder: str) -> None:
+    graph = {
+        name: {module for module in imports_of(name, path)[0] if folder_of(module) == folder}
+        - {name}
+        for name, path in modules().items()
+        if folder_of(name) == folder
     }
-    assert http == set()
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        pytest.fail(f"an import cycle in {folder}/: {exc.args[1]}")
+
+
+@pytest.mark.parametrize("folder", HTTP_FREE)
+def test_the_engine_and_the_limits_know_nothing_of_http(folder: str) -> None:
+    assert not may_import(folder) - set(HTTP_FREE), f"{folder} may import a folder of HTTP"
+    spoken = {
+        name: others & HTTP_LIBRARIES
+        for name, path in modules().items()
+        if folder_of(name) == folder
+        for others in [imports_of(name, path)[1]]
+    }
+    assert {name: found for name, found in spoken.items() if found} == {}
 
 
 def test_the_checks_see_an_upward_import(tmp_path: Path) -> None:
     """The checks themselves: an engine importing the HTTP job and requests is caught."""
     planted = tmp_path / "engine.py"
-    planted.write_text("from .fetch import HttpJob\nimport requests\n")
-    assert imports_of("engine", planted) == {"fetch", "requests"}
+    planted.write_text("from ..jobs.fetch import HttpJob\nimport requests\nimport http.client\n")
+    assert imports_of("core.engine", planted) == ({"jobs.fetch"}, {"requests", "http"})
     planted.write_text(
-        "from batchsync.fetch import HttpJob\nimport batchsync.transport\n"
-        "from batchsync import spec\nfrom batchsync.cli import runner\n"
+        "from batchsync.jobs.fetch import HttpJob\nimport batchsync.http.transport\n"
+        "from batchsync.http import spec\nfrom batchsync.cli import runner\n"
+        "from .. import limits\nfrom . import verdict\n"
     )
-    assert imports_of("engine", planted) == {"fetch", "transport", "spec", "cli.runner"}
-    runner = tmp_path / "runner.py"
-    runner.write_text("from ..assembly import fetch\nfrom .signals import EXIT_INTERRUPTED\n")
-    assert imports_of("cli.runner", runner) == {"assembly", "cli.signals"}
-    planted.write_text("from .. import __version__, contrib\nfrom ..spec import RequestSpec\n")
-    assert imports_of("cli.command", planted) == {"contrib.__init__", "spec", "__init__"}
+    own = {"jobs.fetch", "http.transport", "http.spec", "cli.runner", "limits.__init__"}
+    assert imports_of("core.engine", planted) == (own | {"core.verdict"}, set())
+    assert {folder_of(module) for module in own} - may_import("core") - {"core"} == {
+        "jobs", "http", "cli", "limits"
+    }  # fmt: skip
+    planted.write_text("from .. import __version__, contrib\nfrom ..http.spec import RequestSpec\n")
+    assert imports_of("cli.command", planted)[0] == {"contrib.__init__", "http.spec", "__init__"}
+
+
+def layer_table() -> str:
+    """The development page's table of the folders, bottom up, from their ``__init__``s."""
+    order = list(TopologicalSorter({f: may_import(f) for f in FOLDERS}).static_order())
+    rows = ["| folder | may import | modules |", "| --- | --- | --- |"]
+    for folder in (name for name in order if name in FOLDERS):
+        allowed = may_import(folder)
+        said = "every other folder" if folder == "cli" else ", ".join(
+            f"`{name}/`" for name in order if name in allowed
+        ) or "nothing else"  # fmt: skip
+        names = sorted(p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__")
+        rows.append(f"| `{folder}/` | {said} | {', '.join(f'`{n}`' for n in names)} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_development_page_states_the_rule() -> None:
+    """docs/development.md holds this table as the folders' ``__init__``s make it."""
+    assert layer_table() in DEVELOPMENT_PAGE.read_text(), "update docs/development.md:\n" + (
+        layer_table()
+    )
 
 
 def test_the_command_line_starts_without_the_optional_integrations() -> None:
     """Starting the CLI imports no integration a run did not ask for (Dask, Redis)."""
     code = (
         "import sys; from batchsync.cli.command import main; "
-        "print(sorted(m for m in sys.modules if m.startswith('batchsync.contrib.')))"
+        "print(sorted(m for m in sys.modules if m.startswith(('batchsync.contrib.', "
+        "'batchsync.run.cluster', 'distributed', 'redis'))))"
     )
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     shown = subprocess.run(

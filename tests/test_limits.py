@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from batchsync.budget import Allowance
-from batchsync.classify import host_feedback
-from batchsync.httpfacts import HttpFacts
-from batchsync.limits import (
+from batchsync.core.budget import Allowance
+from batchsync.core.verdict import retry, success, terminal
+from batchsync.http.classify import host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.limits.gates import (
     AdaptiveLimit,
     Admission,
     Breaker,
@@ -21,9 +22,8 @@ from batchsync.limits import (
     LimitsUnavailable,
     Refusal,
 )
-from batchsync.rates import parse_rate
-from batchsync.verdict import retry, success, terminal
-from batchsync.window import LocalWindow, Window
+from batchsync.limits.rates import parse_rate
+from batchsync.limits.window import LocalWindow, Window
 
 from .fakeclock import FakeClock
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchsync.numbers import MAX_COUNT, MAX_SECONDS, count_of, seconds_of
+from batchsync.core.numbers import MAX_COUNT, MAX_SECONDS, count_of, seconds_of
 
 HUGE = "1" + "0" * 400
 

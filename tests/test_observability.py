@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from batchsync import AttemptRecord, Backoff, Result, fetch_all
-from batchsync.progress import Progress, in_notebook, wanted
-from batchsync.task import Route, Task
+from batchsync.core.task import Route, Task
+from batchsync.run.progress import Progress, in_notebook, wanted
 
 from .mockserver import MockServerProcess
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from batchsync import Backoff, Batch, fetch_all
-from batchsync.paginate import (
+from batchsync.http.paginate import (
     Continued,
     PagingError,
     first_position,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from batchsync import fetch_all
-from batchsync.paginate import HELD_SHARE, held_size
+from batchsync.http.paginate import HELD_SHARE, held_size
 
 from .mockserver import ROOT, MockServerProcess
 

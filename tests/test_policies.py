@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from batchsync import AttemptRecord, Backoff, Breaker, RequestSpec, Result, fetch_all
-from batchsync.hedge import HedgeDelay, Hedger
-from batchsync.httpfacts import HttpFacts
-from batchsync.result import percentile
-from batchsync.verdict import Verdict, retry, success
+from batchsync.core.result import percentile
+from batchsync.core.verdict import Verdict, retry, success
+from batchsync.http.hedge import HedgeDelay, Hedger
+from batchsync.http.httpfacts import HttpFacts
 
 from .mockserver import MockServerProcess
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 from urllib3 import HTTPHeaderDict
 
-from batchsync.provider import Announced, announced, parse_duration
-from batchsync.quota import quota_wait
+from batchsync.core.verdict import Announced
+from batchsync.http.provider import announced, parse_duration
+from batchsync.http.quota import quota_wait
 
 
 def at(text: str) -> float:

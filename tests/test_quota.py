@@ -13,11 +13,11 @@ from requests.structures import CaseInsensitiveDict
 from urllib3 import HTTPHeaderDict
 
 from batchsync import fetch_all
-from batchsync.budget import Allowance
-from batchsync.classify import classify_status, host_feedback
-from batchsync.httpfacts import HttpFacts
-from batchsync.quota import answer_limits, quota_wait
-from batchsync.verdict import success
+from batchsync.core.budget import Allowance
+from batchsync.core.verdict import success
+from batchsync.http.classify import classify_status, host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.http.quota import answer_limits, quota_wait
 
 from .mockserver import MockServerProcess
 from .services import redis_server
@@ -162,7 +162,7 @@ def test_quota_headers_can_be_ignored(server: MockServerProcess) -> None:
 
 def test_a_spent_quota_holds_every_process_sharing_redis_limits() -> None:
     from batchsync.contrib.redis import RedisLimits
-    from batchsync.limits import Admission, build_gates
+    from batchsync.limits.gates import Admission, build_gates
 
     with redis_server() as url:
         settings: dict[str, Any] = {

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsync.rates import Rate, parse_rate
-from batchsync.window import Window
+from batchsync.limits.rates import Rate, parse_rate
+from batchsync.limits.window import Window
 
 
 @pytest.mark.parametrize(

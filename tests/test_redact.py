@@ -9,7 +9,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from batchsync.redact import MASK, SECRET_PARAMS, RedactingFilter, Secrets, watching
+from batchsync.core.redact import MASK, SECRET_PARAMS, RedactingFilter, Secrets, watching
 
 TOKEN = "tok3n-Zq9/+x=Yw"
 RUN = Secrets.of({"Authorization": f"Bearer {TOKEN}"}, declared=["X-Session"], params=["My_Sig"])

@@ -25,15 +25,16 @@ import responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsync import Backoff, Batch, fetch_all, guard
-from batchsync.classify import host_feedback
+from batchsync import Backoff, Batch, fetch_all
 from batchsync.cli.inputs import Input, InputError
-from batchsync.engine import Engine
-from batchsync.httpfacts import HttpFacts
-from batchsync.options import EngineOptions
-from batchsync.result import Result
-from batchsync.task import Route, Task
-from batchsync.verdict import Feedback, Verdict, retry, success, terminal
+from batchsync.core.engine import Engine
+from batchsync.core.result import Result
+from batchsync.core.task import Route, Task
+from batchsync.core.verdict import Feedback, Verdict, retry, success, terminal
+from batchsync.http import guard
+from batchsync.http.classify import host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.jobs.options import EngineOptions
 
 from .mockserver import MOCK_SERVER, MockServerProcess
 

@@ -13,12 +13,18 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from batchsync import report
-from batchsync.journal import Journal, JournalReader
-from batchsync.limits import WaitStats
-from batchsync.report import Aggregate, bucket_width, charted_as, histogram_percentile, placed
-from batchsync.result import AttemptRecord, Result, Trace
-from batchsync.resultset import ResultSet, StoredResults
+from batchsync.core.result import AttemptRecord, Result, Trace
+from batchsync.limits.gates import WaitStats
+from batchsync.output import report
+from batchsync.output.report import (
+    Aggregate,
+    bucket_width,
+    charted_as,
+    histogram_percentile,
+    placed,
+)
+from batchsync.output.resultset import ResultSet, StoredResults
+from batchsync.store.journal import Journal, JournalReader
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync

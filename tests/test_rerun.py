@@ -22,10 +22,10 @@ import pytest
 
 import batchsync
 from batchsync import Result, ResultSet, fetch_all, run_all
-from batchsync.batch import encode_result, identity_of
-from batchsync.history import Pass, Stint, difference, merged_timeline, totals
-from batchsync.journal import Journal, JournalReader
-from batchsync.result import AttemptRecord, added_to, error_kinds
+from batchsync.core.history import Pass, Stint, difference, merged_timeline, totals
+from batchsync.core.result import AttemptRecord, added_to, error_kinds
+from batchsync.run.batch import encode_result, identity_of
+from batchsync.store.journal import Journal, JournalReader
 
 from .mockserver import MockServerProcess
 
@@ -146,7 +146,7 @@ def test_a_journal_of_the_version_before_is_upgraded_and_resumed(tmp_path: Path)
         " backoff REAL NOT NULL, record TEXT NOT NULL, request TEXT, resume TEXT,"
         " finished REAL);"
     )
-    identity = batchsync.batch.identity_of(["a", "b"], strict=True)
+    identity = identity_of(["a", "b"], strict=True)
     meta = [*identity.items(), ("schema", "batchsync-journal 3")]
     db.executemany("INSERT INTO meta VALUES (?, ?)", meta)
     record = Result(0, None, True, attempts=1, data="A").to_dict()

@@ -20,10 +20,10 @@ import pytest
 import requests
 
 from batchsync import Batch, CallBatch
-from batchsync.history import DONE, TO_FINISH, TO_GO_ON, TO_REDO, TO_SEND, Pass
-from batchsync.paginate import Continued
-from batchsync.result import Result
-from batchsync.resume import Items, Left
+from batchsync.core.history import DONE, TO_FINISH, TO_GO_ON, TO_REDO, TO_SEND, Pass
+from batchsync.core.result import Result
+from batchsync.http.paginate import Continued
+from batchsync.store.resume import Items, Left
 
 from .mockserver import MockServerProcess
 
@@ -207,7 +207,7 @@ def in_library(case: Case, folder: Path, again: bool) -> list[dict[str, Any]]:
 
 
 def on_cluster(case: Case, folder: Path, again: bool, client: Any) -> list[dict[str, Any]]:
-    from batchsync.contrib.dask import fetch_on_cluster, run_on_cluster
+    from batchsync.run.cluster import fetch_on_cluster, run_on_cluster
 
     journal = folder / "journal.sqlite3"
     options = {"journal": journal, "partition_size": 1, **case.options}

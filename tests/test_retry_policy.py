@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from batchsync import Backoff, fetch_all
-from batchsync.classify import classify_status
-from batchsync.httpfacts import HttpFacts, facts_of
-from batchsync.retries import RETRY_STATUSES, RETRYABLE, judged, parse_statuses
-from batchsync.verdict import ErrorKind, Verdict, retry, terminal
+from batchsync.core.verdict import ErrorKind, Verdict, retry, terminal
+from batchsync.http.classify import classify_status
+from batchsync.http.httpfacts import HttpFacts, facts_of
+from batchsync.http.retries import RETRY_STATUSES, RETRYABLE, judged, parse_statuses
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync, read_jsonl

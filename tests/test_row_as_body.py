@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from batchsync.template import RowError, Template
+from batchsync.http.template import RowError, Template
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync as run_cli

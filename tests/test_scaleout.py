@@ -148,7 +148,7 @@ def test_the_library_shares_limits_through_redis(server: MockServerProcess, redi
 
 
 def test_a_dask_run_survives_a_lost_worker(server: MockServerProcess, cluster: Any) -> None:
-    from batchsync.contrib.dask import fetch_on_cluster
+    from batchsync.run.cluster import fetch_on_cluster
 
     marker = uuid.uuid4().hex[:8]
     urls = [f"{server.url}/ok/{marker}-{i}?delay=0.01" for i in range(5000)]
@@ -175,7 +175,7 @@ def test_run_all_on_a_cluster_calls_each_item_once_with_its_limits(
     server: MockServerProcess, cluster: Any, tmp_path: Path
 ) -> None:
     """The callable is pickled to the workers; retries and the journal work as at home."""
-    from batchsync.contrib.dask import run_on_cluster
+    from batchsync.run.cluster import run_on_cluster
 
     marker = uuid.uuid4().hex[:8]
     base = server.url  # (what the function closes over is pickled to the workers)
@@ -218,8 +218,8 @@ def test_a_partition_leaves_metrics_and_traces_to_its_client(
 ) -> None:
     """A worker's run is observed by the client that collects its Results (the CLI's progress
     and metrics); a worker's own global tracer must not add a second set of spans."""
-    from batchsync import assembly
-    from batchsync.contrib.dask import run_partition
+    from batchsync.run import assembly
+    from batchsync.run.cluster import run_partition
 
     asked: list[object] = []
 
@@ -238,7 +238,7 @@ def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> Non
     then its room); what one never sent, the other may take; an entry leaves one period after
     its attempt ended, not before."""
     from batchsync.contrib import shared_limits
-    from batchsync.window import INFINITE, Window
+    from batchsync.limits.window import INFINITE, Window
 
     quota = namespace()
     window = Window(100, 1)  # 100 tokens in any second, one each 10 ms

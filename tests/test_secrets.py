@@ -31,7 +31,7 @@ from requests.utils import get_auth_from_url
 
 from batchsync import Batch, fetch_all
 from batchsync.cli.inputs import MAX_LINE_BYTES
-from batchsync.redact import MASK
+from batchsync.core.redact import MASK
 
 from .mockserver import MockServerProcess
 from .rawserver import RawServer
@@ -691,7 +691,7 @@ def test_no_canary_of_a_lent_session_leaves_the_run(tmp_path: Path) -> None:
     retry pass, logging to a file): its secrets are masked wherever an item's would be."""
     from batchsync.cli.inputs import Input
     from batchsync.cli.runner import Continuing, run_batch
-    from batchsync.options import FetchOptions, build
+    from batchsync.jobs.options import FetchOptions, build
 
     c = canaries(SESSION_TAGS)
     log_path = tmp_path / "run.log"

@@ -14,9 +14,9 @@ from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.util import Retry
 
 from batchsync import fetch_all
-from batchsync.guard import Guard
-from batchsync.redact import Secrets
-from batchsync.transport import Transport, auth_secrets, fit_session, lent_secrets
+from batchsync.core.redact import Secrets
+from batchsync.http.guard import Guard
+from batchsync.http.transport import Transport, auth_secrets, fit_session, lent_secrets
 from tests.mockserver import MockServerProcess
 
 

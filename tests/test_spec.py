@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchsync.spec import RequestSpec, item_label, parse_item
-from batchsync.verdict import InvalidItem
+from batchsync.core.verdict import InvalidItem
+from batchsync.http.spec import RequestSpec, item_label, parse_item
 
 
 def test_a_url_string_is_a_get() -> None:

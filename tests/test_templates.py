@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import batchsync
-from batchsync.template import RowError, Template
+from batchsync.http.template import RowError, Template
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync as run_cli

@@ -12,18 +12,17 @@ import pytest
 
 import batchsync
 from batchsync import fetch_all
-from batchsync.budget import Allowance
-from batchsync.calls import CallJob
-from batchsync.classify import classify_raised, host_feedback
-from batchsync.gates import Admission
-from batchsync.httpfacts import HttpFacts, facts_of
-from batchsync.limits import Cooldowns, Gates, QuotaGate, Refusal
-from batchsync.options import CallOptions, FetchOptions, build
-from batchsync.provider import Announced
-from batchsync.quota import answer_limits
-from batchsync.rates import Rate
-from batchsync.tokenrate import AnnouncedRates, TokenRate, item_cost, used_tokens
-from batchsync.verdict import Feedback, InvalidItem, success
+from batchsync.core.admission import Admission
+from batchsync.core.budget import Allowance
+from batchsync.core.verdict import Announced, Feedback, InvalidItem, success
+from batchsync.http.classify import classify_raised, host_feedback
+from batchsync.http.httpfacts import HttpFacts, facts_of
+from batchsync.http.quota import answer_limits
+from batchsync.jobs.calls import CallJob
+from batchsync.jobs.options import CallOptions, FetchOptions, build
+from batchsync.limits.gates import Cooldowns, Gates, QuotaGate, Refusal
+from batchsync.limits.rates import Rate
+from batchsync.limits.tokenrate import AnnouncedRates, TokenRate, item_cost, used_tokens
 
 from .fakeclock import FakeClock
 from .mockserver import MockServerProcess

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
-from batchsync import tokens
-from batchsync.tokens import estimate_tokens, usage_tokens
+from batchsync.limits import tokens
+from batchsync.limits.tokens import estimate_tokens, usage_tokens
 
 
 @pytest.fixture(autouse=True)

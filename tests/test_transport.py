@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 from requests.utils import default_headers
 
-from batchsync.origins import host_key, host_of
-from batchsync.transport import _passes_end, lane_split, leave_origin
+from batchsync.http.origins import host_key, host_of
+from batchsync.http.transport import _passes_end, lane_split, leave_origin
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,13 @@ from collections import deque
 
 import pytest
 
-from batchsync.announced import AnnouncedCounts
-from batchsync.budget import Allowance
-from batchsync.classify import host_feedback
-from batchsync.httpfacts import HttpFacts
-from batchsync.limits import Cooldowns, Gates, Refusal
-from batchsync.provider import Announced
-from batchsync.verdict import Feedback, retry
-from batchsync.window import INFINITE, Entry, LocalWindow, Window, room_wait
+from batchsync.core.budget import Allowance
+from batchsync.core.verdict import Announced, Feedback, retry
+from batchsync.http.classify import host_feedback
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.limits.announced import AnnouncedCounts
+from batchsync.limits.gates import Cooldowns, Gates, Refusal
+from batchsync.limits.window import INFINITE, Entry, LocalWindow, Window, room_wait
 
 from .fakeclock import FakeClock
 

@@ -15,8 +15,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from batchsync import Batch, engine, fetch_all, run_all
-from batchsync.options import MAX_CONCURRENCY
+from batchsync import Batch, fetch_all, run_all
+from batchsync.core import engine
+from batchsync.jobs.options import MAX_CONCURRENCY
 
 from .mockserver import MockServerProcess
 

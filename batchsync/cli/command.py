@@ -19,15 +19,15 @@ from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__, contrib
-from ..auth import AuthFailed, CommandToken
-from ..columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
-from ..journal import JournalUnusable
-from ..limits import Breaker, CooldownScope
-from ..options import DEFAULT, MAX_CONCURRENCY, FetchOptions, build
-from ..progress import wanted
-from ..redact import RedactingFilter, Secrets
-from ..result import error_kinds
-from ..template import Template, parse_body
+from ..core.redact import RedactingFilter, Secrets
+from ..core.result import error_kinds
+from ..http.auth import AuthFailed, CommandToken
+from ..http.template import Template, parse_body
+from ..jobs.options import DEFAULT, MAX_CONCURRENCY, FetchOptions, build
+from ..limits.gates import Breaker, CooldownScope
+from ..output.columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
+from ..run.progress import wanted
+from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
     BREAKER_DEFAULT,

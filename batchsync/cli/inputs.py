@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..paginate import Continued
-from ..template import RowError, Template
+from ..http.paginate import Continued
+from ..http.template import RowError, Template
 
 MAX_LINE_BYTES = 2**20
 MAX_ELEMENT_BYTES = MAX_LINE_BYTES

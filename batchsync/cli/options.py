@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 
 import click
 
-from ..limits import Breaker
-from ..options import MAX_SETTING_SECONDS
-from ..rates import parse_rate
-from ..redact import MASK, Secrets
-from ..retries import parse_statuses
+from ..core.redact import MASK, Secrets
+from ..http.retries import parse_statuses
+from ..jobs.options import MAX_SETTING_SECONDS
+from ..limits.gates import Breaker
+from ..limits.rates import parse_rate
 
 
 class FiniteFloatRange(click.FloatRange):

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..columnar import parsed, write_table
-from ..records import dumps
+from ..core.records import dumps
+from ..output.columnar import parsed, write_table
 from .inputs import Entry
 
 

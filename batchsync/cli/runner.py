@@ -12,7 +12,18 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..assembly import (
+from ..core.history import DONE, TO_FINISH, TO_SEND, Pass
+from ..core.records import dumps, public_record
+from ..core.result import Result, Summary
+from ..core.task import Task
+from ..core.verdict import InvalidItem
+from ..http.paginate import Continued
+from ..http.spec import item_label
+from ..jobs.fetch import WrappedJob
+from ..jobs.options import FetchOptions
+from ..output.columnar import FORMATS
+from ..output.resultset import StoredResults
+from ..run.assembly import (
     Ran,
     Stoppable,
     adding_to,
@@ -22,10 +33,8 @@ from ..assembly import (
     open_journal,
     progress_of,
 )
-from ..columnar import FORMATS
-from ..fetch import WrappedJob
-from ..history import DONE, TO_FINISH, TO_SEND, Pass
-from ..journal import (
+from ..run.progress import Tally, counter
+from ..store.journal import (
     JournalFailed,
     JournalInUse,
     JournalMismatch,
@@ -37,16 +46,7 @@ from ..journal import (
     remove,
     resumed,
 )
-from ..options import FetchOptions
-from ..paginate import Continued
-from ..progress import Tally, counter
-from ..records import dumps, public_record
-from ..result import Result, Summary
-from ..resultset import StoredResults
-from ..resume import Left, planned, stored_in
-from ..spec import item_label
-from ..task import Task
-from ..verdict import InvalidItem
+from ..store.resume import Left, planned, stored_in
 from .inputs import Entry, Input, InputError
 from .output import failed_request, output_paths, remove_stale, write_outputs
 
@@ -470,7 +470,7 @@ def _run_on_cluster(
     on_start: Callable[[Stoppable], None],
 ) -> Ran:
     """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from ..contrib.dask import distribute, run_partition, worker_settings
+    from ..run.cluster import distribute, run_partition, worker_settings
 
     def counted(result: Result, entry: object) -> None:
         bar.item_finished(result)

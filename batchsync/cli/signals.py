@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from ..assembly import Stoppable
+from ..run.assembly import Stoppable
 
 EXIT_INTERRUPTED = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -1,33 +1,16 @@
-"""Batches too big for one machine, split across a Dask cluster (the optional ``dask`` extra).
-
-The items are cut into partitions; each partition runs on a worker with the normal engine
-(its own thread pool), and the limits are shared through Redis (``limits="redis://..."``) so
-that the whole cluster keeps to one quota. A worker lost mid-partition has its partition run
-again by Dask. On the client, each finished partition goes to the journal, so a restarted
-client redoes only the partitions that had not finished.
+"""Dask for a batch across a cluster (the optional ``dask`` extra): a client of the scheduler,
+and the ``Distributor`` that keeps a bounded number of partitions running on it. The cluster
+runner (``run.cluster``) decides what the partitions are and what is done with their Results;
+Dask itself is imported only when a run asks for a cluster.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from itertools import islice
-from pathlib import Path
 from typing import Any
 
-from ..assembly import Stoppable, adding_to, fetch, journaling, open_journal, run_calls
-from ..batch import Item, encode_result, identity_of
-from ..engine import Deliver, Job
-from ..fetch import HttpJob
-from ..options import CallOptions, FetchOptions, FlowOptions, build
-from ..result import Result
-from ..resultset import ResultSet
-from ..resume import Items, Kept, Left, read_back
-
-# What turns the HTTP job into the one a partition's items need (see ``run_partition``).
-Wrap = Callable[[HttpJob], Job]
+from ..core.result import Result
 
 # A run of (index, item) pairs; the indexes are the items' places in the whole batch.
 Partition = list[tuple[int, Any]]
@@ -41,34 +24,6 @@ _OUTSTANDING_PER_WORKER = 2
 PartitionRun = Callable[[Partition], list[Result]]
 
 
-def run_partition(
-    partition: Partition, settings: dict[str, Any], wrap: Wrap | None = None
-) -> list[Result]:
-    """Run on a worker: the engine over one partition of HTTP items.
-
-    ``wrap`` (sent by reference) turns the HTTP job into the one the items need: the command
-    line's, whose items are input entries. The client observes the run (metrics, traces).
-    """
-    options = build(FetchOptions, **settings)
-    collected: dict[int, Result] = {}
-    fetch(options, partition, _collector(collected), observed=False, wrap=wrap)
-    return [collected[index] for index in sorted(collected)]
-
-
-def run_call_partition(
-    partition: Partition, fn: Callable[[Any], Any], settings: dict[str, Any]
-) -> list[Result]:
-    """Run on a worker: the engine over one partition of calls of ``fn``."""
-    options = build(CallOptions, **settings)
-    collected: dict[int, Result] = {}
-    run_calls(options, fn, partition, _collector(collected), observed=False)
-    return [collected[index] for index in sorted(collected)]
-
-
-def _collector(collected: dict[int, Result]) -> Callable[[Result, object], None]:
-    return lambda result, item: collected.__setitem__(result.index, result)
-
-
 def cluster_client(address: str) -> Any:
     """A client of the Dask scheduler at ``address``; ValueError when it cannot be reached."""
     try:
@@ -79,26 +34,6 @@ def cluster_client(address: str) -> Any:
         return Client(address, timeout=10)
     except (OSError, TimeoutError) as exc:
         raise ValueError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
-
-
-def worker_settings(options: FlowOptions) -> dict[str, Any]:
-    """The options a worker needs, in a form that travels: shared limits by their URL; the
-    session, hooks, metrics registry and tracer stay on the client."""
-    settings = options.model_dump(
-        exclude={"session", "on_attempt", "on_result", "metrics", "tracer", "fallbacks"},
-        exclude_defaults=True,
-    )
-    url = getattr(options.limits, "url", options.limits)
-    if url is not None:
-        settings["limits"] = url
-    return settings
-
-
-def partitions(pairs: Iterable[tuple[int, Any]], size: int) -> Iterator[Partition]:
-    """The (index, item) pairs cut into lists of at most ``size``, read lazily."""
-    source = iter(pairs)
-    while chunk := list(islice(source, size)):
-        yield chunk
 
 
 class Distributor:
@@ -146,115 +81,3 @@ class Distributor:
         finally:
             for future in submitted:
                 future.cancel()
-
-
-def distribute(
-    client: Any,
-    task: PartitionRun,
-    pending: Iterable[tuple[int, Any]],
-    *,
-    partition_size: int,
-    deliver: Deliver,
-    on_start: Callable[[Stoppable], None] = lambda run: None,
-) -> bool:
-    """Run the ``pending`` (index, item) pairs on the cluster, a partition at a time, each
-    Result delivered here with its item as its partition comes back; whether it was stopped
-    (``on_start`` sees what runs it, to stop it on a signal)."""
-    distributor = Distributor(client, task)
-    on_start(distributor)
-    for partition, results in distributor.run(partitions(pending, partition_size)):
-        items = dict(partition)
-        for result in results:
-            deliver(result, items[result.index])
-    return distributor.stopped
-
-
-def fetch_on_cluster(
-    items: Iterable[Item],
-    client: Any,
-    *,
-    partition_size: int = 1000,
-    journal: str | Path | None = None,
-    **options: Any,
-) -> ResultSet:
-    """``batchsync.fetch_all`` on a Dask cluster: one Result per item, in input order.
-
-    ``client`` is a ``distributed.Client``; ``options`` are those of ``fetch_all`` (give
-    ``limits="redis://..."`` so that all workers share one quota), sent to the workers as
-    they are: hooks and fallbacks run there. With ``journal=``, each
-    finished partition is recorded, and a new call over the same items after a client
-    restart runs only what is left, as ``Batch`` does: the items whose partitions had not
-    finished, and the paginated ones that stopped partway, from their next page.
-    """
-    settings = _checked(FetchOptions, options)
-    task = partial(run_partition, settings=settings)
-    paging = build(FetchOptions, **settings).paging_identity()
-    return _on_cluster(
-        task, list(items), client, partition_size, journal, strict=False, paging=paging
-    )
-
-
-def run_on_cluster(
-    fn: Callable[[Any], Any],
-    items: Iterable[Any],
-    client: Any,
-    *,
-    partition_size: int = 1000,
-    journal: str | Path | None = None,
-    **options: Any,
-) -> ResultSet:
-    """``batchsync.run_all`` on a Dask cluster: ``fn`` (pickled to the workers) called for
-    every item, one Result per item, in input order; ``options`` and ``journal`` as for
-    ``fetch_on_cluster`` (what ``fn`` returns must be JSON to be journaled, and the items
-    JSON)."""
-    task = partial(run_call_partition, fn=fn, settings=_checked(CallOptions, options))
-    return _on_cluster(task, list(items), client, partition_size, journal, strict=True)
-
-
-def _checked(model: type[FlowOptions], options: dict[str, Any]) -> dict[str, Any]:
-    """The library's options for the workers, as given (a progress bar is the client's),
-    checked here before anything is sent."""
-    settings = {name: value for name, value in options.items() if name != "progress"}
-    build(model, **settings)
-    return settings
-
-
-def _on_cluster(
-    task: PartitionRun,
-    listed: list[Any],
-    client: Any,
-    partition_size: int,
-    journal: str | Path | None,
-    *,
-    strict: bool,
-    paging: dict[str, str] | None = None,
-) -> ResultSet:
-    """``strict``: the items must be JSON to be journaled (``batch.identity_of``); ``paging``:
-    how they are paginated, which a resumed journal must have been made with."""
-    if partition_size < 1:
-        raise ValueError(f"partition_size must be at least 1, got {partition_size}")
-    path = None if journal is None else Path(journal)
-    identity = {} if path is None else identity_of(listed, strict=strict) | (paging or {})
-    kept = _kept_in(path, identity, len(listed))
-    done = kept.done
-    left = Left(kept.marks, Items(), done.get)
-    deliver = _collector(done)
-    store = None if path is None else open_journal(path, encode_result, identity)
-    started = time.monotonic()
-    try:
-        if store is not None:
-            deliver = journaling(store, deliver)
-        pending = left.sent(enumerate(listed))
-        deliver = adding_to(left.taken, deliver)
-        distribute(client, task, pending, partition_size=partition_size, deliver=deliver)
-    finally:
-        if store is not None:
-            store.close()
-    return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
-
-
-def _kept_in(path: Path | None, identity: dict[str, str], size: int) -> Kept:
-    """What the journal at ``path`` holds of the ``size`` items (nothing without one)."""
-    if path is not None and path.exists():
-        return read_back(path, identity, Result.from_dict, "give another journal, or delete it")
-    return Kept.nothing(size)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..observe import Observer
-from ..result import AttemptRecord, Result
+from ..core.observe import Observer
+from ..core.result import AttemptRecord, Result
 
 if TYPE_CHECKING:
-    from ..task import Task
+    from ..core.task import Task
 
 
 def tracer_for(explicit: Any) -> Any:

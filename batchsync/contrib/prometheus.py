@@ -12,15 +12,15 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..limits import Gates
-from ..observe import Observer
-from ..result import AttemptRecord, Result
+from ..core.observe import Observer
+from ..core.result import AttemptRecord, Result
+from ..limits.gates import Gates
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from ..task import Task
+    from ..core.task import Task
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()

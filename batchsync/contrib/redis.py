@@ -20,9 +20,9 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..limits import Breaker, BreakerState, LimitsUnavailable
-from ..redact import Secrets
-from ..window import INFINITE, Window
+from ..core.redact import Secrets
+from ..limits.gates import Breaker, BreakerState, LimitsUnavailable
+from ..limits.window import INFINITE, Window
 
 # The longest an attempt is taken to run, for forgetting the entries of a process that died.
 _LONGEST_ATTEMPT = 3600.0

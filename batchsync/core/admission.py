@@ -1,0 +1,67 @@
+"""What the engine needs of the limits: an ``Admitter`` that lets each attempt in, or refuses
+it, and hears what it came to. The limits themselves (``limits.gates.Gates``) implement it; the
+engine knows nothing else of them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .budget import Allowance
+from .verdict import ErrorKind, Feedback
+
+# The limits' key of an attempt that has no host (a callable's item without a key).
+GLOBAL = "*"
+
+
+@dataclass(slots=True)
+class Admission:
+    """One attempt at the gates, then in flight: its host (the limits' key), how long it may
+    wait, and what each gate holds for it by the gate's name; handed back to ``release``."""
+
+    host: str
+    allowance: Allowance
+    stop: threading.Event
+    held: dict[str, Any] = field(default_factory=dict)
+    # What the attempt weighs at a weighted limit (its item's ``Task.cost``: LLM tokens).
+    cost: int = 0
+    # Whether the gate it is at made it wait (see ``Gate.recheck``).
+    waited: bool = False
+    # Why a gate refused it, when a person needs more than the kind (a reset past the budget).
+    why: str | None = None
+    # When the attempt was sent, once it was: the gates may have held it long after they took.
+    sent: float | None = None
+
+    @property
+    def probe(self) -> bool:
+        """Whether this attempt is the one trial of a half-open circuit (see ``Breaker``)."""
+        return self.held.get("breaker") is True
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What ends an item at the gates: its kind, and why in a person's words when the kind
+    alone would mislead (a server's reset further off than the budget)."""
+
+    kind: ErrorKind
+    why: str | None = None
+
+
+class Admitter(Protocol):
+    """Lets attempts in by the limits, one at a time, and takes back what each held."""
+
+    def enter(
+        self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
+    ) -> Admission | Refusal:
+        """Wait at every limit; an Admission, or the Refusal that ends the item instead."""
+        ...
+
+    def abandon(self, admission: Admission) -> None:
+        """Give back what an attempt that was never sent held."""
+        ...
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        """Give back what an attempt held and tell each limit what it came to."""
+        ...

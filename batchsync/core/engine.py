@@ -1,0 +1,743 @@
+"""The generic engine: items through a thread pool, one worker per item from claim to Result.
+
+Workers read the input lazily themselves, one item at a time, and at most ``2 * concurrency``
+items are claimed and unfinished (items waiting on an identical request included), so memory
+does not grow with the input. Each worker carries one item through its attempts, waits and
+give-up decisions, and delivers exactly one Result.
+
+Workers follow the work: a run starts one, and each worker starts the next when it claims its
+first item, up to ``concurrency``. So a run never has more than one worker beyond the items it
+has read (a one-item input starts two threads, whatever the concurrency), and the pool fills
+as fast as the input comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Protocol
+
+from .admission import GLOBAL, Admission, Admitter, Refusal
+from .backoff import Backoff
+from .budget import Allowance
+from .clock import SYSTEM, Clock, clock_of
+from .decide import Attempted, Decision, cut_short, decide, plural
+from .kinds import may_fall_back, stopped_reason, unstarted_reason
+from .observe import Hooks, Observer, Observers
+from .result import Answer, AttemptRecord, Result, describe_attempts
+from .task import Route, Task
+from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
+
+log = logging.getLogger("batchsync")
+
+# Receives each final Result with the item it is for, from worker threads.
+Deliver = Callable[[Result, object], None]
+
+_POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 3.0
+ABORT_GRACE_SECONDS = 1.0
+
+
+class EngineSettings(Protocol):
+    """What the engine reads of a run's options (``options.EngineOptions`` has them)."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def budget(self) -> float: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def backoff(self) -> Backoff: ...
+    @property
+    def on_attempt(self) -> Callable[[Any, AttemptRecord], None] | None: ...
+    @property
+    def on_result(self) -> Callable[[Result], None] | None: ...
+
+
+@dataclass(slots=True)  # built per item, never changed (frozen would cost 6x to build)
+class _Copy:
+    """An item waiting for an identical one in flight to land."""
+
+    index: int
+    item: object
+    url: str | None
+    id: Any
+    claimed: float
+
+
+class _Window:
+    """A counting semaphore of ``size`` slots.
+
+    A SimpleQueue of tokens rather than threading.Semaphore: taking and giving cost a C call.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(size):
+            self._tokens.put(None)
+
+    def take(self, timeout: float) -> bool:
+        try:
+            self._tokens.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
+
+    def give(self) -> None:
+        self._tokens.put(None)
+
+
+class _Flight:
+    """One request in flight and the identical items waiting for its Result."""
+
+    __slots__ = ("copies", "landed", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.copies: list[_Copy] = []
+        self.landed = False
+
+
+class _Flights:
+    """Identical requests in flight: the first is sent, copies wait for its Result.
+
+    A key is kept only while its first request is in flight, so memory stays bounded. No
+    lock is shared between keys: the dict's own atomic setdefault/pop decide who leads.
+    """
+
+    def __init__(self) -> None:
+        self._flights: dict[Hashable, _Flight] = {}
+
+    def join(self, key: Hashable, copy: _Copy) -> bool:
+        """True when an identical request is in flight (``copy`` now waits for it); else
+        the caller leads: it sends the request and must ``land`` the key."""
+        while True:
+            fresh = _Flight()
+            flight = self._flights.setdefault(key, fresh)
+            if flight is fresh:
+                return False
+            with flight.lock:
+                if not flight.landed:
+                    flight.copies.append(copy)
+                    return True
+            # That flight landed as we came: lead the next one.
+
+    def land(self, key: Hashable) -> list[_Copy]:
+        flight = self._flights.pop(key)
+        with flight.lock:
+            flight.landed = True
+            return flight.copies
+
+
+class Job(Protocol):
+    """What the engine runs: turns items into Tasks. ``timeout`` caps each attempt."""
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    def prepare(self, item: object) -> Task:
+        """A Task for the item; raises InvalidItem when it cannot be run at all."""
+        ...
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        """The (url, id) to report for an item that never became a Task."""
+        ...
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        """What an attempt's Verdict tells the limits of the host it went to."""
+        ...
+
+
+class _Unanswered:
+    """The Answer of an attempt whose job keeps no facts of it."""
+
+    status_code: int | None = None
+    final_url: str | None = None
+    redirects: int = 0
+
+
+_UNANSWERED = _Unanswered()
+
+
+def _answer(verdict: Verdict) -> Answer:
+    facts = verdict.facts
+    return _UNANSWERED if facts is None else facts
+
+
+def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    log.info(
+        "retry %s: %s (attempt %d of %d); waiting %.2f s",
+        url,
+        verdict.error,
+        number,
+        limit,
+        wait,
+        extra={
+            "url": url,
+            "attempt": number,
+            "status_code": _answer(verdict).status_code,
+            "error_kind": verdict.error_kind,
+            "wait": wait,
+        },
+    )
+
+
+def _log_failure(result: Result) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    url = result.url
+    attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
+    log.info(
+        "failed %s: %s%s",
+        url,
+        result.error,
+        attempts,
+        extra={
+            "url": url,
+            "attempt": result.attempts,
+            "status_code": result.status_code,
+            "error_kind": result.error_kind,
+            "wait": None,
+        },
+    )
+
+
+class _Run:
+    """One run's shared state and the loop each worker runs."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: Job,
+        source: Iterator[tuple[int, object]],
+        deliver: Deliver,
+        deadline_end: float | None,
+    ) -> None:
+        self._engine = engine
+        self._job = job
+        self._source = source
+        self._source_lock = threading.Lock()
+        self._deliver = deliver
+        self._deadline_end = deadline_end
+        self._stopped = engine._stop.is_set  # (read on every claim: the Event's own method)
+        # Items parked on an identical request in flight: at most one per worker.
+        self._parked = _Window(engine.options.concurrency)
+        self.failures: list[BaseException] = []
+        self._pool = ThreadPoolExecutor(engine.options.concurrency, thread_name_prefix="batchsync")
+        self._workers: list[Future[None]] = []
+        self._workers_lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        """Start one more worker, while the pool has room and the run goes on."""
+        with self._workers_lock:
+            room = len(self._workers) < self._engine.options.concurrency
+            if room and not self._closed and not self._stopped():
+                self._workers.append(self._pool.submit(self.work))
+
+    @property
+    def workers(self) -> list[Future[None]]:
+        """The workers started so far (a worker starts the next before it ends)."""
+        with self._workers_lock:
+            return list(self._workers)
+
+    def shutdown(self, *, wait: bool) -> None:
+        with self._workers_lock:
+            self._closed = True
+        self._pool.shutdown(wait=wait)
+
+    def work(self) -> None:
+        """Claim items until there are none; each worker carries one item at a time, and
+        starts the next worker when it claims its first."""
+        engine = self._engine
+        started_next = False
+        while (entry := self._claim()) is not None:
+            if not started_next:
+                started_next = True
+                self.start()
+            index, item = entry
+            delivered = engine.carry(self._job, index, item, self._deadline_end)
+            if not delivered:  # parked on an identical request: hold a slot until it lands
+                if not self._hold_slot():
+                    return
+                continue
+            for result, its_item in delivered:
+                self._hand_over(result, its_item)
+            for _ in delivered[1:]:  # the copies that were parked on this one
+                self._parked.give()
+
+    def _claim(self) -> tuple[int, object] | None:
+        """The next item, read lazily by whichever worker is free; None when done."""
+        with self._source_lock:
+            if self._stopped():
+                return None
+            try:
+                return next(self._source)
+            except StopIteration:
+                return None
+            except BaseException as exc:  # the input failed: stop the run and report it
+                self._fail(exc)
+                return None
+
+    def _hold_slot(self) -> bool:
+        while not self._engine.stopped:
+            if self._parked.take(_POLL_SECONDS):
+                return True
+        return False
+
+    def _hand_over(self, result: Result, item: object) -> None:
+        if not result.ok:
+            _log_failure(result)
+        observers = self._engine.observers
+        if observers.sees_item_finished:
+            observers.item_finished(result)
+        try:
+            self._deliver(result, item)
+        except BaseException as exc:  # a sink failed: stop the run and report it
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+        self._engine.stop()
+
+
+class Engine:
+    """Runs a Job over items with bounded concurrency; see the module docstring."""
+
+    def __init__(
+        self,
+        options: EngineSettings,
+        *,
+        gates: Admitter | None = None,
+        observers: Iterable[Observer] = (),
+        abort: Callable[[], None] | None = None,
+        grace: float = STOP_GRACE_SECONDS,
+        clock: Clock | Callable[[], float] = SYSTEM,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.options = options
+        self._gates = gates
+        self._abort = abort
+        hooks = (
+            [Hooks(options.on_attempt, options.on_result)]
+            if (options.on_attempt or options.on_result)
+            else []
+        )
+        self.observers = Observers([*observers, *hooks])
+        self._flights = _Flights()
+        self._grace = grace
+        # (its readings, called often, and its waits)
+        self._time = clock_of(clock)
+        self._clock = self._time.now
+        self._rand = rand
+        self._stop = threading.Event()
+        self._stopped_at = 0.0
+
+    def stop(self) -> None:
+        """Take no new items; items waiting to retry end as ``cancelled``.
+
+        Attempts in flight get ``grace`` seconds to end before ``run`` stops waiting for them.
+        """
+        if not self._stop.is_set():
+            self._stopped_at = self._clock()
+            self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, job: Job, items: Iterable[tuple[int, object]], deliver: Deliver) -> bool:
+        """Deliver one Result per (index, item) pair, from worker threads, as each finishes.
+
+        Returns False when, after a stop or an interrupt, attempts still in flight were
+        abandoned once the grace had passed and ``abort`` (if any) did not end them (their
+        worker threads end on their own, within the attempt's timeout); True otherwise. A
+        KeyboardInterrupt stops the run the same way and is raised again; a second one during
+        the grace is raised at once.
+        """
+        options = self.options
+        self._stop.clear()
+        started = self._clock()
+        deadline_end = None if options.deadline is None else started + options.deadline
+        run = _Run(self, job, iter(items), deliver, deadline_end)
+        finished = False
+        try:
+            run.start()
+            finished = self._drain(run)
+        except BaseException:
+            self.stop()
+            finished = self._drain(run)
+            raise
+        finally:
+            run.shutdown(wait=finished)
+        # A worker ended by what no item may catch (SystemExit from a callable, say): the run
+        # cannot give every item its Result, so it says so rather than return fewer.
+        escaped = [exc for w in run.workers if w.done() and (exc := w.exception()) is not None]
+        failures = [*run.failures, *escaped]
+        if failures:
+            raise failures[0]
+        return finished
+
+    def _drain(self, run: _Run) -> bool:
+        """Wait until every worker has run out of items.
+
+        After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
+        end as ``cancelled``) and they get a moment more. False if some are still running.
+        """
+        aborted_at: float | None = None
+        while True:
+            workers = run.workers
+            # A timed wait keeps the main thread responsive to Ctrl-C.
+            _, running = wait(workers, timeout=_POLL_SECONDS)
+            if not running and len(run.workers) == len(workers):  # (none started meanwhile)
+                return True
+            if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
+                continue
+            if self._abort is not None and aborted_at is None:
+                self._abort()
+                aborted_at = self._clock()
+            elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
+                return False
+
+    def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
+        url, item_id = job.label(item)
+        reason = unstarted_reason(kind)
+        return Result(
+            index, url, False, item_id, error_kind=kind, error=reason, finished=time.time()
+        )
+
+    def run_one(self, job: Job, item: object) -> Result:
+        """One item carried to its final Result in the calling thread (no pool, no stop)."""
+        deadline = self.options.deadline
+        deadline_end = None if deadline is None else self._clock() + deadline
+        ((result, _), *_) = self.carry(job, 0, item, deadline_end)
+        if not result.ok:
+            _log_failure(result)
+        if self.observers.sees_item_finished:
+            self.observers.item_finished(result)
+        return result
+
+    def carry(
+        self, job: Job, index: int, item: object, deadline_end: float | None
+    ) -> list[tuple[Result, object]]:
+        """Claim to final Result: the item's Result, then one for each identical item that
+        waited on it; nothing when the item itself waits on an identical one. Never raises."""
+        claimed = self._clock()
+        try:
+            task = self._prepare(job, index, item, claimed, deadline_end)
+            if isinstance(task, Result):
+                return [(task, item)]
+        except Exception as exc:  # a bug must not cost the item its Result
+            return [(self._internal_error(job, index, item, exc), item)]
+        key = task.dedup_key
+        if key is not None and self._flights.join(
+            key, _Copy(index, item, task.url, task.id, claimed)
+        ):
+            return []
+        if self.observers.sees_item_started:
+            self.observers.item_started(index, task)
+        try:
+            result = self._attempts(job, task, index, claimed, deadline_end)
+        except Exception as exc:
+            result = self._internal_error(job, index, item, exc)
+        finally:
+            copies = self._flights.land(key) if key is not None else []
+        if not copies:
+            return [(result, item)]
+        return [(result, item), *((self._copy(result, copy), copy.item) for copy in copies)]
+
+    def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
+        log.exception("internal error on item %d", index)
+        url, item_id = job.label(item)
+        # (the kind only: the message could hold anything the item held)
+        error = f"internal error: {type(exc).__name__}"
+        return Result(
+            index, url, False, item_id, error_kind="exception", error=error, finished=time.time()
+        )
+
+    def _copy(self, result: Result, copy: _Copy) -> Result:
+        """The Result of an item that shared an identical item's request: none of its own."""
+        return replace(
+            result,
+            index=copy.index,
+            url=copy.url,
+            id=copy.id,
+            attempts=0,
+            attempt_log=(),
+            elapsed=self._clock() - copy.claimed,
+            finished=time.time(),
+        )
+
+    def _prepare(
+        self, job: Job, index: int, item: object, claimed: float, deadline_end: float | None
+    ) -> Task | Result:
+        """The item's Task, or the Result of an item that is not to be sent at all."""
+        if deadline_end is not None and claimed >= deadline_end:
+            return self._unstarted(job, index, item, "deadline")
+        if self._stop.is_set():
+            return self._unstarted(job, index, item, "cancelled")
+        try:
+            return job.prepare(item)
+        except InvalidItem as exc:
+            url, item_id = job.label(item)
+            return Result(
+                index,
+                url,
+                False,
+                item_id,
+                error_kind="invalid_request",
+                error=str(exc),
+                elapsed=self._clock() - claimed,
+                finished=time.time(),
+            )
+
+    def _attempts(
+        self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
+    ) -> Result:
+        """The item's route, then its fallbacks while they are allowed, to a final Result."""
+        allowance = Allowance(claimed + self.options.budget, deadline_end)
+        records: list[AttemptRecord] = []
+        errors: list[str] = []
+
+        def result(
+            verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
+        ) -> Result:
+            ok = verdict.outcome == "success"
+            going_on = steps is not None and steps.done > 0 and not ok
+            answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
+            sent = 0
+            for record in records:
+                sent += 1 + record.hedged + record.resent
+            return Result(
+                index=index,
+                url=task.url,
+                ok=ok,
+                id=task.id,
+                status_code=answer.status_code,
+                attempts=sent,
+                error_kind=verdict.error_kind,
+                error=error,
+                data=verdict.data if steps is None else steps.data,
+                elapsed=self._clock() - claimed,
+                attempt_log=tuple(records),
+                fallback_used=fallback,
+                final_url=answer.final_url,
+                redirects=answer.redirects,
+                pages=None if steps is None else steps.done,
+                continuation=steps.continuation if going_on and steps else None,
+                finished=time.time(),  # (wall-clock time, for the report's charts)
+            )
+
+        so_far: Result | None = None
+        for position, route in enumerate((task.route, *task.fallbacks)):
+            fallback = position - 1 if position else None
+            verdict, error = self._follow(
+                route,
+                fallback,
+                index=index,
+                task=task,
+                allowance=allowance,
+                job=job,
+                records=records,
+                so_far=so_far,
+            )
+            steps = None
+            if route.then is not None:  # (the partial only for items made of steps)
+                follow = partial(
+                    self._follow,
+                    fallback=fallback,
+                    index=index,
+                    task=task,
+                    allowance=allowance,
+                    job=job,
+                    records=records,
+                    so_far=so_far,
+                )
+                verdict, error, steps = self._steps(route, verdict, error, task, follow)
+                # A step that failed ends the item with what the steps before it gave (a
+                # first one that failed is the item's own route failing, as without steps).
+                if verdict.ok or steps.done:
+                    return result(verdict, None if verdict.ok else error, fallback, steps)
+            if verdict.outcome == "success":
+                return result(verdict, None, fallback)
+            errors.append(error if fallback is None else f"fallback {fallback}: {error}")
+            so_far = result(verdict, "; ".join(errors), None, steps)
+            if not may_fall_back(verdict, primary=fallback is None):
+                break
+        assert so_far is not None
+        return so_far
+
+    def _steps(
+        self,
+        route: Route,
+        verdict: Verdict,
+        error: str,
+        task: Task,
+        follow: Callable[[Route], tuple[Verdict, str]],
+    ) -> tuple[Verdict, str, Steps]:
+        """An item made of steps (pages): after each success, its next step, until one fails
+        or none is left. Each step is a route of its own: its own retries, the item's budget.
+        After a stop no next step starts: the item ends ``cancelled``, to go on from there."""
+        steps = Steps(task.steps or 0, task.data, route.continuation)
+        while verdict.ok and route.then is not None:
+            steps.data, following = route.then(verdict)
+            steps.done += 1
+            if following is None:
+                break
+            if isinstance(following, Verdict):  # the item cannot go on: it ends with this
+                steps.continuation = None
+                return following, following.error or "", steps
+            route = following
+            steps.continuation = route.continuation
+            if self._stop.is_set():
+                stopped, reason = self._stopped_short(None, "cancelled", route)
+                return stopped, reason, steps
+            verdict, error = follow(route)
+        return verdict, error, steps
+
+    def _follow(
+        self,
+        route: Route,
+        fallback: int | None,
+        *,
+        index: int,
+        task: Task,
+        allowance: Allowance,
+        job: Job,
+        records: list[AttemptRecord],
+        so_far: Result | None,
+    ) -> tuple[Verdict, str]:
+        """Attempts on one route until success, a final failure or no retries left.
+
+        Returns the last Verdict — its outcome ``retry`` only when the retries ran out — and
+        the route's error line.
+        """
+        attempts = self.options.attempts
+        max_attempts = min(attempts, route.max_attempts or attempts)
+        number = 0
+        last: Verdict | None = None
+        while True:
+            left, nearest = allowance.tightest(self._clock())
+            if left <= 0:
+                return self._stopped_short(last, nearest, route)
+            admission = None
+            if self._gates is not None and route.gated:
+                admitted = self._gates.enter(route.host or GLOBAL, allowance, self._stop, task.cost)
+                if isinstance(admitted, Refusal):
+                    return self._stopped_short(last, admitted.kind, route, admitted.why)
+                admission = admitted
+            if self.observers.sees_attempt_started:
+                self.observers.attempt_started(index)
+            began = self._clock()
+            if admission is not None:
+                admission.sent = began
+            ends_at, limit = (
+                (None, None) if job.timeout is None else allowance.attempt_end(job.timeout, began)
+            )
+            verdict = self._attempt(route, ends_at, so_far, task, admission)
+            ended = self._clock()
+            if limit is not None:
+                # (a timeout the budget cut short says nothing of the host: its limits see that)
+                verdict = cut_short(verdict, limit)
+            if admission is not None:
+                self._release(admission, job, verdict, task)
+            number += 1
+            if verdict.outcome == "success":  # (nothing to decide: the route's answer)
+                decision = Decision(verdict, error=verdict.error or "")
+            else:
+                attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
+                decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
+            last = decision.verdict
+            answer: Answer = _UNANSWERED if last.facts is None else last.facts
+            record = AttemptRecord(
+                len(records) + 1,
+                answer.status_code,
+                last.error_kind,
+                ended - began,
+                wait=decision.wait,
+                fallback=fallback,
+                hedged=last.hedged,
+                resent=last.resent,
+            )
+            records.append(record)
+            if self.observers.sees_attempt_finished:
+                self.observers.attempt_finished(index, task, record)
+            if decision.wait is None:
+                return last, decision.error
+            _log_retry(task.url, last, number, max_attempts, decision.wait)
+            if self._time.wait(self._stop, decision.wait):
+                return replace(last, outcome="terminal", error_kind="cancelled"), (
+                    f"{last.error} after {plural(number)}; stopped while waiting to retry"
+                )
+
+    def _attempt(
+        self,
+        route: Route,
+        ends_at: float | None,
+        so_far: Result | None,
+        task: Task,
+        admission: Admission | None,
+    ) -> Verdict:
+        """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
+        back the place it held at the limits."""
+        try:
+            return route.attempt(ends_at, so_far)
+        except Exception as exc:
+            log.exception("internal error in an attempt of %s", task.url)
+            return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+        except BaseException:
+            if admission is not None and self._gates is not None:
+                self._gates.abandon(admission)
+            raise
+
+    def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
+        """Tell the limits what an attempt came to (``Gates.release`` keeps each gate's failure
+        to itself). Whatever reading the answer for them raises, the attempt stays counted and
+        its answer kept; the limits get back what they held, and learn nothing from it."""
+        if self._gates is None:
+            return
+        try:
+            feedback = job.feedback(verdict)
+        except Exception as exc:
+            log.warning(
+                "the limits could not read an answer of %s: %s", task.url, type(exc).__name__
+            )
+            log.debug("the limits' failure", exc_info=True)
+            with contextlib.suppress(Exception):
+                self._gates.abandon(admission)
+            return
+        self._gates.release(admission, feedback)
+
+    @staticmethod
+    def _stopped_short(
+        last: Verdict | None, kind: ErrorKind, route: Route, why: str | None = None
+    ) -> tuple[Verdict, str]:
+        """A route ended before its next attempt was sent: by a limit, a stop or an open
+        circuit; ``why``, when a gate said more than the kind does."""
+        reason = why or stopped_reason(kind, route.host)
+        if last is None:
+            return Verdict("terminal", kind, reason), reason
+        return replace(last, outcome="terminal", error_kind=kind), f"{last.error}; {reason}"
+
+
+@dataclass(slots=True)
+class Steps:
+    """How far an item made of steps has come: steps done, the data they gave, and where it
+    would start again."""
+
+    done: int
+    data: Any
+    continuation: Any

@@ -1,0 +1,128 @@
+"""What one attempt came to, in terms any job can give and the engine acts on.
+
+Nothing here knows of HTTP: a job (the HTTP one in ``fetch``, a callable's in ``api``) makes
+its Verdicts with these constructors, and says through ``Feedback`` what an attempt tells the
+limits about the host it went to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+Ruling = Literal["success", "retry", "terminal"]
+
+ErrorKind = Literal[
+    "status",
+    "timeout",
+    "connection",
+    "invalid_body",
+    "invalid_request",
+    "redirect",
+    "tls",
+    "budget",
+    "deadline",
+    "circuit_open",
+    "cancelled",
+    "exception",
+]
+
+
+@dataclass(frozen=True)
+class Announced:
+    """What one answer's headers say of the provider's limits; any part None when not said.
+
+    The resets are seconds from the answer until that budget is full again (OpenAI) or resets
+    (Anthropic); ``retry_after`` is Azure's millisecond wait, in seconds.
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset: float | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset: float | None = None
+    retry_after: float | None = None
+    # The limit headers that were sent but cannot be a count (-1, text, hundreds of digits).
+    unreadable: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)  # built per attempt, never changed (frozen would cost 6x to build)
+class Verdict:
+    """The outcome of one attempt, as the engine needs to see it.
+
+    ``facts`` is the job's own record of what the attempt met (the HTTP job's: the status,
+    where the answer came from, what its headers said), carried by the engine as it is and
+    read back by the job; of it the engine reads only what a Result reports
+    (``result.Answer``).
+    """
+
+    outcome: Ruling
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    facts: Any = None
+    data: Any = None
+    retry_after: float | None = None
+    hedged: bool = False
+    # Requests sent again within this attempt (each after renewing a refused token).
+    resent: int = 0
+    # Bytes of the body read (after decompression): an item's pages are bounded in total.
+    size: int = 0
+    # The server said it did not act on the request (a 429): retried as often as any
+    # attempt, even on a route that is not retried for fear of acting twice (a POST).
+    unprocessed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+def success(data: Any, facts: Any = None) -> Verdict:
+    return Verdict("success", facts=facts, data=data)
+
+
+def terminal(kind: ErrorKind, error: str, facts: Any = None) -> Verdict:
+    return Verdict("terminal", kind, error, facts)
+
+
+def retry(
+    kind: ErrorKind, error: str, facts: Any = None, retry_after: float | None = None
+) -> Verdict:
+    return Verdict("retry", kind, error, facts, retry_after=retry_after)
+
+
+class InvalidItem(ValueError):
+    """An item that cannot be run at all (it ends ``invalid_request``, with no attempt)."""
+
+
+class Retryable(Exception):
+    """Raise from a ``run_all`` callable to have the item retried.
+
+    ``retry_after`` (seconds, or the datetime to wait until) is a floor under the next wait,
+    like an HTTP Retry-After.
+    """
+
+    def __init__(self, message: str = "", retry_after: float | datetime | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """What an attempt tells the limits of the host it went to.
+
+    ``congested``: the host says it is overloaded (the adaptive limit backs off);
+    ``unwell``: True a failure the breaker counts, False an answer, None not counted;
+    ``hold``: seconds the host asked every caller to wait (the shared cooldown);
+    ``quota``: seconds until the host's quota resets, none being left (held the same way);
+    ``announced``: the limits the provider's headers announced (what is left, until when);
+    ``used``: what the answer says it cost (an LLM answer's ``usage``, in tokens).
+    """
+
+    congested: bool = False
+    unwell: bool | None = None
+    hold: float | None = None
+    quota: float | None = None
+    announced: Announced | None = None
+    used: int | None = None

@@ -1,0 +1,141 @@
+"""The job of a batch of calls: a blocking callable per item, the counterpart of ``fetch``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from ..core.admission import GLOBAL
+from ..core.redact import Secrets
+from ..core.result import Result
+from ..core.task import Route, Task
+from ..core.verdict import Feedback, InvalidItem, Verdict, success, terminal
+from ..http.classify import classify_raised, describe, headers_of, host_feedback
+from ..http.hedge import HedgeDelay, Hedger
+from ..http.httpfacts import facts_of
+from ..http.quota import answer_limits
+from ..http.spec import item_label
+from ..limits.gates import Gates
+from ..limits.tokenrate import item_cost, used_tokens
+from ..limits.tokens import usage_tokens
+from .options import CallOptions
+
+
+class CallJob:
+    """Runs ``fn(item)`` per item; an attempt is one call, which cannot be cut short.
+
+    An exception becomes a Verdict (``classify.classify_raised``): its HTTP status and wait
+    hint count as an HTTP answer's do, for the retry decision and for the limits of the
+    item's key (``per_key``; one key for all without it).
+    """
+
+    timeout = None
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        options: CallOptions,
+        secrets: Secrets,
+        gates: Gates | None = None,
+        unix_time: Callable[[], float] = time.time,
+    ) -> None:
+        self._fn = fn
+        self._options = options
+        self._secrets = secrets
+        self._unix_time = unix_time
+        # What an answer used, for a token budget to set its estimate right.
+        self._usage = None if options.token_rate is None else options.usage or usage_tokens
+        self._hedger: Hedger | None = None
+        if options.hedge_after is not None:
+            workers = 2 * options.concurrency
+            self._hedger = Hedger(HedgeDelay(options.hedge_after), workers=workers, gates=gates)
+
+    def close(self) -> None:
+        """End the hedging threads; a call that lost its race is not waited for (it cannot
+        be cut short: it ends on its own, its answer dropped)."""
+        if self._hedger is not None:
+            self._hedger.close(wait=False)
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        url, item_id = item_label(item)
+        return (None if url is None else self._secrets.url(url)), item_id
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return host_feedback(verdict)
+
+    def prepare(self, item: object) -> Task:
+        try:
+            cost = item_cost(item, item, self._options.cost, self._options.token_rate)
+        except InvalidItem as exc:
+            raise InvalidItem(self._masked(str(exc))) from None
+        return replace(self._task(item), cost=cost)
+
+    def _task(self, item: object) -> Task:
+        url, item_id = self.label(item)
+        key = None
+        if self._options.per_key is not None:
+            try:
+                # (masked: the key is shown, in an open circuit's error)
+                key = self._masked(str(self._options.per_key(item)))
+            except Exception as exc:  # the caller's key function failing is that item's fault
+                raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
+        fallbacks = tuple(
+            Route(partial(self._fall_back, fallback, item), gated=False, max_attempts=1)
+            for fallback in self._options.fallbacks
+        )
+        route = Route(partial(self._call, item, key or GLOBAL), key)
+        return Task(url, item_id, route, fallbacks, subject=item)
+
+    def _call(
+        self, item: object, key: str, ends_at: float | None, so_far: Result | None
+    ) -> Verdict:
+        if self._hedger is None:
+            return self._call_once(item)
+        # (the loser of a race is not told: a call cannot be cut short)
+        return self._hedger.run(lambda lost: self._call_once(item), key)
+
+    def _call_once(self, item: object) -> Verdict:
+        try:
+            returned = self._fn(item)
+        except Exception as exc:  # the caller's errors become Results, never crashes
+            try:
+                verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+            except Exception as broken:  # retry_if raising: the item still says what happened
+                error = f"{describe(exc)} (retry_if raised {describe(broken)})"
+                verdict = terminal("exception", error)
+            verdict = replace(verdict, error=self._masked(verdict.error or ""))
+            return self._told(verdict, exc, None)
+        used = None if self._usage is None else used_tokens(self._usage, returned)
+        return self._told(success(returned), returned, used)
+
+    def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
+        """``verdict`` with what an SDK's ``answer`` (its raw response, or the exception it
+        raised with its response) says of the provider's limits, and what it ``used``: the
+        headers an HTTP answer's are, read the same way (``quota.answer_limits``)."""
+        headers = headers_of(answer)
+        quota, announced = (
+            (None, None) if headers is None else answer_limits(headers, self._unix_time)
+        )
+        if quota is None and announced is None and used is None:
+            return verdict
+        facts = facts_of(verdict)._replace(quota=quota, announced=announced, used=used)
+        return replace(verdict, facts=facts)
+
+    def _fall_back(
+        self,
+        fallback: Callable[[Any, Result | None], Any],
+        item: object,
+        ends_at: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        try:
+            return success(fallback(item, so_far))
+        except Exception as exc:  # the caller's fallback failing is that route's failure
+            return terminal("exception", self._masked(describe(exc)))
+
+    def _masked(self, text: str) -> str:
+        # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
+        return self._secrets.text(text)

@@ -1,0 +1,625 @@
+"""The HTTP job: prepare each item's requests once, then send, classify and decode per attempt."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping
+from contextlib import nullcontext
+from dataclasses import replace
+from functools import cached_property, partial
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from ..core.redact import Secrets, item_secrets
+from ..core.result import Result
+from ..core.task import Route, Task
+from ..core.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
+from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth, Token
+from ..http.classify import (
+    classify_http_exception,
+    classify_refused_answer,
+    classify_status,
+    describe,
+    host_feedback,
+)
+from ..http.decode import InvalidBody, decode_body
+from ..http.guard import PrivateAddress
+from ..http.hedge import HedgeDelay, Hedger
+from ..http.httpfacts import HttpFacts, facts_of
+from ..http.origins import host_of
+from ..http.paginate import (
+    HELD_SHARE,
+    Continued,
+    Page,
+    PagingError,
+    first_page,
+    gathered,
+    held_size,
+    next_page,
+    pages_held_over,
+    pages_over,
+    records_of,
+    same_origin,
+    with_userinfo,
+)
+from ..http.quota import answer_limits, retry_after_of
+from ..http.retries import judged, parse_statuses
+from ..http.spec import RequestSpec, item_label, parse_item
+from ..http.transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
+from ..limits.gates import Gates
+from ..limits.tokenrate import item_cost, used_tokens
+from ..limits.tokens import usage_tokens
+from .options import FetchOptions
+
+# Responses that carry no body to decode, whatever ``expect`` says.
+_NO_BODY_STATUSES = frozenset({204, 205, 304})
+_DEDUP_METHODS = frozenset({"GET", "HEAD"})
+_LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
+_NO_SECRETS = nullcontext()  # (reusable: it holds nothing)
+_NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
+
+log = logging.getLogger("batchsync")
+
+
+class HttpJob:
+    """Turns items into HTTP Tasks for the engine. ``close()`` when the run is over."""
+
+    def __init__(
+        self,
+        options: FetchOptions,
+        transport: Transport,
+        gates: Gates | None = None,
+        unix_time: Callable[[], float] = time.time,
+        secrets: Secrets | None = None,
+    ) -> None:
+        """Gets auth='s first token now: AuthFailed when it cannot be got (nothing sent)."""
+        self._options = options
+        self.timeout = options.timeout  # (an attribute, not a property: read twice an attempt)
+        self._transport = transport
+        self._guard = transport.guard
+        self._secrets = options.secrets() if secrets is None else secrets
+        self._paging = options.paging()
+        self._auth: RunAuth | None = None
+        if options.auth is not None:
+            self._auth = RunAuth(options.auth, self._secrets)
+            self._auth.start()
+        self._lane_ok = self._auth is None or self._auth.lane
+        # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
+        self._lean = (
+            options.on_attempt is None
+            and not options.fallbacks
+            and self._lane_ok
+            and not self._paging
+            and options.cost is None
+        )
+        # What an answer used, for a token budget to set its estimate right.
+        self._usage = None if options.token_rate is None else options.usage or usage_tokens
+        self._unix_time = unix_time
+        self._retryable = parse_statuses(options.retry_statuses)
+        self._retry_if = options.retry_if
+        self._hedger: Hedger | None = None
+        if options.hedge_after is not None:
+            self._hedger = Hedger(
+                HedgeDelay(options.hedge_after), workers=2 * options.concurrency, gates=gates
+            )
+
+    @property
+    def _send(self) -> Callable[..., Verdict]:
+        """Each route's attempt: without auth=, straight to _attempt (tokens cost nothing
+        when unused). A property, not an attribute: a bound method kept on the job would tie
+        it in a cycle that outlives the run, and the connections it reaches with it."""
+        return self._attempt if self._auth is None else self._authorized_attempt
+
+    def close(self) -> None:
+        """End the hedging threads; requests that lost a race are cut, not waited for."""
+        if self._hedger is not None:
+            self._transport.abort()
+            self._hedger.close()
+
+    @property
+    def secrets(self) -> Secrets:
+        return self._secrets
+
+    feedback = staticmethod(host_feedback)
+
+    def label(self, item: object) -> tuple[str | None, Any]:
+        url, item_id = item_label(item.item if isinstance(item, Continued) else item)
+        return (None if url is None else self._secrets.url(url)), item_id
+
+    def prepare(self, item: object) -> Task:
+        """The item's Task; InvalidItem (its message masked) when it cannot be sent."""
+        try:
+            if isinstance(item, str) and self._lean:
+                wire = self._transport.wire("GET", item, self._lane_headers)
+                if wire is not None:  # the common case, kept lean: a plain URL, fast lane
+                    if self._guard is not None:
+                        self._guarded(wire.origin[1])
+                    dedup = item if self._options.dedup else None
+                    # (its own secrets too: a server may echo its key in a status line)
+                    own = self._secrets.of_url(item)
+                    hedge_host = wire.host if self._hedger is not None else None
+                    attempt = partial(self._send, wire, hedge_host, own)
+                    return Task(
+                        self._secrets.url(item),
+                        None,
+                        Route(attempt, wire.host),
+                        dedup_key=dedup,
+                        subject=item,
+                    )
+            return self._spec_task(item)
+        except InvalidItem as exc:
+            raise InvalidItem(self._secrets.text(str(exc), self._item_secrets(item))) from None
+
+    def _spec_task(self, item: object) -> Task:
+        """The Task of an item read as a RequestSpec: a route for its URL, one for each
+        fallback URL and one for each fallback function, in that order; paged when asked."""
+        continued = item if isinstance(item, Continued) else None
+        spec = parse_item(item if continued is None else continued.item)
+        urls = (spec.url, *(spec.fallbacks or ()))
+        for url in urls:
+            self._guarded(urlsplit(url).hostname or "")
+        own = self._item_secrets(spec)
+        routes = [self._url_route(spec, url, own) for url in urls]
+        routes += [
+            Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
+            for fallback in self._options.fallbacks
+        ]
+        task = Task(
+            self._secrets.given(spec.url, own),
+            spec.id,
+            routes[0],
+            tuple(routes[1:]),
+            self._dedup_key(spec),
+            subject=spec,
+            cost=item_cost(item, spec.json_body, self._options.cost, self._options.token_rate),
+        )
+        if self._paging is not None:
+            return self._paged(task, spec, own, continued)
+        return task
+
+    def _paged(
+        self, task: Task, spec: RequestSpec, own: frozenset[str], continued: Continued | None
+    ) -> Task:
+        """The Task with the item's own route made its first page (or, resumed, the page it
+        goes on from), and each fallback URL's route the first page of that URL."""
+        paging = self._paging
+        assert paging is not None
+        # the page parameters go in the URL: so do the item's own
+        params, spec = spec.params, spec.model_copy(update={"params": None})
+        specs = [
+            spec.model_copy(update={"url": _with_params(url, params) if params else url})
+            for url in (spec.url, *(spec.fallbacks or ()))
+        ]
+        start = first_page(paging, specs[0].url) if continued is None else continued.page
+        routes = [self._page_route(specs[0], own, start)]
+        routes += [self._page_route(each, own, first_page(paging, each.url)) for each in specs[1:]]
+        return replace(
+            task,
+            route=routes[0],
+            fallbacks=(*routes[1:], *task.fallbacks[len(specs) - 1 :]),
+            steps=start.number - 1,
+            data=start.data,
+        )
+
+    def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
+        route = self._url_route(spec, page.url, own)
+        attempt = route.attempt
+        if page.number > 1:
+            named = f"page {page.number} ({self._secrets.text(page.url, own)})"
+            attempt = partial(_on_page, named, attempt)
+        return replace(
+            route,
+            attempt=attempt,
+            then=partial(self._after_page, spec, own, page),
+            continuation=page.continuation(),
+        )
+
+    def _after_page(
+        self, spec: RequestSpec, own: frozenset[str], page: Page, verdict: Verdict
+    ) -> tuple[Any, Route | Verdict | None]:
+        """The item's data with this page, and the route to the next page (None: done; a
+        Verdict: the next page cannot be fetched)."""
+        paging = self._paging
+        assert paging is not None
+        size = page.size + verdict.size
+        if size > self._options.max_bytes:  # (the pages so far are kept, memory bounded)
+            return page.data, terminal("invalid_body", pages_over(page.number, size))
+        held = page.held + held_size(records_of(paging, verdict.data))
+        if held > HELD_SHARE * self._options.max_bytes:  # (decoded, tiny records weigh more)
+            return page.data, terminal("invalid_body", pages_held_over(page.number, held))
+        try:
+            data = gathered(paging, page.data, verdict.data, first=page.number == 1)
+            following = next_page(
+                paging,
+                first_url=spec.url,
+                url=page.url,
+                number=page.number,
+                position=page.position,
+                body=verdict.data,
+                link=facts_of(verdict).link,
+            )
+        except PagingError as exc:  # (a later run would meet it again: nothing to go on from)
+            return page.data, terminal("invalid_body", f"after page {page.number}: {exc}")
+        if following is None:
+            return data, None
+        url, position = following
+        url, seen = with_userinfo(url, spec.url), page.seen | {page.url}
+        upcoming = Page(url, page.number + 1, position, data, seen, size, held)
+        problem = self._page_problem(spec.url, url, seen)
+        if problem is None:
+            return data, self._page_route(spec, own, upcoming)
+        shown = f"page {upcoming.number} ({self._secrets.text(url, own)}): {problem}"
+        return data, terminal("invalid_body", shown)
+
+    def _page_problem(self, first_url: str, url: str, seen: frozenset[str]) -> str | None:
+        """Why a next page named by a response is not fetched: it was fetched already (a
+        loop), it is on another origin (the item's headers and secrets stay with its own), or
+        deny_private refuses its host."""
+        if url in seen:
+            return "fetched already: the pages go round in a loop"
+        if not same_origin(url, first_url):
+            return "the next page is on another origin; not followed"
+        try:
+            self._guarded(urlsplit(url).hostname or "")
+        except InvalidItem as exc:
+            return str(exc)
+        return None
+
+    def _item_secrets(self, item: object) -> frozenset[str]:
+        """An item's own secret values (see ``Secrets.of_item``), read from a RequestSpec or
+        from whatever was given, valid or not."""
+        headers: Mapping[str, Any] | None
+        params: Mapping[str, Any] | None
+        if isinstance(item, Continued):
+            item = item.item
+        if isinstance(item, RequestSpec):
+            urls, headers, params = [item.url, *(item.fallbacks or ())], item.headers, item.params
+        elif isinstance(item, Mapping):
+            urls = [
+                url
+                for url in (item.get("url"), *_listed(item.get("fallbacks")))
+                if isinstance(url, str)
+            ]
+            headers, params = _mapping(item.get("headers")), _mapping(item.get("params"))
+        else:
+            urls, headers, params = [item] if isinstance(item, str) else [], None, None
+        return self._secrets.of_item(urls, headers, params)
+
+    def _url_route(self, spec: RequestSpec, url: str, own: frozenset[str]) -> Route:
+        request = self._outgoing(spec, url)
+        host = request.host if isinstance(request, Wire) else host_of(url)
+        # Only GETs are hedged: a second copy of anything else could change something twice.
+        hedged = self._hedger is not None and spec.method == "GET"
+        attempt = partial(self._send, request, host if hedged else None, own)
+        if spec.retry_safe:
+            return Route(attempt, host)
+        reason = f"{spec.method} is not retried without an idempotency_key"
+        return Route(attempt, host, max_attempts=1, no_retry_reason=reason)
+
+    def _dedup_key(self, spec: RequestSpec) -> Hashable | None:
+        """Identical bodiless GET/HEAD requests share one flight (unless ``dedup`` is off)."""
+        if (
+            not self._options.dedup
+            or spec.method not in _DEDUP_METHODS
+            or spec.idempotency_key is not None  # each key is a request of its own
+            or spec.json_body is not None
+            or spec.data is not None
+        ):
+            return None
+        if spec.method == "GET" and not (spec.params or spec.headers or spec.fallbacks):
+            return spec.url  # the same key as a plain URL item's
+        return _request_key(spec)
+
+    def _outgoing(self, spec: RequestSpec, url: str) -> Outgoing:
+        """The request as it goes out, built once and reused by every attempt: the fast form
+        when the transport allows it (bodiless GET/HEAD, no params), else prepared by requests."""
+        if (
+            self._lane_ok
+            and self._transport.fast
+            and spec.json_body is None
+            and spec.data is None
+            and not spec.params
+        ):
+            item_headers: dict[str, str | None] = dict(spec.headers or {})
+            if spec.idempotency_key is not None:
+                item_headers["Idempotency-Key"] = spec.idempotency_key
+            headers = (
+                self._transport.headers_with(self._options.headers, item_headers)
+                if item_headers
+                else self._lane_headers
+            )
+            wire = self._transport.wire(spec.method, url, headers)
+            if wire is not None:
+                return wire
+        return self._prepare_request(spec, url)
+
+    def _guarded(self, host: str) -> None:
+        """With deny_private, refuse (as an invalid item) a host that resolves privately."""
+        guard = self._guard
+        if guard is not None:
+            try:
+                guard.check(host)
+            except PrivateAddress as exc:
+                raise InvalidItem(str(exc)) from None
+
+    @cached_property
+    def _lane_headers(self) -> Mapping[str, str]:
+        """The headers of a fast-lane request without headers of its own."""
+        return self._transport.headers_with(self._options.headers)
+
+    def _prepare_request(self, spec: RequestSpec, url: str) -> Recipe:
+        """The request prepared by the session: headers merged, auth and cookies applied."""
+        headers: dict[str, str | None] = dict(self._options.headers or {})
+        headers.update(spec.headers or {})
+        if spec.idempotency_key is not None:
+            headers["Idempotency-Key"] = spec.idempotency_key
+        request = requests.Request(
+            spec.method,
+            url,
+            headers=headers,  # type: ignore[arg-type]  # None leaves a header out, as documented
+            params=spec.params or {},
+            json=spec.json_body,
+            data=spec.data,
+        )
+        try:
+            return self._transport.prepare(request)
+        except (requests.RequestException, ValueError, TypeError) as exc:
+            raise InvalidItem(f"cannot build the request: {exc}") from None
+
+    def _call_fallback(
+        self,
+        fallback: Callable[[RequestSpec, Result | None], Any],
+        spec: RequestSpec,
+        own: frozenset[str],
+        bound: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        try:
+            return success(fallback(spec, so_far))
+        except Exception as exc:  # the caller's fallback failing is that route's failure
+            return terminal("exception", self._secrets.text(describe(exc), own))
+
+    def _attempt(
+        self,
+        request: Outgoing,
+        hedge_host: str | None,
+        own: frozenset[str],
+        wall_end: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        assert wall_end is not None
+        with item_secrets(own) if own else _NO_SECRETS:
+            if hedge_host is not None and self._hedger is not None:
+                verdict = self._hedger.run(
+                    partial(self._exchange, request, own, wall_end), hedge_host
+                )
+            else:
+                verdict = self._exchange(request, own, wall_end, None)
+        if verdict.error is not None:
+            if self._retry_if is not None:  # (asked before the error is masked: it may add to it)
+                verdict = judged(verdict, self._retry_if)
+            verdict = replace(verdict, error=self._secrets.text(verdict.error or "", own))
+        return verdict
+
+    def _authorized_attempt(
+        self,
+        request: Outgoing,
+        hedge_host: str | None,
+        own: frozenset[str],
+        wall_end: float | None,
+        so_far: Result | None,
+    ) -> Verdict:
+        """An attempt carrying the run's current token. A 401 renews the token as
+        ``auth.after_401`` says and resends within the same attempt (its time bound, not one
+        of the item's retries); each resend is logged at DEBUG. Waiting for another worker's
+        refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
+        is the source's to bound (an --auth-command's timeout)."""
+        auth = self._auth
+        assert auth is not None and wall_end is not None
+        token = auth.current()
+        renewals = sent = 0  # (every request sent counts in the item's attempts)
+        while True:
+            verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
+            requests_now = 2 if verdict.hedged else 1
+            sent += requests_now
+            if sent > requests_now:
+                verdict = replace(verdict, resent=sent - requests_now)
+            facts = facts_of(verdict)
+            if facts.status_code != 401:
+                if facts.status_code is not None:
+                    auth.accept(token)
+                return verdict
+            if _from_elsewhere(facts, request):
+                return verdict  # (from another origin, which never got the token)
+            resend = self._after_401(
+                auth,
+                request,
+                verdict,
+                token,
+                renewals=renewals,
+                sent=sent,
+                own=own,
+                wall_end=wall_end,
+            )
+            if isinstance(resend, Verdict):
+                return resend
+            token, renewals = resend, renewals + 1
+
+    def _after_401(
+        self,
+        auth: RunAuth,
+        request: Outgoing,
+        verdict: Verdict,
+        token: Token,
+        *,
+        renewals: int,
+        sent: int,
+        own: frozenset[str],
+        wall_end: float,
+    ) -> Token | Verdict:
+        """The token to resend with after a 401, as ``auth.after_401`` says, or the Verdict
+        that ends the attempt: it says to give up, the refresh fails, or no time is left."""
+        step = auth.step(token, renewals)
+        if step == "give_up":
+            if renewals or token.generation > 0:
+                error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                return replace(verdict, error=error)
+            return verdict
+        if step == "refresh":
+            try:
+                token = auth.refresh(token, wall_end - time.monotonic())
+            except RefreshWaitTimedOut as exc:
+                return replace(retry("timeout", str(exc)), resent=sent - 1)
+            except AuthFailed as exc:
+                error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                return replace(verdict, error=error)
+        else:
+            token = auth.current()
+        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                self._secrets.text(_url_of(request), own),
+                token.generation,
+                auth.refreshes,
+            )
+        return token
+
+    def _exchange(
+        self,
+        request: Outgoing,
+        own: frozenset[str],
+        wall_end: float,
+        lost: threading.Event | None,
+    ) -> Verdict:
+        """Send one request and read its answer; a request that lost a race just closes."""
+        try:
+            try:
+                reply = self._transport.send(request, wall_end)
+            except AnswerRefused as refused:  # the caller's hook raised for the response
+                answer = refused.response
+                verdict = classify_refused_answer(
+                    refused.error,
+                    answer.status_code,
+                    answer.headers.get("Retry-After"),
+                    self._unix_time(),
+                    self._retryable,
+                )
+                landed = self._landed(answer.url, own, request)
+                facts = HttpFacts(answer.status_code, landed, refused.redirects)
+                return replace(verdict, facts=facts)
+            except Exception as exc:  # every failure is classified, none escapes
+                return classify_http_exception(exc)
+            if lost is not None and lost.is_set():
+                reply.close()
+                return _LOST
+            landed = self._landed(reply.url, own, request)
+            try:
+                return self._judge(request.method, reply, wall_end, landed)
+            except (InvalidBody, BodyTooLarge) as exc:
+                facts = HttpFacts(reply.status, landed, reply.redirects)
+                return terminal("invalid_body", str(exc), facts)
+            except Exception as exc:  # a failure while reading the body keeps the status seen
+                facts = HttpFacts(reply.status, landed, reply.redirects)
+                return replace(classify_http_exception(exc), facts=facts)
+        finally:
+            self._transport.finish()
+
+    def _landed(self, url: str | None, own: frozenset[str], request: Outgoing) -> str | None:
+        """Where an answer came from, masked (see ``Secrets.answered``)."""
+        return None if url is None else self._secrets.answered(url, own, _url_of(request))
+
+    def _judge(
+        self, method: str | None, reply: Reply, wall_end: float, landed: str | None
+    ) -> Verdict:
+        """The Verdict on an answer, its facts (``HttpFacts``) made once."""
+        status = reply.status
+        quota, announced = (
+            answer_limits(reply.headers, self._unix_time)
+            if self._options.quota_headers
+            else (None, None)
+        )
+        if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
+            retry_after = retry_after_of(reply.headers)
+            failed = classify_status(status, retry_after, self._unix_time(), quota, self._retryable)
+            if failed is not None:
+                self._transport.discard(reply, wall_end)
+                facts = facts_of(failed)._replace(
+                    final_url=landed, redirects=reply.redirects, announced=announced
+                )
+                return replace(failed, facts=facts)
+        body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
+        if method == "HEAD" or status in _NO_BODY_STATUSES:
+            data = None
+        else:
+            expect = self._options.expect
+            content_type = reply.headers.get("Content-Type")  # (for every expect: charsets)
+            data = decode_body(body, expect, content_type)
+        paging = self._paging
+        link = reply.headers.get("Link") if paging is not None and paging.style == "link" else None
+        used = None if self._usage is None else used_tokens(self._usage, data)
+        facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used)
+        return Verdict("success", facts=facts, data=data, size=len(body))
+
+
+def _on_page(
+    named: str,
+    attempt: Callable[[float | None, Result | None], Verdict],
+    wall_end: float | None,
+    so_far: Result | None,
+) -> Verdict:
+    """An attempt at a later page, its failure naming the page."""
+    verdict = attempt(wall_end, so_far)
+    return verdict if verdict.error is None else replace(verdict, error=f"{named}: {verdict.error}")
+
+
+class WrappedJob:
+    """A job whose items become the HTTP job's items (input entries, table rows): the
+    attempts, their timeout and what they tell the limits are the HTTP job's."""
+
+    def __init__(self, inner: HttpJob) -> None:
+        self._inner = inner
+
+    @property
+    def timeout(self) -> float:
+        return self._inner.timeout
+
+    def feedback(self, verdict: Verdict) -> Feedback:
+        return self._inner.feedback(verdict)
+
+
+def _request_key(spec: RequestSpec) -> Hashable:
+    """What makes two bodiless requests the same: method, URL, params and headers (in any
+    order, header names in any case), fallback URLs."""
+    params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
+    headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
+    return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
+
+
+def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
+    """Whether an answer came, after redirects, from another origin than the request's."""
+    return bool(facts.redirects) and not same_origin(facts.final_url or "", _url_of(request))
+
+
+def _url_of(request: Outgoing) -> str:
+    return str(request.url if isinstance(request, Wire) else request.prepared.url)
+
+
+def _with_params(url: str, params: Mapping[str, Any]) -> str:
+    """The URL requests would send for ``url`` and ``params``."""
+    prepared = requests.PreparedRequest()
+    prepared.prepare_url(url, params)
+    return str(prepared.url)
+
+
+def _listed(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None

@@ -1,0 +1,129 @@
+"""What a limit is to the gates: one ``Gate`` an attempt passes before it is sent, and hears
+from after (see ``limits.Gates``, which runs them, and ``limits`` for today's limits).
+
+A gate admits one attempt at a time — waiting, if it must, only as long as the item's
+allowance leaves and until the run stops — and keeps in the attempt's ``Admission`` what it
+took (a slot, a probe, a token), to give it back on ``release`` (with what the attempt told,
+its ``Feedback``) or ``abandon`` (the attempt was never sent). A new kind of limit is one
+such class, and a ``limits.GateOption`` that builds it from its option.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from ..core.admission import Admission
+from ..core.clock import Clock
+from ..core.verdict import ErrorKind, Feedback
+
+# How often a gate looks again for what nothing wakes it for (room, a probe that ended).
+POLL_SECONDS = 0.05
+T = TypeVar("T")
+
+
+class Gate(Protocol):
+    """One limit. ``rank`` places it among the others, lowest first: the breaker 10, the
+    adaptive limit 20, host slots 30, the cooldown 40, a quota's reset 50, the rate window 60,
+    the provider's announced budgets 62, the token budget 65.
+    ``recheck``: it holds nothing and only makes attempts wait for a time that may begin at
+    any moment (a cooldown): passed again after a later gate, not such a one, made the
+    attempt wait (a hold may have begun meanwhile).
+
+    A weighted limit (a budget of tokens per item) reserves the attempt's cost in ``admit``
+    and sets it right in ``release`` from what the attempt reports; ``Admission`` is where
+    the cost travels."""
+
+    name: str
+    rank: int
+    recheck: bool
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        """Let the attempt through (None), keeping in ``admission.held[name]`` what it took,
+        or the kind that ends the item instead (holding nothing then). Waits go through
+        ``waiting``; a shared backend that cannot answer raises ``LimitsUnavailable``."""
+        ...
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        """The attempt came to ``feedback``: give back what it held, learn from it (a weighted
+        cost is reconciled here, with what the attempt really cost)."""
+        ...
+
+    def abandon(self, admission: Admission) -> None:
+        """The attempt was never sent (a later gate refused it, an interrupt): give back what
+        it held; it tells nothing."""
+        ...
+
+
+@dataclass
+class WaitStats:
+    """Seconds spent waiting at each gate, summed over all attempts; ``timeline`` the same
+    by (gate, unix second), the seconds of each wait that fell in that second (the report's
+    chart of waits over time: a few dict updates per wait, none per attempt that passes)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    timeline: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
+
+    def add(self, gate: str, seconds: float) -> None:
+        if seconds > 0:
+            ended = time.time()
+            with self.lock:
+                self.seconds[gate] = self.seconds.get(gate, 0.0) + seconds
+                begun = ended - seconds
+                second = math.floor(begun)
+                while second < ended:
+                    part = min(ended, second + 1) - max(begun, second)
+                    key = (gate, second)
+                    self.timeline[key] = self.timeline.get(key, 0.0) + part
+                    second += 1
+
+
+class Waiting:
+    """The waits a gate makes: each bounded by what is left of the item's allowance, ended
+    by the run's stop, measured on the clock and counted in ``stats`` under the gate's name."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.now = clock.now
+        self.stats = WaitStats()
+
+    def sleep(
+        self, gate: str, seconds: float, admission: Admission, cause: str | None = None
+    ) -> ErrorKind | None:
+        """Wait ``seconds`` (none when 0 or less); the kind that ends the item when its
+        allowance cannot cover them or the run stops meanwhile. ``cause``: what the wait is
+        for, said in ``admission.why`` when it is longer than the allowance."""
+        if seconds <= 0:
+            return None
+        left, limit = admission.allowance.tightest(self.now())
+        if seconds >= left:
+            if cause is not None:
+                admission.why = f"{cause} in {seconds:.1f} s, more than the {limit} left"
+            return limit
+        if self.clock.wait(admission.stop, seconds):
+            return "cancelled"
+        admission.waited = True
+        self.stats.add(gate, seconds)
+        return None
+
+    def poll(
+        self, gate: str, attempt: Callable[[float], T | None], admission: Admission
+    ) -> tuple[T | None, ErrorKind | None]:
+        """Call ``attempt(timeout)`` in short rounds until it gives a value or time runs out."""
+        began = self.now()
+        while True:
+            left, limit = admission.allowance.tightest(self.now())
+            if admission.stop.is_set():
+                return None, "cancelled"
+            value = attempt(max(0.0, min(left, POLL_SECONDS)))
+            if value is not None:
+                self.stats.add(gate, self.now() - began)
+                return value, None
+            if left <= 0:
+                return None, limit
+            admission.waited = True

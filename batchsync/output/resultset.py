@@ -1,0 +1,415 @@
+"""The ResultSet a batch returns: its Results in input order, and what can be made of them
+(the summary, the report, tables, data frames, the failures sent again).
+
+Above ``result``, ``report`` and ``columnar``, so that a Result knows nothing of how a set of
+them is written out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+from ..core.history import Stint, totals
+from ..core.kinds import KINDS
+from ..core.result import (
+    Counted,
+    Listing,
+    Result,
+    Summary,
+    Trace,
+    counted,
+    error_kinds,
+    flat_body,
+    kept,
+    summarize,
+)
+from ..store.journal import JournalMismatch, JournalReader
+from .columnar import PARQUET_HINT, pyarrow_missing, write_table
+from .report import Entry, report_of, report_results
+
+if TYPE_CHECKING:
+    import pandas
+
+
+def _pandas() -> Any:
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError("this needs pandas: pip install 'batchsync[pandas]'") from exc
+    return pd
+
+
+# pandas dtypes of the typed columns; nullable ones where a Result may hold None.
+COLUMN_TYPES = {
+    "index": "int64",
+    "ok": "bool",
+    "status_code": "Int64",
+    "attempts": "int64",
+    "error_kind": "string",
+    "error": "string",
+    "elapsed": "float64",
+    "fallback_used": "Int64",
+    "redirects": "int64",
+}
+
+
+# Sends a batch's failed items again: (the error kinds to retry, empty: all; the options
+# that change) -> the merged set.
+Retry = Callable[[frozenset[str], dict[str, Any]], "ResultSet"]
+
+
+class ResultSet(Sequence[Result]):
+    """The Results of a batch, one per input item, in input order.
+
+    ``stints``: what each ``run()`` (or process, for a journal) did, for the report's table
+    of passes; ``retry``: how the batch that made the set sends its failures again (see
+    ``retry_failed``).
+    """
+
+    def __init__(
+        self,
+        results: Sequence[Result],
+        elapsed: float | None = None,
+        waits: dict[str, float] | None = None,
+        circuits_opened: int = 0,
+        wait_timeline: dict[tuple[str, int], float] | None = None,
+        *,
+        stints: Sequence[Stint] = (),
+        retry: Retry | None = None,
+    ) -> None:
+        self._results = list(results)
+        self.elapsed = elapsed
+        self.waits = dict(waits or {})
+        self.circuits_opened = circuits_opened
+        # Seconds waited at each gate by (gate, unix second), for the report.
+        self.wait_timeline = dict(wait_timeline or {})
+        self.stints = tuple(stints)
+        self._retry = retry
+
+    @overload
+    def __getitem__(self, index: int) -> Result: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Result]: ...
+    def __getitem__(self, index: int | slice) -> Result | list[Result]:
+        return self._results[index]
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self._results)
+
+    def __repr__(self) -> str:
+        return f"<ResultSet {self.summary()}>"
+
+    @property
+    def ok(self) -> list[Result]:
+        return [result for result in self._results if result.ok]
+
+    @property
+    def failed(self) -> list[Result]:
+        return [result for result in self._results if not result.ok]
+
+    def retry_failed(self, *, kinds: Iterable[str] | None = None, **options: Any) -> ResultSet:
+        """Send the failed items again (only those whose ``error_kind`` is in ``kinds``, when
+        given), each with a fresh budget, with the batch's options changed by ``options``
+        (its journal stays its own); the successes are kept as they are. Returns the merged
+        set: every item, in input order, a retried one with the attempts of both passes
+        (``attempts``, ``attempt_log``). ValueError for a set that no batch made (its items
+        are unknown)."""
+        if self._retry is None:
+            raise ValueError(
+                "this ResultSet was not made by fetch_all, run_all or a Batch: it does not know "
+                "its items, so it cannot send them again"
+            )
+        chosen = frozenset() if kinds is None else error_kinds(kinds)
+        if kinds is not None and not chosen:
+            raise ValueError("kinds: name at least one error kind, or leave it out for all")
+        return self._retry(chosen, options)
+
+    def summary(self) -> Summary:
+        return summarize(
+            map(counted, self._results),
+            sorted(kept(result.elapsed) for result in self._results if result.attempts),
+            elapsed=self.elapsed,
+            waits=self.waits,
+            circuits_opened=self.circuits_opened,
+        )
+
+    def report(self, path: str | Path, *, charts: bool = True) -> Path:
+        """Write the batch's report to ``path``: one self-contained HTML file (charts need
+        the ``report`` extra, plotly; without it, tables). Returns the path."""
+        return report_results(
+            self._results,
+            self.summary(),
+            path,
+            charts=charts,
+            timeline=self.wait_timeline,
+            stints=self.stints,
+        )
+
+    def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
+        """One row per item with typed columns (needs the ``pandas`` extra).
+
+        ``expand=True`` replaces the ``data`` column by the successes' JSON bodies spread
+        into ``data.``-prefixed columns (see ``data_frame``).
+        """
+        pd = _pandas()
+        frame: pandas.DataFrame = pd.DataFrame.from_records(
+            [result.to_dict() for result in self._results],
+            columns=list(Result.__dataclass_fields__),
+        )
+        typed: pandas.DataFrame = frame.astype(COLUMN_TYPES)
+        if not expand:
+            return typed
+        bodies = self.data_frame().add_prefix("data.")
+        expanded: pandas.DataFrame = typed.drop(columns="data").merge(
+            bodies, how="left", left_on="index", right_index=True
+        )
+        return expanded
+
+    def to_csv(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format csv`` does (``flatten``:
+        its ``--flatten``); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "csv", flatten)
+
+    def to_parquet(self, path: str | os.PathLike[str], *, flatten: bool = False) -> None:
+        """Write the Results to ``path`` as the CLI's ``--format parquet`` does (needs the
+        ``parquet`` extra); the file is replaced only once it is whole."""
+        self._write_table(Path(path), "parquet", flatten)
+
+    def _write_table(self, path: Path, form: str, flatten: bool) -> None:
+        if form == "parquet" and pyarrow_missing():
+            raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        paged = any(result.pages is not None for result in self._results)
+        try:
+            with temporary.open(
+                "wb" if form == "parquet" else "w",
+                newline=None if form == "parquet" else "",
+                encoding=None if form == "parquet" else "utf-8",
+            ) as handle:
+                write_table(
+                    handle,
+                    form,
+                    lambda: (result.to_dict() for result in self._results),
+                    paged=paged,
+                    flatten=flatten,
+                )
+            temporary.replace(path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+    def data_frame(self) -> pandas.DataFrame:
+        """The JSON bodies of the successes as columns (see ``flat_body``: as
+        ``pandas.json_normalize`` spreads them), indexed by the item's index."""
+        pd = _pandas()
+        ok = [result for result in self._results if result.ok]
+        rows = [flat_body(result.to_dict()["data"]) for result in ok]
+        frame: pandas.DataFrame = pd.DataFrame.from_records(rows)
+        frame.index = pd.Index([result.index for result in ok], name="index")
+        return frame
+
+    def _repr_html_(self) -> str:
+        summary = self.summary()._repr_html_()
+        failed = self.failed
+        failures = failed[:10]
+        if not failures:
+            return summary
+        rows = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(value))}</td>"
+                for value in (r.index, r.url, r.final_url, r.status_code, r.error_kind, r.error)
+            )
+            + "</tr>"
+            for r in failures
+        )
+        head = "".join(
+            f"<th>{name}</th>"
+            for name in ("index", "url", "final url", "status", "error kind", "error")
+        )
+        more = len(failed) - len(failures)
+        note = f"<p>… and {more} more failures</p>" if more > 0 else ""
+        return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """One item's final Result as every output of a journaled run reads it: the record (the
+    results file's line) and its fields, the failed file's line (None unless the record
+    failed) and when it finished (for the report)."""
+
+    index: int
+    record: str
+    fields: dict[str, Any]
+    request: str | None
+    finished: float | None
+
+    def trace(self) -> Trace:
+        fields = self.fields
+        log = tuple(
+            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
+            for entry in fields["attempt_log"]
+        )
+        return Trace(
+            self.index,
+            fields["ok"],
+            fields["error_kind"],
+            fields["status_code"],
+            fields["attempts"],
+            fields["elapsed"],
+            self.finished,
+            log,
+        )
+
+    def listing(self) -> Listing:
+        fields = self.fields
+        return Listing(
+            self.index,
+            fields["url"],
+            fields["id"],
+            fields["status_code"],
+            fields["error_kind"],
+            fields["error"],
+            fields["attempts"],
+            fields["elapsed"],
+        )
+
+
+class StoredResults:
+    """A journaled run's final Results: the one source of the command line's summary line,
+    results file, failed file, columnar tables and report, so that they cannot disagree.
+
+    Every output reads the stored records (the Results as written), never the journal's
+    columns beside them: a failed record's line goes to the failed file and only a failed
+    one's. ``summary`` is computed once, on a first pass that also checks each record
+    (JournalMismatch naming the item when it is not a Result, or a failure has no line to
+    re-run). Iterating makes a fresh pass in input order, holding one record at a time; only
+    the latency percentiles hold a float per item sent.
+    """
+
+    def __init__(self, reader: JournalReader, path: Path) -> None:
+        self._reader = reader
+        self._path = path
+        self.stints = reader.stints()
+        self.timeline = reader.timeline()
+        self.span: tuple[float, float] | None = None
+        times = array("d")
+        # (summarize reads every row before it asks for the times: sorted once they are in)
+        self.summary = summarize(self._counted(times), _sorted(times), **_run_totals(self.stints))
+
+    def _counted(self, times: array[float]) -> Iterator[Counted]:
+        """The first pass: what the summary counts of each Result, the times of those sent,
+        and the run's time span."""
+        first, last = math.inf, -math.inf
+        for final in self:
+            fields = final.fields
+            if fields["attempts"]:
+                times.append(fields["elapsed"])
+            if final.finished is not None:
+                first = min(first, final.finished - fields["elapsed"])
+                last = max(last, final.finished)
+            backoff = sum(entry["wait"] or 0.0 for entry in fields["attempt_log"])
+            yield (
+                fields["ok"],
+                fields["error_kind"],
+                fields["status_code"],
+                fields["attempts"],
+                backoff,
+            )
+        self.span = None if first == math.inf else (first, last)
+
+    def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
+        """One stored row as a Final; JournalMismatch naming the item when its record is not a
+        Result as this batchsync writes them, or a failure has no line for the failed file."""
+        try:
+            fields = json.loads(record)
+            problem = _not_a_record(index, fields)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            problem = "is not a Result"
+        if problem is None and not fields["ok"] and request is None:
+            problem = "failed, but has no line for the failed file"
+        if problem is None and not (finished is None or _is_number(finished)):
+            problem = "has no finish time"
+        if problem is not None:
+            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {problem}")
+        return Final(index, record, fields, None if fields["ok"] else request, finished)
+
+    def __iter__(self) -> Iterator[Final]:
+        for index, record, request, finished in self._reader.finals():
+            yield self._final(index, record, request, finished)
+
+    def rows(self) -> Iterator[tuple[str, str | None]]:
+        """(record, failed line) pairs in input order, as ``cli.output.write_outputs`` takes."""
+        return ((final.record, final.request) for final in self)
+
+    def entries(self) -> Iterator[Entry]:
+        return ((final.trace(), final.listing()) for final in self)
+
+    def report(self, path: Path, *, title: str, charts: bool = True) -> Path:
+        """The run's report, from the same Results and summary as the other outputs."""
+        return report_of(
+            self.entries(),
+            self.span,
+            self.summary,
+            path,
+            title=title,
+            charts=charts,
+            timeline=self.timeline,
+            stints=self.stints,
+        )
+
+
+def _sorted(times: array[float]) -> Iterator[float]:
+    yield from sorted(times)
+
+
+def _run_totals(stints: Sequence[Stint]) -> dict[str, Any]:
+    ran = totals(stints)
+    return {"elapsed": ran.elapsed, "waits": ran.waits, "circuits_opened": ran.circuits_opened}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _not_a_record(index: int, fields: Any) -> str | None:
+    """What makes ``fields`` no record of the Result of item ``index`` (None: nothing): the
+    fields every output reads, of their types and ranges."""
+    if not isinstance(fields, dict) or fields.get("index") != index:
+        return "is not that item's"
+    ok, kind, status = fields["ok"], fields["error_kind"], fields["status_code"]
+    if not isinstance(ok, bool) or not (kind is None or kind in KINDS):
+        return "has no outcome it can have"
+    if not (status is None or _count(status)):
+        return "has no status code it can have"
+    if not (
+        _count(fields["attempts"]) and _is_number(fields["elapsed"]) and fields["elapsed"] >= 0
+    ):
+        return "has no attempts or time it can have"
+    log = fields["attempt_log"]
+    if not isinstance(log, list):
+        return "has an attempt log that is not its attempts'"
+    for entry in log:
+        wait, elapsed = entry["wait"], entry["elapsed"]
+        fine = wait is None or (_is_number(wait) and wait >= 0)
+        if not (fine and _is_number(elapsed) and {"status_code", "error_kind"} <= entry.keys()):
+            return "has an attempt log that is not its attempts'"
+    for name in ("url", "error"):
+        if not (fields[name] is None or isinstance(fields[name], str)):
+            return f"has a {name} that is no text"
+    return None

@@ -1,0 +1,371 @@
+"""The one place a run is put together: job, gates, observers, journal and engine.
+
+The library (``fetch_all``, ``Batch``, ``run_all``), the command line and Dask partitions all
+run through ``fetch`` or ``call``; they differ only in where the Results go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from urllib3.exceptions import InsecureRequestWarning
+
+from .. import contrib
+from ..core.clock import SYSTEM, Clock
+from ..core.engine import Deliver, Engine, Job
+from ..core.history import Pass, Stint, difference
+from ..core.observe import Observer
+from ..core.redact import Secrets, watching
+from ..core.result import Result, added_to
+from ..http.guard import Guard
+from ..http.transport import Transport
+from ..jobs.calls import CallJob
+from ..jobs.fetch import HttpJob
+from ..jobs.options import CallOptions, FetchOptions, FlowOptions
+from ..limits.gates import GateOption, Gates, SharedLimits, build_gates
+from ..store.journal import Encode, Journal, JournalUnusable
+from .progress import Tally
+
+
+class Stoppable(Protocol):
+    """What runs a batch, as a signal handler sees it (the engine, or a cluster's feeder)."""
+
+    def stop(self) -> None: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+
+# The Result an item already has from an earlier pass or process, by its index (None: none).
+Earlier = Callable[[int], Result | None]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a run's fetching ended: stopped early, attempts abandoned in flight, time waited at
+    each gate and circuits opened."""
+
+    stopped: bool
+    abandoned: bool
+    waits: dict[str, float]
+    circuits_opened: int
+    # Seconds waited at each gate by (gate, unix second), for the report.
+    timeline: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+def shared_limits(options: FlowOptions) -> SharedLimits | None:
+    """The backend keeping limits shared by several processes; connecting checks it answers
+    (ValueError when it does not)."""
+    if options.limits is None or not isinstance(options.limits, str):
+        return options.limits
+    return contrib.shared_limits(options.limits, options.namespace, options.lease_ttl)
+
+
+def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
+    """The limits a run's attempts pass (kept by the shared backend when there is one): those
+    of the options, each option that brings a gate of its own (a ``GateOption``) included."""
+    more = [
+        value
+        for name in type(options).model_fields
+        if isinstance(value := getattr(options, name), GateOption)
+    ]
+    if options.announced_rates is not None:
+        more.append(options.announced_rates)
+    return build_gates(
+        concurrency=options.concurrency,
+        rate=options.rate_window,
+        per_host=options.slots,
+        cooldown=options.cooldown,
+        breaker=options.breaker,
+        adaptive=options.adaptive,
+        shared=shared_limits(options),
+        more=more,
+        clock=clock,
+    )
+
+
+def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None) -> list[Observer]:
+    """Who watches a run: the progress counts, and metrics and traces when asked for."""
+    from ..contrib.otel import Tracing, tracer_for  # (no import of OpenTelemetry without it)
+
+    observers: list[Observer] = [] if progress is None else [progress]
+    if options.metrics is not None:
+        from ..contrib.prometheus import metrics_for
+
+        observers.append(metrics_for(options.metrics, gates))
+    tracer = tracer_for(options.tracer)
+    if tracer is not None:
+        observers.append(Tracing(tracer))
+    return observers
+
+
+def progress_of(passing: Pass, tally: Tally, gates: Gates) -> Callable[[], Stint]:
+    """What a process (or a ``run()``) does in ``passing`` from now on, as a Stint read at
+    any moment: its seconds, the items and requests ``tally`` counts, and its waits at
+    ``gates`` (those before now left out: a batch's gates serve several runs)."""
+    started, begun = time.time(), time.monotonic()
+    with gates.waits.lock:
+        waited = dict(gates.waits.seconds)
+    opened = gates.circuits_opened
+
+    def so_far() -> Stint:
+        done, _, requests = tally.counts()
+        with gates.waits.lock:
+            waits = difference(gates.waits.seconds, waited)
+        elapsed = time.monotonic() - begun
+        return Stint(
+            passing, started, elapsed, done, requests, waits, gates.circuits_opened - opened
+        )
+
+    return so_far
+
+
+def open_journal(
+    path: Path,
+    encode: Encode,
+    identity: Mapping[str, str],
+    passing: Pass | None = None,
+    progress: Callable[[], Stint] | None = None,
+    *,
+    clock: Clock = SYSTEM,
+) -> Journal:
+    """A new (or resumed) journal, or JournalUnusable before anything is sent; ``passing``:
+    the pass its Results belong to, and ``progress`` what this process does in it, when the
+    run sends anything; ``clock`` measures the journal's group-commit linger."""
+    try:
+        return Journal(path, encode, identity, passing=passing, progress=progress, clock=clock)
+    except sqlite3.Error as exc:
+        raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
+
+
+def fetch(
+    options: FetchOptions,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None = None,
+    progress: Observer | None = None,
+    observed: bool = True,
+    journal: Journal | None = None,
+    wrap: Callable[[HttpJob], Job] | None = None,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
+    earlier: Earlier | None = None,
+    clock: Clock = SYSTEM,
+) -> Ran:
+    """One HTTP run: transport, job, gates, observers and engine, set up and taken down
+    together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
+    metrics and traces out (a Dask partition's: its client observes the run); ``wrap`` turns
+    the HTTP job into the one the items need (the command line's input entries); ``journal``
+    stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
+    it starts; ``earlier`` gives the Result an item sent again already has (see
+    ``adding_to``); ``clock`` measures every wait (a test's own)."""
+    gates = gates_for(options, clock) if gates is None else gates
+    # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
+    secrets = options.secrets()
+    transport = Transport(
+        options.session,
+        options.concurrency,
+        secrets,
+        guard=Guard() if options.deny_private else None,
+        verify=options.verify,
+        cert=options.cert,
+        cookies=options.cookies,
+    )
+    try:
+        job = HttpJob(options, transport, gates, secrets=secrets)
+    except BaseException:  # (auth='s first token could not be got)
+        transport.close()
+        raise
+    try:
+        with insecure_said_once(options.verify is False):
+            return _run(
+                options,
+                job if wrap is None else wrap(job),
+                items,
+                deliver,
+                gates=gates,
+                progress=progress,
+                observed=observed,
+                secrets=job.secrets,
+                journal=journal,
+                abort=transport.abort,
+                on_start=on_start,
+                earlier=earlier,
+                clock=clock,
+            )
+    finally:
+        job.close()
+        transport.close()
+
+
+class _PerRequestWarnings:
+    """urllib3's warning at each unverified request, silenced while runs with verify=False are
+    under way (by the first to start, until the last ends): one filter of batchsync's own,
+    matching only that warning's text, so the caller's filters stay as they are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._filter: Any = None
+
+    def silence(self) -> None:
+        with self._lock:
+            self._runs += 1
+            if self._runs == 1:
+                warnings.filterwarnings(
+                    "ignore", "Unverified HTTPS request", InsecureRequestWarning
+                )
+                self._filter = warnings.filters[0]
+
+    def restore(self) -> None:
+        with self._lock:
+            self._runs -= 1
+            # ("ignore" leaves nothing in the warning registries: removing it is enough)
+            if self._runs == 0 and self._filter in warnings.filters:
+                cast("list[Any]", warnings.filters).remove(self._filter)
+
+
+_PER_REQUEST = _PerRequestWarnings()
+
+
+@contextlib.contextmanager
+def insecure_said_once(insecure: bool) -> Iterator[None]:
+    """For a run with verify=False: one InsecureRequestWarning, instead of urllib3's at each
+    request (thousands of the same line say no more than one)."""
+    if not insecure:
+        yield
+        return
+    warnings.warn(
+        "verify=False: TLS certificates are not checked in this run (said once, not for each "
+        "request)",
+        InsecureRequestWarning,
+        stacklevel=4,
+    )
+    _PER_REQUEST.silence()
+    try:
+        yield
+    finally:
+        _PER_REQUEST.restore()
+
+
+def run_calls(
+    options: CallOptions,
+    fn: Callable[[Any], Any],
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None = None,
+    progress: Observer | None = None,
+    observed: bool = True,
+    journal: Journal | None = None,
+    earlier: Earlier | None = None,
+    clock: Clock = SYSTEM,
+) -> Ran:
+    """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
+    engine as an HTTP run (``observed``, ``earlier``, ``clock`` as for ``fetch``)."""
+    gates = gates_for(options, clock) if gates is None else gates
+    secrets = options.secrets()
+    job = CallJob(fn, options, secrets, gates)
+    try:
+        return _run(
+            options,
+            job,
+            items,
+            deliver,
+            gates=gates,
+            progress=progress,
+            observed=observed,
+            secrets=secrets,
+            journal=journal,
+            abort=None,
+            on_start=lambda run: None,
+            earlier=earlier,
+            clock=clock,
+        )
+    finally:
+        job.close()
+
+
+def call_once(
+    options: CallOptions,
+    fn: Callable[[Any], Any],
+    item: object,
+    *,
+    gates: Gates | None,
+    secrets: Secrets,
+) -> Result:
+    """One call of ``fn`` carried to its Result in the calling thread, through ``gates``
+    shared with other calls (none: no limits), masking ``secrets``."""
+    job = CallJob(fn, options, secrets, gates)
+    try:
+        with watching(secrets):
+            return Engine(options, gates=gates).run_one(job, item)
+    finally:
+        job.close()
+
+
+def _run(
+    options: FlowOptions,
+    job: Job,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates,
+    progress: Observer | None,
+    observed: bool,
+    secrets: Secrets,
+    journal: Journal | None,
+    abort: Callable[[], None] | None,
+    on_start: Callable[[Stoppable], None],
+    earlier: Earlier | None,
+    clock: Clock,
+) -> Ran:
+    observers = observers_for(options, gates, progress) if observed else []
+    engine = Engine(options, gates=gates, observers=observers, abort=abort, clock=clock)
+    on_start(engine)
+    if journal is not None:
+        deliver = journaling(journal, deliver)
+    if earlier is not None:
+        deliver = adding_to(earlier, deliver)
+    with watching(secrets):
+        finished = engine.run(job, items, deliver)
+    return Ran(
+        engine.stopped,
+        not finished,
+        gates.waits.seconds,
+        gates.circuits_opened,
+        gates.waits.timeline,
+    )
+
+
+def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
+    """``deliver``, each Result of an item that ``earlier`` has a Result for (a failure sent
+    again, a paginated item going on) made to count that one's attempts too
+    (``result.added_to``)."""
+
+    def deliver_added(result: Result, item: object) -> None:
+        before = earlier(result.index)
+        deliver(result if before is None else added_to(before, result), item)
+
+    return deliver_added
+
+
+def journaling(journal: Journal, deliver: Deliver) -> Deliver:
+    """``deliver``, after storing each final Result in the journal."""
+
+    def store_then_deliver(result: Result, item: object) -> None:
+        try:
+            if result.final:
+                journal.add(result, item)
+        finally:  # a journal that failed stops the run, but what came back is still kept
+            deliver(result, item)
+
+    return store_then_deliver

@@ -1,0 +1,606 @@
+"""``Batch``: a fetch that can be interrupted and continued, for notebooks and long scripts;
+``CallBatch``, the same for calls."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import math
+import typing
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from ..core.backoff import Backoff
+from ..core.history import DONE, Pass, Stint, difference, merged_timeline, totals
+from ..core.observe import log_summary
+from ..core.records import dumps, public_record
+from ..core.result import AttemptRecord, Result, Summary, error_kinds
+from ..core.task import Task
+from ..core.verdict import InvalidItem
+from ..http.auth import Auth
+from ..http.classify import describe
+from ..http.hedge import HedgeAfter
+from ..http.paginate import Continued
+from ..http.retries import RetryIf
+from ..http.spec import RequestSpec
+from ..http.template import RowError, Template
+from ..http.transport import Cert, SessionSource, Verify
+from ..jobs.fetch import HttpJob, WrappedJob
+from ..jobs.options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
+from ..limits.gates import Breaker, CooldownScope
+from ..limits.tokenrate import TokenRate
+from ..output.resultset import ResultSet
+from ..store.journal import Journal, locked, remove
+from ..store.resume import Items, Left, marks_of, read_back
+from .assembly import Earlier, Ran, fetch, gates_for, open_journal, progress_of, run_calls
+from .progress import Tally, counter, wanted
+
+Item = str | Mapping[str, Any] | RequestSpec
+
+
+def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]:
+    """The identity a journal records for a list of items: their count and a SHA-256.
+
+    ``strict``: every item must be JSON (ValueError naming the first that is not), as the
+    items of calls must, whose ``repr`` may change from one process to the next.
+    """
+    digest = hashlib.sha256()
+    count = 0
+    for item in items:
+        value = item.to_item() if isinstance(item, RequestSpec) else item
+        try:
+            text = json.dumps(value, sort_keys=True, default=None if strict else repr)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"item {count} cannot be journaled: a journal knows items by their JSON, and "
+                f"{type(value).__name__} has none ({exc}); give JSON items (an id, a dict)"
+            ) from None
+        digest.update(text.encode())
+        digest.update(b"\n")
+        count += 1
+    return {"entries": str(count), "sha256": digest.hexdigest()}
+
+
+def _check_ids(items: list[Item]) -> None:
+    """ValueError naming the first item whose ``id`` a journal cannot store as JSON."""
+    for index, item in enumerate(items):
+        # The id as given (item_label reports a NaN one as None).
+        if isinstance(item, RequestSpec):
+            item_id = item.id
+        elif isinstance(item, Mapping):
+            item_id = item.get("id")
+        else:
+            continue
+        try:
+            json.dumps(item_id, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"item {index}: its id {item_id!r} cannot be stored in the journal ({exc})"
+            ) from None
+
+
+def encode_result(result: Result, item: object) -> tuple[str, str | None]:
+    """The journal's stored text for a library Result (there is no failed file to feed)."""
+    return dumps(public_record(result)), None
+
+
+OptionsT = TypeVar("OptionsT", FetchOptions, CallOptions)
+
+
+class Resumable(Generic[OptionsT]):
+    """Items run in one or more ``run()`` calls, every final Result kept (and journaled).
+
+    A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
+    items, gives attempts in flight a short grace, keeps every finished Result in
+    ``results`` and raises; ``run()`` again runs only the rest. With ``journal=`` each final
+    Result is also written to that SQLite file as it is made, so a new batch over the same
+    items (after a crash, or in a new session) continues where the last one stopped; a
+    journal made for other items is a ValueError unless ``fresh=True`` replaces it.
+    ``run(retry_failed=True)`` sends the failures again, in a new pass.
+    """
+
+    items: list[Any]
+    options: OptionsT
+    journal: Path | None
+
+    def _start(
+        self,
+        items: Iterable[Any],
+        options: OptionsT,
+        journal: str | Path | None,
+        progress: bool | None,
+        *,
+        fresh: bool = False,
+        strict: bool = False,
+        template: Template | None = None,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        self.items = list(items)
+        self.options = options
+        self._progress = progress
+        # What the batch was made with (items aside), to make it again with other options.
+        self._arguments = dict(arguments)
+        self._done: dict[int, Result] = {}
+        # The pass this batch is in, and what it does with each item (``Pass.does``).
+        self._pass = Pass()
+        self._marks = bytearray(len(self.items))
+        # What each run() did (those of earlier processes too, from the journal), and the
+        # seconds earlier processes waited at each gate by second.
+        self._stints: list[Stint] = []
+        self._timeline: dict[tuple[str, int], float] = {}
+        self._gates = gates_for(options)
+        self.journal = None if journal is None else Path(journal)
+        self._form = Items(None if template is None else template.url)
+        self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
+        if self.journal is not None:
+            self._open(self.journal, fresh=fresh, template=template)
+
+    def _open(self, path: Path, *, fresh: bool, template: Template | None) -> None:
+        """Check the items' ids, then replace the journal at ``path`` (``fresh``) or take
+        back what it holds, under its lock."""
+        if template is None:  # (a template's rows: each id is checked when it is built)
+            _check_ids(self.items)
+        with locked(path):
+            if fresh:
+                remove(path)
+            elif path.exists():
+                self._load(path)
+
+    def _load(self, path: Path) -> None:
+        hint = "give another journal, or fresh=True to replace it"
+        kept = read_back(path, self._identity, self._restore, hint)
+        self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
+        self._stints, self._timeline = kept.stints, kept.timeline
+
+    def _restore(self, record: dict[str, Any]) -> Result:
+        """A journaled Result as this session would have made it: its data as given."""
+        raise NotImplementedError
+
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        """The journal's texts for a Result."""
+        raise NotImplementedError
+
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
+        """Run what is ``left`` through the assembly."""
+        raise NotImplementedError
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds spent in ``run()``, by this batch and the processes its journal knew."""
+        return totals(self._stints).elapsed or 0.0
+
+    @property
+    def results(self) -> ResultSet:
+        """The finished Results in input order (all of them once ``pending`` is 0)."""
+        ran = totals(self._stints)
+        return ResultSet(
+            [self._done[i] for i in sorted(self._done)],
+            elapsed=ran.elapsed,
+            waits=ran.waits,
+            circuits_opened=ran.circuits_opened,
+            wait_timeline=merged_timeline(self._timeline, self._gates.waits.timeline),
+            stints=self._stints,
+            retry=self._retried,
+        )
+
+    def report(self, path: str | Path, *, charts: bool = True) -> Path:
+        """Write the report of the Results so far to ``path`` (see ``ResultSet.report``)."""
+        return self.results.report(path, charts=charts)
+
+    def _summary(self) -> Summary:
+        return self.results.summary()
+
+    @property
+    def pending(self) -> int:
+        """How many items have no final Result yet, failures this pass has still to send
+        again, or paginated items with pages still to fetch."""
+        return len(self.items) - self._marks.count(DONE)
+
+    def run(self, *, retry_failed: bool | Iterable[str] = False) -> ResultSet:
+        """Run every item without a final Result (and go on with the paginated ones that
+        stopped partway); returns ``results``.
+
+        ``retry_failed``: first start a new pass that sends the failed items again (True),
+        or those failed with these error kinds (e.g. ``["status", "timeout"]``), each with
+        a fresh budget; a retried item's Result counts the attempts of every pass. An
+        interrupted pass is finished by ``run()`` again."""
+        if retry_failed is not False:
+            kinds = frozenset() if retry_failed is True else error_kinds(retry_failed)
+            if retry_failed is not True and not kinds:
+                raise ValueError("retry_failed: name at least one error kind, or give True")
+            self._retry_pass(kinds)
+        left = Left(self._marks, self._form, self._done.get)
+        gates = self._gates
+        with gates.waits.lock:
+            timeline = dict(gates.waits.timeline)
+        with contextlib.ExitStack() as held:
+            bar = counter(self.pending, wanted(self._progress))
+            so_far = progress_of(self._pass, bar, gates)
+            passing = self._pass if self.pending else None  # (none: nothing to send)
+            journal = None
+            if self.journal is not None:
+                held.enter_context(locked(self.journal))  # JournalInUse: another run has it
+                journal = open_journal(self.journal, self._stored, self._identity, passing, so_far)
+            try:
+                with bar:
+                    self._execute(left, bar, journal)
+            finally:
+                stint = so_far()
+                if passing is not None:
+                    self._stints.append(stint)
+                if journal is not None:
+                    with gates.waits.lock:
+                        added = difference(gates.waits.timeline, timeline)
+                    journal.close(added, stint)
+                log_summary(self._summary)
+        return self.results
+
+    def _retry_pass(self, kinds: frozenset[str]) -> None:
+        """Start a new pass that sends again the failures of ``kinds`` (empty: all)."""
+        self._pass = self._pass.retrying(kinds)
+        self._marks = marks_of(self._done, len(self.items), self._pass)
+
+    def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
+        """``ResultSet.retry_failed``: this batch's failures sent again, with its options
+        changed by ``changes`` (a batch made anew from the same items and state)."""
+        if {"journal", "fresh"} & set(changes):
+            raise ValueError(
+                "retry_failed keeps the batch's journal: journal and fresh cannot change"
+            )
+        batch = self
+        if changes:
+            arguments = self._arguments | changes | {"fresh": False}
+            batch = type(self)(*self._remade_with(), **arguments)
+            if batch.journal is None:  # (else it has read the same state from the journal)
+                batch._done, batch._pass = dict(self._done), self._pass
+                batch._stints, batch._timeline = list(self._stints), self.results.wait_timeline
+        batch._retry_pass(kinds)
+        return batch.run()
+
+    def _remade_with(self) -> tuple[Any, ...]:
+        """The positional arguments that make this batch again."""
+        return (self.items,)
+
+    def _earlier(self, left: Left[Any]) -> Earlier | None:
+        """``left.taken``; None when no item has a Result yet that a new one adds to, so a
+        run that starts with none delivers each Result without a look-up."""
+        return left.taken if self._done else None
+
+    def _keep(self, result: Result, item: object) -> None:
+        # (most Results are answers, with no page to go on from: final, done in any pass)
+        plain_answer = result.ok and result.continuation is None
+        if plain_answer or result.final:
+            self._done[result.index] = result
+            passing = self._pass
+            self._marks[result.index] = (
+                DONE
+                if plain_answer
+                else passing.does(
+                    result.ok, result.error_kind, passing.number, result.continuation is not None
+                )
+            )
+
+
+class Batch(Resumable[FetchOptions]):
+    """Fetch ``items`` in one or more ``run()`` calls; every finished Result is kept.
+
+    A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
+    items, gives requests in flight a short grace, keeps every finished Result in
+    ``results`` and raises; ``run()`` again fetches only the rest. With ``journal=`` each
+    final Result is also written to that SQLite file as it is made, so a new ``Batch`` over
+    the same items (after a crash, or in a new session) continues where the last one stopped.
+    A journal that another run is using, or items whose ``id`` JSON cannot store, are a
+    ``ValueError`` before anything is sent.
+    """
+
+    def __init__(
+        self,
+        items: Iterable[Item] | Iterable[Mapping[str, Any]],
+        *,
+        url: str | None = None,
+        method: str = "GET",
+        body: Any = None,
+        id_field: str | None = None,
+        journal: str | Path | None = None,
+        fresh: bool = False,
+        progress: bool | None = None,
+        concurrency: int = DEFAULT.concurrency,
+        attempts: int = DEFAULT.attempts,
+        timeout: float = DEFAULT.timeout,
+        budget: float = DEFAULT.budget,
+        deadline: float | None = DEFAULT.deadline,
+        expect: Expect = DEFAULT.expect,
+        headers: Mapping[str, str] | None = DEFAULT.headers,
+        session: SessionSource | None = DEFAULT.session,
+        verify: Verify | None = DEFAULT.verify,
+        cert: Cert | None = DEFAULT.cert,
+        max_bytes: int = DEFAULT.max_bytes,
+        backoff: Backoff = DEFAULT.backoff,
+        retry_statuses: str | Collection[int] = DEFAULT.retry_statuses,
+        retry_if: RetryIf | None = DEFAULT.retry_if,
+        rate: float | str | None = DEFAULT.rate,
+        token_rate: TokenRate | float | str | None = DEFAULT.token_rate,
+        cost: Callable[[Any], int] | None = DEFAULT.cost,
+        usage: Callable[[Any], int | None] | None = DEFAULT.usage,
+        per_host: int | None = DEFAULT.per_host,
+        cooldown: CooldownScope = DEFAULT.cooldown,
+        breaker: Breaker | None = DEFAULT.breaker,
+        adaptive: bool = DEFAULT.adaptive,
+        fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = DEFAULT.fallbacks,
+        dedup: bool = DEFAULT.dedup,
+        hedge_after: HedgeAfter | None = DEFAULT.hedge_after,
+        on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None = DEFAULT.on_attempt,
+        on_result: Callable[[Result], None] | None = DEFAULT.on_result,
+        secret_headers: tuple[str, ...] = DEFAULT.secret_headers,
+        secret_params: tuple[str, ...] = DEFAULT.secret_params,
+        cookies: bool = DEFAULT.cookies,
+        deny_private: bool = DEFAULT.deny_private,
+        quota_headers: bool = DEFAULT.quota_headers,
+        paginate: str | None = DEFAULT.paginate,
+        cursor_param: str = DEFAULT.cursor_param,
+        max_pages: int | None = DEFAULT.max_pages,
+        page_items: str | None = DEFAULT.page_items,
+        metrics: Any = DEFAULT.metrics,
+        tracer: Any = DEFAULT.tracer,
+        limits: Any = DEFAULT.limits,
+        namespace: str = DEFAULT.namespace,
+        lease_ttl: float = DEFAULT.lease_ttl,
+        auth: Auth | None = DEFAULT.auth,
+    ) -> None:
+        given = locals()
+        options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})
+        self._template = None if url is None else Template.parse(url, method, body, id_field)
+        if url is None and (method != "GET" or body is not None or id_field is not None):
+            raise ValueError("method, body and id_field go with url= (a template for rows)")
+        self._start(
+            items,
+            options,
+            journal,
+            progress,
+            fresh=fresh,
+            template=self._template,
+            arguments=_arguments(given),
+        )
+
+    def _restore(self, record: dict[str, Any]) -> Result:
+        result = Result.from_dict(record)
+        expect = self.options.expect
+        data = result.data
+        if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
+            data = expect.model_validate(data)
+        return replace(result, data=data)
+
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        return encode_result(result, item)
+
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
+        template = self._template
+        return fetch(
+            self.options,
+            left.sent(enumerate(self.items)),
+            self._keep,
+            gates=self._gates,
+            progress=bar,
+            journal=journal,
+            wrap=None if template is None else partial(RowJob, template=template),
+            earlier=self._earlier(left),
+        )
+
+
+class RowJob(WrappedJob):
+    """The HTTP job over table rows: each row is expanded by the template only when its turn
+    comes; a row the template cannot fill is its ``invalid_request`` Result."""
+
+    def __init__(self, inner: HttpJob, template: Template) -> None:
+        super().__init__(inner)
+        self._template = template
+
+    def label(self, row: object) -> tuple[str | None, Any]:
+        try:
+            return self._inner.label(self._expand(row))
+        except RowError:
+            return None, None
+
+    def prepare(self, row: object) -> Task:
+        try:
+            item = self._expand(row)
+        except RowError as exc:
+            raise InvalidItem(str(exc)) from None
+        return self._inner.prepare(item)
+
+    def _expand(self, row: object) -> object:
+        """The row's item (a paginated one going on from a later page stays so)."""
+        if isinstance(row, Continued):
+            return replace(row, item=self._template.expand(row.item))
+        return self._template.expand(row)
+
+
+class CallBatch(Resumable[CallOptions]):
+    """Call ``fn(item)`` for ``items`` in one or more ``run()`` calls, as ``Batch`` fetches:
+    every finished Result kept, an interrupt keeping what finished, ``journal=`` to continue
+    in a new session. ``run_all(fn, items, **options)`` is ``CallBatch(...).run()``.
+
+    What ``fn`` returned is journaled as JSON, through ``encode`` when given (and read back
+    through ``decode``); a function that says it returns what JSON cannot hold is refused
+    before anything runs, and a value JSON cannot hold, or would give back as another value (a
+    tuple as a list, an int key as a str, NaN as null), fails the run at its first Result
+    (``JournalFailed``), not at the end: a resumed run gives back what a first run did.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        *,
+        journal: str | Path | None = None,
+        fresh: bool = False,
+        encode: Callable[[Any], Any] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+        progress: bool | None = None,
+        concurrency: int = CALL_DEFAULT.concurrency,
+        attempts: int = CALL_DEFAULT.attempts,
+        budget: float = CALL_DEFAULT.budget,
+        deadline: float | None = CALL_DEFAULT.deadline,
+        retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
+        backoff: Backoff = CALL_DEFAULT.backoff,
+        rate: float | str | None = CALL_DEFAULT.rate,
+        token_rate: TokenRate | float | str | None = CALL_DEFAULT.token_rate,
+        cost: Callable[[Any], int] | None = CALL_DEFAULT.cost,
+        usage: Callable[[Any], int | None] | None = CALL_DEFAULT.usage,
+        per_key: Callable[[Any], str] | None = CALL_DEFAULT.per_key,
+        cooldown: CooldownScope = CALL_DEFAULT.cooldown,
+        breaker: Breaker | None = CALL_DEFAULT.breaker,
+        adaptive: bool = CALL_DEFAULT.adaptive,
+        fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = CALL_DEFAULT.fallbacks,
+        hedge_after: HedgeAfter | None = CALL_DEFAULT.hedge_after,
+        on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
+        on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
+        metrics: Any = CALL_DEFAULT.metrics,
+        tracer: Any = CALL_DEFAULT.tracer,
+        limits: Any = CALL_DEFAULT.limits,
+        namespace: str = CALL_DEFAULT.namespace,
+        lease_ttl: float = CALL_DEFAULT.lease_ttl,
+    ) -> None:
+        given = locals()
+        options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
+        refuse_async(fn)
+        if journal is None and (encode or decode):
+            raise ValueError("encode and decode are for a journal: give journal= too")
+        if journal is not None and encode is None and not _json_type(_returned_type(fn)):
+            raise ValueError(
+                f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
+                "journal cannot store as JSON: give encode= (and decode=)"
+            )
+        self._fn = fn
+        self._encode = encode
+        self._decode = decode
+        self._start(
+            items,
+            options,
+            journal,
+            progress,
+            fresh=fresh,
+            strict=True,
+            arguments=_arguments(given),
+        )
+
+    def _restore(self, record: dict[str, Any]) -> Result:
+        result = Result.from_dict(record)
+        if result.ok and self._decode is not None:
+            return replace(result, data=self._decode(result.data))
+        return result
+
+    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
+        if result.ok and self._encode is not None:
+            try:
+                result = replace(result, data=self._encode(result.data))
+            except Exception as exc:  # its message reaches the run's error: masked
+                reason = self.options.secrets().text(describe(exc))
+                raise ValueError(f"encode failed on item {result.index}: {reason}") from None
+        changed = _json_changes(result.data) if result.ok else None
+        if changed is not None:  # (a resumed run would give back another value)
+            raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
+        return encode_result(result, item)
+
+    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
+        return run_calls(
+            self.options,
+            self._fn,
+            left.sent(enumerate(self.items)),
+            self._keep,
+            gates=self._gates,
+            progress=bar,
+            journal=journal,
+            earlier=self._earlier(left),
+        )
+
+    def _remade_with(self) -> tuple[Any, ...]:
+        return (self._fn, self.items)
+
+
+def _json_changes(value: Any) -> str | None:
+    """What in ``value`` JSON would give back as another value (None: it comes back equal;
+    what JSON cannot hold at all is left to the encoder, which says so)."""
+    if isinstance(value, tuple):
+        return "a tuple, which JSON gives back as a list"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN or an infinity, which JSON gives back as null"
+    if isinstance(value, list):
+        return next(filter(None, map(_json_changes, value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            return "a key that is not a str, which JSON gives back as a str"
+        return next(filter(None, map(_json_changes, value.values())), None)
+    return None
+
+
+def _arguments(given: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch's keyword arguments from its ``__init__``'s ``locals()``."""
+    return {name: value for name, value in given.items() if name not in _POSITIONAL}
+
+
+_POSITIONAL = {"self", "fn", "items", "__class__"}
+
+
+def refuse_async(fn: Callable[..., Any]) -> None:
+    """ValueError for an ``async def``: called, it would return a coroutine never run."""
+    if inspect.iscoroutinefunction(fn):
+        raise ValueError(f"{fn.__name__} is async: batchsync makes blocking calls")
+
+
+def _returned_type(fn: Callable[..., Any]) -> object:
+    """What ``fn`` says it returns (Any when it does not say, or says it unreadably)."""
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except Exception:  # a hint naming what cannot be imported here, or no hints at all
+        return Any
+
+
+def _journal_identity(
+    items: list[Any],
+    options: object,
+    journal: str | Path | None,
+    template: Template | None,
+    *,
+    strict: bool,
+) -> dict[str, str]:
+    """What a journal of these items must have been made with (nothing without a journal):
+    the items, the template's rows, how they are paginated."""
+    if journal is None:
+        return {}
+    identity = identity_of(items, strict=strict)
+    if template is not None:
+        identity["template"] = f"rows {template.identity()}"
+    if isinstance(options, FetchOptions):
+        identity |= options.paging_identity()
+    return identity
+
+
+def _json_type(hint: object) -> bool:
+    """False only for a hint that says JSON cannot hold the values as they are: a class that
+    is none of JSON's types (nor a TypedDict, an Enum of str or int, …), a tuple (it comes
+    back a list) or a dict keyed by other than str (its keys come back str), alone or inside
+    a container."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin is not None:
+        return _json_container(origin, typing.get_args(hint))
+    if not isinstance(hint, type) or typing.is_typeddict(hint):
+        return True  # Any, a NewType, a TypeVar: they do not say
+    return issubclass(hint, str | int | float | bool | list | dict | type(None))
+
+
+def _json_container(origin: object, arguments: tuple[Any, ...]) -> bool:
+    """``_json_type`` of a parameterized hint (``list[X]``, ``dict[K, V]``, ``tuple[…]``):
+    False for a tuple or a dict keyed by other than str, else what its arguments say."""
+    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
+        return False
+    return all(_json_type(arg) for arg in arguments if isinstance(arg, type))
