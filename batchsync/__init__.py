@@ -7,7 +7,7 @@ from .core.result import AttemptRecord, Result, Summary
 from .core.verdict import ErrorKind, Retryable
 from .http.auth import AuthFailed
 from .http.spec import RequestSpec
-from .limits.gates import Breaker
+from .limits.breaker import Breaker
 from .output.resultset import ResultSet
 from .run.api import fetch_all, run_all
 from .run.batch import Batch, CallBatch

@@ -18,7 +18,8 @@ from batchsync.core.budget import Allowance
 from batchsync.core.verdict import retry, success, terminal
 from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
-from batchsync.limits.gates import Admission, CircuitBreaker, Gates
+from batchsync.limits.breaker import BreakerGate, CircuitBreaker
+from batchsync.limits.gates import Admission, Gates
 
 from .mockserver import MockServerProcess
 from .services import redis_server
@@ -120,7 +121,7 @@ def test_what_counts_for_the_breaker() -> None:
 
 def test_429s_with_retry_after_never_open_the_circuit() -> None:
     breaker = CircuitBreaker(Breaker(ratio=0.5, window=10, min_calls=2, reset=10), Clock())
-    gates = Gates(breaker=breaker)
+    gates = Gates([BreakerGate(breaker)])
     for _ in range(30):
         admission = gates.admit("h", Allowance(time.monotonic() + 10), threading.Event())
         assert isinstance(admission, Admission)
@@ -199,7 +200,7 @@ def open_gates(reset: float = 30) -> tuple[Clock, CircuitBreaker, Gates]:
     clock = Clock()
     breaker = CircuitBreaker(Breaker(min_calls=1, reset=reset), clock)
     record(breaker, True)
-    return clock, breaker, Gates(breaker=breaker, clock=clock)
+    return clock, breaker, Gates([BreakerGate(breaker)], clock=clock)
 
 
 def test_a_held_item_ends_circuit_open_only_when_its_budget_cannot_cover_the_break() -> None:

@@ -466,7 +466,7 @@ def test_an_answer_stands_when_the_limits_fail_to_learn_from_it(
     """A limit that raises on an answer (a number it could not use) loses what the answer
     taught, not the answer: the attempt counts, its status and data stay, and the slot it
     held is given back, so that the next items are sent."""
-    from batchsync.limits import gates as limits
+    from batchsync.limits import quota as limits
 
     def failing(self: limits.QuotaGate, *_: object) -> None:
         raise OverflowError("int too large to convert to float")

@@ -11,19 +11,15 @@ from batchsync.core.budget import Allowance
 from batchsync.core.verdict import retry, success, terminal
 from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
-from batchsync.limits.gates import (
-    AdaptiveLimit,
-    Admission,
-    Breaker,
-    CircuitBreaker,
-    Cooldowns,
-    Gates,
-    HostSlots,
-    LimitsUnavailable,
-    Refusal,
-)
-from batchsync.limits.rates import parse_rate
-from batchsync.limits.window import LocalWindow, Window
+from batchsync.limits.adaptive import AdaptiveLimit
+from batchsync.limits.breaker import Breaker, BreakerGate, CircuitBreaker
+from batchsync.limits.cooldown import CooldownGate, Cooldowns
+from batchsync.limits.gates import Admission, Gates, Refusal
+from batchsync.limits.quota import QuotaGate
+from batchsync.limits.rates import Window, parse_rate
+from batchsync.limits.shared import LimitsUnavailable
+from batchsync.limits.slots import HostSlots, SlotGate
+from batchsync.limits.window import LocalWindow, RateWindow
 
 from .fakeclock import FakeClock
 
@@ -187,7 +183,7 @@ def admitted(
 def test_an_open_circuit_the_budget_cannot_cover_refuses_at_once() -> None:
     breaker = CircuitBreaker(Breaker(min_calls=1, reset=60))
     breaker.record("h", failed=True, probe=False)
-    gates = Gates(breaker=breaker)
+    gates = Gates([BreakerGate(breaker)])
     started = time.monotonic()
     assert admitted(gates) == "circuit_open"  # a 60-s break, 10 s of budget: no wait
     assert time.monotonic() - started < 0.1
@@ -198,7 +194,7 @@ def test_an_open_circuit_the_budget_cannot_cover_refuses_at_once() -> None:
 def test_a_cooldown_longer_than_the_budget_gives_up_without_waiting() -> None:
     board = Cooldowns()
     board.hold("h", 60)
-    gates = Gates(cooldowns=board)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board)])
     started = time.monotonic()
     assert admitted(gates, budget=1.0) == "budget"
     assert time.monotonic() - started < 0.1
@@ -207,7 +203,7 @@ def test_a_cooldown_longer_than_the_budget_gives_up_without_waiting() -> None:
 
 def test_a_global_cooldown_holds_every_host() -> None:
     board = Cooldowns()
-    gates = Gates(cooldowns=board, cooldown_scope="global")
+    gates = Gates([CooldownGate(board, "global"), QuotaGate(board)])
     admission = admitted(gates, host="a")
     assert isinstance(admission, Admission)
     gates.release(
@@ -218,7 +214,7 @@ def test_a_global_cooldown_holds_every_host() -> None:
 
 def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> None:
     board = Cooldowns()
-    gates = Gates(cooldowns=board)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board)])
     for verdict in (
         retry("status", "HTTP 500", HttpFacts(500), retry_after=5),
         retry("status", "HTTP 429", HttpFacts(429)),
@@ -239,7 +235,7 @@ def test_release_starts_a_cooldown_only_for_429_or_503_with_retry_after() -> Non
 def test_a_wait_hint_without_a_slow_down_status_is_the_items_alone() -> None:
     """``Retryable(retry_after=…)`` delays that item's next try; other items go on."""
     board = Cooldowns()
-    gates = Gates(cooldowns=board)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board)])
     admission = admitted(gates)
     assert isinstance(admission, Admission)
     gates.release(admission, host_feedback(retry("exception", "Retryable: busy", None, 5)))
@@ -252,7 +248,12 @@ def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() 
     clock = FakeClock()
     board = Cooldowns(clock.now)
     gates = Gates(
-        rate=LocalWindow(clock.now), rate_window=Window(4, 1), cooldowns=board, clock=clock
+        [
+            CooldownGate(board, "host"),
+            QuotaGate(board, clock.now),
+            RateWindow(Window(4, 1)).kept_in(LocalWindow(clock.now)),
+        ],
+        clock=clock,
     )
     assert isinstance(admitted(gates, clock=clock), Admission)  # the next send is 0.25 s off
     held_at: list[float] = []
@@ -267,7 +268,7 @@ def test_a_cooldown_that_begins_while_an_attempt_waits_for_its_token_holds_it() 
 
 
 def test_cooldown_off_ignores_retry_after() -> None:
-    gates = Gates(cooldowns=Cooldowns(), cooldown_scope="off")
+    gates = Gates([QuotaGate(Cooldowns())])
     admission = admitted(gates)
     assert isinstance(admission, Admission)
     gates.release(
@@ -278,7 +279,8 @@ def test_cooldown_off_ignores_retry_after() -> None:
 
 def test_a_rate_wait_past_the_budget_gives_up_at_once_and_says_why() -> None:
     clock = FakeClock()
-    gates = Gates(rate=LocalWindow(clock.now), rate_window=Window.of(parse_rate(0.5)), clock=clock)
+    rate = RateWindow(Window.of(parse_rate(0.5)))
+    gates = Gates([rate.kept_in(LocalWindow(clock.now))], clock=clock)
     first = admitted(gates, clock=clock)
     assert isinstance(first, Admission)
     gates.release(first, host_feedback(success(None, HttpFacts(200))))
@@ -294,7 +296,7 @@ def test_a_rate_wait_past_the_budget_gives_up_at_once_and_says_why() -> None:
 
 def test_gates_record_time_spent_waiting() -> None:
     clock = FakeClock()
-    gates = Gates(rate=LocalWindow(clock.now), rate_window=Window(10, 1), clock=clock)
+    gates = Gates([RateWindow(Window(10, 1)).kept_in(LocalWindow(clock.now))], clock=clock)
     for _ in range(3):
         admission = admitted(gates, clock=clock)
         assert isinstance(admission, Admission)
@@ -305,7 +307,7 @@ def test_gates_record_time_spent_waiting() -> None:
 
 def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:
     slots = HostSlots(1)
-    gates = Gates(slots=slots)
+    gates = Gates([SlotGate(slots)])
     first = admitted(gates)
     assert isinstance(first, Admission)
     assert admitted(gates, budget=0.2) == "budget"  # no slot came within the budget
@@ -319,9 +321,8 @@ def test_a_stop_cancels_a_wait_at_the_gates() -> None:
     board.hold("h", 30)
     stop = threading.Event()
     clock.at(0.1, stop.set)
-    assert Gates(cooldowns=board, clock=clock).admit("h", Allowance(clock.now() + 60), stop) == (
-        "cancelled"
-    )
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
+    assert gates.admit("h", Allowance(clock.now() + 60), stop) == "cancelled"
     assert clock.now() - 1000.0 == pytest.approx(0.1)
 
 
@@ -332,7 +333,7 @@ def test_a_refused_probe_is_given_back() -> None:
     clock.now += 1
     board = Cooldowns()
     board.hold("h", 60)
-    gates = Gates(breaker=breaker, cooldowns=board)
+    gates = Gates([BreakerGate(breaker), CooldownGate(board, "host"), QuotaGate(board)])
     assert admitted(gates, budget=1) == "budget"
     assert breaker.check("h")[0] == "probe"
 
@@ -369,7 +370,7 @@ class FlakyWindow:
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
     clock, bucket = FakeClock(), FlakyWindow()
-    gates = Gates(rate=bucket, rate_window=Window(10, 1), clock=clock)
+    gates = Gates([RateWindow(Window(10, 1)).kept_in(bucket)], clock=clock)
     clock.at(0.8, bucket.up.set)
     started = clock.now()
     assert isinstance(admitted(gates, budget=10, clock=clock), Admission)
@@ -380,6 +381,6 @@ def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
 def test_a_backend_down_for_the_whole_budget_never_lets_the_attempt_through() -> None:
     clock, bucket = FakeClock(), FlakyWindow()
     started = clock.now()
-    gates = Gates(rate=bucket, rate_window=Window(10, 1), clock=clock)
+    gates = Gates([RateWindow(Window(10, 1)).kept_in(bucket)], clock=clock)
     assert admitted(gates, budget=1.2, clock=clock) == "budget"
     assert clock.now() - started < 2

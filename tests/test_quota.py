@@ -162,15 +162,18 @@ def test_quota_headers_can_be_ignored(server: MockServerProcess) -> None:
 
 def test_a_spent_quota_holds_every_process_sharing_redis_limits() -> None:
     from batchsync.contrib.redis import RedisLimits
-    from batchsync.limits.gates import Admission, build_gates
+    from batchsync.core.clock import SYSTEM
+    from batchsync.limits.cooldown import Cooldown, Holds
+    from batchsync.limits.gates import Admission, Gates
+    from batchsync.limits.quota import QuotaReset
+
+    def gates(url: str) -> Gates:  # a process's: the cooldown and the quota reset, on one board
+        shared, holds = RedisLimits(url, "quota-test", 10.0), Holds()
+        options = (Cooldown("host", holds), QuotaReset(holds))
+        return Gates(option.gate(concurrency=2, shared=shared, clock=SYSTEM) for option in options)
 
     with redis_server() as url:
-        settings: dict[str, Any] = {
-            "concurrency": 2, "rate": None, "per_host": None, "cooldown": "host",
-            "breaker": None, "adaptive": False,
-        }  # fmt: skip
-        one = build_gates(**settings, shared=RedisLimits(url, "quota-test", 10.0))
-        other = build_gates(**settings, shared=RedisLimits(url, "quota-test", 10.0))
+        one, other = gates(url), gates(url)
         admission = one.admit("api.test", Allowance(time.monotonic() + 60), threading.Event())
         assert isinstance(admission, Admission)
         spent = success(None, HttpFacts(200, quota=30.0))

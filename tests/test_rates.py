@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsync.limits.rates import Rate, parse_rate
-from batchsync.limits.window import Window
+from batchsync.limits.rates import Rate, Window, parse_rate
 
 
 @pytest.mark.parametrize(

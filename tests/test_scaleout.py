@@ -238,7 +238,8 @@ def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> Non
     then its room); what one never sent, the other may take; an entry leaves one period after
     its attempt ended, not before."""
     from batchsync.contrib import shared_limits
-    from batchsync.limits.window import INFINITE, Window
+    from batchsync.limits.rates import Window
+    from batchsync.limits.window import INFINITE
 
     quota = namespace()
     window = Window(100, 1)  # 100 tokens in any second, one each 10 ms

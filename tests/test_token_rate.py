@@ -20,9 +20,12 @@ from batchsync.http.httpfacts import HttpFacts, facts_of
 from batchsync.http.quota import answer_limits
 from batchsync.jobs.calls import CallJob
 from batchsync.jobs.options import CallOptions, FetchOptions, build
-from batchsync.limits.gates import Cooldowns, Gates, QuotaGate, Refusal
+from batchsync.limits.announced import AnnouncedRates
+from batchsync.limits.cooldown import CooldownGate, Cooldowns
+from batchsync.limits.gates import Gates, Refusal
+from batchsync.limits.quota import QuotaGate
 from batchsync.limits.rates import Rate
-from batchsync.limits.tokenrate import AnnouncedRates, TokenRate, item_cost, used_tokens
+from batchsync.limits.tokenrate import TokenRate, item_cost, used_tokens
 
 from .fakeclock import FakeClock
 from .mockserver import MockServerProcess
@@ -136,7 +139,8 @@ def test_the_tokens_a_host_says_are_left_hold_its_attempts_until_its_reset() -> 
     sliding window may free nothing sooner); what was taken after the answered attempt is
     not in its count, and is taken off it."""
     clock = FakeClock()
-    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    board = Cooldowns(clock.now)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     said = Announced(tokens_limit=1300, tokens_remaining=300, tokens_reset=10.0)
     first = admit(gates, clock, 200)  # nothing told yet: the host's first, alone
     assert isinstance(first, Admission)
@@ -157,7 +161,8 @@ def test_the_tokens_a_host_says_are_left_hold_its_attempts_until_its_reset() -> 
 
 def test_a_spent_count_without_a_limit_holds_until_its_reset() -> None:
     clock = FakeClock()
-    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    board = Cooldowns(clock.now)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     first = admit(gates, clock, 10)
     assert isinstance(first, Admission)
     gates.release(first, Feedback(announced=Announced(tokens_remaining=0, tokens_reset=2.0)))
@@ -168,7 +173,8 @@ def test_a_spent_count_without_a_limit_holds_until_its_reset() -> None:
 
 def test_an_older_answer_never_undoes_what_a_newer_one_told() -> None:
     clock = FakeClock()
-    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    board = Cooldowns(clock.now)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     probe = admit(gates, clock, 1)
     assert isinstance(probe, Admission)
     told = Announced(tokens_limit=1000, tokens_remaining=900, tokens_reset=5.0)
@@ -186,7 +192,8 @@ def test_an_older_answer_never_undoes_what_a_newer_one_told() -> None:
 def test_before_a_hosts_first_answer_its_weighed_attempts_go_one_at_a_time() -> None:
     """With many workers, a blind start would send a period's worth before the first count
     came back: the second waits for the first's answer, then takes from its count."""
-    gates = Gates(cooldowns=Cooldowns())
+    board = Cooldowns()
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board)])
     first = gates.admit("h", Allowance(time.monotonic() + 30), threading.Event(), 100)
     assert isinstance(first, Admission)
     got: list[object] = []
@@ -209,7 +216,8 @@ def test_before_a_hosts_first_answer_its_weighed_attempts_go_one_at_a_time() -> 
 
 def test_an_answer_that_says_no_requests_are_left_holds_the_host_until_their_reset() -> None:
     clock = FakeClock()
-    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    board = Cooldowns(clock.now)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     answered = admit(gates, clock, 0)
     assert isinstance(answered, Admission)
     quota, said = answer_limits(

@@ -12,9 +12,11 @@ from batchsync.core.budget import Allowance
 from batchsync.core.verdict import Announced, Feedback, retry
 from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
-from batchsync.limits.announced import AnnouncedCounts
-from batchsync.limits.gates import Cooldowns, Gates, Refusal
-from batchsync.limits.window import INFINITE, Entry, LocalWindow, Window, room_wait
+from batchsync.limits.cooldown import CooldownGate, Cooldowns
+from batchsync.limits.gates import Gates, Refusal
+from batchsync.limits.quota import AnnouncedCounts, QuotaGate
+from batchsync.limits.rates import Window
+from batchsync.limits.window import INFINITE, Entry, LocalWindow, room_wait
 
 from .fakeclock import FakeClock
 
@@ -91,7 +93,8 @@ def test_a_provider_429_with_a_reset_is_a_hold_never_a_breaker_failure() -> None
 
 def test_a_reset_past_the_budget_says_so() -> None:
     clock = FakeClock()
-    gates = Gates(cooldowns=Cooldowns(clock.now), clock=clock)
+    board = Cooldowns(clock.now)
+    gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     first = gates.admit("h", Allowance(clock.now() + 60), threading.Event(), 10)
     assert not isinstance(first, str)
     told = Announced(tokens_limit=1000, tokens_remaining=0, tokens_reset=30.0)

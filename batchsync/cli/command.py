@@ -24,7 +24,8 @@ from ..core.result import error_kinds
 from ..http.auth import AuthFailed, CommandToken
 from ..http.template import Template, parse_body
 from ..jobs.options import DEFAULT, MAX_CONCURRENCY, FetchOptions, build
-from ..limits.gates import Breaker, CooldownScope
+from ..limits.breaker import Breaker
+from ..limits.cooldown import CooldownScope
 from ..output.columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..run.progress import wanted
 from ..store.journal import JournalUnusable

@@ -16,7 +16,7 @@ import click
 from ..core.redact import MASK, Secrets
 from ..http.retries import parse_statuses
 from ..jobs.options import MAX_SETTING_SECONDS
-from ..limits.gates import Breaker
+from ..limits.breaker import Breaker
 from ..limits.rates import parse_rate
 
 

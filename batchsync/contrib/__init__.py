@@ -9,7 +9,7 @@ May import: core, limits.
 
 from __future__ import annotations
 
-from ..limits.gates import SharedLimits
+from ..limits.shared import SharedLimits
 
 
 def shared_limits(url: str, namespace: str, lease_ttl: float) -> SharedLimits:

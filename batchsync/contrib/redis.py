@@ -1,10 +1,11 @@
 """Limits shared through Redis (the optional ``redis`` extra), for several processes or machines.
 
-The same interfaces as the in-process limits in ``limits.py``: a window's log, per-host slots,
-cooldowns and circuit breakers, each kept in Redis under one namespace (the shared quota).
-Every decision is one atomic Lua script on the Redis server's clock, so processes on machines
-whose clocks disagree still agree on the limits. Slots are leases with a TTL that a holder
-renews while it holds them: a process killed with SIGKILL gives its slots back within the TTL.
+The interfaces of ``limits.shared``, as the in-process limits have them: a window's log,
+per-host slots, cooldowns and circuit breakers, each kept in Redis under one namespace (the
+shared quota). Every decision is one atomic Lua script on the Redis server's clock, so
+processes on machines whose clocks disagree still agree on the limits. Slots are leases with a
+TTL that a holder renews while it holds them: a process killed with SIGKILL gives its slots
+back within the TTL.
 
 When Redis cannot be reached, every call raises LimitsUnavailable; the gates then wait and
 ask again (fail closed) — never send without the limits.
@@ -21,8 +22,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..core.redact import Secrets
-from ..limits.gates import Breaker, BreakerState, LimitsUnavailable
-from ..limits.window import INFINITE, Window
+from ..limits.rates import Window
+from ..limits.shared import BreakerSettings, BreakerState, LimitsUnavailable
+from ..limits.window import INFINITE
 
 # The longest an attempt is taken to run, for forgetting the entries of a process that died.
 _LONGEST_ATTEMPT = 3600.0
@@ -255,7 +257,7 @@ class RedisLimits:
     def cooldowns(self) -> RedisCooldowns:
         return RedisCooldowns(self)
 
-    def breaker(self, settings: Breaker) -> RedisBreaker:
+    def breaker(self, settings: BreakerSettings) -> RedisBreaker:
         return RedisBreaker(self, settings)
 
     @property
@@ -386,11 +388,11 @@ class RedisCooldowns:
 
 
 class RedisBreaker:
-    """Circuit breakers shared by every process, with the semantics of limits.CircuitBreaker:
+    """Circuit breakers shared by every process, with the semantics of breaker.CircuitBreaker:
     every process counts into one window per host and is held by the same break. The probe is
     a token with an expiry (the lease TTL): a process that dies while probing gives it up."""
 
-    def __init__(self, limits: RedisLimits, settings: Breaker) -> None:
+    def __init__(self, limits: RedisLimits, settings: BreakerSettings) -> None:
         self._limits = limits
         self.settings = settings
         self._check = limits.script(BREAKER_CHECK)

@@ -23,10 +23,11 @@ from ..core.result import AttemptRecord, Result
 from ..http.paginate import Paging, paging
 from ..http.retries import RETRY_STATUSES, RetryIf, parse_statuses
 from ..http.spec import RequestSpec, check_headers, one_line
-from ..limits.gates import Breaker, CooldownScope
-from ..limits.rates import parse_rate
-from ..limits.tokenrate import AnnouncedRates, TokenRate
-from ..limits.window import Window
+from ..limits.announced import AnnouncedRates
+from ..limits.breaker import Breaker
+from ..limits.cooldown import CooldownScope
+from ..limits.rates import Window, parse_rate
+from ..limits.tokenrate import TokenRate
 
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 # The rate that the provider's headers announce.

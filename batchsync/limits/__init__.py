@@ -1,7 +1,8 @@
-"""Every limit an attempt passes before it is sent, each one a ``Gate``: rates and token
-budgets over sliding windows, the counts a provider announces, host slots, cooldowns, a
-quota's reset, the circuit breaker and the adaptive limit; ``gates.Gates`` runs them in order
-for the engine, in-process or through a shared backend.
+"""Every limit an attempt passes before it is sent, one module each holding its ``Gate``, the
+``GateOption`` that builds it and its in-process state: ``breaker``, ``adaptive``, ``slots``,
+``cooldown``, ``quota``, ``window`` (``rate``), ``announced`` (``rate="auto"``) and
+``tokenrate``. ``gate`` says what a gate is, ``shared`` what a backend keeping the limits for
+several processes implements, and ``gates.Gates`` runs a run's gates in order for the engine.
 
 May import: core.
 """

@@ -1,257 +1,112 @@
-"""The requests and tokens a host's rate-limit headers say are left, kept per host between its
-answers, so that an attempt waits before it would overdraw them rather than after a 429.
-
-Each answer that tells them (``provider.Announced``: OpenAI's ``x-ratelimit-*``, Anthropic's
-``anthropic-ratelimit-*``) sets the host's count anew, less what attempts let through after the
-answered one took (the answer could not count those yet). The reset is read as OpenAI and
-Anthropic define it, the time until the whole count is back; until then no more is assumed back
-than both kinds of server would have given:
-
-* a server that refills as a bucket gives back evenly until the reset;
-* one that counts over a sliding window gives back an amount only when the request that took
-  it leaves the window: the attempts of ours that the spent part can be, each no sooner than
-  its end plus the window, the rest (other clients') at the reset. The window is at most the
-  reset plus the answered attempt's age, for any answer the server counted (one that says what
-  it used): the least of these bounds, over the host's answers, stands.
-
-The smaller of the two stands, so neither kind of server is overdrawn. After the reset the whole
-count is back, less what was taken since the answer.
-
-Until a host's first answer, its requests that weigh tokens go one at a time: with many workers
-a blind start would send a period's worth before the first count came back.
+"""The provider's announced limits (``rate="auto"``): the requests and tokens a minute that
+OpenAI's and Anthropic's rate-limit headers announce, each held as a window (``window``) sized
+by the latest answer that tells it, following them as they change.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..core.verdict import Announced
-from .window import INFINITE
+from ..core.admission import Admission
+from ..core.clock import Clock
+from ..core.verdict import Announced, ErrorKind, Feedback
+from .gate import GateOption, Waiting
+from .rates import Window
+from .shared import SharedLimits, WindowLimiter
+from .window import LocalWindow, enter
 
-# How long an attempt taken after the last answer stays counted when no answer tells again.
-_COUNTED_FOR = 60.0
-# How long what attempts took is kept: what a window of a provider's minute can still hold.
-_KEPT_FOR = 2 * _COUNTED_FOR
-KINDS = ("requests", "tokens")
-
-
-@dataclass
-class _Count:
-    """One count of a host as an answer told it at ``told_at``: ``left`` then, ``whole`` back at
-    ``back_at``, and in between what ``back`` gives back: (instant, amount back by then)."""
-
-    left: int
-    whole: int | None
-    told_at: float
-    back_at: float
-    mark: int  # the taking whose answer told it
-    since: float  # when that taking was sent: what had ended before then, the count counted
-    back: list[tuple[float, int]] = field(default_factory=list)
+log = logging.getLogger("batchsync")
+# The period of the limits a provider's headers announce: requests and tokens a minute.
+ANNOUNCED_PERIOD = 60.0
 
 
-@dataclass
-class _Taking:
-    """What one attempt took, when it was let through (then sent) and when it ended."""
+@dataclass(frozen=True)
+class AnnouncedRates(GateOption):
+    """``rate="auto"``: the requests and tokens a minute a provider's headers announce (OpenAI's
+    and Anthropic's limits), each a window sized by the latest answer that tells it; the
+    tokens' only when the run has no ``token_rate`` of its own."""
 
-    mark: int
-    amounts: dict[str, int]
-    sent_at: float
-    ended_at: float | None = None
+    tokens: bool = True
 
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> AnnouncedGate:
+        def limiter(name: str) -> WindowLimiter:
+            return LocalWindow(clock.now) if shared is None else shared.window(name)
 
-@dataclass
-class _Host:
-    counts: dict[str, _Count] = field(default_factory=dict)
-    taken: deque[_Taking] = field(default_factory=deque)  # oldest first
-    marks: int = 0
-    heard: bool = False  # an attempt to it has ended
-    windows: dict[str, float] = field(default_factory=dict)  # per kind: the least bound told
-    probing: bool = False  # its first attempt that weighs tokens is in flight
+        tokens = limiter("announced-tokens") if self.tokens else None
+        return AnnouncedGate(limiter("announced-requests"), tokens)
 
 
-def available(count: _Count, now: float) -> float:
-    """What ``count`` holds at ``now`` by the rules above (before what was taken since)."""
-    if now >= count.back_at:
-        return float(count.whole if count.whole is not None else max(count.left, 0))
-    spent = 0 if count.whole is None else max(count.whole - count.left, 0)
-    evenly = spent * (now - count.told_at) / (count.back_at - count.told_at)
-    window = 0
-    for instant, amount in count.back:
-        if instant > now:
-            break
-        window = amount
-    return count.left + min(evenly, window)
+class AnnouncedGate:
+    """Passes every attempt until an answer announces the provider's limits, then holds them
+    to windows of those (as ``rate`` and ``token_rate`` hold theirs): each answer that
+    announces a limit sets its window, down at once and up as the answers say. A value that
+    cannot be a limit (0, unreadable) is ignored, with one warning a host and header."""
 
+    name = "announced"
+    rank = 62
+    recheck = False
 
-def count_wait(count: _Count, taken: int, amount: int, now: float) -> float:
-    """Seconds until ``amount`` fits in ``count`` beside the ``taken`` amount it does not know of
-    yet (0: now; infinite: only a later answer can tell). More than the whole count fits once
-    the whole count is free; a count of a size never said, once it is back."""
-    whole = count.whole if count.whole is not None else max(count.left, 0)
-    need = taken + min(amount, max(whole, 1))
-    if now >= count.back_at:
-        return 0.0 if whole <= 0 or whole >= need else INFINITE
-    if available(count, now) >= need:
-        return 0.0
-    missing = need - count.left
-    spent = 0 if count.whole is None else max(count.whole - count.left, 0)
-    evenly_at = (
-        count.told_at + missing * (count.back_at - count.told_at) / spent if spent else INFINITE
-    )
-    window_at = next((instant for instant, back in count.back if back >= missing), INFINITE)
-    return min(max(evenly_at, window_at), count.back_at) - now
-
-
-class AnnouncedCounts:
-    """Per host: the requests and tokens left, as its headers last said and attempts took since."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._hosts: dict[str, _Host] = {}
+    def __init__(self, requests: WindowLimiter, tokens: WindowLimiter | None) -> None:
+        self._limiters = {"requests": requests, "tokens": tokens}
+        self.windows: dict[str, Window] = {}
+        self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
-        self._changed = threading.Event()
 
-    def take(self, host: str, cost: int) -> tuple[int | None, float]:
-        """Take one request and ``cost`` tokens of the host's: (the mark of the taking, 0), or
-        (None, the seconds to wait first; infinite until an answer tells)."""
-        known = self._hosts.get(host)
-        if (known is None or not known.counts) and (cost <= 0 or (known and known.heard)):
-            return 0, 0.0  # (most hosts: nothing told, nothing to wait for, nothing kept)
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        for kind, amount in (("requests", 1), ("tokens", admission.cost)):
+            limiter, window = self._limiters[kind], self.windows.get(kind)
+            if limiter is None or window is None or amount <= 0:
+                continue
+            name = f"announced {kind}"
+            entry, refusal = enter(
+                limiter,
+                window,
+                min(amount, window.count),
+                name=name,
+                admission=admission,
+                waiting=waiting,
+            )
+            if entry is None:
+                self.abandon(admission)
+                return refusal
+            admission.held[name] = entry
+        return None
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        for kind, used in (("requests", None), ("tokens", feedback.used)):
+            entry, limiter = admission.held.get(f"announced {kind}"), self._limiters[kind]
+            if entry is not None and limiter is not None:
+                limiter.finish(entry, used)
+        if feedback.announced is not None:
+            self._learn(admission.host, feedback.announced)
+
+    def abandon(self, admission: Admission) -> None:
+        for kind, limiter in self._limiters.items():
+            entry = admission.held.pop(f"announced {kind}", None)
+            if entry is not None and limiter is not None:
+                limiter.cancel(entry)
+
+    def _learn(self, host: str, said: Announced) -> None:
+        for header in said.unreadable:
+            self._warn(host, header, "an unreadable value")
+        for kind, limit in (("requests", said.requests_limit), ("tokens", said.tokens_limit)):
+            if limit is None or self._limiters[kind] is None:
+                continue
+            if limit <= 0:
+                self._warn(host, kind, limit)
+                continue
+            window = Window(float(limit), ANNOUNCED_PERIOD)
+            if self.windows.get(kind) != window:
+                with self._lock:
+                    self.windows[kind] = window
+
+    def _warn(self, host: str, kind: str, value: object) -> None:
         with self._lock:
-            state = self._hosts.setdefault(host, _Host())
-            now = self._clock()
-            if cost > 0 and not state.heard:
-                if state.probing:
-                    return None, INFINITE
-                state.probing = True
-            while state.taken and state.taken[0].sent_at <= now - _KEPT_FOR:
-                state.taken.popleft()
-            amounts = {"requests": 1, "tokens": cost}
-            wait = 0.0
-            for kind, count in state.counts.items():
-                uncounted = _uncounted(state.taken, count, kind, now)
-                wait = max(wait, count_wait(count, uncounted, amounts[kind], now))
-            if wait > 0:
-                if cost > 0 and not state.heard:
-                    state.probing = False
-                return None, wait
-            state.marks += 1
-            state.taken.append(_Taking(state.marks, amounts, now))
-            return state.marks, 0.0
-
-    def ended(
-        self, host: str, mark: int, said: Announced | None, sent: float | None, *, counted: bool
-    ) -> None:
-        """The attempt taken as ``mark`` was sent at ``sent`` (None: now) and ended; ``said``:
-        what its answer's headers told; ``counted``: the server counted it (its answer said what
-        it used), so the answer bounds the window."""
-        known = self._hosts.get(host)
-        if mark == 0 and said is None and (known is None or known.heard):
-            return
-        with self._lock:
-            state = self._hosts.setdefault(host, _Host())
-            now = self._clock()
-            state.heard, state.probing = True, False
-            taking = self._taking(state, mark)
-            if taking is not None:
-                taking.sent_at, taking.ended_at = now if sent is None else sent, now
-            if said is not None:
-                self._told(state, said, mark, taking, now, counted=counted)
-            self._wake()
-
-    def give_back(self, host: str, mark: int) -> None:
-        """The attempt taken as ``mark`` was never sent."""
-        with self._lock:
-            state = self._hosts.setdefault(host, _Host())
-            state.probing = False
-            taking = self._taking(state, mark)
-            if taking is not None:
-                state.taken.remove(taking)
-            self._wake()
-
-    @staticmethod
-    def _taking(state: _Host, mark: int) -> _Taking | None:
-        return next((took for took in reversed(state.taken) if took.mark == mark), None)
-
-    def _wake(self) -> None:
-        """(under the lock) Wake every waiter for an answer; the next one sets a new event."""
-        self._changed.set()
-        self._changed = threading.Event()
-
-    def changed(self) -> threading.Event:
-        """Set at the next answer or giving back: what a waiter for an answer waits on."""
-        return self._changed
-
-    @staticmethod
-    def _told(
-        state: _Host,
-        said: Announced,
-        mark: int,
-        answered: _Taking | None,
-        now: float,
-        *,
-        counted: bool,
-    ) -> None:
-        for kind, left, reset, said_whole in (
-            ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
-            ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
-        ):
-            known = state.counts.get(kind)
-            since = now if answered is None else answered.sent_at
-            if left is None or (known is not None and known.since > since):
-                continue  # not said, or older than what an answer already told
-            whole = said_whole if said_whole is not None or known is None else known.whole
-            until = reset if reset is not None else _COUNTED_FOR
-            count = _Count(left, whole, now, now + until, mark, since)
-            if whole is not None and answered is not None:
-                window = until + (now - answered.sent_at)  # the longest the window can be
-                if counted:
-                    window = state.windows[kind] = min(window, state.windows.get(kind, window))
-                else:
-                    window = min(window, state.windows.get(kind, window))
-                count.back = _given_back(
-                    state.taken, mark, kind, spent=whole - left, window=window, count=count
-                )
-            state.counts[kind] = count
-
-
-def _uncounted(taken: deque[_Taking], count: _Count, kind: str, now: float) -> int:
-    """What attempts took of ``kind`` that ``count`` may not hold yet: every one but its own
-    that had not ended when its attempt was sent (sent concurrently, it may have reached the
-    server later), each for a minute at most."""
-    return sum(
-        taking.amounts.get(kind, 0)
-        for taking in taken
-        if taking.mark != count.mark
-        and (taking.ended_at is None or taking.ended_at > count.since)
-        and taking.sent_at > now - _COUNTED_FOR
-    )
-
-
-def _given_back(
-    taken: deque[_Taking], mark: int, kind: str, *, spent: int, window: float, count: _Count
-) -> list[tuple[float, int]]:
-    """When a sliding window would give back the ``spent`` part of ``count``: the newest of our
-    attempts that it holds for sure (the answered one, and those that had ended before it was
-    sent), each at its end plus ``window``; (instant, amount back by then), in order."""
-    returns: list[tuple[float, int]] = []
-    explained = 0
-    for taking in reversed(taken):
-        counted = taking.ended_at is not None and taking.ended_at <= count.since
-        if taking.mark != mark and not counted:
-            continue
-        amount = taking.amounts.get(kind, 0)
-        if explained + amount > spent:
-            break
-        explained += amount
-        if taking.ended_at is not None and taking.ended_at + window < count.back_at:
-            returns.append((taking.ended_at + window, amount))
-    returns.sort()
-    back, total = [], 0
-    for instant, amount in returns:
-        total += amount
-        back.append((instant, total))
-    return back
+            if (host, kind) in self._warned:
+                return
+            self._warned.add((host, kind))
+        log.warning(
+            "%s announced a %s limit of %r, which cannot be a limit: ignored", host, kind, value
+        )

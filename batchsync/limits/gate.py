@@ -1,11 +1,13 @@
 """What a limit is to the gates: one ``Gate`` an attempt passes before it is sent, and hears
-from after (see ``limits.Gates``, which runs them, and ``limits`` for today's limits).
+from after, built by the ``GateOption`` that is its option's value (see ``gates.Gates``, which
+runs them, and ``run.assembly.gates_for``, which lists a run's options).
 
 A gate admits one attempt at a time — waiting, if it must, only as long as the item's
 allowance leaves and until the run stops — and keeps in the attempt's ``Admission`` what it
 took (a slot, a probe, a token), to give it back on ``release`` (with what the attempt told,
 its ``Feedback``) or ``abandon`` (the attempt was never sent). A new kind of limit is one
-such class, and a ``limits.GateOption`` that builds it from its option.
+module holding its gate, its ``GateOption`` and its in-process state (``breaker`` is one),
+and one line in ``gates_for``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -20,6 +23,7 @@ from typing import Protocol, TypeVar
 from ..core.admission import Admission
 from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback
+from .shared import SharedLimits
 
 # How often a gate looks again for what nothing wakes it for (room, a probe that ended).
 POLL_SECONDS = 0.05
@@ -57,6 +61,16 @@ class Gate(Protocol):
         """The attempt was never sent (a later gate refused it, an interrupt): give back what
         it held; it tells nothing."""
         ...
+
+
+class GateOption(ABC):
+    """An option's value that brings a gate of its own (``Breaker()``, ``TokenRate``, …): a
+    run's gates are those of the options ``run.assembly.gates_for`` lists."""
+
+    @abstractmethod
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> Gate:
+        """The option's gate for a run of ``concurrency`` workers, kept by ``shared`` (several
+        processes) when there is a backend and the gate can use it."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Providers state their limits per minute (requests and tokens per minute), so a rate keeps the
 period it was given in: shown back to the user as they wrote it, and held over windows of that
-period (``window.Window``).
+period (``Window``).
 """
 
 from __future__ import annotations
@@ -80,3 +80,27 @@ def parse_rate(value: float | int | str, *, name: str = "rate") -> Rate:
 
 def _invalid(name: str, value: object) -> ValueError:
     return ValueError(f"{name} must be {_FORMS}: got {value!r}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """At most ``count`` per ``period`` seconds, sent at most one ``interval`` apart."""
+
+    count: float
+    period: float
+
+    @classmethod
+    def of(cls, rate: Rate) -> Window:
+        """A rate as a window that whole sends can fill: below one a period, one per the
+        longer period that makes it one (0.5/s: one in any 2 s)."""
+        if rate.count < 1:
+            return cls(1.0, rate.period / rate.count)
+        return cls(float(rate.count), rate.period)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between the sends of one unit each."""
+        return self.period / self.count
+
+    def __str__(self) -> str:
+        return f"{self.count:g} per {self.period:g} s"

@@ -5,31 +5,23 @@ the answer's ``usage`` sets the estimate right when it says more.
 Like ``rate``, the budget holds over every window of its period as the server counts it, paced
 evenly from the start: a run's first period holds no more than the budget, and a quiet spell
 saves nothing up. What the provider's own headers say is left is the quota gate's to hold
-(``announced``). ``AnnouncedRates`` is ``rate="auto"``: windows sized by the limits the
-provider's headers announce, following them as they change.
+(``quota``); the limits they announce are ``rate="auto"``'s (``announced``).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.admission import Admission
 from ..core.clock import Clock
 from ..core.numbers import MAX_COUNT, count_of
-from ..core.verdict import Announced, ErrorKind, Feedback, InvalidItem
-from .gate import Waiting
-from .gates import GateOption, SharedLimits
-from .rates import Rate, parse_rate
+from ..core.verdict import InvalidItem
+from .gate import GateOption
+from .rates import Rate, Window, parse_rate
+from .shared import SharedLimits
 from .tokens import estimate_tokens
-from .window import LocalWindow, Window, WindowGate, WindowLimiter, enter
-
-log = logging.getLogger("batchsync")
-# The period of the limits a provider's headers announce: requests and tokens a minute.
-ANNOUNCED_PERIOD = 60.0
+from .window import LocalWindow, WindowGate
 
 
 @dataclass(frozen=True)
@@ -90,93 +82,3 @@ def used_tokens(usage: Callable[[Any], int | None], data: object) -> int | None:
     except Exception:
         return None
     return count_of(used) if isinstance(used, int) else None
-
-
-@dataclass(frozen=True)
-class AnnouncedRates(GateOption):
-    """``rate="auto"``: the requests and tokens a minute a provider's headers announce (OpenAI's
-    and Anthropic's limits), each a window sized by the latest answer that tells it; the
-    tokens' only when the run has no ``token_rate`` of its own."""
-
-    tokens: bool = True
-
-    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> AnnouncedGate:
-        def limiter(name: str) -> WindowLimiter:
-            return LocalWindow(clock.now) if shared is None else shared.window(name)
-
-        tokens = limiter("announced-tokens") if self.tokens else None
-        return AnnouncedGate(limiter("announced-requests"), tokens)
-
-
-class AnnouncedGate:
-    """Passes every attempt until an answer announces the provider's limits, then holds them
-    to windows of those (as ``rate`` and ``token_rate`` hold theirs): each answer that
-    announces a limit sets its window, down at once and up as the answers say. A value that
-    cannot be a limit (0, unreadable) is ignored, with one warning a host and header."""
-
-    name = "announced"
-    rank = 62
-    recheck = False
-
-    def __init__(self, requests: WindowLimiter, tokens: WindowLimiter | None) -> None:
-        self._limiters = {"requests": requests, "tokens": tokens}
-        self.windows: dict[str, Window] = {}
-        self._warned: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
-
-    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        for kind, amount in (("requests", 1), ("tokens", admission.cost)):
-            limiter, window = self._limiters[kind], self.windows.get(kind)
-            if limiter is None or window is None or amount <= 0:
-                continue
-            name = f"announced {kind}"
-            entry, refusal = enter(
-                limiter,
-                window,
-                min(amount, window.count),
-                name=name,
-                admission=admission,
-                waiting=waiting,
-            )
-            if entry is None:
-                self.abandon(admission)
-                return refusal
-            admission.held[name] = entry
-        return None
-
-    def release(self, admission: Admission, feedback: Feedback) -> None:
-        for kind, used in (("requests", None), ("tokens", feedback.used)):
-            entry, limiter = admission.held.get(f"announced {kind}"), self._limiters[kind]
-            if entry is not None and limiter is not None:
-                limiter.finish(entry, used)
-        if feedback.announced is not None:
-            self._learn(admission.host, feedback.announced)
-
-    def abandon(self, admission: Admission) -> None:
-        for kind, limiter in self._limiters.items():
-            entry = admission.held.pop(f"announced {kind}", None)
-            if entry is not None and limiter is not None:
-                limiter.cancel(entry)
-
-    def _learn(self, host: str, said: Announced) -> None:
-        for header in said.unreadable:
-            self._warn(host, header, "an unreadable value")
-        for kind, limit in (("requests", said.requests_limit), ("tokens", said.tokens_limit)):
-            if limit is None or self._limiters[kind] is None:
-                continue
-            if limit <= 0:
-                self._warn(host, kind, limit)
-                continue
-            window = Window(float(limit), ANNOUNCED_PERIOD)
-            if self.windows.get(kind) != window:
-                with self._lock:
-                    self.windows[kind] = window
-
-    def _warn(self, host: str, kind: str, value: object) -> None:
-        with self._lock:
-            if (host, kind) in self._warned:
-                return
-            self._warned.add((host, kind))
-        log.warning(
-            "%s announced a %s limit of %r, which cannot be a limit: ignored", host, kind, value
-        )

@@ -1,5 +1,6 @@
-"""A limit of N per period that holds over every window of that period as the server counts it:
-``rate`` (one per attempt) and ``token_rate`` (each attempt's tokens).
+"""The rate window (``rate``, one per attempt: ``RateWindow``), and the window gate that the
+token budget (``token_rate``) and the provider's announced limits (``rate="auto"``) hold theirs
+with: a limit of N per period that holds over every window of that period as servers count it.
 
 A user reads ``500/min`` as "never more than 500 in any minute", and servers count over a
 sliding window from when a request reaches them. Two rules keep that by construction:
@@ -28,38 +29,15 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..core.admission import Admission
+from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback
-from .gate import POLL_SECONDS, Waiting
-from .rates import Rate
+from .gate import POLL_SECONDS, GateOption, Waiting
+from .rates import Window
+from .shared import SharedLimits, WindowLimiter
 
 INFINITE = math.inf
-
-
-@dataclass(frozen=True)
-class Window:
-    """At most ``count`` per ``period`` seconds, sent at most one ``interval`` apart."""
-
-    count: float
-    period: float
-
-    @classmethod
-    def of(cls, rate: Rate) -> Window:
-        """A rate as a window that whole sends can fill: below one a period, one per the
-        longer period that makes it one (0.5/s: one in any 2 s)."""
-        if rate.count < 1:
-            return cls(1.0, rate.period / rate.count)
-        return cls(float(rate.count), rate.period)
-
-    @property
-    def interval(self) -> float:
-        """Seconds between the sends of one unit each."""
-        return self.period / self.count
-
-    def __str__(self) -> str:
-        return f"{self.count:g} per {self.period:g} s"
 
 
 @dataclass(eq=False, slots=True)
@@ -85,39 +63,6 @@ def room_wait(ended: deque[Entry], held: float, amount: float, count: float, now
         if need <= 0:
             return max(0.0, entry.leaves - now)
     return INFINITE
-
-
-class WindowLimiter(Protocol):
-    """Where a window's log is kept: in this process, or shared (``contrib.redis``)."""
-
-    # How often a waiter looks again when nothing wakes it (``changed``).
-    poll: float
-
-    def take(
-        self, amount: float, window: Window, turn: object, longest: float
-    ) -> tuple[object | None, float]:
-        """Let ``amount`` through now if the window and the pace allow and ``turn`` is first
-        in line: (its entry, 0). Else (None, the seconds to wait first: infinite while the
-        room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
-        attempt can last, after which a shared log forgets it (its process may have died)."""
-        ...
-
-    def finish(self, entry: object, used: float | None) -> None:
-        """The attempt ended now; ``used``: what its answer says it cost, when known."""
-        ...
-
-    def cancel(self, entry: object) -> None:
-        """The attempt was never sent."""
-        ...
-
-    def withdraw(self, turn: object) -> None:
-        """``turn`` gave up waiting."""
-        ...
-
-    def changed(self) -> threading.Event:
-        """An event set at the log's next change (an entry ended, a turn left the line):
-        taken before ``take``, it wakes a waiter for a change that came just after."""
-        ...
 
 
 class LocalWindow:
@@ -276,3 +221,18 @@ class WindowGate:
         entry = admission.held.pop(self.name, None)
         if entry is not None:
             self.limiter.cancel(entry)
+
+
+@dataclass(frozen=True)
+class RateWindow(GateOption):
+    """``rate``: at most ``window.count`` attempts in any ``window.period`` over all workers
+    (and all processes sharing ``--redis``)."""
+
+    window: Window
+
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> WindowGate:
+        return self.kept_in(LocalWindow(clock.now) if shared is None else shared.window("rate"))
+
+    def kept_in(self, limiter: WindowLimiter) -> WindowGate:
+        """The rate's gate, its log kept in ``limiter``."""
+        return WindowGate("token", 60, limiter, self.window, weighed=False)

@@ -30,7 +30,14 @@ from ..http.transport import Transport
 from ..jobs.calls import CallJob
 from ..jobs.fetch import HttpJob
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions
-from ..limits.gates import GateOption, Gates, SharedLimits, build_gates
+from ..limits.adaptive import Adaptive
+from ..limits.cooldown import Cooldown, Holds
+from ..limits.gate import GateOption
+from ..limits.gates import Gates
+from ..limits.quota import QuotaReset
+from ..limits.shared import SharedLimits
+from ..limits.slots import PerHost
+from ..limits.window import RateWindow
 from ..store.journal import Encode, Journal, JournalUnusable
 from .progress import Tally
 
@@ -70,26 +77,26 @@ def shared_limits(options: FlowOptions) -> SharedLimits | None:
 
 
 def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
-    """The limits a run's attempts pass (kept by the shared backend when there is one): those
-    of the options, each option that brings a gate of its own (a ``GateOption``) included."""
-    more = [
-        value
-        for name in type(options).model_fields
-        if isinstance(value := getattr(options, name), GateOption)
+    """The limits a run's attempts pass, each built by the option that asks for it (kept by
+    the shared backend when there is one): a new limit is its module and a line here."""
+    holds = Holds()  # the cooldown and the quota's resets are kept on one board
+    asked: list[GateOption | None] = [
+        options.breaker,
+        Adaptive() if options.adaptive else None,
+        None if options.slots is None else PerHost(options.slots),
+        None if options.cooldown == "off" else Cooldown(options.cooldown, holds),
+        QuotaReset(holds),
+        None if options.rate_window is None else RateWindow(options.rate_window),
+        options.announced_rates,
+        options.token_rate,
     ]
-    if options.announced_rates is not None:
-        more.append(options.announced_rates)
-    return build_gates(
-        concurrency=options.concurrency,
-        rate=options.rate_window,
-        per_host=options.slots,
-        cooldown=options.cooldown,
-        breaker=options.breaker,
-        adaptive=options.adaptive,
-        shared=shared_limits(options),
-        more=more,
-        clock=clock,
+    shared = shared_limits(options)
+    built = (
+        option.gate(concurrency=options.concurrency, shared=shared, clock=clock)
+        for option in asked
+        if option is not None
     )
+    return Gates(built, clock=clock)
 
 
 def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None) -> list[Observer]:

@@ -34,7 +34,8 @@ from ..http.template import RowError, Template
 from ..http.transport import Cert, SessionSource, Verify
 from ..jobs.fetch import HttpJob, WrappedJob
 from ..jobs.options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
-from ..limits.gates import Breaker, CooldownScope
+from ..limits.breaker import Breaker
+from ..limits.cooldown import CooldownScope
 from ..limits.tokenrate import TokenRate
 from ..output.resultset import ResultSet
 from ..store.journal import Journal, locked, remove

@@ -15,7 +15,9 @@ from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
 from ..jobs.options import CALL_DEFAULT, CallOptions, FlowOptions, build
-from ..limits.gates import Breaker, CooldownScope, Gates
+from ..limits.breaker import Breaker
+from ..limits.cooldown import CooldownScope
+from ..limits.gates import Gates
 from ..limits.tokenrate import TokenRate
 from ..limits.tokens import estimate_tokens
 from .assembly import call_once, gates_for

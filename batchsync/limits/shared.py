@@ -1,0 +1,133 @@
+"""What a backend that keeps the limits for several processes implements (``contrib.redis``).
+
+``SharedLimits`` hands each limit the state its gate keeps there — a window's log, host slots,
+the board of cooldowns, the circuit breakers — behind the same small interface as the
+in-process state in the limit's own module (``window.LocalWindow``, ``slots.HostSlots``,
+``cooldown.Cooldowns``, ``breaker.CircuitBreaker``). A backend that cannot be reached raises
+``LimitsUnavailable``: the gates then hold attempts and ask again (``gates.Gates``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Literal, Protocol
+
+from .rates import Window
+
+# closed: go; probe: go, as the one trial of a half-open circuit; open: held until the break
+# ends; probing: held while another attempt is the probe.
+BreakerState = Literal["closed", "probe", "open", "probing"]
+
+
+class LimitsUnavailable(Exception):
+    """A shared limits backend cannot be reached; the gates wait and ask again."""
+
+
+class SharedLimits(Protocol):
+    """A backend that keeps the limits for several processes (``contrib.redis.RedisLimits``)."""
+
+    def window(self, name: str) -> WindowLimiter:
+        """The shared log of the window kept under ``name`` (see ``window.WindowGate``)."""
+        ...
+
+    def slots(self, limit: int) -> SlotPool: ...
+
+    def cooldowns(self) -> CooldownBoard: ...
+
+    def breaker(self, settings: BreakerSettings) -> BreakerBackend: ...
+
+
+class WindowLimiter(Protocol):
+    """Where a window's log is kept: in this process, or shared (``contrib.redis``)."""
+
+    # How often a waiter looks again when nothing wakes it (``changed``).
+    poll: float
+
+    def take(
+        self, amount: float, window: Window, turn: object, longest: float
+    ) -> tuple[object | None, float]:
+        """Let ``amount`` through now if the window and the pace allow and ``turn`` is first
+        in line: (its entry, 0). Else (None, the seconds to wait first: infinite while the
+        room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
+        attempt can last, after which a shared log forgets it (its process may have died)."""
+        ...
+
+    def finish(self, entry: object, used: float | None) -> None:
+        """The attempt ended now; ``used``: what its answer says it cost, when known."""
+        ...
+
+    def cancel(self, entry: object) -> None:
+        """The attempt was never sent."""
+        ...
+
+    def withdraw(self, turn: object) -> None:
+        """``turn`` gave up waiting."""
+        ...
+
+    def changed(self) -> threading.Event:
+        """An event set at the log's next change (an entry ended, a turn left the line):
+        taken before ``take``, it wakes a waiter for a change that came just after."""
+        ...
+
+
+class SlotPool(Protocol):
+    """At most N attempts in flight per key (a host)."""
+
+    def enter(self, key: str, timeout: float) -> bool:
+        """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
+        ...
+
+    def leave(self, key: str) -> None: ...
+
+
+class CooldownBoard(Protocol):
+    """Times until which attempts to a key are held, as servers asked with Retry-After."""
+
+    def hold(self, key: str, seconds: float) -> None: ...
+
+    def remaining(self, key: str) -> float:
+        """Seconds left in the key's cooldown (0 when there is none)."""
+        ...
+
+
+class BreakerSettings(Protocol):
+    """What a backend reads of a circuit breaker's settings (``breaker.Breaker``)."""
+
+    @property
+    def ratio(self) -> float: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def min_calls(self) -> int: ...
+
+    @property
+    def reset(self) -> float: ...
+
+
+class BreakerBackend(Protocol):
+    """A circuit breaker per host (see ``Breaker`` for the semantics)."""
+
+    def check(self, key: str) -> tuple[BreakerState, float]:
+        """The host's state and, when ``open``, the seconds left in its break (else 0).
+
+        ``closed``: go; ``probe``: go, as the one trial of a half-open circuit (the caller must
+        ``record`` or ``abandon`` it); ``open``: wait for the break to end; ``probing``: another
+        attempt is the probe, ask again shortly.
+        """
+        ...
+
+    def record(self, key: str, failed: bool | None, probe: bool) -> None:
+        """What an admitted attempt came to: ``failed`` as ``Feedback.unwell`` says (None: not
+        counted)."""
+        ...
+
+    def abandon(self, key: str, probe: bool) -> None:
+        """An admitted attempt was not sent after all."""
+        ...
+
+    @property
+    def opened(self) -> int:
+        """How many circuits this process saw open."""
+        ...
