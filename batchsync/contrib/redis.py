@@ -388,9 +388,10 @@ class RedisCooldowns:
 
 
 class RedisBreaker:
-    """Circuit breakers shared by every process, with the semantics of breaker.CircuitBreaker:
-    every process counts into one window per host and is held by the same break. The probe is
-    a token with an expiry (the lease TTL): a process that dies while probing gives it up."""
+    """Circuit breakers shared by every process, with the semantics of the in-process
+    ``limits.breaker.CircuitBreaker``: every process counts into one window per host and is
+    held by the same break. The probe is a token with an expiry (the lease TTL): a process that
+    dies while probing gives it up."""
 
     def __init__(self, limits: RedisLimits, settings: BreakerSettings) -> None:
         self._limits = limits
