@@ -9,7 +9,6 @@ client redoes only the partitions that had not finished.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
@@ -21,10 +20,13 @@ from ..core.engine import Deliver, Job
 from ..core.result import Result
 from ..jobs.fetch import HttpJob
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions, build
+from ..limits.gates import Gates
 from ..output.resultset import ResultSet
-from ..store.resume import Items, Kept, Left, read_back
-from .assembly import Stoppable, adding_to, fetch, journaling, open_journal, run_calls
+from ..store.resume import Items, Left
+from .assembly import Ran, Stoppable, fetch, run_calls
 from .batch import Item, encode_result, identity_of
+from .controller import Journaled, Plan, RunController, Send
+from .progress import Tally
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]
@@ -99,6 +101,35 @@ def distribute(
     return distributor.stopped
 
 
+def on_cluster(
+    client: Any,
+    task: PartitionRun,
+    partition_size: int,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
+) -> Send:
+    """What sends a run's items to the cluster of ``client`` (``controller.Send``), each
+    partition run there by ``task``; its limits are the workers' (the run's ``gates`` are
+    left alone), and each Result is counted here as it comes back."""
+
+    def send(
+        items: Iterable[tuple[int, object]],
+        deliver: Deliver,
+        *,
+        gates: Gates | None,
+        progress: Tally,
+    ) -> Ran:
+        def counted(result: Result, item: object) -> None:
+            progress.item_finished(result)
+            deliver(result, item)
+
+        stopped = distribute(
+            client, task, items, partition_size=partition_size, deliver=counted, on_start=on_start
+        )
+        return Ran(stopped, False, {}, 0)
+
+    return send
+
+
 def fetch_on_cluster(
     items: Iterable[Item],
     client: Any,
@@ -163,28 +194,19 @@ def _on_cluster(
     how they are paginated, which a resumed journal must have been made with."""
     if partition_size < 1:
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
-    path = None if journal is None else Path(journal)
-    identity = {} if path is None else identity_of(listed, strict=strict) | (paging or {})
-    kept = _kept_in(path, identity, len(listed))
-    done = kept.done
-    left = Left(kept.marks, Items(), done.get)
-    deliver = _collector(done)
-    store = None if path is None else open_journal(path, encode_result, identity)
-    started = time.monotonic()
-    try:
-        if store is not None:
-            deliver = journaling(store, deliver)
-        pending = left.sent(enumerate(listed))
-        deliver = adding_to(left.taken, deliver)
-        distribute(client, task, pending, partition_size=partition_size, deliver=deliver)
-    finally:
-        if store is not None:
-            store.close()
-    return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
-
-
-def _kept_in(path: Path | None, identity: dict[str, str], size: int) -> Kept:
-    """What the journal at ``path`` holds of the ``size`` items (nothing without one)."""
-    if path is not None and path.exists():
-        return read_back(path, identity, Result.from_dict, "give another journal, or delete it")
-    return Kept.nothing(size)
+    journaled = None
+    if journal is not None:
+        identity = identity_of(listed, strict=strict) | (paging or {})
+        journaled = Journaled(Path(journal), encode_result, identity)
+    with RunController(journaled) as controller:
+        kept = controller.kept(len(listed), Result.from_dict, "give another journal, or delete it")
+        done = kept.done
+        ended = controller.run(
+            on_cluster(client, task, partition_size),
+            enumerate(listed),
+            _collector(done),
+            plan=Plan(kept.passing, Left(kept.marks, Items(), done.get)),
+            gates=None,
+            progress=False,
+        )
+    return ResultSet([done[index] for index in range(len(listed))], ended.stint.elapsed)
