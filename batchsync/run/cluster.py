@@ -80,36 +80,17 @@ def partitions(pairs: Iterable[tuple[int, Any]], size: int) -> Iterator[Partitio
         yield chunk
 
 
-def distribute(
-    client: Any,
-    task: PartitionRun,
-    pending: Iterable[tuple[int, Any]],
-    *,
-    partition_size: int,
-    deliver: Deliver,
-    on_start: Callable[[Stoppable], None] = lambda run: None,
-) -> bool:
-    """Run the ``pending`` (index, item) pairs on the cluster, a partition at a time, each
-    Result delivered here with its item as its partition comes back; whether it was stopped
-    (``on_start`` sees what runs it, to stop it on a signal)."""
-    distributor = Distributor(client, task)
-    on_start(distributor)
-    for partition, results in distributor.run(partitions(pending, partition_size)):
-        items = dict(partition)
-        for result in results:
-            deliver(result, items[result.index])
-    return distributor.stopped
-
-
 def on_cluster(
     client: Any,
     task: PartitionRun,
     partition_size: int,
     on_start: Callable[[Stoppable], None] = lambda run: None,
 ) -> Send:
-    """What sends a run's items to the cluster of ``client`` (``controller.Send``), each
-    partition run there by ``task``; its limits are the workers' (the run's ``gates`` are
-    left alone), and each Result is counted here as it comes back."""
+    """What sends a run's items to the cluster of ``client`` (``controller.Send``): a
+    partition of at most ``partition_size`` at a time, each run there by ``task``, its
+    Results counted and delivered here with their items as it comes back; the limits are the
+    workers' (the run's ``gates`` are left alone). ``on_start`` sees what runs it, to stop it
+    on a signal."""
 
     def send(
         items: Iterable[tuple[int, object]],
@@ -118,14 +99,14 @@ def on_cluster(
         gates: Gates | None,
         progress: Tally,
     ) -> Ran:
-        def counted(result: Result, item: object) -> None:
-            progress.item_finished(result)
-            deliver(result, item)
-
-        stopped = distribute(
-            client, task, items, partition_size=partition_size, deliver=counted, on_start=on_start
-        )
-        return Ran(stopped, False, {}, 0)
+        distributor = Distributor(client, task)
+        on_start(distributor)
+        for partition, results in distributor.run(partitions(items, partition_size)):
+            sent = dict(partition)
+            for result in results:
+                progress.item_finished(result)
+                deliver(result, sent[result.index])
+        return Ran(distributor.stopped, False, {}, 0)
 
     return send
 
