@@ -171,7 +171,7 @@ def retried(server: MockServerProcess, tag: str) -> Case:
         first=[(False, "status", 503, 1, None, None), (True, None, 200, 1, None, True)],
         second=[(True, None, 200, 2, None, True), (True, None, 200, 1, None, True)],
         requests=[2, 1], sent=lambda s: per_item(s, tag, 2), retry=True,
-        missing={"cluster": "fetch_on_cluster retries no failures: its journal keeps no passes"},
+        missing={"cluster": "fetch_on_cluster retries no failures: its journal keeps one pass"},
     )  # fmt: skip
 
 

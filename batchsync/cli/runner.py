@@ -23,17 +23,8 @@ from ..jobs.fetch import WrappedJob
 from ..jobs.options import FetchOptions
 from ..output.columnar import FORMATS
 from ..output.resultset import StoredResults
-from ..run.assembly import (
-    Ran,
-    Stoppable,
-    adding_to,
-    fetch,
-    gates_for,
-    journaling,
-    open_journal,
-    progress_of,
-)
-from ..run.progress import Tally, counter
+from ..run.assembly import Ran, Stoppable, fetch, gates_for
+from ..run.controller import Journaled, Plan, RunController, Send
 from ..store.journal import (
     JournalFailed,
     JournalInUse,
@@ -42,7 +33,6 @@ from ..store.journal import (
     JournalUnusable,
     Requests,
     lock_path,
-    locked,
     remove,
     resumed,
 )
@@ -200,109 +190,67 @@ def run_batch(
     identity = source.identity() | options.paging_identity()
     entries = int(identity["entries"])
     path = journal_path(prefix)
+    controller = RunController(Journaled(path, encode, identity))
     with contextlib.ExitStack() as held:
         # Held until the outputs are written: a second run with this prefix would
         # remove this run's journal or replace its outputs.
-        _lock_prefix(held, path, prefix)
+        _lock_prefix(held, controller, prefix)
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
+        plan = _plan(held, source, identity, continuing, path)
+        to_send = plan.left.count
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
         counted = _Counted(islice(source, entries), entries)
-        current, todo = Pass(), Left(bytearray(entries), Entries())
-        if path.exists():
-            reader = held.enter_context(
-                resumed(
-                    path,
-                    identity,
-                    "input",
-                    "run with --fresh to start over",
-                    Requests(islice(source, entries), failed_request),
-                )
-            )
-            current, todo = _planned(reader, entries, continuing)
-        to_send = todo.count
-        bar = counter(to_send, progress)
+        send = _sender(options, on_start, dask, partition_size)
         gates = gates_for(options)
-        journal = open_journal(
-            path,
-            encode,
-            identity,
-            current if to_send else None,
-            progress_of(current, bar, gates),
-        )
-        ran: Ran | None = None
-        try:
-            with bar:
-                pending = todo.sent(enumerate(counted))
-                if dask is None:
-                    ran = fetch(
-                        options,
-                        pending,
-                        _stored,
-                        gates=gates,
-                        progress=bar,
-                        journal=journal,
-                        wrap=EntryJob,
-                        on_start=on_start,
-                        earlier=todo.taken,
-                    )
-                else:
-                    deliver = adding_to(todo.taken, journaling(journal, _stored))
-                    ran = _run_on_cluster(
-                        dask,
-                        partition_size,
-                        options=options,
-                        pending=pending,
-                        deliver=deliver,
-                        bar=bar,
-                        on_start=on_start,
-                    )
-        finally:
-            with gates.waits.lock:
-                timeline = dict(gates.waits.timeline)
-            journal.close(timeline)
-        assert ran is not None
-        if counted.shrank:
-            raise InputError(
-                f"{source.name} changed while the run went: it had {entries} items, then "
-                f"{counted.read}; what finished is journaled in {path} (--fresh starts over)"
-            )
-        results_path, failed_path, summary, left, written = _write(
+        ran = controller.run(
+            send, enumerate(counted), _stored, plan=plan, gates=gates, progress=progress
+        ).ran
+        counted.check_whole(source.name, path)
+        return _write(
             path,
             prefix,
             entries,
-            ran.stopped,
-            current,
+            ran,
+            plan.passing,
+            replaced=replaced,
             form=form,
             flatten=flatten,
             paged="paging" in identity,
             report=report,
             sent=bool(to_send),
         )
-    return Outcome(
-        summary,
-        entries,
-        results_path,
-        failed_path,
-        replaced,
-        ran.stopped,
-        ran.abandoned,
-        left,
-        written,
-    )
 
 
-def _lock_prefix(held: contextlib.ExitStack, path: Path, prefix: str) -> None:
-    """Take the lock on the journal at ``path`` until ``held`` closes: JournalInUse naming
-    the prefix when another run holds it, JournalUnusable when its folder cannot be written."""
+def _sender(
+    options: FetchOptions,
+    on_start: Callable[[Stoppable], None],
+    dask: Any,
+    partition_size: int,
+) -> Send:
+    """What sends the input's entries: the engine here, or partitions on the Dask cluster of
+    the client ``dask``; ``on_start`` sees what runs them, to stop it on a signal."""
+    if dask is None:
+        return partial(fetch, options, wrap=EntryJob, on_start=on_start)
+    from ..run.cluster import on_cluster, run_partition, worker_settings
+
+    task = partial(run_partition, settings=worker_settings(options), wrap=EntryJob)
+    return on_cluster(dask, task, partition_size, on_start)
+
+
+def _lock_prefix(held: contextlib.ExitStack, controller: RunController, prefix: str) -> None:
+    """Enter ``controller``, holding its journal's lock, until ``held`` closes: JournalInUse
+    naming the prefix when another run holds it, JournalUnusable when its folder cannot be
+    written."""
     try:
-        held.enter_context(locked(path))
+        held.enter_context(controller)
     except JournalInUse:
         raise JournalInUse(f"the output prefix {prefix} is in use by another run") from None
     except OSError as exc:
+        folder = journal_path(prefix).parent
         raise JournalUnusable(
-            f"cannot write in the output folder {path.parent}: {exc.strerror or exc}"
+            f"cannot write in the output folder {folder}: {exc.strerror or exc}"
         ) from None
 
 
@@ -363,9 +311,31 @@ def _holding(path: Path) -> str:
         reader.close()
 
 
-def _planned(
-    reader: JournalReader, entries: int, continuing: Continuing
-) -> tuple[Pass, Left[Entry]]:
+def _plan(
+    held: contextlib.ExitStack,
+    source: Input,
+    identity: Mapping[str, str],
+    continuing: Continuing,
+    path: Path,
+) -> Plan:
+    """What this run sends: all of INPUT in a first pass, or what the journal at ``path``
+    leaves (read from it, kept open until ``held`` closes, as each item is sent)."""
+    entries = int(identity["entries"])
+    if not path.exists():
+        return Plan(Pass(), Left(bytearray(entries), Entries()))
+    reader = held.enter_context(
+        resumed(
+            path,
+            identity,
+            "input",
+            "run with --fresh to start over",
+            Requests(islice(source, entries), failed_request),
+        )
+    )
+    return _planned(reader, entries, continuing)
+
+
+def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> Plan:
     """The pass this run makes over a journal's items, and what it has left to do
     (``resume.planned``). Refused for a retry alone over items never finished (--resume
     finishes them too)."""
@@ -376,7 +346,7 @@ def _planned(
             f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
             "never finished: add --resume to finish them as well"
         )
-    return current, Left(marks, Entries(), stored_in(reader, entries))
+    return Plan(current, Left(marks, Entries(), stored_in(reader, entries)))
 
 
 class _Counted:
@@ -394,6 +364,15 @@ class _Counted:
             self.read += 1
             yield entry
         self.shrank = self.read < self._expected
+
+    def check_whole(self, name: str, journal: Path) -> None:
+        """InputError when INPUT (``name``) ended before the count, saying that what
+        finished is in ``journal``."""
+        if self.shrank:
+            raise InputError(
+                f"{name} changed while the run went: it had {self._expected} items, then "
+                f"{self.read}; what finished is journaled in {journal} (--fresh starts over)"
+            )
 
 
 def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
@@ -419,19 +398,21 @@ def _write(
     path: Path,
     prefix: str,
     entries: int,
-    stopped: bool,
+    ran: Ran,
     current: Pass,
     *,
+    replaced: str | None,
     form: str = "jsonl",
     flatten: bool = False,
     paged: bool = False,
     report: bool = False,
     sent: bool = True,
-) -> tuple[Path, Path, Summary, int, Path | None]:
+) -> Outcome:
     """Write every output from the journal's final Results (``StoredResults``, the one
-    source of the summary, the results and failed files and the report); their paths, the
-    summary, how many items the pass ``current`` has still to send when the run was stopped,
-    and the report's path (None: not asked for, or not written).
+    source of the summary, the results and failed files and the report), then say how the
+    run (which ``ran``, in pass ``current``, replacing what ``replaced`` says) ended: with
+    the outputs' paths, the summary and how many items the pass has still to send when the
+    run was stopped.
 
     Checks first that the journal holds one Result per entry (unless the run was stopped):
     a results file must never lack a line while the run reports success.
@@ -440,6 +421,7 @@ def _write(
         reader = JournalReader(path)
     except JournalMismatch as exc:
         raise JournalFailed(str(exc)) from None
+    stopped = ran.stopped
     try:
         stored = StoredResults(reader, path)
         summary = stored.summary
@@ -456,28 +438,14 @@ def _write(
         raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None
     finally:
         reader.close()
-    return results_path, failed_path, summary, left, written
-
-
-def _run_on_cluster(
-    client: Any,
-    partition_size: int,
-    *,
-    options: FetchOptions,
-    pending: Iterable[tuple[int, Entry]],
-    deliver: Callable[[Result, object], None],
-    bar: Tally,
-    on_start: Callable[[Stoppable], None],
-) -> Ran:
-    """Fetch on a Dask cluster, a partition at a time; Results come back to this journal."""
-    from ..run.cluster import distribute, run_partition, worker_settings
-
-    def counted(result: Result, entry: object) -> None:
-        bar.item_finished(result)
-        deliver(result, entry)
-
-    task = partial(run_partition, settings=worker_settings(options), wrap=EntryJob)
-    stopped = distribute(
-        client, task, pending, partition_size=partition_size, deliver=counted, on_start=on_start
+    return Outcome(
+        summary,
+        entries,
+        results_path,
+        failed_path,
+        replaced,
+        stopped,
+        ran.abandoned,
+        left,
+        written,
     )
-    return Ran(stopped, False, {}, 0)

@@ -1,19 +1,17 @@
-"""The one place a run is put together: job, gates, observers, journal and engine.
+"""The one place an engine run is put together: job, gates, observers and engine.
 
 The library (``fetch_all``, ``Batch``, ``run_all``), the command line and Dask partitions all
-run through ``fetch`` or ``call``; they differ only in where the Results go.
+run through ``fetch`` or ``run_calls``; they differ only in where the Results go. What goes
+around a run (its journal, pass, progress and stint) is ``controller``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import threading
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 from urllib3.exceptions import InsecureRequestWarning
@@ -21,10 +19,9 @@ from urllib3.exceptions import InsecureRequestWarning
 from .. import contrib
 from ..core.clock import SYSTEM, Clock
 from ..core.engine import Deliver, Engine, Job
-from ..core.history import Pass, Stint, difference
 from ..core.observe import Observer
 from ..core.redact import Secrets, watching
-from ..core.result import Result, added_to
+from ..core.result import Result
 from ..http.guard import Guard
 from ..http.transport import Transport
 from ..jobs.calls import CallJob
@@ -38,8 +35,6 @@ from ..limits.quota import QuotaReset
 from ..limits.shared import SharedLimits
 from ..limits.slots import PerHost
 from ..limits.window import RateWindow
-from ..store.journal import Encode, Journal, JournalUnusable
-from .progress import Tally
 
 
 class Stoppable(Protocol):
@@ -49,10 +44,6 @@ class Stoppable(Protocol):
 
     @property
     def stopped(self) -> bool: ...
-
-
-# The Result an item already has from an earlier pass or process, by its index (None: none).
-Earlier = Callable[[int], Result | None]
 
 
 @dataclass(frozen=True)
@@ -114,45 +105,6 @@ def observers_for(options: FlowOptions, gates: Gates, progress: Observer | None)
     return observers
 
 
-def progress_of(passing: Pass, tally: Tally, gates: Gates) -> Callable[[], Stint]:
-    """What a process (or a ``run()``) does in ``passing`` from now on, as a Stint read at
-    any moment: its seconds, the items and requests ``tally`` counts, and its waits at
-    ``gates`` (those before now left out: a batch's gates serve several runs)."""
-    started, begun = time.time(), time.monotonic()
-    with gates.waits.lock:
-        waited = dict(gates.waits.seconds)
-    opened = gates.circuits_opened
-
-    def so_far() -> Stint:
-        done, _, requests = tally.counts()
-        with gates.waits.lock:
-            waits = difference(gates.waits.seconds, waited)
-        elapsed = time.monotonic() - begun
-        return Stint(
-            passing, started, elapsed, done, requests, waits, gates.circuits_opened - opened
-        )
-
-    return so_far
-
-
-def open_journal(
-    path: Path,
-    encode: Encode,
-    identity: Mapping[str, str],
-    passing: Pass | None = None,
-    progress: Callable[[], Stint] | None = None,
-    *,
-    clock: Clock = SYSTEM,
-) -> Journal:
-    """A new (or resumed) journal, or JournalUnusable before anything is sent; ``passing``:
-    the pass its Results belong to, and ``progress`` what this process does in it, when the
-    run sends anything; ``clock`` measures the journal's group-commit linger."""
-    try:
-        return Journal(path, encode, identity, passing=passing, progress=progress, clock=clock)
-    except sqlite3.Error as exc:
-        raise JournalUnusable(f"cannot create the journal {path}: {exc}") from None
-
-
 def fetch(
     options: FetchOptions,
     items: Iterable[tuple[int, object]],
@@ -161,19 +113,15 @@ def fetch(
     gates: Gates | None = None,
     progress: Observer | None = None,
     observed: bool = True,
-    journal: Journal | None = None,
     wrap: Callable[[HttpJob], Job] | None = None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
-    earlier: Earlier | None = None,
     clock: Clock = SYSTEM,
 ) -> Ran:
     """One HTTP run: transport, job, gates, observers and engine, set up and taken down
     together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
     metrics and traces out (a Dask partition's: its client observes the run); ``wrap`` turns
-    the HTTP job into the one the items need (the command line's input entries); ``journal``
-    stores each final Result before ``deliver`` sees it; ``on_start`` sees the engine before
-    it starts; ``earlier`` gives the Result an item sent again already has (see
-    ``adding_to``); ``clock`` measures every wait (a test's own)."""
+    the HTTP job into the one the items need (the command line's input entries); ``on_start``
+    sees the engine before it starts; ``clock`` measures every wait (a test's own)."""
     gates = gates_for(options, clock) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
@@ -202,10 +150,8 @@ def fetch(
                 progress=progress,
                 observed=observed,
                 secrets=job.secrets,
-                journal=journal,
                 abort=transport.abort,
                 on_start=on_start,
-                earlier=earlier,
                 clock=clock,
             )
     finally:
@@ -272,12 +218,10 @@ def run_calls(
     gates: Gates | None = None,
     progress: Observer | None = None,
     observed: bool = True,
-    journal: Journal | None = None,
-    earlier: Earlier | None = None,
     clock: Clock = SYSTEM,
 ) -> Ran:
-    """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers, journal and
-    engine as an HTTP run (``observed``, ``earlier``, ``clock`` as for ``fetch``)."""
+    """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers and engine as
+    an HTTP run (``observed``, ``clock`` as for ``fetch``)."""
     gates = gates_for(options, clock) if gates is None else gates
     secrets = options.secrets()
     job = CallJob(fn, options, secrets, gates)
@@ -291,10 +235,8 @@ def run_calls(
             progress=progress,
             observed=observed,
             secrets=secrets,
-            journal=journal,
             abort=None,
             on_start=lambda run: None,
-            earlier=earlier,
             clock=clock,
         )
     finally:
@@ -329,19 +271,13 @@ def _run(
     progress: Observer | None,
     observed: bool,
     secrets: Secrets,
-    journal: Journal | None,
     abort: Callable[[], None] | None,
     on_start: Callable[[Stoppable], None],
-    earlier: Earlier | None,
     clock: Clock,
 ) -> Ran:
     observers = observers_for(options, gates, progress) if observed else []
     engine = Engine(options, gates=gates, observers=observers, abort=abort, clock=clock)
     on_start(engine)
-    if journal is not None:
-        deliver = journaling(journal, deliver)
-    if earlier is not None:
-        deliver = adding_to(earlier, deliver)
     with watching(secrets):
         finished = engine.run(job, items, deliver)
     return Ran(
@@ -351,28 +287,3 @@ def _run(
         gates.circuits_opened,
         gates.waits.timeline,
     )
-
-
-def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
-    """``deliver``, each Result of an item that ``earlier`` has a Result for (a failure sent
-    again, a paginated item going on) made to count that one's attempts too
-    (``result.added_to``)."""
-
-    def deliver_added(result: Result, item: object) -> None:
-        before = earlier(result.index)
-        deliver(result if before is None else added_to(before, result), item)
-
-    return deliver_added
-
-
-def journaling(journal: Journal, deliver: Deliver) -> Deliver:
-    """``deliver``, after storing each final Result in the journal."""
-
-    def store_then_deliver(result: Result, item: object) -> None:
-        try:
-            if result.final:
-                journal.add(result, item)
-        finally:  # a journal that failed stops the run, but what came back is still kept
-            deliver(result, item)
-
-    return store_then_deliver

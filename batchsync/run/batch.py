@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -18,7 +17,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from ..core.backoff import Backoff
-from ..core.history import DONE, Pass, Stint, difference, merged_timeline, totals
+from ..core.history import DONE, Pass, Stint, merged_timeline, totals
 from ..core.observe import log_summary
 from ..core.records import dumps, public_record
 from ..core.result import AttemptRecord, Result, Summary, error_kinds
@@ -38,10 +37,10 @@ from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.tokenrate import TokenRate
 from ..output.resultset import ResultSet
-from ..store.journal import Journal, locked, remove
-from ..store.resume import Items, Left, marks_of, read_back
-from .assembly import Earlier, Ran, fetch, gates_for, open_journal, progress_of, run_calls
-from .progress import Tally, counter, wanted
+from ..store.resume import Items, Kept, Left, marks_of
+from .assembly import fetch, gates_for, run_calls
+from .controller import Journaled, Plan, RunController, Send
+from .progress import wanted
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -141,22 +140,28 @@ class Resumable(Generic[OptionsT]):
         self._form = Items(None if template is None else template.url)
         self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
         if self.journal is not None:
-            self._open(self.journal, fresh=fresh, template=template)
+            self._open(fresh=fresh, template=template)
 
-    def _open(self, path: Path, *, fresh: bool, template: Template | None) -> None:
-        """Check the items' ids, then replace the journal at ``path`` (``fresh``) or take
-        back what it holds, under its lock."""
+    def _controller(self) -> RunController:
+        """What runs this batch, holding its journal's lock while entered."""
+        if self.journal is None:
+            return RunController(None)
+        return RunController(Journaled(self.journal, self._stored, self._identity))
+
+    def _open(self, *, fresh: bool, template: Template | None) -> None:
+        """Check the items' ids, then replace the journal (``fresh``) or take back what it
+        holds, under its lock."""
         if template is None:  # (a template's rows: each id is checked when it is built)
             _check_ids(self.items)
-        with locked(path):
-            if fresh:
-                remove(path)
-            elif path.exists():
-                self._load(path)
-
-    def _load(self, path: Path) -> None:
         hint = "give another journal, or fresh=True to replace it"
-        kept = read_back(path, self._identity, self._restore, hint)
+        with self._controller() as controller:
+            if fresh:
+                controller.replace()
+            else:
+                self._take(controller.kept(len(self.items), self._restore, hint))
+
+    def _take(self, kept: Kept) -> None:
+        """The state ``kept`` in a journal, as this batch's."""
         self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
         self._stints, self._timeline = kept.stints, kept.timeline
 
@@ -168,8 +173,8 @@ class Resumable(Generic[OptionsT]):
         """The journal's texts for a Result."""
         raise NotImplementedError
 
-    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
-        """Run what is ``left`` through the assembly."""
+    def _send(self) -> Send:
+        """What sends this batch's items: the assembly's engine run for its job."""
         raise NotImplementedError
 
     @property
@@ -217,29 +222,19 @@ class Resumable(Generic[OptionsT]):
             if retry_failed is not True and not kinds:
                 raise ValueError("retry_failed: name at least one error kind, or give True")
             self._retry_pass(kinds)
-        left = Left(self._marks, self._form, self._done.get)
-        gates = self._gates
-        with gates.waits.lock:
-            timeline = dict(gates.waits.timeline)
-        with contextlib.ExitStack() as held:
-            bar = counter(self.pending, wanted(self._progress))
-            so_far = progress_of(self._pass, bar, gates)
-            passing = self._pass if self.pending else None  # (none: nothing to send)
-            journal = None
-            if self.journal is not None:
-                held.enter_context(locked(self.journal))  # JournalInUse: another run has it
-                journal = open_journal(self.journal, self._stored, self._identity, passing, so_far)
+        plan = Plan(self._pass, Left(self._marks, self._form, self._done.get))
+        with self._controller() as controller:  # JournalInUse: another run has the journal
             try:
-                with bar:
-                    self._execute(left, bar, journal)
+                controller.run(
+                    self._send(),
+                    enumerate(self.items),
+                    self._keep,
+                    plan=plan,
+                    gates=self._gates,
+                    progress=wanted(self._progress),
+                    stints=self._stints,
+                )
             finally:
-                stint = so_far()
-                if passing is not None:
-                    self._stints.append(stint)
-                if journal is not None:
-                    with gates.waits.lock:
-                        added = difference(gates.waits.timeline, timeline)
-                    journal.close(added, stint)
                 log_summary(self._summary)
         return self.results
 
@@ -268,11 +263,6 @@ class Resumable(Generic[OptionsT]):
     def _remade_with(self) -> tuple[Any, ...]:
         """The positional arguments that make this batch again."""
         return (self.items,)
-
-    def _earlier(self, left: Left[Any]) -> Earlier | None:
-        """``left.taken``; None when no item has a Result yet that a new one adds to, so a
-        run that starts with none delivers each Result without a look-up."""
-        return left.taken if self._done else None
 
     def _keep(self, result: Result, item: object) -> None:
         # (most Results are answers, with no page to go on from: final, done in any pass)
@@ -381,18 +371,10 @@ class Batch(Resumable[FetchOptions]):
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         return encode_result(result, item)
 
-    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
+    def _send(self) -> Send:
         template = self._template
-        return fetch(
-            self.options,
-            left.sent(enumerate(self.items)),
-            self._keep,
-            gates=self._gates,
-            progress=bar,
-            journal=journal,
-            wrap=None if template is None else partial(RowJob, template=template),
-            earlier=self._earlier(left),
-        )
+        wrap = None if template is None else partial(RowJob, template=template)
+        return partial(fetch, self.options, wrap=wrap)
 
 
 class RowJob(WrappedJob):
@@ -510,17 +492,8 @@ class CallBatch(Resumable[CallOptions]):
             raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
         return encode_result(result, item)
 
-    def _execute(self, left: Left[Any], bar: Tally, journal: Journal | None) -> Ran:
-        return run_calls(
-            self.options,
-            self._fn,
-            left.sent(enumerate(self.items)),
-            self._keep,
-            gates=self._gates,
-            progress=bar,
-            journal=journal,
-            earlier=self._earlier(left),
-        )
+    def _send(self) -> Send:
+        return partial(run_calls, self.options, self._fn)
 
     def _remade_with(self) -> tuple[Any, ...]:
         return (self._fn, self.items)

@@ -9,7 +9,6 @@ client redoes only the partitions that had not finished.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
@@ -21,10 +20,13 @@ from ..core.engine import Deliver, Job
 from ..core.result import Result
 from ..jobs.fetch import HttpJob
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions, build
+from ..limits.gates import Gates
 from ..output.resultset import ResultSet
-from ..store.resume import Items, Kept, Left, read_back
-from .assembly import Stoppable, adding_to, fetch, journaling, open_journal, run_calls
+from ..store.resume import Items, Left
+from .assembly import Ran, Stoppable, fetch, run_calls
 from .batch import Item, encode_result, identity_of
+from .controller import Journaled, Plan, RunController, Send
+from .progress import Tally
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]
@@ -78,25 +80,35 @@ def partitions(pairs: Iterable[tuple[int, Any]], size: int) -> Iterator[Partitio
         yield chunk
 
 
-def distribute(
+def on_cluster(
     client: Any,
     task: PartitionRun,
-    pending: Iterable[tuple[int, Any]],
-    *,
     partition_size: int,
-    deliver: Deliver,
     on_start: Callable[[Stoppable], None] = lambda run: None,
-) -> bool:
-    """Run the ``pending`` (index, item) pairs on the cluster, a partition at a time, each
-    Result delivered here with its item as its partition comes back; whether it was stopped
-    (``on_start`` sees what runs it, to stop it on a signal)."""
-    distributor = Distributor(client, task)
-    on_start(distributor)
-    for partition, results in distributor.run(partitions(pending, partition_size)):
-        items = dict(partition)
-        for result in results:
-            deliver(result, items[result.index])
-    return distributor.stopped
+) -> Send:
+    """What sends a run's items to the cluster of ``client`` (``controller.Send``): a
+    partition of at most ``partition_size`` at a time, each run there by ``task``, its
+    Results counted and delivered here with their items as it comes back; the limits are the
+    workers' (the run's ``gates`` are left alone). ``on_start`` sees what runs it, to stop it
+    on a signal."""
+
+    def send(
+        items: Iterable[tuple[int, object]],
+        deliver: Deliver,
+        *,
+        gates: Gates | None,
+        progress: Tally,
+    ) -> Ran:
+        distributor = Distributor(client, task)
+        on_start(distributor)
+        for partition, results in distributor.run(partitions(items, partition_size)):
+            sent = dict(partition)
+            for result in results:
+                progress.item_finished(result)
+                deliver(result, sent[result.index])
+        return Ran(distributor.stopped, False, {}, 0)
+
+    return send
 
 
 def fetch_on_cluster(
@@ -163,28 +175,19 @@ def _on_cluster(
     how they are paginated, which a resumed journal must have been made with."""
     if partition_size < 1:
         raise ValueError(f"partition_size must be at least 1, got {partition_size}")
-    path = None if journal is None else Path(journal)
-    identity = {} if path is None else identity_of(listed, strict=strict) | (paging or {})
-    kept = _kept_in(path, identity, len(listed))
-    done = kept.done
-    left = Left(kept.marks, Items(), done.get)
-    deliver = _collector(done)
-    store = None if path is None else open_journal(path, encode_result, identity)
-    started = time.monotonic()
-    try:
-        if store is not None:
-            deliver = journaling(store, deliver)
-        pending = left.sent(enumerate(listed))
-        deliver = adding_to(left.taken, deliver)
-        distribute(client, task, pending, partition_size=partition_size, deliver=deliver)
-    finally:
-        if store is not None:
-            store.close()
-    return ResultSet([done[index] for index in range(len(listed))], time.monotonic() - started)
-
-
-def _kept_in(path: Path | None, identity: dict[str, str], size: int) -> Kept:
-    """What the journal at ``path`` holds of the ``size`` items (nothing without one)."""
-    if path is not None and path.exists():
-        return read_back(path, identity, Result.from_dict, "give another journal, or delete it")
-    return Kept.nothing(size)
+    journaled = None
+    if journal is not None:
+        identity = identity_of(listed, strict=strict) | (paging or {})
+        journaled = Journaled(Path(journal), encode_result, identity)
+    with RunController(journaled) as controller:
+        kept = controller.kept(len(listed), Result.from_dict, "give another journal, or delete it")
+        done = kept.done
+        ended = controller.run(
+            on_cluster(client, task, partition_size),
+            enumerate(listed),
+            _collector(done),
+            plan=Plan(kept.passing, Left(kept.marks, Items(), done.get)),
+            gates=None,
+            progress=False,
+        )
+    return ResultSet([done[index] for index in range(len(listed))], ended.stint.elapsed)

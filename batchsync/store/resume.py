@@ -5,7 +5,8 @@ A journal says what the run's current pass does with each item (``Pass.does``): 
 it (no final Result yet), send it again (a failure the pass retries) or go on from its next
 page (a paginated item stopped partway). ``Left.sent`` turns that into what a runner sends,
 each item in the runner's own form (an item, a table row, an input entry), and keeps the
-Result each item sent again already has, for the run to add its new one to (``adding_to``).
+Result each item sent again already has, for the run to add its new one to
+(``controller.adding_to``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ class Left(Generic[T]):
     def count(self) -> int:
         """How many items the pass has still to send."""
         return len(self.marks) - self.marks.count(DONE)
+
+    @property
+    def earlier(self) -> Callable[[int], Result | None] | None:
+        """``taken``; None when the pass sends no item again and goes on with none, so that
+        a run with no Result to add to delivers each new one without a look-up."""
+        marks = self.marks
+        if marks.count(DONE) + marks.count(TO_SEND) == len(marks):
+            return None
+        return self.taken
 
     def sent(self, items: Iterable[tuple[int, T]]) -> Iterator[tuple[int, T]]:
         """The (index, item) pairs the pass sends, read lazily: an item with a final Result
