@@ -546,11 +546,15 @@ def taken(model: type[OptionsT], given: Mapping[str, object], taker: str) -> Opt
 def spelled_out(settings: type, model: type[EngineOptions]) -> Callable[[F], F]:
     """Show the decorated function's ``**options: Unpack[settings]`` to ``help()`` and
     ``inspect.signature`` as the options themselves: keyword-only, typed as ``settings``
-    types them, with ``model``'s defaults."""
+    types them (as the model does for one settings.py does not have yet: the test that
+    generates it says so), with ``model``'s defaults."""
     types = typing.get_type_hints(settings)
     options = [
         inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=types[name]
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=field.default,
+            annotation=types.get(name, field.annotation),
         )
         for name, field in model.model_fields.items()
     ]
