@@ -1,6 +1,7 @@
-"""One list of options with one set of defaults: the library's signatures, ``help()``, the
-CLI's ``--help``, the options table of the docs (docs/library.md) and DESIGN.md all agree with
-``FetchOptions``."""
+"""One list of options with one set of defaults: each option declared once (``FetchOptions``,
+``CallOptions``), the CLI's options and the library's typed keywords (jobs/settings.py,
+generated here) made from the declarations, and the library's signatures, ``help()``, the
+options table of the docs (docs/library.md) and DESIGN.md agreeing with them."""
 
 from __future__ import annotations
 
@@ -117,6 +118,17 @@ def test_each_flag_declared_with_an_option_is_the_commands_option() -> None:
             assert options[name].help == flag.help, name
     assert set(options) & set(FetchOptions.model_fields) == set(flagged)
     assert set(flagged) >= CLI_NAMES
+
+
+def test_call_resilient_and_limits_name_the_call_options_with_their_defaults() -> None:
+    """The single-call forms spell their options out (their ``**kwargs`` are the function's,
+    DESIGN.md names them): each is a call option, with the model's default."""
+    calls = {name: field.default for name, field in CallOptions.model_fields.items()}
+    for function in (batchsync.call, batchsync.resilient, batchsync.Limits.__init__):
+        given = keyword_defaults(function)
+        assert len(set(given) & set(calls)) >= 7, function
+        for name in set(given) & set(calls):
+            assert given[name] == calls[name], (function, name)
 
 
 def test_the_keywords_are_typed_for_type_checkers() -> None:
