@@ -1,10 +1,12 @@
-"""One list of options with one set of defaults: the library's signatures, ``help()``, the
-CLI's ``--help``, the options table of the docs (docs/library.md) and DESIGN.md all agree with
-``FetchOptions``."""
+"""One list of options with one set of defaults: each option declared once (``FetchOptions``,
+``CallOptions``), the CLI's options and the library's typed keywords (jobs/settings.py,
+generated here) made from the declarations, and the library's signatures, ``help()``, the
+options table of the docs (docs/library.md) and DESIGN.md agreeing with them."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import inspect
 import pydoc
@@ -19,6 +21,7 @@ import pytest
 import batchsync
 from batchsync import Batch, fetch_all, run_all
 from batchsync.cli import command
+from batchsync.jobs.flags import Flag
 from batchsync.jobs.options import CallOptions, FetchOptions, FlowOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +103,45 @@ def test_the_cli_defaults_are_the_libraries() -> None:
         assert default == MODEL[name], name
 
 
+def test_each_flag_declared_with_an_option_is_the_commands_option() -> None:
+    """The CLI's library options are made from the declarations: each flagged field is the
+    command's option of that name, spelled and explained as its flag says, and no option of
+    the command is a library option declared by hand."""
+    options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    flagged = {}
+    for name, field in FetchOptions.model_fields.items():
+        flag = next((m for m in field.metadata if isinstance(m, Flag)), None)
+        if flag is not None:
+            flagged[name] = flag
+            spelled = [word for names in flag.names for word in names.split("/")]
+            assert [*options[name].opts, *options[name].secondary_opts] == spelled, name
+            assert options[name].help == flag.help, name
+    assert set(options) & set(FetchOptions.model_fields) == set(flagged)
+    assert set(flagged) >= CLI_NAMES
+
+
+def test_call_resilient_and_limits_name_the_call_options_with_their_defaults() -> None:
+    """The single-call forms spell their options out (their ``**kwargs`` are the function's,
+    DESIGN.md names them): each is a call option, with the model's default."""
+    calls = {name: field.default for name, field in CallOptions.model_fields.items()}
+    for function in (batchsync.call, batchsync.resilient, batchsync.Limits.__init__):
+        given = keyword_defaults(function)
+        assert len(set(given) & set(calls)) >= 7, function
+        for name in set(given) & set(calls):
+            assert given[name] == calls[name], (function, name)
+
+
+def test_the_keywords_are_typed_for_type_checkers() -> None:
+    """mypy --strict (``make lint``) reads this file: an option of the wrong type is its
+    error here, which each ignore expects (strict mode makes an unneeded ignore an error)."""
+    with pytest.raises(ValueError, match="invalid option: concurrency"):
+        fetch_all([], concurrency="many")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid option: attempts"):
+        run_all(str, [], attempts=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'concurency'"):
+        Batch([], concurency=4)  # type: ignore[call-arg]
+
+
 def options_table_text() -> str:
     text = OPTIONS_PAGE.read_text()
     assert text.count("\n## Options\n") == 1, f"{OPTIONS_PAGE} has one '## Options' section"
@@ -177,3 +219,117 @@ def _same_number(given: object, written: str) -> bool:
         return float(written) == given
     except ValueError:
         return given is None and written == "none"
+
+
+# The library's typed keywords (``**options: Unpack[FetchSettings]``), generated from the
+# declarations: ``python tests/test_api_surface.py`` writes it again.
+SETTINGS = ROOT / "batchsync" / "jobs" / "settings.py"
+DECLARATIONS = ROOT / "batchsync" / "jobs" / "options.py"
+SETTINGS_OF = {"FetchSettings": "FetchOptions", "CallSettings": "CallOptions"}
+SETTINGS_DOC = '''"""The options as keywords, for ``**options: Unpack[FetchSettings]``: what a
+caller may give for each option that ``FetchOptions`` (``fetch_all``, ``Batch``) and
+``CallOptions`` (``run_all``, ``CallBatch``) declare in options.py: its type there, or its
+``Takes``.
+
+Generated from those declarations by ``python tests/test_api_surface.py`` (and checked by it):
+change the declarations, never this file.
+"""'''
+
+
+def settings_source() -> str:
+    """settings.py as the declarations in options.py make it: a TypedDict per options
+    model, a key per field typed as written there (its ``Takes`` when it has one), and the
+    imports of the names those types use, as options.py imports them; read from its source."""
+    source = DECLARATIONS.read_text()
+    tree = ast.parse(source)
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    used: set[str] = {"TypedDict"}
+    written = []
+    for name, model in SETTINGS_OF.items():
+        lines = [
+            f"class {name}(TypedDict, total=False):",
+            f'    """``{model}`` as keywords."""',
+            "",
+        ]
+        for field, annotation in _fields(classes, model).items():
+            given = _given_type(annotation)
+            used |= {n.id for n in ast.walk(given) if isinstance(n, ast.Name)}
+            text = " ".join(str(ast.get_source_segment(source, given)).split())
+            lines.append(f"    {field}: {text}")
+        written.append("\n".join(lines))
+    return "\n\n\n".join([SETTINGS_DOC + "\n\n" + _imports(tree, used), *written]) + "\n"
+
+
+def _fields(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.expr]:
+    """A model's fields, its bases' first, in pydantic's order: an option declared again
+    keeps its place and takes the new annotation."""
+    node = classes[name]
+    fields: dict[str, ast.expr] = {}
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in classes:
+            fields |= _fields(classes, base.id)
+    for statement in node.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            fields[statement.target.id] = statement.annotation
+    return fields
+
+
+def _given_type(annotation: ast.expr) -> ast.expr:
+    """The type a caller gives: a field's annotation, less ``Annotated``'s markers, or what
+    its ``Takes(...)`` says."""
+    if not (isinstance(annotation, ast.Subscript) and _named(annotation.value, "Annotated")):
+        return annotation
+    assert isinstance(annotation.slice, ast.Tuple)
+    kept, *markers = annotation.slice.elts
+    for marker in markers:
+        if isinstance(marker, ast.Call) and _named(marker.func, "Takes"):
+            return marker.args[0]
+    return kept
+
+
+def _named(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _imports(tree: ast.Module, used: set[str]) -> str:
+    """``from X import ...`` lines for ``used``, from where options.py takes each name (its
+    own names from ``.options``), in the order ruff's isort keeps: the standard library's,
+    then the package's, farthest first."""
+    where: dict[str, tuple[int, str]] = {"TypedDict": (0, "typing")}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            where |= {alias.name: (node.level, node.module or "") for alias in node.names}
+        elif isinstance(node, ast.Assign):
+            where |= {t.id: (1, "options") for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ClassDef):
+            where[node.name] = (1, "options")
+    modules: dict[tuple[int, str], list[str]] = {}
+    for name in sorted(used - set(dir(builtins))):
+        modules.setdefault(where[name], []).append(name)
+    order = sorted(modules, key=lambda place: (place[0] > 0, -place[0], place[1]))
+    lines = [_import_line("." * level + module, modules[level, module]) for level, module in order]
+    standard = sum(1 for level, _ in order if level == 0)
+    return "\n\n".join(
+        [
+            "from __future__ import annotations",
+            "\n".join(lines[:standard]),
+            "\n".join(lines[standard:]),
+        ]
+    )
+
+
+def _import_line(module: str, names: list[str]) -> str:
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= 100:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")"
+
+
+def test_the_typed_keywords_are_generated_from_the_declarations() -> None:
+    assert SETTINGS.read_text() == settings_source(), (
+        "the options' declarations changed: run python tests/test_api_surface.py"
+    )
+
+
+if __name__ == "__main__":
+    SETTINGS.write_text(settings_source())

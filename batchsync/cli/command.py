@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import click
 import urllib3
@@ -23,29 +23,23 @@ from ..core.redact import RedactingFilter, Secrets
 from ..core.result import error_kinds
 from ..http.auth import AuthFailed, CommandToken
 from ..http.template import Template, parse_body
-from ..jobs.options import DEFAULT, MAX_CONCURRENCY, FetchOptions, build
-from ..limits.breaker import Breaker
-from ..limits.cooldown import CooldownScope
+from ..jobs.flags import header_names
+from ..jobs.options import FetchOptions, build
+from ..jobs.settings import FetchSettings
 from ..output.columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..run.progress import wanted
 from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
-    BREAKER_DEFAULT,
     FilePath,
+    library_options,
     names_folder,
     parse_auth_command,
-    parse_breaker,
     parse_dask_address,
-    parse_header_names,
-    parse_headers,
-    parse_hedge_after,
     parse_metrics_port,
     parse_prefix,
-    parse_rate_option,
     parse_redis_url,
-    parse_retry_statuses,
-    positive,
+    reading,
     resume_command,
     split_address,
 )
@@ -161,151 +155,7 @@ def _retry_kinds(
     help="With --url: how INPUT is read. auto: .csv is CSV, .tsv or .tab is TSV (both with a "
     "header row), anything else (and -) JSON records, one object per line.",
 )
-@click.option(
-    "-c",
-    "--concurrency",
-    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
-    default=DEFAULT.concurrency,
-    help=f"At most N items in progress at once (1 to {MAX_CONCURRENCY}).",
-)
-@click.option(
-    "--attempts",
-    type=click.IntRange(min=1),
-    default=DEFAULT.attempts,
-    help="Total tries per item, the first included.",
-)
-@click.option(
-    "--retry-statuses",
-    default=DEFAULT.retry_statuses,
-    metavar="CODES",
-    callback=parse_retry_statuses,
-    help="The HTTP statuses retried, e.g. 429,502-504 or 5xx (none: no status). Timeouts and "
-    "dropped connections are retried whatever this says, and so is a 403 whose Retry-After "
-    "or rate-limit headers say the quota is spent.",
-)
-@click.option(
-    "--timeout",
-    type=positive,
-    default=DEFAULT.timeout,
-    metavar="SECONDS",
-    help="Wall-clock bound of one attempt, body included.",
-)
-@click.option(
-    "--budget",
-    type=positive,
-    default=DEFAULT.budget,
-    metavar="SECONDS",
-    help="Seconds per item from when a worker takes it, retry waits included.",
-)
-@click.option(
-    "--deadline",
-    type=positive,
-    default=DEFAULT.deadline,
-    metavar="SECONDS",
-    help="Seconds for the whole batch; items not started by then are not sent.  [default: none]",
-)
-@click.option(
-    "--expect",
-    type=click.Choice(["json", "text", "bytes"]),
-    default=DEFAULT.expect,
-    help="How to read bodies; bytes are written as base64.",
-)
-@click.option(
-    "--max-bytes",
-    type=click.IntRange(min=1),
-    default=DEFAULT.max_bytes,
-    metavar="BYTES",
-    help="A larger body fails as invalid_body; with --paginate, an item's pages together "
-    "are bounded the same (its data keeps the pages within it).",
-)
-@click.option(
-    "--rate",
-    callback=parse_rate_option,
-    default=DEFAULT.rate,
-    metavar="N[/s|/min|/h]",
-    help="At most this many attempts in any second (or minute, hour: 500/min) over all "
-    "workers, retries included, as the server counts them: give the limit itself. Sends are "
-    "evenly paced (no burst at the start); an attempt counts until a period after it ended. "
-    "auto: the requests (and, without --token-rate, the tokens) a minute that the API's "
-    "rate-limit headers announce (OpenAI's x-ratelimit-limit-*, Anthropic's "
-    "anthropic-ratelimit-*-limit), following each answer.  [default: none; a bare N is per "
-    "second]",
-)
-@click.option(
-    "--token-rate",
-    callback=parse_rate_option,
-    default=None,
-    metavar="N[/s|/min|/h]",
-    help="At most this many LLM tokens in any second, minute or hour over all workers "
-    "(200000/min), held as --rate holds its count: give the limit itself. Each item takes its "
-    "request body's estimated tokens (the text of messages, input or prompt at about 4 "
-    "characters a token, plus max_tokens x n) before it is sent, or its usage when the answer "
-    "says more. An item that needs more than the whole budget fails at once, unsent.  "
-    "[default: none]",
-)
-@click.option(
-    "--per-host",
-    type=click.IntRange(min=1),
-    default=DEFAULT.per_host,
-    metavar="N",
-    help="At most N attempts in flight to one host.  [default: none]",
-)
-@click.option(
-    "--cooldown",
-    type=click.Choice(["host", "global", "off"]),
-    default=DEFAULT.cooldown,
-    help="After a 429 or 503 with Retry-After, hold every worker's attempts to that host "
-    "(or to all hosts) until it has passed.",
-)
-@click.option(
-    "--breaker",
-    default="on",
-    metavar="RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]]|on|off",
-    callback=parse_breaker,
-    help="Open a host's circuit when at least RATIO of its last WINDOW attempts failed "
-    "(connection errors, timeouts, 5xx, 429 without Retry-After), once MIN_CALLS were seen; "
-    "an open circuit holds the host's items for SECONDS, then lets one probe through: its "
-    "success closes the circuit, its failure starts another break. An item ends as "
-    "circuit_open only when its budget or the deadline cannot cover the wait. "
-    f"on = {BREAKER_DEFAULT}.",
-)
-@click.option(
-    "--adaptive",
-    default=DEFAULT.adaptive,
-    is_flag=True,
-    help="Find the API's capacity: raise the attempts in flight (up to the concurrency) "
-    "until 429, 503 or timeouts, then halve them.",
-)
-@click.option(
-    "--dedup/--no-dedup",
-    default=DEFAULT.dedup,
-    help="Send identical GET/HEAD requests that are in flight together once (by default "
-    "N items are N requests).",
-)
-@click.option(
-    "--cookies/--no-cookies",
-    default=DEFAULT.cookies,
-    help="Keep the cookies responses set, each sent back only to the origin (scheme, host, "
-    "port) that set it.",
-)
-@click.option(
-    "--hedge-after",
-    default=None,
-    metavar="SECONDS|p95",
-    callback=parse_hedge_after,
-    help="GETs unanswered after this long get a second identical request; the first "
-    "answer wins.  [default: off]",
-)
-@click.option(
-    "-H",
-    "--header",
-    "headers",
-    multiple=True,
-    metavar="'Name: value'",
-    callback=parse_headers,
-    help="Header for every request (repeatable). Values are never logged or "
-    "written out, and never sent to another host on a redirect.",
-)
+@library_options(FetchOptions)
 @click.option(
     "--auth-command",
     default=None,
@@ -321,72 +171,8 @@ def _retry_kinds(
     "--auth-header",
     default="Authorization",
     metavar="NAME",
-    callback=parse_header_names,
+    callback=reading(header_names),
     help="The header --auth-command's output goes in.",
-)
-@click.option(
-    "--secret-header",
-    "secret_headers",
-    multiple=True,
-    metavar="NAME",
-    callback=parse_header_names,
-    help="Treat this item header as a secret too, like Authorization (repeatable).",
-)
-@click.option(
-    "--secret-param",
-    "secret_params",
-    multiple=True,
-    metavar="NAME",
-    help="Treat this query parameter's value as a secret too, like api_key, token or sig "
-    "(repeatable; names are case-insensitive).",
-)
-@click.option(
-    "--quota-headers/--no-quota-headers",
-    default=DEFAULT.quota_headers,
-    help="When a host's rate-limit headers (X-RateLimit-Remaining/-Reset, RateLimit-*, the "
-    "IETF RateLimit field) say its quota is spent, hold its new attempts until the reset; a "
-    "403 saying so is retried after it.",
-)
-@click.option(
-    "--paginate",
-    default=DEFAULT.paginate,
-    metavar="HOW",
-    help="Follow each item's pages, each a retried attempt within the item's budget: link "
-    '(the Link header\'s rel="next"), json:PATH (the next URL, or a cursor sent as '
-    "--cursor-param, at a JMESPath in the body), page:PARAM (1, 2, … until an empty page) or "
-    "offset:PARAM,STEP (0, STEP, … until an empty page). The item's data is the list of its "
-    "pages' bodies (see --items); a page that fails keeps the pages before it, and --resume "
-    "goes on from it.",
-)
-@click.option(
-    "--cursor-param",
-    default=DEFAULT.cursor_param,
-    show_default=True,
-    metavar="NAME",
-    help="The query parameter a cursor found by --paginate json:PATH is sent in.",
-)
-@click.option(
-    "--max-pages",
-    type=click.IntRange(min=1),
-    default=DEFAULT.max_pages,
-    metavar="N",
-    help="Fetch at most N pages of each item (with --paginate).",
-)
-@click.option(
-    "--items",
-    "page_items",
-    default=DEFAULT.page_items,
-    metavar="PATH",
-    help="With --paginate: the item's data is one flat list of the records at this JMESPath "
-    "in each page (e.g. data.items), instead of the list of whole pages.",
-)
-@click.option(
-    "--deny-private",
-    default=DEFAULT.deny_private,
-    is_flag=True,
-    help="Refuse hosts that resolve to loopback, private, link-local or multicast addresses "
-    "(checked after DNS, on every redirect and on each connection), for URL lists from "
-    "elsewhere.",
 )
 @click.option(
     "--cacert",
@@ -426,18 +212,6 @@ def _retry_kinds(
     callback=parse_redis_url,
     help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
     "through this Redis server, e.g. redis://127.0.0.1:6379/0; needs the redis extra.",
-)
-@click.option(
-    "--namespace",
-    default=DEFAULT.namespace,
-    help="The shared quota's name in Redis: processes with the same one share their limits.",
-)
-@click.option(
-    "--lease-ttl",
-    type=positive,
-    default=DEFAULT.lease_ttl,
-    metavar="SECONDS",
-    help="With --redis: how long the per-host slots of a process that died stay taken.",
 )
 @click.option(
     "--dask",
@@ -545,41 +319,13 @@ def command(
     row_as_body: bool,
     id_field: str | None,
     input_format: str,
-    concurrency: int,
-    attempts: int,
-    retry_statuses: str,
-    timeout: float,
-    budget: float,
-    deadline: float | None,
-    expect: str,
-    max_bytes: int,
-    rate: str | None,
-    token_rate: str | None,
-    per_host: int | None,
-    cooldown: CooldownScope,
-    breaker: Breaker | None,
-    adaptive: bool,
-    dedup: bool,
-    cookies: bool,
-    hedge_after: float | str | None,
-    headers: dict[str, str],
     auth_command: str | None,
     auth_header: str,
-    secret_headers: tuple[str, ...],
-    secret_params: tuple[str, ...],
-    deny_private: bool,
-    quota_headers: bool,
-    paginate: str | None,
-    cursor_param: str,
-    max_pages: int | None,
-    page_items: str | None,
     cacert: str | None,
     client_cert: str | None,
     client_key: str | None,
     insecure: bool,
     redis_url: str | None,
-    namespace: str,
-    lease_ttl: float,
     dask_address: str | None,
     partition_size: int,
     metrics_port: str | None,
@@ -593,6 +339,7 @@ def command(
     progress: bool | None,
     verbose: int,
     quiet: bool,
+    **options: Unpack[FetchSettings],
 ) -> int:
     """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
     retries."""
@@ -605,42 +352,14 @@ def command(
     prefix = output_prefix(prefix, input_name)
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-    options = _fetch_options(
-        concurrency=concurrency,
-        attempts=attempts,
-        timeout=timeout,
-        budget=budget,
-        deadline=deadline,
-        expect=expect,
-        max_bytes=max_bytes,
-        headers=headers or None,
-        retry_statuses=retry_statuses,
-        rate=rate,
-        token_rate=token_rate,
-        per_host=per_host,
-        cooldown=cooldown,
-        breaker=breaker,
-        adaptive=adaptive,
-        dedup=dedup,
-        cookies=cookies,
-        hedge_after=hedge_after,
-        secret_headers=secret_headers,
-        secret_params=secret_params,
-        deny_private=deny_private,
-        quota_headers=quota_headers,
-        paginate=paginate,
-        cursor_param=cursor_param,
-        max_pages=max_pages,
-        page_items=page_items,
-        **tls,
-    )
-    options, cluster = _scaled_out(options, redis_url, namespace, lease_ttl, dask_address)
+    checked = _fetch_options({**options, **tls})
+    checked, cluster = _scaled_out(checked, redis_url, dask_address)
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     source = _source(input_name, template, input_format)
     outcome, secrets = _run(
         source,
-        options,
+        checked,
         prefix,
         cluster=cluster,
         auth_command=auth_command,
@@ -656,17 +375,20 @@ def command(
     return _report(outcome, quiet, _as_resumed(input_name), secrets)
 
 
-def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) -> dict[str, Any]:
+def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) -> FetchSettings:
     """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``;
     UsageError for options that contradict or lack each other."""
     if insecure and cacert is not None:
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
-    if key is not None and cert is None:
+    verify = False if insecure else cacert
+    if key is None:
+        return {"verify": verify, "cert": cert}
+    if cert is None:
         raise click.UsageError("--key needs --cert")
-    return {"verify": False if insecure else cacert, "cert": cert if key is None else (cert, key)}
+    return {"verify": verify, "cert": (cert, key)}
 
 
-def _fetch_options(**settings: Any) -> FetchOptions:
+def _fetch_options(settings: FetchSettings) -> FetchOptions:
     """The run's FetchOptions, checked: UsageError for what they refuse."""
     try:
         return build(FetchOptions, **settings)
@@ -677,15 +399,13 @@ def _fetch_options(**settings: Any) -> FetchOptions:
 def _scaled_out(
     options: FetchOptions,
     redis_url: str | None,
-    namespace: str,
-    lease_ttl: float,
     dask_address: str | None,
 ) -> tuple[FetchOptions, Any]:
     """``options`` with limits shared through Redis (--redis), and the Dask client the run
     goes on (--dask; None to run here); UsageError when either cannot be had."""
     try:
         if redis_url is not None:
-            shared = contrib.shared_limits(redis_url, namespace, lease_ttl)
+            shared = contrib.shared_limits(redis_url, options.namespace, options.lease_ttl)
             options = options.model_copy(update={"limits": shared})
         cluster = None if dask_address is None else _cluster_client(dask_address)
     except ValueError as exc:

@@ -1,23 +1,25 @@
-"""The command line's own option values: parsing them, and showing them again (masked) in
-the line that resumes a run."""
+"""The command line's options: those of the library made from their declarations
+(``library_options``), the command's own values parsed, and shown again (masked) in the line
+that resumes a run."""
 
 from __future__ import annotations
 
 import math
 import os
 import shlex
+import types
+import typing
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import click
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from ..core.redact import MASK, Secrets
-from ..http.retries import parse_statuses
-from ..jobs.options import MAX_SETTING_SECONDS
-from ..limits.breaker import Breaker
-from ..limits.rates import parse_rate
+from ..jobs.flags import Flag
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -31,7 +33,89 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-positive = FiniteFloatRange(min=0, min_open=True, max=MAX_SETTING_SECONDS)
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def library_options(model: type[BaseModel]) -> Callable[[FC], FC]:
+    """The click options of every field of ``model`` that has a ``Flag``, in the model's
+    order: names, help and parser from the flag; type, bounds and default from the field."""
+
+    def add(command: FC) -> FC:
+        for name, field in reversed(model.model_fields.items()):
+            flag = next((m for m in field.metadata if isinstance(m, Flag)), None)
+            if flag is not None:
+                command = click.option(*flag.names, name, **_option_settings(field, flag))(command)
+        return command
+
+    return add
+
+
+def _option_settings(field: FieldInfo, flag: Flag) -> dict[str, Any]:
+    """click.option's keywords for a declared option."""
+    kinds = [k for k in _members(field.annotation) if k is not type(None)]
+    several = any(typing.get_origin(k) in (tuple, dict) for k in kinds)
+    settings: dict[str, Any] = {"help": flag.help, "multiple": several}
+    if not several:
+        settings["default"] = field.default if flag.typed_default is None else flag.typed_default
+    if flag.metavar is not None:
+        settings["metavar"] = flag.metavar
+    if flag.show_default is not None:
+        settings["show_default"] = flag.show_default
+    if kinds == [bool] and "/" not in flag.names[0]:
+        settings["is_flag"] = True
+    if flag.parse is not None:
+        settings["callback"] = reading(flag.parse)
+    elif kinds != [bool]:
+        settings["type"] = _click_type(kinds, field.metadata)
+    return settings
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The types a union joins; the type itself when it is none."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return typing.get_args(annotation) if union else (annotation,)
+
+
+def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, Any] | None:
+    """The click type that checks what the field's type and bounds would: a choice of its
+    literals, an integer or finite float range; None (text) for anything else."""
+    choices = [c for k in kinds if typing.get_origin(k) is Literal for c in typing.get_args(k)]
+    if choices:
+        return click.Choice(choices)
+    if len(kinds) != 1:
+        return None
+    kind, constraints = kinds[0], list(metadata)
+    if typing.get_origin(kind) is Annotated:  # (``Seconds | None``: the bounds are inside)
+        kind, *inner = typing.get_args(kind)
+        constraints += [c for info in inner for c in getattr(info, "metadata", [info])]
+    bounds: dict[str, Any] = {
+        name: getattr(c, name)
+        for c in constraints
+        for name in ("ge", "gt", "le")
+        if hasattr(c, name)
+    }
+    if kind is int:
+        return click.IntRange(min=bounds.get("ge"), max=bounds.get("le"))
+    if kind is float:
+        above = "gt" in bounds
+        low = bounds["gt"] if above else bounds.get("ge")
+        return FiniteFloatRange(min=low, min_open=above, max=bounds.get("le"))
+    return None
+
+
+def reading(
+    parse: Callable[[Any], object],
+) -> Callable[[click.Context, click.Parameter, Any], object]:
+    """A parser of flag text (jobs.flags) as a click callback: its ValueError is click's
+    usage line."""
+
+    def read(ctx: click.Context, param: click.Parameter, value: Any) -> object:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return read
 
 
 class FilePath(click.Path):
@@ -47,40 +131,6 @@ class FilePath(click.Path):
 def _controls(text: str) -> bool:
     """Whether ``text`` holds a control character (NUL, a line break, ESC, ...)."""
     return any(unicodedata.category(c) == "Cc" for c in text)
-
-
-def _header_name(name: str) -> bool:
-    """Whether ``name`` can be a header's: ASCII, printable, no space or colon."""
-    return (
-        name != ""
-        and name.isascii()
-        and name.isprintable()
-        and not any(c.isspace() or c == ":" for c in name)
-    )
-
-
-def parse_headers(
-    ctx: click.Context, param: click.Parameter, values: Sequence[str]
-) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for number, value in enumerate(values, start=1):
-        name, colon, content = value.partition(":")
-        if not colon or not _header_name(name.strip()):
-            # Never echo the value: it is likely a secret.
-            raise click.BadParameter(f"header {number} is not in the form 'Name: value'")
-        headers[name.strip()] = content.strip()
-    return headers
-
-
-def parse_header_names(
-    ctx: click.Context, param: click.Parameter, value: str | Sequence[str]
-) -> str | Sequence[str]:
-    """--auth-header and --secret-header: header names (ASCII, no space, colon or control
-    character), checked before anything runs."""
-    for name in [value] if isinstance(value, str) else value:
-        if not _header_name(name):
-            raise click.BadParameter(f"{name!r} is not a header name")
-    return value
 
 
 def parse_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -166,68 +216,6 @@ def parse_auth_command(ctx: click.Context, param: click.Parameter, value: str | 
     if value is not None and (not value.strip() or "\0" in value):
         raise click.BadParameter("expected a command that prints the token (not blank, no NUL)")
     return value
-
-
-_BREAKER_FIELDS = (("ratio", float), ("window", int), ("min_calls", int), ("reset", float))
-BREAKER_DEFAULT = ":".join(str(getattr(Breaker(), name)) for name, _ in _BREAKER_FIELDS)
-
-
-def parse_breaker(ctx: click.Context, param: click.Parameter, value: str) -> Breaker | None:
-    """``off``, ``on`` (the defaults) or RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], the fields
-    left out taking their defaults."""
-    if value == "off":
-        return None
-    parts = [] if value == "on" else value.split(":")
-    try:
-        if len(parts) > len(_BREAKER_FIELDS):
-            raise ValueError(f"at most {len(_BREAKER_FIELDS)} fields")
-        fields = zip(_BREAKER_FIELDS, parts, strict=False)
-        return Breaker(**{name: kind(part) for (name, kind), part in fields})
-    except ValueError as exc:
-        raise click.BadParameter(
-            f"expected RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]], on or off ({exc})"
-        ) from None
-
-
-def parse_rate_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--rate and --token-rate as given, once they read as a rate (the library reads them
-    again): N a second, or N/s, N/min, N/h; --rate auto too."""
-    if value is None or (value == "auto" and param.name == "rate"):
-        return value
-    try:
-        parse_rate(value, name=param.name or "rate")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value
-
-
-def parse_retry_statuses(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """--retry-statuses as given, once it names statuses (the library reads it again). Blank
-    is refused: an unset shell variable would turn off every status's retries; ``none``
-    says so."""
-    if not value.strip():
-        raise click.BadParameter("is empty: give the statuses, or none to retry no status")
-    try:
-        parse_statuses(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value
-
-
-def parse_hedge_after(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> float | str | None:
-    if value is None or value == "p95":
-        return value
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= MAX_SETTING_SECONDS:
-        raise click.BadParameter(
-            f"expected a number of seconds above 0, or p95 (at most {MAX_SETTING_SECONDS} s)"
-        )
-    return seconds
 
 
 def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click.Parameter]) -> str:

@@ -1,8 +1,11 @@
-"""Validated options: every bad value is refused here, before any request is sent."""
+"""Validated options, each declared once: every bad value is refused here, before any
+request is sent."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import typing
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -20,43 +23,82 @@ from pydantic import (
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
+from ..http.auth import Auth
 from ..http.paginate import Paging, paging
 from ..http.retries import RETRY_STATUSES, RetryIf, parse_statuses
 from ..http.spec import RequestSpec, check_headers, one_line
+from ..http.transport import Cert, SessionSource, Verify
 from ..limits.announced import AnnouncedRates
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.rates import Window, parse_rate
 from ..limits.tokenrate import TokenRate
+from .flags import (
+    BREAKER_DEFAULT,
+    MAX_SETTING_SECONDS,
+    Flag,
+    Takes,
+    breaker_text,
+    header_lines,
+    header_names,
+    hedge_text,
+    rate_text,
+    statuses_text,
+    token_rate_text,
+)
 
+F = TypeVar("F", bound=Callable[..., Any])
 Expect = Literal["json", "text", "bytes"] | type[BaseModel]
 # The rate that the provider's headers announce.
 AUTO = "auto"
 
-# Where requests finds a CA bundle when the request's verify is not given (trust_env).
-
-
 # The most items in progress at once: a thread each. Past some thousands a process spends
 # more on switching threads than it gains in flight; more is several processes (--redis).
 MAX_CONCURRENCY = 10_000
-# The most seconds a timeout, budget, deadline or lease may be, about 31 years: well within
-# what a thread or a socket can wait (``threading.TIMEOUT_MAX``, some 9.2e9 s), even added to
-# the clock. Beyond it, an attempt's timer overflows: a Result of OverflowError, not a timeout.
-MAX_SETTING_SECONDS = 1_000_000_000
 Seconds = Annotated[float, Field(gt=0, le=MAX_SETTING_SECONDS)]
 
 
 class EngineOptions(BaseModel):
-    """What every batch takes: how many at once, how many tries, how much time."""
+    """What every batch takes: how many at once, how many tries, how much time.
+
+    Each option is declared once, here and in the subclasses: its type, default and bounds
+    (the library's validation), and in its annotation a ``Flag`` when the CLI offers it (the
+    click option is made from the field) and ``Takes`` when a caller may give more than the
+    field keeps. The library's keyword signatures (``FetchSettings``, ``CallSettings`` in
+    settings.py) are generated from these declarations."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
     )
 
-    concurrency: int = Field(default=10, ge=1, le=MAX_CONCURRENCY)
-    attempts: int = Field(default=3, ge=1)
-    budget: Seconds = 60.0
-    deadline: Seconds | None = None
+    concurrency: Annotated[
+        int,
+        Flag(
+            "-c",
+            "--concurrency",
+            help=f"At most N items in progress at once (1 to {MAX_CONCURRENCY}).",
+        ),
+    ] = Field(default=10, ge=1, le=MAX_CONCURRENCY)
+    attempts: Annotated[
+        int, Flag("--attempts", help="Total tries per item, the first included.")
+    ] = Field(default=3, ge=1)
+    budget: Annotated[
+        Seconds,
+        Flag(
+            "--budget",
+            metavar="SECONDS",
+            help="Seconds per item from when a worker takes it, retry waits included.",
+        ),
+    ] = 60.0
+    deadline: Annotated[
+        Seconds | None,
+        Flag(
+            "--deadline",
+            metavar="SECONDS",
+            help="Seconds for the whole batch; items not started by then are not sent.  "
+            "[default: none]",
+        ),
+    ] = None
     backoff: Backoff = Backoff()
     # Hooks, called from worker threads; an exception in one is logged and ignored.
     on_attempt: Callable[[Any, AttemptRecord], None] | None = None
@@ -68,19 +110,84 @@ class FlowOptions(EngineOptions):
 
     # Attempts a second over all workers, or a period's: "500/min", "10/s", "3600/h"; "auto":
     # the requests and tokens a minute the provider's headers announce (OpenAI, Anthropic).
-    rate: float | str | None = None
+    rate: Annotated[
+        float | str | None,
+        Flag(
+            "--rate",
+            metavar="N[/s|/min|/h]",
+            parse=rate_text,
+            help="At most this many attempts in any second (or minute, hour: 500/min) over all "
+            "workers, retries included, as the server counts them: give the limit itself. "
+            "Sends are evenly paced (no burst at the start); an attempt counts until a period "
+            "after it ended. auto: the requests (and, without --token-rate, the tokens) a "
+            "minute that the API's rate-limit headers announce (OpenAI's x-ratelimit-limit-*, "
+            "Anthropic's anthropic-ratelimit-*-limit), following each answer.  [default: none; "
+            "a bare N is per second]",
+        ),
+    ] = None
     # A budget of LLM tokens ("200000/min"), each item weighed by ``cost(item)`` (default: its
     # request body's estimate, ``tokens.estimate_tokens``) and set right by ``usage(data)``
     # (default: the answer's ``usage``) or the provider's remaining-tokens header.
-    token_rate: TokenRate | None = None
+    token_rate: Annotated[
+        TokenRate | None,
+        Takes(TokenRate | float | str | None),
+        Flag(
+            "--token-rate",
+            metavar="N[/s|/min|/h]",
+            parse=token_rate_text,
+            help="At most this many LLM tokens in any second, minute or hour over all workers "
+            "(200000/min), held as --rate holds its count: give the limit itself. Each item "
+            "takes its request body's estimated tokens (the text of messages, input or prompt "
+            "at about 4 characters a token, plus max_tokens x n) before it is sent, or its "
+            "usage when the answer says more. An item that needs more than the whole budget "
+            "fails at once, unsent.  [default: none]",
+        ),
+    ] = None
     cost: Callable[[Any], int] | None = None
     usage: Callable[[Any], int | None] | None = None
     # Seconds (or "p95") after which a slow attempt gets a second, racing one (HTTP: GETs
     # only; calls: only what may safely run twice).
-    hedge_after: Seconds | Literal["p95"] | None = None
-    cooldown: CooldownScope = "host"
-    breaker: Breaker | None = Breaker()
-    adaptive: bool = False
+    hedge_after: Annotated[
+        Seconds | Literal["p95"] | None,
+        Flag(
+            "--hedge-after",
+            metavar="SECONDS|p95",
+            parse=hedge_text,
+            help="GETs unanswered after this long get a second identical request; the first "
+            "answer wins.  [default: off]",
+        ),
+    ] = None
+    cooldown: Annotated[
+        CooldownScope,
+        Flag(
+            "--cooldown",
+            help="After a 429 or 503 with Retry-After, hold every worker's attempts to that "
+            "host (or to all hosts) until it has passed.",
+        ),
+    ] = "host"
+    breaker: Annotated[
+        Breaker | None,
+        Flag(
+            "--breaker",
+            metavar="RATIO[:WINDOW[:MIN_CALLS[:SECONDS]]]|on|off",
+            typed_default="on",
+            parse=breaker_text,
+            help="Open a host's circuit when at least RATIO of its last WINDOW attempts failed "
+            "(connection errors, timeouts, 5xx, 429 without Retry-After), once MIN_CALLS were "
+            "seen; an open circuit holds the host's items for SECONDS, then lets one probe "
+            "through: its success closes the circuit, its failure starts another break. An "
+            "item ends as circuit_open only when its budget or the deadline cannot cover the "
+            f"wait. on = {BREAKER_DEFAULT}.",
+        ),
+    ] = Breaker()
+    adaptive: Annotated[
+        bool,
+        Flag(
+            "--adaptive",
+            help="Find the API's capacity: raise the attempts in flight (up to the "
+            "concurrency) until 429, 503 or timeouts, then halve them.",
+        ),
+    ] = False
     # A prometheus_client CollectorRegistry to keep the run's metrics in.
     metrics: Any = None
     # An OpenTelemetry tracer; None: the global provider's, when one is configured.
@@ -88,8 +195,22 @@ class FlowOptions(EngineOptions):
     # Limits shared by several processes: a redis:// URL (or a SharedLimits backend), the
     # namespace naming the shared quota, and how long a slot lease lives without renewal.
     limits: Any = None
-    namespace: str = "batchsync"
-    lease_ttl: Seconds = 10.0
+    namespace: Annotated[
+        str,
+        Flag(
+            "--namespace",
+            help="The shared quota's name in Redis: processes with the same one share their "
+            "limits.",
+        ),
+    ] = "batchsync"
+    lease_ttl: Annotated[
+        Seconds,
+        Flag(
+            "--lease-ttl",
+            metavar="SECONDS",
+            help="With --redis: how long the per-host slots of a process that died stay taken.",
+        ),
+    ] = 10.0
 
     @property
     def slots(self) -> int | None:
@@ -140,42 +261,170 @@ class CallOptions(FlowOptions):
 class FetchOptions(FlowOptions):
     """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
 
-    timeout: Seconds = 10.0
-    per_host: int | None = Field(default=None, ge=1)
+    timeout: Annotated[
+        Seconds,
+        Flag(
+            "--timeout",
+            metavar="SECONDS",
+            help="Wall-clock bound of one attempt, body included.",
+        ),
+    ] = 10.0
+    per_host: Annotated[
+        int | None,
+        Flag(
+            "--per-host",
+            metavar="N",
+            help="At most N attempts in flight to one host.  [default: none]",
+        ),
+    ] = Field(default=None, ge=1)
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
-    dedup: bool = False
-    deny_private: bool = False
+    dedup: Annotated[
+        bool,
+        Flag(
+            "--dedup/--no-dedup",
+            help="Send identical GET/HEAD requests that are in flight together once (by "
+            "default N items are N requests).",
+        ),
+    ] = False
+    deny_private: Annotated[
+        bool,
+        Flag(
+            "--deny-private",
+            help="Refuse hosts that resolve to loopback, private, link-local or multicast "
+            "addresses (checked after DNS, on every redirect and on each connection), for URL "
+            "lists from elsewhere.",
+        ),
+    ] = False
     # Hold a host whose rate-limit headers say its quota is spent, until the reset.
-    quota_headers: bool = True
+    quota_headers: Annotated[
+        bool,
+        Flag(
+            "--quota-headers/--no-quota-headers",
+            help="When a host's rate-limit headers (X-RateLimit-Remaining/-Reset, RateLimit-*, "
+            "the IETF RateLimit field) say its quota is spent, hold its new attempts until the "
+            "reset; a 403 saying so is retried after it.",
+        ),
+    ] = True
     # Follow each item's pages (see ``paginate.paging``): link, json:PATH, page:PARAM or
     # offset:PARAM,STEP; a cursor found at json:PATH is sent as ``cursor_param``. The item's
     # data is the list of its pages' bodies or, with ``page_items`` (a JMESPath), one flat
     # list of the records found there in each page.
-    paginate: str | None = None
-    cursor_param: str = Field(default="cursor", min_length=1)
-    max_pages: int | None = Field(default=None, ge=1)
-    page_items: str | None = None
-    expect: Expect = "json"
-    headers: dict[str, str] | None = None
-    secret_headers: tuple[str, ...] = ()
+    paginate: Annotated[
+        str | None,
+        Flag(
+            "--paginate",
+            metavar="HOW",
+            help="Follow each item's pages, each a retried attempt within the item's budget: "
+            'link (the Link header\'s rel="next"), json:PATH (the next URL, or a cursor sent as '
+            "--cursor-param, at a JMESPath in the body), page:PARAM (1, 2, … until an empty "
+            "page) or offset:PARAM,STEP (0, STEP, … until an empty page). The item's data is "
+            "the list of its pages' bodies (see --items); a page that fails keeps the pages "
+            "before it, and --resume goes on from it.",
+        ),
+    ] = None
+    cursor_param: Annotated[
+        str,
+        Flag(
+            "--cursor-param",
+            metavar="NAME",
+            show_default=True,
+            help="The query parameter a cursor found by --paginate json:PATH is sent in.",
+        ),
+    ] = Field(default="cursor", min_length=1)
+    max_pages: Annotated[
+        int | None,
+        Flag(
+            "--max-pages",
+            metavar="N",
+            help="Fetch at most N pages of each item (with --paginate).",
+        ),
+    ] = Field(default=None, ge=1)
+    page_items: Annotated[
+        str | None,
+        Flag(
+            "--items",
+            metavar="PATH",
+            help="With --paginate: the item's data is one flat list of the records at this "
+            "JMESPath in each page (e.g. data.items), instead of the list of whole pages.",
+        ),
+    ] = None
+    expect: Annotated[
+        Expect,
+        Flag("--expect", help="How to read bodies; bytes are written as base64."),
+    ] = "json"
+    headers: Annotated[
+        dict[str, str] | None,
+        Takes(Mapping[str, str] | None),
+        Flag(
+            "-H",
+            "--header",
+            metavar="'Name: value'",
+            parse=header_lines,
+            help="Header for every request (repeatable). Values are never logged or written "
+            "out, and never sent to another host on a redirect.",
+        ),
+    ] = None
+    secret_headers: Annotated[
+        tuple[str, ...],
+        Flag(
+            "--secret-header",
+            metavar="NAME",
+            parse=header_names,
+            help="Treat this item header as a secret too, like Authorization (repeatable).",
+        ),
+    ] = ()
     # Query parameters whose values are secret, besides redact.SECRET_PARAMS (api_key, token…).
-    secret_params: tuple[str, ...] = ()
-    max_bytes: int = Field(default=32 * 2**20, ge=1)
+    secret_params: Annotated[
+        tuple[str, ...],
+        Flag(
+            "--secret-param",
+            metavar="NAME",
+            help="Treat this query parameter's value as a secret too, like api_key, token or "
+            "sig (repeatable; names are case-insensitive).",
+        ),
+    ] = ()
+    max_bytes: Annotated[
+        int,
+        Flag(
+            "--max-bytes",
+            metavar="BYTES",
+            help="A larger body fails as invalid_body; with --paginate, an item's pages "
+            "together are bounded the same (its data keeps the pages within it).",
+        ),
+    ] = Field(default=32 * 2**20, ge=1)
     # What is retried (besides what each error kind says): the statuses, as text ("429,
     # 502-504", "5xx") or numbers, and ``retry_if(status_code, error_kind)`` -> True (retry),
     # False (final) or None (as the statuses and the kind say).
-    retry_statuses: str | frozenset[int] = RETRY_STATUSES
+    retry_statuses: Annotated[
+        str | frozenset[int],
+        Takes(str | Collection[int]),
+        Flag(
+            "--retry-statuses",
+            metavar="CODES",
+            parse=statuses_text,
+            help="The HTTP statuses retried, e.g. 429,502-504 or 5xx (none: no status). "
+            "Timeouts and dropped connections are retried whatever this says, and so is a 403 "
+            "whose Retry-After or rate-limit headers say the quota is spent.",
+        ),
+    ] = RETRY_STATUSES
     retry_if: RetryIf | None = None
-    session: Any = None
+    session: Annotated[Any, Takes(SessionSource | None)] = None
     # Keep the cookies responses set during the run (each sent back to its origin only).
-    cookies: bool = True
+    cookies: Annotated[
+        bool,
+        Flag(
+            "--cookies/--no-cookies",
+            help="Keep the cookies responses set, each sent back only to the origin (scheme, "
+            "host, port) that set it.",
+        ),
+    ] = True
     # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
     # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
-    verify: bool | str | None = None
-    cert: str | tuple[str, str] | None = None
+    verify: Verify | None = None
+    cert: Cert | None = None
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
-    auth: Any = None
+    auth: Annotated[Any, Takes(Auth | None)] = None
 
     @property
     def slots(self) -> int | None:
@@ -272,16 +521,49 @@ def _redis_password(limits: object) -> list[str]:
     return [password] if password else []
 
 
-# The options' defaults, for the library's and the CLI's signatures (the models hold them).
-DEFAULT = FetchOptions()
+# The call options' defaults, for the explicit keywords of ``call`` and ``Limits``.
 CALL_DEFAULT = CallOptions()
 
 OptionsT = TypeVar("OptionsT", bound=EngineOptions)
 
 
-def build(model: type[OptionsT], **values: Any) -> OptionsT:
+def build(model: type[OptionsT], **values: object) -> OptionsT:
     """Validate options, turning pydantic's report into one ValueError line."""
     try:
         return model(**values)
     except ValidationError as exc:
         raise ValueError(f"invalid option: {one_line(exc)}") from None
+
+
+def taken(model: type[OptionsT], given: Mapping[str, object], taker: str) -> OptionsT:
+    """The options a function took as ``**options``: a TypeError for a keyword it does not
+    take, as for a named parameter, then ``build``'s ValueError for a bad value."""
+    for name in given:
+        if name not in model.model_fields:
+            raise TypeError(f"{taker}() got an unexpected keyword argument {name!r}")
+    return build(model, **given)
+
+
+def spelled_out(settings: type, model: type[EngineOptions]) -> Callable[[F], F]:
+    """Show the decorated function's ``**options: Unpack[settings]`` to ``help()`` and
+    ``inspect.signature`` as the options themselves: keyword-only, typed as ``settings``
+    types them (as the model does for one settings.py does not have yet: the test that
+    generates it says so), with ``model``'s defaults."""
+    types = typing.get_type_hints(settings)
+    options = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=field.default,
+            annotation=types.get(name, field.annotation),
+        )
+        for name, field in model.model_fields.items()
+    ]
+
+    def spell(fn: F) -> F:
+        signature = inspect.signature(fn)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        fn.__signature__ = signature.replace(parameters=[*own, *options])  # type: ignore[attr-defined]
+        return fn
+
+    return spell

@@ -8,34 +8,32 @@ import inspect
 import json
 import math
 import typing
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 
 from pydantic import BaseModel
 
-from ..core.backoff import Backoff
 from ..core.history import DONE, Pass, Stint, merged_timeline, totals
 from ..core.observe import log_summary
 from ..core.records import dumps, public_record
-from ..core.result import AttemptRecord, Result, Summary, error_kinds
+from ..core.result import Result, Summary, error_kinds
 from ..core.task import Task
 from ..core.verdict import InvalidItem
-from ..http.auth import Auth
 from ..http.classify import describe
-from ..http.hedge import HedgeAfter
 from ..http.paginate import Continued
-from ..http.retries import RetryIf
 from ..http.spec import RequestSpec
 from ..http.template import RowError, Template
-from ..http.transport import Cert, SessionSource, Verify
 from ..jobs.fetch import HttpJob, WrappedJob
-from ..jobs.options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
-from ..limits.breaker import Breaker
-from ..limits.cooldown import CooldownScope
-from ..limits.tokenrate import TokenRate
+from ..jobs.options import (
+    CallOptions,
+    FetchOptions,
+    spelled_out,
+    taken,
+)
+from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from ..store.resume import Items, Kept, Left, marks_of
 from .assembly import fetch, gates_for, run_calls
@@ -291,6 +289,7 @@ class Batch(Resumable[FetchOptions]):
     ``ValueError`` before anything is sent.
     """
 
+    @spelled_out(FetchSettings, FetchOptions)
     def __init__(
         self,
         items: Iterable[Item] | Iterable[Mapping[str, Any]],
@@ -302,62 +301,29 @@ class Batch(Resumable[FetchOptions]):
         journal: str | Path | None = None,
         fresh: bool = False,
         progress: bool | None = None,
-        concurrency: int = DEFAULT.concurrency,
-        attempts: int = DEFAULT.attempts,
-        timeout: float = DEFAULT.timeout,
-        budget: float = DEFAULT.budget,
-        deadline: float | None = DEFAULT.deadline,
-        expect: Expect = DEFAULT.expect,
-        headers: Mapping[str, str] | None = DEFAULT.headers,
-        session: SessionSource | None = DEFAULT.session,
-        verify: Verify | None = DEFAULT.verify,
-        cert: Cert | None = DEFAULT.cert,
-        max_bytes: int = DEFAULT.max_bytes,
-        backoff: Backoff = DEFAULT.backoff,
-        retry_statuses: str | Collection[int] = DEFAULT.retry_statuses,
-        retry_if: RetryIf | None = DEFAULT.retry_if,
-        rate: float | str | None = DEFAULT.rate,
-        token_rate: TokenRate | float | str | None = DEFAULT.token_rate,
-        cost: Callable[[Any], int] | None = DEFAULT.cost,
-        usage: Callable[[Any], int | None] | None = DEFAULT.usage,
-        per_host: int | None = DEFAULT.per_host,
-        cooldown: CooldownScope = DEFAULT.cooldown,
-        breaker: Breaker | None = DEFAULT.breaker,
-        adaptive: bool = DEFAULT.adaptive,
-        fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = DEFAULT.fallbacks,
-        dedup: bool = DEFAULT.dedup,
-        hedge_after: HedgeAfter | None = DEFAULT.hedge_after,
-        on_attempt: Callable[[RequestSpec, AttemptRecord], None] | None = DEFAULT.on_attempt,
-        on_result: Callable[[Result], None] | None = DEFAULT.on_result,
-        secret_headers: tuple[str, ...] = DEFAULT.secret_headers,
-        secret_params: tuple[str, ...] = DEFAULT.secret_params,
-        cookies: bool = DEFAULT.cookies,
-        deny_private: bool = DEFAULT.deny_private,
-        quota_headers: bool = DEFAULT.quota_headers,
-        paginate: str | None = DEFAULT.paginate,
-        cursor_param: str = DEFAULT.cursor_param,
-        max_pages: int | None = DEFAULT.max_pages,
-        page_items: str | None = DEFAULT.page_items,
-        metrics: Any = DEFAULT.metrics,
-        tracer: Any = DEFAULT.tracer,
-        limits: Any = DEFAULT.limits,
-        namespace: str = DEFAULT.namespace,
-        lease_ttl: float = DEFAULT.lease_ttl,
-        auth: Auth | None = DEFAULT.auth,
+        **options: Unpack[FetchSettings],
     ) -> None:
-        given = locals()
-        options = build(FetchOptions, **{name: given[name] for name in FetchOptions.model_fields})
+        checked = taken(FetchOptions, options, "Batch.__init__")
         self._template = None if url is None else Template.parse(url, method, body, id_field)
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")
         self._start(
             items,
-            options,
+            checked,
             journal,
             progress,
             fresh=fresh,
             template=self._template,
-            arguments=_arguments(given),
+            arguments={
+                "url": url,
+                "method": method,
+                "body": body,
+                "id_field": id_field,
+                "journal": journal,
+                "fresh": fresh,
+                "progress": progress,
+                **options,
+            },
         )
 
     def _restore(self, record: dict[str, Any]) -> Result:
@@ -417,6 +383,7 @@ class CallBatch(Resumable[CallOptions]):
     (``JournalFailed``), not at the end: a resumed run gives back what a first run did.
     """
 
+    @spelled_out(CallSettings, CallOptions)
     def __init__(
         self,
         fn: Callable[[Any], Any],
@@ -427,32 +394,9 @@ class CallBatch(Resumable[CallOptions]):
         encode: Callable[[Any], Any] | None = None,
         decode: Callable[[Any], Any] | None = None,
         progress: bool | None = None,
-        concurrency: int = CALL_DEFAULT.concurrency,
-        attempts: int = CALL_DEFAULT.attempts,
-        budget: float = CALL_DEFAULT.budget,
-        deadline: float | None = CALL_DEFAULT.deadline,
-        retry_if: Callable[[BaseException], bool] | None = CALL_DEFAULT.retry_if,
-        backoff: Backoff = CALL_DEFAULT.backoff,
-        rate: float | str | None = CALL_DEFAULT.rate,
-        token_rate: TokenRate | float | str | None = CALL_DEFAULT.token_rate,
-        cost: Callable[[Any], int] | None = CALL_DEFAULT.cost,
-        usage: Callable[[Any], int | None] | None = CALL_DEFAULT.usage,
-        per_key: Callable[[Any], str] | None = CALL_DEFAULT.per_key,
-        cooldown: CooldownScope = CALL_DEFAULT.cooldown,
-        breaker: Breaker | None = CALL_DEFAULT.breaker,
-        adaptive: bool = CALL_DEFAULT.adaptive,
-        fallbacks: tuple[Callable[[Any, Result | None], Any], ...] = CALL_DEFAULT.fallbacks,
-        hedge_after: HedgeAfter | None = CALL_DEFAULT.hedge_after,
-        on_attempt: Callable[[Any, AttemptRecord], None] | None = CALL_DEFAULT.on_attempt,
-        on_result: Callable[[Result], None] | None = CALL_DEFAULT.on_result,
-        metrics: Any = CALL_DEFAULT.metrics,
-        tracer: Any = CALL_DEFAULT.tracer,
-        limits: Any = CALL_DEFAULT.limits,
-        namespace: str = CALL_DEFAULT.namespace,
-        lease_ttl: float = CALL_DEFAULT.lease_ttl,
+        **options: Unpack[CallSettings],
     ) -> None:
-        given = locals()
-        options = build(CallOptions, **{name: given[name] for name in CallOptions.model_fields})
+        checked = taken(CallOptions, options, "CallBatch.__init__")
         refuse_async(fn)
         if journal is None and (encode or decode):
             raise ValueError("encode and decode are for a journal: give journal= too")
@@ -466,12 +410,19 @@ class CallBatch(Resumable[CallOptions]):
         self._decode = decode
         self._start(
             items,
-            options,
+            checked,
             journal,
             progress,
             fresh=fresh,
             strict=True,
-            arguments=_arguments(given),
+            arguments={
+                "journal": journal,
+                "fresh": fresh,
+                "encode": encode,
+                "decode": decode,
+                "progress": progress,
+                **options,
+            },
         )
 
     def _restore(self, record: dict[str, Any]) -> Result:
@@ -513,14 +464,6 @@ def _json_changes(value: Any) -> str | None:
             return "a key that is not a str, which JSON gives back as a str"
         return next(filter(None, map(_json_changes, value.values())), None)
     return None
-
-
-def _arguments(given: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch's keyword arguments from its ``__init__``'s ``locals()``."""
-    return {name: value for name, value in given.items() if name not in _POSITIONAL}
-
-
-_POSITIONAL = {"self", "fn", "items", "__class__"}
 
 
 def refuse_async(fn: Callable[..., Any]) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
 from ..jobs.options import CALL_DEFAULT, CallOptions, FlowOptions, build
+from ..jobs.settings import CallSettings
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.gates import Gates
@@ -175,7 +176,8 @@ def resilient(
 def _options(
     fallbacks: tuple[Callable[..., Any], ...] | list[Callable[..., Any]],
     key: str | None,
-    **settings: Any,
+    /,
+    **settings: Unpack[CallSettings],
 ) -> CallOptions:
     """A single call's options: ``run_all``'s, for one item with the call's arguments."""
     if callable(fallbacks):

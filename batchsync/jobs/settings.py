@@ -1,0 +1,99 @@
+"""The options as keywords, for ``**options: Unpack[FetchSettings]``: what a
+caller may give for each option that ``FetchOptions`` (``fetch_all``, ``Batch``) and
+``CallOptions`` (``run_all``, ``CallBatch``) declare in options.py: its type there, or its
+``Takes``.
+
+Generated from those declarations by ``python tests/test_api_surface.py`` (and checked by it):
+change the declarations, never this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal, TypedDict
+
+from ..core.backoff import Backoff
+from ..core.result import AttemptRecord, Result
+from ..http.auth import Auth
+from ..http.retries import RetryIf
+from ..http.spec import RequestSpec
+from ..http.transport import Cert, SessionSource, Verify
+from ..limits.breaker import Breaker
+from ..limits.cooldown import CooldownScope
+from ..limits.tokenrate import TokenRate
+from .options import Expect, Seconds
+
+
+class FetchSettings(TypedDict, total=False):
+    """``FetchOptions`` as keywords."""
+
+    concurrency: int
+    attempts: int
+    budget: Seconds
+    deadline: Seconds | None
+    backoff: Backoff
+    on_attempt: Callable[[Any, AttemptRecord], None] | None
+    on_result: Callable[[Result], None] | None
+    rate: float | str | None
+    token_rate: TokenRate | float | str | None
+    cost: Callable[[Any], int] | None
+    usage: Callable[[Any], int | None] | None
+    hedge_after: Seconds | Literal["p95"] | None
+    cooldown: CooldownScope
+    breaker: Breaker | None
+    adaptive: bool
+    metrics: Any
+    tracer: Any
+    limits: Any
+    namespace: str
+    lease_ttl: Seconds
+    timeout: Seconds
+    per_host: int | None
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
+    dedup: bool
+    deny_private: bool
+    quota_headers: bool
+    paginate: str | None
+    cursor_param: str
+    max_pages: int | None
+    page_items: str | None
+    expect: Expect
+    headers: Mapping[str, str] | None
+    secret_headers: tuple[str, ...]
+    secret_params: tuple[str, ...]
+    max_bytes: int
+    retry_statuses: str | Collection[int]
+    retry_if: RetryIf | None
+    session: SessionSource | None
+    cookies: bool
+    verify: Verify | None
+    cert: Cert | None
+    auth: Auth | None
+
+
+class CallSettings(TypedDict, total=False):
+    """``CallOptions`` as keywords."""
+
+    concurrency: int
+    attempts: int
+    budget: Seconds
+    deadline: Seconds | None
+    backoff: Backoff
+    on_attempt: Callable[[Any, AttemptRecord], None] | None
+    on_result: Callable[[Result], None] | None
+    rate: float | str | None
+    token_rate: TokenRate | float | str | None
+    cost: Callable[[Any], int] | None
+    usage: Callable[[Any], int | None] | None
+    hedge_after: Seconds | Literal["p95"] | None
+    cooldown: CooldownScope
+    breaker: Breaker | None
+    adaptive: bool
+    metrics: Any
+    tracer: Any
+    limits: Any
+    namespace: str
+    lease_ttl: Seconds
+    per_key: Callable[[Any], str] | None
+    fallbacks: tuple[Callable[[Any, Result | None], Any], ...]
+    retry_if: Callable[[BaseException], bool] | None
