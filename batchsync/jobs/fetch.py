@@ -27,15 +27,15 @@ from ..http.classify import (
     host_feedback,
 )
 from ..http.decode import InvalidBody, decode_body
+from ..http.exchange import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply
 from ..http.guard import PrivateAddress
 from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import HttpFacts, facts_of
-from ..http.origins import host_of
 from ..http.paginate import Continued, same_origin
 from ..http.quota import answer_limits, retry_after_of
 from ..http.retries import judged, parse_statuses
 from ..http.spec import RequestSpec, item_label, parse_item
-from ..http.transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
+from ..http.transport import Transport
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
 from ..limits.tokens import usage_tokens
@@ -201,7 +201,7 @@ class HttpJob:
 
     def _url_route(self, spec: RequestSpec, url: str, own: frozenset[str]) -> Route:
         request = self._outgoing(spec, url)
-        host = request.host if isinstance(request, Wire) else host_of(url)
+        host = request.host
         # Only GETs are hedged: a second copy of anything else could change something twice.
         hedged = self._hedger is not None and spec.method == "GET"
         attempt = partial(self._send, request, host if hedged else None, own)
@@ -394,7 +394,7 @@ class HttpJob:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                self._secrets.text(_url_of(request), own),
+                self._secrets.text(request.url, own),
                 token.generation,
                 auth.refreshes,
             )
@@ -442,7 +442,7 @@ class HttpJob:
 
     def _landed(self, url: str | None, own: frozenset[str], request: Outgoing) -> str | None:
         """Where an answer came from, masked (see ``Secrets.answered``)."""
-        return None if url is None else self._secrets.answered(url, own, _url_of(request))
+        return None if url is None else self._secrets.answered(url, own, request.url)
 
     def _judge(
         self, method: str | None, reply: Reply, wall_end: float, landed: str | None
@@ -501,11 +501,7 @@ def _request_key(spec: RequestSpec) -> Hashable:
 
 def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
     """Whether an answer came, after redirects, from another origin than the request's."""
-    return bool(facts.redirects) and not same_origin(facts.final_url or "", _url_of(request))
-
-
-def _url_of(request: Outgoing) -> str:
-    return str(request.url if isinstance(request, Wire) else request.prepared.url)
+    return bool(facts.redirects) and not same_origin(facts.final_url or "", request.url)
 
 
 def _listed(value: object) -> list[object]:

@@ -29,9 +29,9 @@ from ..http.classify import describe
 from ..http.hedge import HedgeAfter
 from ..http.paginate import Continued
 from ..http.retries import RetryIf
+from ..http.session import Cert, SessionSource, Verify
 from ..http.spec import RequestSpec
 from ..http.template import RowError, Template
-from ..http.transport import Cert, SessionSource, Verify
 from ..jobs.fetch import HttpJob, WrappedJob
 from ..jobs.options import CALL_DEFAULT, DEFAULT, CallOptions, Expect, FetchOptions, build
 from ..limits.gates import Breaker, CooldownScope
