@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from itertools import chain, count
 from typing import Any, Protocol
 
 from .admission import GLOBAL, Admission, Admitter, Refusal
@@ -180,12 +181,6 @@ class _Unanswered:
 
 
 _UNANSWERED = _Unanswered()
-
-
-def _routes(task: Task) -> Iterator[tuple[int | None, Route]]:
-    """A Task's routes, each with its number as a fallback (None for its own)."""
-    yield None, task.route
-    yield from enumerate(task.fallbacks)
 
 
 def _answer(verdict: Verdict) -> Answer:
@@ -531,7 +526,9 @@ class Engine:
         )
         errors: list[str] = []
         so_far: Result | None = None
-        for fallback, route in _routes(task):
+        # Each route with its number as a fallback (None for the item's own).
+        numbers = chain((None,), count())
+        for fallback, route in zip(numbers, (task.route, *task.fallbacks), strict=False):
             verdict, error, steps = self._route(item, route, fallback, so_far)
             # A step that failed ends the item with what the steps before it gave (a first
             # one that failed is the item's own route failing, as without steps).
@@ -555,7 +552,7 @@ class Engine:
         """The item's Result as its attempts so far leave it."""
         ok = verdict.outcome == "success"
         going_on = steps is not None and steps.done > 0 and not ok
-        answer = _answer(verdict)
+        answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
         sent = 0
         for record in item.records:
             sent += 1 + record.hedged + record.resent
@@ -692,7 +689,7 @@ class Engine:
         wait: float | None,
     ) -> None:
         """The attempt's record kept in the item's log and shown to the observers."""
-        answer = _answer(last)
+        answer: Answer = _UNANSWERED if last.facts is None else last.facts
         record = AttemptRecord(
             len(item.records) + 1,
             answer.status_code,
