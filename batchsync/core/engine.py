@@ -668,10 +668,10 @@ class Engine:
         if admission is not None:
             admission.sent = began
         timeout = item.job.timeout
-        ends_at, limit = (
+        wall_end, limit = (
             (None, None) if timeout is None else item.allowance.attempt_end(timeout, began)
         )
-        verdict = self._attempt(route, ends_at, so_far, item.task, admission)
+        verdict = self._attempt(route, wall_end, so_far, item.task, admission)
         ended = self._clock()
         if limit is not None:
             # (a timeout the budget cut short says nothing of the host: its limits see that)
@@ -707,7 +707,7 @@ class Engine:
     def _attempt(
         self,
         route: Route,
-        ends_at: float | None,
+        wall_end: float | None,
         so_far: Result | None,
         task: Task,
         admission: Admission | None,
@@ -715,7 +715,7 @@ class Engine:
         """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
         back the place it held at the limits."""
         try:
-            return route.attempt(ends_at, so_far)
+            return route.attempt(wall_end, so_far)
         except Exception as exc:
             log.exception("internal error in an attempt of %s", task.url)
             return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
