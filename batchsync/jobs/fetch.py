@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -46,7 +45,6 @@ from .pages import Pager
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
-_NO_SECRETS = nullcontext()  # (reusable: it holds nothing)
 _NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
 
 log = logging.getLogger("batchsync")
@@ -302,13 +300,16 @@ class HttpJob:
         so_far: Result | None,
     ) -> Verdict:
         assert wall_end is not None
-        with item_secrets(own) if own else _NO_SECRETS:
-            if hedge_host is not None and self._hedger is not None:
-                verdict = self._hedger.run(
-                    partial(self._exchange, request, own, wall_end), hedge_host
-                )
-            else:
-                verdict = self._exchange(request, own, wall_end, None)
+        if hedge_host is not None and self._hedger is not None:
+            exchange = partial(self._exchange, request, own, wall_end)
+            send = partial(self._hedger.run, exchange, hedge_host)
+        else:
+            send = partial(self._exchange, request, own, wall_end, None)
+        if own:  # (the item's own secrets, masked in whatever is logged meanwhile)
+            with item_secrets(own):
+                verdict = send()
+        else:  # (no context to enter: most items have no secrets of their own)
+            verdict = send()
         if verdict.error is not None:
             if self._retry_if is not None:  # (asked before the error is masked: it may add to it)
                 verdict = judged(verdict, self._retry_if)
