@@ -530,10 +530,12 @@ class Engine:
         numbers = chain((None,), count())
         for fallback, route in zip(numbers, (task.route, *task.fallbacks), strict=False):
             verdict, error, steps = self._route(item, route, fallback, so_far)
+            if verdict.outcome == "success":
+                return self._result(item, verdict, None, fallback, steps)
             # A step that failed ends the item with what the steps before it gave (a first
             # one that failed is the item's own route failing, as without steps).
-            if verdict.ok or (steps is not None and steps.done):
-                return self._result(item, verdict, None if verdict.ok else error, fallback, steps)
+            if steps is not None and steps.done:
+                return self._result(item, verdict, error, fallback, steps)
             errors.append(error if fallback is None else f"fallback {fallback}: {error}")
             so_far = self._result(item, verdict, "; ".join(errors), None, steps)
             if not may_fall_back(verdict, primary=fallback is None):
