@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 from requests.utils import default_headers
+from urllib3.connection import HTTPConnection
 
 from batchsync.core.redact import Secrets
 from batchsync.http.connections import ConnectionLedger
@@ -18,7 +19,7 @@ from batchsync.http.exchange import BodyReader, Recipe, Wire, _passes_end
 from batchsync.http.fastlane import FastLane, lane_split
 from batchsync.http.origins import host_key, host_of
 from batchsync.http.session import SessionLane, leave_origin
-from batchsync.http.transport import Lane
+from batchsync.http.transport import Lane, Transport
 from tests.rawserver import RawServer
 
 
@@ -165,3 +166,42 @@ def test_both_lanes_send_the_same_request_through_the_one_interface() -> None:
         sessions.close()
     assert answers[0] == answers[1] == (200, url, b'{"ok": true}')
     assert first == second
+
+
+def test_a_header_line_made_once_a_run_puts_the_same_bytes_and_steps_aside_for_a_patch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second request's header lines come from the run's kept lines: the bytes are those
+    of the first and of plain requests; a patched ``putheader`` sees every header again."""
+    seen: list[str] = []
+    stock = HTTPConnection.putheader
+
+    def watched(self: HTTPConnection, header: str, *values: str) -> None:
+        seen.append(header)
+        stock(self, header, *values)
+
+    with RawServer() as server:
+        transport = Transport(None, 1)
+        try:
+            for n in range(3):
+                if n == 2:
+                    monkeypatch.setattr(HTTPConnection, "putheader", watched)
+                wire = transport.wire("GET", f"{server.url}/same", transport.headers_with())
+                assert wire is not None
+                end = time.monotonic() + 10
+                transport.read_body(transport.send(wire, end), end, 99)
+                transport.finish()
+                assert len(transport.ledger.header_lines) == 5  # (Host and the session's four)
+        finally:
+            transport.close()
+        monkeypatch.undo()
+        requests.get(f"{server.url}/same", timeout=10).close()
+        sent = server.requests()
+    assert len(set(sent)) == 1 and len(sent) == 4
+    assert [name.lower() for name in seen] == [
+        "host",
+        "user-agent",
+        "accept-encoding",
+        "accept",
+        "connection",
+    ]

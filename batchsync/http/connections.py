@@ -6,6 +6,7 @@ session is fitted for the run to open only such connections, and put back as it 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import socket
 import threading
 import weakref
@@ -14,6 +15,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
@@ -21,16 +23,65 @@ from .guard import Guard, PrivateAddress
 from .headers import QuickHeadersResponse
 from .watchdog import Watchdog
 
+# The header-line pieces a connection's ``putheader`` stands on, as found at import.
+_URLLIB3_PUTHEADER = HTTPConnection.putheader
+_STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
+_STDLIB_OUTPUT = http.client.HTTPConnection._output  # type: ignore[attr-defined]
+# http.client's state of a connection between putrequest and endheaders.
+_REQUEST_STARTED: str = http.client._CS_REQ_STARTED  # type: ignore[attr-defined]
+# Header lines a run keeps made at most; past that it starts afresh (a line is made again on
+# demand, so forgetting one costs its checks, never a byte).
+_MAX_HEADER_LINES = 1024
+
 
 class _Tracked:
     """Mixed into urllib3's connection classes: a connection enters its ledger as its socket
     connects, has its peer checked before any byte (a TLS ClientHello included) is sent, is
-    watched for its attempt's end, and reads its responses' headers the quick way."""
+    watched for its attempt's end, reads its responses' headers the quick way, and makes each
+    distinct header line once a run."""
 
     ledger: ConnectionLedger
+    # The connection class it is mixed into (whose ``putheader`` the quick one stands for).
+    connection_class: type[HTTPConnection]
     # False for the connections to a proxy: the proxy's own address is the caller's choice.
     peer_check = True
     response_class = QuickHeadersResponse
+
+    def putheader(self, header: str, *values: str) -> None:
+        """urllib3's and http.client's ``putheader``, each distinct (name, values) line
+        checked and encoded once a run, and its bytes appended as ``_output`` appends them.
+
+        The line depends on the name and values alone (both text), so the bytes are the same;
+        a call that fails, or appends no line (urllib3's SKIP_HEADER), is never kept. Nothing
+        is kept or reused while a ``putheader`` or ``_output`` is not the one found at import
+        (a patch, or the connection class's own)."""
+        lines = self.ledger.header_lines
+        key = (header, values)
+        try:
+            line = lines.get(key)
+        except TypeError:  # (an unhashable value: http.client says what it makes of it)
+            line = None
+        connection = self.connection_class
+        quick = (  # (the pieces found at import: no patch, no connection class's own)
+            connection.putheader is _URLLIB3_PUTHEADER
+            and http.client.HTTPConnection.putheader is _STDLIB_PUTHEADER
+            and connection._output is _STDLIB_OUTPUT  # type: ignore[attr-defined]
+        )
+        if line is not None and quick and self._HTTPConnection__state == _REQUEST_STARTED:  # type: ignore[attr-defined]
+            self._buffer.append(line)  # type: ignore[attr-defined]
+            return
+        buffer: list[bytes] = self._buffer  # type: ignore[attr-defined]
+        before = len(buffer)
+        super().putheader(header, *values)  # type: ignore[misc]
+        if (
+            quick
+            and len(buffer) == before + 1
+            and type(header) is str
+            and all(type(value) is str for value in values)
+        ):
+            if len(lines) >= _MAX_HEADER_LINES:
+                lines.clear()
+            lines[key] = buffer[-1]
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
@@ -72,6 +123,9 @@ class ConnectionLedger:
         self._lock = threading.Lock()
         self._tracked: dict[tuple[type, bool], type] = {}
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
+        # Each distinct header line its connections sent, made once (see _Tracked.putheader);
+        # kept no longer than the run, as the requests that carry them.
+        self.header_lines: dict[tuple[str, tuple[str, ...]], bytes] = {}
 
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True
@@ -86,7 +140,7 @@ class ConnectionLedger:
         key = (pool, peer_check)
         if key not in self._tracked:
             connection = pool.ConnectionCls  # type: ignore[attr-defined]
-            members = {"ledger": self, "peer_check": peer_check}
+            members = {"ledger": self, "peer_check": peer_check, "connection_class": connection}
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
             members = {"ledger": self, "ConnectionCls": tracked}
             self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)

@@ -132,3 +132,4 @@ class Transport:
         sessions batchsync made; a caller's own session stays open."""
         self.ledger.watchdog.close()
         self._sessions.close()
+        self.ledger.header_lines.clear()
