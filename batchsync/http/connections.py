@@ -20,7 +20,7 @@ from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
 from .guard import Guard, PrivateAddress
-from .headers import QuickHeadersResponse
+from .headers import QUICK_GETRESPONSE, URLLIB3_GETRESPONSE, QuickHeadersResponse
 from .watchdog import Watchdog
 
 # The header-line pieces a connection's ``putheader`` stands on, as found at import.
@@ -82,6 +82,17 @@ class _Tracked:
             if len(lines) >= _MAX_HEADER_LINES:
                 lines.clear()
             lines[key] = buffer[-1]
+
+    def getresponse(self) -> Any:
+        """urllib3's ``getresponse``, without its checks and copy of a header block read the
+        quick way (see ``headers.QUICK_GETRESPONSE``), while the connection class's own is
+        urllib3's as found at import."""
+        if (
+            QUICK_GETRESPONSE is None
+            or self.connection_class.getresponse is not URLLIB3_GETRESPONSE
+        ):
+            return super().getresponse()  # type: ignore[misc]
+        return QUICK_GETRESPONSE(self)  # type: ignore[arg-type]
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
