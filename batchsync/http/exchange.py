@@ -15,6 +15,7 @@ import urllib3.exceptions
 from urllib3.connectionpool import HTTPConnectionPool
 
 from .classify import describe
+from .headers import header_value
 from .watchdog import Watchdog
 
 CHUNK_BYTES = 64 * 1024
@@ -177,8 +178,7 @@ class BodyReader:
         keeps watching the attempt after that (it goes on: a redirect's next hop).
         """
         raw = reply.raw
-        # (a look-up first: a missing header costs get() a KeyError, caught, on every answer)
-        encoded = "Content-Encoding" in reply.headers and bool(reply.headers["Content-Encoding"])
+        encoded = bool(header_value(reply.headers, "Content-Encoding"))
         # Without an encoding, the declared length is the body's: check it, and stop reading
         # once it has all come.
         declared = None if encoded else declared_length(raw, reply.headers)

@@ -15,6 +15,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.models import REDIRECT_STATI
 from requests.utils import get_netrc_auth, select_proxy
+from urllib3 import HTTPHeaderDict
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.util import Retry
@@ -158,9 +159,9 @@ class FastLane:
             )
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
             return self._reopened(wire, wall_end)
-        if "set-cookie" in raw.headers or (
-            raw.status in REDIRECT_STATI and "location" in raw.headers
-        ):
+        headers = raw.headers  # (urllib3's keeps the names in lower case: looked up at once)
+        names = headers._container if type(headers) is HTTPHeaderDict else headers
+        if "set-cookie" in names or (raw.status in REDIRECT_STATI and "location" in names):
             return self._sessions.take_over(wire, raw, wall_end)
         return Reply(raw.status, raw.headers, raw, wire.url)
 

@@ -15,7 +15,7 @@ import http.client
 import inspect
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import urllib3.connection
@@ -259,3 +259,12 @@ def _quick_getresponse_of(
 # (a connection uses it while its class's ``getresponse`` is URLLIB3_GETRESPONSE: see
 # ``connections._Tracked``)
 QUICK_GETRESPONSE = _quick_getresponse_of(URLLIB3_GETRESPONSE)
+
+
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """``headers.get(name)``, read straight from urllib3's HTTPHeaderDict when it is one (its
+    values joined as its own look-up joins them), not through its generic Mapping methods."""
+    if type(headers) is HTTPHeaderDict:
+        found = headers._container.get(name.lower())
+        return None if found is None else ", ".join(found[1:])
+    return headers.get(name)

@@ -28,6 +28,7 @@ from ..http.classify import (
 from ..http.decode import InvalidBody, decode_body
 from ..http.exchange import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply
 from ..http.guard import PrivateAddress
+from ..http.headers import header_value
 from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import HttpFacts, facts_of
 from ..http.paginate import Continued, same_origin
@@ -469,7 +470,7 @@ class HttpJob:
             data = None
         else:
             expect = self._options.expect
-            content_type = reply.headers.get("Content-Type")  # (for every expect: charsets)
+            content_type = header_value(reply.headers, "Content-Type")  # (for charsets too)
             data = decode_body(body, expect, content_type)
         link = reply.headers.get("Link") if self._reads_link else None
         used = None if self._usage is None else used_tokens(self._usage, data)
