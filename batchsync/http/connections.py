@@ -73,15 +73,8 @@ class _Tracked:
         buffer: list[bytes] = self._buffer  # type: ignore[attr-defined]
         before = len(buffer)
         super().putheader(header, *values)  # type: ignore[misc]
-        if (
-            quick
-            and len(buffer) == before + 1
-            and type(header) is str
-            and all(type(value) is str for value in values)
-        ):
-            if len(lines) >= _MAX_HEADER_LINES:
-                lines.clear()
-            lines[key] = buffer[-1]
+        if quick:
+            _keep_line(lines, key, buffer[before:])
 
     def getresponse(self) -> Any:
         """urllib3's ``getresponse``, without its checks and copy of a header block read the
@@ -106,6 +99,21 @@ class _Tracked:
         self.ledger.add(self)
         self.ledger.watchdog.attach(sock)
         return sock
+
+
+def _keep_line(
+    lines: dict[tuple[str, tuple[str, ...]], bytes],
+    key: tuple[str, tuple[str, ...]],
+    added: list[bytes],
+) -> None:
+    """Keep the line a ``putheader`` of ``key`` (name, values) appended: only when it appended
+    exactly one, and its name and values are all text."""
+    header, values = key
+    if len(added) != 1 or type(header) is not str or any(type(v) is not str for v in values):
+        return
+    if len(lines) >= _MAX_HEADER_LINES:
+        lines.clear()
+    lines[key] = added[0]
 
 
 class _TrackedPool:

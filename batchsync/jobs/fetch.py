@@ -27,7 +27,7 @@ from ..http.classify import (
 )
 from ..http.decode import InvalidBody, decode_body
 from ..http.exchange import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply
-from ..http.guard import PrivateAddress
+from ..http.guard import Guard, PrivateAddress
 from ..http.headers import header_value
 from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import HttpFacts, facts_of
@@ -68,16 +68,7 @@ class HttpJob:
         self._transport = transport
         self._guard = transport.guard
         self._secrets = options.secrets() if secrets is None else secrets
-        paging = options.paging()
-        self._pager = (
-            None
-            if paging is None
-            else Pager(
-                paging, max_bytes=options.max_bytes, secrets=self._secrets, guard=self._guard
-            )
-        )
-        # Only the link style reads an answer's Link header.
-        self._reads_link = paging is not None and paging.style == "link"
+        self._pager, self._reads_link = _paging_of(options, self._secrets, self._guard)
         self._auth: RunAuth | None = None
         if options.auth is not None:
             self._auth = RunAuth(options.auth, self._secrets)
@@ -491,6 +482,18 @@ class WrappedJob:
 
     def feedback(self, verdict: Verdict) -> Feedback:
         return self._inner.feedback(verdict)
+
+
+def _paging_of(
+    options: FetchOptions, secrets: Secrets, guard: Guard | None
+) -> tuple[Pager | None, bool]:
+    """The items' Pager (None: they are not paged), and whether an answer's Link header is
+    read (only the link style reads it)."""
+    paging = options.paging()
+    if paging is None:
+        return None, False
+    pager = Pager(paging, max_bytes=options.max_bytes, secrets=secrets, guard=guard)
+    return pager, paging.style == "link"
 
 
 def _request_key(spec: RequestSpec) -> Hashable:
