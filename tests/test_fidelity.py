@@ -34,7 +34,7 @@ import trustme
 from urllib3.exceptions import InsecureRequestWarning
 
 from batchsync import Backoff, ResultSet, fetch_all
-from batchsync.http import transport as transport_module
+from batchsync.http import fastlane as transport_module
 from batchsync.http.transport import Transport
 from tests.rawserver import RawServer
 

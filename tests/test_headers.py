@@ -12,12 +12,18 @@ import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from urllib3 import HTTPHeaderDict
+from urllib3.connection import _normalize_header_values as urllib3_normalize
+from urllib3.util.response import assert_header_parsing as urllib3_assert_header_parsing
 
 from batchsync import fetch_all
 from batchsync.http.headers import (
     QuickHeadersResponse,
     QuickMessage,
+    _header_dict,
+    _normalize_header_values,
     _quick_begin_of,
+    _QuickItems,
     parse_headers,
     quick_path_in_effect,
 )
@@ -259,3 +265,23 @@ def test_real_responses_skip_the_email_parser(
     with requests.Session() as session:
         assert all(result.ok for result in fetch_all(items, session=session))
         assert session.cookies.get("a") == "1"
+
+
+@pytest.mark.parametrize(
+    ("block", "quick"),
+    [
+        (b"Set-Cookie: a=1\r\nX-A: 1\r\nset-cookie: b=2\r\nContent-Type: text/plain\r\n\r\n", True),
+        (b"X-A: 1\r\n folded\r\nX-B: 2\r\n\r\n", False),  # (email.parser's, urllib3's way)
+    ],
+)
+def test_urllib3_gets_the_header_dict_it_builds_itself(block: bytes, quick: bool) -> None:
+    """A block read the quick way skips urllib3's checks and copy, and its HTTPHeaderDict is
+    the one urllib3 builds, repeated names and all; any other block goes urllib3's way."""
+    message = parse_headers(io.BytesIO(block))
+    items = _normalize_header_values(message)
+    assert (type(items) is _QuickItems) is quick
+    stock = parse_headers(io.BytesIO(block))
+    urllib3_assert_header_parsing(stock)
+    built, expected = _header_dict(items), HTTPHeaderDict(urllib3_normalize(stock))
+    assert built._container == expected._container
+    assert list(built.items()) == list(expected.items())

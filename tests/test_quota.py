@@ -71,6 +71,19 @@ def test_an_answers_headers_announce_the_same_wait(
     assert answer_limits(answer, lambda: NOW)[0] == wait
 
 
+@pytest.mark.parametrize("mapping", [HTTPHeaderDict, CaseInsensitiveDict, dict])
+def test_the_headers_an_answer_is_read_for_are_found_as_its_mapping_finds_names(
+    mapping: type[Any],
+) -> None:
+    """urllib3's and requests' header dicts find a name in any case; any other mapping as it
+    finds names itself (a plain dict: as written)."""
+    given = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}
+    given |= {"Anthropic-RateLimit-Requests-Remaining": "0"}
+    quota, told = answer_limits(mapping(given), lambda: NOW)
+    found = mapping is not dict
+    assert (quota == 30.0, told is not None) == (found, found)
+
+
 def test_a_403_that_says_the_quota_is_spent_is_a_rate_limit() -> None:
     """GitHub's rule: retried after the reset, not a final 403; a plain 403 stays final."""
     limited = classify_status(403, None, NOW, quota=40.0)

@@ -15,8 +15,10 @@ from urllib3.util import Retry
 
 from batchsync import fetch_all
 from batchsync.core.redact import Secrets
+from batchsync.http.connections import fit_session
 from batchsync.http.guard import Guard
-from batchsync.http.transport import Transport, auth_secrets, fit_session, lent_secrets
+from batchsync.http.session import auth_secrets, lent_secrets
+from batchsync.http.transport import Transport
 from tests.mockserver import MockServerProcess
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -10,9 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 from requests.utils import default_headers
+from urllib3.connection import HTTPConnection
 
+from batchsync.core.redact import Secrets
+from batchsync.http.connections import ConnectionLedger
+from batchsync.http.exchange import BodyReader, Recipe, Wire, _passes_end
+from batchsync.http.fastlane import FastLane, lane_split
 from batchsync.http.origins import host_key, host_of
-from batchsync.http.transport import _passes_end, lane_split, leave_origin
+from batchsync.http.session import SessionLane, leave_origin
+from batchsync.http.transport import Lane, Transport
+from tests.rawserver import RawServer
 
 
 @pytest.mark.parametrize(
@@ -125,3 +133,75 @@ def test_leaving_the_origin_drops_secrets_and_puts_the_sessions_defaults_back() 
     defaults["Extra"] = "session"  # not one of requests' defaults: a secret name still goes
     leave_origin(headers, lambda name: name.lower() in declared, defaults)
     assert list(headers.items()) == [("User-Agent", defaults["User-Agent"]), ("X-Kept", "1")]
+
+
+def test_both_lanes_send_the_same_request_through_the_one_interface() -> None:
+    """The fast lane and the requests way are each a ``Lane`` (mypy checks the assignments),
+    and the same GET sent through either puts the same bytes on the wire and reads the same
+    answer."""
+    ledger = ConnectionLedger()
+    reader = BodyReader(ledger.watchdog, time.monotonic)
+    sessions = SessionLane(None, pool_size=1, secrets=Secrets(), ledger=ledger, reader=reader)
+    fast = FastLane(sessions, reader)
+    recipe_lane: Lane[Recipe] = sessions
+    wire_lane: Lane[Wire] = fast
+    try:
+        with RawServer() as server:
+            url = f"{server.url}/lanes?n=1"
+            wire = fast.wire("GET", url, sessions.headers_with())
+            assert wire is not None
+            recipe = sessions.prepare(requests.Request("GET", url))
+            end = time.monotonic() + 10
+            replies = [wire_lane.send(wire, end)]
+            answers = [(replies[0].status, replies[0].url, bytes(reader.read(replies[0], end, 99)))]
+            ledger.watchdog.disarm()
+            replies.append(recipe_lane.send(recipe, end))
+            answers.append(
+                (replies[1].status, replies[1].url, bytes(reader.read(replies[1], end, 99)))
+            )
+            ledger.watchdog.disarm()
+            first, second = server.requests()
+    finally:
+        ledger.watchdog.close()
+        sessions.close()
+    assert answers[0] == answers[1] == (200, url, b'{"ok": true}')
+    assert first == second
+
+
+def test_a_header_line_made_once_a_run_puts_the_same_bytes_and_steps_aside_for_a_patch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second request's header lines come from the run's kept lines: the bytes are those
+    of the first and of plain requests; a patched ``putheader`` sees every header again."""
+    seen: list[str] = []
+    stock = HTTPConnection.putheader
+
+    def watched(self: HTTPConnection, header: str, *values: str) -> None:
+        seen.append(header)
+        stock(self, header, *values)
+
+    with RawServer() as server:
+        transport = Transport(None, 1)
+        try:
+            for n in range(3):
+                if n == 2:
+                    monkeypatch.setattr(HTTPConnection, "putheader", watched)
+                wire = transport.wire("GET", f"{server.url}/same", transport.headers_with())
+                assert wire is not None
+                end = time.monotonic() + 10
+                transport.read_body(transport.send(wire, end), end, 99)
+                transport.finish()
+                assert len(transport.ledger.header_lines) == 5  # (Host and the session's four)
+        finally:
+            transport.close()
+        monkeypatch.undo()
+        requests.get(f"{server.url}/same", timeout=10).close()
+        sent = server.requests()
+    assert len(set(sent)) == 1 and len(sent) == 4
+    assert [name.lower() for name in seen] == [
+        "host",
+        "user-agent",
+        "accept-encoding",
+        "accept",
+        "connection",
+    ]

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import dataclass, field, replace
+from itertools import chain, count
 from typing import Any, Protocol
 
 from .admission import GLOBAL, Admission, Admitter, Refusal
@@ -74,6 +74,19 @@ class _Copy:
     url: str | None
     id: Any
     claimed: float
+
+
+@dataclass(slots=True)  # one per item carried
+class _Carried:
+    """An item on its way through its routes: its job and Task, when it was claimed, the time
+    it is allowed, and the record of every attempt so far."""
+
+    job: Job
+    task: Task
+    index: int
+    claimed: float
+    allowance: Allowance
+    records: list[AttemptRecord] = field(default_factory=list)
 
 
 class _Window:
@@ -508,90 +521,76 @@ class Engine:
         self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
     ) -> Result:
         """The item's route, then its fallbacks while they are allowed, to a final Result."""
-        allowance = Allowance(claimed + self.options.budget, deadline_end)
-        records: list[AttemptRecord] = []
+        item = _Carried(
+            job, task, index, claimed, Allowance(claimed + self.options.budget, deadline_end)
+        )
         errors: list[str] = []
-
-        def result(
-            verdict: Verdict, error: str | None, fallback: int | None, steps: Steps | None = None
-        ) -> Result:
-            ok = verdict.outcome == "success"
-            going_on = steps is not None and steps.done > 0 and not ok
-            answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
-            sent = 0
-            for record in records:
-                sent += 1 + record.hedged + record.resent
-            return Result(
-                index=index,
-                url=task.url,
-                ok=ok,
-                id=task.id,
-                status_code=answer.status_code,
-                attempts=sent,
-                error_kind=verdict.error_kind,
-                error=error,
-                data=verdict.data if steps is None else steps.data,
-                elapsed=self._clock() - claimed,
-                attempt_log=tuple(records),
-                fallback_used=fallback,
-                final_url=answer.final_url,
-                redirects=answer.redirects,
-                pages=None if steps is None else steps.done,
-                continuation=steps.continuation if going_on and steps else None,
-                finished=time.time(),  # (wall-clock time, for the report's charts)
-            )
-
         so_far: Result | None = None
-        for position, route in enumerate((task.route, *task.fallbacks)):
-            fallback = position - 1 if position else None
-            verdict, error = self._follow(
-                route,
-                fallback,
-                index=index,
-                task=task,
-                allowance=allowance,
-                job=job,
-                records=records,
-                so_far=so_far,
-            )
-            steps = None
-            if route.then is not None:  # (the partial only for items made of steps)
-                follow = partial(
-                    self._follow,
-                    fallback=fallback,
-                    index=index,
-                    task=task,
-                    allowance=allowance,
-                    job=job,
-                    records=records,
-                    so_far=so_far,
-                )
-                verdict, error, steps = self._steps(route, verdict, error, task, follow)
-                # A step that failed ends the item with what the steps before it gave (a
-                # first one that failed is the item's own route failing, as without steps).
-                if verdict.ok or steps.done:
-                    return result(verdict, None if verdict.ok else error, fallback, steps)
+        # Each route with its number as a fallback (None for the item's own).
+        numbers = chain((None,), count())
+        for fallback, route in zip(numbers, (task.route, *task.fallbacks), strict=False):
+            verdict, error, steps = self._route(item, route, fallback, so_far)
             if verdict.outcome == "success":
-                return result(verdict, None, fallback)
+                return self._result(item, verdict, None, fallback, steps)
+            # A step that failed ends the item with what the steps before it gave (a first
+            # one that failed is the item's own route failing, as without steps).
+            if steps is not None and steps.done:
+                return self._result(item, verdict, error, fallback, steps)
             errors.append(error if fallback is None else f"fallback {fallback}: {error}")
-            so_far = result(verdict, "; ".join(errors), None, steps)
+            so_far = self._result(item, verdict, "; ".join(errors), None, steps)
             if not may_fall_back(verdict, primary=fallback is None):
                 break
         assert so_far is not None
         return so_far
 
-    def _steps(
+    def _result(
         self,
-        route: Route,
+        item: _Carried,
         verdict: Verdict,
-        error: str,
-        task: Task,
-        follow: Callable[[Route], tuple[Verdict, str]],
-    ) -> tuple[Verdict, str, Steps]:
-        """An item made of steps (pages): after each success, its next step, until one fails
-        or none is left. Each step is a route of its own: its own retries, the item's budget.
-        After a stop no next step starts: the item ends ``cancelled``, to go on from there."""
-        steps = Steps(task.steps or 0, task.data, route.continuation)
+        error: str | None,
+        fallback: int | None,
+        steps: Steps | None = None,
+    ) -> Result:
+        """The item's Result as its attempts so far leave it."""
+        ok = verdict.outcome == "success"
+        going_on = steps is not None and steps.done > 0 and not ok
+        answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
+        sent = 0
+        for record in item.records:
+            sent += 1 + record.hedged + record.resent
+        return Result(
+            index=item.index,
+            url=item.task.url,
+            ok=ok,
+            id=item.task.id,
+            status_code=answer.status_code,
+            attempts=sent,
+            error_kind=verdict.error_kind,
+            error=error,
+            data=verdict.data if steps is None else steps.data,
+            elapsed=self._clock() - item.claimed,
+            attempt_log=tuple(item.records),
+            fallback_used=fallback,
+            final_url=answer.final_url,
+            redirects=answer.redirects,
+            pages=None if steps is None else steps.done,
+            continuation=steps.continuation if going_on and steps else None,
+            finished=time.time(),  # (wall-clock time, for the report's charts)
+        )
+
+    def _route(
+        self, item: _Carried, route: Route, fallback: int | None, so_far: Result | None
+    ) -> tuple[Verdict, str, Steps | None]:
+        """A route followed to its end: its last Verdict and error line, and for an item made
+        of steps (pages) how far they came (None for any other).
+
+        After each step's success comes its next step, until one fails or none is left. Each
+        step is a route of its own: its own retries, the item's budget. After a stop no next
+        step starts: the item ends ``cancelled``, to go on from there."""
+        verdict, error = self._follow(item, route, fallback, so_far)
+        if route.then is None:  # (an item of one request)
+            return verdict, error, None
+        steps = Steps(item.task.steps or 0, item.task.data, route.continuation)
         while verdict.ok and route.then is not None:
             steps.data, following = route.then(verdict)
             steps.done += 1
@@ -605,20 +604,11 @@ class Engine:
             if self._stop.is_set():
                 stopped, reason = self._stopped_short(None, "cancelled", route)
                 return stopped, reason, steps
-            verdict, error = follow(route)
+            verdict, error = self._follow(item, route, fallback, so_far)
         return verdict, error, steps
 
     def _follow(
-        self,
-        route: Route,
-        fallback: int | None,
-        *,
-        index: int,
-        task: Task,
-        allowance: Allowance,
-        job: Job,
-        records: list[AttemptRecord],
-        so_far: Result | None,
+        self, item: _Carried, route: Route, fallback: int | None, so_far: Result | None
     ) -> tuple[Verdict, str]:
         """Attempts on one route until success, a final failure or no retries left.
 
@@ -630,63 +620,96 @@ class Engine:
         number = 0
         last: Verdict | None = None
         while True:
-            left, nearest = allowance.tightest(self._clock())
-            if left <= 0:
-                return self._stopped_short(last, nearest, route)
-            admission = None
-            if self._gates is not None and route.gated:
-                admitted = self._gates.enter(route.host or GLOBAL, allowance, self._stop, task.cost)
-                if isinstance(admitted, Refusal):
-                    return self._stopped_short(last, admitted.kind, route, admitted.why)
-                admission = admitted
-            if self.observers.sees_attempt_started:
-                self.observers.attempt_started(index)
-            began = self._clock()
-            if admission is not None:
-                admission.sent = began
-            ends_at, limit = (
-                (None, None) if job.timeout is None else allowance.attempt_end(job.timeout, began)
-            )
-            verdict = self._attempt(route, ends_at, so_far, task, admission)
-            ended = self._clock()
-            if limit is not None:
-                # (a timeout the budget cut short says nothing of the host: its limits see that)
-                verdict = cut_short(verdict, limit)
-            if admission is not None:
-                self._release(admission, job, verdict, task)
+            admission = self._enter(item, route, last)
+            if isinstance(admission, tuple):  # (the route ends before this attempt)
+                return admission
+            verdict, began, ended = self._sent(item, route, so_far, admission)
             number += 1
             if verdict.outcome == "success":  # (nothing to decide: the route's answer)
                 decision = Decision(verdict, error=verdict.error or "")
             else:
                 attempted = Attempted(number, max_attempts, attempts, ended, route.no_retry_reason)
-                decision = decide(verdict, attempted, self.options.backoff, self._rand(), allowance)
+                decision = decide(
+                    verdict, attempted, self.options.backoff, self._rand(), item.allowance
+                )
             last = decision.verdict
-            answer: Answer = _UNANSWERED if last.facts is None else last.facts
-            record = AttemptRecord(
-                len(records) + 1,
-                answer.status_code,
-                last.error_kind,
-                ended - began,
-                wait=decision.wait,
-                fallback=fallback,
-                hedged=last.hedged,
-                resent=last.resent,
-            )
-            records.append(record)
-            if self.observers.sees_attempt_finished:
-                self.observers.attempt_finished(index, task, record)
+            self._record(item, last, fallback, ended - began, decision.wait)
             if decision.wait is None:
                 return last, decision.error
-            _log_retry(task.url, last, number, max_attempts, decision.wait)
+            _log_retry(item.task.url, last, number, max_attempts, decision.wait)
             if self._time.wait(self._stop, decision.wait):
                 return replace(last, outcome="terminal", error_kind="cancelled"), (
                     f"{last.error} after {plural(number)}; stopped while waiting to retry"
                 )
 
+    def _enter(
+        self, item: _Carried, route: Route, last: Verdict | None
+    ) -> Admission | tuple[Verdict, str] | None:
+        """The place the route's next attempt holds at the limits (None: it is not gated),
+        or, when the budget, the deadline or a limit ends the route first, its last Verdict
+        and error line (see ``_stopped_short``)."""
+        left, nearest = item.allowance.tightest(self._clock())
+        if left <= 0:
+            return self._stopped_short(last, nearest, route)
+        if self._gates is None or not route.gated:
+            return None
+        task = item.task
+        admitted = self._gates.enter(route.host or GLOBAL, item.allowance, self._stop, task.cost)
+        if isinstance(admitted, Refusal):
+            return self._stopped_short(last, admitted.kind, route, admitted.why)
+        return admitted
+
+    def _sent(
+        self, item: _Carried, route: Route, so_far: Result | None, admission: Admission | None
+    ) -> tuple[Verdict, float, float]:
+        """One attempt on ``route``, bounded by the job's timeout within the item's allowance,
+        its Verdict told to the limits; with the clock when it began and when it ended."""
+        if self.observers.sees_attempt_started:
+            self.observers.attempt_started(item.index)
+        began = self._clock()
+        if admission is not None:
+            admission.sent = began
+        timeout = item.job.timeout
+        wall_end, limit = (
+            (None, None) if timeout is None else item.allowance.attempt_end(timeout, began)
+        )
+        verdict = self._attempt(route, wall_end, so_far, item.task, admission)
+        ended = self._clock()
+        if limit is not None:
+            # (a timeout the budget cut short says nothing of the host: its limits see that)
+            verdict = cut_short(verdict, limit)
+        if admission is not None:
+            self._release(admission, item.job, verdict, item.task)
+        return verdict, began, ended
+
+    def _record(
+        self,
+        item: _Carried,
+        last: Verdict,
+        fallback: int | None,
+        took: float,
+        wait: float | None,
+    ) -> None:
+        """The attempt's record kept in the item's log and shown to the observers."""
+        answer: Answer = _UNANSWERED if last.facts is None else last.facts
+        record = AttemptRecord(
+            len(item.records) + 1,
+            answer.status_code,
+            last.error_kind,
+            took,
+            wait=wait,
+            fallback=fallback,
+            hedged=last.hedged,
+            resent=last.resent,
+        )
+        item.records.append(record)
+        if self.observers.sees_attempt_finished:
+            self.observers.attempt_finished(item.index, item.task, record)
+
     def _attempt(
         self,
         route: Route,
-        ends_at: float | None,
+        wall_end: float | None,
         so_far: Result | None,
         task: Task,
         admission: Admission | None,
@@ -694,7 +717,7 @@ class Engine:
         """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
         back the place it held at the limits."""
         try:
-            return route.attempt(ends_at, so_far)
+            return route.attempt(wall_end, so_far)
         except Exception as exc:
             log.exception("internal error in an attempt of %s", task.url)
             return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")

@@ -33,8 +33,8 @@ import requests
 from requests.auth import AuthBase
 
 from ..core.redact import Secrets
+from .exchange import Outgoing, Wire
 from .spec import check_headers
-from .transport import Outgoing, Recipe, Wire
 
 HeaderSource = Callable[[], Mapping[str, str]]
 Auth = HeaderSource | AuthBase
@@ -217,7 +217,7 @@ class RunAuth:
         """``request`` as it goes out with ``token``; the original is left as it was."""
         if isinstance(request, Wire):  # (only header tokens take the fast lane)
             return replace(request, headers=_overlaid(request.headers, token.headers))
-        return Recipe(request.request, request.prepared, partial(self._authorized, token))
+        return replace(request, auth=partial(self._authorized, token))
 
     def _authorized(
         self, token: Token, prepared: requests.PreparedRequest

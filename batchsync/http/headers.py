@@ -15,8 +15,12 @@ import http.client
 import inspect
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
+
+import urllib3.connection
+from urllib3 import HTTPHeaderDict
+from urllib3.util.response import assert_header_parsing
 
 # A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
 # then a value without CR or LF. ``email``'s compat32 policy drops the spaces and tabs before
@@ -177,3 +181,90 @@ class QuickHeadersResponse(http.client.HTTPResponse):
             _QUICK_BEGIN(self)  # type: ignore[misc]
         else:
             http.client.HTTPResponse.begin(self)
+
+
+# urllib3's own ``getresponse`` and the pieces of it the quick path stands in for, as found at
+# import: for a header block read the quick way it checks, normalises and copies what is
+# already plain (no defect, no payload, no folded value), at a sixth of a small request's cost.
+URLLIB3_GETRESPONSE = urllib3.connection.HTTPConnection.getresponse
+_URLLIB3_ASSERT_HEADER_PARSING = assert_header_parsing
+_URLLIB3_NORMALIZE = urllib3.connection._normalize_header_values
+
+
+class _QuickItems(list[tuple[str, str]]):
+    """The (name, value) pairs of a header block read the quick way, as urllib3 would have
+    normalised them (unchanged: no value of a plain block holds a line break)."""
+
+
+def _read_quick(message: http.client.HTTPMessage) -> bool:
+    """Whether ``message`` was built by ``parse_headers`` above and not changed since."""
+    return (
+        type(message) is QuickMessage
+        and message._built is not None
+        and message._headers == message._built  # type: ignore[attr-defined]
+    )
+
+
+def _assert_header_parsing(headers: http.client.HTTPMessage) -> None:
+    """urllib3's check, which a block read the quick way passes (no defect, no payload)."""
+    if not _read_quick(headers):
+        _URLLIB3_ASSERT_HEADER_PARSING(headers)
+
+
+def _normalize_header_values(message: http.client.HTTPMessage) -> list[tuple[str, str]]:
+    """urllib3's normalisation, which leaves a block read the quick way as it is."""
+    if _read_quick(message):
+        return _QuickItems(message._headers)  # type: ignore[attr-defined]
+    return _URLLIB3_NORMALIZE(message)
+
+
+def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
+    """``HTTPHeaderDict(items)``: for a block read the quick way, filled as its ``add`` fills
+    it (each name under its lower case, a repeated name's values after the first), without
+    the generic ``extend``'s type checks."""
+    if type(items) is not _QuickItems:
+        return HTTPHeaderDict(items)
+    headers = HTTPHeaderDict()
+    container = headers._container
+    for name, value in items:
+        new = [name, value]
+        found = container.setdefault(name.lower(), new)
+        if found is not new:
+            found.append(value)
+    return headers
+
+
+def _quick_getresponse_of(
+    getresponse: Callable[..., Any],
+) -> Callable[[urllib3.connection.HTTPConnection], Any] | None:
+    """urllib3's ``getresponse`` run with the three pieces above in place of its own: every
+    other step (the response options, the socket's timeout, http.client's ``getresponse``, the
+    HTTPResponse and its arguments) is urllib3's code as it runs. None for a ``getresponse``
+    not built the way this expects (urllib3 2.x's)."""
+    code = getresponse.__code__
+    names = {"assert_header_parsing", "_normalize_header_values", "HTTPHeaderDict"}
+    if code.co_freevars != ("__class__",) or not names <= set(code.co_names):
+        return None
+    globals_ = {
+        **vars(urllib3.connection),
+        "assert_header_parsing": _assert_header_parsing,
+        "_normalize_header_values": _normalize_header_values,
+        "HTTPHeaderDict": _header_dict,
+    }
+    return types.FunctionType(
+        code, globals_, "getresponse", getresponse.__defaults__, getresponse.__closure__
+    )
+
+
+# (a connection uses it while its class's ``getresponse`` is URLLIB3_GETRESPONSE: see
+# ``connections._Tracked``)
+QUICK_GETRESPONSE = _quick_getresponse_of(URLLIB3_GETRESPONSE)
+
+
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """``headers.get(name)``, read straight from urllib3's HTTPHeaderDict when it is one (its
+    values joined as its own look-up joins them), not through its generic Mapping methods."""
+    if type(headers) is HTTPHeaderDict:
+        found = headers._container.get(name.lower())
+        return None if found is None else ", ".join(found[1:])
+    return headers.get(name)

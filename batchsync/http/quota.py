@@ -14,7 +14,10 @@ Read, the first that says something winning:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from requests.structures import CaseInsensitiveDict
+from urllib3 import HTTPHeaderDict
 
 from ..core.numbers import count_of, seconds_of
 from ..core.verdict import Announced
@@ -28,14 +31,18 @@ _END = r"(?=$|[;,\s])"
 _REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*([0-9]+)" + _END)
 _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
+# Headers one of which an answer that tells its quota has.
+_QUOTA_MARKS = frozenset({"x-ratelimit-remaining", "ratelimit-remaining", "ratelimit"})
 # Headers one of which an answer that tells a provider's counts has (a server may send only
 # its tokens' or only its requests').
-_PROVIDER_MARKS = (
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens",
-    "anthropic-ratelimit-requests-remaining",
-    "anthropic-ratelimit-tokens-remaining",
-    "anthropic-ratelimit-input-tokens-remaining",
+_PROVIDER_MARKS = frozenset(
+    {
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-remaining",
+    }
 )
 # The largest reset read: an epoch time in seconds far in the future, not a 400-digit number.
 _LATEST_EPOCH = 1e11
@@ -49,15 +56,28 @@ def answer_limits(
     first is there (most answers have none, and reading every header of every answer costs
     more than a few look-ups). The provider's counts are the quota gate's to hold
     (``announced``)."""
-    told = (
-        "x-ratelimit-remaining" in headers
-        or "ratelimit-remaining" in headers
-        or "ratelimit" in headers
-    )
+    names = _lower_names(headers)
+    if names is None:  # (another mapping: asked name by name, as it compares names)
+        told = any(name in headers for name in _QUOTA_MARKS)
+        provider = any(name in headers for name in _PROVIDER_MARKS)
+    else:
+        told = not _QUOTA_MARKS.isdisjoint(names)
+        provider = not _PROVIDER_MARKS.isdisjoint(names)
     quota = quota_wait(headers.items(), unix_time) if told else None
-    if not any(name in headers for name in _PROVIDER_MARKS):
+    if not provider:
         return quota, None
     return quota, announced(headers.items(), unix_time())
+
+
+def _lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
+    """The names of ``headers`` in lower case, as the case-insensitive dicts of urllib3 (an
+    answer of the fast lane) and requests (of the requests way) keep them: looked up at a
+    dict's cost, not a method call each. None for any other mapping."""
+    if type(headers) is HTTPHeaderDict:
+        return headers._container.keys()
+    if type(headers) is CaseInsensitiveDict:
+        return headers._store.keys()
+    return None
 
 
 def retry_after_of(headers: Mapping[str, str]) -> str | None:

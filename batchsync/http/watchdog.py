@@ -56,17 +56,17 @@ class Watchdog:
                 self._watcher.start()
         return slot
 
-    def arm(self, end: float) -> None:
-        """This thread's attempt must be over by ``end`` (a reading of the clock).
+    def arm(self, wall_end: float) -> None:
+        """This thread's attempt must be over by ``wall_end`` (a reading of the clock).
 
         No lock: the slot is unarmed (the last ``disarm`` took the lock, so no cut of an
         earlier attempt is under way), or armed with this same end (a redirect's next hop).
         ``end`` is set last, as the watcher reads it first.
         """
         slot: _Slot = getattr(self._local, "slot", None) or self._new_slot()
-        if slot.end != end:
+        if slot.end != wall_end:
             slot.sock, slot.cut = None, False
-            slot.end = end
+            slot.end = wall_end
 
     def attach(self, sock: socket.socket | None) -> None:
         """The socket this thread's armed attempt now reads or writes."""

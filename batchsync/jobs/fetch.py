@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -27,39 +26,26 @@ from ..http.classify import (
     host_feedback,
 )
 from ..http.decode import InvalidBody, decode_body
-from ..http.guard import PrivateAddress
+from ..http.exchange import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply
+from ..http.guard import Guard, PrivateAddress
+from ..http.headers import header_value
 from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import HttpFacts, facts_of
-from ..http.origins import host_of
-from ..http.paginate import (
-    HELD_SHARE,
-    Continued,
-    Page,
-    PagingError,
-    first_page,
-    gathered,
-    held_size,
-    next_page,
-    pages_held_over,
-    pages_over,
-    records_of,
-    same_origin,
-    with_userinfo,
-)
+from ..http.paginate import Continued, same_origin
 from ..http.quota import answer_limits, retry_after_of
 from ..http.retries import judged, parse_statuses
 from ..http.spec import RequestSpec, item_label, parse_item
-from ..http.transport import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply, Transport, Wire
+from ..http.transport import Transport
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
 from ..limits.tokens import usage_tokens
 from .options import FetchOptions
+from .pages import Pager
 
 # Responses that carry no body to decode, whatever ``expect`` says.
 _NO_BODY_STATUSES = frozenset({204, 205, 304})
 _DEDUP_METHODS = frozenset({"GET", "HEAD"})
 _LOST = Verdict("terminal", "cancelled", "lost the race to a hedged request")
-_NO_SECRETS = nullcontext()  # (reusable: it holds nothing)
 _NO_TIME_TO_RESEND = "HTTP 401; the attempt's time ran out before the resend with the new token"
 
 log = logging.getLogger("batchsync")
@@ -82,7 +68,7 @@ class HttpJob:
         self._transport = transport
         self._guard = transport.guard
         self._secrets = options.secrets() if secrets is None else secrets
-        self._paging = options.paging()
+        self._pager, self._reads_link = _paging_of(options, self._secrets, self._guard)
         self._auth: RunAuth | None = None
         if options.auth is not None:
             self._auth = RunAuth(options.auth, self._secrets)
@@ -93,7 +79,7 @@ class HttpJob:
             options.on_attempt is None
             and not options.fallbacks
             and self._lane_ok
-            and not self._paging
+            and self._pager is None
             and options.cost is None
         )
         # What an answer used, for a token budget to set its estimate right.
@@ -177,97 +163,11 @@ class HttpJob:
             subject=spec,
             cost=item_cost(item, spec.json_body, self._options.cost, self._options.token_rate),
         )
-        if self._paging is not None:
-            return self._paged(task, spec, own, continued)
-        return task
-
-    def _paged(
-        self, task: Task, spec: RequestSpec, own: frozenset[str], continued: Continued | None
-    ) -> Task:
-        """The Task with the item's own route made its first page (or, resumed, the page it
-        goes on from), and each fallback URL's route the first page of that URL."""
-        paging = self._paging
-        assert paging is not None
-        # the page parameters go in the URL: so do the item's own
-        params, spec = spec.params, spec.model_copy(update={"params": None})
-        specs = [
-            spec.model_copy(update={"url": _with_params(url, params) if params else url})
-            for url in (spec.url, *(spec.fallbacks or ()))
-        ]
-        start = first_page(paging, specs[0].url) if continued is None else continued.page
-        routes = [self._page_route(specs[0], own, start)]
-        routes += [self._page_route(each, own, first_page(paging, each.url)) for each in specs[1:]]
-        return replace(
-            task,
-            route=routes[0],
-            fallbacks=(*routes[1:], *task.fallbacks[len(specs) - 1 :]),
-            steps=start.number - 1,
-            data=start.data,
-        )
-
-    def _page_route(self, spec: RequestSpec, own: frozenset[str], page: Page) -> Route:
-        route = self._url_route(spec, page.url, own)
-        attempt = route.attempt
-        if page.number > 1:
-            named = f"page {page.number} ({self._secrets.text(page.url, own)})"
-            attempt = partial(_on_page, named, attempt)
-        return replace(
-            route,
-            attempt=attempt,
-            then=partial(self._after_page, spec, own, page),
-            continuation=page.continuation(),
-        )
-
-    def _after_page(
-        self, spec: RequestSpec, own: frozenset[str], page: Page, verdict: Verdict
-    ) -> tuple[Any, Route | Verdict | None]:
-        """The item's data with this page, and the route to the next page (None: done; a
-        Verdict: the next page cannot be fetched)."""
-        paging = self._paging
-        assert paging is not None
-        size = page.size + verdict.size
-        if size > self._options.max_bytes:  # (the pages so far are kept, memory bounded)
-            return page.data, terminal("invalid_body", pages_over(page.number, size))
-        held = page.held + held_size(records_of(paging, verdict.data))
-        if held > HELD_SHARE * self._options.max_bytes:  # (decoded, tiny records weigh more)
-            return page.data, terminal("invalid_body", pages_held_over(page.number, held))
-        try:
-            data = gathered(paging, page.data, verdict.data, first=page.number == 1)
-            following = next_page(
-                paging,
-                first_url=spec.url,
-                url=page.url,
-                number=page.number,
-                position=page.position,
-                body=verdict.data,
-                link=facts_of(verdict).link,
+        if self._pager is not None:
+            return self._pager.paged(
+                task, spec, own=own, continued=continued, route_to=self._url_route
             )
-        except PagingError as exc:  # (a later run would meet it again: nothing to go on from)
-            return page.data, terminal("invalid_body", f"after page {page.number}: {exc}")
-        if following is None:
-            return data, None
-        url, position = following
-        url, seen = with_userinfo(url, spec.url), page.seen | {page.url}
-        upcoming = Page(url, page.number + 1, position, data, seen, size, held)
-        problem = self._page_problem(spec.url, url, seen)
-        if problem is None:
-            return data, self._page_route(spec, own, upcoming)
-        shown = f"page {upcoming.number} ({self._secrets.text(url, own)}): {problem}"
-        return data, terminal("invalid_body", shown)
-
-    def _page_problem(self, first_url: str, url: str, seen: frozenset[str]) -> str | None:
-        """Why a next page named by a response is not fetched: it was fetched already (a
-        loop), it is on another origin (the item's headers and secrets stay with its own), or
-        deny_private refuses its host."""
-        if url in seen:
-            return "fetched already: the pages go round in a loop"
-        if not same_origin(url, first_url):
-            return "the next page is on another origin; not followed"
-        try:
-            self._guarded(urlsplit(url).hostname or "")
-        except InvalidItem as exc:
-            return str(exc)
-        return None
+        return task
 
     def _item_secrets(self, item: object) -> frozenset[str]:
         """An item's own secret values (see ``Secrets.of_item``), read from a RequestSpec or
@@ -291,7 +191,7 @@ class HttpJob:
 
     def _url_route(self, spec: RequestSpec, url: str, own: frozenset[str]) -> Route:
         request = self._outgoing(spec, url)
-        host = request.host if isinstance(request, Wire) else host_of(url)
+        host = request.host
         # Only GETs are hedged: a second copy of anything else could change something twice.
         hedged = self._hedger is not None and spec.method == "GET"
         attempt = partial(self._send, request, host if hedged else None, own)
@@ -392,13 +292,16 @@ class HttpJob:
         so_far: Result | None,
     ) -> Verdict:
         assert wall_end is not None
-        with item_secrets(own) if own else _NO_SECRETS:
-            if hedge_host is not None and self._hedger is not None:
-                verdict = self._hedger.run(
-                    partial(self._exchange, request, own, wall_end), hedge_host
-                )
-            else:
-                verdict = self._exchange(request, own, wall_end, None)
+        if hedge_host is not None and self._hedger is not None:
+            exchange = partial(self._exchange, request, own, wall_end)
+            send = partial(self._hedger.run, exchange, hedge_host)
+        else:
+            send = partial(self._exchange, request, own, wall_end, None)
+        if own:  # (the item's own secrets, masked in whatever is logged meanwhile)
+            with item_secrets(own):
+                verdict = send()
+        else:  # (no context to enter: most items have no secrets of their own)
+            verdict = send()
         if verdict.error is not None:
             if self._retry_if is not None:  # (asked before the error is masked: it may add to it)
                 verdict = judged(verdict, self._retry_if)
@@ -484,7 +387,7 @@ class HttpJob:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                self._secrets.text(_url_of(request), own),
+                self._secrets.text(request.url, own),
                 token.generation,
                 auth.refreshes,
             )
@@ -532,7 +435,7 @@ class HttpJob:
 
     def _landed(self, url: str | None, own: frozenset[str], request: Outgoing) -> str | None:
         """Where an answer came from, masked (see ``Secrets.answered``)."""
-        return None if url is None else self._secrets.answered(url, own, _url_of(request))
+        return None if url is None else self._secrets.answered(url, own, request.url)
 
     def _judge(
         self, method: str | None, reply: Reply, wall_end: float, landed: str | None
@@ -558,24 +461,12 @@ class HttpJob:
             data = None
         else:
             expect = self._options.expect
-            content_type = reply.headers.get("Content-Type")  # (for every expect: charsets)
+            content_type = header_value(reply.headers, "Content-Type")  # (for charsets too)
             data = decode_body(body, expect, content_type)
-        paging = self._paging
-        link = reply.headers.get("Link") if paging is not None and paging.style == "link" else None
+        link = reply.headers.get("Link") if self._reads_link else None
         used = None if self._usage is None else used_tokens(self._usage, data)
         facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used)
         return Verdict("success", facts=facts, data=data, size=len(body))
-
-
-def _on_page(
-    named: str,
-    attempt: Callable[[float | None, Result | None], Verdict],
-    wall_end: float | None,
-    so_far: Result | None,
-) -> Verdict:
-    """An attempt at a later page, its failure naming the page."""
-    verdict = attempt(wall_end, so_far)
-    return verdict if verdict.error is None else replace(verdict, error=f"{named}: {verdict.error}")
 
 
 class WrappedJob:
@@ -593,6 +484,18 @@ class WrappedJob:
         return self._inner.feedback(verdict)
 
 
+def _paging_of(
+    options: FetchOptions, secrets: Secrets, guard: Guard | None
+) -> tuple[Pager | None, bool]:
+    """The items' Pager (None: they are not paged), and whether an answer's Link header is
+    read (only the link style reads it)."""
+    paging = options.paging()
+    if paging is None:
+        return None, False
+    pager = Pager(paging, max_bytes=options.max_bytes, secrets=secrets, guard=guard)
+    return pager, paging.style == "link"
+
+
 def _request_key(spec: RequestSpec) -> Hashable:
     """What makes two bodiless requests the same: method, URL, params and headers (in any
     order, header names in any case), fallback URLs."""
@@ -603,18 +506,7 @@ def _request_key(spec: RequestSpec) -> Hashable:
 
 def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
     """Whether an answer came, after redirects, from another origin than the request's."""
-    return bool(facts.redirects) and not same_origin(facts.final_url or "", _url_of(request))
-
-
-def _url_of(request: Outgoing) -> str:
-    return str(request.url if isinstance(request, Wire) else request.prepared.url)
-
-
-def _with_params(url: str, params: Mapping[str, Any]) -> str:
-    """The URL requests would send for ``url`` and ``params``."""
-    prepared = requests.PreparedRequest()
-    prepared.prepare_url(url, params)
-    return str(prepared.url)
+    return bool(facts.redirects) and not same_origin(facts.final_url or "", request.url)
 
 
 def _listed(value: object) -> list[object]:

@@ -26,8 +26,8 @@ from ..core.result import AttemptRecord, Result
 from ..http.auth import Auth
 from ..http.paginate import Paging, paging
 from ..http.retries import RETRY_STATUSES, RetryIf, parse_statuses
+from ..http.session import Cert, SessionSource, Verify
 from ..http.spec import RequestSpec, check_headers, one_line
-from ..http.transport import Cert, SessionSource, Verify
 from ..limits.announced import AnnouncedRates
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope

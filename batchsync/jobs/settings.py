@@ -16,8 +16,8 @@ from ..core.backoff import Backoff
 from ..core.result import AttemptRecord, Result
 from ..http.auth import Auth
 from ..http.retries import RetryIf
+from ..http.session import Cert, SessionSource, Verify
 from ..http.spec import RequestSpec
-from ..http.transport import Cert, SessionSource, Verify
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.tokenrate import TokenRate
