@@ -9,17 +9,18 @@ client redoes only the partitions that had not finished.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ..contrib.dask import Distributor, Partition, PartitionRun
 from ..core.engine import Deliver, Job
 from ..core.result import Result
 from ..jobs.fetch import HttpJob
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions, build
+from ..jobs.settings import CallSettings, FetchSettings
 from ..limits.gates import Gates
 from ..output.resultset import ResultSet
 from ..store.resume import Items, Left
@@ -117,7 +118,7 @@ def fetch_on_cluster(
     *,
     partition_size: int = 1000,
     journal: str | Path | None = None,
-    **options: Any,
+    **options: Unpack[FetchSettings],
 ) -> ResultSet:
     """``batchsync.fetch_all`` on a Dask cluster: one Result per item, in input order.
 
@@ -143,7 +144,7 @@ def run_on_cluster(
     *,
     partition_size: int = 1000,
     journal: str | Path | None = None,
-    **options: Any,
+    **options: Unpack[CallSettings],
 ) -> ResultSet:
     """``batchsync.run_all`` on a Dask cluster: ``fn`` (pickled to the workers) called for
     every item, one Result per item, in input order; ``options`` and ``journal`` as for
@@ -153,10 +154,10 @@ def run_on_cluster(
     return _on_cluster(task, list(items), client, partition_size, journal, strict=True)
 
 
-def _checked(model: type[FlowOptions], options: dict[str, Any]) -> dict[str, Any]:
-    """The library's options for the workers, as given (a progress bar is the client's),
-    checked here before anything is sent."""
-    settings = {name: value for name, value in options.items() if name != "progress"}
+def _checked(model: type[FlowOptions], options: Mapping[str, object]) -> dict[str, Any]:
+    """The library's options for the workers, as given, checked here before anything is
+    sent."""
+    settings = dict(options)
     build(model, **settings)
     return settings
 
