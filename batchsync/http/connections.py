@@ -20,7 +20,12 @@ from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
 from .guard import Guard, PrivateAddress
-from .headers import QUICK_GETRESPONSE, URLLIB3_GETRESPONSE, QuickHeadersResponse
+from .headers import (
+    QUICK_GETRESPONSE,
+    URLLIB3_GETRESPONSE,
+    QuickHeadersResponse,
+    quick_getresponse_in_effect,
+)
 from .watchdog import Watchdog
 
 # The header-line pieces a connection's ``putheader`` stands on, as found at import.
@@ -29,9 +34,24 @@ _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
 _STDLIB_OUTPUT = http.client.HTTPConnection._output  # type: ignore[attr-defined]
 # http.client's state of a connection between putrequest and endheaders.
 _REQUEST_STARTED: str = http.client._CS_REQ_STARTED  # type: ignore[attr-defined]
-# Header lines a run keeps made at most; past that it starts afresh (a line is made again on
-# demand, so forgetting one costs its checks, never a byte).
+# Header lines a run keeps made at most, and the longest it keeps; past the count it starts
+# afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
 _MAX_HEADER_LINES = 1024
+_MAX_KEPT_LINE = 256
+# A kept line's key: its name and its one value, both plain ``str``.
+_LineKey = tuple[str, str]
+
+
+def _stock_header_lines(connection: type) -> bool:
+    """Whether ``connection`` makes its header lines with urllib3's and http.client's own
+    ``putheader`` and ``_output`` alone: no class of its own (a signing mixin, say) between
+    them, whose line could differ from one request or origin to the next."""
+    stock = (HTTPConnection, http.client.HTTPConnection)
+    return not any(
+        "putheader" in vars(cls) or "_output" in vars(cls)
+        for cls in connection.__mro__
+        if cls not in stock
+    )
 
 
 class _Tracked:
@@ -43,38 +63,43 @@ class _Tracked:
     ledger: ConnectionLedger
     # The connection class it is mixed into (whose ``putheader`` the quick one stands for).
     connection_class: type[HTTPConnection]
+    # Whether that class makes its lines the stock way (``_stock_header_lines``).
+    keeps_lines: bool
     # False for the connections to a proxy: the proxy's own address is the caller's choice.
     peer_check = True
     response_class = QuickHeadersResponse
 
     def putheader(self, header: str, *values: str) -> None:
-        """urllib3's and http.client's ``putheader``, each distinct (name, values) line
-        checked and encoded once a run, and its bytes appended as ``_output`` appends them.
+        """urllib3's and http.client's ``putheader``, each distinct short line of one text
+        value checked and encoded once a run, and its bytes appended as ``_output`` appends
+        them.
 
-        The line depends on the name and values alone (both text), so the bytes are the same;
-        a call that fails, or appends no line (urllib3's SKIP_HEADER), is never kept. Nothing
-        is kept or reused while a ``putheader`` or ``_output`` is not the one found at import
-        (a patch, or the connection class's own)."""
-        lines = self.ledger.header_lines
-        key = (header, values)
-        try:
-            line = lines.get(key)
-        except TypeError:  # (an unhashable value: http.client says what it makes of it)
-            line = None
-        connection = self.connection_class
-        quick = (  # (the pieces found at import: no patch, no connection class's own)
-            connection.putheader is _URLLIB3_PUTHEADER
+        Such a line depends on its name and value alone while the connection class makes
+        lines the stock way (``keeps_lines``) and neither library's ``putheader`` nor
+        ``_output`` is patched: then the bytes are the same. A call that fails, or appends no
+        line (urllib3's SKIP_HEADER), is never kept; a class of its own is never served a
+        kept line, nor are bytes values (compared with text, they warn under ``python -b``)."""
+        if not (
+            self.keeps_lines
+            and type(header) is str
+            and len(values) == 1
+            and type(values[0]) is str
+            and self.connection_class.putheader is _URLLIB3_PUTHEADER
             and http.client.HTTPConnection.putheader is _STDLIB_PUTHEADER
-            and connection._output is _STDLIB_OUTPUT  # type: ignore[attr-defined]
-        )
-        if line is not None and quick and self._HTTPConnection__state == _REQUEST_STARTED:  # type: ignore[attr-defined]
-            self._buffer.append(line)  # type: ignore[attr-defined]
+            and self.connection_class._output is _STDLIB_OUTPUT  # type: ignore[attr-defined]
+        ):
+            super().putheader(header, *values)  # type: ignore[misc]
             return
+        lines = self.ledger.header_lines
+        key = (header, values[0])
+        line = lines.get(key)
         buffer: list[bytes] = self._buffer  # type: ignore[attr-defined]
+        if line is not None and self._HTTPConnection__state == _REQUEST_STARTED:  # type: ignore[attr-defined]
+            buffer.append(line)
+            return
         before = len(buffer)
         super().putheader(header, *values)  # type: ignore[misc]
-        if quick:
-            _keep_line(lines, key, buffer[before:])
+        _keep_line(lines, key, buffer[before:])
 
     def getresponse(self) -> Any:
         """urllib3's ``getresponse``, without its checks and copy of a header block read the
@@ -83,6 +108,7 @@ class _Tracked:
         if (
             QUICK_GETRESPONSE is None
             or self.connection_class.getresponse is not URLLIB3_GETRESPONSE
+            or not quick_getresponse_in_effect()
         ):
             return super().getresponse()  # type: ignore[misc]
         return QUICK_GETRESPONSE(self)  # type: ignore[arg-type]
@@ -101,15 +127,10 @@ class _Tracked:
         return sock
 
 
-def _keep_line(
-    lines: dict[tuple[str, tuple[str, ...]], bytes],
-    key: tuple[str, tuple[str, ...]],
-    added: list[bytes],
-) -> None:
-    """Keep the line a ``putheader`` of ``key`` (name, values) appended: only when it appended
-    exactly one, and its name and values are all text."""
-    header, values = key
-    if len(added) != 1 or type(header) is not str or any(type(v) is not str for v in values):
+def _keep_line(lines: dict[_LineKey, bytes], key: _LineKey, added: list[bytes]) -> None:
+    """Keep the line a ``putheader`` of ``key`` appended: only when it appended exactly one,
+    of at most ``_MAX_KEPT_LINE`` bytes (a run of long unique values keeps nothing)."""
+    if len(added) != 1 or len(added[0]) > _MAX_KEPT_LINE:
         return
     if len(lines) >= _MAX_HEADER_LINES:
         lines.clear()
@@ -144,7 +165,7 @@ class ConnectionLedger:
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
         # Each distinct header line its connections sent, made once (see _Tracked.putheader);
         # kept no longer than the run, as the requests that carry them.
-        self.header_lines: dict[tuple[str, tuple[str, ...]], bytes] = {}
+        self.header_lines: dict[_LineKey, bytes] = {}
 
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True
@@ -159,7 +180,12 @@ class ConnectionLedger:
         key = (pool, peer_check)
         if key not in self._tracked:
             connection = pool.ConnectionCls  # type: ignore[attr-defined]
-            members = {"ledger": self, "peer_check": peer_check, "connection_class": connection}
+            members = {
+                "ledger": self,
+                "peer_check": peer_check,
+                "connection_class": connection,
+                "keeps_lines": _stock_header_lines(connection),
+            }
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
             members = {"ledger": self, "ConnectionCls": tracked}
             self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)

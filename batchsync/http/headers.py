@@ -20,7 +20,6 @@ from typing import Any, BinaryIO
 
 import urllib3.connection
 from urllib3 import HTTPHeaderDict
-from urllib3.util.response import assert_header_parsing
 
 # A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
 # then a value without CR or LF. ``email``'s compat32 policy drops the spaces and tabs before
@@ -187,8 +186,11 @@ class QuickHeadersResponse(http.client.HTTPResponse):
 # import: for a header block read the quick way it checks, normalises and copies what is
 # already plain (no defect, no payload, no folded value), at a sixth of a small request's cost.
 URLLIB3_GETRESPONSE = urllib3.connection.HTTPConnection.getresponse
-_URLLIB3_ASSERT_HEADER_PARSING = assert_header_parsing
-_URLLIB3_NORMALIZE = urllib3.connection._normalize_header_values
+# (urllib3.connection's own names, live: a later patch of one is seen)
+_URLLIB3_CONNECTION_NAMES = vars(urllib3.connection)
+_URLLIB3_ASSERT_HEADER_PARSING = _URLLIB3_CONNECTION_NAMES["assert_header_parsing"]
+_URLLIB3_NORMALIZE = _URLLIB3_CONNECTION_NAMES["_normalize_header_values"]
+_URLLIB3_HEADER_DICT = _URLLIB3_CONNECTION_NAMES["HTTPHeaderDict"]
 
 
 class _QuickItems(list[tuple[str, str]]):
@@ -215,7 +217,8 @@ def _normalize_header_values(message: http.client.HTTPMessage) -> list[tuple[str
     """urllib3's normalisation, which leaves a block read the quick way as it is."""
     if _read_quick(message):
         return _QuickItems(message._headers)  # type: ignore[attr-defined]
-    return _URLLIB3_NORMALIZE(message)
+    normalized: list[tuple[str, str]] = _URLLIB3_NORMALIZE(message)
+    return normalized
 
 
 def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
@@ -239,8 +242,9 @@ def _quick_getresponse_of(
 ) -> Callable[[urllib3.connection.HTTPConnection], Any] | None:
     """urllib3's ``getresponse`` run with the three pieces above in place of its own: every
     other step (the response options, the socket's timeout, http.client's ``getresponse``, the
-    HTTPResponse and its arguments) is urllib3's code as it runs. None for a ``getresponse``
-    not built the way this expects (urllib3 2.x's)."""
+    HTTPResponse and its arguments) is urllib3's code, with urllib3.connection's other names
+    as they were at import. None for a ``getresponse`` not built the way this expects
+    (urllib3 2.x's)."""
     code = getresponse.__code__
     names = {"assert_header_parsing", "_normalize_header_values", "HTTPHeaderDict"}
     if code.co_freevars != ("__class__",) or not names <= set(code.co_names):
@@ -256,9 +260,22 @@ def _quick_getresponse_of(
     )
 
 
-# (a connection uses it while its class's ``getresponse`` is URLLIB3_GETRESPONSE: see
-# ``connections._Tracked``)
+# (a connection uses it while its class's ``getresponse`` is URLLIB3_GETRESPONSE and
+# ``quick_getresponse_in_effect()``: see ``connections._Tracked``)
 QUICK_GETRESPONSE = _quick_getresponse_of(URLLIB3_GETRESPONSE)
+
+
+def quick_getresponse_in_effect() -> bool:
+    """Whether the three names the quick ``getresponse`` stands in for are still urllib3's own
+    (a caller may patch ``urllib3.connection.assert_header_parsing`` to quiet its warnings:
+    then urllib3's ``getresponse`` runs, with the patch). Its other names are read as they
+    were at import."""
+    return (
+        QUICK_GETRESPONSE is not None
+        and _URLLIB3_CONNECTION_NAMES["assert_header_parsing"] is _URLLIB3_ASSERT_HEADER_PARSING
+        and _URLLIB3_CONNECTION_NAMES["_normalize_header_values"] is _URLLIB3_NORMALIZE
+        and _URLLIB3_CONNECTION_NAMES["HTTPHeaderDict"] is _URLLIB3_HEADER_DICT
+    )
 
 
 def header_value(headers: Mapping[str, str], name: str) -> str | None:
