@@ -1,8 +1,8 @@
 """What one attempt came to, in terms any job can give and the engine acts on.
 
-Nothing here knows of HTTP: a job (the HTTP one in ``fetch``, a callable's in ``api``) makes
-its Verdicts with these constructors, and says through ``Feedback`` what an attempt tells the
-limits about the host it went to.
+Nothing here knows of HTTP: a job (the HTTP one in ``jobs.fetch``, a callable's in
+``jobs.calls``) makes its Verdicts with these constructors, and says through ``Feedback`` what
+an attempt tells the limits about the host it went to.
 """
 
 from __future__ import annotations
