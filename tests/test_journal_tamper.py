@@ -175,6 +175,9 @@ def schema_tables() -> dict[str, list[str]]:
 
 
 TABLES = schema_tables()
+# The tables a live run fills (``submissions`` holds nothing in a live run's journal:
+# tests/test_batch_api.py alters it in the journal of a run through a batch endpoint).
+LIVE_TABLES = sorted(set(TABLES) - {"submissions"})
 # What each column is set to, whatever its type: NULL, text of another type, a negative
 # number, NaN as SQLite keeps it (a text: a float NaN is stored as NULL), an infinity, JSON
 # that does not parse, JSON of another shape, an integer past any count.
@@ -396,7 +399,7 @@ def test_the_source_journal_has_every_table_of_the_schema(cli_source: Path) -> N
         assert db.execute("SELECT COUNT(*) FROM results WHERE resume IS NOT NULL").fetchone()[0]
 
 
-@pytest.mark.parametrize("table", sorted(TABLES))
+@pytest.mark.parametrize("table", LIVE_TABLES)
 def test_every_tampering_of_a_table_is_refused_by_the_command_line(
     cli_source: Path, cli_baseline: tuple[int, Any], tmp_path: Path, table: str
 ) -> None:
@@ -445,7 +448,7 @@ def batch_source(
     return folder, arguments, [(r.ok, r.error_kind) for r in results]
 
 
-@pytest.mark.parametrize("table", sorted(TABLES))
+@pytest.mark.parametrize("table", LIVE_TABLES)
 def test_every_tampering_of_a_table_is_refused_by_a_batch(
     batch_source: tuple[Path, dict[str, Any], list[tuple[bool, str | None]]],
     tmp_path: Path,

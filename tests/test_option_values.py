@@ -64,6 +64,9 @@ COMPANIONS = {
     "--auth-header": ("--auth-command", "echo Bearer t"),
 }
 
+# The options that take their value only after an = (given bare, they stand for a default).
+EQUALS_ONLY = ("--retry-failed", "--batch-api")
+
 # Values of the option's own that sit on its boundaries.
 OWN = {
     "--metrics-port": {"65536": "65536", "host-zero": "127.0.0.1:0", "colon": ":"},
@@ -82,6 +85,7 @@ REFUSED: dict[str, set[str]] = {
     "--redis": set(VALUES),
     "--auth-command": set(VALUES),  # (garbage as a command fails: exit 2, before sending)
     "--retry-failed": {*VALUES, *OWN["--retry-failed"]},
+    "--batch-api": set(VALUES),
     "--retry-statuses": {*VALUES, "comma"},
     "--output": {"empty", "blank", "nul", "newline", "blank-name"},
     "--hedge-after": set(VALUES) - {"99999"},
@@ -186,7 +190,7 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_bad_option_value_is_one_line_and_nothing_written(
     folder: Path, name: str, label: str, value: str
 ) -> None:
-    word = [f"{name}={value}"] if name == "--retry-failed" else [name, value]
+    word = [f"{name}={value}"] if name in EQUALS_ONLY else [name, value]
     code, stderr = run(folder, *COMPANIONS.get(name, ()), *word)
     assert code in (0, 1, 2), stderr
     assert "Traceback" not in stderr

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__, contrib
+from ..batches.providers import endpoint_of
 from ..core.redact import RedactingFilter, Secrets
 from ..core.result import error_kinds
 from ..http.auth import AuthFailed, CommandToken
@@ -50,14 +51,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 class _Command(click.Command):
-    """The command, with ``--retry-failed`` taking its kinds only as ``--retry-failed=KIND,...``:
-    given bare, it retries every failure and never takes the next word (INPUT) for its value."""
+    """The command, with ``--retry-failed`` and ``--batch-api`` taking their values only after
+    an ``=`` (``--retry-failed=KIND,...``, ``--batch-api=openai``): given bare, they never take
+    the next word (INPUT) for their value."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
-        bare = [
-            f"{RETRY_FAILED}={_EVERY_KIND}" if word == RETRY_FAILED else word for word in args[:end]
-        ]
+        bare = [f"{word}={BARE[word]}" if word in BARE else word for word in args[:end]]
         return super().parse_args(ctx, [*bare, *args[end:]])
 
 
@@ -65,6 +65,8 @@ RETRY_FAILED = "--retry-failed"
 # What a bare --retry-failed stands for (every failure): a value no command line can give,
 # so that --retry-failed= (an unset shell variable's kinds) is not taken for it.
 _EVERY_KIND = "\0"
+# What each option given bare stands for (--batch-api: the provider the URL names).
+BARE = {RETRY_FAILED: _EVERY_KIND, "--batch-api": "auto"}
 
 
 def _retry_kinds(
@@ -283,6 +285,19 @@ def _retry_kinds(
     "what still fails. With --resume, also finish the items never done.",
 )
 @click.option(
+    "--cancel",
+    is_flag=True,
+    help="With --batch-api --resume: cancel the journal's batches still running at the "
+    "provider, then collect what they ran (the rows they did not run end batch_cancelled).",
+)
+@click.option(
+    "--live",
+    is_flag=True,
+    help="With --resume or --retry-failed on a run that went through --batch-api: send the "
+    "rows left live, one call each, under every limit (--rate, --token-rate, the headers). "
+    "Refused while batches of the run are still open at the provider.",
+)
+@click.option(
     "--fresh",
     is_flag=True,
     help="Replace the run that PREFIX-journal.sqlite3 (and the output files) hold with a new "
@@ -334,6 +349,8 @@ def command(
     flatten: bool,
     resume: bool,
     retry_failed: frozenset[str] | None,
+    cancel: bool,
+    live: bool,
     fresh: bool,
     report: bool,
     progress: bool | None,
@@ -348,12 +365,13 @@ def command(
     )
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
-    continuing = _continuing(resume, retry_failed, fresh)
+    continuing = _continuing(resume, retry_failed, fresh, cancel=cancel, live=live)
     prefix = output_prefix(prefix, input_name)
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
     checked = _fetch_options({**options, **tls})
     checked, cluster = _scaled_out(checked, redis_url, dask_address)
+    _check_batch_api(checked, template, continuing, cluster)
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     source = _source(input_name, template, input_format)
@@ -481,12 +499,41 @@ def _run(
     return outcome, secrets
 
 
-def _continuing(resume: bool, retry: frozenset[str] | None, fresh: bool) -> Continuing:
+def _continuing(
+    resume: bool, retry: frozenset[str] | None, fresh: bool, *, cancel: bool, live: bool
+) -> Continuing:
     if fresh and (resume or retry is not None):
         raise click.UsageError(
             "--fresh replaces the journal that --resume and --retry-failed go on with: give one"
         )
-    return Continuing(resume=resume, retry=retry, fresh=fresh)
+    if cancel and not resume:
+        raise click.UsageError("--cancel cancels the batches of a run that --resume goes on with")
+    if live and not (resume or retry is not None):
+        raise click.UsageError("--live goes with --resume or --retry-failed")
+    return Continuing(resume=resume, retry=retry, fresh=fresh, cancel=cancel, live=live)
+
+
+def _check_batch_api(
+    options: FetchOptions, template: Template | None, continuing: Continuing, cluster: Any
+) -> None:
+    """UsageError for a --batch-api run that cannot be one (and for --cancel or --live that
+    contradict it)."""
+    if options.batch_api is None:
+        if continuing.cancel:
+            raise click.UsageError("--cancel goes with --batch-api")
+        return
+    if continuing.live:
+        raise click.UsageError("--live and --batch-api contradict each other: give one")
+    if template is None:
+        raise click.UsageError(
+            "--batch-api needs --url (the endpoint) with --row-as-body or --body-template"
+        )
+    if cluster is not None:
+        raise click.UsageError("--batch-api sends through the provider, not a Dask cluster")
+    try:
+        endpoint_of(template.url, options.batch_api)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _make_folder(folder: Path) -> None:

@@ -280,13 +280,15 @@ def _short_option_words(
 
 
 def _takes_value(option: click.Option) -> bool:
-    """Whether the option takes the next word as its value (--retry-failed takes its kinds
-    only after an =)."""
-    return not option.is_flag and not option.count and option.name != "retry_failed"
+    """Whether the option takes the next word as its value (--retry-failed and --batch-api
+    take theirs only after an =)."""
+    return (
+        not option.is_flag and not option.count and option.name not in ("retry_failed", "batch_api")
+    )
 
 
 def _shown_option(name: str, option: click.Option | None, value: str | None) -> list[str]:
-    if option is not None and option.name in ("resume", "retry_failed", "fresh"):
+    if option is not None and option.name in ("resume", "retry_failed", "fresh", "live"):
         return []  # (--resume goes on with the pass they started)
     if value is None:
         return [name]

@@ -18,12 +18,13 @@ from ..core.result import Result, Summary
 from ..core.task import Task
 from ..core.verdict import InvalidItem
 from ..http.paginate import Continued
-from ..http.spec import item_label
+from ..http.spec import RequestSpec, item_label, parse_item
 from ..jobs.fetch import WrappedJob
 from ..jobs.options import FetchOptions
 from ..output.columnar import FORMATS
 from ..output.resultset import StoredResults
 from ..run.assembly import Ran, Stoppable, fetch, gates_for
+from ..run.batched import ThroughBatchApi, journal_parts, open_batches
 from ..run.controller import Journaled, Plan, RunController, Send
 from ..store.journal import (
     JournalFailed,
@@ -37,7 +38,7 @@ from ..store.journal import (
     resumed,
 )
 from ..store.resume import Left, planned, stored_in
-from .inputs import Entry, Input, InputError
+from .inputs import Entry, Input, InputError, TableInput
 from .output import failed_request, output_paths, remove_stale, write_outputs
 
 log = logging.getLogger("batchsync")
@@ -96,11 +97,15 @@ class Continuing:
     """What to do with the journal an output prefix already holds (see DESIGN.md's CLI):
     ``resume`` finishes what has no final Result; ``retry`` (the error kinds, empty: all)
     sends the failures again in a new pass; ``fresh`` replaces it. None of them: a prefix
-    that holds a journal is refused."""
+    that holds a journal is refused. ``cancel`` and ``live``: see the CLI's --cancel, --live."""
 
     resume: bool = False
     retry: frozenset[str] | None = None
     fresh: bool = False
+    # A run through the batch endpoint: cancel its batches still open (--cancel); or a run
+    # that went through it, going on live (--live).
+    cancel: bool = False
+    live: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,11 +203,24 @@ def run_batch(
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
         plan = _plan(held, source, identity, continuing, path)
+        _check_batches(path, options, continuing)
         to_send = plan.left.count
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
         counted = _Counted(islice(source, entries), entries)
         send = _sender(options, on_start, dask, partition_size)
+        if options.batch_api is not None:
+            assert isinstance(source, TableInput)
+            send = ThroughBatchApi(
+                options,
+                source.template.url,
+                entry_request,
+                passing=plan.passing.number,
+                journal=path,
+                cancel=continuing.cancel,
+                again=lambda: enumerate(islice(source, entries)),
+                on_start=on_start,
+            )
         gates = gates_for(options)
         ran = controller.run(
             send, enumerate(counted), _stored, plan=plan, gates=gates, progress=progress
@@ -220,6 +238,37 @@ def run_batch(
             paged="paging" in identity,
             report=report,
             sent=bool(to_send),
+        )
+
+
+def entry_request(entry: object) -> RequestSpec:
+    """The request a table row's entry makes, for a batch endpoint; InvalidItem (with its
+    line number) when it makes none."""
+    assert isinstance(entry, Entry)
+    if entry.problem is not None:
+        raise InvalidItem(f"{entry.where}: {entry.problem}")
+    try:
+        return parse_item(entry.item)
+    except InvalidItem as exc:
+        raise InvalidItem(f"{entry.where}: {exc}") from None
+
+
+def _check_batches(path: Path, options: FetchOptions, continuing: Continuing) -> None:
+    """Refused when a run would send live what batches of the journal still hold at the
+    provider, or go on live from a batch run without saying so (--live)."""
+    if options.batch_api is not None:
+        return
+    parts = journal_parts(path)
+    still = open_batches(parts)
+    if still is not None:
+        raise Refused(
+            f"{still}: --batch-api --resume goes on with them (add --cancel to cancel them); "
+            "they cannot be sent live meanwhile"
+        )
+    if parts and not continuing.live:
+        raise Refused(
+            f"{path} holds a run sent through {parts[0].provider}'s batch endpoint: add "
+            "--batch-api to go on with it there, or --live to send the rest live"
         )
 
 

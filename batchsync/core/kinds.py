@@ -61,6 +61,11 @@ KINDS: dict[ErrorKind, Kind] = {
         stopped="stopped before the next try", unstarted="batch stopped before the item started",
     ),
     "exception": Kind(False, "answer", "outcome"),
+    # A row sent through a provider's batch endpoint that the batch ended without running
+    # (its window ran out, it was cancelled) or that it answered with an error of its own.
+    "batch_expired": Kind(False, "ignored", "never", asked=False),
+    "batch_cancelled": Kind(False, "ignored", "never", asked=False),
+    "batch_errored": Kind(False, "answer", "never", asked=False),
 }  # fmt: skip
 
 # The kinds whose Result a resumed run does not keep (unless it holds where to go on).

@@ -26,6 +26,9 @@ ErrorKind = Literal[
     "circuit_open",
     "cancelled",
     "exception",
+    "batch_expired",
+    "batch_cancelled",
+    "batch_errored",
 ]
 
 

@@ -425,6 +425,60 @@ class FetchOptions(FlowOptions):
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
+    # Send the rows through the provider's batch endpoint instead of one call each (see
+    # batchsync/batches): the provider named, or "auto" (the one the URL's path names).
+    batch_api: Annotated[
+        Literal["auto", "openai", "anthropic"] | None,
+        Flag(
+            "--batch-api",
+            metavar="[=openai|anthropic]",
+            help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions "
+            "or /v1/responses; Anthropic's /v1/messages) and --row-as-body or --body-template: "
+            "send the rows through the provider's batch endpoint (OpenAI's Batch API, "
+            "Anthropic's Message Batches: half the price, results within 24 hours) instead of "
+            "one call each. The rows are split at the provider's caps, each part journaled as "
+            "it is uploaded, submitted and polled; Ctrl-C leaves the batches running, and "
+            "--resume polls them again, never submitting a part twice. Given alone, the "
+            "provider is the one the URL's path names; =openai or =anthropic for a compatible "
+            "server. The results are written in input order, one per row, as a live run's.",
+        ),
+    ] = None
+    poll: Annotated[
+        Seconds | None,
+        Flag(
+            "--poll",
+            metavar="SECONDS",
+            help="With --batch-api: poll each batch every SECONDS.  [default: from 5 s, "
+            "growing by half each time to 60 s]",
+        ),
+    ] = None
+    batch_rows: Annotated[
+        int | None,
+        Flag(
+            "--batch-rows",
+            metavar="N",
+            help="With --batch-api: at most N rows a submission.  [default: the provider's cap, "
+            "OpenAI 50000, Anthropic 100000]",
+        ),
+    ] = Field(default=None, ge=1)
+    batch_bytes: Annotated[
+        int | None,
+        Flag(
+            "--batch-bytes",
+            metavar="BYTES",
+            help="With --batch-api: at most BYTES a submission (OpenAI's file, Anthropic's "
+            "request).  [default: the provider's cap, OpenAI 200 MB, Anthropic 256 MB]",
+        ),
+    ] = Field(default=None, ge=1)
+    keep_files: Annotated[
+        bool,
+        Flag(
+            "--keep-files",
+            help="With --batch-api: keep the uploaded and result files (OpenAI) or the batches "
+            "(Anthropic) at the provider; by default they are deleted once every result is "
+            "journaled.",
+        ),
+    ] = False
 
     @property
     def slots(self) -> int | None:
@@ -464,6 +518,21 @@ class FetchOptions(FlowOptions):
         assert found is not None
         if self.expect != "json" and (found.style == "json" or found.records is not None):
             raise ValueError("paginate json:PATH and page_items (--items) read JSON: expect='json'")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_options_known(self) -> FetchOptions:
+        if self.batch_api is None:
+            given = [name for name in _BATCH_ONLY if name in self.model_fields_set]
+            if given and any(getattr(self, name) not in (None, False) for name in given):
+                raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
+            return self
+        refused = [name for name in _NOT_IN_BATCHES if getattr(self, name)]
+        if refused:
+            raise ValueError(
+                f"batch_api (--batch-api) sends each row once through the provider's batch "
+                f"endpoint: {', '.join(refused)} cannot apply to it"
+            )
         return self
 
     @field_validator("headers")
@@ -510,6 +579,11 @@ class FetchOptions(FlowOptions):
         if value is None or isinstance(value, requests.Session) or callable(value):
             return value
         raise ValueError("must be a requests.Session or a zero-argument factory of one")
+
+
+# The options that only a run through a batch endpoint reads, and those it cannot honour.
+_BATCH_ONLY = ("poll", "batch_rows", "batch_bytes", "keep_files")
+_NOT_IN_BATCHES = ("paginate", "fallbacks", "auth", "dedup", "hedge_after")
 
 
 def _redis_password(limits: object) -> list[str]:

@@ -69,6 +69,11 @@ class FetchSettings(TypedDict, total=False):
     verify: Verify | None
     cert: Cert | None
     auth: Auth | None
+    batch_api: Literal["auto", "openai", "anthropic"] | None
+    poll: Seconds | None
+    batch_rows: int | None
+    batch_bytes: int | None
+    keep_files: bool
 
 
 class CallSettings(TypedDict, total=False):

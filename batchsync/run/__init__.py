@@ -4,5 +4,5 @@ pass, progress, the stint and the close, for every runner), ``batch`` (``Batch``
 ``CallBatch``), ``api`` (``fetch_all``, ``run_all``), ``once`` (``call``, ``resilient``),
 ``progress`` and ``cluster`` (a batch across a Dask cluster).
 
-May import: core, limits, http, jobs, store, output, contrib.
+May import: core, limits, http, jobs, store, output, contrib, batches.
 """

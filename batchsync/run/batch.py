@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar, Unpack
 
 from pydantic import BaseModel
 
+from ..batches.providers import endpoint_of
 from ..core.history import DONE, Pass, Stint, merged_timeline, totals
 from ..core.observe import log_summary
 from ..core.records import dumps, public_record
@@ -24,7 +25,7 @@ from ..core.task import Task
 from ..core.verdict import InvalidItem
 from ..http.classify import describe
 from ..http.paginate import Continued
-from ..http.spec import RequestSpec
+from ..http.spec import RequestSpec, parse_item
 from ..http.template import RowError, Template
 from ..jobs.fetch import HttpJob, WrappedJob
 from ..jobs.options import (
@@ -36,7 +37,9 @@ from ..jobs.options import (
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from ..store.resume import Items, Kept, Left, marks_of
+from ..store.submissions import Ledger
 from .assembly import fetch, gates_for, run_calls
+from .batched import ThroughBatchApi, journal_parts, open_batches
 from .controller import Journaled, Plan, RunController, Send
 from .progress import wanted
 
@@ -307,6 +310,13 @@ class Batch(Resumable[FetchOptions]):
         self._template = None if url is None else Template.parse(url, method, body, id_field)
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")
+        if checked.batch_api is not None:
+            if url is None:
+                raise ValueError("batch_api needs url= (the endpoint) and the rows as items")
+            endpoint_of(url, checked.batch_api)
+        # The submissions to a batch endpoint of a batch without a journal.
+        self._ledger = Ledger()
+        self._cancelling = False
         self._start(
             items,
             checked,
@@ -339,8 +349,50 @@ class Batch(Resumable[FetchOptions]):
 
     def _send(self) -> Send:
         template = self._template
+        if self.options.batch_api is not None:
+            assert template is not None
+            return ThroughBatchApi(
+                self.options,
+                template.url,
+                partial(_row_request, template=template),
+                passing=self._pass.number,
+                journal=self.journal,
+                ledger=self._ledger,
+                cancel=self._cancelling,
+            )
+        self._refuse_open_batches()
         wrap = None if template is None else partial(RowJob, template=template)
         return partial(fetch, self.options, wrap=wrap)
+
+    def _refuse_open_batches(self) -> None:
+        """ValueError when a live run would send rows that batches at the provider still hold
+        (they would run twice)."""
+        parts = journal_parts(self.journal) if self.journal is not None else self._ledger.parts()
+        still = open_batches(parts)
+        if still is not None:
+            raise ValueError(
+                f"{still}: run with batch_api= to go on with them (or cancel() to cancel them), "
+                "not live"
+            )
+
+    def cancel(self) -> ResultSet:
+        """Cancel the batches this batch's rows are in at the provider (``batch_api=``), then
+        collect what they ran: the rows they did not run end ``batch_cancelled``."""
+        if self.options.batch_api is None:
+            raise ValueError("cancel() is for a batch sent with batch_api=")
+        self._cancelling = True
+        try:
+            return self.run()
+        finally:
+            self._cancelling = False
+
+
+def _row_request(row: object, template: Template) -> RequestSpec:
+    """The request a row makes, for a batch endpoint; InvalidItem when it makes none."""
+    try:
+        return parse_item(template.expand(row))
+    except RowError as exc:
+        raise InvalidItem(str(exc)) from None
 
 
 class RowJob(WrappedJob):

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.engine import Deliver
 from ..core.history import Pass, Stint, difference
@@ -74,6 +74,14 @@ class Send(Protocol):
         gates: Gates | None,
         progress: Tally,
     ) -> Ran: ...
+
+
+@runtime_checkable
+class Finishing(Protocol):
+    """A ``Send`` with something to do once the run's Results are journaled (a batch
+    endpoint's files to delete at the provider)."""
+
+    def finish(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ class RunController:
         exception, a KeyboardInterrupt, a stop on a signal), its stint (its seconds, items,
         requests and waits at ``gates`` from now on) is added to ``stints`` and to the
         journal, with the seconds waited by second, when it sent anything, and the journal
-        is closed."""
+        is closed; then a ``Finishing`` send finishes."""
         left = plan.left
         passing = plan.passing if left.count else None  # (none: nothing to send)
         tally = counter(left.count, progress)
@@ -156,6 +164,8 @@ class RunController:
                 stints.append(stint)
             if journal is not None:
                 journal.close(difference(_timeline(gates), before), stint)
+        if isinstance(send, Finishing):  # (every Result it made is journaled by now)
+            send.finish()
         return Ended(ran, stint)
 
 

@@ -40,6 +40,7 @@ from ..core.history import Pass, Stint, totals
 from ..core.kinds import KINDS, NOT_FINAL
 from ..core.records import dumps
 from ..core.result import AttemptRecord, Listing, Result, Summary, Trace, kept, summarize
+from .submissions import COLUMNS, Part, part_of, submission_problem
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -73,12 +74,30 @@ CREATE TABLE IF NOT EXISTS waits (
     seconds REAL NOT NULL,
     PRIMARY KEY (gate, second)
 );
+CREATE TABLE IF NOT EXISTS submissions (
+    part INTEGER PRIMARY KEY,
+    pass INTEGER NOT NULL,
+    provider TEXT NOT NULL,
+    rows TEXT NOT NULL,
+    state TEXT NOT NULL,
+    input_file TEXT,
+    batch TEXT,
+    output_file TEXT,
+    error_file TEXT,
+    submitted REAL,
+    updated REAL NOT NULL,
+    history TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL
+);
 """
 # ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``
 # the JSON list of the error kinds it retried, empty for all); ``results.pass``: the pass that
 # made each Result. ``runs``: what each process (or batch ``run()``) did, and ``waits`` the
 # seconds its attempts waited at each gate by unix second, summed: a resumed run's report and
-# summary cover every process that worked on it.
+# summary cover every process that worked on it. ``submissions``: each part of a run sent
+# through a provider's batch endpoint (``submissions.py``); a journal made before it has none
+# until a run goes on with it.
 
 # The keys of the input identity that must match for a journal to be resumed.
 # ``template``: the options that turn a table's rows into requests (absent: none).
@@ -576,6 +595,9 @@ def declared_problem(
 # The tables that a journal of the version before holds (its results lack ``pass``); when a
 # run was killed while upgrading one, some of the others may be there too.
 _V3_TABLES = ("meta", "results")
+# Tables added within this version: a journal made before them lacks them (and gets them when
+# a run opens it for writing).
+_LATER_TABLES = ("submissions",)
 
 
 def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) -> str | None:
@@ -588,7 +610,7 @@ def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) 
     for name, columns in LAYOUT.items():
         found = tables.get(name)
         if found is None:
-            if upgradable and name not in _V3_TABLES:
+            if (upgradable and name not in _V3_TABLES) or name in _LATER_TABLES:
                 continue
             return f"it has no table {name}"
         expected = list(columns)
@@ -1024,6 +1046,11 @@ def check(
             problem = wait_problem(row, ran.span, ran.gates)
             if problem is not None:
                 return f"waits row {rowid}: {problem}"
+    if "submissions" in tables:
+        for row in db.execute("SELECT * FROM submissions"):
+            problem = submission_problem(row, int(identity["entries"]), numbers or {1})
+            if problem is not None:
+                return f"submissions row {row[0]}: {problem}"
     columns = [column[0] for column in _tables_of(db)["results"]]
     query = "SELECT * FROM results" if "pass" in columns else "SELECT *, 1 FROM results"
     size, paged, latest = int(identity["entries"]), "paging" in identity, max(numbers, default=1)
@@ -1164,6 +1191,14 @@ class JournalReader:
             int(index): (json.loads(resume), str(record))
             for index, resume, record in self._db.execute(query, (size,))
         }
+
+    def parts(self) -> list[Part]:
+        """The submissions to a batch endpoint (none for a journal made before them)."""
+        try:
+            rows = self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part").fetchall()
+        except sqlite3.OperationalError:  # (no such table)
+            return []
+        return [part_of(row) for row in rows]
 
     def records(self) -> Iterator[tuple[int, str]]:
         for index, record in self._db.execute("SELECT idx, record FROM results ORDER BY idx"):

@@ -1,0 +1,305 @@
+"""The calls a batch takes at the provider (upload, create, retrieve, list, cancel, download,
+delete), each through one ``requests`` session, retried on 429, 5xx, timeouts and dropped
+connections as a live attempt is, and sent to the endpoint's own origin only: no redirect
+is followed, and a results URL elsewhere is refused, so the API key goes nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from ..core.backoff import Backoff, parse_retry_after
+from ..core.redact import Secrets
+from .providers import Endpoint, Files, provider_id
+
+# Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
+Pause = Callable[[float], bool]
+_RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 529})
+# The most a provider's answer to a control call may be (a batch object, a list of them).
+_CONTROL_BYTES = 4 * 2**20
+
+
+class ProviderRefused(Exception):
+    """A call the provider answered with a final error (or that ran out of tries): one line,
+    secrets masked; ``status`` the HTTP status when one came, ``retryable`` whether trying
+    later may help (a 429 or 5xx that outlasted the tries, no answer at all)."""
+
+    def __init__(self, text: str, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(text)
+        self.status = status
+        self.retryable = retryable
+
+
+class Stopped(Exception):
+    """The run was stopped while a call waited to be tried again."""
+
+
+@dataclass(frozen=True)
+class Calls:
+    """How each call is sent: the run's headers (the API key), timeout, tries and backoff, the
+    largest results line, and what masks every text that leaves."""
+
+    headers: Mapping[str, str]
+    timeout: float
+    attempts: int
+    backoff: Backoff
+    max_bytes: int
+    secrets: Secrets
+    verify: Any = None
+    cert: Any = None
+
+
+class Client:
+    """One provider's batch calls for one endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        session: requests.Session,
+        calls: Calls,
+        pause: Pause,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.endpoint = endpoint
+        self._session = session
+        self._calls = calls
+        self._pause = pause
+        self._rand = rand
+        openai = endpoint.provider == "openai"
+        self._batches = f"{endpoint.base}/batches"
+        self._files = f"{endpoint.base}/files" if openai else None
+
+    # --- submitting ----------------------------------------------------------------------------
+    def upload(self, lines: Sequence[bytes], name: str) -> str:
+        """OpenAI: the rows uploaded as a JSONL file of purpose batch; its id."""
+        assert self._files is not None
+        content = b"".join(line + b"\n" for line in lines)
+        answer = self._json(
+            "POST",
+            self._files,
+            "upload the rows",
+            data={"purpose": "batch"},
+            files={"file": (name, content, "application/jsonl")},
+        )
+        file_id = provider_id(answer.get("id"))
+        if file_id is None:
+            raise ProviderRefused("the Files API answered without a file id")
+        return file_id
+
+    def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
+        """A batch created from the uploaded file (OpenAI) or from the rows themselves
+        (Anthropic): the provider's batch object."""
+        if self.endpoint.provider == "openai":
+            body = json.dumps(
+                {
+                    "input_file_id": input_file,
+                    "endpoint": self.endpoint.path,
+                    "completion_window": "24h",
+                    "metadata": {"batchsync_part": str(part)},
+                }
+            ).encode()
+        else:
+            body = b'{"requests":[' + b",".join(lines) + b"]}"
+        return self._json(
+            "POST",
+            self._batches,
+            "create the batch",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            retry=False,  # (a create that got no answer may have been made: looked for first)
+        )
+
+    def retrieve(self, batch: str) -> Any:
+        return self._json("GET", f"{self._batches}/{batch}", "poll the batch")
+
+    def cancel(self, batch: str) -> Any:
+        return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
+
+    def recent(self) -> list[Mapping[str, Any]]:
+        """The provider's most recent batches (its first page of the list), to find one this
+        run created but could not record."""
+        answer = self._json("GET", self._batches, "list the batches", params={"limit": 100})
+        data = answer.get("data") if isinstance(answer, Mapping) else None
+        return [batch for batch in data or () if isinstance(batch, Mapping)]
+
+    # --- collecting ----------------------------------------------------------------------------
+    def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
+        """Every results line of an ended batch, parsed (None for a line that is not JSON):
+        OpenAI's output file then its error file, or Anthropic's results. Each line is at most
+        ``max_bytes``, and a file at most that much a row, so a hostile answer stays bounded."""
+        if self._files is not None:
+            for file_id in (files.output, files.error):
+                if file_id is not None:
+                    yield from self._lines(f"{self._files}/{file_id}/content", rows)
+            return
+        url = files.results_url or f"{self._batches}/{batch}/results"
+        if not self.endpoint.same_origin(url):
+            raise ProviderRefused(
+                "the batch's results URL is on another origin than the endpoint: not fetched "
+                "(the API key goes to the endpoint's origin only)"
+            )
+        yield from self._lines(url, rows)
+
+    def delete_file(self, file_id: str) -> None:
+        assert self._files is not None
+        self._json("DELETE", f"{self._files}/{file_id}", "delete a file", missing_ok=True)
+
+    def delete_batch(self, batch: str) -> None:
+        self._json("DELETE", f"{self._batches}/{batch}", "delete the batch", missing_ok=True)
+
+    # --- one call ------------------------------------------------------------------------------
+    def _json(
+        self,
+        method: str,
+        url: str,
+        doing: str,
+        *,
+        retry: bool = True,
+        missing_ok: bool = False,
+        **sent: Any,
+    ) -> Any:
+        """The JSON answer of one call, tried again as the run's retries say; ProviderRefused
+        when it cannot be had (a 404 with ``missing_ok``: None)."""
+        with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as response:
+            if response is None:
+                return None
+            body = _read(response, _CONTROL_BYTES)
+        if body is None:
+            raise ProviderRefused(f"could not {doing}: the answer is larger than expected")
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise ProviderRefused(f"could not {doing}: the answer is not JSON") from None
+
+    def _lines(self, url: str, rows: int) -> Iterator[Any]:
+        limit, total = self._calls.max_bytes, rows * self._calls.max_bytes + 2**20
+        with self._send("GET", url, "download the results", stream=True) as response:
+            assert response is not None
+            read = 0
+            pending = b""
+            for chunk in response.iter_content(chunk_size=2**16):
+                read += len(chunk)
+                if read > total:
+                    raise ProviderRefused("the results are larger than the rows can be")
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                if len(pending) > limit:
+                    raise ProviderRefused(f"a results line is larger than {limit} bytes")
+                yield from (_parsed(line) for line in whole if line.strip())
+            if pending.strip():
+                yield _parsed(pending)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        doing: str,
+        *,
+        retry: bool = True,
+        missing_ok: bool = False,
+        **sent: Any,
+    ) -> _Answer:
+        calls = self._calls
+        headers = {**calls.headers, **sent.pop("headers", {})}
+        tries = calls.attempts if retry else 1
+        for attempt in range(1, tries + 1):
+            try:
+                response = self._session.request(
+                    method,
+                    url,
+                    headers=headers,
+                    timeout=calls.timeout,
+                    allow_redirects=False,
+                    verify=calls.verify,
+                    cert=calls.cert,
+                    **sent,
+                )
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if attempt == tries:
+                    raise ProviderRefused(
+                        self._masked(f"could not {doing}: {type(exc).__name__}"), retryable=True
+                    ) from None
+                self._wait(attempt, None)
+                continue
+            status = response.status_code
+            if status < 300:
+                return _Answer(response)
+            if status == 404 and missing_ok:
+                response.close()
+                return _Answer(None)
+            said = self._masked(_error_text(response))
+            if status in _RETRIED and attempt < tries:
+                self._wait(attempt, parse_retry_after(response.headers.get("Retry-After"), 0))
+                continue
+            raise ProviderRefused(
+                f"could not {doing}: HTTP {status}{said}", status, retryable=status in _RETRIED
+            )
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _wait(self, attempt: int, retry_after: float | None) -> None:
+        seconds = self._calls.backoff.wait(attempt, retry_after, self._rand())
+        if not self._pause(seconds):
+            raise Stopped
+
+    def _masked(self, text: str) -> str:
+        return self._calls.secrets.text(text)
+
+
+class _Answer:
+    """A response (None: a 404 allowed), closed on leaving."""
+
+    def __init__(self, response: requests.Response | None) -> None:
+        self.response = response
+
+    def __enter__(self) -> requests.Response | None:
+        return self.response
+
+    def __exit__(self, *exc: object) -> None:
+        if self.response is not None:
+            self.response.close()
+
+
+def _read(response: requests.Response, limit: int) -> bytes | None:
+    """The body, or None when it is larger than ``limit``."""
+    body = b""
+    for chunk in response.iter_content(chunk_size=2**16):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return body
+
+
+def _parsed(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _error_text(response: requests.Response) -> str:
+    """': message' from a provider's error body (OpenAI's and Anthropic's ``error.message``),
+    read no further than a few KiB."""
+    body = _read(response, 2**14) or b""
+    response.close()
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return ""
+    error = payload.get("error") if isinstance(payload, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else None
+    if not isinstance(message, str):
+        return ""
+    flat = " ".join(message.split())
+    return f": {flat[:200]}"
+
+
+def upload_name(part: int) -> str:
+    """The uploaded file's name: the part and a nonce (it names nothing of the input)."""
+    return f"batchsync-part-{part}-{uuid.uuid4().hex[:12]}.jsonl"

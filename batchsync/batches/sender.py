@@ -1,0 +1,645 @@
+"""A run through a provider's batch endpoint: the rows left are checked, split into parts at
+the caps, each part uploaded and submitted, the batches polled until they end, and each
+row's answer delivered as its Result, in whatever order the provider lists them (the
+journal and the outputs put them in input order).
+
+Every step is recorded in the ledger before the next depends on it: a part is planned, then
+uploaded, then marked ``submitting`` before the create is sent, then holds its batch id.
+A run that goes on with the ledger follows each open part from where it stood (a part
+caught ``submitting`` is looked for at the provider before anything is sent again), so a
+part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from ..core.backoff import Backoff
+from ..core.observe import Observer
+from ..core.result import AttemptRecord, Result
+from ..core.verdict import ErrorKind, InvalidItem
+from ..http.spec import RequestSpec
+from ..store.submissions import (
+    CLEANED,
+    COLLECTED,
+    DROPPED,
+    PLANNED,
+    SUBMITTING,
+    UPLOADED,
+    WAITING,
+    Covered,
+    Ledger,
+    Part,
+    indexes_in,
+    ranges_of,
+)
+from .client import Client, ProviderRefused, Stopped, upload_name
+from .providers import (
+    CAPS,
+    Answer,
+    Endpoint,
+    answer_of,
+    failure_text,
+    files_of,
+    has_ended,
+    provider_id,
+    refused_for_tokens,
+    request_line,
+    status_of,
+    submission_size,
+    usage_of,
+)
+
+log = logging.getLogger("batchsync")
+
+# Polling when --poll is not given: from a few seconds to a minute.
+POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
+_UNLISTED = "the batch's results do not list this row"
+# How long before its recorded time a batch found in the provider's list may have been
+# created (the two clocks differ) to be taken for a part caught ``submitting``.
+_CLOCK_SKEW = 120.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the run was asked: the endpoint, the caps, how to poll, what bounds the wait, and
+    whether to cancel the batches it follows (``--cancel``) or keep the files."""
+
+    endpoint: Endpoint
+    max_rows: int
+    max_bytes: int
+    poll: float | None
+    deadline: float | None
+    budget: float | None
+    passing: int
+    keep_files: bool = False
+    cancel: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        endpoint: Endpoint,
+        *,
+        max_rows: int | None,
+        max_bytes: int | None,
+        poll: float | None,
+        deadline: float | None,
+        budget: float | None,
+        passing: int,
+        keep_files: bool,
+        cancel: bool,
+    ) -> Plan:
+        rows, size = CAPS[endpoint.provider]
+        return cls(
+            endpoint,
+            min(max_rows or rows, rows),
+            min(max_bytes or size, size),
+            poll,
+            deadline,
+            budget,
+            passing,
+            keep_files,
+            cancel,
+        )
+
+
+@dataclass
+class _Followed:
+    """The parts this run follows, and what it knows of their rows: each row's id, and
+    the lines of parts it has still to submit."""
+
+    parts: dict[int, Part] = field(default_factory=dict)
+    ids: dict[int, Any] = field(default_factory=dict)
+    lines: dict[int, list[bytes]] = field(default_factory=dict)
+    # When each waiting part may be submitted again (the monotonic clock).
+    retry_at: dict[int, float] = field(default_factory=dict)
+    # The rows of each part delivered so far, and the tokens their answers used.
+    delivered: dict[int, set[int]] = field(default_factory=dict)
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+
+
+class BatchRun:
+    """Sends the rows left through the batch endpoint (see the module docstring); stoppable
+    from a signal handler (``stop``)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        client: Client,
+        ledger: Ledger,
+        request_of: Callable[[object], RequestSpec],
+        url_shown: str,
+        *,
+        observer: Observer | None = None,
+        again: Callable[[], Iterable[tuple[int, object]]] | None = None,
+        stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        unix_time: Callable[[], float] = time.time,
+    ) -> None:
+        self._plan = plan
+        self._client = client
+        self._ledger = ledger
+        self._request_of = request_of
+        self._url = url_shown
+        self._observer = observer or Observer()
+        self._clock = clock
+        self._unix_time = unix_time
+        self._stop = stop or threading.Event()
+        self._again = again
+        self._started = clock()
+        self._polls = 0
+
+    # --- Stoppable ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def pause(self, seconds: float) -> bool:
+        return pause(self._stop, seconds)
+
+    # --- the run --------------------------------------------------------------------------------
+    def run(
+        self, items: Iterable[tuple[int, object]], deliver: Callable[[Result, object], None]
+    ) -> bool:
+        """Send what is left of ``items``, delivering each row's Result; True when stopped
+        before every row had one."""
+        self._deliver = deliver
+        followed = _Followed()
+        try:
+            self._take(items, followed)
+            if self._plan.cancel:
+                self._cancel_all(followed)
+            self._follow(followed)
+        except Stopped:
+            pass
+        return self.stopped
+
+    def _take(self, items: Iterable[tuple[int, object]], followed: _Followed) -> None:
+        """Read the rows left: each that cannot go in a batch gets its Result now; each in a
+        part still open is followed there; the rest are cut into new parts, each submitted as
+        soon as it is full (so the input is read once, a part at a time)."""
+        open_parts = self._settled([part for part in self._ledger.parts() if part.open])
+        covered = Covered(open_parts)
+        known = {part.number: part for part in open_parts}
+        numbers = [part.number for part in self._ledger.parts()]
+        next_number = max(numbers, default=0) + 1
+        cut: list[tuple[int, bytes]] = []
+        cut_bytes = 0
+        provider, plan = self._plan.endpoint.provider, self._plan
+        for index, item in items:
+            if self.stopped:
+                return
+            try:
+                spec = self._request_of(item)
+                line = request_line(plan.endpoint, index, _body_of(spec, plan.endpoint))
+            except InvalidItem as exc:
+                self._give(_unsent(index, self._url, None, str(exc)), item)
+                continue
+            if spec.id is not None:
+                followed.ids[index] = spec.id
+            number = covered.part_of(index)
+            if number is not None:
+                followed.parts[number] = known[number]
+                continue
+            if submission_size(provider, 1, len(line)) > plan.max_bytes:
+                reason = f"the row is larger than a submission may be ({plan.max_bytes} bytes)"
+                self._give(_unsent(index, self._url, spec.id, reason), item)
+                continue
+            if cut and (
+                len(cut) >= plan.max_rows
+                or submission_size(provider, len(cut) + 1, cut_bytes + len(line)) > plan.max_bytes
+            ):
+                self._plan_part(next_number, cut, followed)
+                next_number, cut, cut_bytes = next_number + 1, [], 0
+            cut.append((index, line))
+            cut_bytes += len(line)
+        if cut:
+            self._plan_part(next_number, cut, followed)
+
+    def _settled(self, parts: list[Part]) -> list[Part]:
+        """The open parts of earlier runs that have a batch at the provider: one caught
+        ``submitting`` is looked for there first; the others never made one, and are dropped
+        (their rows go into new parts, their uploaded file is deleted with the rest)."""
+        kept = []
+        for earlier in parts:
+            part = earlier
+            if part.batch is None and part.state == SUBMITTING:
+                found = self._find(part)
+                if found is not None:
+                    part = self._record(part, found)
+            if part.batch is None:
+                self._ledger.save(part.moved(DROPPED, self._unix_time()))
+            else:
+                kept.append(part)
+        return kept
+
+    def _plan_part(self, number: int, cut: list[tuple[int, bytes]], followed: _Followed) -> None:
+        """A new part of these rows, recorded, then submitted."""
+        part = Part(
+            number,
+            self._plan.passing,
+            self._plan.endpoint.provider,
+            ranges_of(index for index, _ in cut),
+        ).moved(PLANNED, self._unix_time())
+        self._ledger.save(part)
+        followed.parts[number] = part
+        followed.lines[number] = [line for _, line in cut]
+        self._submit(part, followed)
+
+    # --- submitting -------------------------------------------------------------------------------
+    def _submit(self, part: Part, followed: _Followed) -> None:
+        """Upload (OpenAI) and create the part's batch, recording each step first; a part
+        refused for the provider's queue waits (``WAITING``) to be submitted again."""
+        # (an OpenAI part submitted again after the token cap refused it has its file)
+        lines = followed.lines.get(part.number, [])
+        try:
+            if part.input_file is None and self._plan.endpoint.provider == "openai":
+                file_id = self._client.upload(lines, upload_name(part.number))
+                part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
+                self._save(part, followed)
+            part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
+            self._save(part, followed)
+            try:
+                batch = self._client.create(
+                    input_file=part.input_file, lines=lines, part=part.number
+                )
+            except ProviderRefused as exc:
+                if exc.status is not None and not exc.retryable:
+                    raise
+                found = self._find(part)
+                if found is None:
+                    raise
+                batch = found
+            self._save(self._record(part, batch), followed)
+            followed.lines.pop(part.number, None)
+        except ProviderRefused as exc:
+            if exc.retryable:
+                log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
+                self._save(part.moved(WAITING, self._unix_time()), followed)
+                followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
+                return
+            self._fail_part(part, followed, str(exc), exc.status)
+
+    def _find(self, part: Part) -> Mapping[str, Any] | None:
+        """The batch the provider made of a part whose create got no answer (or whose answer
+        was not recorded), or None: OpenAI's by its input file, Anthropic's by when it was
+        made and its number of rows, when exactly one matches."""
+        known = {p.batch for p in self._ledger.parts() if p.batch is not None}
+        candidates = []
+        for batch in self._client.recent():
+            if provider_id(batch.get("id")) is None or batch.get("id") in known:
+                continue
+            if refused_for_tokens(batch):  # (an earlier try of this part that never ran)
+                continue
+            if self._plan.endpoint.provider == "openai":
+                if part.input_file is not None and batch.get("input_file_id") == part.input_file:
+                    candidates.append(batch)
+            elif _anthropic_match(batch, part):
+                candidates.append(batch)
+        if len(candidates) > 1:
+            raise ProviderRefused(
+                f"part {part.number}: {len(candidates)} batches at the provider could be the "
+                "one its create made; none is taken (cancel the extra ones there)"
+            )
+        return candidates[0] if candidates else None
+
+    def _record(self, part: Part, batch: Any) -> Part:
+        """``part`` with the batch the provider made of it, recorded with its status."""
+        provider = self._plan.endpoint.provider
+        batch_id = provider_id(batch.get("id")) if isinstance(batch, Mapping) else None
+        status = status_of(provider, batch) if isinstance(batch, Mapping) else None
+        if batch_id is None or status is None:
+            raise ProviderRefused("the provider answered the create without a batch id or status")
+        part = part.moved(status, self._unix_time(), batch=batch_id)
+        self._ledger.save(part)
+        return part
+
+    def _save(self, part: Part, followed: _Followed) -> None:
+        self._ledger.save(part)
+        followed.parts[part.number] = part
+
+    # --- following -----------------------------------------------------------------------------
+    def _follow(self, followed: _Followed) -> None:
+        """Poll every open part until each is collected, the run is stopped, or the deadline
+        or budget ends the wait."""
+        rounds = 0
+        while True:
+            waiting = [part for part in followed.parts.values() if part.open]
+            if not waiting:
+                return
+            for part in waiting:
+                if self.stopped:
+                    return
+                self._step(part, followed)
+            if not any(part.open for part in followed.parts.values()):
+                return
+            ended = self._out_of_time(followed)
+            if ended:
+                return
+            rounds += 1
+            if not self.pause(self._until_next(rounds)):
+                return
+
+    def _step(self, part: Part, followed: _Followed) -> None:
+        """One look at ``part``: submit it (again), poll it, collect it once it ended."""
+        if part.batch is None:  # (refused for the provider's queue: submitted again)
+            if self._clock() >= followed.retry_at.get(part.number, 0.0):
+                self._submit(part, followed)
+            return
+        try:
+            batch = self._client.retrieve(part.batch)
+        except ProviderRefused as exc:
+            if exc.status == 404:
+                self._fail_part(
+                    part, followed, f"the batch {part.batch} is gone at the provider", 404
+                )
+            else:
+                log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
+            return
+        provider = self._plan.endpoint.provider
+        status = status_of(provider, batch) if isinstance(batch, Mapping) else None
+        if status is None:
+            log.warning("the batch %s answered without a known status: polling again", part.batch)
+            return
+        part = part.moved(status, self._unix_time())
+        self._save(part, followed)
+        if not has_ended(status):
+            return
+        if status == "failed" and refused_for_tokens(batch):
+            log.warning(
+                "part %d was refused for the enqueued-token cap: submitting it again once other "
+                "batches have finished",
+                part.number,
+            )
+            self._save(part.moved(WAITING, self._unix_time(), batch=None), followed)
+            followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
+            return
+        if status == "failed":
+            self._fail_part(part, followed, failure_text(batch), None)
+            return
+        self._collect(part, batch, followed)
+
+    def _collect(self, part: Part, batch: Mapping[str, Any], followed: _Followed) -> None:
+        """Every row of an ended batch delivered as its Result (a row the results do not
+        list: ``batch_errored``); then the part is ``collected``. Results that could not all
+        be read are read again at the next round, each row delivered once."""
+        provider = self._plan.endpoint.provider
+        files = files_of(provider, batch)
+        rows = set(indexes_in(part.rows))
+        done = followed.delivered.setdefault(part.number, set())
+        tokens = followed.tokens.setdefault(part.number, [0, 0])
+        elapsed = self._elapsed(part)
+        failures: dict[int, Result] = {}
+        try:
+            for line in self._client.results(files, part.batch or "", part.size):
+                answer = answer_of(provider, line)
+                if answer is None or answer.index not in rows or answer.index in done:
+                    continue
+                done.add(answer.index)
+                used = usage_of(provider, answer.data)
+                tokens[0] += used[0]
+                tokens[1] += used[1]
+                result = self._result(answer, elapsed, followed)
+                if result.ok:
+                    self._give(result, None)
+                else:
+                    failures[result.index] = result
+        except ProviderRefused as exc:
+            log.warning(
+                "could not read the results of the batch %s (%s): trying again", part.batch, exc
+            )
+            self._give_failures(failures)
+            return
+        unlisted = Answer(0, False, None, None, "batch_errored", _UNLISTED)
+        for index in sorted(rows - done):
+            failures[index] = self._result(replace(unlisted, index=index), elapsed, followed)
+        self._give_failures(failures)
+        part = part.moved(
+            COLLECTED,
+            self._unix_time(),
+            output_file=files.output,
+            error_file=files.error,
+            tokens=(tokens[0], tokens[1]),
+        )
+        self._save(part, followed)
+
+    def _fail_part(self, part: Part, followed: _Followed, reason: str, status: int | None) -> None:
+        """Every row of a part that cannot run gets a ``batch_errored`` Result saying why."""
+        self._give_failures(
+            {
+                index: _unsent(
+                    index,
+                    self._url,
+                    followed.ids.get(index),
+                    reason,
+                    kind="batch_errored",
+                    status=status,
+                )
+                for index in indexes_in(part.rows)
+            }
+        )
+        self._save(part.moved(COLLECTED, self._unix_time()), followed)
+
+    def _cancel_all(self, followed: _Followed) -> None:
+        """--cancel: ask the provider to cancel every batch followed; what they ran is still
+        collected."""
+        for part in list(followed.parts.values()):
+            if part.batch is not None and part.open:
+                try:
+                    self._client.cancel(part.batch)
+                except ProviderRefused as exc:
+                    log.warning("could not cancel the batch %s: %s", part.batch, exc)
+
+    def _out_of_time(self, followed: _Followed) -> bool:
+        """End the wait of the parts the deadline or budget leaves no time for: each of their
+        rows gets a ``deadline``/``budget`` Result (the batch goes on at the provider, and a
+        later run polls it again). True when the deadline has passed."""
+        now = self._clock()
+        plan = self._plan
+        if plan.deadline is not None and now - self._started >= plan.deadline:
+            for part in followed.parts.values():
+                if part.open:
+                    self._ran_out(part, followed, "deadline")
+            return True
+        if plan.budget is not None:
+            unix = self._unix_time()
+            for part in list(followed.parts.values()):
+                since = part.submitted if part.submitted is not None else None
+                if part.open and since is not None and unix - since >= plan.budget:
+                    self._ran_out(part, followed, "budget")
+        return False
+
+    def _ran_out(self, part: Part, followed: _Followed, kind: ErrorKind) -> None:
+        where = f"the batch {part.batch}" if part.batch else f"part {part.number}"
+        reason = (
+            f"{where} was still {part.state} at the provider when the {kind} ran out: "
+            "--retry-failed polls it again, --cancel cancels it"
+        )
+        self._give_failures(
+            {
+                index: _unsent(index, self._url, followed.ids.get(index), reason, kind=kind)
+                for index in indexes_in(part.rows)
+            }
+        )
+        # (the part stays open: a later run follows it, never submitting its rows again)
+        followed.parts.pop(part.number)
+
+    def finish(self) -> None:
+        """Once the Results are journaled: delete each collected part's files (OpenAI) or
+        batch (Anthropic) at the provider, unless asked to keep them; a part that cannot be
+        cleaned is tried again by a later run."""
+        for part in self._ledger.parts():
+            if part.state not in (COLLECTED, DROPPED):
+                continue
+            try:
+                if not self._plan.keep_files:
+                    self._clean(part)
+            except (ProviderRefused, Stopped) as exc:
+                log.warning(
+                    "could not delete part %d's files at the provider: %s", part.number, exc
+                )
+                continue
+            self._ledger.save(part.moved(CLEANED, self._unix_time()))
+
+    def _clean(self, part: Part) -> None:
+        if self._plan.endpoint.provider == "anthropic":
+            if part.batch is not None:
+                self._client.delete_batch(part.batch)
+            return
+        for file_id in (part.input_file, part.output_file, part.error_file):
+            if file_id is not None:
+                self._client.delete_file(file_id)
+
+    # --- Results ---------------------------------------------------------------------------------
+    def _give(self, result: Result, item: object) -> None:
+        self._observer.item_finished(result)
+        self._deliver(result, item)
+
+    def _give_failures(self, failures: Mapping[int, Result]) -> None:
+        """Deliver failed Results with their items, read again from the input (``again``):
+        what a failure is stored with (the failed file's line) is made from its item, and
+        the items are not all kept in memory while the batches run."""
+        if not failures:
+            return
+        items: dict[int, object] = {}
+        if self._again is not None:
+            for index, item in self._again():
+                if index in failures:
+                    items[index] = item
+                    if len(items) == len(failures):
+                        break
+        for index in sorted(failures):
+            self._give(failures[index], items.get(index))
+
+    def _result(self, answer: Answer, elapsed: float, followed: _Followed) -> Result:
+        ran = answer.error_kind not in ("batch_expired", "batch_cancelled")
+        log_entry = AttemptRecord(1, answer.status_code, answer.error_kind, elapsed)
+        return Result(
+            index=answer.index,
+            url=self._url,
+            ok=answer.ok,
+            id=followed.ids.get(answer.index),
+            status_code=answer.status_code,
+            attempts=1 if ran else 0,
+            error_kind=answer.error_kind,
+            error=answer.error,
+            data=answer.data if answer.ok else None,
+            elapsed=elapsed,
+            attempt_log=(log_entry,) if ran else (),
+            final_url=self._url if answer.status_code is not None else None,
+            finished=self._unix_time(),
+        )
+
+    def _elapsed(self, part: Part) -> float:
+        """Seconds from the part's submission to now (its rows' time in the batch)."""
+        if part.submitted is None:
+            return 0.0
+        return max(0.0, self._unix_time() - part.submitted)
+
+    def _poll_wait(self, rounds: int) -> float:
+        if self._plan.poll is not None:
+            return self._plan.poll
+        return POLL_BACKOFF.wait(rounds, None, 0.5)
+
+    def _until_next(self, rounds: int) -> float:
+        """Seconds to the next round of polls, never past the deadline."""
+        wait = self._poll_wait(rounds)
+        if self._plan.deadline is not None:
+            left = self._plan.deadline - (self._clock() - self._started)
+            wait = min(wait, max(left, 0.0))
+        return wait
+
+
+def pause(stop: threading.Event, seconds: float) -> bool:
+    """Wait ``seconds``; False when ``stop`` was set meanwhile (the run was stopped)."""
+    return not stop.wait(max(0.0, seconds))
+
+
+def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
+    """The row's request body, or InvalidItem when the row is no request a batch can carry:
+    one POST of a JSON object to the endpoint, with nothing of its own besides."""
+    if spec.url != endpoint.url:
+        raise InvalidItem(
+            f"a batch goes to one endpoint ({endpoint.path}): this row is for another URL"
+        )
+    if spec.method != "POST":
+        raise InvalidItem(f"a batch sends POSTs: this row is a {spec.method}")
+    if not isinstance(spec.json_body, Mapping):
+        raise InvalidItem("a batch row's body must be a JSON object")
+    extra = [
+        name for name in ("headers", "params", "data", "fallbacks") if getattr(spec, name, None)
+    ]
+    if extra:
+        raise InvalidItem(f"a batch row carries only its body: it has {', '.join(extra)}")
+    return spec.json_body
+
+
+def _unsent(
+    index: int,
+    url: str,
+    item_id: Any,
+    reason: str,
+    *,
+    kind: ErrorKind = "invalid_request",
+    status: int | None = None,
+) -> Result:
+    """The Result of a row that no batch ran."""
+    return Result(
+        index=index,
+        url=url,
+        ok=False,
+        id=item_id,
+        status_code=status,
+        error_kind=kind,
+        error=reason,
+        finished=time.time(),
+    )
+
+
+def _anthropic_match(batch: Mapping[str, Any], part: Part) -> bool:
+    """Whether an Anthropic batch could be the one made of ``part`` (caught ``submitting``):
+    created since shortly before the part was, with as many rows."""
+    counts = batch.get("request_counts")
+    if not isinstance(counts, Mapping) or part.submitted is None:
+        return False
+    total = sum(value for value in counts.values() if isinstance(value, int))
+    created = _rfc3339(batch.get("created_at"))
+    return total == part.size and created is not None and created >= part.submitted - _CLOCK_SKEW
+
+
+def _rfc3339(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,156 @@
+"""A run's rows sent through the provider's batch endpoint (``batch_api=``), put together as
+``assembly`` puts a live run together: the session, the client, the ledger of submissions
+(the journal's, or the batch's own in memory) and the ``batches.sender.BatchRun``, behind the
+controller's ``Send``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from pathlib import Path
+
+import requests
+
+from ..batches.client import Calls, Client
+from ..batches.providers import endpoint_of
+from ..batches.sender import BatchRun, Plan, pause
+from ..core.engine import Deliver
+from ..core.observe import Hooks, Observers
+from ..http.spec import RequestSpec
+from ..jobs.options import FetchOptions
+from ..limits.gates import Gates
+from ..store.journal import JournalReader, connect
+from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
+from .assembly import Ran, Stoppable
+from .progress import Tally
+
+
+class ThroughBatchApi:
+    """``controller.Send`` for a run through the batch endpoint, with ``finish`` (the
+    controller calls it once the Results are journaled) to delete the files at the provider.
+    ``ledger``: the batch's own, in memory, when there is no journal; ``again``: the items
+    read again, to store each failure with its item (the command line's failed file)."""
+
+    def __init__(
+        self,
+        options: FetchOptions,
+        url: str,
+        request_of: Callable[[object], RequestSpec],
+        *,
+        passing: int,
+        journal: Path | None,
+        ledger: Ledger | None = None,
+        cancel: bool = False,
+        again: Callable[[], Iterable[tuple[int, object]]] | None = None,
+        on_start: Callable[[Stoppable], None] = lambda run: None,
+    ) -> None:
+        assert options.batch_api is not None
+        self._options = options
+        self._endpoint = endpoint_of(url, options.batch_api)
+        self._request_of = request_of
+        self._passing = passing
+        self._journal = journal
+        self._memory = ledger
+        self._cancel = cancel
+        self._again = again
+        self._on_start = on_start
+        self._run: BatchRun | None = None
+
+    def __call__(
+        self,
+        items: Iterable[tuple[int, object]],
+        deliver: Deliver,
+        *,
+        gates: Gates | None,
+        progress: Tally,
+    ) -> Ran:
+        with self._running(progress) as run:
+            self._on_start(run)
+            stopped = run.run(items, deliver)
+        return Ran(stopped, False, {}, 0)
+
+    def finish(self) -> None:
+        """Delete the collected parts' files at the provider (unless kept)."""
+        with self._running(Tally()) as run:
+            run.finish()
+
+    @contextlib.contextmanager
+    def _running(self, progress: Tally) -> Iterator[BatchRun]:
+        options = self._options
+        secrets = options.secrets()
+        own_session = not isinstance(options.session, requests.Session)
+        session = _session_of(options)
+        ledger = self._memory or Ledger()
+        if self._journal is not None:
+            ledger = JournaledLedger(self._journal, connect)
+        stop = threading.Event()
+        calls = Calls(
+            headers=dict(options.headers or {}),
+            timeout=options.timeout,
+            attempts=options.attempts,
+            backoff=options.backoff,
+            max_bytes=options.max_bytes,
+            secrets=secrets,
+            verify=options.verify,
+            cert=options.cert,
+        )
+        client = Client(self._endpoint, session, calls, partial(pause, stop))
+        observer = Observers([progress, Hooks(None, options.on_result)])
+        run = BatchRun(
+            Plan.of(
+                self._endpoint,
+                max_rows=options.batch_rows,
+                max_bytes=options.batch_bytes,
+                poll=options.poll,
+                deadline=options.deadline,
+                budget=options.budget if "budget" in options.model_fields_set else None,
+                passing=self._passing,
+                keep_files=options.keep_files,
+                cancel=self._cancel,
+            ),
+            client,
+            ledger,
+            self._request_of,
+            secrets.given(self._endpoint.url, frozenset()),
+            observer=observer,
+            again=self._again,
+            stop=stop,
+        )
+        try:
+            yield run
+        finally:
+            ledger.close()
+            if own_session:
+                session.close()
+
+
+def _session_of(options: FetchOptions) -> requests.Session:
+    """The caller's session (or one from their factory), else a new one."""
+    given = options.session
+    if isinstance(given, requests.Session):
+        return given
+    return given() if callable(given) else requests.Session()
+
+
+def open_batches(parts: Iterable[Part]) -> str | None:
+    """What a live run on a journal would send twice: the rows of batches still open at the
+    provider, in a few words; None when there are none."""
+    still = [part for part in parts if part.open and part.batch is not None]
+    if not still:
+        return None
+    rows = sum(1 for part in still for _ in indexes_in(part.rows))
+    return f"{rows} rows are in {len(still)} batch(es) still open at {still[0].provider}"
+
+
+def journal_parts(path: Path | None) -> list[Part]:
+    """The submissions a journal holds (none without one)."""
+    if path is None or not path.exists():
+        return []
+    reader = JournalReader(path)
+    try:
+        return reader.parts()
+    finally:
+        reader.close()

@@ -1,0 +1,261 @@
+"""The submissions of a run through a provider's batch endpoint, as the journal keeps them:
+one row per part of the input, written as its state changes (planned, uploaded, submitted,
+each status the provider reports, collected, cleaned), so that a process killed at any
+moment is followed by one that polls the same batch and never submits a part twice.
+
+A run without a journal keeps them in memory (``Ledger``), for a ``Batch``'s next ``run()``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+Provider = Literal["openai", "anthropic"]
+PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
+
+# Our own states around the provider's statuses. ``planned``: rows chosen, nothing sent;
+# ``uploaded``: OpenAI has the file; ``submitting``: the create was sent (its answer not yet
+# recorded: a later run looks for the batch before sending another); ``waiting``: refused for
+# the enqueued-token cap, submitted again later; ``collected``: every row has its Result;
+# ``cleaned``: the files (or the batch) deleted at the provider, or kept as asked;
+# ``dropped``: a part a later run found without a batch, its rows put in new parts.
+PLANNED, UPLOADED, SUBMITTING, WAITING = "planned", "uploaded", "submitting", "waiting"
+COLLECTED, CLEANED, DROPPED = "collected", "cleaned", "dropped"
+# What the providers report (``batches.providers.STATUSES``), as far as the journal is
+# concerned: a word, checked before it is trusted.
+_STATUS = re.compile(r"[a-z_]{1,20}")
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+def ranges_of(indexes: Iterable[int]) -> Ranges:
+    """Sorted indexes as (first, last) runs: a part of 50 000 rows in a line of text."""
+    runs: list[tuple[int, int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return tuple(runs)
+
+
+def indexes_in(ranges: Ranges) -> Iterator[int]:
+    for first, last in ranges:
+        yield from range(first, last + 1)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One submission: its rows (input indexes, as runs), its state and what the provider
+    named along the way; ``history``: (unix time, state) at each change, for the report."""
+
+    number: int
+    passing: int
+    provider: Provider
+    rows: Ranges
+    state: str = PLANNED
+    input_file: str | None = None
+    batch: str | None = None
+    output_file: str | None = None
+    error_file: str | None = None
+    submitted: float | None = None
+    history: tuple[tuple[float, str], ...] = ()
+    tokens: tuple[int, int] = (0, 0)
+
+    @property
+    def size(self) -> int:
+        return sum(last - first + 1 for first, last in self.rows)
+
+    @property
+    def open(self) -> bool:
+        """Whether its rows may still be waiting on the provider (no Result from it yet)."""
+        return self.state not in (COLLECTED, CLEANED, DROPPED)
+
+    def moved(self, state: str, when: float | None = None, **changes: Any) -> Part:
+        """This part in ``state`` (recorded in its history when it changed)."""
+        history = self.history
+        if state != self.state or not history:
+            history = (*history, (time.time() if when is None else when, state))
+        return replace(self, state=state, history=history, **changes)
+
+
+class Covered:
+    """Which input indexes are in a set of parts, looked up by bisection over their runs."""
+
+    def __init__(self, parts: Iterable[Part]) -> None:
+        runs = sorted((first, last, part.number) for part in parts for first, last in part.rows)
+        self._starts = [first for first, _, _ in runs]
+        self._runs = runs
+
+    def part_of(self, index: int) -> int | None:
+        position = bisect_right(self._starts, index) - 1
+        if position >= 0 and self._runs[position][1] >= index:
+            return self._runs[position][2]
+        return None
+
+
+class Ledger:
+    """The parts of a run kept in memory (a batch without a journal)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, Part] = {}
+        self._lock = threading.Lock()
+
+    def parts(self) -> list[Part]:
+        with self._lock:
+            return [self._parts[number] for number in sorted(self._parts)]
+
+    def save(self, part: Part) -> None:
+        with self._lock:
+            self._parts[part.number] = part
+
+    def close(self) -> None:
+        """Nothing to close in memory."""
+
+
+COLUMNS = (
+    "part, pass, provider, rows, state, input_file, batch, output_file, error_file, "
+    "submitted, updated, history, input_tokens, output_tokens"
+)
+
+
+class JournaledLedger(Ledger):
+    """The parts of a run kept in its journal's ``submissions`` table, each change committed
+    before the call that depends on it is made (on a connection of its own: the Results'
+    writer keeps its own)."""
+
+    def __init__(self, path: Path, connect: Any) -> None:
+        super().__init__()
+        self._db: sqlite3.Connection = connect(path)
+        for row in self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part"):
+            part = part_of(row)
+            self._parts[part.number] = part
+
+    def save(self, part: Part) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row_of(part),
+            )
+            self._parts[part.number] = part
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def row_of(part: Part) -> tuple[Any, ...]:
+    updated = part.history[-1][0] if part.history else time.time()
+    return (
+        part.number,
+        part.passing,
+        part.provider,
+        json.dumps([list(run) for run in part.rows], separators=(",", ":")),
+        part.state,
+        part.input_file,
+        part.batch,
+        part.output_file,
+        part.error_file,
+        part.submitted,
+        updated,
+        json.dumps([list(entry) for entry in part.history], separators=(",", ":")),
+        part.tokens[0],
+        part.tokens[1],
+    )
+
+
+def part_of(row: Sequence[Any]) -> Part:
+    """The Part a ``submissions`` row (checked by ``submission_problem``) holds."""
+    return Part(
+        number=int(row[0]),
+        passing=int(row[1]),
+        provider=row[2],
+        rows=tuple((int(first), int(last)) for first, last in json.loads(row[3])),
+        state=str(row[4]),
+        input_file=row[5],
+        batch=row[6],
+        output_file=row[7],
+        error_file=row[8],
+        submitted=row[9],
+        history=tuple((float(when), str(state)) for when, state in json.loads(row[11])),
+        tokens=(int(row[12]), int(row[13])),
+    )
+
+
+# --- what a row must hold before a run trusts it ---------------------------------------------
+def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str | None:
+    """What makes a ``submissions`` row (its columns in the schema's order) untrustworthy for
+    a journal of ``size`` items whose passes are ``passes``, or None."""
+    number, passing, provider, rows, state, *ids = row[:9]
+    submitted, updated, history, input_tokens, output_tokens = row[9:14]
+    if not _count(number, 1):
+        return "part is not a number from 1"
+    if passing not in passes:
+        return "pass is not a pass of the journal"
+    if provider not in PROVIDERS:
+        return "provider is not one batchsync submits to"
+    runs = _json(rows)
+    if not _runs(runs, size):
+        return "rows are not runs of the input's indexes"
+    if not (isinstance(state, str) and _STATUS.fullmatch(state)):
+        return "state is not a state"
+    if not all(value is None or (isinstance(value, str) and _ID.fullmatch(value)) for value in ids):
+        return "an id is not a provider's id"
+    if not (submitted is None or _moment(submitted)) or not _moment(updated):
+        return "a time is not a time"
+    entries = _json(history)
+    if not isinstance(entries, list) or not all(_history_entry(entry) for entry in entries):
+        return "history is not a list of (time, state)"
+    if not (_count(input_tokens) and _count(output_tokens)):
+        return "tokens are not counts"
+    return None
+
+
+def _count(value: object, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _moment(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
+
+
+def _json(text: object) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _runs(runs: Any, size: int) -> bool:
+    if not isinstance(runs, list) or not runs:
+        return False
+    previous = -2
+    for run in runs:
+        if not (isinstance(run, list) and len(run) == 2 and all(_count(end) for end in run)):
+            return False
+        first, last = run
+        if not (previous + 1 < first <= last < size):
+            return False
+        previous = last
+    return True
+
+
+def _history_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and _moment(entry[0])
+        and isinstance(entry[1], str)
+        and _STATUS.fullmatch(entry[1]) is not None
+    )

@@ -1,0 +1,193 @@
+"""The pure parts of a run through a batch endpoint: where each call goes, how a row is
+written and read back, the parts' runs of indexes, and what a journal's submissions row must
+hold to be trusted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchsync import Batch
+from batchsync.batches.providers import (
+    answer_of,
+    custom_id,
+    endpoint_of,
+    index_of,
+    refused_for_tokens,
+    request_line,
+    submission_size,
+    usage_of,
+)
+from batchsync.store.submissions import (
+    Covered,
+    Part,
+    indexes_in,
+    part_of,
+    ranges_of,
+    row_of,
+    submission_problem,
+)
+
+OPENAI = "https://api.openai.com/v1/chat/completions"
+ANTHROPIC = "https://api.anthropic.com/v1/messages"
+
+
+def test_the_provider_is_told_by_the_urls_path() -> None:
+    openai = endpoint_of(OPENAI, "auto")
+    assert (openai.provider, openai.base, openai.path) == (
+        "openai",
+        "https://api.openai.com/v1",
+        "/v1/chat/completions",
+    )
+    anthropic = endpoint_of(ANTHROPIC, "auto")
+    assert (anthropic.provider, anthropic.base) == ("anthropic", ANTHROPIC)
+    compatible = endpoint_of("http://127.0.0.1:8/llm/k/-/v1/embeddings", "openai")
+    assert compatible.base == "http://127.0.0.1:8/llm/k/-/v1"
+    assert compatible.path == "/v1/embeddings"
+
+
+@pytest.mark.parametrize(
+    ("url", "asked", "said"),
+    [
+        ("https://example.com/v1/other", "auto", "cannot tell the provider"),
+        ("https://example.com/v1/other", "openai", "must end in one of the endpoints"),
+        (OPENAI, "anthropic", "must be a Messages endpoint"),
+        (f"{OPENAI}?model=x", "auto", "without a query"),
+        ("https://{host}/v1/messages", "auto", "without {fields}"),
+    ],
+)
+def test_an_endpoint_no_batch_runs_is_refused_in_one_line(url: str, asked: str, said: str) -> None:
+    with pytest.raises(ValueError, match=said.replace("{", r"\{").replace("}", r"\}")):
+        endpoint_of(url, asked)
+
+
+def test_a_rows_custom_id_is_its_index_and_nothing_else_is_taken_for_one() -> None:
+    assert index_of(custom_id(1234)) == 1234
+    for other in ("row-01", "row--1", "row-1a", "1", None, 7, "row-" + "9" * 19):
+        assert index_of(other) is None
+
+
+def test_each_row_is_written_as_its_provider_takes_it() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "é"}]}
+    line = json.loads(request_line(endpoint_of(OPENAI, "auto"), 3, body))
+    assert line == {
+        "custom_id": "row-3",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": body,
+    }
+    line = json.loads(request_line(endpoint_of(ANTHROPIC, "auto"), 3, body))
+    assert line == {"custom_id": "row-3", "params": body}
+    # The bytes of a submission: a newline after each OpenAI line; Anthropic's JSON around.
+    assert submission_size("openai", 2, 10) == 12
+    assert submission_size("anthropic", 2, 10) == 10 + 1 + len('{"requests":[]}')
+
+
+def test_openai_results_lines_read_as_a_live_calls_would() -> None:
+    ok = {"custom_id": "row-1", "response": {"status_code": 200, "body": {"usage": {}}}}
+    assert answer_of("openai", ok) == answer_of("openai", ok)
+    answered = answer_of("openai", ok)
+    assert answered is not None and (answered.index, answered.ok, answered.status_code) == (
+        1,
+        True,
+        200,
+    )
+    refused = {
+        "custom_id": "row-2",
+        "response": {"status_code": 400, "body": {"error": {"message": "bad\nmodel"}}},
+    }
+    failed = answer_of("openai", refused)
+    assert failed is not None
+    assert (failed.ok, failed.error_kind, failed.error) == (False, "status", "HTTP 400: bad model")
+    for code, kind in (("batch_expired", "batch_expired"), ("batch_cancelled", "batch_cancelled"),
+                       ("other", "batch_errored")):  # fmt: skip
+        line = {"custom_id": "row-3", "response": None, "error": {"code": code, "message": "m"}}
+        said = answer_of("openai", line)
+        assert said is not None and said.error_kind == kind and said.status_code is None
+    assert answer_of("openai", {"custom_id": "someone-else"}) is None
+    assert answer_of("openai", ["not", "a", "line"]) is None
+
+
+def test_anthropic_results_lines_read_as_a_live_calls_would() -> None:
+    message = {"content": [], "usage": {"input_tokens": 3, "output_tokens": 4}}
+    ok = answer_of(
+        "anthropic", {"custom_id": "row-0", "result": {"type": "succeeded", "message": message}}
+    )
+    assert ok is not None and (ok.ok, ok.status_code, ok.data) == (True, 200, message)
+    assert usage_of("anthropic", ok.data) == (3, 4)
+    error = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
+    errored = answer_of(
+        "anthropic", {"custom_id": "row-1", "result": {"type": "errored", "error": error}}
+    )
+    assert errored is not None
+    assert (errored.error_kind, errored.status_code) == ("batch_errored", 400)
+    for kind, ours in (("expired", "batch_expired"), ("canceled", "batch_cancelled")):
+        said = answer_of("anthropic", {"custom_id": "row-2", "result": {"type": kind}})
+        assert said is not None and said.error_kind == ours
+
+
+def test_usage_that_is_not_counts_counts_nothing() -> None:
+    assert usage_of("openai", {"usage": {"prompt_tokens": 2, "completion_tokens": 5}}) == (2, 5)
+    assert usage_of("openai", {"usage": {"prompt_tokens": -1, "completion_tokens": True}}) == (0, 0)
+    assert usage_of("openai", None) == (0, 0)
+
+
+def test_a_batch_refused_for_the_enqueued_token_cap_is_told_apart() -> None:
+    capped = {"errors": {"data": [{"code": "token_limit_exceeded", "message": "m"}]}}
+    assert refused_for_tokens(capped)
+    assert not refused_for_tokens({"errors": {"data": [{"code": "invalid_file"}]}})
+    assert not refused_for_tokens({"errors": None})
+
+
+def test_a_parts_rows_are_kept_as_runs_and_found_again() -> None:
+    rows = [0, 1, 2, 5, 7, 8]
+    runs = ranges_of(rows)
+    assert runs == ((0, 2), (5, 5), (7, 8))
+    assert list(indexes_in(runs)) == rows
+    covered = Covered([Part(1, 1, "openai", runs), Part(2, 1, "openai", ((10, 19),))])
+    assert [covered.part_of(i) for i in (0, 2, 3, 5, 6, 8, 9, 10, 19, 20)] == [
+        1, 1, None, 1, None, 1, None, 2, 2, None,
+    ]  # fmt: skip
+
+
+def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
+    part = Part(1, 1, "openai", ((0, 9),)).moved("planned", 1_700_000_000.0)
+    part = part.moved("in_progress", 1_700_000_001.0, batch="batch_1", input_file="file-1")
+    row = row_of(part)
+    assert submission_problem(row, 10, {1}) is None
+    assert part_of(row) == part
+    assert [state for _, state in part.history] == ["planned", "in_progress"]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [
+        (1, 2, "pass"),
+        (2, "azure", "provider"),
+        (3, "[[0, 10]]", "rows"),
+        (3, "[[5, 2]]", "rows"),
+        (3, "[[0, 3], [3, 5]]", "rows"),
+        (4, "In Progress", "state"),
+        (6, "../../v1/files", "id"),
+        (10, "NaN", "time"),
+        (11, '[[1, "x y"]]', "history"),
+        (12, -1, "tokens"),
+    ],
+)
+def test_a_tampered_submissions_row_is_not_trusted(column: int, value: object, said: str) -> None:
+    row = list(row_of(Part(1, 1, "openai", ((0, 9),)).moved("planned", 1_700_000_000.0)))
+    row[column] = value
+    problem = submission_problem(row, 10, {1})
+    assert problem is not None and said in problem
+
+
+def test_batch_options_go_with_batch_api_and_refuse_what_a_batch_cannot_honour() -> None:
+    with pytest.raises(ValueError, match="go with batch_api"):
+        Batch([], poll=1.0)
+    with pytest.raises(ValueError, match="needs url="):
+        Batch([], batch_api="openai")
+    with pytest.raises(ValueError, match="dedup cannot apply"):
+        Batch([], url=OPENAI, method="POST", batch_api="auto", dedup=True)
+    with pytest.raises(ValueError, match="cannot tell the provider"):
+        Batch([], url="https://example.com/x", method="POST", batch_api="auto")
