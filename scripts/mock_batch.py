@@ -841,6 +841,8 @@ class BatchMock:
     def _stats(self, store: Store) -> dict[str, Any]:
         now = time.time()
         with store.lock:
+            for batch in store.batches.values():
+                self._finish(store, batch, now)  # (the output files of the batches now over)
             ran = [b for b in store.batches.values() if b.ran(now)]
             seen: dict[tuple[str, str], list[str]] = {}
             for batch in ran:
@@ -930,11 +932,17 @@ def anthropic_rows(key: str, given: list[Any], settings: Settings) -> list[Row] 
     return rows
 
 
+def limit_of(query: dict[str, str], most: int) -> int:
+    """A page's ``limit``: 20 when not given (or not a number), between 1 and ``most``."""
+    given = query.get("limit", "20")
+    return max(1, min(int(given) if given.isdigit() else 20, most))
+
+
 def openai_list(objects: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
     """OpenAI's cursor page of ``objects`` (newest first): ``limit`` of them ``after`` an id."""
     ids = [item["id"] for item in objects]
     start = ids.index(query["after"]) + 1 if query.get("after") in ids else 0
-    limit = max(1, min(int(query.get("limit", "20")), 10_000))
+    limit = limit_of(query, 10_000)
     page = objects[start : start + limit]
     return {
         "object": "list",
@@ -949,7 +957,7 @@ def anthropic_list(objects: list[dict[str, Any]], query: dict[str, str]) -> dict
     """Anthropic's page of ``objects`` (newest first): ``limit`` after ``after_id`` or before
     ``before_id``."""
     ids = [item["id"] for item in objects]
-    limit = max(1, min(int(query.get("limit", "20")), 1000))
+    limit = limit_of(query, 1000)
     if query.get("before_id") in ids:
         end = ids.index(query["before_id"])
         start = max(0, end - limit)

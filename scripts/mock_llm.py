@@ -14,10 +14,12 @@ LIMITS is ``name=value`` pairs joined by commas, any of them left out for its de
 200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
 by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
 or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
-the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0). The first request of
-a KEY sets its limits; a later one naming other limits is answered 400. SDK base URLs:
-``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``, ``http://HOST:PORT/llm/KEY/LIMITS``
-for ``anthropic``.
+the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
+of the KEY's batches (``pace``, ``expire``, ``fail``, ``enqueued``, ``shuffle``,
+``batch_rows``, ``batch_bytes``: see scripts/mock_batch.py) may be given among them. The
+first request of a KEY sets its limits and knobs; a later one naming others is answered 400.
+SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``,
+``http://HOST:PORT/llm/KEY/LIMITS`` for ``anthropic``.
 
 With ``refill=window`` (the default) the limits are enforced over a sliding window: what was
 admitted in the last ``window`` seconds counts, each request and token leaving the window
@@ -56,10 +58,11 @@ nothing. Every answer, 200 or 429, carries the provider's headers:
   remaining rounded to the nearest thousand, as Anthropic's are.
 
 A completion is as long as a draw between 1 and ``max_tokens`` tokens (for each of ``n``
-choices), the draw seeded by the KEY and the request's body: a rerun gets the same lengths
-whatever order its requests arrive in. ``finish_reason`` is ``length`` (Anthropic's
-``stop_reason`` ``max_tokens``) when the draw is the whole budget, else ``stop``
-(``end_turn``). Every 200 has ``usage``.
+choices), the draw seeded by the KEY and the request's body (its JSON with the keys sorted):
+a rerun gets the same lengths whatever order its requests arrive in, and a batch row
+(scripts/mock_batch.py) the same answer as the same body sent live. ``finish_reason`` is
+``length`` (Anthropic's ``stop_reason`` ``max_tokens``) when the draw is the whole budget,
+else ``stop`` (``end_turn``). Every 200 has ``usage``.
 
 The stats are JSON: ``limits``; ``requests`` admitted, ``rejected`` (429s, the too large
 among them) and ``too_large``; ``tokens`` counted against ``tpm``; ``prompt_tokens`` and

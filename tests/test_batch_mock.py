@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Literal
 
 import anthropic
 import openai
@@ -21,7 +21,7 @@ from .mockserver import MockServerProcess
 pytestmark = pytest.mark.integration
 
 OPENAI_ENDED = ("completed", "failed", "expired", "cancelled")
-CHAT = "/v1/chat/completions"
+CHAT: Final[Literal["/v1/chat/completions"]] = "/v1/chat/completions"
 
 
 def prefix(server: MockServerProcess, limits: str) -> tuple[str, str]:
@@ -396,12 +396,13 @@ def test_bad_inputs_are_answered_400_in_each_providers_shape(server: MockServerP
         client.files.content("file-nope")
     good = requests_of(1)[0]
     params = {name: value for name, value in good["params"].items() if name != "max_tokens"}
-    for bad_requests, problem in (
+    cases: list[tuple[list[Any], str]] = [
         ([{**good, "custom_id": "bad id!"}], "custom_id"),
         ([good, good], "Duplicate"),
         ([{**good, "params": params}], "max_tokens"),
         (requests_of(4), "at most 3"),
-    ):
+    ]
+    for bad_requests, problem in cases:
         with pytest.raises(anthropic.BadRequestError, match=problem) as refused_batch:
             messages.messages.batches.create(requests=bad_requests)
         body: Any = refused_batch.value.body
