@@ -50,6 +50,9 @@ Knobs, given in LIMITS next to the live limits (``pace=0.1,expire=0.2,enqueued=5
   in submission order).
 * ``batch_rows`` and ``batch_bytes``: the most rows and bytes of a file or batch (OpenAI
   50 000 and 200 MB, Anthropic 100 000 and 256 MB); more is answered 400.
+* ``stall_upload``, ``stall_create``, ``stall_results`` (seconds, 0): an upload, a create or
+  a results download is done at once (the file stored, the batch made) but answered this
+  much later, so that a test can kill its client in that moment.
 
 Each row is answered with the body the live route would give the same body on the same KEY
 (the same lengths and ``usage``: the draws are seeded by KEY and body), but batch rows do not
@@ -118,6 +121,9 @@ class Settings:
     shuffle: bool = True
     batch_rows: int = 0
     batch_bytes: int = 0
+    stall_upload: float = 0.0
+    stall_create: float = 0.0
+    stall_results: float = 0.0
 
     @classmethod
     def of(cls, limits: Limits) -> Settings:
@@ -130,7 +136,20 @@ class Settings:
             shuffle=bool(knobs.get("shuffle", 1)),
             batch_rows=int(knobs.get("batch_rows", 0)),
             batch_bytes=int(knobs.get("batch_bytes", 0)),
+            stall_upload=knobs.get("stall_upload", 0.0),
+            stall_create=knobs.get("stall_create", 0.0),
+            stall_results=knobs.get("stall_results", 0.0),
         )
+
+    def stall(self, method: str, route: list[str]) -> float:
+        """Seconds to hold the answer to this call (``route``: the path after ``v1``): an
+        upload, a create or a results download, done at once and answered late, so that a
+        test can stop its client in that moment."""
+        if method == "POST" and route in (["files"], ["batches"], ["messages", "batches"]):
+            return self.stall_upload if route == ["files"] else self.stall_create
+        if method == "GET" and route[-1:] in (["content"], ["results"]):
+            return self.stall_results
+        return 0.0
 
     def most(self, provider: str) -> tuple[int, int]:
         """The most rows and bytes a batch of ``provider`` may have."""
@@ -416,10 +435,15 @@ class BatchMock:
             )
             if anthropic:
                 prefix = f"http://{headers.get('host', '127.0.0.1')}/{'/'.join(parts[:3])}"
-                return self._anthropic(
+                reply = self._anthropic(
                     store, method, rest[3:], query=query, body=body, prefix=prefix
                 )
-            return self._openai(store, method, rest[1:], query=query, body=body, headers=headers)
+            else:
+                reply = self._openai(
+                    store, method, rest[1:], query=query, body=body, headers=headers
+                )
+        time.sleep(store.settings.stall(method, rest[1:]))  # (done already; answered late)
+        return reply
 
     def _store(self, key: str, settings: Settings) -> Store:
         """KEY's store, with the knobs its first request gave (its limits make sure they are

@@ -16,7 +16,8 @@ by default), ``window`` (seconds, 60: a shorter "minute" with the same counts ma
 or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
 the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
 of the KEY's batches (``pace``, ``expire``, ``fail``, ``enqueued``, ``shuffle``,
-``batch_rows``, ``batch_bytes``: see scripts/mock_batch.py) may be given among them. The
+``batch_rows``, ``batch_bytes``, ``stall_upload``, ``stall_create``, ``stall_results``: see
+scripts/mock_batch.py) may be given among them. The
 first request of a KEY sets its limits and knobs; a later one naming others is answered 400.
 SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``,
 ``http://HOST:PORT/llm/KEY/LIMITS`` for ``anthropic``.
@@ -102,6 +103,9 @@ BATCH_KNOBS = {
     "shuffle": (0.0, 1.0),
     "batch_rows": (1.0, math.inf),
     "batch_bytes": (1.0, math.inf),
+    "stall_upload": (0.0, 60.0),
+    "stall_create": (0.0, 60.0),
+    "stall_results": (0.0, 60.0),
 }
 # How the limits give back: a sliding window (the default) or a token bucket.
 REFILLS = ("window", "bucket")

@@ -129,6 +129,19 @@ class Client:
         data = answer.get("data") if isinstance(answer, Mapping) else None
         return [batch for batch in data or () if isinstance(batch, Mapping)]
 
+    def file_named(self, name: str) -> str | None:
+        """OpenAI: the id of the batch file uploaded under ``name`` (a part's own, with its
+        nonce), or None when there is none."""
+        assert self._files is not None
+        answer = self._json(
+            "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
+        )
+        data = answer.get("data") if isinstance(answer, Mapping) else None
+        for found in data or ():
+            if isinstance(found, Mapping) and found.get("filename") == name:
+                return provider_id(found.get("id"))
+        return None
+
     # --- collecting ----------------------------------------------------------------------------
     def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
         """Every results line of an ended batch, parsed (None for a line that is not JSON):
@@ -180,21 +193,26 @@ class Client:
 
     def _lines(self, url: str, rows: int) -> Iterator[Any]:
         limit, total = self._calls.max_bytes, rows * self._calls.max_bytes + 2**20
-        with self._send("GET", url, "download the results", stream=True) as response:
+        with self._send("GET", url, "download the results") as response:
             assert response is not None
             read = 0
-            pending = b""
+            line = bytearray()
             for chunk in response.iter_content(chunk_size=2**16):
                 read += len(chunk)
                 if read > total:
                     raise ProviderRefused("the results are larger than the rows can be")
-                pending += chunk
-                *whole, pending = pending.split(b"\n")
-                if len(pending) > limit:
+                start = 0
+                while (end := chunk.find(b"\n", start)) != -1:
+                    line += chunk[start:end]
+                    if line.strip():
+                        yield _parsed(bytes(line))
+                    line.clear()
+                    start = end + 1
+                line += chunk[start:]
+                if len(line) > limit:
                     raise ProviderRefused(f"a results line is larger than {limit} bytes")
-                yield from (_parsed(line) for line in whole if line.strip())
-            if pending.strip():
-                yield _parsed(pending)
+            if line.strip():
+                yield _parsed(bytes(line))
 
     def _send(
         self,
@@ -217,6 +235,7 @@ class Client:
                     headers=headers,
                     timeout=calls.timeout,
                     allow_redirects=False,
+                    stream=True,
                     verify=calls.verify,
                     cert=calls.cert,
                     **sent,
@@ -268,12 +287,12 @@ class _Answer:
 
 def _read(response: requests.Response, limit: int) -> bytes | None:
     """The body, or None when it is larger than ``limit``."""
-    body = b""
+    body = bytearray()
     for chunk in response.iter_content(chunk_size=2**16):
         body += chunk
         if len(body) > limit:
             return None
-    return body
+    return bytes(body)
 
 
 def _parsed(line: bytes) -> Any:

@@ -228,7 +228,8 @@ class BatchRun:
     def _settled(self, parts: list[Part]) -> list[Part]:
         """The open parts of earlier runs that have a batch at the provider: one caught
         ``submitting`` is looked for there first; the others never made one, and are dropped
-        (their rows go into new parts, their uploaded file is deleted with the rest)."""
+        (their rows go into new parts, their uploaded file, found by its name when the run
+        was killed during the upload, is deleted with the rest)."""
         kept = []
         for earlier in parts:
             part = earlier
@@ -237,6 +238,8 @@ class BatchRun:
                 if found is not None:
                     part = self._record(part, found)
             if part.batch is None:
+                if part.input_file is None and part.upload is not None:
+                    part = replace(part, input_file=self._client.file_named(part.upload))
                 self._ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
                 kept.append(part)
@@ -244,11 +247,13 @@ class BatchRun:
 
     def _plan_part(self, number: int, cut: list[tuple[int, bytes]], followed: _Followed) -> None:
         """A new part of these rows, recorded, then submitted."""
+        provider = self._plan.endpoint.provider
         part = Part(
             number,
             self._plan.passing,
-            self._plan.endpoint.provider,
+            provider,
             ranges_of(index for index, _ in cut),
+            upload=upload_name(number) if provider == "openai" else None,
         ).moved(PLANNED, self._unix_time())
         self._ledger.save(part)
         followed.parts[number] = part
@@ -263,7 +268,7 @@ class BatchRun:
         lines = followed.lines.get(part.number, [])
         try:
             if part.input_file is None and self._plan.endpoint.provider == "openai":
-                file_id = self._client.upload(lines, upload_name(part.number))
+                file_id = self._client.upload(lines, part.upload or upload_name(part.number))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
             part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())

@@ -523,8 +523,8 @@ class FetchOptions(FlowOptions):
     @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
-            given = [name for name in _BATCH_ONLY if name in self.model_fields_set]
-            if given and any(getattr(self, name) not in (None, False) for name in given):
+            given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]
+            if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self
         refused = [name for name in _NOT_IN_BATCHES if getattr(self, name)]

@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS submissions (
     updated REAL NOT NULL,
     history TEXT NOT NULL,
     input_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL
+    output_tokens INTEGER NOT NULL,
+    upload TEXT
 );
 """
 # ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``

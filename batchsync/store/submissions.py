@@ -34,6 +34,7 @@ COLLECTED, CLEANED, DROPPED = "collected", "cleaned", "dropped"
 # concerned: a word, checked before it is trusted.
 _STATUS = re.compile(r"[a-z_]{1,20}")
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+_UPLOAD = re.compile(r"batchsync-part-[0-9]{1,9}-[0-9a-f]{12}\.jsonl")
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -71,6 +72,9 @@ class Part:
     submitted: float | None = None
     history: tuple[tuple[float, str], ...] = ()
     tokens: tuple[int, int] = (0, 0)
+    # The name its rows are uploaded under (OpenAI), recorded before the upload: a run
+    # killed during the upload leaves a file a later run finds by it, and deletes.
+    upload: str | None = None
 
     @property
     def size(self) -> int:
@@ -125,7 +129,7 @@ class Ledger:
 
 COLUMNS = (
     "part, pass, provider, rows, state, input_file, batch, output_file, error_file, "
-    "submitted, updated, history, input_tokens, output_tokens"
+    "submitted, updated, history, input_tokens, output_tokens, upload"
 )
 
 
@@ -146,7 +150,7 @@ class JournaledLedger(Ledger):
             self._db.execute("BEGIN")
             self._db.execute(
                 f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row_of(part),
             )
             self._parts[part.number] = part
@@ -172,6 +176,7 @@ def row_of(part: Part) -> tuple[Any, ...]:
         json.dumps([list(entry) for entry in part.history], separators=(",", ":")),
         part.tokens[0],
         part.tokens[1],
+        part.upload,
     )
 
 
@@ -190,6 +195,7 @@ def part_of(row: Sequence[Any]) -> Part:
         submitted=row[9],
         history=tuple((float(when), str(state)) for when, state in json.loads(row[11])),
         tokens=(int(row[12]), int(row[13])),
+        upload=row[14],
     )
 
 
@@ -198,7 +204,7 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
     """What makes a ``submissions`` row (its columns in the schema's order) untrustworthy for
     a journal of ``size`` items whose passes are ``passes``, or None."""
     number, passing, provider, rows, state, *ids = row[:9]
-    submitted, updated, history, input_tokens, output_tokens = row[9:14]
+    submitted, updated, history, input_tokens, output_tokens, upload = row[9:15]
     if not _count(number, 1):
         return "part is not a number from 1"
     if passing not in passes:
@@ -219,6 +225,8 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
         return "history is not a list of (time, state)"
     if not (_count(input_tokens) and _count(output_tokens)):
         return "tokens are not counts"
+    if not (upload is None or (isinstance(upload, str) and _UPLOAD.fullmatch(upload))):
+        return "upload is not a name batchsync uploads under"
     return None
 
 
