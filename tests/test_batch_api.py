@@ -73,7 +73,7 @@ def command(input_path: Path, url: str, provider: str, *more: str) -> list[str]:
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        args, cwd=cwd, capture_output=True, text=True, timeout=300, env=_environment()
+        args, cwd=cwd, capture_output=True, text=True, timeout=300, env=_environment(), check=False
     )
 
 
@@ -145,7 +145,7 @@ def test_a_cookbook_file_through_the_batch_api_killed_polling_resumed_then_retri
     server: MockServerProcess, tmp_path: Path, provider: str
 ) -> None:
     rows, expired = 2000, {10, 1500}
-    marks = {n: "[[expire]]" for n in expired} | {7: "[[error]]"}
+    marks = dict.fromkeys(expired, "[[expire]]") | {7: "[[error]]"}
     source = cookbook(tmp_path / "requests.jsonl", rows, marks)
     url, key = endpoint(server, provider, "pace=0.5,rpm=100000,tpm=100000000")
     args = command(source, url, provider, "--batch-api", "--poll", "0.1", "--batch-rows", "700")
@@ -188,7 +188,9 @@ def test_a_cookbook_file_through_the_batch_api_killed_polling_resumed_then_retri
     head.write_text("".join(source.read_text().splitlines(keepends=True)[:40]))
     live = run(command(head, url, provider, "-o", "live"), tmp_path)
     assert live.returncode == 0, live.stderr
-    for through_batch, sent_live in zip(written[:40], results(tmp_path / "live-results.jsonl")):
+    for through_batch, sent_live in zip(
+        written[:40], results(tmp_path / "live-results.jsonl"), strict=True
+    ):
         if through_batch["ok"]:
             same = {"elapsed", "attempt_log", "data"}
             assert {k: v for k, v in through_batch.items() if k not in same} == {
@@ -277,4 +279,182 @@ def test_killed_in_each_phase_the_resumed_run_submits_no_part_twice(
         assert counts["files_alive"] == [], "the file of an upload cut short was deleted too"
     else:
         assert counts["batches_deleted"] == 3
-    assert all(state == "cleaned" or state == "dropped" for state, _ in parts(journal))
+    assert all(state in {"cleaned", "dropped"} for state, _ in parts(journal))
+
+
+# --- interrupted, cancelled, refused for the queue -----------------------------------------------
+def test_ctrl_c_leaves_the_batches_running_and_cancel_collects_what_they_ran(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 20)
+    url, key = endpoint(server, "openai", "pace=8")  # (it is cancelled long before it runs)
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.05", "--batch-rows", "10")
+    journal = tmp_path / "in-journal.sqlite3"
+    first = start(args, tmp_path)
+    wait_for(lambda: len(parts(journal)) == 2 and all(b for _, b in parts(journal)), first, "sent")
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130, stderr
+    assert "resume with: python -m batchsync" in stderr and "--batch-api" in stderr
+    assert "Traceback" not in stderr
+    assert [b["status"] for b in stats(server, key)["batches"]] == ["validating"] * 2
+
+    cancelled = run([*args, "--resume", "--cancel"], tmp_path)
+    assert cancelled.returncode == 1, cancelled.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert [row["index"] for row in written] == list(range(20))
+    assert {row["error_kind"] for row in written} == {"batch_cancelled"}, written
+    assert all(row["attempts"] == 0 for row in written)
+    counts = stats(server, key)
+    assert [b["status"] for b in counts["batches"]] == ["cancelled"] * 2
+    assert counts["files_alive"] == []
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_part_refused_for_the_enqueued_token_cap_waits_and_is_submitted_again(
+    server: MockServerProcess, tmp_path: Path, provider: str
+) -> None:
+    # Each row is about 20 tokens as the mock counts them: 10 rows a part, one part at a time.
+    source = cookbook(tmp_path / "in.jsonl", 30)
+    url, key = endpoint(server, provider, "pace=0.1,enqueued=300")
+    args = command(source, url, provider, "--batch-api", "--poll", "0.1", "--batch-rows", "10")
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 30)
+    counts = stats(server, key)
+    assert counts["refused_creates"] > 0, "the cap refused a part"
+    assert counts["batches_run"] == 3 and counts["twice"] == []
+    assert "enqueued-token cap" in done.stderr or "not submitted yet" in done.stderr
+
+
+# --- what a live run may not do, and what the command line refuses -------------------------------
+def test_a_live_run_is_refused_while_batches_of_the_journal_are_open(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 5)
+    url, key = endpoint(server, "openai", "pace=5")
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.05")
+    journal = tmp_path / "in-journal.sqlite3"
+    first = start(args, tmp_path)
+    wait_for(lambda: any(b for _, b in parts(journal)), first, "submitted")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = parts(journal)
+    for more in (["--resume"], ["--resume", "--live"], ["--resume", "--retry-failed", "--live"]):
+        refused = run([*command(source, url, "openai"), *more], tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in refused.stderr, lines
+        assert "still open" in lines[0] or "--batch-api" in lines[0]
+    assert parts(journal) == before
+    assert not list(tmp_path.glob("in-results.*")) and not list(tmp_path.glob("in-failed.*"))
+    assert stats(server, key)["batches_created"] == 1
+
+
+LIBRARY_RUN = """
+import json, sys
+from batchsync import Batch
+rows = [json.loads(line) for line in open(sys.argv[1])]
+Batch(rows, url=sys.argv[2], batch_api="auto", journal=sys.argv[3], poll=0.05, progress=False,
+      headers={"Authorization": "Bearer sk-canary-openai-7Qx"}).run()
+"""
+KEY_HEADER = {"Authorization": "Bearer sk-canary-openai-7Qx"}
+
+
+def test_a_notebooks_batch_submits_then_a_new_batch_later_collects_what_ran(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 12, {3: "[[expire]]"})
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    url, key = endpoint(server, "openai", "pace=0.5")
+    journal = tmp_path / "lab.sqlite3"
+    script = [sys.executable, "-c", LIBRARY_RUN, str(source), url, str(journal)]
+    closed_laptop = start(script, tmp_path)
+    wait_for(lambda: any(b for _, b in parts(journal)), closed_laptop, "submitted")
+    closed_laptop.send_signal(signal.SIGKILL)
+    closed_laptop.wait()
+
+    later = Batch(
+        rows, url=url, batch_api="auto", journal=journal, poll=0.05, progress=False,
+        headers=KEY_HEADER,
+    )  # fmt: skip
+    results_set = later.run()
+    assert [r.index for r in results_set] == list(range(12))
+    assert [r.id for r in results_set] == [{"row": n} for n in range(12)]
+    assert [r.error_kind for r in results_set if not r.ok] == ["batch_expired"]
+    assert results_set[0].data["object"] == "chat.completion"
+    counts = stats(server, key)
+    assert counts["batches_run"] == 1 and counts["twice"] == []
+    assert counts["files_alive"] == []
+    # Its expired row again through the batch endpoint, in a second pass.
+    again = later.run(retry_failed=True)
+    assert [r.index for r in again] == list(range(12))
+    assert stats(server, key)["batches_created"] == 2
+    assert again[3].error_kind == "batch_expired", "the marker expires it again"
+    assert again[3].attempts == 0
+    no_canary_in(tmp_path)
+
+
+def test_a_live_batch_is_refused_while_its_rows_are_in_batches_still_open(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    rows = [{"text": f"question {n}"} for n in range(4)]
+    body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+    url, key = endpoint(server, "openai", "pace=5")
+    journal = tmp_path / "j.sqlite3"
+    same = {"url": url, "method": "POST", "body": body, "journal": journal, "progress": False,
+            "headers": KEY_HEADER}  # fmt: skip
+    through_batch = Batch(rows, batch_api="auto", poll=0.05, deadline=1.0, **same)
+    assert {r.error_kind for r in through_batch.run()} == {"deadline"}
+    with pytest.raises(ValueError, match="still open"):
+        Batch(rows, **same).run(retry_failed=True)
+    assert stats(server, key)["batches_created"] == 1
+    assert server.get(f"/llm/{key}/stats")["requests"] == 0, "nothing was sent live"
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        (["--batch-api"], "needs --url"),
+        (["--url", "http://127.0.0.1:9/v1/other", "--row-as-body", "--batch-api"], "provider"),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api=openai"],
+            "must end in one of the endpoints",
+        ),
+        (
+            [
+                "--url",
+                "http://127.0.0.1:9/v1/messages",
+                "--row-as-body",
+                "--batch-api",
+                "--live",
+                "--resume",
+            ],
+            "contradict",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api", "--cancel"],
+            "--cancel",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--poll", "1"],
+            "go with batch_api",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api=azure"],
+            "azure",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api", "--dedup"],
+            "dedup",
+        ),
+    ],
+)
+def test_a_batch_run_that_cannot_be_is_exit_2_in_one_line_nothing_written(
+    tmp_path: Path, more: list[str], said: str
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 3)
+    refused = run([sys.executable, "-m", "batchsync", str(source), *more], tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert said in refused.stderr and "Traceback" not in refused.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]

@@ -471,7 +471,7 @@ class BatchRun:
         now = self._clock()
         plan = self._plan
         if plan.deadline is not None and now - self._started >= plan.deadline:
-            for part in followed.parts.values():
+            for part in list(followed.parts.values()):
                 if part.open:
                     self._ran_out(part, followed, "deadline")
             return True

@@ -307,13 +307,16 @@ class Batch(Resumable[FetchOptions]):
         **options: Unpack[FetchSettings],
     ) -> None:
         checked = taken(FetchOptions, options, "Batch.__init__")
-        self._template = None if url is None else Template.parse(url, method, body, id_field)
         if url is None and (method != "GET" or body is not None or id_field is not None):
             raise ValueError("method, body and id_field go with url= (a template for rows)")
+        self._template = None if url is None else Template.parse(url, method, body, id_field)
         if checked.batch_api is not None:
             if url is None:
                 raise ValueError("batch_api needs url= (the endpoint) and the rows as items")
             endpoint_of(url, checked.batch_api)
+            # Every row a POST; without body=, the row itself less its metadata (as the
+            # command line's --row-as-body).
+            self._template = Template.parse(url, "POST", body, id_field, row_as_body=body is None)
         # The submissions to a batch endpoint of a batch without a journal.
         self._ledger = Ledger()
         self._cancelling = False
