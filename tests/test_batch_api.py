@@ -23,6 +23,7 @@ import pytest
 
 from batchsync import Batch
 
+from . import test_journal_tamper as tamper
 from .mockserver import ROOT, MockServerProcess
 
 pytestmark = pytest.mark.integration
@@ -402,8 +403,10 @@ def test_a_live_batch_is_refused_while_its_rows_are_in_batches_still_open(
     body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
     url, key = endpoint(server, "openai", "pace=5")
     journal = tmp_path / "j.sqlite3"
-    same = {"url": url, "method": "POST", "body": body, "journal": journal, "progress": False,
-            "headers": KEY_HEADER}  # fmt: skip
+    same: dict[str, Any] = {
+        "url": url, "method": "POST", "body": body, "journal": journal, "progress": False,
+        "headers": KEY_HEADER,
+    }  # fmt: skip
     through_batch = Batch(rows, batch_api="auto", poll=0.05, deadline=1.0, **same)
     assert {r.error_kind for r in through_batch.run()} == {"deadline"}
     with pytest.raises(ValueError, match="still open"):
@@ -458,3 +461,56 @@ def test_a_batch_run_that_cannot_be_is_exit_2_in_one_line_nothing_written(
     assert refused.returncode == 2, refused.stderr
     assert said in refused.stderr and "Traceback" not in refused.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+# --- a tampered journal ---------------------------------------------------------------------------
+# Tamperings a run cannot tell from a journal as a run leaves it, and what they cost.
+UNTOLD: dict[tuple[str | None, str], str] = {
+    (None, "drop"): "a journal made before submissions has none: its open parts' rows would "
+    "be submitted again (a cost, never a row's Result mixed up); documented",
+    (None, "delete"): "a journal whose last part was never recorded looks the same: as drop",
+}
+
+
+def test_every_tampering_of_the_submissions_is_refused_before_anything_is_sent(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """The journal's ``submissions`` rows say which batch to poll and which files to delete:
+    each value of each row altered (as tests/test_journal_tamper.py alters the other tables),
+    a row copied or deleted, is refused in one line naming the table, the journal as it was."""
+    source = cookbook(tmp_path / "in.jsonl", 6)
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    url, _ = endpoint(server, "openai", "pace=30")
+    folder = tmp_path / "source"
+    folder.mkdir()
+    journal = folder / "lab.sqlite3"
+    script = [sys.executable, "-c", LIBRARY_RUN, str(source), url, str(journal)]
+    with_open_parts = start([*script[:3], str(source), url, str(journal)], tmp_path)
+    wait_for(lambda: any(b for _, b in parts(journal)), with_open_parts, "submitted")
+    with_open_parts.send_signal(signal.SIGKILL)
+    with_open_parts.wait()
+    for stale in folder.glob("*.lock"):
+        stale.unlink()
+    arguments: dict[str, Any] = {"url": url, "batch_api": "auto", "progress": False}
+    Batch(rows, journal=journal, **arguments)  # (trusted as it is)
+
+    failures, refused = [], 0
+    for number, case in enumerate(tamper.cases(journal, "submissions")):
+        copy = tamper.copy_of(folder, tmp_path / str(number))
+        altered = copy / "lab.sqlite3"
+        if not tamper.apply(altered, case):
+            continue
+        before = tamper.snapshot(copy)
+        try:
+            Batch(rows, journal=altered, **arguments)
+        except ValueError as exc:
+            problem = tamper.refusal_problem(case, 2, str(exc))
+            if problem is None and tamper.snapshot(copy) != before:
+                problem = "the journal changed"
+            refused += problem is None
+        else:
+            problem = None if (case.column, case.tampering) in UNTOLD else "trusted"
+        if problem is not None:
+            failures.append(f"{case}: {problem}")
+    assert not failures, "\n".join(failures)
+    assert refused > 100

@@ -9,8 +9,10 @@ import json
 import pytest
 
 from batchsync import Batch
+from batchsync.batches.client import upload_name
 from batchsync.batches.providers import (
     answer_of,
+    belongs_to,
     custom_id,
     endpoint_of,
     index_of,
@@ -23,6 +25,7 @@ from batchsync.store.submissions import (
     Covered,
     Part,
     indexes_in,
+    overlap_problem,
     part_of,
     ranges_of,
     row_of,
@@ -152,8 +155,10 @@ def test_a_parts_rows_are_kept_as_runs_and_found_again() -> None:
 
 
 def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
-    part = Part(1, 1, "openai", ((0, 9),)).moved("planned", 1_700_000_000.0)
-    part = part.moved("in_progress", 1_700_000_001.0, batch="batch_1", input_file="file-1")
+    part = Part(1, 1, "openai", ((0, 9),), upload=upload_name(1)).moved("planned", 1.7e9)
+    part = part.moved(
+        "in_progress", 1.7e9 + 1, batch="batch_1", input_file="file-1", submitted=1.7e9 + 1
+    )
     row = row_of(part)
     assert submission_problem(row, 10, {1}) is None
     assert part_of(row) == part
@@ -170,13 +175,19 @@ def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
         (3, "[[0, 3], [3, 5]]", "rows"),
         (4, "In Progress", "state"),
         (6, "../../v1/files", "id"),
+        (6, "batch_1", "batch is set for a part the provider has not"),
+        (5, "file-1", "input_file is set for a part with no upload"),
+        (5, "batch_1", "not a file id"),
+        (14, None, "upload"),
+        (0, 11, "part"),
         (10, "NaN", "time"),
         (11, '[[1, "x y"]]', "history"),
         (12, -1, "tokens"),
     ],
 )
 def test_a_tampered_submissions_row_is_not_trusted(column: int, value: object, said: str) -> None:
-    row = list(row_of(Part(1, 1, "openai", ((0, 9),)).moved("planned", 1_700_000_000.0)))
+    part = Part(1, 1, "openai", ((0, 9),), upload=upload_name(1)).moved("planned", 1.7e9)
+    row = list(row_of(part))
     row[column] = value
     problem = submission_problem(row, 10, {1})
     assert problem is not None and said in problem
@@ -191,3 +202,25 @@ def test_batch_options_go_with_batch_api_and_refuse_what_a_batch_cannot_honour()
         Batch([], url=OPENAI, method="POST", batch_api="auto", dedup=True)
     with pytest.raises(ValueError, match="cannot tell the provider"):
         Batch([], url="https://example.com/x", method="POST", batch_api="auto")
+
+
+def test_no_row_is_in_two_parts_of_a_pass_and_parts_are_numbered_in_turn() -> None:
+    first = Part(1, 1, "openai", ((0, 4),), state="in_progress")
+    assert overlap_problem([first, Part(2, 1, "openai", ((5, 9),))]) is None
+    assert overlap_problem([first, Part(2, 2, "openai", ((0, 4),))]) is None, "a retry pass"
+    dropped = Part(1, 1, "openai", ((0, 4),), state="dropped")
+    assert overlap_problem([dropped, Part(2, 1, "openai", ((0, 4),))]) is None
+    twice = overlap_problem([first, Part(2, 1, "openai", ((4, 6),))])
+    assert twice is not None and "another part" in twice
+    gap = overlap_problem([first, Part(3, 1, "openai", ((5, 9),))])
+    assert gap is not None and "next number" in gap
+
+
+def test_a_batch_at_the_provider_is_taken_for_a_part_only_when_it_was_made_of_it() -> None:
+    part = Part(1, 1, "openai", ((0, 9),), input_file="file-a")
+    assert belongs_to("openai", {"input_file_id": "file-a"}, part)
+    assert not belongs_to("openai", {"input_file_id": "file-b"}, part)
+    rows = Part(1, 1, "anthropic", ((0, 9),))
+    counts = {"processing": 4, "succeeded": 6, "errored": 0, "canceled": 0, "expired": 0}
+    assert belongs_to("anthropic", {"request_counts": counts}, rows)
+    assert not belongs_to("anthropic", {"request_counts": {**counts, "processing": 5}}, rows)

@@ -17,7 +17,8 @@ import requests
 
 from ..core.backoff import Backoff, parse_retry_after
 from ..core.redact import Secrets
-from .providers import Endpoint, Files, provider_id
+from ..store.submissions import well_formed
+from .providers import Endpoint, Files
 
 # Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
 Pause = Callable[[float], bool]
@@ -88,7 +89,7 @@ class Client:
             data={"purpose": "batch"},
             files={"file": (name, content, "application/jsonl")},
         )
-        file_id = provider_id(answer.get("id"))
+        file_id = well_formed("openai", "file", answer.get("id"))
         if file_id is None:
             raise ProviderRefused("the Files API answered without a file id")
         return file_id
@@ -129,6 +130,13 @@ class Client:
         data = answer.get("data") if isinstance(answer, Mapping) else None
         return [batch for batch in data or () if isinstance(batch, Mapping)]
 
+    def file_name(self, file_id: str) -> str | None:
+        """OpenAI: the name a file was uploaded under (None: it is gone)."""
+        assert self._files is not None
+        answer = self._json("GET", f"{self._files}/{file_id}", "look at a file", missing_ok=True)
+        name = answer.get("filename") if isinstance(answer, Mapping) else None
+        return name if isinstance(name, str) else None
+
     def file_named(self, name: str) -> str | None:
         """OpenAI: the id of the batch file uploaded under ``name`` (a part's own, with its
         nonce), or None when there is none."""
@@ -139,7 +147,7 @@ class Client:
         data = answer.get("data") if isinstance(answer, Mapping) else None
         for found in data or ():
             if isinstance(found, Mapping) and found.get("filename") == name:
-                return provider_id(found.get("id"))
+                return well_formed("openai", "file", found.get("id"))
         return None
 
     # --- collecting ----------------------------------------------------------------------------

@@ -11,13 +11,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..core.verdict import ErrorKind
+from ..store.submissions import ENDED, STATUSES, Part, Provider, well_formed
 
-Provider = Literal["openai", "anthropic"]
-PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 # ``--batch-api`` alone: the provider the URL's path names.
 AUTO = "auto"
 
@@ -30,9 +29,6 @@ CAPS: dict[Provider, tuple[int, int]] = {
 # The OpenAI endpoints a batch may run (one per batch: the URL's path names it).
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
 
-# What the provider's ids look like: they go into the paths of later calls, so anything else
-# (a journal edited to hold "../x") is refused rather than sent.
-_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 # A row's custom_id: its input index (Anthropic allows 64 of [A-Za-z0-9_-]).
 _CUSTOM_ID = re.compile(r"row-(0|[1-9][0-9]{0,17})")
 # Anthropic's error types as the HTTP status a live call would have been answered with.
@@ -124,11 +120,6 @@ def index_of(given: object) -> int | None:
     return None
 
 
-def provider_id(value: object) -> str | None:
-    """``value`` when it looks like a provider's id (safe in a URL's path), else None."""
-    return value if isinstance(value, str) and _ID.fullmatch(value) else None
-
-
 def request_line(endpoint: Endpoint, index: int, body: Mapping[str, Any]) -> bytes:
     """One row as the provider takes it: OpenAI's JSONL line, Anthropic's request object."""
     if endpoint.provider == "openai":
@@ -148,23 +139,6 @@ def submission_size(provider: Provider, lines: int, line_bytes: int) -> int:
 
 
 # --- a batch's status ------------------------------------------------------------------------
-# Every status a batch may report, by provider, and those after which nothing changes.
-STATUSES: dict[Provider, tuple[str, ...]] = {
-    "openai": (
-        "validating",
-        "in_progress",
-        "finalizing",
-        "completed",
-        "failed",
-        "expired",
-        "cancelling",
-        "cancelled",
-    ),
-    "anthropic": ("in_progress", "canceling", "ended"),
-}
-_ENDED = {"completed", "failed", "expired", "cancelled", "ended"}
-
-
 def status_of(provider: Provider, batch: Mapping[str, Any]) -> str | None:
     """The batch's status as the provider says it, or None when it says none we know."""
     status = batch.get("status" if provider == "openai" else "processing_status")
@@ -172,7 +146,19 @@ def status_of(provider: Provider, batch: Mapping[str, Any]) -> str | None:
 
 
 def has_ended(status: str) -> bool:
-    return status in _ENDED
+    return status in ENDED
+
+
+def belongs_to(provider: Provider, batch: Mapping[str, Any], part: Part) -> bool:
+    """Whether the provider's ``batch`` can be the one made of ``part``: OpenAI's was made of
+    its uploaded file; Anthropic's holds as many rows (it names nothing else of them)."""
+    if provider == "openai":
+        return part.input_file is not None and batch.get("input_file_id") == part.input_file
+    counts = batch.get("request_counts")
+    if not isinstance(counts, Mapping):
+        return False
+    total = sum(value for value in counts.values() if isinstance(value, int))
+    return total == part.size
 
 
 def refused_for_tokens(batch: Mapping[str, Any]) -> bool:
@@ -209,7 +195,8 @@ class Files:
 def files_of(provider: Provider, batch: Mapping[str, Any]) -> Files:
     if provider == "openai":
         return Files(
-            provider_id(batch.get("output_file_id")), provider_id(batch.get("error_file_id"))
+            well_formed(provider, "file", batch.get("output_file_id")),
+            well_formed(provider, "file", batch.get("error_file_id")),
         )
     url = batch.get("results_url")
     return Files(results_url=url if isinstance(url, str) else None)

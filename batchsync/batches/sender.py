@@ -38,6 +38,7 @@ from ..store.submissions import (
     Part,
     indexes_in,
     ranges_of,
+    well_formed,
 )
 from .client import Client, ProviderRefused, Stopped, upload_name
 from .providers import (
@@ -45,10 +46,10 @@ from .providers import (
     Answer,
     Endpoint,
     answer_of,
+    belongs_to,
     failure_text,
     files_of,
     has_ended,
-    provider_id,
     refused_for_tokens,
     request_line,
     status_of,
@@ -124,6 +125,10 @@ class _Followed:
     tokens: dict[int, list[int]] = field(default_factory=dict)
 
 
+class BatchApiFailed(OSError):
+    """The run cannot go on without risking a row twice or another's results as its own."""
+
+
 class BatchRun:
     """Sends the rows left through the batch endpoint (see the module docstring); stoppable
     from a signal handler (``stop``)."""
@@ -181,6 +186,8 @@ class BatchRun:
             self._follow(followed)
         except Stopped:
             pass
+        except ProviderRefused as exc:  # (a part it could not tell the state of)
+            raise BatchApiFailed(str(exc)) from None
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]], followed: _Followed) -> None:
@@ -299,16 +306,16 @@ class BatchRun:
         was not recorded), or None: OpenAI's by its input file, Anthropic's by when it was
         made and its number of rows, when exactly one matches."""
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
+        provider = self._plan.endpoint.provider
         candidates = []
         for batch in self._client.recent():
-            if provider_id(batch.get("id")) is None or batch.get("id") in known:
+            if well_formed(provider, "batch", batch.get("id")) is None or batch.get("id") in known:
                 continue
             if refused_for_tokens(batch):  # (an earlier try of this part that never ran)
                 continue
-            if self._plan.endpoint.provider == "openai":
-                if part.input_file is not None and batch.get("input_file_id") == part.input_file:
-                    candidates.append(batch)
-            elif _anthropic_match(batch, part):
+            if belongs_to(provider, batch, part) and (
+                provider == "openai" or _made_since(batch, part)
+            ):
                 candidates.append(batch)
         if len(candidates) > 1:
             raise ProviderRefused(
@@ -320,7 +327,9 @@ class BatchRun:
     def _record(self, part: Part, batch: Any) -> Part:
         """``part`` with the batch the provider made of it, recorded with its status."""
         provider = self._plan.endpoint.provider
-        batch_id = provider_id(batch.get("id")) if isinstance(batch, Mapping) else None
+        batch_id = (
+            well_formed(provider, "batch", batch.get("id")) if isinstance(batch, Mapping) else None
+        )
         status = status_of(provider, batch) if isinstance(batch, Mapping) else None
         if batch_id is None or status is None:
             raise ProviderRefused("the provider answered the create without a batch id or status")
@@ -375,6 +384,12 @@ class BatchRun:
         if status is None:
             log.warning("the batch %s answered without a known status: polling again", part.batch)
             return
+        if not belongs_to(provider, batch, part):
+            raise BatchApiFailed(
+                f"the provider's batch {part.batch} is not the one made of part {part.number} "
+                "as the journal records it (another file or row count): the journal was altered "
+                "or mixed up; nothing of it is taken"
+            )
         part = part.moved(status, self._unix_time())
         self._save(part, followed)
         if not has_ended(status):
@@ -516,11 +531,23 @@ class BatchRun:
             self._ledger.save(part.moved(CLEANED, self._unix_time()))
 
     def _clean(self, part: Part) -> None:
-        if self._plan.endpoint.provider == "anthropic":
-            if part.batch is not None:
-                self._client.delete_batch(part.batch)
+        """Delete what the provider keeps of ``part``: only what its batch names as its own
+        (its files; Anthropic: the batch), or the file uploaded under the part's own name, so
+        that an id altered in the journal never deletes another's file or batch."""
+        provider = self._plan.endpoint.provider
+        if part.batch is None:
+            uploaded = part.input_file is not None and part.upload is not None
+            if uploaded and self._client.file_name(part.input_file or "") == part.upload:
+                self._client.delete_file(part.input_file or "")
             return
-        for file_id in (part.input_file, part.output_file, part.error_file):
+        batch = self._client.retrieve(part.batch)
+        if not (isinstance(batch, Mapping) and belongs_to(provider, batch, part)):
+            return
+        if provider == "anthropic":
+            self._client.delete_batch(part.batch)
+            return
+        for name in ("input_file_id", "output_file_id", "error_file_id"):
+            file_id = well_formed(provider, "file", batch.get(name))
             if file_id is not None:
                 self._client.delete_file(file_id)
 
@@ -630,15 +657,15 @@ def _unsent(
     )
 
 
-def _anthropic_match(batch: Mapping[str, Any], part: Part) -> bool:
-    """Whether an Anthropic batch could be the one made of ``part`` (caught ``submitting``):
-    created since shortly before the part was, with as many rows."""
-    counts = batch.get("request_counts")
-    if not isinstance(counts, Mapping) or part.submitted is None:
-        return False
-    total = sum(value for value in counts.values() if isinstance(value, int))
+def _made_since(batch: Mapping[str, Any], part: Part) -> bool:
+    """Whether an Anthropic batch was created since shortly before ``part`` was submitted
+    (the two clocks may differ)."""
     created = _rfc3339(batch.get("created_at"))
-    return total == part.size and created is not None and created >= part.submitted - _CLOCK_SKEW
+    return (
+        part.submitted is not None
+        and created is not None
+        and (created >= part.submitted - _CLOCK_SKEW)
+    )
 
 
 def _rfc3339(value: object) -> float | None:

@@ -40,7 +40,7 @@ from ..core.history import Pass, Stint, totals
 from ..core.kinds import KINDS, NOT_FINAL
 from ..core.records import dumps
 from ..core.result import AttemptRecord, Listing, Result, Summary, Trace, kept, summarize
-from .submissions import COLUMNS, Part, part_of, submission_problem
+from .submissions import COLUMNS, Part, overlap_problem, part_of, submission_problem
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -1048,10 +1048,15 @@ def check(
             if problem is not None:
                 return f"waits row {rowid}: {problem}"
     if "submissions" in tables:
+        parts = []
         for row in db.execute("SELECT * FROM submissions"):
             problem = submission_problem(row, int(identity["entries"]), numbers or {1})
             if problem is not None:
                 return f"submissions row {row[0]}: {problem}"
+            parts.append(part_of(row))
+        problem = overlap_problem(parts)
+        if problem is not None:
+            return problem
     columns = [column[0] for column in _tables_of(db)["results"]]
     query = "SELECT * FROM results" if "pass" in columns else "SELECT *, 1 FROM results"
     size, paged, latest = int(identity["entries"]), "paging" in identity, max(numbers, default=1)

@@ -30,10 +30,42 @@ PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 # ``dropped``: a part a later run found without a batch, its rows put in new parts.
 PLANNED, UPLOADED, SUBMITTING, WAITING = "planned", "uploaded", "submitting", "waiting"
 COLLECTED, CLEANED, DROPPED = "collected", "cleaned", "dropped"
-# What the providers report (``batches.providers.STATUSES``), as far as the journal is
-# concerned: a word, checked before it is trusted.
-_STATUS = re.compile(r"[a-z_]{1,20}")
+OURS = (PLANNED, UPLOADED, SUBMITTING, WAITING, COLLECTED, CLEANED, DROPPED)
+# Every status a batch may report, by provider, and those after which nothing changes.
+STATUSES: dict[Provider, tuple[str, ...]] = {
+    "openai": (
+        "validating",
+        "in_progress",
+        "finalizing",
+        "completed",
+        "failed",
+        "expired",
+        "cancelling",
+        "cancelled",
+    ),
+    "anthropic": ("in_progress", "canceling", "ended"),
+}
+ENDED = frozenset({"completed", "failed", "expired", "cancelled", "ended"})
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+# What each provider's ids begin with (its files', its batches'): an id of another form is
+# not one the provider gave (a compatible server gives them in the same forms).
+ID_FORMS: dict[Provider, dict[str, str]] = {
+    "openai": {"file": "file-", "batch": "batch_"},
+    "anthropic": {"batch": "msgbatch_"},
+}
+
+
+def well_formed(provider: Provider, kind: str, value: object) -> str | None:
+    """``value`` when it is an id of ``kind`` (``file``, ``batch``) as ``provider`` gives
+    them (safe in a URL's path too), else None."""
+    prefix = ID_FORMS[provider].get(kind)
+    if prefix is None or not isinstance(value, str) or not _ID.fullmatch(value):
+        return None
+    return value if value.startswith(prefix) and len(value) > len(prefix) else None
+
+
+# The most tokens a part's answers may have used (a count past it is no count of ours).
+_MOST_TOKENS = 2**53
 _UPLOAD = re.compile(r"batchsync-part-[0-9]{1,9}-[0-9a-f]{12}\.jsonl")
 
 Ranges = tuple[tuple[int, int], ...]
@@ -202,31 +234,82 @@ def part_of(row: Sequence[Any]) -> Part:
 # --- what a row must hold before a run trusts it ---------------------------------------------
 def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str | None:
     """What makes a ``submissions`` row (its columns in the schema's order) untrustworthy for
-    a journal of ``size`` items whose passes are ``passes``, or None."""
-    number, passing, provider, rows, state, *ids = row[:9]
-    submitted, updated, history, input_tokens, output_tokens, upload = row[9:15]
-    if not _count(number, 1):
-        return "part is not a number from 1"
+    a journal of ``size`` items whose passes are ``passes``, or None: each value, then what
+    its state says it must hold (a batch id once the provider made one, files as they came)."""
+    number, passing, provider, rows, state = row[:5]
+    submitted, _, history, input_tokens, output_tokens, upload = row[9:15]
+    if not (_count(number, 1) and number <= size):
+        return "part is not a number from 1 to the items' count"
     if passing not in passes:
         return "pass is not a pass of the journal"
     if provider not in PROVIDERS:
         return "provider is not one batchsync submits to"
-    runs = _json(rows)
-    if not _runs(runs, size):
+    if not _runs(_json(rows), size):
         return "rows are not runs of the input's indexes"
-    if not (isinstance(state, str) and _STATUS.fullmatch(state)):
-        return "state is not a state"
-    if not all(value is None or (isinstance(value, str) and _ID.fullmatch(value)) for value in ids):
-        return "an id is not a provider's id"
-    if not (submitted is None or _moment(submitted)) or not _moment(updated):
-        return "a time is not a time"
+    if not (isinstance(state, str) and state in (*OURS, *STATUSES[provider])):
+        return "state is not one of a part"
+    problem = _values_problem(row)
+    if problem is not None:
+        return problem
     entries = _json(history)
-    if not isinstance(entries, list) or not all(_history_entry(entry) for entry in entries):
+    if not isinstance(entries, list) or not all(_history_entry(e, provider) for e in entries):
         return "history is not a list of (time, state)"
-    if not (_count(input_tokens) and _count(output_tokens)):
+    if not (_tokens(input_tokens) and _tokens(output_tokens)):
         return "tokens are not counts"
     if not (upload is None or (isinstance(upload, str) and _UPLOAD.fullmatch(upload))):
         return "upload is not a name batchsync uploads under"
+    if (upload is None) != (provider == "anthropic"):
+        return "upload is not what the provider takes"
+    return _state_problem(provider, state, row[5:9], submitted)
+
+
+def _values_problem(row: Sequence[Any]) -> str | None:
+    provider, ids, (submitted, updated) = row[2], row[5:9], row[9:11]
+    for value, kind in zip(ids, ("file", "batch", "file", "file"), strict=True):
+        if value is not None and well_formed(provider, kind, value) is None:
+            return f"an id is not a {kind} id as {provider} gives them"
+    if not (submitted is None or _moment(submitted)) or not _moment(updated):
+        return "a time is not a time"
+    return None
+
+
+def _state_problem(
+    provider: Provider, state: str, ids: Sequence[Any], submitted: object
+) -> str | None:
+    """What a part in ``state`` lacks or holds that it cannot (``ids``: its input file,
+    batch, output and error files)."""
+    input_file, batch, output_file, error_file = ids
+    made = state in STATUSES[provider]  # (the provider made its batch and said so)
+    ended = state in (COLLECTED, CLEANED)
+    if made and batch is None:
+        return "batch is missing for a part the provider has"
+    if state in (PLANNED, UPLOADED, SUBMITTING, WAITING, DROPPED) and batch is not None:
+        return "batch is set for a part the provider has not"
+    if (made or state in (UPLOADED, SUBMITTING)) and provider == "openai" and input_file is None:
+        return "input_file is missing for a part uploaded"
+    if (provider == "anthropic" or state == PLANNED) and input_file is not None:
+        return "input_file is set for a part with no upload"
+    if not ended and (output_file is not None or error_file is not None):
+        return "output_file or error_file is set for a part not collected"
+    if (made or state == SUBMITTING) and submitted is None:
+        return "submitted is missing for a part sent"
+    return None
+
+
+def overlap_problem(parts: Iterable[Part]) -> str | None:
+    """The first part whose rows another part has too (no row is in two parts of a pass but
+    a dropped one's), or whose number is not the next (parts are numbered 1, 2, …), or
+    None."""
+    taken: set[tuple[int, int]] = set()
+    for expected, part in enumerate(sorted(parts, key=lambda p: p.number), start=1):
+        if part.number != expected:
+            return f"submissions row {part.number}: part is not the next number ({expected})"
+        if part.state == DROPPED:  # (its rows went into a later part)
+            continue
+        for index in indexes_in(part.rows):
+            if (part.passing, index) in taken:
+                return f"submissions row {part.number}: rows are in another part of its pass"
+            taken.add((part.passing, index))
     return None
 
 
@@ -259,11 +342,14 @@ def _runs(runs: Any, size: int) -> bool:
     return True
 
 
-def _history_entry(entry: Any) -> bool:
+def _history_entry(entry: Any, provider: Provider) -> bool:
     return (
         isinstance(entry, list)
         and len(entry) == 2
         and _moment(entry[0])
-        and isinstance(entry[1], str)
-        and _STATUS.fullmatch(entry[1]) is not None
+        and entry[1] in (*OURS, *STATUSES[provider])
     )
+
+
+def _tokens(value: object) -> bool:
+    return _count(value) and value < _MOST_TOKENS  # type: ignore[operator]
