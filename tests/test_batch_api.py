@@ -6,18 +6,20 @@ submitted twice, as the mock counts; no secret in any byte written."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -514,3 +516,140 @@ def test_every_tampering_of_the_submissions_is_refused_before_anything_is_sent(
             failures.append(f"{case}: {problem}")
     assert not failures, "\n".join(failures)
     assert refused > 100
+
+
+# --- the wait bounded, the files kept -------------------------------------------------------------
+def test_the_deadline_ends_the_wait_and_a_retry_polls_the_same_batch(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 8)
+    url, key = endpoint(server, "openai", "pace=1")
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.1")
+    ended = run([*args, "--deadline", "0.5"], tmp_path)
+    assert ended.returncode == 1, ended.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert {row["error_kind"] for row in written} == {"deadline"}
+    assert "still validating at the provider" in written[0]["error"]
+    assert [b["status"] for b in stats(server, key)["batches"]] != ["cancelled"]
+
+    again = run([*args, "--retry-failed"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 8)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1, "the retry polled the batch it had, not a new one"
+    assert counts["files_alive"] == []
+
+
+def test_keep_files_leaves_the_files_at_the_provider(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 4, {1: "[[expire]]"})
+    url, key = endpoint(server, "openai", "pace=0.1")
+    done = run(
+        command(source, url, "openai", "--batch-api", "--poll", "0.05", "--keep-files"), tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    # The input, output and error files.
+    assert len(stats(server, key)["files_alive"]) == 3
+    assert {state for state, _ in parts(tmp_path / "in-journal.sqlite3")} == {"cleaned"}
+
+
+# --- a hostile provider ---------------------------------------------------------------------------
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Another origin: records every request it gets (none should come)."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(dict(self.headers))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A batch API that points elsewhere: Anthropic's results URL on another origin, and
+    OpenAI's batch answered by a redirect there."""
+
+    elsewhere = ""
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        if self.path.endswith("/files"):
+            self._json({"id": "file-1", "object": "file"})
+        else:
+            self._batch()
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/openai/"):
+            self.send_response(302)
+            self.send_header("Location", f"{self.elsewhere}/batch")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._batch()
+
+    def _batch(self) -> None:
+        if self.path.startswith("/openai/"):
+            self._json({"id": "batch_1", "status": "validating", "input_file_id": "file-1"})
+            return
+        counts = {"processing": 0, "succeeded": 3, "errored": 0, "canceled": 0, "expired": 0}
+        self._json(
+            {
+                "id": "msgbatch_1",
+                "processing_status": "ended",
+                "request_counts": counts,
+                "results_url": f"{self.elsewhere}/results",
+            }
+        )
+
+    def _json(self, payload: object) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def hostile() -> Iterator[str]:
+    recorder = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    provider = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    _Hostile.elsewhere = f"http://127.0.0.1:{recorder.server_address[1]}"
+    _Recorder.seen.clear()
+    for running in (recorder, provider):
+        threading.Thread(target=running.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{provider.server_address[1]}"
+    finally:
+        for running in (recorder, provider):
+            running.shutdown()
+            running.server_close()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_the_api_key_goes_to_the_endpoints_origin_only(
+    hostile: str, tmp_path: Path, provider: str
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 3)
+    url = f"{hostile}/{provider}{PROVIDERS[provider][0]}"
+    args = command(source, url, provider, "--batch-api", "--poll", "0.05", "--deadline", "1.5")
+    done = run([*args, "-vv"], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert _Recorder.seen == [], "nothing went to the other origin"
+    written = results(tmp_path / "in-results.jsonl")
+    if provider == "anthropic":
+        assert {row["error_kind"] for row in written} == {"batch_errored"}
+        assert "another origin" in written[0]["error"]
+    else:  # (the redirect is not followed: the batch is never seen to end)
+        assert {row["error_kind"] for row in written} == {"deadline"}
+    no_canary_in(tmp_path)
+    assert not any(canary.decode() in done.stderr for canary in CANARIES)

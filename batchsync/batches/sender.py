@@ -434,10 +434,13 @@ class BatchRun:
                 else:
                     failures[result.index] = result
         except ProviderRefused as exc:
+            self._give_failures(failures)
+            if not exc.retryable:
+                self._fail_part(part, followed, str(exc), exc.status)
+                return
             log.warning(
                 "could not read the results of the batch %s (%s): trying again", part.batch, exc
             )
-            self._give_failures(failures)
             return
         unlisted = Answer(0, False, None, None, "batch_errored", _UNLISTED)
         for index in sorted(rows - done):
@@ -453,7 +456,9 @@ class BatchRun:
         self._save(part, followed)
 
     def _fail_part(self, part: Part, followed: _Followed, reason: str, status: int | None) -> None:
-        """Every row of a part that cannot run gets a ``batch_errored`` Result saying why."""
+        """Every row of a part that cannot run (or whose results cannot be had) and has no
+        Result yet gets a ``batch_errored`` one saying why."""
+        done = followed.delivered.get(part.number, set())
         self._give_failures(
             {
                 index: _unsent(
@@ -465,6 +470,7 @@ class BatchRun:
                     status=status,
                 )
                 for index in indexes_in(part.rows)
+                if index not in done
             }
         )
         self._save(part.moved(COLLECTED, self._unix_time()), followed)
