@@ -653,3 +653,25 @@ def test_the_api_key_goes_to_the_endpoints_origin_only(
         assert {row["error_kind"] for row in written} == {"deadline"}
     no_canary_in(tmp_path)
     assert not any(canary.decode() in done.stderr for canary in CANARIES)
+
+
+def test_cancel_reaches_a_batch_whose_rows_the_deadline_ended_then_live_may_go_on(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 5)
+    url, key = endpoint(server, "openai", "pace=8,rpm=100000,tpm=100000000")
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.1")
+    assert run([*args, "--deadline", "0.5"], tmp_path).returncode == 1
+    written = results(tmp_path / "in-results.jsonl")
+    assert {row["error_kind"] for row in written} == {"deadline"}
+    assert all(row["elapsed"] >= 0.4 for row in written), "the time the rows waited"
+    live = command(source, url, "openai", "--retry-failed", "--live")
+    assert run(live, tmp_path).returncode == 2, "the batch still holds the rows"
+
+    cancelled = run([*args, "--resume", "--cancel"], tmp_path)
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert [b["status"] for b in stats(server, key)["batches"]] == ["cancelling"]
+    went_live = run(live, tmp_path)
+    assert went_live.returncode == 0, went_live.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 5)
+    assert server.get(f"/llm/{key}/stats")["requests"] == 5

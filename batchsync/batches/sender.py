@@ -120,6 +120,8 @@ class _Followed:
     lines: dict[int, list[bytes]] = field(default_factory=dict)
     # When each waiting part may be submitted again (the monotonic clock).
     retry_at: dict[int, float] = field(default_factory=dict)
+    # The parts whose last create got no answer (it may have made the batch).
+    unanswered: set[int] = field(default_factory=set)
     # The rows of each part delivered so far, and the tokens their answers used.
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
@@ -217,6 +219,10 @@ class BatchRun:
             if number is not None:
                 followed.parts[number] = known[number]
                 continue
+            if plan.cancel:  # (nothing new is submitted to be cancelled)
+                reason = "cancelled (--cancel) before it was submitted"
+                self._give(_unsent(index, self._url, spec.id, reason, kind="batch_cancelled"), item)
+                continue
             if submission_size(provider, 1, len(line)) > plan.max_bytes:
                 reason = f"the row is larger than a submission may be ({plan.max_bytes} bytes)"
                 self._give(_unsent(index, self._url, spec.id, reason), item)
@@ -278,19 +284,22 @@ class BatchRun:
                 file_id = self._client.upload(lines, part.upload or upload_name(part.number))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
+            # (a create that got no answer before may have made the batch: looked for first)
+            found = self._find(part) if part.number in followed.unanswered else None
             part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
             self._save(part, followed)
             try:
-                batch = self._client.create(
+                batch = found or self._client.create(
                     input_file=part.input_file, lines=lines, part=part.number
                 )
             except ProviderRefused as exc:
-                if exc.status is not None and not exc.retryable:
+                if exc.status is not None and exc.status < 500:
+                    raise  # (answered: no batch was made)
+                followed.unanswered.add(part.number)
+                batch = self._find(part)
+                if batch is None:
                     raise
-                found = self._find(part)
-                if found is None:
-                    raise
-                batch = found
+            followed.unanswered.discard(part.number)
             self._save(self._record(part, batch), followed)
             followed.lines.pop(part.number, None)
         except ProviderRefused as exc:
@@ -476,14 +485,19 @@ class BatchRun:
         self._save(part.moved(COLLECTED, self._unix_time()), followed)
 
     def _cancel_all(self, followed: _Followed) -> None:
-        """--cancel: ask the provider to cancel every batch followed; what they ran is still
-        collected."""
-        for part in list(followed.parts.values()):
-            if part.batch is not None and part.open:
-                try:
-                    self._client.cancel(part.batch)
-                except ProviderRefused as exc:
-                    log.warning("could not cancel the batch %s: %s", part.batch, exc)
+        """--cancel: ask the provider to cancel every batch of the run still open; what the
+        followed ones ran is still collected. One whose rows all have Results already (the
+        deadline or budget ended their wait) is done with once cancelled: its rows keep them."""
+        for part in self._ledger.parts():
+            if part.batch is None or not part.open:
+                continue
+            try:
+                self._client.cancel(part.batch)
+            except ProviderRefused as exc:
+                log.warning("could not cancel the batch %s: %s", part.batch, exc)
+                continue
+            if part.number not in followed.parts:
+                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self, followed: _Followed) -> bool:
         """End the wait of the parts the deadline or budget leaves no time for: each of their
@@ -510,9 +524,13 @@ class BatchRun:
             f"{where} was still {part.state} at the provider when the {kind} ran out: "
             "--retry-failed polls it again, --cancel cancels it"
         )
+        elapsed = self._elapsed(part)
         self._give_failures(
             {
-                index: _unsent(index, self._url, followed.ids.get(index), reason, kind=kind)
+                index: replace(
+                    _unsent(index, self._url, followed.ids.get(index), reason, kind=kind),
+                    elapsed=elapsed,
+                )
                 for index in indexes_in(part.rows)
             }
         )
@@ -546,7 +564,12 @@ class BatchRun:
             if uploaded and self._client.file_name(part.input_file or "") == part.upload:
                 self._client.delete_file(part.input_file or "")
             return
-        batch = self._client.retrieve(part.batch)
+        try:
+            batch = self._client.retrieve(part.batch)
+        except ProviderRefused as exc:
+            if exc.status == 404:  # (gone at the provider already: nothing to delete)
+                return
+            raise
         if not (isinstance(batch, Mapping) and belongs_to(provider, batch, part)):
             return
         if provider == "anthropic":

@@ -369,6 +369,10 @@ def command(
     prefix = output_prefix(prefix, input_name)
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+    if click.get_current_context().get_parameter_source("budget") is ParameterSource.DEFAULT:
+        # (not given: a run through a batch endpoint reads a budget only when one is given,
+        # its wait being hours where a live call's is seconds)
+        options.pop("budget", None)
     checked = _fetch_options({**options, **tls})
     checked, cluster = _scaled_out(checked, redis_url, dask_address)
     _check_batch_api(checked, template, continuing, cluster)
