@@ -14,10 +14,12 @@ LIMITS is ``name=value`` pairs joined by commas, any of them left out for its de
 200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
 by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
 or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
-the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0). The first request of
-a KEY sets its limits; a later one naming other limits is answered 400. SDK base URLs:
-``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``, ``http://HOST:PORT/llm/KEY/LIMITS``
-for ``anthropic``.
+the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
+of the KEY's batches (``pace``, ``expire``, ``fail``, ``enqueued``, ``shuffle``,
+``batch_rows``, ``batch_bytes``: see scripts/mock_batch.py) may be given among them. The
+first request of a KEY sets its limits and knobs; a later one naming others is answered 400.
+SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``,
+``http://HOST:PORT/llm/KEY/LIMITS`` for ``anthropic``.
 
 With ``refill=window`` (the default) the limits are enforced over a sliding window: what was
 admitted in the last ``window`` seconds counts, each request and token leaving the window
@@ -56,10 +58,11 @@ nothing. Every answer, 200 or 429, carries the provider's headers:
   remaining rounded to the nearest thousand, as Anthropic's are.
 
 A completion is as long as a draw between 1 and ``max_tokens`` tokens (for each of ``n``
-choices), the draw seeded by the KEY and the request's body: a rerun gets the same lengths
-whatever order its requests arrive in. ``finish_reason`` is ``length`` (Anthropic's
-``stop_reason`` ``max_tokens``) when the draw is the whole budget, else ``stop``
-(``end_turn``). Every 200 has ``usage``.
+choices), the draw seeded by the KEY and the request's body (its JSON with the keys sorted):
+a rerun gets the same lengths whatever order its requests arrive in, and a batch row
+(scripts/mock_batch.py) the same answer as the same body sent live. ``finish_reason`` is
+``length`` (Anthropic's ``stop_reason`` ``max_tokens``) when the draw is the whole budget,
+else ``stop`` (``end_turn``). Every 200 has ``usage``.
 
 The stats are JSON: ``limits``; ``requests`` admitted, ``rejected`` (429s, the too large
 among them) and ``too_large``; ``tokens`` counted against ``tpm``; ``prompt_tokens`` and
@@ -89,6 +92,17 @@ from typing import Any
 
 DEFAULTS = {"rpm": 500.0, "tpm": 200_000.0, "window": 60.0, "latency": 0.0}
 NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency", "retry_after"}
+# The knobs of the KEY's batches (scripts/mock_batch.py), given among the limits: each value's
+# range; a batch row never counts against the limits above.
+BATCH_KNOBS = {
+    "pace": (1e-3, math.inf),
+    "expire": (0.0, 1.0),
+    "fail": (0.0, 1.0),
+    "enqueued": (0.0, math.inf),
+    "shuffle": (0.0, 1.0),
+    "batch_rows": (1.0, math.inf),
+    "batch_bytes": (1.0, math.inf),
+}
 # How the limits give back: a sliding window (the default) or a token bucket.
 REFILLS = ("window", "bucket")
 DEFAULT_MAX_TOKENS = 16
@@ -120,6 +134,8 @@ class Limits:
     latency: float
     refill: str = "window"
     retry_after: bool = True
+    # (the batch knobs given, sorted by name: the KEY's batches read them)
+    batch: tuple[tuple[str, float], ...] = ()
 
     def sizes(self) -> dict[str, int]:
         """Each sliding window's size: requests, tokens, input and output tokens."""
@@ -129,6 +145,7 @@ class Limits:
 def parse_limits(text: str) -> Limits:
     """``rpm=600,tpm=60000,window=6`` (or ``-``) into Limits; ValueError when malformed."""
     given: dict[str, float] = {}
+    knobs: dict[str, float] = {}
     refill = "window"
     for pair in text.split(",") if text not in ("", "-") else []:
         name, equals, value = pair.partition("=")
@@ -137,8 +154,14 @@ def parse_limits(text: str) -> Limits:
                 raise ValueError(f"refill is one of {', '.join(REFILLS)}: {pair!r}")
             refill = value
             continue
+        if name in BATCH_KNOBS and equals:
+            low, high = BATCH_KNOBS[name]
+            knobs[name] = float(value)
+            if not low <= knobs[name] <= high:
+                raise ValueError(f"{name} is between {low:g} and {high:g}: {pair!r}")
+            continue
         if not equals or name not in NAMES:
-            names = ", ".join(sorted(NAMES | {"refill"}))
+            names = ", ".join(sorted(NAMES | {"refill"} | set(BATCH_KNOBS)))
             raise ValueError(f"not a limit: {pair!r} (names: {names})")
         given[name] = float(value)
     values = {**DEFAULTS, "retry_after": 1.0, **given}
@@ -156,6 +179,7 @@ def parse_limits(text: str) -> Limits:
         latency=values["latency"],
         refill=refill,
         retry_after=bool(values["retry_after"]),
+        batch=tuple(sorted(knobs.items())),
     )
 
 
@@ -391,7 +415,10 @@ class Account:
     def stats(self, with_log: bool) -> dict[str, Any]:
         with self.lock:
             events = list(self.events)
-            report: dict[str, Any] = {"limits": asdict(self.limits), **self.counts}
+            limits = asdict(self.limits)
+            if not limits["batch"]:
+                del limits["batch"]  # (the batch knobs, shown only when given)
+            report: dict[str, Any] = {"limits": limits, **self.counts}
         span = self.limits.window
         count = int(events[-1][0] // span) + 1 if events else 0
         windows = [
@@ -523,7 +550,7 @@ class LLMMock:
         if len(parts) < 5 or method != "POST" or route not in ROUTES:
             return 404, {"error": f"no route {path} for {method}"}, {}
         try:
-            account = self._account(parts[1], parse_limits(parts[2]))
+            account = self.account(parts[1], parse_limits(parts[2]))
         except ValueError as problem:
             return 400, {"error": {"message": str(problem), "type": "invalid_request_error"}}, {}
         try:
@@ -533,10 +560,11 @@ class LLMMock:
         invalid = openai_invalid if route != "v1/messages" else anthropic_invalid
         if not isinstance(request, dict):
             return invalid("the body must be a JSON object")
-        seed = random.Random(f"{account.key}\n{hashlib.sha256(body).hexdigest()}")
-        return ROUTES[route](account, request, seed)
+        return ROUTES[route](account, request, body_seed(account.key, request))
 
-    def _account(self, key: str, limits: Limits) -> Account:
+    def account(self, key: str, limits: Limits) -> Account:
+        """KEY's account, made with ``limits`` by its first request; a ValueError when an
+        earlier request of KEY named other limits (or batch knobs)."""
         with self._lock:
             account = self._accounts.setdefault(key, Account(key, limits))
         if account.limits != limits:
@@ -549,26 +577,29 @@ def max_tokens_of(request: dict[str, Any]) -> int | None:
     return given if isinstance(given, int) and given > 0 else None
 
 
-def chat_completion(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
-    messages, model = request.get("messages"), str(request.get("model", "mock"))
-    budget, choices = max_tokens_of(request), request.get("n", 1)
+def body_seed(key: str, request: dict[str, Any]) -> random.Random:
+    """The draws of one answer, seeded by the KEY and the body's JSON with its keys sorted: the
+    same body gets the same lengths live and as a batch row, whatever its bytes looked like."""
+    text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return random.Random(f"{key}\n{hashlib.sha256(text.encode()).hexdigest()}")
+
+
+def chat_cost(request: dict[str, Any]) -> int | Reply:
+    """A chat request's tokens as OpenAI counts them at admission, or its 400."""
+    messages, budget, choices = request.get("messages"), max_tokens_of(request), request.get("n", 1)
     if not isinstance(messages, list) or not messages:
         return openai_invalid("'messages' must be a non-empty list")
     if budget is None or not isinstance(choices, int) or choices < 1:
         return openai_invalid("'max_tokens' and 'n' must be positive integers")
-    prompt = prompt_tokens(messages)
-    refusal = account.admit({"tokens": prompt + budget * choices})
-    headers = openai_headers(account.state())
-    if refusal is not None:
-        return (
-            429,
-            openai_refusal(model, refusal),
-            {**headers, **retry_after(refusal, account.limits)},
-        )
-    time.sleep(account.limits.latency)
-    lengths = [seed.randint(1, budget) for _ in range(choices)]
-    account.usage(prompt, sum(lengths))
-    answer = {
+    return prompt_tokens(messages) + budget * choices
+
+
+def chat_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
+    """The body of a chat completion of a valid request (``chat_cost`` said so), limits aside."""
+    model, budget = str(request.get("model", "mock")), max_tokens_of(request) or DEFAULT_MAX_TOKENS
+    prompt = prompt_tokens(request["messages"])
+    lengths = [seed.randint(1, budget) for _ in range(request.get("n", 1))]
+    return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -587,15 +618,62 @@ def chat_completion(account: Account, request: dict[str, Any], seed: random.Rand
             "total_tokens": prompt + sum(lengths),
         },
     }
+
+
+def chat_completion(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    model = str(request.get("model", "mock"))
+    cost = chat_cost(request)
+    if not isinstance(cost, int):
+        return cost
+    refusal = account.admit({"tokens": cost})
+    headers = openai_headers(account.state())
+    if refusal is not None:
+        return (
+            429,
+            openai_refusal(model, refusal),
+            {**headers, **retry_after(refusal, account.limits)},
+        )
+    time.sleep(account.limits.latency)
+    answer = chat_answer(request, seed)
+    account.usage(answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
     return 200, answer, {**headers, "x-request-id": f"req_{uuid.uuid4().hex[:24]}"}
 
 
-def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
-    given, model = request.get("input"), str(request.get("model", "mock-embedding"))
+def embeddings_cost(request: dict[str, Any]) -> int | Reply:
+    """An embeddings request's tokens (its input's), or its 400."""
+    given = request.get("input")
     if not given or not isinstance(given, str | list):
         return openai_invalid("'input' must be a text or a non-empty list of texts")
+    return embedding_tokens(given)
+
+
+def embeddings_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
+    """The body of an embeddings answer to a valid request, limits aside."""
+    given, model = request["input"], str(request.get("model", "mock-embedding"))
     texts = given if isinstance(given, list) else [given]
     prompt = embedding_tokens(texts)
+    size = int(request.get("dimensions") or 8)
+    data = [
+        {
+            "object": "embedding",
+            "index": n,
+            "embedding": [round(seed.uniform(-1, 1), 6) for _ in range(size)],
+        }
+        for n in range(len(texts))
+    ]
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+    }
+
+
+def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    model = str(request.get("model", "mock-embedding"))
+    prompt = embeddings_cost(request)
+    if not isinstance(prompt, int):
+        return prompt
     refusal = account.admit({"tokens": prompt})
     headers = openai_headers(account.state())
     if refusal is not None:
@@ -606,32 +684,44 @@ def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -
         )
     time.sleep(account.limits.latency)
     account.usage(prompt, 0)
-    size = int(request.get("dimensions") or 8)
-    data = [
-        {
-            "object": "embedding",
-            "index": n,
-            "embedding": [round(seed.uniform(-1, 1), 6) for _ in range(size)],
-        }
-        for n in range(len(texts))
-    ]
-    answer = {
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
-    }
-    return 200, answer, headers
+    return 200, embeddings_answer(request, seed), headers
 
 
-def messages(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
-    given, model = request.get("messages"), str(request.get("model", "mock"))
-    budget = request.get("max_tokens")
+def messages_invalid(request: dict[str, Any]) -> Reply | None:
+    """A messages request's 400, or None when it is valid."""
+    given, budget = request.get("messages"), request.get("max_tokens")
     if not isinstance(given, list) or not given:
         return anthropic_invalid("messages: a non-empty list is required")
     if not isinstance(budget, int) or budget < 1:
         return anthropic_invalid("max_tokens: a positive integer is required")
-    prompt = prompt_tokens(given, request.get("system"))
+    return None
+
+
+def messages_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
+    """The body of a message answering a valid request, limits aside."""
+    model, budget = str(request.get("model", "mock")), int(request["max_tokens"])
+    prompt = prompt_tokens(request["messages"], request.get("system"))
+    length = seed.randint(1, budget)
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": completion_text(length)}],
+        "model": model,
+        "stop_reason": "max_tokens" if length == budget else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": length},
+    }
+
+
+def messages(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    invalid = messages_invalid(request)
+    if invalid is not None:
+        return invalid
+    prompt, budget = (
+        prompt_tokens(request["messages"], request.get("system")),
+        request["max_tokens"],
+    )
     bucket = account.limits.refill == "bucket"
     # (in bucket mode counted as OpenAI counts: prompt plus max_tokens at admission)
     charges = (
@@ -644,22 +734,29 @@ def messages(account: Account, request: dict[str, Any], seed: random.Random) -> 
         headers = anthropic_headers(account.state())
         return 429, anthropic_refusal(refusal), {**headers, **retry_after(refusal, account.limits)}
     time.sleep(account.limits.latency)
-    length = seed.randint(1, budget)
+    answer = messages_answer(request, seed)
+    length = answer["usage"]["output_tokens"]
     if not bucket:
         account.charge_output(length)
     account.usage(prompt, length)
-    answer = {
-        "id": f"msg_{uuid.uuid4().hex[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "text", "text": completion_text(length)}],
-        "model": model,
-        "stop_reason": "max_tokens" if length == budget else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": prompt, "output_tokens": length},
-    }
     headers = anthropic_headers(account.state())
     return 200, answer, {**headers, "request-id": f"req_{uuid.uuid4().hex[:24]}"}
+
+
+def unlimited_answer(route: str, request: dict[str, Any], key: str) -> Reply:
+    """What ``route`` answers ``request`` on KEY with no limit counted (a batch's row): the
+    same body a live request gets, or the same 400."""
+    seed = body_seed(key, request)
+    if route == "v1/chat/completions":
+        cost = chat_cost(request)
+        return cost if not isinstance(cost, int) else (200, chat_answer(request, seed), {})
+    if route == "v1/embeddings":
+        cost = embeddings_cost(request)
+        return cost if not isinstance(cost, int) else (200, embeddings_answer(request, seed), {})
+    if route == "v1/messages":
+        invalid = messages_invalid(request)
+        return invalid or (200, messages_answer(request, seed), {})
+    return openai_invalid(f"the mock does not answer /{route}")
 
 
 ROUTES = {

@@ -63,6 +63,16 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
                                      429s with the providers' bodies, every answer with their
                                      rate-limit headers; each KEY has its own sliding window
     GET /llm/KEY/stats?log=1         JSON: what the KEY's limits counted, window by window
+  Their batch APIs on the same prefix (see scripts/mock_batch.py: knobs pace, expire, fail,
+  enqueued, shuffle, batch_rows and batch_bytes among the LIMITS; files and batches per KEY):
+    POST /llm/KEY/LIMITS/v1/files (multipart upload), GET /v1/files, GET|DELETE
+         /v1/files/ID, GET /v1/files/ID/content: OpenAI's Files API
+    POST|GET /llm/KEY/LIMITS/v1/batches (?limit=N&after=ID), GET /v1/batches/ID, POST
+         /v1/batches/ID/cancel: OpenAI's Batch API, states stepped by the clock
+    POST|GET /llm/KEY/LIMITS/v1/messages/batches, GET|DELETE /v1/messages/batches/ID, GET
+         .../ID/results (JSONL), POST .../ID/cancel: Anthropic's Message Batches API
+    GET /llm/KEY/batch-stats         JSON: files and batches of the KEY, rows run, rows run
+                                     twice, refused creates, the keys seen
   Quotas announced in rate-limit headers, with a real per-window counter:
     /quota/FAMILY/...?limit=N&window=S&style=x|github|ietf
                                      N requests of a FAMILY per S-second window, each answer
@@ -124,6 +134,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from mock_batch import BatchMock
 from mock_llm import LLMMock
 
 MIB = 2**20
@@ -427,7 +438,7 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "/s3-mock":
             self._s3_object(path.split("/", 2)[2])
         elif head == "/llm":
-            self._json(*self.server.llm.answer(self.command, path, query, body))
+            self._llm(path, query, body)
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
         elif head == "/cookie-each":
@@ -448,6 +459,23 @@ class Handler(BaseHTTPRequestHandler):
             self._sized(int(query.get("bytes", "0")))
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _llm(self, path: str, query: dict[str, str], body: bytes) -> None:
+        """The mock LLM API: its batch routes (which read the request's headers: the upload's
+        Content-Type, the Host of a results URL, the key) and its live ones."""
+        if not BatchMock.handles(path):
+            self._json(*self.server.llm.answer(self.command, path, query, body))
+            return
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        status, payload, extra = self.server.batches.answer(
+            self.command, path, query, body, headers
+        )
+        if isinstance(payload, bytes):
+            extra = dict(extra)
+            content_type = extra.pop("Content-Type", "application/octet-stream")
+            self._send(status, payload, content_type, extra)
+        else:
+            self._json(status, payload, extra)
 
     def _quota(self, family: str, query: dict[str, str]) -> None:
         """A quota of ``limit`` requests a ``window`` for the family, announced in headers of
@@ -751,6 +779,7 @@ class MockServer(ThreadingHTTPServer):
         self.stats = Stats()
         self.tokens = Tokens()
         self.llm = LLMMock()
+        self.batches = BatchMock(self.llm)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""
