@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.history import Stint
 from ..core.result import PERCENTILES, Listing, Result, Summary, Trace, Tried
+from ..store.submissions import DROPPED, Part
 
 # The outcomes an attempt is counted under in the chart of attempts over time.
 CHARTED = ("ok", "retried", "failed", "429")
@@ -43,6 +44,14 @@ _LATENCY_BINS = 250
 SLOWEST = 25
 FAILED_SHOWN = 1000
 INSTALL_HINT = "pip install 'batchsync[report]'"
+# Runs of row indexes shown in a part's cell of the submissions table (the rest: "…").
+RUNS_SHOWN = 4
+# What the providers say of their batch endpoints' price, and nothing more: no per-token
+# prices, which differ by model and change.
+HALF_PRICE = (
+    "The batch endpoints are billed at half the live price: these {inputs} input and "
+    "{outputs} output tokens cost half what the same calls made live would."
+)
 
 
 def charted_as(attempt: Tried, last: bool) -> str:
@@ -505,8 +514,10 @@ def render(
     title: str = "batchsync report",
     charts: bool = True,
     stints: Sequence[Stint] = (),
+    submissions: Sequence[Part] = (),
 ) -> str:
-    """The report's HTML: one page, scripts and data inline."""
+    """The report's HTML: one page, scripts and data inline; ``submissions``: the parts
+    sent through a provider's batch endpoint (a section of their own when there are any)."""
     plotly = _plotly() if charts else None
     started = (
         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(aggregate.start))
@@ -534,6 +545,7 @@ def render(
             "every process that worked on the run. The totals: "
             f"{_e(gates or 'none')}.</p>"
         )
+        + _submissions_section(submissions, plotly)
         + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
         + _items_table(
             "failed",
@@ -571,6 +583,144 @@ def _stints_table(stints: Sequence[Stint]) -> str:
     )
 
 
+def _moment(when: float | None) -> str:
+    if when is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
+def _runs_text(part: Part) -> str:
+    """A part's rows as its count and its runs of indexes: ``5 (0-4)``."""
+    runs = [str(first) if first == last else f"{first}-{last}" for first, last in part.rows]
+    shown = ", ".join(runs[:RUNS_SHOWN]) + (", …" if len(runs) > RUNS_SHOWN else "")
+    return f"{part.size} ({shown})"
+
+
+def token_totals(parts: Iterable[Part]) -> tuple[int, int]:
+    """The input and output tokens the parts' answers used, as the providers counted them."""
+    inputs = outputs = 0
+    for part in parts:
+        inputs += part.tokens[0]
+        outputs += part.tokens[1]
+    return inputs, outputs
+
+
+def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
+    """The parts sent through a batch endpoint: what each is now, how it got there, and the
+    tokens they used; nothing for a run that sent none."""
+    if not parts:
+        return ""
+    head = "".join(
+        f"<th>{name}</th>"
+        for name in (
+            "part",
+            "pass",
+            "provider",
+            "rows",
+            "batch id",
+            "state now",
+            "submitted",
+            "last change",
+            "input tokens",
+            "output tokens",
+        )
+    )
+    rows = "".join(
+        f"<tr><td class='n'>{part.number}</td><td class='n'>{part.passing}</td>"
+        f"<td>{_e(part.provider)}</td><td>{_e(_runs_text(part))}</td><td>{_e(part.batch)}</td>"
+        f"<td>{_e(part.state)}</td><td>{_e(_moment(part.submitted))}</td>"
+        f"<td>{_e(_moment(part.history[-1][0] if part.history else None))}</td>"
+        f"<td class='n'>{part.tokens[0]}</td><td class='n'>{part.tokens[1]}</td></tr>"
+        for part in parts
+    )
+    inputs, outputs = token_totals(parts)
+    notes = ""
+    dropped = sum(1 for part in parts if part.state == DROPPED)
+    if dropped:
+        notes += (
+            f" {dropped} part(s) were dropped: a later run found them without a batch at the "
+            "provider and put their rows in new parts."
+        )
+    still = sum(1 for part in parts if part.open and part.batch is not None)
+    if still:
+        notes += (
+            f" {still} part(s) are still open at the provider: --batch-api with --resume or "
+            "--retry-failed goes on with them (a live run is refused meanwhile)."
+        )
+    chart = _submissions_chart(parts, plotly) if plotly is not None else ""
+    return (
+        "<h2 id='batch-submissions'>Batch submissions</h2>"
+        f"<p>The rows went through the provider's batch endpoint in {len(parts)} part(s). "
+        "A row's seconds run from its part's submission to the collection of its "
+        f"results.{_e(notes)}</p>"
+        f"<table id='submissions'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        f"<p id='batch-tokens'>Tokens used: {inputs} input and {outputs} output, as the "
+        f"provider counted them. {_e(HALF_PRICE.format(inputs=inputs, outputs=outputs))}</p>"
+        f"{chart}{_history_table(parts)}"
+    )
+
+
+def _history_table(parts: Sequence[Part]) -> str:
+    """Each part's states, in order: when it entered each and how long it stayed."""
+    rows = []
+    for part in parts:
+        history = part.history
+        for position, (when, state) in enumerate(history):
+            stayed = history[position + 1][0] - when if position + 1 < len(history) else None
+            rows.append(
+                f"<tr><td class='n'>{part.number}</td><td>{_e(state)}</td>"
+                f"<td>{_e(_moment(when))}</td><td class='n'>{when - history[0][0]:.1f}</td>"
+                f"<td class='n'>{'' if stayed is None else f'{stayed:.1f}'}</td></tr>"
+            )
+    head = "".join(
+        f"<th>{name}</th>"
+        for name in ("part", "state", "at", "seconds from planned", "seconds in it")
+    )
+    return (
+        "<details><summary>Each part's states over time</summary>"
+        f"<table id='submission-history'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></details>"
+    )
+
+
+def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
+    """Each part's states as a bar along the time from the first part's start (plotly.js is
+    on the page already: the other charts brought it)."""
+    go, pio = plotly
+    start = min((part.history[0][0] for part in parts if part.history), default=0.0)
+    spans: dict[str, tuple[list[float], list[float], list[str]]] = {}
+    for part in parts:
+        history = part.history
+        for position, (when, state) in enumerate(history):
+            ended = history[position + 1][0] if position + 1 < len(history) else when
+            bases, lengths, names = spans.setdefault(state, ([], [], []))
+            bases.append(when - start)
+            lengths.append(max(ended - when, 0.0))
+            names.append(f"part {part.number}")
+    figure = go.Figure(
+        [
+            go.Bar(base=bases, x=lengths, y=names, name=state, orientation="h")
+            for state, (bases, lengths, names) in spans.items()
+        ]
+    )
+    figure.update_layout(
+        title="Each part's states over time",
+        barmode="overlay",
+        xaxis_title="seconds from the first part's start",
+        yaxis={"autorange": "reversed", "type": "category"},
+        height=max(220, 60 + 28 * len(parts)),
+        margin={"l": 70, "r": 20, "t": 45, "b": 45},
+    )
+    chart = pio.to_html(
+        figure,
+        include_plotlyjs=False,
+        full_html=False,
+        div_id="chart-submissions",
+        config={"displaylogo": False, "responsive": True},
+    )
+    return f"<div class='chart'>{chart}</div>"
+
+
 def write_atomically(path: Path, text: str) -> Path:
     """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -596,10 +746,11 @@ def report_results(
     charts: bool = True,
     timeline: Mapping[tuple[str, int], float] | None = None,
     stints: Sequence[Stint] = (),
+    submissions: Sequence[Part] = (),
 ) -> Path:
     """Write the report of Results in memory (``ResultSet.report``)."""
     counted, details = from_results(results, timeline)
-    page = render(summary, counted, details, charts=charts, stints=stints)
+    page = render(summary, counted, details, charts=charts, stints=stints, submissions=submissions)
     return write_atomically(Path(path), page)
 
 
@@ -613,10 +764,20 @@ def report_of(
     charts: bool = True,
     timeline: Mapping[tuple[str, int], float] | None = None,
     stints: Sequence[Stint] = (),
+    submissions: Sequence[Part] = (),
 ) -> Path:
     """Write the report of a stream of items within ``span`` (the command line's
     PREFIX-report.html, from ``resultset.StoredResults``); ``timeline``: the run's gate
-    waits (``WaitStats.timeline``), ``stints`` what each process did."""
+    waits (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the
+    parts it sent through a batch endpoint."""
     counted, details = collected(entries, span, timeline)
-    page = render(summary, counted, details, title=title, charts=charts, stints=stints)
+    page = render(
+        summary,
+        counted,
+        details,
+        title=title,
+        charts=charts,
+        stints=stints,
+        submissions=submissions,
+    )
     return write_atomically(Path(path), page)

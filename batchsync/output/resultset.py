@@ -32,6 +32,7 @@ from ..core.result import (
     summarize,
 )
 from ..store.journal import JournalMismatch, JournalReader
+from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
 from .report import Entry, report_of, report_results
 
@@ -71,7 +72,9 @@ class ResultSet(Sequence[Result]):
 
     ``stints``: what each ``run()`` (or process, for a journal) did, for the report's table
     of passes; ``retry``: how the batch that made the set sends its failures again (see
-    ``retry_failed``).
+    ``retry_failed``); ``submissions``: the parts a batch sent through a provider's batch
+    endpoint (``batch_api=``), for the report's section on them (or how to read them, when
+    the report asks: a journal's are read only then).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class ResultSet(Sequence[Result]):
         *,
         stints: Sequence[Stint] = (),
         retry: Retry | None = None,
+        submissions: Sequence[Part] | Callable[[], Sequence[Part]] = (),
     ) -> None:
         self._results = list(results)
         self.elapsed = elapsed
@@ -93,6 +97,7 @@ class ResultSet(Sequence[Result]):
         self.wait_timeline = dict(wait_timeline or {})
         self.stints = tuple(stints)
         self._retry = retry
+        self._submissions = submissions
 
     @overload
     def __getitem__(self, index: int) -> Result: ...
@@ -109,6 +114,12 @@ class ResultSet(Sequence[Result]):
 
     def __repr__(self) -> str:
         return f"<ResultSet {self.summary()}>"
+
+    @property
+    def submissions(self) -> tuple[Part, ...]:
+        """The parts sent through a provider's batch endpoint (none for a live run)."""
+        given = self._submissions
+        return tuple(given() if callable(given) else given)
 
     @property
     def ok(self) -> list[Result]:
@@ -154,6 +165,7 @@ class ResultSet(Sequence[Result]):
             charts=charts,
             timeline=self.wait_timeline,
             stints=self.stints,
+            submissions=self.submissions,
         )
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
@@ -303,6 +315,8 @@ class StoredResults:
         self._path = path
         self.stints = reader.stints()
         self.timeline = reader.timeline()
+        # The parts sent through a batch endpoint (none for a live run), for the report.
+        self.submissions = reader.parts()
         self.span: tuple[float, float] | None = None
         times = array("d")
         # (summarize reads every row before it asks for the times: sorted once they are in)
@@ -367,6 +381,7 @@ class StoredResults:
             charts=charts,
             timeline=self.timeline,
             stints=self.stints,
+            submissions=self.submissions,
         )
 
 

@@ -7,6 +7,7 @@ import hashlib
 import inspect
 import json
 import math
+import sqlite3
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -36,8 +37,9 @@ from ..jobs.options import (
 )
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
+from ..store.journal import JournalMismatch
 from ..store.resume import Items, Kept, Left, marks_of
-from ..store.submissions import Ledger
+from ..store.submissions import Ledger, Part
 from .assembly import fetch, gates_for, run_calls
 from .batched import ThroughBatchApi, journal_parts, open_batches
 from .controller import Journaled, Plan, RunController, Send
@@ -195,7 +197,12 @@ class Resumable(Generic[OptionsT]):
             wait_timeline=merged_timeline(self._timeline, self._gates.waits.timeline),
             stints=self._stints,
             retry=self._retried,
+            submissions=self._reported,
         )
+
+    def _reported(self) -> list[Part]:
+        """The parts sent through a provider's batch endpoint, for the report (none here)."""
+        return []
 
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the report of the Results so far to ``path`` (see ``ResultSet.report``)."""
@@ -367,11 +374,23 @@ class Batch(Resumable[FetchOptions]):
         wrap = None if template is None else partial(RowJob, template=template)
         return partial(fetch, self.options, wrap=wrap)
 
+    def _submissions(self) -> list[Part]:
+        """The parts of this batch's rows sent through a batch endpoint: the journal's, or
+        the batch's own in memory."""
+        return journal_parts(self.journal) if self.journal is not None else self._ledger.parts()
+
+    def _reported(self) -> list[Part]:
+        """The parts for the report: none when the journal cannot be read (a report is not
+        worth failing for)."""
+        try:
+            return self._submissions()
+        except (JournalMismatch, sqlite3.Error):
+            return []
+
     def _refuse_open_batches(self) -> None:
         """ValueError when a live run would send rows that batches at the provider still hold
         (they would run twice)."""
-        parts = journal_parts(self.journal) if self.journal is not None else self._ledger.parts()
-        still = open_batches(parts)
+        still = open_batches(self._submissions())
         if still is not None:
             raise ValueError(
                 f"{still}: run with batch_api= to go on with them (or cancel() to cancel them), "
