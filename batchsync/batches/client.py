@@ -18,13 +18,15 @@ import requests
 from ..core.backoff import Backoff, parse_retry_after
 from ..core.redact import Secrets
 from ..store.submissions import well_formed
-from .providers import Endpoint, Files
+from .providers import Endpoint, Files, created_at
 
 # Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
 Pause = Callable[[float], bool]
 _RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 529})
 # The most a provider's answer to a control call may be (a batch object, a list of them).
 _CONTROL_BYTES = 4 * 2**20
+# The most pages of the provider's batches read to find one a run made but did not record.
+_MOST_PAGES = 20
 
 
 class ProviderRefused(Exception):
@@ -123,12 +125,25 @@ class Client:
     def cancel(self, batch: str) -> Any:
         return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
 
-    def recent(self) -> list[Mapping[str, Any]]:
-        """The provider's most recent batches (its first page of the list), to find one this
-        run created but could not record."""
-        answer = self._json("GET", self._batches, "list the batches", params={"limit": 100})
-        data = answer.get("data") if isinstance(answer, Mapping) else None
-        return [batch for batch in data or () if isinstance(batch, Mapping)]
+    def recent(self, since: float) -> list[Mapping[str, Any]]:
+        """The provider's batches made since ``since`` (unix seconds; a page or two more at
+        most), newest first, to find one this run created but could not record."""
+        openai = self.endpoint.provider == "openai"
+        found: list[Mapping[str, Any]] = []
+        params: dict[str, Any] = {"limit": 100}
+        for _ in range(_MOST_PAGES):
+            answer = self._json("GET", self._batches, "list the batches", params=params)
+            data = answer.get("data") if isinstance(answer, Mapping) else None
+            page = [batch for batch in data or () if isinstance(batch, Mapping)]
+            found += page
+            oldest = created_at(self.endpoint.provider, page[-1]) if page else None
+            last = page[-1].get("id") if page else None
+            if not (answer.get("has_more") and isinstance(last, str)):
+                break
+            if oldest is not None and oldest < since:
+                break
+            params = {"limit": 100, ("after" if openai else "after_id"): last}
+        return found
 
     def file_name(self, file_id: str) -> str | None:
         """OpenAI: the name a file was uploaded under (None: it is gone)."""

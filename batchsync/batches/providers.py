@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -159,6 +160,22 @@ def belongs_to(provider: Provider, batch: Mapping[str, Any], part: Part) -> bool
         return False
     total = sum(value for value in counts.values() if isinstance(value, int))
     return total == part.size
+
+
+def created_at(provider: Provider, batch: Mapping[str, Any]) -> float | None:
+    """When the provider made ``batch`` (unix seconds: OpenAI's number, Anthropic's RFC 3339
+    time), or None when it does not say."""
+    given = batch.get("created_at")
+    if provider == "openai":
+        return (
+            float(given) if isinstance(given, int | float) and not isinstance(given, bool) else None
+        )
+    if not isinstance(given, str):
+        return None
+    try:
+        return datetime.fromisoformat(given.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def refused_for_tokens(batch: Mapping[str, Any]) -> bool:

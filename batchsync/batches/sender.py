@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from ..core.backoff import Backoff
@@ -47,6 +46,7 @@ from .providers import (
     Endpoint,
     answer_of,
     belongs_to,
+    created_at,
     failure_text,
     files_of,
     has_ended,
@@ -160,7 +160,6 @@ class BatchRun:
         self._stop = stop or threading.Event()
         self._again = again
         self._started = clock()
-        self._polls = 0
 
     # --- Stoppable ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -239,14 +238,15 @@ class BatchRun:
             self._plan_part(next_number, cut, followed)
 
     def _settled(self, parts: list[Part]) -> list[Part]:
-        """The open parts of earlier runs that have a batch at the provider: one caught
-        ``submitting`` is looked for there first; the others never made one, and are dropped
+        """The open parts of earlier runs that have a batch at the provider: one whose create
+        was sent but not answered (caught ``submitting``, or ``waiting`` after a create that
+        got no answer) is looked for there first; the others never made one, and are dropped
         (their rows go into new parts, their uploaded file, found by its name when the run
         was killed during the upload, is deleted with the rest)."""
         kept = []
         for earlier in parts:
             part = earlier
-            if part.batch is None and part.state == SUBMITTING:
+            if part.batch is None and part.submitted is not None:  # (a create was sent)
                 found = self._find(part)
                 if found is not None:
                     part = self._record(part, found)
@@ -317,7 +317,8 @@ class BatchRun:
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
         provider = self._plan.endpoint.provider
         candidates = []
-        for batch in self._client.recent():
+        since = (part.submitted or 0.0) - _CLOCK_SKEW
+        for batch in self._client.recent(since):
             if well_formed(provider, "batch", batch.get("id")) is None or batch.get("id") in known:
                 continue
             if refused_for_tokens(batch):  # (an earlier try of this part that never ran)
@@ -689,18 +690,9 @@ def _unsent(
 def _made_since(batch: Mapping[str, Any], part: Part) -> bool:
     """Whether an Anthropic batch was created since shortly before ``part`` was submitted
     (the two clocks may differ)."""
-    created = _rfc3339(batch.get("created_at"))
+    created = created_at("anthropic", batch)
     return (
         part.submitted is not None
         and created is not None
         and (created >= part.submitted - _CLOCK_SKEW)
     )
-
-
-def _rfc3339(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
