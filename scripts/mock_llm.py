@@ -624,20 +624,28 @@ def chat_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
     }
 
 
+def openai_admission(
+    account: Account, model: str, tokens: int
+) -> tuple[dict[str, str], Reply | None]:
+    """An OpenAI request of ``tokens`` admitted by the KEY's limits (after its latency): the
+    answer's rate-limit headers, and the 429 when it is refused."""
+    refusal = account.admit({"tokens": tokens})
+    headers = openai_headers(account.state())
+    if refusal is not None:
+        retry = retry_after(refusal, account.limits)
+        return headers, (429, openai_refusal(model, refusal), {**headers, **retry})
+    time.sleep(account.limits.latency)
+    return headers, None
+
+
 def chat_completion(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
     model = str(request.get("model", "mock"))
     cost = chat_cost(request)
     if not isinstance(cost, int):
         return cost
-    refusal = account.admit({"tokens": cost})
-    headers = openai_headers(account.state())
-    if refusal is not None:
-        return (
-            429,
-            openai_refusal(model, refusal),
-            {**headers, **retry_after(refusal, account.limits)},
-        )
-    time.sleep(account.limits.latency)
+    headers, refused = openai_admission(account, model, cost)
+    if refused is not None:
+        return refused
     answer = chat_answer(request, seed)
     account.usage(answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
     return 200, answer, {**headers, "x-request-id": f"req_{uuid.uuid4().hex[:24]}"}
@@ -678,15 +686,9 @@ def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -
     prompt = embeddings_cost(request)
     if not isinstance(prompt, int):
         return prompt
-    refusal = account.admit({"tokens": prompt})
-    headers = openai_headers(account.state())
-    if refusal is not None:
-        return (
-            429,
-            openai_refusal(model, refusal),
-            {**headers, **retry_after(refusal, account.limits)},
-        )
-    time.sleep(account.limits.latency)
+    headers, refused = openai_admission(account, model, prompt)
+    if refused is not None:
+        return refused
     account.usage(prompt, 0)
     return 200, embeddings_answer(request, seed), headers
 
