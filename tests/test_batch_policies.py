@@ -9,7 +9,6 @@ import json
 import pytest
 
 from batchsync import Batch
-from batchsync.batches.client import upload_name
 from batchsync.batches.providers import (
     answer_of,
     belongs_to,
@@ -25,6 +24,7 @@ from batchsync.store.submissions import (
     Covered,
     Part,
     indexes_in,
+    new_tag,
     overlap_problem,
     part_of,
     ranges_of,
@@ -65,68 +65,88 @@ def test_an_endpoint_no_batch_runs_is_refused_in_one_line(url: str, asked: str, 
         endpoint_of(url, asked)
 
 
-def test_a_rows_custom_id_is_its_index_and_nothing_else_is_taken_for_one() -> None:
-    assert index_of(custom_id(1234)) == 1234
-    for other in ("row-01", "row--1", "row-1a", "1", None, 7, "row-" + "9" * 19):
-        assert index_of(other) is None
+NONCE = "0123456789ab"
+
+
+def test_a_rows_custom_id_is_its_parts_nonce_and_index_and_nothing_else_is_taken_for_one() -> None:
+    assert index_of(custom_id(1234, NONCE), NONCE) == 1234
+    assert index_of(custom_id(1234, NONCE), "ba9876543210") is None, "another part's row"
+    for other in (
+        f"{NONCE}-01",
+        f"{NONCE}--1",
+        f"{NONCE}-1a",
+        "1",
+        None,
+        7,
+        f"{NONCE}-" + "9" * 19,
+    ):
+        assert index_of(other, NONCE) is None
 
 
 def test_each_row_is_written_as_its_provider_takes_it() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "é"}]}
-    line = json.loads(request_line(endpoint_of(OPENAI, "auto"), 3, body))
+    line = json.loads(request_line(endpoint_of(OPENAI, "auto"), 3, body, NONCE))
     assert line == {
-        "custom_id": "row-3",
+        "custom_id": f"{NONCE}-3",
         "method": "POST",
         "url": "/v1/chat/completions",
         "body": body,
     }
-    line = json.loads(request_line(endpoint_of(ANTHROPIC, "auto"), 3, body))
-    assert line == {"custom_id": "row-3", "params": body}
+    line = json.loads(request_line(endpoint_of(ANTHROPIC, "auto"), 3, body, NONCE))
+    assert line == {"custom_id": f"{NONCE}-3", "params": body}
     # The bytes of a submission: a newline after each OpenAI line; Anthropic's JSON around.
     assert submission_size("openai", 2, 10) == 12
     assert submission_size("anthropic", 2, 10) == 10 + 1 + len('{"requests":[]}')
 
 
 def test_openai_results_lines_read_as_a_live_calls_would() -> None:
-    ok = {"custom_id": "row-1", "response": {"status_code": 200, "body": {"usage": {}}}}
-    assert answer_of("openai", ok) == answer_of("openai", ok)
-    answered = answer_of("openai", ok)
+    ok = {"custom_id": f"{NONCE}-1", "response": {"status_code": 200, "body": {"usage": {}}}}
+    assert answer_of("openai", ok, NONCE) == answer_of("openai", ok, NONCE)
+    answered = answer_of("openai", ok, NONCE)
     assert answered is not None and (answered.index, answered.ok, answered.status_code) == (
         1,
         True,
         200,
     )
     refused = {
-        "custom_id": "row-2",
+        "custom_id": f"{NONCE}-2",
         "response": {"status_code": 400, "body": {"error": {"message": "bad\nmodel"}}},
     }
-    failed = answer_of("openai", refused)
+    failed = answer_of("openai", refused, NONCE)
     assert failed is not None
     assert (failed.ok, failed.error_kind, failed.error) == (False, "status", "HTTP 400: bad model")
     for code, kind in (("batch_expired", "batch_expired"), ("batch_cancelled", "batch_cancelled"),
                        ("other", "batch_errored")):  # fmt: skip
-        line = {"custom_id": "row-3", "response": None, "error": {"code": code, "message": "m"}}
-        said = answer_of("openai", line)
+        line = {
+            "custom_id": f"{NONCE}-3",
+            "response": None,
+            "error": {"code": code, "message": "m"},
+        }
+        said = answer_of("openai", line, NONCE)
         assert said is not None and said.error_kind == kind and said.status_code is None
-    assert answer_of("openai", {"custom_id": "someone-else"}) is None
-    assert answer_of("openai", ["not", "a", "line"]) is None
+    assert answer_of("openai", {"custom_id": "someone-else"}, NONCE) is None
+    assert answer_of("openai", ["not", "a", "line"], NONCE) is None
 
 
 def test_anthropic_results_lines_read_as_a_live_calls_would() -> None:
     message = {"content": [], "usage": {"input_tokens": 3, "output_tokens": 4}}
     ok = answer_of(
-        "anthropic", {"custom_id": "row-0", "result": {"type": "succeeded", "message": message}}
+        "anthropic",
+        {"custom_id": f"{NONCE}-0", "result": {"type": "succeeded", "message": message}},
+        NONCE,
     )
     assert ok is not None and (ok.ok, ok.status_code, ok.data) == (True, 200, message)
     assert usage_of("anthropic", ok.data) == (3, 4)
     error = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
     errored = answer_of(
-        "anthropic", {"custom_id": "row-1", "result": {"type": "errored", "error": error}}
+        "anthropic",
+        {"custom_id": f"{NONCE}-1", "result": {"type": "errored", "error": error}},
+        NONCE,
     )
     assert errored is not None
     assert (errored.error_kind, errored.status_code) == ("batch_errored", 400)
     for kind, ours in (("expired", "batch_expired"), ("canceled", "batch_cancelled")):
-        said = answer_of("anthropic", {"custom_id": "row-2", "result": {"type": kind}})
+        said = answer_of("anthropic", {"custom_id": f"{NONCE}-2", "result": {"type": kind}}, NONCE)
         assert said is not None and said.error_kind == ours
 
 
@@ -155,7 +175,7 @@ def test_a_parts_rows_are_kept_as_runs_and_found_again() -> None:
 
 
 def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
-    part = Part(1, 1, "openai", ((0, 9),), upload=upload_name(1)).moved("planned", 1.7e9)
+    part = Part(1, 1, "openai", ((0, 9),), tag=new_tag(1)).moved("planned", 1.7e9)
     part = part.moved(
         "in_progress", 1.7e9 + 1, batch="batch_1", input_file="file-1", submitted=1.7e9 + 1
     )
@@ -178,7 +198,9 @@ def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
         (6, "batch_1", "batch is set for a part the provider has not"),
         (5, "file-1", "input_file is set for a part with no upload"),
         (5, "batch_1", "not a file id"),
-        (14, None, "upload"),
+        (14, None, "tag"),
+        (14, "batchsync-part-2-0123456789ab", "tag"),
+        (4, "uploaded", "last of its history"),
         (0, 11, "part"),
         (10, "NaN", "time"),
         (11, '[[1, "x y"]]', "history"),
@@ -186,7 +208,7 @@ def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:
     ],
 )
 def test_a_tampered_submissions_row_is_not_trusted(column: int, value: object, said: str) -> None:
-    part = Part(1, 1, "openai", ((0, 9),), upload=upload_name(1)).moved("planned", 1.7e9)
+    part = Part(1, 1, "openai", ((0, 9),), tag=new_tag(1)).moved("planned", 1.7e9)
     row = list(row_of(part))
     row[column] = value
     problem = submission_problem(row, 10, {1})

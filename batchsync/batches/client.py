@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
+import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,9 @@ Pause = Callable[[float], bool]
 _RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 529})
 # The most a provider's answer to a control call may be (a batch object, a list of them).
 _CONTROL_BYTES = 4 * 2**20
+# How much of a line longer than max_bytes is kept, to read its custom_id.
+_PREFIX = 4096
+_CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
 # The most pages of the provider's batches read to find one a run made but did not record.
 _MOST_PAGES = 20
 
@@ -60,7 +64,9 @@ class Calls:
 
 
 class Client:
-    """One provider's batch calls for one endpoint (see the module docstring)."""
+    """One provider's batch calls for one endpoint (see the module docstring). ``pause``
+    waits between tries (False: the run was stopped); ``over`` says the run must end now (it
+    was stopped, or its deadline came), checked as a download goes."""
 
     def __init__(
         self,
@@ -68,12 +74,15 @@ class Client:
         session: requests.Session,
         calls: Calls,
         pause: Pause,
+        *,
+        over: Callable[[], bool] = lambda: False,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.endpoint = endpoint
         self._session = session
         self._calls = calls
         self._pause = pause
+        self._over = over
         self._rand = rand
         openai = endpoint.provider == "openai"
         self._batches = f"{endpoint.base}/batches"
@@ -206,7 +215,7 @@ class Client:
         with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as response:
             if response is None:
                 return None
-            body = _read(response, _CONTROL_BYTES)
+            body = _read(response, _CONTROL_BYTES, self._calls.timeout)
         if body is None:
             raise ProviderRefused(f"could not {doing}: the answer is larger than expected")
         try:
@@ -215,27 +224,32 @@ class Client:
             raise ProviderRefused(f"could not {doing}: the answer is not JSON") from None
 
     def _lines(self, url: str, rows: int) -> Iterator[Any]:
-        limit, total = self._calls.max_bytes, rows * self._calls.max_bytes + 2**20
+        limit = self._calls.max_bytes
+        total = rows * limit + 2**20
         with self._send("GET", url, "download the results") as response:
             assert response is not None
-            read = 0
-            line = bytearray()
-            for chunk in response.iter_content(chunk_size=2**16):
+            read, line, oversized = 0, bytearray(), False
+            for chunk in _chunks(response, "download the results"):
+                if self._over():
+                    raise ProviderRefused("the run ended during the download", retryable=True)
                 read += len(chunk)
                 if read > total:
                     raise ProviderRefused("the results are larger than the rows can be")
                 start = 0
-                while (end := chunk.find(b"\n", start)) != -1:
-                    line += chunk[start:end]
-                    if line.strip():
-                        yield _parsed(bytes(line))
-                    line.clear()
+                while start <= len(chunk):
+                    end = chunk.find(b"\n", start)
+                    piece = chunk[start:] if end == -1 else chunk[start:end]
+                    if not oversized:
+                        line += piece
+                        oversized = len(line) > limit
+                    if end == -1:
+                        break
+                    if oversized or line.strip():
+                        yield TooLarge(bytes(line[:_PREFIX])) if oversized else _parsed(bytes(line))
+                    line, oversized = bytearray(), False
                     start = end + 1
-                line += chunk[start:]
-                if len(line) > limit:
-                    raise ProviderRefused(f"a results line is larger than {limit} bytes")
-            if line.strip():
-                yield _parsed(bytes(line))
+            if oversized or line.strip():
+                yield TooLarge(bytes(line[:_PREFIX])) if oversized else _parsed(bytes(line))
 
     def _send(
         self,
@@ -308,13 +322,35 @@ class _Answer:
             self.response.close()
 
 
-def _read(response: requests.Response, limit: int) -> bytes | None:
-    """The body, or None when it is larger than ``limit``."""
+class TooLarge:
+    """A results line longer than ``max_bytes``: not read, but the custom_id at its start
+    (where the providers write it) says which row's answer it was."""
+
+    def __init__(self, start: bytes) -> None:
+        found = _CUSTOM_ID.search(start)
+        self.custom_id = found.group(1).decode() if found else None
+
+
+def _chunks(response: requests.Response, doing: str) -> Iterator[bytes]:
+    """The body's chunks; a body cut short or too slow (as a live attempt's would be) is a
+    ProviderRefused that trying again may cure."""
+    try:
+        yield from response.iter_content(chunk_size=2**16)
+    except (requests.RequestException, OSError) as exc:
+        raise ProviderRefused(f"could not {doing}: {type(exc).__name__}", retryable=True) from None
+
+
+def _read(response: requests.Response, limit: int, seconds: float | None = None) -> bytes | None:
+    """The body, or None when it is larger than ``limit``; ProviderRefused (to be tried
+    again) when it takes longer than ``seconds`` (a body trickled to hold the run)."""
     body = bytearray()
-    for chunk in response.iter_content(chunk_size=2**16):
+    ends = None if seconds is None else time.monotonic() + seconds
+    for chunk in _chunks(response, "read the answer"):
         body += chunk
         if len(body) > limit:
             return None
+        if ends is not None and time.monotonic() > ends:
+            raise ProviderRefused("the answer came too slowly", retryable=True)
     return bytes(body)
 
 
@@ -328,7 +364,10 @@ def _parsed(line: bytes) -> Any:
 def _error_text(response: requests.Response) -> str:
     """': message' from a provider's error body (OpenAI's and Anthropic's ``error.message``),
     read no further than a few KiB."""
-    body = _read(response, 2**14) or b""
+    try:
+        body = _read(response, 2**14) or b""
+    except ProviderRefused:  # (cut short: the status says enough)
+        body = b""
     response.close()
     try:
         payload = json.loads(body)
@@ -340,8 +379,3 @@ def _error_text(response: requests.Response) -> str:
         return ""
     flat = " ".join(message.split())
     return f": {flat[:200]}"
-
-
-def upload_name(part: int) -> str:
-    """The uploaded file's name: the part and a nonce (it names nothing of the input)."""
-    return f"batchsync-part-{part}-{uuid.uuid4().hex[:12]}.jsonl"

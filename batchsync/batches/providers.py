@@ -30,8 +30,9 @@ CAPS: dict[Provider, tuple[int, int]] = {
 # The OpenAI endpoints a batch may run (one per batch: the URL's path names it).
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
 
-# A row's custom_id: its input index (Anthropic allows 64 of [A-Za-z0-9_-]).
-_CUSTOM_ID = re.compile(r"row-(0|[1-9][0-9]{0,17})")
+# A row's custom_id: its part's nonce and its input index (Anthropic allows 64 of
+# [A-Za-z0-9_-]).
+_CUSTOM_ID = re.compile(r"([0-9a-f]{12})-(0|[1-9][0-9]{0,17})")
 # Anthropic's error types as the HTTP status a live call would have been answered with.
 _ANTHROPIC_STATUS = {
     "invalid_request_error": 400,
@@ -109,24 +110,28 @@ def _provider_of(path: str) -> Provider:
     )
 
 
-def custom_id(index: int) -> str:
-    """The custom_id a row is submitted with: its input index, and nothing of the row."""
-    return f"row-{index}"
+def custom_id(index: int, nonce: str) -> str:
+    """The custom_id a row is submitted with: its part's nonce and its input index, nothing
+    of the row."""
+    return f"{nonce}-{index}"
 
 
-def index_of(given: object) -> int | None:
-    """The input index a results line's custom_id names, or None when it is not one of ours."""
-    if isinstance(given, str) and _CUSTOM_ID.fullmatch(given):
-        return int(given[4:])
-    return None
+def index_of(given: object, nonce: str) -> int | None:
+    """The input index a results line's custom_id names, or None when it is not one of the
+    part with ``nonce``."""
+    if not isinstance(given, str):
+        return None
+    match = _CUSTOM_ID.fullmatch(given)
+    return int(match.group(2)) if match and match.group(1) == nonce else None
 
 
-def request_line(endpoint: Endpoint, index: int, body: Mapping[str, Any]) -> bytes:
+def request_line(endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str) -> bytes:
     """One row as the provider takes it: OpenAI's JSONL line, Anthropic's request object."""
+    given = custom_id(index, nonce)
     if endpoint.provider == "openai":
-        line = {"custom_id": custom_id(index), "method": "POST", "url": endpoint.path, "body": body}
+        line = {"custom_id": given, "method": "POST", "url": endpoint.path, "body": body}
     else:
-        line = {"custom_id": custom_id(index), "params": body}
+        line = {"custom_id": given, "params": body}
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -233,11 +238,12 @@ class Answer:
     error: str | None = None
 
 
-def answer_of(provider: Provider, line: Any) -> Answer | None:
-    """The Answer of one results line, or None when the line names no row of ours."""
+def answer_of(provider: Provider, line: Any, nonce: str) -> Answer | None:
+    """The Answer of one results line, or None when the line names no row of the part with
+    ``nonce``."""
     if not isinstance(line, Mapping):
         return None
-    index = index_of(line.get("custom_id"))
+    index = index_of(line.get("custom_id"), nonce)
     if index is None:
         return None
     if provider == "openai":

@@ -35,11 +35,13 @@ from ..store.submissions import (
     Covered,
     Ledger,
     Part,
+    Provider,
     indexes_in,
+    new_tag,
     ranges_of,
     well_formed,
 )
-from .client import Client, ProviderRefused, Stopped, upload_name
+from .client import Client, ProviderRefused, Stopped, TooLarge
 from .providers import (
     CAPS,
     Answer,
@@ -50,6 +52,7 @@ from .providers import (
     failure_text,
     files_of,
     has_ended,
+    index_of,
     refused_for_tokens,
     request_line,
     status_of,
@@ -73,41 +76,27 @@ class Plan:
     whether to cancel the batches it follows (``--cancel``) or keep the files."""
 
     endpoint: Endpoint
-    max_rows: int
-    max_bytes: int
-    poll: float | None
-    deadline: float | None
-    budget: float | None
     passing: int
+    max_rows: int | None = None
+    max_bytes: int | None = None
+    poll: float | None = None
+    deadline: float | None = None
+    budget: float | None = None
     keep_files: bool = False
     cancel: bool = False
+    max_line: int = 32 * 2**20
 
-    @classmethod
-    def of(
-        cls,
-        endpoint: Endpoint,
-        *,
-        max_rows: int | None,
-        max_bytes: int | None,
-        poll: float | None,
-        deadline: float | None,
-        budget: float | None,
-        passing: int,
-        keep_files: bool,
-        cancel: bool,
-    ) -> Plan:
-        rows, size = CAPS[endpoint.provider]
-        return cls(
-            endpoint,
-            min(max_rows or rows, rows),
-            min(max_bytes or size, size),
-            poll,
-            deadline,
-            budget,
-            passing,
-            keep_files,
-            cancel,
-        )
+    @property
+    def rows_cap(self) -> int:
+        """The most rows a part holds: as asked, never beyond the provider's cap."""
+        most = CAPS[self.endpoint.provider][0]
+        return min(self.max_rows or most, most)
+
+    @property
+    def bytes_cap(self) -> int:
+        """The most bytes a submission takes: as asked, never beyond the provider's cap."""
+        most = CAPS[self.endpoint.provider][1]
+        return min(self.max_bytes or most, most)
 
 
 @dataclass
@@ -145,6 +134,7 @@ class BatchRun:
         *,
         observer: Observer | None = None,
         again: Callable[[], Iterable[tuple[int, object]]] | None = None,
+        mask: Callable[[str], str] = str,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         unix_time: Callable[[], float] = time.time,
@@ -159,6 +149,7 @@ class BatchRun:
         self._unix_time = unix_time
         self._stop = stop or threading.Event()
         self._again = again
+        self._mask = mask
         self._started = clock()
 
     # --- Stoppable ----------------------------------------------------------------------------
@@ -201,14 +192,15 @@ class BatchRun:
         numbers = [part.number for part in self._ledger.parts()]
         next_number = max(numbers, default=0) + 1
         cut: list[tuple[int, bytes]] = []
-        cut_bytes = 0
+        cut_bytes, tag = 0, new_tag(next_number)
         provider, plan = self._plan.endpoint.provider, self._plan
         for index, item in items:
             if self.stopped:
                 return
             try:
                 spec = self._request_of(item)
-                line = request_line(plan.endpoint, index, _body_of(spec, plan.endpoint))
+                body = _body_of(spec, plan.endpoint)
+                line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             except InvalidItem as exc:
                 self._give(_unsent(index, self._url, None, str(exc)), item)
                 continue
@@ -222,20 +214,22 @@ class BatchRun:
                 reason = "cancelled (--cancel) before it was submitted"
                 self._give(_unsent(index, self._url, spec.id, reason, kind="batch_cancelled"), item)
                 continue
-            if submission_size(provider, 1, len(line)) > plan.max_bytes:
-                reason = f"the row is larger than a submission may be ({plan.max_bytes} bytes)"
+            if submission_size(provider, 1, len(line)) > plan.bytes_cap:
+                reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
                 self._give(_unsent(index, self._url, spec.id, reason), item)
                 continue
             if cut and (
-                len(cut) >= plan.max_rows
-                or submission_size(provider, len(cut) + 1, cut_bytes + len(line)) > plan.max_bytes
+                len(cut) >= plan.rows_cap
+                or submission_size(provider, len(cut) + 1, cut_bytes + len(line)) > plan.bytes_cap
             ):
-                self._plan_part(next_number, cut, followed)
+                self._plan_part(next_number, tag, cut, followed)
                 next_number, cut, cut_bytes = next_number + 1, [], 0
+                tag = new_tag(next_number)
+                line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             cut.append((index, line))
             cut_bytes += len(line)
         if cut:
-            self._plan_part(next_number, cut, followed)
+            self._plan_part(next_number, tag, cut, followed)
 
     def _settled(self, parts: list[Part]) -> list[Part]:
         """The open parts of earlier runs that have a batch at the provider: one whose create
@@ -251,22 +245,24 @@ class BatchRun:
                 if found is not None:
                     part = self._record(part, found)
             if part.batch is None:
-                if part.input_file is None and part.upload is not None:
-                    part = replace(part, input_file=self._client.file_named(part.upload))
+                if part.input_file is None and part.provider == "openai":
+                    part = replace(part, input_file=self._client.file_named(_file_name(part)))
                 self._ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
                 kept.append(part)
         return kept
 
-    def _plan_part(self, number: int, cut: list[tuple[int, bytes]], followed: _Followed) -> None:
-        """A new part of these rows, recorded, then submitted."""
-        provider = self._plan.endpoint.provider
+    def _plan_part(
+        self, number: int, tag: str, cut: list[tuple[int, bytes]], followed: _Followed
+    ) -> None:
+        """A new part of these rows (``tag``: its own name, in their custom_ids), recorded,
+        then submitted."""
         part = Part(
             number,
             self._plan.passing,
-            provider,
+            self._plan.endpoint.provider,
             ranges_of(index for index, _ in cut),
-            upload=upload_name(number) if provider == "openai" else None,
+            tag=tag,
         ).moved(PLANNED, self._unix_time())
         self._ledger.save(part)
         followed.parts[number] = part
@@ -281,7 +277,7 @@ class BatchRun:
         lines = followed.lines.get(part.number, [])
         try:
             if part.input_file is None and self._plan.endpoint.provider == "openai":
-                file_id = self._client.upload(lines, part.upload or upload_name(part.number))
+                file_id = self._client.upload(lines, _file_name(part))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
             # (a create that got no answer before may have made the batch: looked for first)
@@ -305,7 +301,9 @@ class BatchRun:
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
-                self._save(part.moved(WAITING, self._unix_time()), followed)
+                # (``submitted`` kept only when the create may have made a batch after all)
+                sent = part.submitted if part.number in followed.unanswered else None
+                self._save(part.moved(WAITING, self._unix_time(), submitted=sent), followed)
                 followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
                 return
             self._fail_part(part, followed, str(exc), exc.status)
@@ -386,8 +384,10 @@ class BatchRun:
                 self._fail_part(
                     part, followed, f"the batch {part.batch} is gone at the provider", 404
                 )
-            else:
+            elif exc.retryable:
                 log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
+            else:  # (a key refused, a redirect: polling again would not help)
+                raise BatchApiFailed(f"the batch {part.batch} cannot be polled: {exc}") from None
             return
         provider = self._plan.endpoint.provider
         status = status_of(provider, batch) if isinstance(batch, Mapping) else None
@@ -420,8 +420,10 @@ class BatchRun:
 
     def _collect(self, part: Part, batch: Mapping[str, Any], followed: _Followed) -> None:
         """Every row of an ended batch delivered as its Result (a row the results do not
-        list: ``batch_errored``); then the part is ``collected``. Results that could not all
-        be read are read again at the next round, each row delivered once."""
+        list: ``batch_errored``; one whose answer is longer than ``max_bytes``:
+        ``invalid_body``); then the part is ``collected``. Results that could not all be read
+        are read again at the next round, each row delivered once. A batch whose results list
+        no row of the part but others' is not the part's: nothing of it is taken."""
         provider = self._plan.endpoint.provider
         files = files_of(provider, batch)
         rows = set(indexes_in(part.rows))
@@ -429,10 +431,14 @@ class BatchRun:
         tokens = followed.tokens.setdefault(part.number, [0, 0])
         elapsed = self._elapsed(part)
         failures: dict[int, Result] = {}
+        others = 0
         try:
             for line in self._client.results(files, part.batch or "", part.size):
-                answer = answer_of(provider, line)
-                if answer is None or answer.index not in rows or answer.index in done:
+                answer = _answer(provider, line, part.nonce, self._plan.max_line)
+                if answer is None:
+                    others += 1
+                    continue
+                if answer.index not in rows or answer.index in done:
                     continue
                 done.add(answer.index)
                 used = usage_of(provider, answer.data)
@@ -452,9 +458,15 @@ class BatchRun:
                 "could not read the results of the batch %s (%s): trying again", part.batch, exc
             )
             return
+        if others and not done:
+            raise BatchApiFailed(
+                f"the batch {part.batch} lists rows of another part, none of part "
+                f"{part.number}: it is not this part's batch, and nothing of it is taken"
+            )
         unlisted = Answer(0, False, None, None, "batch_errored", _UNLISTED)
         for index in sorted(rows - done):
             failures[index] = self._result(replace(unlisted, index=index), elapsed, followed)
+        done.update(failures)
         self._give_failures(failures)
         part = part.moved(
             COLLECTED,
@@ -526,6 +538,7 @@ class BatchRun:
             "--retry-failed polls it again, --cancel cancels it"
         )
         elapsed = self._elapsed(part)
+        done = followed.delivered.get(part.number, set())
         self._give_failures(
             {
                 index: replace(
@@ -533,6 +546,7 @@ class BatchRun:
                     elapsed=elapsed,
                 )
                 for index in indexes_in(part.rows)
+                if index not in done
             }
         )
         # (the part stays open: a later run follows it, never submitting its rows again)
@@ -561,9 +575,9 @@ class BatchRun:
         that an id altered in the journal never deletes another's file or batch."""
         provider = self._plan.endpoint.provider
         if part.batch is None:
-            uploaded = part.input_file is not None and part.upload is not None
-            if uploaded and self._client.file_name(part.input_file or "") == part.upload:
-                self._client.delete_file(part.input_file or "")
+            named = part.input_file and self._client.file_name(part.input_file) == _file_name(part)
+            if part.input_file and named:
+                self._client.delete_file(part.input_file)
             return
         try:
             batch = self._client.retrieve(part.batch)
@@ -583,6 +597,8 @@ class BatchRun:
 
     # --- Results ---------------------------------------------------------------------------------
     def _give(self, result: Result, item: object) -> None:
+        if result.error is not None:  # (a provider's message may echo the key)
+            result = replace(result, error=self._mask(result.error))
         self._observer.item_finished(result)
         self._deliver(result, item)
 
@@ -639,6 +655,21 @@ class BatchRun:
             left = self._plan.deadline - (self._clock() - self._started)
             wait = min(wait, max(left, 0.0))
         return wait
+
+
+def _answer(provider: Provider, line: Any, nonce: str, limit: int) -> Answer | None:
+    """The Answer of one results line (``TooLarge``: its row's ``invalid_body``), or None
+    when it names no row of the part with ``nonce``."""
+    if isinstance(line, TooLarge):
+        index = index_of(line.custom_id, nonce)
+        reason = f"its answer in the batch's results is larger than max_bytes ({limit})"
+        return None if index is None else Answer(index, False, None, None, "invalid_body", reason)
+    return answer_of(provider, line, nonce)
+
+
+def _file_name(part: Part) -> str:
+    """The name a part's rows are uploaded under (OpenAI)."""
+    return f"{part.tag}.jsonl"
 
 
 def pause(stop: threading.Event, seconds: float) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
@@ -97,19 +98,25 @@ class ThroughBatchApi:
             verify=options.verify,
             cert=options.cert,
         )
-        client = Client(self._endpoint, session, calls, partial(pause, stop))
+        ends = None if options.deadline is None else time.monotonic() + options.deadline
+
+        def over() -> bool:
+            return stop.is_set() or (ends is not None and time.monotonic() > ends)
+
+        client = Client(self._endpoint, session, calls, partial(pause, stop), over=over)
         observer = Observers([progress, Hooks(None, options.on_result)])
         run = BatchRun(
-            Plan.of(
+            Plan(
                 self._endpoint,
+                self._passing,
                 max_rows=options.batch_rows,
                 max_bytes=options.batch_bytes,
                 poll=options.poll,
                 deadline=options.deadline,
                 budget=options.budget if "budget" in options.model_fields_set else None,
-                passing=self._passing,
                 keep_files=options.keep_files,
                 cancel=self._cancel,
+                max_line=options.max_bytes,
             ),
             client,
             ledger,
@@ -117,6 +124,7 @@ class ThroughBatchApi:
             secrets.given(self._endpoint.url, frozenset()),
             observer=observer,
             again=self._again,
+            mask=secrets.text,
             stop=stop,
         )
         try:
@@ -137,8 +145,10 @@ def _session_of(options: FetchOptions) -> requests.Session:
 
 def open_batches(parts: Iterable[Part]) -> str | None:
     """What a live run on a journal would send twice: the rows of batches still open at the
-    provider, in a few words; None when there are none."""
-    still = [part for part in parts if part.open and part.batch is not None]
+    provider (or maybe made by a create that got no answer), in a few words; None when there
+    are none."""
+    # (a part whose create got no answer may have a batch there too)
+    still = [p for p in parts if p.open and (p.batch is not None or p.submitted is not None)]
     if not still:
         return None
     rows = sum(1 for part in still for _ in indexes_in(part.rows))

@@ -89,7 +89,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     history TEXT NOT NULL,
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
-    upload TEXT
+    tag TEXT NOT NULL
 );
 """
 # ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``

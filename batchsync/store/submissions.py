@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -66,9 +67,14 @@ def well_formed(provider: Provider, kind: str, value: object) -> str | None:
 
 # The most tokens a part's answers may have used (a count past it is no count of ours).
 _MOST_TOKENS = 2**53
-_UPLOAD = re.compile(r"batchsync-part-[0-9]{1,9}-[0-9a-f]{12}\.jsonl")
+_TAG = re.compile(r"batchsync-part-[1-9][0-9]{0,17}-[0-9a-f]{12}")
 
 Ranges = tuple[tuple[int, int], ...]
+
+
+def new_tag(number: int) -> str:
+    """A new part's own name (``Part.tag``): its number and a nonce no other part has."""
+    return f"batchsync-part-{number}-{secrets.token_hex(6)}"
 
 
 def ranges_of(indexes: Iterable[int]) -> Ranges:
@@ -104,9 +110,15 @@ class Part:
     submitted: float | None = None
     history: tuple[tuple[float, str], ...] = ()
     tokens: tuple[int, int] = (0, 0)
-    # The name its rows are uploaded under (OpenAI), recorded before the upload: a run
-    # killed during the upload leaves a file a later run finds by it, and deletes.
-    upload: str | None = None
+    # Its own name, made before anything is sent (``new_tag``): the name its rows are
+    # uploaded under (OpenAI: a run killed during the upload leaves a file that a later run
+    # finds by it), and its nonce begins each row's custom_id (a batch that is not this
+    # part's has no row of it).
+    tag: str = ""
+
+    @property
+    def nonce(self) -> str:
+        return self.tag.rpartition("-")[2]
 
     @property
     def size(self) -> int:
@@ -161,7 +173,7 @@ class Ledger:
 
 COLUMNS = (
     "part, pass, provider, rows, state, input_file, batch, output_file, error_file, "
-    "submitted, updated, history, input_tokens, output_tokens, upload"
+    "submitted, updated, history, input_tokens, output_tokens, tag"
 )
 
 
@@ -208,7 +220,7 @@ def row_of(part: Part) -> tuple[Any, ...]:
         json.dumps([list(entry) for entry in part.history], separators=(",", ":")),
         part.tokens[0],
         part.tokens[1],
-        part.upload,
+        part.tag,
     )
 
 
@@ -227,7 +239,7 @@ def part_of(row: Sequence[Any]) -> Part:
         submitted=row[9],
         history=tuple((float(when), str(state)) for when, state in json.loads(row[11])),
         tokens=(int(row[12]), int(row[13])),
-        upload=row[14],
+        tag=row[14],
     )
 
 
@@ -237,7 +249,7 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
     a journal of ``size`` items whose passes are ``passes``, or None: each value, then what
     its state says it must hold (a batch id once the provider made one, files as they came)."""
     number, passing, provider, rows, state = row[:5]
-    submitted, _, history, input_tokens, output_tokens, upload = row[9:15]
+    submitted, _, history, input_tokens, output_tokens, tag = row[9:15]
     if not (_count(number, 1) and number <= size):
         return "part is not a number from 1 to the items' count"
     if passing not in passes:
@@ -256,10 +268,10 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
         return "history is not a list of (time, state)"
     if not (_tokens(input_tokens) and _tokens(output_tokens)):
         return "tokens are not counts"
-    if not (upload is None or (isinstance(upload, str) and _UPLOAD.fullmatch(upload))):
-        return "upload is not a name batchsync uploads under"
-    if (upload is None) != (provider == "anthropic"):
-        return "upload is not what the provider takes"
+    if not (isinstance(tag, str) and _TAG.fullmatch(tag) and tag.split("-")[2] == str(number)):
+        return "tag is not the part's own as batchsync makes them"
+    if entries and entries[-1][1] != state:
+        return "state is not the last of its history"
     return _state_problem(provider, state, row[5:9], submitted)
 
 
