@@ -571,41 +571,80 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 class _Hostile(http.server.BaseHTTPRequestHandler):
-    """A batch API that points elsewhere: Anthropic's results URL on another origin, and
-    OpenAI's batch answered by a redirect there."""
+    """A batch API that misbehaves, by the first segment of the path: ``anthropic``, its
+    results URL on another origin; ``openai``, its batch answered by a redirect there;
+    ``echo``, results whose errors repeat the API key; ``huge``, a results line longer than
+    ``--max-bytes``; ``stall``, a batch object that stops halfway."""
 
     elsewhere = ""
+    custom_ids: ClassVar[list[str]] = []
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        body = self.rfile.read(length)
         if self.path.endswith("/files"):
             self._json({"id": "file-1", "object": "file"})
-        else:
-            self._batch()
+            return
+        if self.path.endswith("/messages/batches"):
+            requests = json.loads(body)["requests"]
+            type(self).custom_ids = [request["custom_id"] for request in requests]
+        self._batch()
 
     def do_GET(self) -> None:
-        if self.path.startswith("/openai/"):
+        mode = self.path.split("/")[1]
+        if mode == "openai":
             self.send_response(302)
             self.send_header("Location", f"{self.elsewhere}/batch")
             self.send_header("Content-Length", "0")
             self.end_headers()
-            return
-        self._batch()
+        elif mode == "stall":
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"id"')
+            self.wfile.flush()
+            time.sleep(3)
+        elif self.path.endswith("/results"):
+            self._results(mode)
+        else:
+            self._batch()
+
+    def do_DELETE(self) -> None:
+        self._json({"id": "msgbatch_1", "type": "message_batch_deleted"})
 
     def _batch(self) -> None:
-        if self.path.startswith("/openai/"):
+        mode = self.path.split("/")[1]
+        if mode in ("openai", "stall"):
             self._json({"id": "batch_1", "status": "validating", "input_file_id": "file-1"})
             return
-        counts = {"processing": 0, "succeeded": 3, "errored": 0, "canceled": 0, "expired": 0}
+        rows = len(self.custom_ids) or 3
+        counts = {"processing": 0, "succeeded": rows, "errored": 0, "canceled": 0, "expired": 0}
+        here = f"http://{self.headers['Host']}/{mode}/v1/messages/batches/msgbatch_1/results"
         self._json(
             {
                 "id": "msgbatch_1",
                 "processing_status": "ended",
                 "request_counts": counts,
-                "results_url": f"{self.elsewhere}/results",
+                "results_url": f"{self.elsewhere}/results" if mode == "anthropic" else here,
             }
         )
+
+    def _results(self, mode: str) -> None:
+        key = self.headers.get("x-api-key", "")
+        lines = []
+        for number, custom_id in enumerate(self.custom_ids):
+            text = "x" * 300_000 if mode == "huge" and number == 1 else "fine"
+            message = {"content": [{"type": "text", "text": text}], "usage": {}}
+            result: dict[str, Any] = {"type": "succeeded", "message": message}
+            if mode == "echo":
+                inner = {"type": "authentication_error", "message": f"invalid x-api-key {key}"}
+                result = {"type": "errored", "error": {"type": "error", "error": inner}}
+            lines.append(json.dumps({"custom_id": custom_id, "result": result}))
+        body = "\n".join(lines).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _json(self, payload: object) -> None:
         body = json.dumps(payload).encode()
@@ -624,6 +663,7 @@ def hostile() -> Iterator[str]:
     recorder = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     provider = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
     _Hostile.elsewhere = f"http://127.0.0.1:{recorder.server_address[1]}"
+    _Hostile.custom_ids = []
     _Recorder.seen.clear()
     for running in (recorder, provider):
         threading.Thread(target=running.serve_forever, daemon=True).start()
@@ -676,3 +716,90 @@ def test_cancel_reaches_a_batch_whose_rows_the_deadline_ended_then_live_may_go_o
     assert went_live.returncode == 0, went_live.stderr
     check_in_order(results(tmp_path / "in-results.jsonl"), 5)
     assert server.get(f"/llm/{key}/stats")["requests"] == 5
+
+
+def test_a_providers_message_that_repeats_the_key_is_written_masked(
+    hostile: str, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 3)
+    args = command(
+        source, f"{hostile}/echo/v1/messages", "anthropic", "--batch-api", "--poll", "0.05"
+    )
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert {row["error_kind"] for row in written} == {"batch_errored"}
+    assert written[0]["error"] == "authentication_error: invalid x-api-key ***"
+    assert written[0]["status_code"] == 401
+    no_canary_in(tmp_path)
+
+
+def test_a_results_line_longer_than_max_bytes_is_its_rows_invalid_body(
+    hostile: str, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 3)
+    url = f"{hostile}/huge/v1/messages"
+    args = command(
+        source, url, "anthropic", "--batch-api", "--poll", "0.05", "--max-bytes", "100000"
+    )
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert [row["error_kind"] for row in written] == [None, "invalid_body", None]
+    assert "larger than max_bytes (100000)" in written[1]["error"]
+
+
+def test_a_batch_object_that_stops_halfway_is_polled_again_until_the_deadline(
+    hostile: str, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 2)
+    url = f"{hostile}/stall/v1/chat/completions"
+    more = ("--batch-api", "--poll", "0.05", "--timeout", "1", "--attempts", "1")
+    done = run([*command(source, url, "openai", *more), "--deadline", "4"], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert {row["error_kind"] for row in results(tmp_path / "in-results.jsonl")} == {"deadline"}
+
+
+def test_an_anthropic_part_refused_for_the_queue_never_takes_another_runs_batch(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Two runs on one account: the second's part is refused (429) while the first's batch of
+    as many rows runs; it waits and is submitted itself, never taking the first's batch."""
+    url, key = endpoint(server, "anthropic", "pace=1,enqueued=250")
+    first_rows = cookbook(tmp_path / "first.jsonl", 10)
+    second_rows = tmp_path / "second.jsonl"
+    second_rows.write_text(first_rows.read_text().replace("question", "other question"))
+    first = start(command(first_rows, url, "anthropic", "--batch-api", "--poll", "0.1"), tmp_path)
+    wait_for(lambda: any(b for _, b in parts(tmp_path / "first-journal.sqlite3")), first, "sent")
+    second = run(command(second_rows, url, "anthropic", "--batch-api", "--poll", "0.1"), tmp_path)
+    first.wait(timeout=60)
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    counts = stats(server, key)
+    assert counts["refused_creates"] > 0 and counts["batches_run"] == 2
+    assert counts["rows_run"] == 20 and counts["twice"] == []
+    answers = [row["data"]["id"] for row in results(tmp_path / "first-results.jsonl")]
+    others = [row["data"]["id"] for row in results(tmp_path / "second-results.jsonl")]
+    assert not set(answers) & set(others), "the second run took the first's answers"
+
+
+def test_a_live_resume_is_refused_while_a_create_got_no_answer(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 5)
+    url, key = endpoint(server, "openai", "pace=0.3,stall_create=3")
+    journal = tmp_path / "in-journal.sqlite3"
+    first = start(command(source, url, "openai", "--batch-api", "--poll", "0.05"), tmp_path)
+    wait_for(
+        lambda: (
+            "submitting" in [state for state, _ in parts(journal)]
+            and counts_so_far(server, key).get("batches_created", 0) > 0
+        ),
+        first,
+        "creating",
+    )
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    live = run(command(source, url, "openai", "--resume", "--live"), tmp_path)
+    assert live.returncode == 2, live.stderr
+    assert "still open" in live.stderr
+    assert server.get(f"/llm/{key}/stats")["requests"] == 0
