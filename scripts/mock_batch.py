@@ -62,8 +62,9 @@ The batch stats are JSON: ``files_uploaded``, ``files_deleted``, ``files_alive``
 files not deleted, outputs included), ``batches_created`` (creates answered 200, the ones the
 cap fails later included), ``refused_creates`` (creates the cap refused or failed),
 ``batches_run`` and ``rows_run`` (batches that went in progress, and their rows), ``twice``
-(each ``custom_id`` whose same body was in more than one batch that ran: a client that
-resubmits what already ran shows here), ``batches_deleted``, ``auth`` (the distinct
+(each request body answered in more than one batch, whatever its custom_ids: a client that
+resubmits what already ran shows here; rows that expired or were cancelled before they ran
+do not count), ``batches_deleted``, ``auth`` (the distinct
 ``Authorization`` and ``x-api-key`` values the batch routes saw) and ``batches`` (each one's
 ``id``, ``provider``, ``status``, ``rows``, ``tokens`` and ``created_at``).
 """
@@ -868,19 +869,20 @@ class BatchMock:
             for batch in store.batches.values():
                 self._finish(store, batch, now)  # (the output files of the batches now over)
             ran = [b for b in store.batches.values() if b.ran(now)]
-            seen: dict[tuple[str, str], list[str]] = {}
+            seen: dict[str, list[tuple[str, str]]] = {}
             for batch in ran:
-                for row in batch.rows:
-                    seen.setdefault((row.custom_id, row.text), []).append(batch.id)
+                for index, row in enumerate(batch.rows):
+                    if batch.done(index, now):
+                        seen.setdefault(row.text, []).append((row.custom_id, batch.id))
             return {
                 **store.counts,
                 "files_alive": [f.id for f in store.files.values() if not f.deleted],
                 "batches_run": len(ran),
                 "rows_run": sum(len(b.rows) for b in ran),
                 "twice": [
-                    {"custom_id": custom_id, "batches": ids}
-                    for (custom_id, _), ids in seen.items()
-                    if len(ids) > 1
+                    {"custom_ids": [c for c, _ in runs], "batches": [b for _, b in runs]}
+                    for runs in seen.values()
+                    if len(runs) > 1
                 ],
                 "auth": sorted(store.auth),
                 "batches": [

@@ -230,7 +230,9 @@ def test_openai_enqueued_cap_fails_a_batch_that_would_exceed_it(server: MockServ
     base, key = prefix(server, "pace=0.2,enqueued=400")
     client = gpt(base)
     first = upload(client, chat_lines(10, tag="a"))
-    second = upload(client, chat_lines(10, tag="b"))
+    # (the same questions of another model: other requests, as many tokens)
+    others = [{**line, "body": {**line["body"], "model": "gpt-mock-b"}} for line in chat_lines(10)]
+    second = upload(client, [{**line, "custom_id": f"b{line['custom_id']}"} for line in others])
     running = client.batches.create(input_file_id=first, endpoint=CHAT, completion_window="24h")
     refused = client.batches.create(input_file_id=second, endpoint=CHAT, completion_window="24h")
     assert refused.status == "validating"
@@ -251,7 +253,7 @@ def test_openai_enqueued_cap_fails_a_batch_that_would_exceed_it(server: MockServ
     assert (counted["batches_created"], counted["refused_creates"]) == (3, 1)
     assert (counted["batches_run"], counted["rows_run"], counted["twice"]) == (2, 20, [])
     rerun = client.batches.create(input_file_id=second, endpoint=CHAT, completion_window="24h")
-    until(lambda: client.batches.retrieve(rerun.id), lambda b: b.status != "validating")
+    assert finish(client, rerun.id).status == "completed"
     assert len(batch_stats(server, key)["twice"]) == 10  # (a resubmission shows)
 
 

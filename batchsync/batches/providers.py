@@ -263,7 +263,8 @@ def _openai_answer(index: int, line: Mapping[str, Any]) -> Answer:
     kind: ErrorKind = "batch_errored"
     if code in ("batch_expired", "batch_cancelled"):
         kind = "batch_expired" if code == "batch_expired" else "batch_cancelled"
-    return Answer(index, False, None, None, kind, _line(f"{code}: {message}" if code else message))
+    said = f"{code}: {message}" if code else message or "the provider gave no result"
+    return Answer(index, False, None, None, kind, _line(said))
 
 
 def _anthropic_answer(index: int, result: Any) -> Answer:

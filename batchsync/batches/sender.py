@@ -109,11 +109,16 @@ class _Followed:
     lines: dict[int, list[bytes]] = field(default_factory=dict)
     # When each waiting part may be submitted again (the monotonic clock).
     retry_at: dict[int, float] = field(default_factory=dict)
-    # The parts whose last create got no answer (it may have made the batch).
-    unanswered: set[int] = field(default_factory=set)
+    # The rows of each earlier part that this run was given (a part of its own: all of them);
+    # the others have their Results already.
+    rows: dict[int, set[int]] = field(default_factory=dict)
     # The rows of each part delivered so far, and the tokens their answers used.
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
+
+    def given(self, part: Part) -> set[int]:
+        """The rows of ``part`` this run is to deliver."""
+        return self.rows.get(part.number) or set(indexes_in(part.rows))
 
 
 class BatchApiFailed(OSError):
@@ -200,7 +205,6 @@ class BatchRun:
             try:
                 spec = self._request_of(item)
                 body = _body_of(spec, plan.endpoint)
-                line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             except InvalidItem as exc:
                 self._give(_unsent(index, self._url, None, str(exc)), item)
                 continue
@@ -208,8 +212,13 @@ class BatchRun:
                 followed.ids[index] = spec.id
             number = covered.part_of(index)
             if number is not None:
-                followed.parts[number] = known[number]
+                earlier = followed.parts[number] = known[number]
+                followed.rows.setdefault(number, set()).add(index)
+                if earlier.batch is None:  # (to be submitted once it is known to have none)
+                    own = request_line(plan.endpoint, index, body, earlier.nonce)
+                    followed.lines.setdefault(number, []).append(own)
                 continue
+            line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             if plan.cancel:  # (nothing new is submitted to be cancelled)
                 reason = "cancelled (--cancel) before it was submitted"
                 self._give(_unsent(index, self._url, spec.id, reason, kind="batch_cancelled"), item)
@@ -241,7 +250,13 @@ class BatchRun:
         for earlier in parts:
             part = earlier
             if part.batch is None and part.submitted is not None:  # (a create was sent)
-                found = self._find(part)
+                try:
+                    found = self._find(part)
+                except ProviderRefused as exc:
+                    if not exc.retryable:
+                        raise
+                    kept.append(part)  # (not known yet: its rows wait for it, not cut again)
+                    continue
                 if found is not None:
                     part = self._record(part, found)
             if part.batch is None:
@@ -272,65 +287,87 @@ class BatchRun:
     # --- submitting -------------------------------------------------------------------------------
     def _submit(self, part: Part, followed: _Followed) -> None:
         """Upload (OpenAI) and create the part's batch, recording each step first; a part
-        refused for the provider's queue waits (``WAITING``) to be submitted again."""
+        refused for the provider's queue waits (``WAITING``) to be submitted again. A part
+        whose earlier create got no answer (``submitted`` kept) is looked for at the
+        provider before it is created again."""
         # (an OpenAI part submitted again after the token cap refused it has its file)
         lines = followed.lines.get(part.number, [])
+        unanswered = part.submitted is not None
         try:
             if part.input_file is None and self._plan.endpoint.provider == "openai":
                 file_id = self._client.upload(lines, _file_name(part))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
-            # (a create that got no answer before may have made the batch: looked for first)
-            found = self._find(part) if part.number in followed.unanswered else None
-            part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
-            self._save(part, followed)
-            try:
-                batch = found or self._client.create(
-                    input_file=part.input_file, lines=lines, part=part.number
-                )
-            except ProviderRefused as exc:
-                if exc.status is not None and exc.status < 500:
-                    raise  # (answered: no batch was made)
-                followed.unanswered.add(part.number)
-                batch = self._find(part)
-                if batch is None:
-                    raise
-            followed.unanswered.discard(part.number)
+            batch = self._find(part) if unanswered else None
+            if batch is None:
+                part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
+                self._save(part, followed)
+                try:
+                    batch = self._client.create(
+                        input_file=part.input_file, lines=lines, part=part.number
+                    )
+                except ProviderRefused as exc:
+                    if exc.status is not None and exc.status < 500:
+                        raise  # (answered: no batch was made)
+                    unanswered = True
+                    batch = self._find(part)
+                    if batch is None:
+                        raise
             self._save(self._record(part, batch), followed)
             followed.lines.pop(part.number, None)
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
-                # (``submitted`` kept only when the create may have made a batch after all)
-                sent = part.submitted if part.number in followed.unanswered else None
+                # (``submitted`` kept only when a create may have made a batch after all)
+                sent = part.submitted if unanswered else None
                 self._save(part.moved(WAITING, self._unix_time(), submitted=sent), followed)
                 followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
                 return
             self._fail_part(part, followed, str(exc), exc.status)
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
-        """The batch the provider made of a part whose create got no answer (or whose answer
-        was not recorded), or None: OpenAI's by its input file, Anthropic's by when it was
-        made and its number of rows, when exactly one matches."""
+        """The batch the provider made of a part whose create got no answer, or None when it
+        made none. OpenAI's is the one made of the part's file. Anthropic's list names nothing
+        of a batch's rows: one made since the part's create with as many rows is the part's
+        only when its results carry the part's nonce, so while such a batch has not ended the
+        part waits (a retryable ProviderRefused), neither created again nor taking another's."""
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
         provider = self._plan.endpoint.provider
-        candidates = []
+        candidates, unsure = [], False
         since = (part.submitted or 0.0) - _CLOCK_SKEW
         for batch in self._client.recent(since):
             if well_formed(provider, "batch", batch.get("id")) is None or batch.get("id") in known:
                 continue
-            if refused_for_tokens(batch):  # (an earlier try of this part that never ran)
+            if refused_for_tokens(batch) or not belongs_to(provider, batch, part):
                 continue
-            if belongs_to(provider, batch, part) and (
-                provider == "openai" or _made_since(batch, part)
-            ):
+            if provider == "openai":
                 candidates.append(batch)
+            elif _made_since(batch, part):
+                status = status_of(provider, batch)
+                if status is None or not has_ended(status):
+                    unsure = True
+                elif self._carries_nonce(batch, part):
+                    candidates.append(batch)
         if len(candidates) > 1:
             raise ProviderRefused(
-                f"part {part.number}: {len(candidates)} batches at the provider could be the "
-                "one its create made; none is taken (cancel the extra ones there)"
+                f"part {part.number}: {len(candidates)} batches at the provider were made of "
+                "its rows; none is taken"
+            )
+        if not candidates and unsure:
+            raise ProviderRefused(
+                f"part {part.number}: a batch that may be its own has not ended yet", retryable=True
             )
         return candidates[0] if candidates else None
+
+    def _carries_nonce(self, batch: Mapping[str, Any], part: Part) -> bool:
+        """Whether an ended Anthropic batch's results are rows of ``part`` (its nonce)."""
+        batch_id = str(batch.get("id"))
+        for line in self._client.results(files_of("anthropic", batch), batch_id, part.size):
+            given = line.custom_id if isinstance(line, TooLarge) else None
+            if isinstance(line, Mapping):
+                given = line.get("custom_id")
+            return isinstance(given, str) and given.startswith(f"{part.nonce}-")
+        return False
 
     def _record(self, part: Part, batch: Any) -> Part:
         """``part`` with the batch the provider made of it, recorded with its status."""
@@ -426,7 +463,7 @@ class BatchRun:
         no row of the part but others' is not the part's: nothing of it is taken."""
         provider = self._plan.endpoint.provider
         files = files_of(provider, batch)
-        rows = set(indexes_in(part.rows))
+        rows = followed.given(part)
         done = followed.delivered.setdefault(part.number, set())
         tokens = followed.tokens.setdefault(part.number, [0, 0])
         elapsed = self._elapsed(part)
@@ -491,8 +528,7 @@ class BatchRun:
                     kind="batch_errored",
                     status=status,
                 )
-                for index in indexes_in(part.rows)
-                if index not in done
+                for index in followed.given(part) - done
             }
         )
         self._save(part.moved(COLLECTED, self._unix_time()), followed)
@@ -537,16 +573,11 @@ class BatchRun:
             f"{where} was still {part.state} at the provider when the {kind} ran out: "
             "--retry-failed polls it again, --cancel cancels it"
         )
-        elapsed = self._elapsed(part)
         done = followed.delivered.get(part.number, set())
         self._give_failures(
             {
-                index: replace(
-                    _unsent(index, self._url, followed.ids.get(index), reason, kind=kind),
-                    elapsed=elapsed,
-                )
-                for index in indexes_in(part.rows)
-                if index not in done
+                index: _unsent(index, self._url, followed.ids.get(index), reason, kind=kind)
+                for index in followed.given(part) - done
             }
         )
         # (the part stays open: a later run follows it, never submitting its rows again)
@@ -557,6 +588,8 @@ class BatchRun:
         batch (Anthropic) at the provider, unless asked to keep them; a part that cannot be
         cleaned is tried again by a later run."""
         for part in self._ledger.parts():
+            if self.stopped:  # (a later run cleans what is left)
+                return
             if part.state not in (COLLECTED, DROPPED):
                 continue
             try:
@@ -599,8 +632,8 @@ class BatchRun:
     def _give(self, result: Result, item: object) -> None:
         if result.error is not None:  # (a provider's message may echo the key)
             result = replace(result, error=self._mask(result.error))
+        self._deliver(result, item)  # (journaled first: an observer that raises loses none)
         self._observer.item_finished(result)
-        self._deliver(result, item)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
         """Deliver failed Results with their items, read again from the input (``again``):

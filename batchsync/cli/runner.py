@@ -200,6 +200,8 @@ def run_batch(
         # Held until the outputs are written: a second run with this prefix would
         # remove this run's journal or replace its outputs.
         _lock_prefix(held, controller, prefix)
+        if continuing.fresh:
+            _refuse_to_forget(path)
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
         plan = _plan(held, source, identity, continuing, path)
@@ -251,6 +253,17 @@ def entry_request(entry: object) -> RequestSpec:
         return parse_item(entry.item)
     except InvalidItem as exc:
         raise InvalidItem(f"{entry.where}: {exc}") from None
+
+
+def _refuse_to_forget(path: Path) -> None:
+    """Refused when --fresh would forget batches still open at the provider (their rows
+    would run, and be paid, twice)."""
+    still = open_batches(journal_parts(path))
+    if still is not None:
+        raise Refused(
+            f"{still}: --fresh would forget them; --batch-api --resume --cancel cancels them "
+            "first, or give another prefix with -o"
+        )
 
 
 def _check_batches(path: Path, options: FetchOptions, continuing: Continuing) -> None:

@@ -139,6 +139,8 @@ class Resumable(Generic[OptionsT]):
         self._stints: list[Stint] = []
         self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
+        # The submissions to a batch endpoint of a batch without a journal.
+        self._ledger = Ledger()
         self.journal = None if journal is None else Path(journal)
         self._form = Items(None if template is None else template.url)
         self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
@@ -159,6 +161,7 @@ class Resumable(Generic[OptionsT]):
         hint = "give another journal, or fresh=True to replace it"
         with self._controller() as controller:
             if fresh:
+                _refuse_to_replace(self.journal)
                 controller.replace()
             else:
                 self._take(controller.kept(len(self.items), self._restore, hint))
@@ -263,7 +266,7 @@ class Resumable(Generic[OptionsT]):
             arguments = self._arguments | changes | {"fresh": False}
             batch = type(self)(*self._remade_with(), **arguments)
             if batch.journal is None:  # (else it has read the same state from the journal)
-                batch._done, batch._pass = dict(self._done), self._pass
+                batch._done, batch._pass, batch._ledger = dict(self._done), self._pass, self._ledger
                 batch._stints, batch._timeline = list(self._stints), self.results.wait_timeline
         batch._retry_pass(kinds)
         return batch.run()
@@ -324,8 +327,6 @@ class Batch(Resumable[FetchOptions]):
             # Every row a POST; without body=, the row itself less its metadata (as the
             # command line's --row-as-body).
             self._template = Template.parse(url, "POST", body, id_field, row_as_body=body is None)
-        # The submissions to a batch endpoint of a batch without a journal.
-        self._ledger = Ledger()
         self._cancelling = False
         self._start(
             items,
@@ -407,6 +408,17 @@ class Batch(Resumable[FetchOptions]):
             return self.run()
         finally:
             self._cancelling = False
+
+
+def _refuse_to_replace(journal: Path | None) -> None:
+    """ValueError when a fresh start would forget batches still open at the provider (their
+    rows would run, and be paid, twice)."""
+    still = open_batches(journal_parts(journal))
+    if still is not None:
+        raise ValueError(
+            f"{still}: fresh=True would forget them; cancel them first (batch_api=..., "
+            "cancel()) or give another journal"
+        )
 
 
 def _row_request(row: object, template: Template) -> RequestSpec:

@@ -23,7 +23,7 @@ from ..core.observe import Hooks, Observers
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
 from ..limits.gates import Gates
-from ..store.journal import JournalReader, connect
+from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
 from .assembly import Ran, Stoppable
 from .progress import Tally
@@ -58,6 +58,8 @@ class ThroughBatchApi:
         self._cancel = cancel
         self._again = again
         self._on_start = on_start
+        # One stop for the run and the clean-up after it: a signal stops both.
+        self._stop = threading.Event()
         self._run: BatchRun | None = None
 
     def __call__(
@@ -87,7 +89,7 @@ class ThroughBatchApi:
         ledger = self._memory or Ledger()
         if self._journal is not None:
             ledger = JournaledLedger(self._journal, connect)
-        stop = threading.Event()
+        stop = self._stop
         calls = Calls(
             headers=dict(options.headers or {}),
             timeout=options.timeout,
@@ -159,7 +161,10 @@ def journal_parts(path: Path | None) -> list[Part]:
     """The submissions a journal holds (none without one)."""
     if path is None or not path.exists():
         return []
-    reader = JournalReader(path)
+    try:
+        reader = JournalReader(path)
+    except JournalMismatch:  # (not a journal of ours: no submissions of ours either)
+        return []
     try:
         return reader.parts()
     finally:
