@@ -150,7 +150,7 @@ def test_a_cookbook_file_through_the_batch_api_killed_polling_resumed_then_retri
     rows, expired = 2000, {10, 1500}
     marks = dict.fromkeys(expired, "[[expire]]") | {7: "[[error]]"}
     source = cookbook(tmp_path / "requests.jsonl", rows, marks)
-    url, key = endpoint(server, provider, "pace=0.5,rpm=100000,tpm=100000000")
+    url, key = endpoint(server, provider, "pace=0.3,rpm=100000,tpm=100000000")
     args = command(source, url, provider, "--batch-api", "--poll", "0.1", "--batch-rows", "700")
     journal = tmp_path / "requests-journal.sqlite3"
 
@@ -224,16 +224,16 @@ def test_a_cookbook_file_through_the_batch_api_killed_polling_resumed_then_retri
 # the batch polled, its results being read.
 PHASES: dict[str, tuple[str, Callable[[list[str], dict[str, Any]], bool]]] = {
     "upload": (
-        "pace=0.1,stall_upload=1.5",
+        "pace=0.1,stall_upload=0.8",
         lambda states, counts: "planned" in states and counts.get("files_uploaded", 0) > 0,
     ),
     "create": (
-        "pace=0.1,stall_create=1.5",
+        "pace=0.1,stall_create=0.8",
         lambda states, counts: "submitting" in states and counts.get("batches_created", 0) > 0,
     ),
-    "polling": ("pace=0.5", lambda states, counts: "in_progress" in states),
+    "polling": ("pace=0.3", lambda states, counts: "in_progress" in states),
     "download": (
-        "pace=0.1,stall_results=1.5",
+        "pace=0.1,stall_results=0.8",
         lambda states, counts: bool({"completed", "ended"} & set(states)),
     ),
 }
@@ -290,7 +290,7 @@ def test_ctrl_c_leaves_the_batches_running_and_cancel_collects_what_they_ran(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     source = cookbook(tmp_path / "in.jsonl", 20)
-    url, key = endpoint(server, "openai", "pace=8")  # (it is cancelled long before it runs)
+    url, key = endpoint(server, "openai", "pace=5")  # (it is cancelled long before it runs)
     args = command(source, url, "openai", "--batch-api", "--poll", "0.05", "--batch-rows", "10")
     journal = tmp_path / "in-journal.sqlite3"
     first = start(args, tmp_path)
@@ -700,7 +700,7 @@ def test_cancel_reaches_a_batch_whose_rows_the_deadline_ended_then_live_may_go_o
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     source = cookbook(tmp_path / "in.jsonl", 5)
-    url, key = endpoint(server, "openai", "pace=8,rpm=100000,tpm=100000000")
+    url, key = endpoint(server, "openai", "pace=5,rpm=100000,tpm=100000000")
     args = command(source, url, "openai", "--batch-api", "--poll", "0.1")
     assert run([*args, "--deadline", "0.5"], tmp_path).returncode == 1
     written = results(tmp_path / "in-results.jsonl")
