@@ -574,7 +574,8 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
     """A batch API that misbehaves, by the first segment of the path: ``anthropic``, its
     results URL on another origin; ``openai``, its batch answered by a redirect there;
     ``echo``, results whose errors repeat the API key; ``huge``, a results line longer than
-    ``--max-bytes``; ``stall``, a batch object that stops halfway."""
+    ``--max-bytes``; ``stall``, a batch object that stops halfway; ``foreign``, results that
+    are the rows of another part."""
 
     elsewhere = ""
     custom_ids: ClassVar[list[str]] = []
@@ -632,7 +633,9 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
     def _results(self, mode: str) -> None:
         key = self.headers.get("x-api-key", "")
         lines = []
-        for number, custom_id in enumerate(self.custom_ids):
+        for number, given in enumerate(self.custom_ids):
+            # (``foreign``: rows of another part, another nonce)
+            custom_id = f"0123456789ab-{number}" if mode == "foreign" else given
             text = "x" * 300_000 if mode == "huge" and number == 1 else "fine"
             message = {"content": [{"type": "text", "text": text}], "usage": {}}
             result: dict[str, Any] = {"type": "succeeded", "message": message}
@@ -862,3 +865,14 @@ def test_a_retry_of_a_batch_without_journal_with_new_options_polls_its_batch(
     retried = ran_out.retry_failed(deadline=None)
     assert all(r.ok for r in retried)
     assert stats(server, key)["batches_created"] == 1, "its batch polled again, not resubmitted"
+
+
+def test_a_batch_whose_results_are_another_parts_rows_is_not_taken(
+    hostile: str, tmp_path: Path
+) -> None:
+    source = cookbook(tmp_path / "in.jsonl", 3)
+    url = f"{hostile}/foreign/v1/messages"
+    done = run(command(source, url, "anthropic", "--batch-api", "--poll", "0.05"), tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "lists rows of another part" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "in-results.jsonl").exists()
