@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -136,3 +137,40 @@ def test_a_patched_header_check_of_urllib3s_runs_on_every_answer(
         results = fetch_all([f"{server.url}/{n}" for n in range(3)], concurrency=1)
     assert [result.ok for result in results] == [True] * 3
     assert len(checked) == 3
+
+
+def test_an_urllib3_without_the_normalising_helper_is_imported_and_read_its_own_way() -> None:
+    """urllib3 before 2.8 has no ``connection._normalize_header_values`` (setup.cfg admits
+    2.6): ``import batchsync`` works, the quick ``getresponse`` steps aside, and each answer's
+    headers and body are the ones plain requests reads from the same server."""
+    script = """
+import inspect, json, textwrap, requests, urllib3.connection
+# urllib3 2.6/2.7's getresponse: the header items taken as http.client gives them
+source = textwrap.dedent(inspect.getsource(urllib3.connection.HTTPConnection.getresponse))
+source = source.replace("_normalize_header_values(httplib_response.msg)",
+                        "httplib_response.msg.items()")
+source = source.replace("super()", "super(HTTPConnection, self)")
+namespace = vars(urllib3.connection)
+exec(compile("from __future__ import annotations\\n" + source, "getresponse", "exec"), namespace)
+urllib3.connection.HTTPConnection.getresponse = namespace.pop("getresponse")
+del urllib3.connection._normalize_header_values
+from batchsync import fetch_all
+from batchsync.http import headers
+from tests.rawserver import RawServer
+with RawServer() as server:
+    urls = [f"{server.url}/{n}" for n in range(3)] + [f"{server.url}/set-cookie?name=a&value=b"]
+    plain = [requests.get(url) for url in urls]
+    results = fetch_all(urls, concurrency=2, expect="text")
+print(json.dumps({
+    "quick": headers.QUICK_GETRESPONSE is not None or headers.quick_getresponse_in_effect(),
+    "same": [r.ok and r.status_code == p.status_code and r.data == p.text
+             for r, p in zip(results, plain, strict=True)],
+}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env,
+        cwd=ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout) == {"quick": False, "same": [True] * 4}

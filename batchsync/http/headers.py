@@ -188,9 +188,11 @@ class QuickHeadersResponse(http.client.HTTPResponse):
 URLLIB3_GETRESPONSE = urllib3.connection.HTTPConnection.getresponse
 # (urllib3.connection's own names, live: a later patch of one is seen)
 _URLLIB3_CONNECTION_NAMES = vars(urllib3.connection)
-_URLLIB3_ASSERT_HEADER_PARSING = _URLLIB3_CONNECTION_NAMES["assert_header_parsing"]
-_URLLIB3_NORMALIZE = _URLLIB3_CONNECTION_NAMES["_normalize_header_values"]
-_URLLIB3_HEADER_DICT = _URLLIB3_CONNECTION_NAMES["HTTPHeaderDict"]
+# (read with ``get``: ``_normalize_header_values`` came with urllib3 2.8, and a release without
+# one of these names builds no quick ``getresponse``: urllib3's own runs, the same bytes)
+_URLLIB3_ASSERT_HEADER_PARSING: Any = _URLLIB3_CONNECTION_NAMES.get("assert_header_parsing")
+_URLLIB3_NORMALIZE: Any = _URLLIB3_CONNECTION_NAMES.get("_normalize_header_values")
+_URLLIB3_HEADER_DICT: Any = _URLLIB3_CONNECTION_NAMES.get("HTTPHeaderDict")
 
 
 class _QuickItems(list[tuple[str, str]]):
@@ -249,6 +251,8 @@ def _quick_getresponse_of(
     names = {"assert_header_parsing", "_normalize_header_values", "HTTPHeaderDict"}
     if code.co_freevars != ("__class__",) or not names <= set(code.co_names):
         return None
+    if None in (_URLLIB3_ASSERT_HEADER_PARSING, _URLLIB3_NORMALIZE, _URLLIB3_HEADER_DICT):
+        return None
     globals_ = {
         **vars(urllib3.connection),
         "assert_header_parsing": _assert_header_parsing,
@@ -272,9 +276,9 @@ def quick_getresponse_in_effect() -> bool:
     were at import."""
     return (
         QUICK_GETRESPONSE is not None
-        and _URLLIB3_CONNECTION_NAMES["assert_header_parsing"] is _URLLIB3_ASSERT_HEADER_PARSING
-        and _URLLIB3_CONNECTION_NAMES["_normalize_header_values"] is _URLLIB3_NORMALIZE
-        and _URLLIB3_CONNECTION_NAMES["HTTPHeaderDict"] is _URLLIB3_HEADER_DICT
+        and _URLLIB3_CONNECTION_NAMES.get("assert_header_parsing") is _URLLIB3_ASSERT_HEADER_PARSING
+        and _URLLIB3_CONNECTION_NAMES.get("_normalize_header_values") is _URLLIB3_NORMALIZE
+        and _URLLIB3_CONNECTION_NAMES.get("HTTPHeaderDict") is _URLLIB3_HEADER_DICT
     )
 
 
