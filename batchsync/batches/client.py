@@ -12,12 +12,14 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
 
 from ..core.backoff import Backoff, parse_retry_after
 from ..core.redact import Secrets
+from ..http.decode import InvalidBody, decode_body
 from ..store.submissions import well_formed
 from .providers import Endpoint, Files, created_at
 
@@ -29,8 +31,6 @@ _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
 _PREFIX = 4096
 _CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
-# The most pages of the provider's batches read to find one a run made but did not record.
-_MOST_PAGES = 20
 
 
 class ProviderRefused(Exception):
@@ -76,14 +76,21 @@ class Client:
         pause: Pause,
         *,
         over: Callable[[], bool] = lambda: False,
+        left: Callable[[], float | None] = lambda: None,
         rand: Callable[[], float] = random.random,
+        unix_time: Callable[[], float] = time.time,
     ) -> None:
         self.endpoint = endpoint
         self._session = session
         self._calls = calls
         self._pause = pause
         self._over = over
+        self._left = left
         self._rand = rand
+        self._unix_time = unix_time
+        # How far the provider's clock is ahead of this one, from its last ``Date`` header
+        # (None until one came): times the provider stamps are compared in its own clock.
+        self.clock_offset: float | None = None
         openai = endpoint.provider == "openai"
         self._batches = f"{endpoint.base}/batches"
         self._files = f"{endpoint.base}/files" if openai else None
@@ -134,25 +141,38 @@ class Client:
     def cancel(self, batch: str) -> Any:
         return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
 
-    def recent(self, since: float) -> list[Mapping[str, Any]]:
-        """The provider's batches made since ``since`` (unix seconds; a page or two more at
-        most), newest first, to find one this run created but could not record."""
+    def recent(self, since: float) -> Iterator[Mapping[str, Any]]:
+        """The provider's batches, newest first, back to the first page that reaches
+        ``since`` (unix seconds by this clock, compared with the provider's stamps in the
+        provider's clock), however many others made meanwhile: to find one this run created
+        but could not record. A list that cannot be followed to ``since`` (a cursor missing or
+        repeated, the run's end) is a ProviderRefused to try later: the part waits, it is
+        never submitted again on a guess."""
         openai = self.endpoint.provider == "openai"
-        found: list[Mapping[str, Any]] = []
         params: dict[str, Any] = {"limit": 100}
-        for _ in range(_MOST_PAGES):
+        cursors: set[str] = set()
+        while True:
+            if self._over():
+                raise ProviderRefused("the run ended while listing the batches", retryable=True)
             answer = self._json("GET", self._batches, "list the batches", params=params)
             data = answer.get("data") if isinstance(answer, Mapping) else None
             page = [batch for batch in data or () if isinstance(batch, Mapping)]
-            found += page
-            oldest = created_at(self.endpoint.provider, page[-1]) if page else None
+            yield from page
             last = page[-1].get("id") if page else None
-            if not (answer.get("has_more") and isinstance(last, str)):
-                break
-            if oldest is not None and oldest < since:
-                break
+            if not (isinstance(answer, Mapping) and answer.get("has_more")):
+                return
+            oldest = created_at(self.endpoint.provider, page[-1]) if page else None
+            offset = self.clock_offset  # (not known: the list is read to its end)
+            if oldest is not None and offset is not None and oldest < since + offset:
+                return
+            if not isinstance(last, str) or last in cursors:
+                raise ProviderRefused(
+                    "the provider's list of batches cannot be followed back to the part's "
+                    "submission (a page without a last id, or a cursor that repeats)",
+                    retryable=True,
+                )
+            cursors.add(last)
             params = {"limit": 100, ("after" if openai else "after_id"): last}
-        return found
 
     def file_name(self, file_id: str) -> str | None:
         """OpenAI: the name a file was uploaded under (None: it is gone)."""
@@ -176,7 +196,8 @@ class Client:
 
     # --- collecting ----------------------------------------------------------------------------
     def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
-        """Every results line of an ended batch, parsed (None for a line that is not JSON):
+        """Every results line of an ended batch, parsed (``Unread`` for a line that is too
+        large or not JSON Python can read, named by the custom_id at its start):
         OpenAI's output file then its error file, or Anthropic's results. Each line is at most
         ``max_bytes``, and a file at most that much a row, so a hostile answer stays bounded."""
         if self._files is not None:
@@ -211,17 +232,23 @@ class Client:
         **sent: Any,
     ) -> Any:
         """The JSON answer of one call, tried again as the run's retries say; ProviderRefused
-        when it cannot be had (a 404 with ``missing_ok``: None)."""
+        when it cannot be had (a 404 with ``missing_ok``: None). An answer that cannot be
+        read (too large, not JSON, nested too deeply) is the provider's fault, and may pass:
+        it says nothing of what the call did (a create may have made its batch)."""
         with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as response:
             if response is None:
                 return None
             body = _read(response, _CONTROL_BYTES, self._calls.timeout)
         if body is None:
-            raise ProviderRefused(f"could not {doing}: the answer is larger than expected")
+            raise ProviderRefused(
+                f"could not {doing}: the provider's answer is larger than expected", retryable=True
+            )
         try:
-            return json.loads(body)
-        except ValueError:
-            raise ProviderRefused(f"could not {doing}: the answer is not JSON") from None
+            return decode_body(body, "json", None)
+        except InvalidBody as exc:
+            raise ProviderRefused(
+                f"could not {doing}: the provider's answer cannot be read ({exc})", retryable=True
+            ) from None
 
     def _lines(self, url: str, rows: int) -> Iterator[Any]:
         limit = self._calls.max_bytes
@@ -245,11 +272,11 @@ class Client:
                     if end == -1:
                         break
                     if oversized or line.strip():
-                        yield TooLarge(bytes(line[:_PREFIX])) if oversized else _parsed(bytes(line))
+                        yield _parsed(bytes(line), oversized, limit)
                     line, oversized = bytearray(), False
                     start = end + 1
             if oversized or line.strip():
-                yield TooLarge(bytes(line[:_PREFIX])) if oversized else _parsed(bytes(line))
+                yield _parsed(bytes(line), oversized, limit)
 
     def _send(
         self,
@@ -284,6 +311,7 @@ class Client:
                     ) from None
                 self._wait(attempt, None)
                 continue
+            self._read_clock(response)
             status = response.status_code
             if status < 300:
                 return _Answer(response)
@@ -300,9 +328,26 @@ class Client:
         raise AssertionError("unreachable: the last try returns or raises")
 
     def _wait(self, attempt: int, retry_after: float | None) -> None:
+        """Wait before the next try; a wait the deadline leaves no time for is not begun
+        (ProviderRefused, to be tried later: the run's end takes over)."""
         seconds = self._calls.backoff.wait(attempt, retry_after, self._rand())
+        left = self._left()
+        if left is not None and seconds >= left:
+            raise ProviderRefused(
+                f"the provider asked to wait {seconds:.0f} s, more than the deadline leaves",
+                retryable=True,
+            )
         if not self._pause(seconds):
             raise Stopped
+
+    def _read_clock(self, response: requests.Response) -> None:
+        """The provider's clock against this one, from the answer's ``Date``."""
+        try:
+            said = parsedate_to_datetime(response.headers.get("Date", ""))
+        except (TypeError, ValueError, IndexError):
+            return
+        if said.tzinfo is not None:
+            self.clock_offset = said.timestamp() - self._unix_time()
 
     def _masked(self, text: str) -> str:
         return self._calls.secrets.text(text)
@@ -322,13 +367,15 @@ class _Answer:
             self.response.close()
 
 
-class TooLarge:
-    """A results line longer than ``max_bytes``: not read, but the custom_id at its start
-    (where the providers write it) says which row's answer it was."""
+class Unread:
+    """A results line that could not be read (longer than ``max_bytes``, or JSON that Python
+    cannot read): the custom_id at its start (where the providers write it) says which row's
+    answer it was; ``reason`` why it was not read."""
 
-    def __init__(self, start: bytes) -> None:
-        found = _CUSTOM_ID.search(start)
+    def __init__(self, start: bytes, reason: str) -> None:
+        found = _CUSTOM_ID.search(start[:_PREFIX])
         self.custom_id = found.group(1).decode() if found else None
+        self.reason = reason
 
 
 def _chunks(response: requests.Response, doing: str) -> Iterator[bytes]:
@@ -354,11 +401,14 @@ def _read(response: requests.Response, limit: int, seconds: float | None = None)
     return bytes(body)
 
 
-def _parsed(line: bytes) -> Any:
+def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
+    """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
+    if oversized:
+        return Unread(line, f"its answer in the batch's results is larger than max_bytes ({limit})")
     try:
-        return json.loads(line)
-    except ValueError:
-        return None
+        return decode_body(line, "json", None)
+    except InvalidBody as exc:
+        return Unread(line, f"its line in the batch's results cannot be read: {exc}")
 
 
 def _error_text(response: requests.Response) -> str:
@@ -370,8 +420,8 @@ def _error_text(response: requests.Response) -> str:
         body = b""
     response.close()
     try:
-        payload = json.loads(body)
-    except ValueError:
+        payload = decode_body(body, "json", None)
+    except InvalidBody:
         return ""
     error = payload.get("error") if isinstance(payload, Mapping) else None
     message = error.get("message") if isinstance(error, Mapping) else None

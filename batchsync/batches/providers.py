@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..core.verdict import ErrorKind
+from ..http.origins import host_key
 from ..store.submissions import ENDED, STATUSES, Part, Provider, well_formed
 
 # ``--batch-api`` alone: the provider the URL's path names.
@@ -58,15 +59,25 @@ class Endpoint:
     base: str
     path: str
 
-    @property
-    def origin(self) -> tuple[str, str]:
-        """The scheme and host[:port] every call of the batch goes to (and no other)."""
-        parts = urlsplit(self.url)
-        return parts.scheme, parts.netloc
-
     def same_origin(self, url: str) -> bool:
+        """Whether ``url`` goes where every call of the batch goes (and no other): the same
+        scheme, host (any case, a trailing dot or not) and effective port, whatever userinfo
+        either names; a URL that cannot be read goes nowhere."""
+        mine = _origin(self.url)
+        return mine is not None and mine == _origin(url)
+
+
+def _origin(url: str) -> tuple[str, str] | None:
+    """The scheme and ``host_key`` (its trailing dot dropped) of a URL, None when it has no
+    host or cannot be read."""
+    try:
         parts = urlsplit(url)
-        return (parts.scheme, parts.netloc) == self.origin
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").rstrip(".")
+    scheme = parts.scheme.lower()
+    return (scheme, host_key(scheme, host, port)) if host else None
 
 
 def endpoint_of(url: str, asked: str) -> Endpoint:
@@ -114,6 +125,11 @@ def custom_id(index: int, nonce: str) -> str:
     """The custom_id a row is submitted with: its part's nonce and its input index, nothing
     of the row."""
     return f"{nonce}-{index}"
+
+
+def is_row_id(given: object) -> bool:
+    """Whether ``given`` is a custom_id as batchsync writes them (of any part)."""
+    return isinstance(given, str) and _CUSTOM_ID.fullmatch(given) is not None
 
 
 def index_of(given: object, nonce: str) -> int | None:
@@ -307,6 +323,12 @@ def usage_of(provider: Provider, data: Any) -> tuple[int, int]:
         names = ("input_tokens", "output_tokens")
     counts = [usage.get(name) for name in names]
     return tuple(  # type: ignore[return-value]
-        count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
+        count
+        if isinstance(count, int) and not isinstance(count, bool) and 0 <= count < _MOST
+        else 0
         for count in counts
     )
+
+
+# The most tokens one answer may say it used (a count past it is no count: read as none).
+_MOST = 2**40

@@ -28,7 +28,10 @@ from ..store.submissions import (
     CLEANED,
     COLLECTED,
     DROPPED,
+    HELD,
+    MOST_TOKENS,
     PLANNED,
+    STATUSES,
     SUBMITTING,
     UPLOADED,
     WAITING,
@@ -41,7 +44,7 @@ from ..store.submissions import (
     ranges_of,
     well_formed,
 )
-from .client import Client, ProviderRefused, Stopped, TooLarge
+from .client import Client, ProviderRefused, Stopped, Unread
 from .providers import (
     CAPS,
     Answer,
@@ -53,6 +56,7 @@ from .providers import (
     files_of,
     has_ended,
     index_of,
+    is_row_id,
     refused_for_tokens,
     request_line,
     status_of,
@@ -65,8 +69,9 @@ log = logging.getLogger("batchsync")
 # Polling when --poll is not given: from a few seconds to a minute.
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
 _UNLISTED = "the batch's results do not list this row"
-# How long before its recorded time a batch found in the provider's list may have been
-# created (the two clocks differ) to be taken for a part caught ``submitting``.
+# How long before its submission (in the provider's clock, read off its ``Date``) a batch
+# found in the provider's list may have been created to be taken for a part caught
+# ``submitting``: the ``Date``'s second and the create's time on the way.
 _CLOCK_SKEW = 120.0
 
 
@@ -239,6 +244,11 @@ class BatchRun:
             cut_bytes += len(line)
         if cut:
             self._plan_part(next_number, tag, cut, followed)
+        for part in open_parts:
+            if part.number not in followed.parts and has_ended(part.state):
+                # (every row has its Result from this ended batch: a run stopped before it
+                # could say so; the part is closed, and cleaned once this run ends)
+                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _settled(self, parts: list[Part]) -> list[Part]:
         """The open parts of earlier runs that have a batch at the provider: one whose create
@@ -299,21 +309,27 @@ class BatchRun:
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
             batch = self._find(part) if unanswered else None
-            if batch is None:
+            if batch is not None:
+                recorded = self._record(part, batch)
+            else:
                 part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
                 self._save(part, followed)
                 try:
-                    batch = self._client.create(
-                        input_file=part.input_file, lines=lines, part=part.number
+                    recorded = self._record(
+                        part,
+                        self._client.create(
+                            input_file=part.input_file, lines=lines, part=part.number
+                        ),
                     )
                 except ProviderRefused as exc:
                     if exc.status is not None and exc.status < 500:
                         raise  # (answered: no batch was made)
-                    unanswered = True
+                    unanswered = True  # (no answer, or none that names a batch)
                     batch = self._find(part)
                     if batch is None:
                         raise
-            self._save(self._record(part, batch), followed)
+                    recorded = self._record(part, batch)
+            self._save(recorded, followed)
             followed.lines.pop(part.number, None)
         except ProviderRefused as exc:
             if exc.retryable:
@@ -336,13 +352,14 @@ class BatchRun:
         candidates, unsure = [], False
         since = (part.submitted or 0.0) - _CLOCK_SKEW
         for batch in self._client.recent(since):
+            offset = self._client.clock_offset
             if well_formed(provider, "batch", batch.get("id")) is None or batch.get("id") in known:
                 continue
             if refused_for_tokens(batch) or not belongs_to(provider, batch, part):
                 continue
             if provider == "openai":
                 candidates.append(batch)
-            elif _made_since(batch, part):
+            elif _made_since(batch, since, offset):
                 status = status_of(provider, batch)
                 if status is None or not has_ended(status):
                     unsure = True
@@ -363,21 +380,24 @@ class BatchRun:
         """Whether an ended Anthropic batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
         for line in self._client.results(files_of("anthropic", batch), batch_id, part.size):
-            given = line.custom_id if isinstance(line, TooLarge) else None
+            given = line.custom_id if isinstance(line, Unread) else None
             if isinstance(line, Mapping):
                 given = line.get("custom_id")
             return isinstance(given, str) and given.startswith(f"{part.nonce}-")
         return False
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch the provider made of it, recorded with its status."""
+        """``part`` with the batch the provider made of it, recorded with its status (one the
+        provider did not document is recorded as its first, and read again at the next
+        poll); a ProviderRefused to try later when the answer names no batch: the batch may
+        have been made all the same, and is looked for before the part is sent again."""
         provider = self._plan.endpoint.provider
         batch_id = (
             well_formed(provider, "batch", batch.get("id")) if isinstance(batch, Mapping) else None
         )
-        status = status_of(provider, batch) if isinstance(batch, Mapping) else None
-        if batch_id is None or status is None:
-            raise ProviderRefused("the provider answered the create without a batch id or status")
+        if batch_id is None:
+            raise ProviderRefused("the provider answered the create without a batch id")
+        status = status_of(provider, batch) or STATUSES[provider][0]
         part = part.moved(status, self._unix_time(), batch=batch_id)
         self._ledger.save(part)
         return part
@@ -417,14 +437,10 @@ class BatchRun:
         try:
             batch = self._client.retrieve(part.batch)
         except ProviderRefused as exc:
-            if exc.status == 404:
-                self._fail_part(
-                    part, followed, f"the batch {part.batch} is gone at the provider", 404
-                )
-            elif exc.retryable:
+            if exc.retryable:
                 log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
-            else:  # (a key refused, a redirect: polling again would not help)
-                raise BatchApiFailed(f"the batch {part.batch} cannot be polled: {exc}") from None
+            else:  # (a 404, a key refused, a redirect: this run cannot read it)
+                self._hold(part, followed, f"could not poll the batch {part.batch}: {exc}")
             return
         provider = self._plan.endpoint.provider
         status = status_of(provider, batch) if isinstance(batch, Mapping) else None
@@ -433,9 +449,8 @@ class BatchRun:
             return
         if not belongs_to(provider, batch, part):
             raise BatchApiFailed(
-                f"the provider's batch {part.batch} is not the one made of part {part.number} "
-                "as the journal records it (another file or row count): the journal was altered "
-                "or mixed up; nothing of it is taken"
+                f"the provider's batch {part.batch} does not match part {part.number} as the "
+                "journal records it (another file or row count): nothing of it is taken"
             )
         part = part.moved(status, self._unix_time())
         self._save(part, followed)
@@ -471,16 +486,16 @@ class BatchRun:
         others = 0
         try:
             for line in self._client.results(files, part.batch or "", part.size):
-                answer = _answer(provider, line, part.nonce, self._plan.max_line)
+                answer = _answer(provider, line, part.nonce)
                 if answer is None:
-                    others += 1
+                    others += _names_a_row(line)
                     continue
                 if answer.index not in rows or answer.index in done:
                     continue
                 done.add(answer.index)
                 used = usage_of(provider, answer.data)
-                tokens[0] += used[0]
-                tokens[1] += used[1]
+                tokens[0] = min(tokens[0] + used[0], MOST_TOKENS - 1)
+                tokens[1] = min(tokens[1] + used[1], MOST_TOKENS - 1)
                 result = self._result(answer, elapsed, followed)
                 if result.ok:
                     self._give(result, None)
@@ -488,8 +503,10 @@ class BatchRun:
                     failures[result.index] = result
         except ProviderRefused as exc:
             self._give_failures(failures)
-            if not exc.retryable:
-                self._fail_part(part, followed, str(exc), exc.status)
+            if not exc.retryable:  # (a 404, a refusal, another origin: this run cannot read them)
+                self._hold(
+                    part, followed, f"could not read the results of the batch {part.batch}: {exc}"
+                )
                 return
             log.warning(
                 "could not read the results of the batch %s (%s): trying again", part.batch, exc
@@ -515,8 +532,8 @@ class BatchRun:
         self._save(part, followed)
 
     def _fail_part(self, part: Part, followed: _Followed, reason: str, status: int | None) -> None:
-        """Every row of a part that cannot run (or whose results cannot be had) and has no
-        Result yet gets a ``batch_errored`` one saying why."""
+        """Every row of a part that never ran (its create refused, its batch failed as a
+        whole) and has no Result yet gets a ``batch_errored`` one saying why."""
         done = followed.delivered.get(part.number, set())
         self._give_failures(
             {
@@ -537,10 +554,20 @@ class BatchRun:
         """--cancel: ask the provider to cancel every batch of the run still open; what the
         followed ones ran is still collected. One whose rows all have Results already (the
         deadline or budget ended their wait) is done with once cancelled: its rows keep them."""
+        provider = self._plan.endpoint.provider
         for part in self._ledger.parts():
             if part.batch is None or not part.open:
                 continue
             try:
+                batch = self._client.retrieve(part.batch)
+                if not (isinstance(batch, Mapping) and belongs_to(provider, batch, part)):
+                    log.warning(
+                        "the batch %s does not match part %d as the journal records it: not "
+                        "cancelled",
+                        part.batch,
+                        part.number,
+                    )
+                    continue
                 self._client.cancel(part.batch)
             except ProviderRefused as exc:
                 log.warning("could not cancel the batch %s: %s", part.batch, exc)
@@ -569,18 +596,26 @@ class BatchRun:
 
     def _ran_out(self, part: Part, followed: _Followed, kind: ErrorKind) -> None:
         where = f"the batch {part.batch}" if part.batch else f"part {part.number}"
-        reason = (
-            f"{where} was still {part.state} at the provider when the {kind} ran out: "
-            "--retry-failed polls it again, --cancel cancels it"
-        )
+        reason = f"{where} was still {part.state} at the provider when the {kind} ran out"
+        self._hold(part, followed, reason, kind)
+
+    def _hold(
+        self, part: Part, followed: _Followed, reason: str, kind: ErrorKind = "batch_errored"
+    ) -> None:
+        """End this run's wait for ``part`` without its answers: each of its rows without a
+        Result gets a ``kind`` one saying why, and the part stays open (``held`` once it has a
+        batch), kept at the provider, so that a later run given its rows (``--retry-failed``)
+        reads the same batch again and never submits them twice."""
         done = followed.delivered.get(part.number, set())
+        reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
         self._give_failures(
             {
                 index: _unsent(index, self._url, followed.ids.get(index), reason, kind=kind)
                 for index in followed.given(part) - done
             }
         )
-        # (the part stays open: a later run follows it, never submitting its rows again)
+        if part.batch is not None:
+            self._ledger.save(part.moved(HELD, self._unix_time()))
         followed.parts.pop(part.number)
 
     def finish(self) -> None:
@@ -690,14 +725,24 @@ class BatchRun:
         return wait
 
 
-def _answer(provider: Provider, line: Any, nonce: str, limit: int) -> Answer | None:
-    """The Answer of one results line (``TooLarge``: its row's ``invalid_body``), or None
+def _answer(provider: Provider, line: Any, nonce: str) -> Answer | None:
+    """The Answer of one results line (``Unread``: its row's ``invalid_body``), or None
     when it names no row of the part with ``nonce``."""
-    if isinstance(line, TooLarge):
+    if isinstance(line, Unread):
         index = index_of(line.custom_id, nonce)
-        reason = f"its answer in the batch's results is larger than max_bytes ({limit})"
-        return None if index is None else Answer(index, False, None, None, "invalid_body", reason)
+        return (
+            None if index is None else Answer(index, False, None, None, "invalid_body", line.reason)
+        )
     return answer_of(provider, line, nonce)
+
+
+def _names_a_row(line: Any) -> bool:
+    """Whether a results line that is none of the part's names a row of some other part (a
+    line that cannot be read or names nothing says nothing of whose batch it is)."""
+    given = line.custom_id if isinstance(line, Unread) else None
+    if isinstance(line, Mapping):
+        given = line.get("custom_id")
+    return is_row_id(given)
 
 
 def _file_name(part: Part) -> str:
@@ -751,12 +796,9 @@ def _unsent(
     )
 
 
-def _made_since(batch: Mapping[str, Any], part: Part) -> bool:
-    """Whether an Anthropic batch was created since shortly before ``part`` was submitted
-    (the two clocks may differ)."""
+def _made_since(batch: Mapping[str, Any], since: float, offset: float | None) -> bool:
+    """Whether an Anthropic batch may have been created since ``since`` (this clock's unix
+    seconds), read in the provider's clock (``offset`` ahead of this one; None: not known,
+    so any may)."""
     created = created_at("anthropic", batch)
-    return (
-        part.submitted is not None
-        and created is not None
-        and (created >= part.submitted - _CLOCK_SKEW)
-    )
+    return offset is None or created is None or created >= since + offset

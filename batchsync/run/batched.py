@@ -102,10 +102,14 @@ class ThroughBatchApi:
         )
         ends = None if options.deadline is None else time.monotonic() + options.deadline
 
-        def over() -> bool:
-            return stop.is_set() or (ends is not None and time.monotonic() > ends)
+        def left() -> float | None:
+            return None if ends is None else ends - time.monotonic()
 
-        client = Client(self._endpoint, session, calls, partial(pause, stop), over=over)
+        def over() -> bool:
+            seconds = left()
+            return stop.is_set() or (seconds is not None and seconds < 0)
+
+        client = Client(self._endpoint, session, calls, partial(pause, stop), over=over, left=left)
         observer = Observers([progress, Hooks(None, options.on_result)])
         run = BatchRun(
             Plan(

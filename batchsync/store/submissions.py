@@ -28,10 +28,12 @@ PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 # recorded: a later run looks for the batch before sending another); ``waiting``: refused for
 # the enqueued-token cap, submitted again later; ``collected``: every row has its Result;
 # ``cleaned``: the files (or the batch) deleted at the provider, or kept as asked;
-# ``dropped``: a part a later run found without a batch, its rows put in new parts.
+# ``dropped``: a part a later run found without a batch, its rows put in new parts; ``held``:
+# a batch whose rows got a Result that is not its answer (the deadline or budget ended the wait,
+# or its results could not be read): kept at the provider, read again by a run given its rows.
 PLANNED, UPLOADED, SUBMITTING, WAITING = "planned", "uploaded", "submitting", "waiting"
-COLLECTED, CLEANED, DROPPED = "collected", "cleaned", "dropped"
-OURS = (PLANNED, UPLOADED, SUBMITTING, WAITING, COLLECTED, CLEANED, DROPPED)
+COLLECTED, CLEANED, DROPPED, HELD = "collected", "cleaned", "dropped", "held"
+OURS = (PLANNED, UPLOADED, SUBMITTING, WAITING, COLLECTED, CLEANED, DROPPED, HELD)
 # Every status a batch may report, by provider, and those after which nothing changes.
 STATUSES: dict[Provider, tuple[str, ...]] = {
     "openai": (
@@ -66,7 +68,7 @@ def well_formed(provider: Provider, kind: str, value: object) -> str | None:
 
 
 # The most tokens a part's answers may have used (a count past it is no count of ours).
-_MOST_TOKENS = 2**53
+MOST_TOKENS = 2**53
 _TAG = re.compile(r"batchsync-part-[1-9][0-9]{0,17}-[0-9a-f]{12}")
 
 Ranges = tuple[tuple[int, int], ...]
@@ -291,7 +293,7 @@ def _state_problem(
     """What a part in ``state`` lacks or holds that it cannot (``ids``: its input file,
     batch, output and error files)."""
     input_file, batch, output_file, error_file = ids
-    made = state in STATUSES[provider]  # (the provider made its batch and said so)
+    made = state in (*STATUSES[provider], HELD)  # (the provider made its batch and said so)
     ended = state in (COLLECTED, CLEANED)
     if made and batch is None:
         return "batch is missing for a part the provider has"
@@ -364,4 +366,4 @@ def _history_entry(entry: Any, provider: Provider) -> bool:
 
 
 def _tokens(value: object) -> bool:
-    return _count(value) and value < _MOST_TOKENS  # type: ignore[operator]
+    return _count(value) and value < MOST_TOKENS  # type: ignore[operator]
