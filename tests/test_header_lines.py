@@ -153,7 +153,7 @@ source = source.replace("super()", "super(HTTPConnection, self)")
 namespace = vars(urllib3.connection)
 exec(compile("from __future__ import annotations\\n" + source, "getresponse", "exec"), namespace)
 urllib3.connection.HTTPConnection.getresponse = namespace.pop("getresponse")
-del urllib3.connection._normalize_header_values
+namespace.pop("_normalize_header_values", None)
 from batchsync import fetch_all
 from batchsync.http import headers
 from tests.rawserver import RawServer
