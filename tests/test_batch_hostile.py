@@ -1,0 +1,339 @@
+"""The batch endpoint against a hostile provider (tests/hostile_batch.py in front of the mock of
+both batch APIs, which counts server-side): a paid answer is never thrown away, a part is never
+paid twice, and whatever the provider does, each row ends with one Result of its own.
+
+Each test is a row of the table in the issue that asked for these promises: a one-off 404, 403
+or redirect; a clock ten minutes off; a key busy with thousands of others' batches; answers
+nested 100 000 deep or holding numbers Python refuses; a part whose rows were all journaled
+before it was closed; a day-long Retry-After under a deadline; a results URL spelled another
+way; a create answered without its id or with a status nobody documented; a journal naming
+another's batch."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .hostile_batch import DROP, HostileProvider, deep_json, huge_int, results_lines, set_fields
+from .mockserver import MockServerProcess
+from .test_batch_api import (
+    PROVIDERS,
+    check_in_order,
+    command,
+    cookbook,
+    counts_so_far,
+    no_canary_in,
+    parts,
+    results,
+    run,
+    start,
+    stats,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+BOTH = ["openai", "anthropic"]
+# Where each provider's calls go, as path patterns.
+POLL = r"/(batches/batch_|messages/batches/msgbatch_)[^/]+$"
+CREATE = r"/(v1/batches|messages/batches)$"
+DOWNLOAD = r"/(files/file-[^/]+/content|messages/batches/msgbatch_[^/]+/results)$"
+LIST = CREATE
+
+
+@pytest.fixture
+def hostile(server: MockServerProcess) -> Iterator[HostileProvider]:
+    with HostileProvider(upstream=server.url) as provider:
+        yield provider
+
+
+def endpoint(hostile: HostileProvider, provider: str, knobs: str = "pace=0.05") -> tuple[str, str]:
+    """A fresh KEY's endpoint through the hostile provider, and the KEY."""
+    key = f"h{time.monotonic_ns():x}"[-10:]
+    return f"{hostile.url}/llm/{key}/{knobs}{PROVIDERS[provider][0]}", key
+
+
+def batch_args(tmp_path: Path, url: str, provider: str, rows: int, *more: str) -> list[str]:
+    source = cookbook(tmp_path / "in.jsonl", rows)
+    return command(source, url, provider, "--batch-api", "--poll", "0.05", *more)
+
+
+def cleaned_up(server: MockServerProcess, key: str, provider: str, batches: int) -> bool:
+    """Nothing the run made is left at the provider."""
+    counts = stats(server, key)
+    if provider == "openai":
+        return counts["files_alive"] == []
+    return bool(counts["batches_deleted"] == batches)
+
+
+def journal_of(tmp_path: Path) -> Path:
+    return tmp_path / "in-journal.sqlite3"
+
+
+def kill_when(process: subprocess.Popen[str], condition: Callable[[], bool], what: str) -> None:
+    wait_for(condition, process, what)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+# --- row 1: one refusal of a poll or a download --------------------------------------------------
+@pytest.mark.parametrize(
+    ("where", "status"), [(POLL, 404), (DOWNLOAD, 404), (DOWNLOAD, 403), (DOWNLOAD, 302)]
+)
+@pytest.mark.parametrize("provider", BOTH)
+def test_one_refused_poll_or_download_keeps_the_batch_and_a_retry_reads_it_again(  # noqa: PLR0917
+    server: MockServerProcess,
+    hostile: HostileProvider,
+    tmp_path: Path,
+    provider: str,
+    where: str,
+    status: int,
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 6)
+    headers = {"Location": "http://127.0.0.1:9/elsewhere"} if status == 302 else None
+    hostile.once("GET", where, status=status, headers=headers)
+    first = run(args, tmp_path)
+    counts = stats(server, key)
+    if provider == "openai":
+        assert len(counts["files_alive"]) == 2, "the input and output files are kept"
+    else:
+        assert counts["batches_deleted"] == 0, "the batch is kept"
+    assert first.returncode == 1, first.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    states = [state for state, _ in parts(journal_of(tmp_path))]
+
+    again = run([*args, "--retry-failed"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 6)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == [], "no row paid twice"
+    assert cleaned_up(server, key, provider, 1)
+    # (what the first run said of the rows, and of the part it kept)
+    assert {row["error_kind"] for row in written} == {"batch_errored"}
+    assert "--retry-failed reads it again" in written[0]["error"]
+    assert states == ["held"]
+
+
+# --- rows 2 and 3: a create that got no answer, found whatever the clock or the key's traffic ----
+@pytest.mark.parametrize(
+    ("skew", "others"), [(600.0, 0), (-600.0, 0), (0.0, 3000)], ids=["ahead", "behind", "busy"]
+)
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_create_killed_before_its_answer_is_found_whatever_the_clock_or_other_batches(  # noqa: PLR0917
+    server: MockServerProcess,
+    hostile: HostileProvider,
+    tmp_path: Path,
+    provider: str,
+    skew: float,
+    others: int,
+) -> None:
+    """The provider's clock ``skew`` off the client's (the client 10 min ahead: -600), or
+    ``others`` batches made on the key between the create and the resume."""
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 5)
+    hostile.skew = skew
+    hostile.hold("POST", CREATE, 30.0)
+    first = start(args, tmp_path)
+    kill_when(
+        first,
+        lambda: counts_so_far(server, key).get("batches_created", 0) == 1,
+        "the batch was made",
+    )
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["submitting"]
+    hostile.other_batches = others
+
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 5)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1, "the batch the create made was found, not made again"
+    assert counts["twice"] == []
+    assert hostile.touched_others == [], "no other batch was cancelled, read or deleted"
+    assert cleaned_up(server, key, provider, 1)
+
+
+# --- rows 4 and 5: answers Python's json cannot read ---------------------------------------------
+def _unreadable_row(make: Callable[[], bytes]) -> Callable[[bytes], bytes]:
+    """A results line whose row 2 holds ``make()`` after its custom_id (where providers write
+    it), the others as they were."""
+
+    def line(given: bytes) -> bytes:
+        custom_id = json.loads(given)["custom_id"]
+        if not custom_id.endswith("-2"):
+            return given
+        return b'{"custom_id": "' + custom_id.encode() + b'", "response": ' + make() + b"}"
+
+    return line
+
+
+@pytest.mark.parametrize("value", ["deep", "digits"])
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_results_line_python_cannot_read_is_its_rows_invalid_body(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str, value: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 5)
+    make = deep_json if value == "deep" else huge_int
+    hostile.rewrite("GET", DOWNLOAD, results_lines(_unreadable_row(make)))
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, 5)
+    assert [row["ok"] for row in written] == [True, True, False, True, True]
+    assert written[2]["error_kind"] == "invalid_body"
+    assert cleaned_up(server, key, provider, 1), "the part was collected and cleaned"
+
+
+@pytest.mark.parametrize("call", ["create", "poll"])
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_control_answer_nested_too_deeply_is_tried_again_never_paid_twice(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str, call: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 4)
+    method, where = ("POST", CREATE) if call == "create" else ("GET", POLL)
+    hostile.rewrite(method, where, lambda body: deep_json(), times=1)
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 4)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == []
+    assert cleaned_up(server, key, provider, 1)
+
+
+# --- row 6: every row journaled, the part not yet closed -----------------------------------------
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_part_whose_rows_are_all_journaled_is_closed_and_cleaned_by_the_next_run(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 4)
+    assert run([*args, "--keep-files"], tmp_path).returncode == 0
+    # (as a run stopped after the rows were journaled leaves it: the batch's ended status)
+    ended = "completed" if provider == "openai" else "ended"
+    with closing(sqlite3.connect(journal_of(tmp_path))) as db, db:
+        history = json.loads(db.execute("SELECT history FROM submissions").fetchone()[0])
+        while history[-1][1] != ended:
+            history.pop()
+        db.execute(
+            "UPDATE submissions SET state = ?, history = ?, output_file = NULL, error_file = NULL",
+            (ended, json.dumps(history)),
+        )
+    assert not cleaned_up(server, key, provider, 1)
+
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned"]
+    assert cleaned_up(server, key, provider, 1)
+    assert stats(server, key)["batches_created"] == 1
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_usage_count_past_any_counter_is_read_as_none(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 3)
+
+    def enormous(line: bytes) -> bytes:
+        return re.sub(rb'"(prompt|input)_tokens": [0-9]+', rb'"\1_tokens": ' + b"9" * 23, line)
+
+    hostile.rewrite("GET", DOWNLOAD, results_lines(enormous))
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 3)
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned"]
+    assert cleaned_up(server, key, provider, 1)
+
+
+# --- row 7: a Retry-After the deadline leaves no time for ----------------------------------------
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_day_long_retry_after_on_a_poll_ends_at_the_deadline(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider, "pace=2")
+    args = batch_args(tmp_path, url, provider, 3, "--deadline", "3")
+    hostile.once("GET", POLL, status=503, headers={"Retry-After": "86400"}, times=100)
+    began = time.monotonic()
+    done = subprocess.run(
+        args, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        env=run.__globals__["_environment"](),
+    )  # fmt: skip
+    assert time.monotonic() - began < 30, "the wait ended with the deadline"
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert {row["error_kind"] for row in written} == {"deadline"}
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
+    assert stats(server, key)["batches_created"] == 1
+
+
+# --- row 8: the same origin, spelled another way -------------------------------------------------
+def test_a_results_url_spelled_another_way_on_the_same_origin_is_read(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path
+) -> None:
+    port = hostile.url.rsplit(":", 1)[1]
+    url, key = endpoint(hostile, "anthropic")
+    url = url.replace(f"127.0.0.1:{port}", f"user@LocalHost:{port}")
+
+    def spelled(body: bytes) -> bytes:
+        batch = json.loads(body)
+        if isinstance(batch.get("results_url"), str):
+            batch["results_url"] = batch["results_url"].replace(
+                f"LocalHost:{port}", f"LOCALHOST.:{port}"
+            )
+        return json.dumps(batch).encode()
+
+    hostile.rewrite("GET", POLL, spelled)
+    done = run(batch_args(tmp_path, url, "anthropic", 3), tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 3)
+    assert cleaned_up(server, key, "anthropic", 1)
+
+
+# --- row 9: a create answered without its id, or with an unknown status --------------------------
+@pytest.mark.parametrize("answer", ["no id", "queued"])
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_create_answered_without_an_id_or_with_an_unknown_status_is_not_paid_twice(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str, answer: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 4)
+    status = "status" if provider == "openai" else "processing_status"
+    fields: dict[str, Any] = {"id": DROP} if answer == "no id" else {status: "queued"}
+    hostile.rewrite("POST", CREATE, set_fields(**fields), times=1)
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 4)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == []
+    assert cleaned_up(server, key, provider, 1)
+
+
+# --- row 11: only the run's own batches are cancelled --------------------------------------------
+def test_cancel_never_reaches_a_batch_the_journal_names_that_is_not_the_parts(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path
+) -> None:
+    url, key = endpoint(hostile, "openai", "pace=5")
+    args = batch_args(tmp_path, url, "openai", 3)
+    first = start(args, tmp_path)
+    kill_when(first, lambda: any(b for _, b in parts(journal_of(tmp_path))), "submitted")
+    hostile.other_batches = 3
+    with closing(sqlite3.connect(journal_of(tmp_path))) as db, db:
+        db.execute("UPDATE submissions SET batch = 'batch_other1'")
+    done = run([*args, "--resume", "--cancel"], tmp_path)
+    assert "Traceback" not in done.stderr
+    assert hostile.touched_others == [], "another's batch was never cancelled"
+    assert [b["status"] for b in stats(server, key)["batches"]] != ["cancelled"]
+    no_canary_in(tmp_path)
