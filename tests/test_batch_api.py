@@ -327,7 +327,9 @@ def test_a_part_refused_for_the_enqueued_token_cap_waits_and_is_submitted_again(
     counts = stats(server, key)
     assert counts["refused_creates"] > 0, "the cap refused a part"
     assert counts["batches_run"] == 3 and counts["twice"] == []
-    assert "enqueued-token cap" in done.stderr or "not submitted yet" in done.stderr
+    if provider == "openai":  # (its batch fails later: the part waits, and the run says so)
+        assert "enqueued-token cap" in done.stderr
+    # (Anthropic's 429 refuses the create itself: tried again as a live 429 is, by its wait)
 
 
 # --- what a live run may not do, and what the command line refuses -------------------------------

@@ -337,3 +337,45 @@ def test_cancel_never_reaches_a_batch_the_journal_names_that_is_not_the_parts(
     assert hostile.touched_others == [], "another's batch was never cancelled"
     assert [b["status"] for b in stats(server, key)["batches"]] != ["cancelled"]
     no_canary_in(tmp_path)
+
+
+# --- one way out ---------------------------------------------------------------------------------
+_AUDITED = """
+import json, runpy, sys
+strays = []
+
+def hook(event, args):
+    if event != "socket.connect":
+        return
+    frame, files = sys._getframe(1), []
+    while frame is not None:
+        files.append(frame.f_code.co_filename.replace("\\\\", "/"))
+        frame = frame.f_back
+    ours = [name for name in files if "/batchsync/" in name]
+    if ours and not any("/batchsync/http/" in name for name in ours):
+        strays.append(ours[0])
+
+sys.addaudithook(hook)
+sys.argv = ["batchsync", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("batchsync", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+with open(sys.argv[-1] + ".audit", "w") as out:
+    json.dump({"strays": strays, "code": code}, out)
+"""
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_every_connection_of_a_batch_run_is_opened_by_the_transport(
+    hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    """Each socket a batch run connects is connected from within ``batchsync/http`` (the
+    run's Transport), as a live run's are: none by a client of its own."""
+    url, _ = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 3, "--keep-files")
+    marker = tmp_path / "run"
+    script = [args[0], "-c", _AUDITED, json.dumps([*args[3:], "-o", str(marker)])]
+    done = run(script, tmp_path)
+    audit = json.loads((tmp_path / "run.audit").read_text())
+    assert audit == {"strays": [], "code": 0}, done.stderr

@@ -207,3 +207,81 @@ def test_the_command_line_starts_without_the_optional_integrations() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert shown.strip() == "[]"
+
+
+# --- one way out: every HTTP request leaves through http/ ----------------------------------------
+# Modules that open connections themselves; outside http/ none is imported (urllib3 only for its
+# exceptions), none is loaded by name, and no requests call sends.
+NETWORK_MODULES = {"socket", "ssl", "http.client", "urllib.request", "urllib3", "requests"}
+SENDING_CALLS = {"get", "post", "put", "patch", "delete", "head", "options", "request", "send"}
+# contrib/ talks to its own services (Redis, a Dask scheduler) through their clients.
+OWN_WIRES = ("http", "contrib")
+
+
+def network_calls(path: Path) -> list[str]:
+    """What in a module could send a request without going through http/: an import of a
+    module that opens connections (requests only for its types and Request), one loaded by
+    name (``importlib``, ``__import__``), or a call that sends (``requests.get``,
+    ``session.request``, ``….send`` on a session)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                if name in NETWORK_MODULES - {"requests", "urllib3"} or (
+                    name.startswith(("urllib3.", "http.client"))
+                    and not name.startswith("urllib3.exceptions")
+                ):
+                    found.append(f"imports {name}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            text = ast.unparse(func)
+            if isinstance(func, ast.Name) and func.id == "__import__":
+                found.append(text)
+            elif text.endswith("import_module") and not (
+                node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).split(".")[0] not in {"socket", "ssl", "http"}
+                and str(node.args[0].value) not in NETWORK_MODULES
+            ):
+                found.append(f"{text}({', '.join(ast.unparse(arg) for arg in node.args)})")
+            elif isinstance(func, ast.Attribute):
+                owner = ast.unparse(func.value)
+                if (
+                    owner == "urllib3"
+                    or (owner == "requests" and func.attr in SENDING_CALLS | {"Session"})
+                    or (func.attr in {"request", "send"} and "session" in owner.lower())
+                ):
+                    found.append(text)
+    return found
+
+
+def test_every_request_leaves_through_http() -> None:
+    strays = {
+        name: found
+        for name, path in modules().items()
+        if folder_of(name) not in OWN_WIRES
+        for found in [network_calls(path)]
+        if found
+    }
+    assert strays == {}
+
+
+def test_the_one_way_out_check_sees_each_way_round(tmp_path: Path) -> None:
+    planted = tmp_path / "client.py"
+    planted.write_text(
+        "import socket\nimport urllib3.poolmanager\nfrom http.client import HTTPConnection\n"
+        "import importlib\nimport requests\nfrom urllib3.exceptions import HTTPError\n"
+        "requests.post('u')\nself._session.request('GET', 'u')\nrequests.Session().get('u')\n"
+        "importlib.import_module('http.client')\n__import__('socket')\n"
+        "importlib.import_module(name)\nimportlib.import_module('tiktoken')\n"
+        "requests.Request('GET', 'u')\nurllib3.PoolManager()\n"
+    )
+    assert sorted(network_calls(planted)) == sorted([
+        "imports socket", "imports urllib3.poolmanager", "imports http.client",
+        "requests.post", "self._session.request", "requests.Session",
+        "importlib.import_module('http.client')", "__import__",
+        "importlib.import_module(name)", "urllib3.PoolManager",
+    ])  # fmt: skip

@@ -1,31 +1,45 @@
 """The calls a batch takes at the provider (upload, create, retrieve, list, cancel, download,
-delete), each through one ``requests`` session, retried on 429, 5xx, timeouts and dropped
-connections as a live attempt is, and sent to the endpoint's own origin only: no redirect
-is followed, and a results URL elsewhere is refused, so the API key goes nowhere else.
+delete), each sent through the run's ``Transport`` (the one way out a live run's requests take:
+the guard, TLS options, proxies, the watchdog, secrets kept to their origin), classified and
+retried by the live attempts' own rules (``classify_status``, ``decide``, ``retry_statuses``,
+``retry_if``; a Retry-After the deadline leaves no time for is not waited), and sent to the
+endpoint's own origin only: no redirect is followed, and a results URL elsewhere is refused,
+so the API key goes nowhere else.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
 
-from ..core.backoff import Backoff, parse_retry_after
+from ..core.backoff import Backoff
+from ..core.budget import Allowance
+from ..core.decide import Attempted, decide
 from ..core.redact import Secrets
+from ..core.verdict import Verdict, terminal
+from ..http.classify import classify_http_exception, classify_status
 from ..http.decode import InvalidBody, decode_body
+from ..http.exchange import BodyTooLarge, Reply
+from ..http.quota import retry_after_of
+from ..http.retries import RETRYABLE, RetryIf, judged
+from ..http.transport import Transport
 from ..store.submissions import well_formed
 from .providers import Endpoint, Files, created_at
 
 # Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
 Pause = Callable[[float], bool]
-_RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 529})
+# A results download, a body too large for one attempt's timeout: bounded by the deadline,
+# else by this many seconds, and each of its reads by the timeout.
+_DOWNLOAD_SECONDS = 3600.0
 # The most a provider's answer to a control call may be (a batch object, a list of them).
 _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
@@ -50,8 +64,9 @@ class Stopped(Exception):
 
 @dataclass(frozen=True)
 class Calls:
-    """How each call is sent: the run's headers (the API key), timeout, tries and backoff, the
-    largest results line, and what masks every text that leaves."""
+    """How each call is sent: the run's headers (the API key), timeout, tries, backoff and
+    retry policy (the live run's), the largest results line, and what masks every text that
+    leaves."""
 
     headers: Mapping[str, str]
     timeout: float
@@ -59,8 +74,8 @@ class Calls:
     backoff: Backoff
     max_bytes: int
     secrets: Secrets
-    verify: Any = None
-    cert: Any = None
+    retryable: frozenset[int] = RETRYABLE
+    retry_if: RetryIf | None = None
 
 
 class Client:
@@ -71,7 +86,7 @@ class Client:
     def __init__(
         self,
         endpoint: Endpoint,
-        session: requests.Session,
+        transport: Transport,
         calls: Calls,
         pause: Pause,
         *,
@@ -79,9 +94,11 @@ class Client:
         left: Callable[[], float | None] = lambda: None,
         rand: Callable[[], float] = random.random,
         unix_time: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
-        self._session = session
+        self._transport = transport
+        self._clock = clock
         self._calls = calls
         self._pause = pause
         self._over = over
@@ -235,14 +252,21 @@ class Client:
         when it cannot be had (a 404 with ``missing_ok``: None). An answer that cannot be
         read (too large, not JSON, nested too deeply) is the provider's fault, and may pass:
         it says nothing of what the call did (a create may have made its batch)."""
-        with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as response:
-            if response is None:
+        with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as answer:
+            if answer.reply is None:
                 return None
-            body = _read(response, _CONTROL_BYTES, self._calls.timeout)
-        if body is None:
-            raise ProviderRefused(
-                f"could not {doing}: the provider's answer is larger than expected", retryable=True
-            )
+            try:
+                body = self._transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
+            except BodyTooLarge:
+                raise ProviderRefused(
+                    f"could not {doing}: the provider's answer is larger than expected",
+                    retryable=True,
+                ) from None
+            except Exception as exc:  # (cut short, or too slow: trying again may cure it)
+                verdict = classify_http_exception(exc)
+                raise ProviderRefused(
+                    self._masked(f"could not {doing}: {verdict.error}"), retryable=True
+                ) from None
         try:
             return decode_body(body, "json", None)
         except InvalidBody as exc:
@@ -253,10 +277,10 @@ class Client:
     def _lines(self, url: str, rows: int) -> Iterator[Any]:
         limit = self._calls.max_bytes
         total = rows * limit + 2**20
-        with self._send("GET", url, "download the results") as response:
-            assert response is not None
+        with self._send("GET", url, "download the results", download=True) as answer:
+            assert answer.reply is not None
             read, line, oversized = 0, bytearray(), False
-            for chunk in _chunks(response, "download the results"):
+            for chunk in self._chunks(answer):
                 if self._over():
                     raise ProviderRefused("the run ended during the download", retryable=True)
                 read += len(chunk)
@@ -286,64 +310,104 @@ class Client:
         *,
         retry: bool = True,
         missing_ok: bool = False,
+        download: bool = False,
         **sent: Any,
     ) -> _Answer:
+        """The answer to one call whose headers have come (a 2xx; None for a 404 with
+        ``missing_ok``), tried again as a live attempt is: classified by ``classify_status``
+        and ``classify_http_exception``, judged by ``retry_if``, waited as ``decide`` says
+        (without ``retry``, one try, or more only after the provider said it did nothing, as a
+        POST is); a ProviderRefused when it cannot be had."""
         calls = self._calls
         headers = {**calls.headers, **sent.pop("headers", {})}
-        tries = calls.attempts if retry else 1
-        for attempt in range(1, tries + 1):
+        request = requests.Request(method, url, headers=headers, **sent)
+        recipe = replace(self._transport.prepare(request), follow=False)
+        number = 0
+        while True:
+            number += 1
+            wall_end = self._attempt_end(doing, download)
+            status, said = None, ""
             try:
-                response = self._session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    timeout=calls.timeout,
-                    allow_redirects=False,
-                    stream=True,
-                    verify=calls.verify,
-                    cert=calls.cert,
-                    **sent,
+                reply = self._transport.send(recipe, wall_end)
+            except Exception as exc:  # every failure is classified, none escapes
+                self._transport.finish()
+                verdict = classify_http_exception(exc)
+            else:
+                self._read_clock(reply.headers)
+                status = reply.status
+                if 200 <= status < 300 or (status == 404 and missing_ok):
+                    return _Answer(self._transport, reply if status != 404 else None, wall_end)
+                said = self._error_text(reply, wall_end)
+                verdict = _judged(status, reply.headers, self._unix_time(), calls.retryable)
+            if calls.retry_if is not None:
+                verdict = judged(verdict, calls.retry_if)
+            most = calls.attempts if retry else 1
+            attempted = Attempted(number, most, calls.attempts, self._clock())
+            decision = decide(verdict, attempted, calls.backoff, self._rand(), self._allowance())
+            if decision.wait is None:
+                final = decision.verdict
+                raise ProviderRefused(
+                    self._masked(f"could not {doing}: {decision.error}{said}"),
+                    status,
+                    retryable=final.outcome == "retry"
+                    or final.error_kind in ("budget", "deadline"),
                 )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                if attempt == tries:
-                    raise ProviderRefused(
-                        self._masked(f"could not {doing}: {type(exc).__name__}"), retryable=True
-                    ) from None
-                self._wait(attempt, None)
-                continue
-            self._read_clock(response)
-            status = response.status_code
-            if status < 300:
-                return _Answer(response)
-            if status == 404 and missing_ok:
-                response.close()
-                return _Answer(None)
-            said = self._masked(_error_text(response))
-            if status in _RETRIED and attempt < tries:
-                self._wait(attempt, parse_retry_after(response.headers.get("Retry-After"), 0))
-                continue
-            raise ProviderRefused(
-                f"could not {doing}: HTTP {status}{said}", status, retryable=status in _RETRIED
-            )
-        raise AssertionError("unreachable: the last try returns or raises")
+            if not self._pause(decision.wait):
+                raise Stopped
 
-    def _wait(self, attempt: int, retry_after: float | None) -> None:
-        """Wait before the next try; a wait the deadline leaves no time for is not begun
-        (ProviderRefused, to be tried later: the run's end takes over)."""
-        seconds = self._calls.backoff.wait(attempt, retry_after, self._rand())
+    def _attempt_end(self, doing: str, download: bool) -> float:
+        """When the next try must have ended: its timeout (a download: the longer bound)
+        from now, never past the deadline."""
         left = self._left()
-        if left is not None and seconds >= left:
-            raise ProviderRefused(
-                f"the provider asked to wait {seconds:.0f} s, more than the deadline leaves",
-                retryable=True,
-            )
-        if not self._pause(seconds):
-            raise Stopped
+        if left is not None and left <= 0:
+            raise ProviderRefused(f"could not {doing}: the run's time is over", retryable=True)
+        seconds = _DOWNLOAD_SECONDS if download else self._calls.timeout
+        return self._clock() + (seconds if left is None else min(seconds, left))
 
-    def _read_clock(self, response: requests.Response) -> None:
+    def _allowance(self) -> Allowance:
+        """What a wait before the next try may not pass: the deadline (the budget bounds a
+        part's wait, not one call's)."""
+        left = self._left()
+        return Allowance(math.inf, None if left is None else self._clock() + left)
+
+    def _chunks(self, answer: _Answer) -> Iterator[bytes]:
+        """A results download's chunks; a body cut short or too slow is a ProviderRefused
+        that trying again may cure."""
+        assert answer.reply is not None
+        chunks = self._transport.stream(answer.reply, answer.wall_end, self._calls.timeout)
+        try:
+            yield from chunks
+        except Exception as exc:
+            verdict = classify_http_exception(exc)
+            raise ProviderRefused(
+                self._masked(f"could not download the results: {verdict.error}"), retryable=True
+            ) from None
+
+    def _error_text(self, reply: Reply, wall_end: float) -> str:
+        """': message' from a provider's error body (OpenAI's and Anthropic's
+        ``error.message``), read no further than a few KiB; the answer is closed."""
+        try:
+            body = self._transport.read_body(reply, wall_end, 2**14)
+        except Exception:  # (too large, cut short: the status says enough)
+            return ""
+        finally:
+            reply.close()
+            self._transport.finish()
+        try:
+            payload = decode_body(body, "json", None)
+        except InvalidBody:
+            return ""
+        error = payload.get("error") if isinstance(payload, Mapping) else None
+        message = error.get("message") if isinstance(error, Mapping) else None
+        if not isinstance(message, str):
+            return ""
+        flat = " ".join(message.split())
+        return f": {flat[:200]}"
+
+    def _read_clock(self, headers: Mapping[str, str]) -> None:
         """The provider's clock against this one, from the answer's ``Date``."""
         try:
-            said = parsedate_to_datetime(response.headers.get("Date", ""))
+            said = parsedate_to_datetime(headers.get("Date", ""))
         except (TypeError, ValueError, IndexError):
             return
         if said.tzinfo is not None:
@@ -354,17 +418,21 @@ class Client:
 
 
 class _Answer:
-    """A response (None: a 404 allowed), closed on leaving."""
+    """An answer whose headers have come (``reply`` None: a 404 allowed), to be read within
+    ``wall_end``; closed, and its attempt over, on leaving."""
 
-    def __init__(self, response: requests.Response | None) -> None:
-        self.response = response
+    def __init__(self, transport: Transport, reply: Reply | None, wall_end: float) -> None:
+        self._transport = transport
+        self.reply = reply
+        self.wall_end = wall_end
 
-    def __enter__(self) -> requests.Response | None:
-        return self.response
+    def __enter__(self) -> _Answer:
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.response is not None:
-            self.response.close()
+        if self.reply is not None:
+            self.reply.close()
+        self._transport.finish()
 
 
 class Unread:
@@ -378,29 +446,6 @@ class Unread:
         self.reason = reason
 
 
-def _chunks(response: requests.Response, doing: str) -> Iterator[bytes]:
-    """The body's chunks; a body cut short or too slow (as a live attempt's would be) is a
-    ProviderRefused that trying again may cure."""
-    try:
-        yield from response.iter_content(chunk_size=2**16)
-    except (requests.RequestException, OSError) as exc:
-        raise ProviderRefused(f"could not {doing}: {type(exc).__name__}", retryable=True) from None
-
-
-def _read(response: requests.Response, limit: int, seconds: float | None = None) -> bytes | None:
-    """The body, or None when it is larger than ``limit``; ProviderRefused (to be tried
-    again) when it takes longer than ``seconds`` (a body trickled to hold the run)."""
-    body = bytearray()
-    ends = None if seconds is None else time.monotonic() + seconds
-    for chunk in _chunks(response, "read the answer"):
-        body += chunk
-        if len(body) > limit:
-            return None
-        if ends is not None and time.monotonic() > ends:
-            raise ProviderRefused("the answer came too slowly", retryable=True)
-    return bytes(body)
-
-
 def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
     """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
     if oversized:
@@ -411,21 +456,11 @@ def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
         return Unread(line, f"its line in the batch's results cannot be read: {exc}")
 
 
-def _error_text(response: requests.Response) -> str:
-    """': message' from a provider's error body (OpenAI's and Anthropic's ``error.message``),
-    read no further than a few KiB."""
-    try:
-        body = _read(response, 2**14) or b""
-    except ProviderRefused:  # (cut short: the status says enough)
-        body = b""
-    response.close()
-    try:
-        payload = decode_body(body, "json", None)
-    except InvalidBody:
-        return ""
-    error = payload.get("error") if isinstance(payload, Mapping) else None
-    message = error.get("message") if isinstance(error, Mapping) else None
-    if not isinstance(message, str):
-        return ""
-    flat = " ".join(message.split())
-    return f": {flat[:200]}"
+def _judged(
+    status: int, headers: Mapping[str, str], now: float, retryable: frozenset[int]
+) -> Verdict:
+    """A live attempt's Verdict on a non-2xx answer; a redirect, not followed, is final."""
+    verdict = classify_status(status, retry_after_of(headers), now, None, retryable)
+    if verdict is None:
+        return terminal("redirect", f"HTTP {status} (a redirect: not followed)")
+    return verdict

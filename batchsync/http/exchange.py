@@ -6,7 +6,7 @@ attempt ends with, and its body read within the attempt's end (``BodyReader``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,9 @@ class Recipe:
     # The run's auth= for this send (see auth.RunAuth): applied to the request as it goes,
     # after the cookies, so that a token is as fresh as the send.
     auth: Callable[[requests.PreparedRequest], requests.PreparedRequest] | None = None
+    # False: a redirect is the answer, not followed (a provider's control call: the key it
+    # carries goes to the endpoint's origin and nowhere else).
+    follow: bool = True
 
     @property
     def method(self) -> str | None:
@@ -212,10 +215,7 @@ class BodyReader:
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         while True:
-            left = self.left(wall_end)
-            if sock is not None and _passes_end(sock.gettimeout(), left):
-                sock.settimeout(left)
-            chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
+            chunk = self._chunk(raw, sock, self.left(wall_end), encoded)
             if not chunk:
                 return body
             body += chunk
@@ -223,6 +223,36 @@ class BodyReader:
                 raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
             if counted and getattr(raw, "length_remaining", None) == 0:
                 return body
+
+    @staticmethod
+    def _chunk(raw: Any, sock: Any, left: float, encoded: bool) -> bytes:
+        """The next chunk of ``raw``, its read waiting at most ``left`` seconds."""
+        if sock is not None and _passes_end(sock.gettimeout(), left):
+            sock.settimeout(left)
+        chunk: bytes = raw.read1(CHUNK_BYTES, decode_content=encoded)
+        return chunk
+
+    def chunks(self, reply: Reply, wall_end: float, stall: float) -> Iterator[bytes]:
+        """The decompressed body as it comes, for a body too large to hold (a batch's
+        results): each read waits at most ``stall`` seconds, and the whole within
+        ``wall_end``. The caller stops when it has had enough (the reply is closed then)."""
+        raw = reply.raw
+        encoded = bool(header_value(reply.headers, "Content-Encoding"))
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        try:
+            if reply.content is not None:
+                yield reply.content
+                return
+            while chunk := self._chunk(raw, sock, min(stall, self.left(wall_end)), encoded):
+                yield chunk
+        except BaseException as exc:
+            reply.close()
+            self._raise_if_ended(exc, wall_end)
+            raise
+        if self.watchdog.disarm():
+            reply.close()
+            raise AttemptTimedOut("attempt timed out")
+        raw.release_conn()
 
     def _raise_if_ended(self, exc: BaseException, wall_end: float) -> None:
         """An AttemptTimedOut for ``exc`` when it is the attempt's end coming (see ``ended``);

@@ -282,7 +282,9 @@ class SessionLane:
             prepared = recipe.auth(prepared)
         assert prepared.url is not None
         response = self._send_once(session, prepared, wall_end)
-        return self._settle(session, prepared.url, response, wall_end)
+        return self._settle(
+            session, prepared.url, response, wall_end, follow_redirects=recipe.follow
+        )
 
     def take_over(self, wire: Wire, raw: BaseHTTPResponse, wall_end: float) -> Reply:
         """The fast lane's answer ``raw`` to ``wire`` settled the requests way: its cookies
@@ -361,8 +363,11 @@ class SessionLane:
         first_url: str,
         response: requests.Response,
         wall_end: float,
+        *,
+        follow_redirects: bool = True,
     ) -> Reply:
-        """Follow redirects from ``response`` to the final one.
+        """Follow redirects from ``response`` to the final one (``follow_redirects`` False:
+        none).
 
         Each hop goes through the proxies requests would use for it: the first request's,
         with the environment's for the new URL added (``Session.rebuild_proxies``), so a hop
@@ -370,7 +375,7 @@ class SessionLane:
         """
         hops = 0
         proxies = self.environment(session, first_url)["proxies"]
-        while response.is_redirect and response.next is not None:
+        while follow_redirects and response.is_redirect and response.next is not None:
             follow = response.next
             response.close()
             hops += 1

@@ -12,7 +12,7 @@ modules; deciding what a response means does not.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
 import requests
@@ -114,6 +114,10 @@ class Transport:
         """The answer's decompressed body, read within ``wall_end`` and ``max_bytes`` (see
         ``BodyReader.read``)."""
         return self._reader.read(reply, wall_end, max_bytes)
+
+    def stream(self, reply: Reply, wall_end: float, stall: float) -> Iterator[bytes]:
+        """The answer's decompressed body chunk by chunk (see ``BodyReader.chunks``)."""
+        return self._reader.chunks(reply, wall_end, stall)
 
     def discard(self, reply: Reply, wall_end: float) -> None:
         """Drop an answer we do not need, keeping its connection when the body is small."""

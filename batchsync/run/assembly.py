@@ -125,15 +125,7 @@ def fetch(
     gates = gates_for(options, clock) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
-    transport = Transport(
-        options.session,
-        options.concurrency,
-        secrets,
-        guard=Guard() if options.deny_private else None,
-        verify=options.verify,
-        cert=options.cert,
-        cookies=options.cookies,
-    )
+    transport = transport_for(options, secrets)
     try:
         job = HttpJob(options, transport, gates, secrets=secrets)
     except BaseException:  # (auth='s first token could not be got)
@@ -157,6 +149,20 @@ def fetch(
     finally:
         job.close()
         transport.close()
+
+
+def transport_for(options: FetchOptions, secrets: Secrets) -> Transport:
+    """The run's one way out: every byte any lane sends goes through it (the guard, TLS
+    options, proxies, cookies, the watchdog, secret headers kept to their origin)."""
+    return Transport(
+        options.session,
+        options.concurrency,
+        secrets,
+        guard=Guard() if options.deny_private else None,
+        verify=options.verify,
+        cert=options.cert,
+        cookies=options.cookies,
+    )
 
 
 class _PerRequestWarnings:

@@ -13,19 +13,18 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-import requests
-
 from ..batches.client import Calls, Client
 from ..batches.providers import endpoint_of
 from ..batches.sender import BatchRun, Plan, pause
 from ..core.engine import Deliver
 from ..core.observe import Hooks, Observers
+from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
 from ..limits.gates import Gates
 from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
-from .assembly import Ran, Stoppable
+from .assembly import Ran, Stoppable, insecure_said_once, transport_for
 from .progress import Tally
 
 
@@ -84,8 +83,7 @@ class ThroughBatchApi:
     def _running(self, progress: Tally) -> Iterator[BatchRun]:
         options = self._options
         secrets = options.secrets()
-        own_session = not isinstance(options.session, requests.Session)
-        session = _session_of(options)
+        transport = transport_for(options, secrets)
         ledger = self._memory or Ledger()
         if self._journal is not None:
             ledger = JournaledLedger(self._journal, connect)
@@ -97,8 +95,8 @@ class ThroughBatchApi:
             backoff=options.backoff,
             max_bytes=options.max_bytes,
             secrets=secrets,
-            verify=options.verify,
-            cert=options.cert,
+            retryable=parse_statuses(options.retry_statuses),
+            retry_if=options.retry_if,
         )
         ends = None if options.deadline is None else time.monotonic() + options.deadline
 
@@ -109,7 +107,9 @@ class ThroughBatchApi:
             seconds = left()
             return stop.is_set() or (seconds is not None and seconds < 0)
 
-        client = Client(self._endpoint, session, calls, partial(pause, stop), over=over, left=left)
+        client = Client(
+            self._endpoint, transport, calls, partial(pause, stop), over=over, left=left
+        )
         observer = Observers([progress, Hooks(None, options.on_result)])
         run = BatchRun(
             Plan(
@@ -134,19 +134,11 @@ class ThroughBatchApi:
             stop=stop,
         )
         try:
-            yield run
+            with insecure_said_once(options.verify is False):
+                yield run
         finally:
             ledger.close()
-            if own_session:
-                session.close()
-
-
-def _session_of(options: FetchOptions) -> requests.Session:
-    """The caller's session (or one from their factory), else a new one."""
-    given = options.session
-    if isinstance(given, requests.Session):
-        return given
-    return given() if callable(given) else requests.Session()
+            transport.close()
 
 
 def open_batches(parts: Iterable[Part]) -> str | None:
