@@ -72,7 +72,7 @@ def cleaned_up(server: MockServerProcess, key: str, provider: str, batches: int)
     """Nothing the run made is left at the provider."""
     counts = stats(server, key)
     if provider == "openai":
-        return counts["files_alive"] == []
+        return bool(counts["files_alive"] == [])
     return bool(counts["batches_deleted"] == batches)
 
 
@@ -169,7 +169,7 @@ def _unreadable_row(make: Callable[[], bytes]) -> Callable[[bytes], bytes]:
     it), the others as they were."""
 
     def line(given: bytes) -> bytes:
-        custom_id = json.loads(given)["custom_id"]
+        custom_id = str(json.loads(given)["custom_id"])
         if not custom_id.endswith("-2"):
             return given
         return b'{"custom_id": "' + custom_id.encode() + b'", "response": ' + make() + b"}"
