@@ -455,6 +455,16 @@ def test_a_live_batch_is_refused_while_its_rows_are_in_batches_still_open(
             ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api", "--dedup"],
             "dedup",
         ),
+        (["--url", "http://127.0.0.1:9/v1/messages", "--batch-api"], "--row-as-body"),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api", "-c", "4"],
+            "concurrency",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"]
+            + ["--rate", "auto", "--adaptive"],
+            "adaptive, rate",
+        ),
     ],
 )
 def test_a_batch_run_that_cannot_be_is_exit_2_in_one_line_nothing_written(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -29,6 +30,7 @@ from ..core.verdict import Verdict, terminal
 from ..http.classify import classify_http_exception, classify_status
 from ..http.decode import InvalidBody, decode_body
 from ..http.exchange import BodyTooLarge, Reply
+from ..http.guard import PrivateAddress
 from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
@@ -111,6 +113,18 @@ class Client:
         openai = endpoint.provider == "openai"
         self._batches = f"{endpoint.base}/batches"
         self._files = f"{endpoint.base}/files" if openai else None
+
+    def refusal(self) -> str | None:
+        """Why the endpoint's host may not be sent to (deny_private refuses a private
+        address, as it refuses a live row), or None."""
+        guard = self._transport.guard
+        if guard is None:
+            return None
+        try:
+            guard.check(urlsplit(self.endpoint.url).hostname or "")
+        except PrivateAddress as exc:
+            return str(exc)
+        return None
 
     # --- submitting ----------------------------------------------------------------------------
     def upload(self, lines: Sequence[bytes], name: str) -> str:

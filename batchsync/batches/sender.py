@@ -23,6 +23,7 @@ from ..core.backoff import Backoff
 from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result
 from ..core.verdict import ErrorKind, InvalidItem
+from ..http.decode import InvalidBody, decode_value
 from ..http.spec import RequestSpec
 from ..store.submissions import (
     CLEANED,
@@ -90,6 +91,7 @@ class Plan:
     keep_files: bool = False
     cancel: bool = False
     max_line: int = 32 * 2**20
+    expect: object = "json"
 
     @property
     def rows_cap(self) -> int:
@@ -204,11 +206,14 @@ class BatchRun:
         cut: list[tuple[int, bytes]] = []
         cut_bytes, tag = 0, new_tag(next_number)
         provider, plan = self._plan.endpoint.provider, self._plan
+        refusal = self._client.refusal()
         for index, item in items:
             if self.stopped:
                 return
             try:
                 spec = self._request_of(item)
+                if refusal is not None:
+                    raise InvalidItem(refusal)
                 body = _body_of(spec, plan.endpoint)
             except InvalidItem as exc:
                 self._give(_unsent(index, self._url, None, str(exc)), item)
@@ -687,6 +692,13 @@ class BatchRun:
             self._give(failures[index], items.get(index))
 
     def _result(self, answer: Answer, elapsed: float, followed: _Followed) -> Result:
+        if answer.ok:  # (decoded as a live answer's body is: expect= a model gives models)
+            try:
+                answer = replace(answer, data=decode_value(answer.data, self._plan.expect))
+            except InvalidBody as exc:
+                answer = replace(
+                    answer, ok=False, data=None, error_kind="invalid_body", error=str(exc)
+                )
         ran = answer.error_kind not in ("batch_expired", "batch_cancelled")
         log_entry = AttemptRecord(1, answer.status_code, answer.error_kind, elapsed)
         return Result(

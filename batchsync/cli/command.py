@@ -369,10 +369,10 @@ def command(
     prefix = output_prefix(prefix, input_name)
     if insecure:  # asked for in so many words: no warning per request
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-    if click.get_current_context().get_parameter_source("budget") is ParameterSource.DEFAULT:
-        # (not given: a run through a batch endpoint reads a budget only when one is given,
-        # its wait being hours where a live call's is seconds)
-        options.pop("budget", None)
+    context = click.get_current_context()
+    for name in list(options):  # (the options' own defaults are the flags': only what was given)
+        if context.get_parameter_source(name) is ParameterSource.DEFAULT:
+            options.pop(name)  # type: ignore[misc]
     checked = _fetch_options({**options, **tls})
     checked, cluster = _scaled_out(checked, redis_url, dask_address)
     _check_batch_api(checked, template, continuing, cluster)
@@ -528,7 +528,7 @@ def _check_batch_api(
         return
     if continuing.live:
         raise click.UsageError("--live and --batch-api contradict each other: give one")
-    if template is None:
+    if template is None or (template.body is None and not template.row_as_body):
         raise click.UsageError(
             "--batch-api needs --url (the endpoint) with --row-as-body or --body-template"
         )

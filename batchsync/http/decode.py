@@ -83,10 +83,25 @@ def decode_body(body: bytes | bytearray, expect: object, content_type: str | Non
         try:
             return expect.model_validate_json(text)
         except ValidationError as exc:
-            raise InvalidBody(f"body does not fit {expect.__name__}: {one_line(exc)}") from None
+            raise _misfit(expect, exc) from None
     try:
         return json.loads(text)
     except ValueError as exc:
         raise InvalidBody(f"body is not JSON: {exc}") from None
     except RecursionError:
         raise InvalidBody("body is JSON nested too deeply to read") from None
+
+
+def decode_value(value: Any, expect: object) -> Any:
+    """A JSON value already read (a batch row's answer, inside its results line) as
+    ``decode_body`` gives a body: validated into ``expect`` when it is a pydantic model."""
+    if isinstance(expect, type) and issubclass(expect, BaseModel):
+        try:
+            return expect.model_validate(value)
+        except ValidationError as exc:
+            raise _misfit(expect, exc) from None
+    return value
+
+
+def _misfit(expect: type[BaseModel], exc: ValidationError) -> InvalidBody:
+    return InvalidBody(f"body does not fit {expect.__name__}: {one_line(exc)}")

@@ -527,11 +527,17 @@ class FetchOptions(FlowOptions):
             if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self
-        refused = [name for name in _NOT_IN_BATCHES if getattr(self, name)]
+        refused = [
+            name
+            for name in self.model_fields_set - _IN_BATCHES
+            if getattr(self, name) not in (None, False, ())
+        ]
+        if self.expect in ("text", "bytes"):  # (a row's answer comes as JSON in its line)
+            refused.append(f"expect={self.expect}")
         if refused:
             raise ValueError(
                 f"batch_api (--batch-api) sends each row once through the provider's batch "
-                f"endpoint: {', '.join(refused)} cannot apply to it"
+                f"endpoint: {', '.join(sorted(refused))} cannot apply to it"
             )
         return self
 
@@ -583,7 +589,16 @@ class FetchOptions(FlowOptions):
 
 # The options that only a run through a batch endpoint reads, and those it cannot honour.
 _BATCH_ONLY = ("poll", "batch_rows", "batch_bytes", "keep_files")
-_NOT_IN_BATCHES = ("paginate", "fallbacks", "auth", "dedup", "hedge_after")
+# What a run through a batch endpoint honours: its rows' decoding and Results, its control
+# calls' transport (headers, secrets, TLS, the guard, the session) and retry policy, the wait's
+# deadline and budget, and the batch options. Any other option given is refused, never ignored
+# (a rate, a concurrency, a fallback: the provider runs the rows as it will).
+_IN_BATCHES = frozenset({
+    "attempts", "budget", "deadline", "backoff", "on_result", "timeout", "deny_private",
+    "expect", "headers", "secret_headers", "secret_params", "max_bytes", "retry_statuses",
+    "retry_if", "session", "cookies", "verify", "cert", "quota_headers",
+    "batch_api", "poll", "batch_rows", "batch_bytes", "keep_files",
+})  # fmt: skip
 
 
 def _redis_password(limits: object) -> list[str]:

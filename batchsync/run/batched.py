@@ -123,6 +123,7 @@ class ThroughBatchApi:
                 keep_files=options.keep_files,
                 cancel=self._cancel,
                 max_line=options.max_bytes,
+                expect=options.expect,
             ),
             client,
             ledger,
