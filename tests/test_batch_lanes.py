@@ -79,7 +79,8 @@ def test_nothing_is_sent_to_a_private_address_in_either_lane(
 ) -> None:
     key = uuid.uuid4().hex[:10]
     url = f"{server.url}/llm/{key}/pace=0.05/v1/chat/completions"
-    for more in ({}, {"batch_api": "auto"}):
+    lanes: list[dict[str, Any]] = [{}, {"batch_api": "auto"}]
+    for more in lanes:
         Batch(
             ROWS, url=url, method="POST", body=BODY, progress=False, deny_private=True, **more
         ).run()  # fmt: skip

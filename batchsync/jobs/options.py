@@ -596,7 +596,7 @@ _BATCH_ONLY = ("poll", "batch_rows", "batch_bytes", "keep_files")
 _IN_BATCHES = frozenset({
     "attempts", "budget", "deadline", "backoff", "on_result", "timeout", "deny_private",
     "expect", "headers", "secret_headers", "secret_params", "max_bytes", "retry_statuses",
-    "retry_if", "session", "cookies", "verify", "cert", "quota_headers",
+    "retry_if", "session", "cookies", "verify", "cert",
     "batch_api", "poll", "batch_rows", "batch_bytes", "keep_files",
 })  # fmt: skip
 
