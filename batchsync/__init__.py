@@ -1,5 +1,24 @@
 """batchsync: call an API many times from plain Python, bounded and retried, one result each."""
 
+import os as _os
+import signal as _signal
+import sys as _sys
+from pathlib import Path as _Path
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C before the command line has its own handler: nothing was sent yet."""
+    _sys.stderr.write("Interrupted before the run started: nothing was sent\n")
+    _os._exit(130)
+
+
+# (the command line, while the package loads: a Ctrl-C then is exit 130, not a traceback;
+# the command sets its own handler once it runs, and a library import is left as it is)
+if (_sys.argv[:1] == ["-m"] or _Path(_sys.argv[0]).name == "batchsync") and (
+    _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
+):
+    _signal.signal(_signal.SIGINT, _interrupted_while_loading)
+
 import logging
 
 from .core.backoff import Backoff

@@ -379,3 +379,18 @@ def test_every_connection_of_a_batch_run_is_opened_by_the_transport(
     done = run(script, tmp_path)
     audit = json.loads((tmp_path / "run.audit").read_text())
     assert audit == {"strays": [], "code": 0}, done.stderr
+
+
+# --- a Ctrl-C at any moment ------------------------------------------------------------------------
+@pytest.mark.parametrize("after", [0.05, 0.3, 0.6, 1.0, 1.5])
+def test_a_ctrl_c_at_any_moment_after_start_is_exit_130_without_a_traceback(
+    hostile: HostileProvider, tmp_path: Path, after: float
+) -> None:
+    """While the package loads, while the parts are cut and submitted, while they are polled."""
+    url, _ = endpoint(hostile, "openai", "pace=5")
+    process = start(batch_args(tmp_path, url, "openai", 4), tmp_path)
+    time.sleep(after)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
