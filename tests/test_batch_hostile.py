@@ -381,7 +381,7 @@ def test_every_connection_of_a_batch_run_is_opened_by_the_transport(
     assert audit == {"strays": [], "code": 0}, done.stderr
 
 
-# --- a Ctrl-C at any moment ------------------------------------------------------------------------
+# --- a Ctrl-C at any moment ---------------------------------------------------------------------
 @pytest.mark.parametrize("after", [0.05, 0.3, 0.6, 1.0, 1.5])
 def test_a_ctrl_c_at_any_moment_after_start_is_exit_130_without_a_traceback(
     hostile: HostileProvider, tmp_path: Path, after: float
@@ -394,3 +394,24 @@ def test_a_ctrl_c_at_any_moment_after_start_is_exit_130_without_a_traceback(
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
+
+
+def test_a_journal_with_a_part_dropped_then_cleaned_is_taken_by_the_next_run(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path
+) -> None:
+    """A part killed in its upload is dropped (its rows in a new part) and its file deleted by
+    the run that goes on: later runs still trust the journal."""
+    url, key = endpoint(hostile, "openai")
+    args = batch_args(tmp_path, url, "openai", 4)
+    hostile.hold("POST", r"/v1/files$", 20.0)
+    first = start(args, tmp_path)
+    kill_when(first, lambda: counts_so_far(server, key).get("files_uploaded", 0) > 0, "uploaded")
+    hostile.once("GET", DOWNLOAD, status=403)
+    assert run([*args, "--resume"], tmp_path).returncode == 1
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned", "held"]
+    again = run([*args, "--retry-failed"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 4)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == []
+    assert cleaned_up(server, key, "openai", 1)

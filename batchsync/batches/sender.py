@@ -351,7 +351,21 @@ class BatchRun:
         made none. OpenAI's is the one made of the part's file. Anthropic's list names nothing
         of a batch's rows: one made since the part's create with as many rows is the part's
         only when its results carry the part's nonce, so while such a batch has not ended the
-        part waits (a retryable ProviderRefused), neither created again nor taking another's."""
+        part waits (a retryable ProviderRefused), neither created again nor taking another's.
+        A look that fails (the list or a candidate's results refused) decides nothing: the
+        part waits the same way."""
+        try:
+            return self._look_for(part)
+        except ProviderRefused as exc:
+            if exc.retryable:
+                raise
+            raise ProviderRefused(
+                f"part {part.number}: the provider refused the look for the batch its create may "
+                f"have made ({exc}): it waits, not submitted again",
+                retryable=True,
+            ) from None
+
+    def _look_for(self, part: Part) -> Mapping[str, Any] | None:
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
         provider = self._plan.endpoint.provider
         candidates, unsure = [], False

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.history import Stint
 from ..core.result import PERCENTILES, Listing, Result, Summary, Trace, Tried
-from ..store.submissions import DROPPED, Part
+from ..store.submissions import Part
 
 # The outcomes an attempt is counted under in the chart of attempts over time.
 CHARTED = ("ok", "retried", "failed", "429")
@@ -635,7 +635,7 @@ def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
     )
     inputs, outputs = token_totals(parts)
     notes = ""
-    dropped = sum(1 for part in parts if part.state == DROPPED)
+    dropped = sum(1 for part in parts if part.dropped)
     if dropped:
         notes += (
             f" {dropped} part(s) were dropped: a later run found them without a batch at the "

@@ -123,6 +123,16 @@ class Part:
         return self.tag.rpartition("-")[2]
 
     @property
+    def dropped(self) -> bool:
+        """Whether a later run found it without a batch and put its rows in new parts (its
+        uploaded file deleted since or not)."""
+        return (
+            self.batch is None
+            and self.state in (DROPPED, CLEANED)
+            and any(state == DROPPED for _, state in self.history)
+        )
+
+    @property
     def size(self) -> int:
         return sum(last - first + 1 for first, last in self.rows)
 
@@ -318,7 +328,7 @@ def overlap_problem(parts: Iterable[Part]) -> str | None:
     for expected, part in enumerate(sorted(parts, key=lambda p: p.number), start=1):
         if part.number != expected:
             return f"submissions row {part.number}: part is not the next number ({expected})"
-        if part.state == DROPPED:  # (its rows went into a later part)
+        if part.dropped:  # (its rows went into a later part)
             continue
         for index in indexes_in(part.rows):
             if (part.passing, index) in taken:
