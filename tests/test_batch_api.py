@@ -461,8 +461,10 @@ def test_a_live_batch_is_refused_while_its_rows_are_in_batches_still_open(
             "concurrency",
         ),
         (
-            ["--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"]
-            + ["--rate", "auto", "--adaptive"],
+            [
+                *("--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"),
+                *("--rate", "auto", "--adaptive"),
+            ],
             "adaptive, rate",
         ),
     ],

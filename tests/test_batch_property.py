@@ -37,7 +37,7 @@ from .test_batch_hostile import CREATE, DOWNLOAD, POLL, _unreadable_row
 pytestmark = pytest.mark.integration
 
 ROWS = 5
-EXAMPLES = int(os.environ.get("BATCHSYNC_PROPERTY_EXAMPLES", "14"))
+EXAMPLES = int(os.environ.get("BATCHSYNC_PROPERTY_EXAMPLES", "10"))
 KNOBS = "pace=0.2,rpm=100000,tpm=100000000"
 
 Fault = Callable[[HostileProvider, str], None]
@@ -124,7 +124,7 @@ def own_answers(url: str, provider: str, rows: list[dict[str, Any]], written: li
     kill=st.sampled_from(KILLS),
     going_on=st.sampled_from(sorted(GOING_ON)),
 )
-def test_no_row_twice_each_row_its_own_answer_nothing_left_behind(
+def test_no_row_twice_each_row_its_own_answer_nothing_left_behind(  # noqa: PLR0917
     server: MockServerProcess,
     tmp_path_factory: pytest.TempPathFactory,
     provider: str,
