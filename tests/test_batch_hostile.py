@@ -382,13 +382,27 @@ def test_every_connection_of_a_batch_run_is_opened_by_the_transport(
 
 
 # --- a Ctrl-C at any moment ---------------------------------------------------------------------
-@pytest.mark.parametrize("after", [0.05, 0.3, 0.6, 1.0, 1.5])
+_STARTED = """
+import json, runpy, sys
+sys.argv = ["batchsync", *json.loads(sys.argv[1])]  # (as the console script names itself)
+sys.stderr.write("started\\n")
+sys.stderr.flush()
+runpy.run_module("batchsync", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("after", [0.02, 0.1, 0.3, 0.6, 1.0, 1.5])
 def test_a_ctrl_c_at_any_moment_after_start_is_exit_130_without_a_traceback(
     hostile: HostileProvider, tmp_path: Path, after: float
 ) -> None:
-    """While the package loads, while the parts are cut and submitted, while they are polled."""
+    """While the package loads, while the parts are cut and submitted, while they are polled
+    (counted from when the interpreter runs its first line: a signal while Python itself
+    starts is the interpreter's)."""
     url, _ = endpoint(hostile, "openai", "pace=5")
-    process = start(batch_args(tmp_path, url, "openai", 4), tmp_path)
+    args = batch_args(tmp_path, url, "openai", 4)
+    process = start([args[0], "-c", _STARTED, json.dumps(args[3:])], tmp_path)
+    assert process.stderr is not None
+    assert process.stderr.readline() == "started\n"
     time.sleep(after)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)

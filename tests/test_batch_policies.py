@@ -9,17 +9,8 @@ import json
 import pytest
 
 from batchsync import Batch
-from batchsync.batches.providers import (
-    answer_of,
-    belongs_to,
-    custom_id,
-    endpoint_of,
-    index_of,
-    refused_for_tokens,
-    request_line,
-    submission_size,
-    usage_of,
-)
+from batchsync.batches.protocol import custom_id, index_of
+from batchsync.batches.providers import PROVIDERS, endpoint_of
 from batchsync.store.submissions import (
     Covered,
     Part,
@@ -85,24 +76,26 @@ def test_a_rows_custom_id_is_its_parts_nonce_and_index_and_nothing_else_is_taken
 
 def test_each_row_is_written_as_its_provider_takes_it() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "é"}]}
-    line = json.loads(request_line(endpoint_of(OPENAI, "auto"), 3, body, NONCE))
+    line = json.loads(PROVIDERS["openai"].request_line(endpoint_of(OPENAI, "auto"), 3, body, NONCE))
     assert line == {
         "custom_id": f"{NONCE}-3",
         "method": "POST",
         "url": "/v1/chat/completions",
         "body": body,
     }
-    line = json.loads(request_line(endpoint_of(ANTHROPIC, "auto"), 3, body, NONCE))
+    line = json.loads(
+        PROVIDERS["anthropic"].request_line(endpoint_of(ANTHROPIC, "auto"), 3, body, NONCE)
+    )
     assert line == {"custom_id": f"{NONCE}-3", "params": body}
     # The bytes of a submission: a newline after each OpenAI line; Anthropic's JSON around.
-    assert submission_size("openai", 2, 10) == 12
-    assert submission_size("anthropic", 2, 10) == 10 + 1 + len('{"requests":[]}')
+    assert PROVIDERS["openai"].submission_size(2, 10) == 12
+    assert PROVIDERS["anthropic"].submission_size(2, 10) == 10 + 1 + len('{"requests":[]}')
 
 
 def test_openai_results_lines_read_as_a_live_calls_would() -> None:
     ok = {"custom_id": f"{NONCE}-1", "response": {"status_code": 200, "body": {"usage": {}}}}
-    assert answer_of("openai", ok, NONCE) == answer_of("openai", ok, NONCE)
-    answered = answer_of("openai", ok, NONCE)
+    assert PROVIDERS["openai"].answer_of(ok, NONCE) == PROVIDERS["openai"].answer_of(ok, NONCE)
+    answered = PROVIDERS["openai"].answer_of(ok, NONCE)
     assert answered is not None and (answered.index, answered.ok, answered.status_code) == (
         1,
         True,
@@ -112,7 +105,7 @@ def test_openai_results_lines_read_as_a_live_calls_would() -> None:
         "custom_id": f"{NONCE}-2",
         "response": {"status_code": 400, "body": {"error": {"message": "bad\nmodel"}}},
     }
-    failed = answer_of("openai", refused, NONCE)
+    failed = PROVIDERS["openai"].answer_of(refused, NONCE)
     assert failed is not None
     assert (failed.ok, failed.error_kind, failed.error) == (False, "status", "HTTP 400: bad model")
     for code, kind in (("batch_expired", "batch_expired"), ("batch_cancelled", "batch_cancelled"),
@@ -122,45 +115,51 @@ def test_openai_results_lines_read_as_a_live_calls_would() -> None:
             "response": None,
             "error": {"code": code, "message": "m"},
         }
-        said = answer_of("openai", line, NONCE)
+        said = PROVIDERS["openai"].answer_of(line, NONCE)
         assert said is not None and said.error_kind == kind and said.status_code is None
-    assert answer_of("openai", {"custom_id": "someone-else"}, NONCE) is None
-    assert answer_of("openai", ["not", "a", "line"], NONCE) is None
+    assert PROVIDERS["openai"].answer_of({"custom_id": "someone-else"}, NONCE) is None
+    assert PROVIDERS["openai"].answer_of(["not", "a", "line"], NONCE) is None
 
 
 def test_anthropic_results_lines_read_as_a_live_calls_would() -> None:
     message = {"content": [], "usage": {"input_tokens": 3, "output_tokens": 4}}
-    ok = answer_of(
-        "anthropic",
+    ok = PROVIDERS["anthropic"].answer_of(
         {"custom_id": f"{NONCE}-0", "result": {"type": "succeeded", "message": message}},
         NONCE,
     )
     assert ok is not None and (ok.ok, ok.status_code, ok.data) == (True, 200, message)
-    assert usage_of("anthropic", ok.data) == (3, 4)
+    assert PROVIDERS["anthropic"].usage_of(ok.data) == (3, 4)
     error = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
-    errored = answer_of(
-        "anthropic",
+    errored = PROVIDERS["anthropic"].answer_of(
         {"custom_id": f"{NONCE}-1", "result": {"type": "errored", "error": error}},
         NONCE,
     )
     assert errored is not None
     assert (errored.error_kind, errored.status_code) == ("batch_errored", 400)
     for kind, ours in (("expired", "batch_expired"), ("canceled", "batch_cancelled")):
-        said = answer_of("anthropic", {"custom_id": f"{NONCE}-2", "result": {"type": kind}}, NONCE)
+        said = PROVIDERS["anthropic"].answer_of(
+            {"custom_id": f"{NONCE}-2", "result": {"type": kind}}, NONCE
+        )
         assert said is not None and said.error_kind == ours
 
 
 def test_usage_that_is_not_counts_counts_nothing() -> None:
-    assert usage_of("openai", {"usage": {"prompt_tokens": 2, "completion_tokens": 5}}) == (2, 5)
-    assert usage_of("openai", {"usage": {"prompt_tokens": -1, "completion_tokens": True}}) == (0, 0)
-    assert usage_of("openai", None) == (0, 0)
+    assert PROVIDERS["openai"].usage_of(
+        {"usage": {"prompt_tokens": 2, "completion_tokens": 5}}
+    ) == (2, 5)
+    assert PROVIDERS["openai"].usage_of(
+        {"usage": {"prompt_tokens": -1, "completion_tokens": True}}
+    ) == (0, 0)
+    assert PROVIDERS["openai"].usage_of(None) == (0, 0)
 
 
 def test_a_batch_refused_for_the_enqueued_token_cap_is_told_apart() -> None:
     capped = {"errors": {"data": [{"code": "token_limit_exceeded", "message": "m"}]}}
-    assert refused_for_tokens(capped)
-    assert not refused_for_tokens({"errors": {"data": [{"code": "invalid_file"}]}})
-    assert not refused_for_tokens({"errors": None})
+    assert PROVIDERS["openai"].refused_for_tokens(capped)
+    assert not PROVIDERS["openai"].refused_for_tokens(
+        {"errors": {"data": [{"code": "invalid_file"}]}}
+    )
+    assert not PROVIDERS["openai"].refused_for_tokens({"errors": None})
 
 
 def test_a_parts_rows_are_kept_as_runs_and_found_again() -> None:
@@ -240,9 +239,11 @@ def test_no_row_is_in_two_parts_of_a_pass_and_parts_are_numbered_in_turn() -> No
 
 def test_a_batch_at_the_provider_is_taken_for_a_part_only_when_it_was_made_of_it() -> None:
     part = Part(1, 1, "openai", ((0, 9),), input_file="file-a")
-    assert belongs_to("openai", {"input_file_id": "file-a"}, part)
-    assert not belongs_to("openai", {"input_file_id": "file-b"}, part)
+    assert PROVIDERS["openai"].belongs_to({"input_file_id": "file-a"}, part)
+    assert not PROVIDERS["openai"].belongs_to({"input_file_id": "file-b"}, part)
     rows = Part(1, 1, "anthropic", ((0, 9),))
     counts = {"processing": 4, "succeeded": 6, "errored": 0, "canceled": 0, "expired": 0}
-    assert belongs_to("anthropic", {"request_counts": counts}, rows)
-    assert not belongs_to("anthropic", {"request_counts": {**counts, "processing": 5}}, rows)
+    assert PROVIDERS["anthropic"].belongs_to({"request_counts": counts}, rows)
+    assert not PROVIDERS["anthropic"].belongs_to(
+        {"request_counts": {**counts, "processing": 5}}, rows
+    )

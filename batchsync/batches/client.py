@@ -9,7 +9,6 @@ so the API key goes nowhere else.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -35,7 +34,8 @@ from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
 from ..store.submissions import well_formed
-from .providers import Endpoint, Files, created_at
+from .protocol import Endpoint, Files
+from .providers import provider_of
 
 # Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
 Pause = Callable[[float], bool]
@@ -110,9 +110,9 @@ class Client:
         # How far the provider's clock is ahead of this one, from its last ``Date`` header
         # (None until one came): times the provider stamps are compared in its own clock.
         self.clock_offset: float | None = None
-        openai = endpoint.provider == "openai"
+        self.provider = provider_of(endpoint)
         self._batches = f"{endpoint.base}/batches"
-        self._files = f"{endpoint.base}/files" if openai else None
+        self._files = f"{endpoint.base}/files" if self.provider.shape.uploads else None
 
     def refusal(self) -> str | None:
         """Why the endpoint's host may not be sent to (deny_private refuses a private
@@ -128,7 +128,8 @@ class Client:
 
     # --- submitting ----------------------------------------------------------------------------
     def upload(self, lines: Sequence[bytes], name: str) -> str:
-        """OpenAI: the rows uploaded as a JSONL file of purpose batch; its id."""
+        """The rows uploaded as a JSONL file of purpose batch (a provider whose rows go up as
+        a file: OpenAI's Files API); its id."""
         assert self._files is not None
         content = b"".join(line + b"\n" for line in lines)
         answer = self._json(
@@ -138,30 +139,19 @@ class Client:
             data={"purpose": "batch"},
             files={"file": (name, content, "application/jsonl")},
         )
-        file_id = well_formed("openai", "file", answer.get("id"))
+        file_id = well_formed(self.provider.name, "file", answer.get("id"))
         if file_id is None:
             raise ProviderRefused("the Files API answered without a file id")
         return file_id
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
-        """A batch created from the uploaded file (OpenAI) or from the rows themselves
-        (Anthropic): the provider's batch object."""
-        if self.endpoint.provider == "openai":
-            body = json.dumps(
-                {
-                    "input_file_id": input_file,
-                    "endpoint": self.endpoint.path,
-                    "completion_window": "24h",
-                    "metadata": {"batchsync_part": str(part)},
-                }
-            ).encode()
-        else:
-            body = b'{"requests":[' + b",".join(lines) + b"]}"
+        """A batch created from the uploaded file or from the rows themselves: the
+        provider's batch object."""
         return self._json(
             "POST",
             self._batches,
             "create the batch",
-            data=body,
+            data=self.provider.create_body(self.endpoint, input_file, lines, part),
             headers={"Content-Type": "application/json"},
             retry=False,  # (a create that got no answer may have been made: looked for first)
         )
@@ -179,7 +169,6 @@ class Client:
         but could not record. A list that cannot be followed to ``since`` (a cursor missing or
         repeated, the run's end) is a ProviderRefused to try later: the part waits, it is
         never submitted again on a guess."""
-        openai = self.endpoint.provider == "openai"
         params: dict[str, Any] = {"limit": 100}
         cursors: set[str] = set()
         while True:
@@ -192,7 +181,7 @@ class Client:
             last = page[-1].get("id") if page else None
             if not (isinstance(answer, Mapping) and answer.get("has_more")):
                 return
-            oldest = created_at(self.endpoint.provider, page[-1]) if page else None
+            oldest = self.provider.created_at(page[-1]) if page else None
             offset = self.clock_offset  # (not known: the list is read to its end)
             if oldest is not None and offset is not None and oldest < since + offset:
                 return
@@ -203,18 +192,18 @@ class Client:
                     retryable=True,
                 )
             cursors.add(last)
-            params = {"limit": 100, ("after" if openai else "after_id"): last}
+            params = {"limit": 100, self.provider.cursor: last}
 
     def file_name(self, file_id: str) -> str | None:
-        """OpenAI: the name a file was uploaded under (None: it is gone)."""
+        """The name a file was uploaded under (None: it is gone)."""
         assert self._files is not None
         answer = self._json("GET", f"{self._files}/{file_id}", "look at a file", missing_ok=True)
         name = answer.get("filename") if isinstance(answer, Mapping) else None
         return name if isinstance(name, str) else None
 
     def file_named(self, name: str) -> str | None:
-        """OpenAI: the id of the batch file uploaded under ``name`` (a part's own, with its
-        nonce), or None when there is none."""
+        """The id of the batch file uploaded under ``name`` (a part's own, with its nonce),
+        or None when there is none."""
         assert self._files is not None
         answer = self._json(
             "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
@@ -222,34 +211,31 @@ class Client:
         data = answer.get("data") if isinstance(answer, Mapping) else None
         for found in data or ():
             if isinstance(found, Mapping) and found.get("filename") == name:
-                return well_formed("openai", "file", found.get("id"))
+                return well_formed(self.provider.name, "file", found.get("id"))
         return None
 
     # --- collecting ----------------------------------------------------------------------------
     def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
         """Every results line of an ended batch, parsed (``Unread`` for a line that is too
-        large or not JSON Python can read, named by the custom_id at its start):
-        OpenAI's output file then its error file, or Anthropic's results. Each line is at most
-        ``max_bytes``, and a file at most that much a row, so a hostile answer stays bounded."""
-        if self._files is not None:
-            for file_id in (files.output, files.error):
-                if file_id is not None:
-                    yield from self._lines(f"{self._files}/{file_id}/content", rows)
-            return
-        url = files.results_url or f"{self._batches}/{batch}/results"
-        if not self.endpoint.same_origin(url):
-            raise ProviderRefused(
-                "the batch's results URL is on another origin than the endpoint: not fetched "
-                "(the API key goes to the endpoint's origin only)"
-            )
-        yield from self._lines(url, rows)
+        large or not JSON Python can read, named by the custom_id at its start), from each
+        place the provider keeps them. Each line is at most ``max_bytes``, and a download at
+        most that much a row, so a hostile answer stays bounded; a place on another origin
+        than the endpoint's is refused (the API key goes to the endpoint's origin only)."""
+        for url in self.provider.results_urls(self.endpoint, batch, files):
+            if not self.endpoint.same_origin(url):
+                raise ProviderRefused(
+                    "the batch's results URL is on another origin than the endpoint: not "
+                    "fetched (the API key goes to the endpoint's origin only)"
+                )
+            yield from self._lines(url, rows)
+
+    def delete(self, url: str) -> None:
+        """Delete what ``url`` names at the provider (gone already: nothing to do)."""
+        self._json("DELETE", url, "delete at the provider", missing_ok=True)
 
     def delete_file(self, file_id: str) -> None:
         assert self._files is not None
-        self._json("DELETE", f"{self._files}/{file_id}", "delete a file", missing_ok=True)
-
-    def delete_batch(self, batch: str) -> None:
-        self._json("DELETE", f"{self._batches}/{batch}", "delete the batch", missing_ok=True)
+        self.delete(f"{self._files}/{file_id}")
 
     # --- one call ------------------------------------------------------------------------------
     def _json(

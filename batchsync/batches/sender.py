@@ -32,38 +32,20 @@ from ..store.submissions import (
     HELD,
     MOST_TOKENS,
     PLANNED,
-    STATUSES,
     SUBMITTING,
     UPLOADED,
     WAITING,
     Covered,
     Ledger,
     Part,
-    Provider,
     indexes_in,
     new_tag,
     ranges_of,
     well_formed,
 )
 from .client import Client, ProviderRefused, Stopped, Unread
-from .providers import (
-    CAPS,
-    Answer,
-    Endpoint,
-    answer_of,
-    belongs_to,
-    created_at,
-    failure_text,
-    files_of,
-    has_ended,
-    index_of,
-    is_row_id,
-    refused_for_tokens,
-    request_line,
-    status_of,
-    submission_size,
-    usage_of,
-)
+from .protocol import Answer, BatchProvider, Endpoint, index_of, is_row_id
+from .providers import provider_of
 
 log = logging.getLogger("batchsync")
 
@@ -96,13 +78,13 @@ class Plan:
     @property
     def rows_cap(self) -> int:
         """The most rows a part holds: as asked, never beyond the provider's cap."""
-        most = CAPS[self.endpoint.provider][0]
+        most = provider_of(self.endpoint).caps[0]
         return min(self.max_rows or most, most)
 
     @property
     def bytes_cap(self) -> int:
         """The most bytes a submission takes: as asked, never beyond the provider's cap."""
-        most = CAPS[self.endpoint.provider][1]
+        most = provider_of(self.endpoint).caps[1]
         return min(self.max_bytes or most, most)
 
 
@@ -153,6 +135,7 @@ class BatchRun:
     ) -> None:
         self._plan = plan
         self._client = client
+        self._provider: BatchProvider = client.provider
         self._ledger = ledger
         self._request_of = request_of
         self._url = url_shown
@@ -205,7 +188,7 @@ class BatchRun:
         next_number = max(numbers, default=0) + 1
         cut: list[tuple[int, bytes]] = []
         cut_bytes, tag = 0, new_tag(next_number)
-        provider, plan = self._plan.endpoint.provider, self._plan
+        provider, plan = self._provider, self._plan
         refusal = self._client.refusal()
         for index, item in items:
             if self.stopped:
@@ -225,32 +208,32 @@ class BatchRun:
                 earlier = followed.parts[number] = known[number]
                 followed.rows.setdefault(number, set()).add(index)
                 if earlier.batch is None:  # (to be submitted once it is known to have none)
-                    own = request_line(plan.endpoint, index, body, earlier.nonce)
+                    own = provider.request_line(plan.endpoint, index, body, earlier.nonce)
                     followed.lines.setdefault(number, []).append(own)
                 continue
-            line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
+            line = provider.request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             if plan.cancel:  # (nothing new is submitted to be cancelled)
                 reason = "cancelled (--cancel) before it was submitted"
                 self._give(_unsent(index, self._url, spec.id, reason, kind="batch_cancelled"), item)
                 continue
-            if submission_size(provider, 1, len(line)) > plan.bytes_cap:
+            if provider.submission_size(1, len(line)) > plan.bytes_cap:
                 reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
                 self._give(_unsent(index, self._url, spec.id, reason), item)
                 continue
             if cut and (
                 len(cut) >= plan.rows_cap
-                or submission_size(provider, len(cut) + 1, cut_bytes + len(line)) > plan.bytes_cap
+                or provider.submission_size(len(cut) + 1, cut_bytes + len(line)) > plan.bytes_cap
             ):
                 self._plan_part(next_number, tag, cut, followed)
                 next_number, cut, cut_bytes = next_number + 1, [], 0
                 tag = new_tag(next_number)
-                line = request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
+                line = provider.request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
             cut.append((index, line))
             cut_bytes += len(line)
         if cut:
             self._plan_part(next_number, tag, cut, followed)
         for part in open_parts:
-            if part.number not in followed.parts and has_ended(part.state):
+            if part.number not in followed.parts and part.state in provider.shape.ended:
                 # (every row has its Result from this ended batch: a run stopped before it
                 # could say so; the part is closed, and cleaned once this run ends)
                 self._ledger.save(part.moved(COLLECTED, self._unix_time()))
@@ -275,7 +258,7 @@ class BatchRun:
                 if found is not None:
                     part = self._record(part, found)
             if part.batch is None:
-                if part.input_file is None and part.provider == "openai":
+                if part.input_file is None and self._provider.shape.uploads:
                     part = replace(part, input_file=self._client.file_named(_file_name(part)))
                 self._ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
@@ -309,7 +292,7 @@ class BatchRun:
         lines = followed.lines.get(part.number, [])
         unanswered = part.submitted is not None
         try:
-            if part.input_file is None and self._plan.endpoint.provider == "openai":
+            if part.input_file is None and self._provider.shape.uploads:
                 file_id = self._client.upload(lines, _file_name(part))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
@@ -367,20 +350,23 @@ class BatchRun:
 
     def _look_for(self, part: Part) -> Mapping[str, Any] | None:
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
-        provider = self._plan.endpoint.provider
+        provider = self._provider
         candidates, unsure = [], False
         since = (part.submitted or 0.0) - _CLOCK_SKEW
         for batch in self._client.recent(since):
             offset = self._client.clock_offset
-            if well_formed(provider, "batch", batch.get("id")) is None or batch.get("id") in known:
+            if (
+                well_formed(provider.name, "batch", batch.get("id")) is None
+                or batch.get("id") in known
+            ):
                 continue
-            if refused_for_tokens(batch) or not belongs_to(provider, batch, part):
+            if provider.refused_for_tokens(batch) or not provider.belongs_to(batch, part):
                 continue
-            if provider == "openai":
+            if provider.identifies_rows:
                 candidates.append(batch)
-            elif _made_since(batch, since, offset):
-                status = status_of(provider, batch)
-                if status is None or not has_ended(status):
+            elif _made_since(provider.created_at(batch), since, offset):
+                status = provider.status_of(batch)
+                if status is None or status not in provider.shape.ended:
                     unsure = True
                 elif self._carries_nonce(batch, part):
                     candidates.append(batch)
@@ -396,9 +382,10 @@ class BatchRun:
         return candidates[0] if candidates else None
 
     def _carries_nonce(self, batch: Mapping[str, Any], part: Part) -> bool:
-        """Whether an ended Anthropic batch's results are rows of ``part`` (its nonce)."""
+        """Whether an ended batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
-        for line in self._client.results(files_of("anthropic", batch), batch_id, part.size):
+        files = self._provider.files_of(batch)
+        for line in self._client.results(files, batch_id, part.size):
             given = line.custom_id if isinstance(line, Unread) else None
             if isinstance(line, Mapping):
                 given = line.get("custom_id")
@@ -410,13 +397,15 @@ class BatchRun:
         provider did not document is recorded as its first, and read again at the next
         poll); a ProviderRefused to try later when the answer names no batch: the batch may
         have been made all the same, and is looked for before the part is sent again."""
-        provider = self._plan.endpoint.provider
+        provider = self._provider
         batch_id = (
-            well_formed(provider, "batch", batch.get("id")) if isinstance(batch, Mapping) else None
+            well_formed(provider.name, "batch", batch.get("id"))
+            if isinstance(batch, Mapping)
+            else None
         )
         if batch_id is None:
             raise ProviderRefused("the provider answered the create without a batch id")
-        status = status_of(provider, batch) or STATUSES[provider][0]
+        status = provider.status_of(batch) or provider.shape.statuses[0]
         part = part.moved(status, self._unix_time(), batch=batch_id)
         self._ledger.save(part)
         return part
@@ -461,21 +450,21 @@ class BatchRun:
             else:  # (a 404, a key refused, a redirect: this run cannot read it)
                 self._hold(part, followed, f"could not poll the batch {part.batch}: {exc}")
             return
-        provider = self._plan.endpoint.provider
-        status = status_of(provider, batch) if isinstance(batch, Mapping) else None
+        provider = self._provider
+        status = provider.status_of(batch) if isinstance(batch, Mapping) else None
         if status is None:
             log.warning("the batch %s answered without a known status: polling again", part.batch)
             return
-        if not belongs_to(provider, batch, part):
+        if not provider.belongs_to(batch, part):
             raise BatchApiFailed(
                 f"the provider's batch {part.batch} does not match part {part.number} as the "
                 "journal records it (another file or row count): nothing of it is taken"
             )
         part = part.moved(status, self._unix_time())
         self._save(part, followed)
-        if not has_ended(status):
+        if status not in provider.shape.ended:
             return
-        if status == "failed" and refused_for_tokens(batch):
+        if provider.refused_for_tokens(batch):
             log.warning(
                 "part %d was refused for the enqueued-token cap: submitting it again once other "
                 "batches have finished",
@@ -484,8 +473,8 @@ class BatchRun:
             self._save(part.moved(WAITING, self._unix_time(), batch=None), followed)
             followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
             return
-        if status == "failed":
-            self._fail_part(part, followed, failure_text(batch), None)
+        if status == provider.failed_status:
+            self._fail_part(part, followed, provider.failure_text(batch), None)
             return
         self._collect(part, batch, followed)
 
@@ -495,8 +484,8 @@ class BatchRun:
         ``invalid_body``); then the part is ``collected``. Results that could not all be read
         are read again at the next round, each row delivered once. A batch whose results list
         no row of the part but others' is not the part's: nothing of it is taken."""
-        provider = self._plan.endpoint.provider
-        files = files_of(provider, batch)
+        provider = self._provider
+        files = provider.files_of(batch)
         rows = followed.given(part)
         done = followed.delivered.setdefault(part.number, set())
         tokens = followed.tokens.setdefault(part.number, [0, 0])
@@ -512,7 +501,7 @@ class BatchRun:
                 if answer.index not in rows or answer.index in done:
                     continue
                 done.add(answer.index)
-                used = usage_of(provider, answer.data)
+                used = provider.usage_of(answer.data)
                 tokens[0] = min(tokens[0] + used[0], MOST_TOKENS - 1)
                 tokens[1] = min(tokens[1] + used[1], MOST_TOKENS - 1)
                 result = self._result(answer, elapsed, followed)
@@ -573,13 +562,13 @@ class BatchRun:
         """--cancel: ask the provider to cancel every batch of the run still open; what the
         followed ones ran is still collected. One whose rows all have Results already (the
         deadline or budget ended their wait) is done with once cancelled: its rows keep them."""
-        provider = self._plan.endpoint.provider
+        provider = self._provider
         for part in self._ledger.parts():
             if part.batch is None or not part.open:
                 continue
             try:
                 batch = self._client.retrieve(part.batch)
-                if not (isinstance(batch, Mapping) and belongs_to(provider, batch, part)):
+                if not (isinstance(batch, Mapping) and provider.belongs_to(batch, part)):
                     log.warning(
                         "the batch %s does not match part %d as the journal records it: not "
                         "cancelled",
@@ -657,10 +646,10 @@ class BatchRun:
             self._ledger.save(part.moved(CLEANED, self._unix_time()))
 
     def _clean(self, part: Part) -> None:
-        """Delete what the provider keeps of ``part``: only what its batch names as its own
-        (its files; Anthropic: the batch), or the file uploaded under the part's own name, so
-        that an id altered in the journal never deletes another's file or batch."""
-        provider = self._plan.endpoint.provider
+        """Delete what the provider keeps of ``part``: only what its batch names as its own,
+        or the file uploaded under the part's own name, so that an id altered in the journal
+        never deletes another's file or batch."""
+        provider = self._provider
         if part.batch is None:
             named = part.input_file and self._client.file_name(part.input_file) == _file_name(part)
             if part.input_file and named:
@@ -672,15 +661,10 @@ class BatchRun:
             if exc.status == 404:  # (gone at the provider already: nothing to delete)
                 return
             raise
-        if not (isinstance(batch, Mapping) and belongs_to(provider, batch, part)):
+        if not (isinstance(batch, Mapping) and provider.belongs_to(batch, part)):
             return
-        if provider == "anthropic":
-            self._client.delete_batch(part.batch)
-            return
-        for name in ("input_file_id", "output_file_id", "error_file_id"):
-            file_id = well_formed(provider, "file", batch.get(name))
-            if file_id is not None:
-                self._client.delete_file(file_id)
+        for url in provider.leftovers(self._plan.endpoint, part.batch, batch):
+            self._client.delete(url)
 
     # --- Results ---------------------------------------------------------------------------------
     def _give(self, result: Result, item: object) -> None:
@@ -751,7 +735,7 @@ class BatchRun:
         return wait
 
 
-def _answer(provider: Provider, line: Any, nonce: str) -> Answer | None:
+def _answer(provider: BatchProvider, line: Any, nonce: str) -> Answer | None:
     """The Answer of one results line (``Unread``: its row's ``invalid_body``), or None
     when it names no row of the part with ``nonce``."""
     if isinstance(line, Unread):
@@ -759,7 +743,7 @@ def _answer(provider: Provider, line: Any, nonce: str) -> Answer | None:
         return (
             None if index is None else Answer(index, False, None, None, "invalid_body", line.reason)
         )
-    return answer_of(provider, line, nonce)
+    return provider.answer_of(line, nonce)
 
 
 def _names_a_row(line: Any) -> bool:
@@ -822,9 +806,8 @@ def _unsent(
     )
 
 
-def _made_since(batch: Mapping[str, Any], since: float, offset: float | None) -> bool:
-    """Whether an Anthropic batch may have been created since ``since`` (this clock's unix
-    seconds), read in the provider's clock (``offset`` ahead of this one; None: not known,
-    so any may)."""
-    created = created_at("anthropic", batch)
+def _made_since(created: float | None, since: float, offset: float | None) -> bool:
+    """Whether a batch ``created`` (in the provider's clock, ``offset`` ahead of this one;
+    None: not known, so any may) may have been created since ``since`` (this clock's unix
+    seconds)."""
     return offset is None or created is None or created >= since + offset

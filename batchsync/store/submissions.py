@@ -15,13 +15,30 @@ import sqlite3
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Provider = Literal["openai", "anthropic"]
-PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
+# A provider's name, as ``batches.providers`` registers it.
+Provider = str
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the journal checks of one provider's parts: every status its batches may report,
+    those after which nothing changes, the forms of its ids (``file``, ``batch``: what each
+    begins with), and whether a part's rows go up as a file first (an input file id)."""
+
+    statuses: tuple[str, ...]
+    ended: frozenset[str]
+    id_forms: Mapping[str, str]
+    uploads: bool
+
+
+# The providers batchsync submits to, by name: each provider's module registers its shape.
+SHAPES: dict[Provider, Shape] = {}
+
 
 # Our own states around the provider's statuses. ``planned``: rows chosen, nothing sent;
 # ``uploaded``: OpenAI has the file; ``submitting``: the create was sent (its answer not yet
@@ -34,34 +51,14 @@ PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 PLANNED, UPLOADED, SUBMITTING, WAITING = "planned", "uploaded", "submitting", "waiting"
 COLLECTED, CLEANED, DROPPED, HELD = "collected", "cleaned", "dropped", "held"
 OURS = (PLANNED, UPLOADED, SUBMITTING, WAITING, COLLECTED, CLEANED, DROPPED, HELD)
-# Every status a batch may report, by provider, and those after which nothing changes.
-STATUSES: dict[Provider, tuple[str, ...]] = {
-    "openai": (
-        "validating",
-        "in_progress",
-        "finalizing",
-        "completed",
-        "failed",
-        "expired",
-        "cancelling",
-        "cancelled",
-    ),
-    "anthropic": ("in_progress", "canceling", "ended"),
-}
-ENDED = frozenset({"completed", "failed", "expired", "cancelled", "ended"})
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
-# What each provider's ids begin with (its files', its batches'): an id of another form is
-# not one the provider gave (a compatible server gives them in the same forms).
-ID_FORMS: dict[Provider, dict[str, str]] = {
-    "openai": {"file": "file-", "batch": "batch_"},
-    "anthropic": {"batch": "msgbatch_"},
-}
 
 
 def well_formed(provider: Provider, kind: str, value: object) -> str | None:
     """``value`` when it is an id of ``kind`` (``file``, ``batch``) as ``provider`` gives
     them (safe in a URL's path too), else None."""
-    prefix = ID_FORMS[provider].get(kind)
+    shape = SHAPES.get(provider)
+    prefix = None if shape is None else shape.id_forms.get(kind)
     if prefix is None or not isinstance(value, str) or not _ID.fullmatch(value):
         return None
     return value if value.startswith(prefix) and len(value) > len(prefix) else None
@@ -126,11 +123,8 @@ class Part:
     def dropped(self) -> bool:
         """Whether a later run found it without a batch and put its rows in new parts (its
         uploaded file deleted since or not)."""
-        return (
-            self.batch is None
-            and self.state in (DROPPED, CLEANED)
-            and any(state == DROPPED for _, state in self.history)
-        )
+        cleaned_since = self.state == CLEANED and any(s == DROPPED for _, s in self.history)
+        return self.batch is None and (self.state == DROPPED or cleaned_since)
 
     @property
     def size(self) -> int:
@@ -266,17 +260,18 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
         return "part is not a number from 1 to the items' count"
     if passing not in passes:
         return "pass is not a pass of the journal"
-    if provider not in PROVIDERS:
+    shape = SHAPES.get(provider)
+    if shape is None:
         return "provider is not one batchsync submits to"
     if not _runs(_json(rows), size):
         return "rows are not runs of the input's indexes"
-    if not (isinstance(state, str) and state in (*OURS, *STATUSES[provider])):
+    if not (isinstance(state, str) and state in (*OURS, *shape.statuses)):
         return "state is not one of a part"
     problem = _values_problem(row)
     if problem is not None:
         return problem
     entries = _json(history)
-    if not isinstance(entries, list) or not all(_history_entry(e, provider) for e in entries):
+    if not isinstance(entries, list) or not all(_history_entry(e, shape) for e in entries):
         return "history is not a list of (time, state)"
     if not (_tokens(input_tokens) and _tokens(output_tokens)):
         return "tokens are not counts"
@@ -284,7 +279,7 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
         return "tag is not the part's own as batchsync makes them"
     if entries and entries[-1][1] != state:
         return "state is not the last of its history"
-    return _state_problem(provider, state, row[5:9], submitted)
+    return _state_problem(shape, state, row[5:9], submitted)
 
 
 def _values_problem(row: Sequence[Any]) -> str | None:
@@ -297,21 +292,19 @@ def _values_problem(row: Sequence[Any]) -> str | None:
     return None
 
 
-def _state_problem(
-    provider: Provider, state: str, ids: Sequence[Any], submitted: object
-) -> str | None:
+def _state_problem(shape: Shape, state: str, ids: Sequence[Any], submitted: object) -> str | None:
     """What a part in ``state`` lacks or holds that it cannot (``ids``: its input file,
     batch, output and error files)."""
     input_file, batch, output_file, error_file = ids
-    made = state in (*STATUSES[provider], HELD)  # (the provider made its batch and said so)
+    made = state in (*shape.statuses, HELD)  # (the provider made its batch and said so)
     ended = state in (COLLECTED, CLEANED)
     if made and batch is None:
         return "batch is missing for a part the provider has"
     if state in (PLANNED, UPLOADED, SUBMITTING, WAITING, DROPPED) and batch is not None:
         return "batch is set for a part the provider has not"
-    if (made or state in (UPLOADED, SUBMITTING)) and provider == "openai" and input_file is None:
+    if (made or state in (UPLOADED, SUBMITTING)) and shape.uploads and input_file is None:
         return "input_file is missing for a part uploaded"
-    if (provider == "anthropic" or state == PLANNED) and input_file is not None:
+    if (not shape.uploads or state == PLANNED) and input_file is not None:
         return "input_file is set for a part with no upload"
     if not ended and (output_file is not None or error_file is not None):
         return "output_file or error_file is set for a part not collected"
@@ -366,12 +359,12 @@ def _runs(runs: Any, size: int) -> bool:
     return True
 
 
-def _history_entry(entry: Any, provider: Provider) -> bool:
+def _history_entry(entry: Any, shape: Shape) -> bool:
     return (
         isinstance(entry, list)
         and len(entry) == 2
         and _moment(entry[0])
-        and entry[1] in (*OURS, *STATUSES[provider])
+        and entry[1] in (*OURS, *shape.statuses)
     )
 
 

@@ -1,0 +1,148 @@
+"""OpenAI's Batch API (and a compatible server's): the rows uploaded as a JSONL file through
+the Files API, a batch made of the file, its output and error files read back, the files
+deleted once every row is journaled."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import SplitResult, urlunsplit
+
+from ..core.verdict import ErrorKind
+from ..store.submissions import Part, Shape, well_formed
+from .protocol import Answer, Endpoint, Files, custom_id, index_of, one_line, token_counts
+
+# The endpoints a batch may run (one per batch: the URL's path names it).
+ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
+
+
+class OpenAI:
+    name = "openai"
+    shape = Shape(
+        statuses=(
+            "validating", "in_progress", "finalizing", "completed", "failed", "expired",
+            "cancelling", "cancelled",
+        ),
+        ended=frozenset({"completed", "failed", "expired", "cancelled"}),
+        id_forms={"file": "file-", "batch": "batch_"},
+        uploads=True,
+    )  # fmt: skip
+    # 50 000 rows, and the uploaded file's 200 MB (decimal units, to stay under either reading).
+    caps = (50_000, 200_000_000)
+    identifies_rows = True  # (a batch names the file it was made of)
+    cursor = "after"
+    failed_status: str | None = "failed"  # (the batch failed as a whole: none of it ran)
+
+    def endpoint(self, url: SplitResult) -> Endpoint | None:
+        path = url.path.rstrip("/")
+        head, marker, rest = path.rpartition("/v1/")
+        if not marker or f"/v1/{rest}" not in ENDPOINTS:
+            return None
+        base = urlunsplit((url.scheme, url.netloc, f"{head}/v1", "", ""))
+        return Endpoint(self.name, url.geturl(), base, f"/v1/{rest}")
+
+    def describe_endpoints(self) -> str:
+        return "end in one of the endpoints a batch runs: " + ", ".join(ENDPOINTS)
+
+    def request_line(
+        self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
+    ) -> bytes:
+        line = {
+            "custom_id": custom_id(index, nonce),
+            "method": "POST",
+            "url": endpoint.path,
+            "body": body,
+        }
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def submission_size(self, lines: int, line_bytes: int) -> int:
+        return line_bytes + lines  # (a newline after each line)
+
+    def create_body(
+        self, endpoint: Endpoint, input_file: str | None, lines: Sequence[bytes], part: int
+    ) -> bytes:
+        return json.dumps(
+            {
+                "input_file_id": input_file,
+                "endpoint": endpoint.path,
+                "completion_window": "24h",
+                "metadata": {"batchsync_part": str(part)},
+            }
+        ).encode()
+
+    def status_of(self, batch: Mapping[str, Any]) -> str | None:
+        status = batch.get("status")
+        return status if isinstance(status, str) and status in self.shape.statuses else None
+
+    def created_at(self, batch: Mapping[str, Any]) -> float | None:
+        given = batch.get("created_at")
+        numeric = isinstance(given, int | float) and not isinstance(given, bool)
+        return float(given) if numeric else None  # type: ignore[arg-type]
+
+    def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
+        return part.input_file is not None and batch.get("input_file_id") == part.input_file
+
+    def files_of(self, batch: Mapping[str, Any]) -> Files:
+        return Files(
+            well_formed(self.name, "file", batch.get("output_file_id")),
+            well_formed(self.name, "file", batch.get("error_file_id")),
+        )
+
+    def results_urls(self, endpoint: Endpoint, batch: str, files: Files) -> list[str]:
+        found = (files.output, files.error)
+        return [f"{endpoint.base}/files/{file_id}/content" for file_id in found if file_id]
+
+    def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
+        names = ("input_file_id", "output_file_id", "error_file_id")
+        ids = [well_formed(self.name, "file", found.get(name)) for name in names]
+        return [f"{endpoint.base}/files/{file_id}" for file_id in ids if file_id]
+
+    def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
+        """A batch that failed because the organization's enqueued-token cap was reached: it
+        never ran, and may be submitted again once others have finished."""
+        return any(error.get("code") == "token_limit_exceeded" for error in _errors(batch))
+
+    def failure_text(self, batch: Mapping[str, Any]) -> str:
+        for error in _errors(batch):
+            code, message = error.get("code"), error.get("message")
+            return f"{code}: {message}" if code else str(message)
+        return "the batch failed at the provider, giving no reason"
+
+    def answer_of(self, line: Any, nonce: str) -> Answer | None:
+        if not isinstance(line, Mapping):
+            return None
+        index = index_of(line.get("custom_id"), nonce)
+        if index is None:
+            return None
+        response, error = line.get("response"), line.get("error")
+        if isinstance(response, Mapping) and isinstance(response.get("status_code"), int):
+            status, body = response["status_code"], response.get("body")
+            if 200 <= status < 300:
+                return Answer(index, True, status, body)
+            return Answer(index, False, status, None, "status", f"HTTP {status}{_said(body)}")
+        code = error.get("code") if isinstance(error, Mapping) else None
+        message = error.get("message") if isinstance(error, Mapping) else None
+        kind: ErrorKind = "batch_errored"
+        if code in ("batch_expired", "batch_cancelled"):
+            kind = "batch_expired" if code == "batch_expired" else "batch_cancelled"
+        said = f"{code}: {message}" if code else message or "the provider gave no result"
+        return Answer(index, False, None, None, kind, one_line(said))
+
+    def usage_of(self, data: Any) -> tuple[int, int]:
+        usage = data.get("usage") if isinstance(data, Mapping) else None
+        return token_counts(usage, ("prompt_tokens", "completion_tokens"))
+
+
+def _errors(batch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The errors a batch that failed as a whole lists."""
+    errors = batch.get("errors")
+    data = errors.get("data") if isinstance(errors, Mapping) else None
+    return [error for error in data or () if isinstance(error, Mapping)]
+
+
+def _said(body: Any) -> str:
+    """': message' when an error body says one (``error.message``)."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return f": {one_line(message)}" if message else ""

@@ -1,0 +1,193 @@
+"""What every provider's batch endpoint is to the rest of the lane: the ``BatchProvider``
+interface (one module a provider implements it, ``providers`` lists them), and what the lane
+says of any of them: the endpoint a run goes to, where an ended batch's results are, one row's
+outcome, and each row's ``custom_id`` (its part's nonce and its input index).
+
+Nothing here sends anything; ``client`` does, through the run's transport.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import SplitResult, urlsplit
+
+from ..core.verdict import ErrorKind
+from ..http.origins import host_key
+from ..store.submissions import Part, Shape
+
+# A row's custom_id: its part's nonce and its input index (64 of [A-Za-z0-9_-] at most, the
+# tightest provider's rule).
+_CUSTOM_ID = re.compile(r"([0-9a-f]{12})-(0|[1-9][0-9]{0,17})")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a batch of rows for ``url`` goes: the provider's name, the base its batch calls
+    hang from and the endpoint's path as the provider names it in each row."""
+
+    provider: str
+    url: str
+    base: str
+    path: str
+
+    def same_origin(self, url: str) -> bool:
+        """Whether ``url`` goes where every call of the batch goes (and no other): the same
+        scheme, host (any case, a trailing dot or not) and effective port, whatever userinfo
+        either names; a URL that cannot be read goes nowhere."""
+        mine = _origin(self.url)
+        return mine is not None and mine == _origin(url)
+
+
+def _origin(url: str) -> tuple[str, str] | None:
+    """The scheme and ``host_key`` (its trailing dot dropped) of a URL, None when it has no
+    host or cannot be read."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").rstrip(".")
+    scheme = parts.scheme.lower()
+    return (scheme, host_key(scheme, host, port)) if host else None
+
+
+@dataclass(frozen=True)
+class Files:
+    """Where an ended batch's results are: its output and error files (a provider whose rows
+    go up as a file), or its results URL (None for each it has not)."""
+
+    output: str | None = None
+    error: str | None = None
+    results_url: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One row's outcome as its results line says it: the HTTP status and body a live call
+    would have had, or the kind of failure that kept it from one."""
+
+    index: int
+    ok: bool
+    status_code: int | None = None
+    data: Any = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+
+
+class BatchProvider(Protocol):
+    """One provider's batch endpoint: its facts and the pure rules of its calls and answers.
+    ``client`` makes the calls these describe; the ``sender`` asks these what each answer
+    means. A new provider is a module implementing this and one line in ``providers``."""
+
+    name: str
+    # What the journal checks of its parts (statuses, ids, whether rows go up as a file).
+    shape: Shape
+    # The most rows and bytes one submission may hold.
+    caps: tuple[int, int]
+    # Whether its batch list names a batch's rows well enough to tell a part's batch by
+    # ``belongs_to`` alone; else one is taken only once its results carry the part's nonce.
+    identifies_rows: bool
+    # The list of batches' cursor parameter (the last id of the page before).
+    cursor: str
+    # The status of a batch that failed as a whole (none of its rows ran), if it has one.
+    failed_status: str | None
+
+    def endpoint(self, url: SplitResult) -> Endpoint | None:
+        """The endpoint a live URL is a batch endpoint of, None when it is none of this
+        provider's."""
+
+    def describe_endpoints(self) -> str:
+        """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
+
+    def request_line(
+        self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
+    ) -> bytes:
+        """One row as the provider takes it, with its ``custom_id``."""
+
+    def submission_size(self, lines: int, line_bytes: int) -> int:
+        """The bytes a submission of ``lines`` rows (``line_bytes`` in all) takes."""
+
+    def create_body(
+        self, endpoint: Endpoint, input_file: str | None, lines: Sequence[bytes], part: int
+    ) -> bytes:
+        """The create call's body: the uploaded file's id, or the rows themselves."""
+
+    def status_of(self, batch: Mapping[str, Any]) -> str | None:
+        """The batch's status as the provider says it, None when it says none it documents."""
+
+    def created_at(self, batch: Mapping[str, Any]) -> float | None:
+        """When the provider made ``batch`` (unix seconds in its own clock)."""
+
+    def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
+        """Whether ``batch`` can be the one made of ``part``."""
+
+    def files_of(self, batch: Mapping[str, Any]) -> Files:
+        """Where an ended batch's results are."""
+
+    def results_urls(self, endpoint: Endpoint, batch: str, files: Files) -> list[str]:
+        """The URLs its results are read from, in order."""
+
+    def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
+        """What to delete once every row of the batch ``found`` is journaled: URLs of what it
+        names as its own."""
+
+    def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
+        """Whether a batch that failed never ran for a queue cap, to be submitted again."""
+
+    def failure_text(self, batch: Mapping[str, Any]) -> str:
+        """One line saying why a batch failed as a whole."""
+
+    def answer_of(self, line: Any, nonce: str) -> Answer | None:
+        """The Answer of one results line, None when it names no row of the part."""
+
+    def usage_of(self, data: Any) -> tuple[int, int]:
+        """(input, output) tokens an answer says it used; (0, 0) when it says none."""
+
+
+def custom_id(index: int, nonce: str) -> str:
+    """The custom_id a row is submitted with: its part's nonce and its input index, nothing
+    of the row."""
+    return f"{nonce}-{index}"
+
+
+def index_of(given: object, nonce: str) -> int | None:
+    """The input index a results line's custom_id names, or None when it is not one of the
+    part with ``nonce``."""
+    if not isinstance(given, str):
+        return None
+    match = _CUSTOM_ID.fullmatch(given)
+    return int(match.group(2)) if match and match.group(1) == nonce else None
+
+
+def is_row_id(given: object) -> bool:
+    """Whether ``given`` is a custom_id as batchsync writes them (of any part)."""
+    return isinstance(given, str) and _CUSTOM_ID.fullmatch(given) is not None
+
+
+def one_line(text: object) -> str:
+    """A provider's message as one line of at most 300 characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= 300 else flat[:299] + "…"
+
+
+# The most tokens one answer may say it used (a count past it is no count: read as none).
+_MOST = 2**40
+
+
+def token_counts(usage: Any, names: tuple[str, str]) -> tuple[int, int]:
+    """The two counts ``names`` of an answer's ``usage``; 0 for one that is no count."""
+    if not isinstance(usage, Mapping):
+        return 0, 0
+    first, second = (usage.get(name) for name in names)
+    return _count(first), _count(second)
+
+
+def _count(value: object) -> int:
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MOST
+        else 0
+    )
