@@ -467,6 +467,27 @@ def test_a_live_batch_is_refused_while_its_rows_are_in_batches_still_open(
             ],
             "adaptive, rate",
         ),
+        (
+            [
+                *("--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"),
+                *("--auth-command", "echo sk-from-a-command"),
+            ],
+            "--auth-command",
+        ),
+        (
+            [
+                *("--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"),
+                *("--redis", "redis://127.0.0.1:9/0"),
+            ],
+            "--redis",
+        ),
+        (
+            [
+                *("--url", "http://127.0.0.1:9/v1/messages", "--row-as-body", "--batch-api"),
+                *("--method", "GET"),
+            ],
+            "--method GET",
+        ),
     ],
 )
 def test_a_batch_run_that_cannot_be_is_exit_2_in_one_line_nothing_written(

@@ -24,7 +24,17 @@ from typing import Any
 
 import pytest
 
-from .hostile_batch import DROP, HostileProvider, deep_json, huge_int, results_lines, set_fields
+from batchsync.batches.providers import PROVIDERS as PROVIDERS_BY_NAME
+
+from .hostile_batch import (
+    DROP,
+    HostileProvider,
+    deep_json,
+    huge_int,
+    replace_body,
+    results_lines,
+    set_fields,
+)
 from .mockserver import MockServerProcess
 from .test_batch_api import (
     PROVIDERS,
@@ -429,3 +439,123 @@ def test_a_journal_with_a_part_dropped_then_cleaned_is_taken_by_the_next_run(
     counts = stats(server, key)
     assert counts["batches_created"] == 1 and counts["twice"] == []
     assert cleaned_up(server, key, "openai", 1)
+
+
+# --- found by a review: the part closed before its rows were journaled, … ------------------------
+def journaled(journal: Path) -> int:
+    with closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT count(*) FROM results").fetchone()[0])
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_part_is_closed_only_once_every_row_of_it_is_journaled(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    """Killed the moment its part shows ``collected``: the journal holds every row then, and
+    the run that goes on pays for none again."""
+    rows = 3000
+    url, key = endpoint(hostile, provider, "pace=0.2,shuffle=0")
+    args = batch_args(tmp_path, url, provider, rows)
+    journal = journal_of(tmp_path)
+    first = start(args, tmp_path)
+    kill_when(first, lambda: "collected" in {s for s, _ in parts(journal)}, "collected")
+    assert journaled(journal) == rows
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == []
+
+
+@pytest.mark.parametrize("body", [b"", b"<html>Service Unavailable</html>"], ids=["empty", "html"])
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_results_download_that_lists_no_row_keeps_the_batch(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str, body: bytes
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 4)
+    hostile.rewrite("GET", DOWNLOAD, replace_body(body), times=1)
+    first = run(args, tmp_path)
+    assert first.returncode == 1, first.stderr
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
+    again = run([*args, "--retry-failed"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == []
+    assert cleaned_up(server, key, provider, 1)
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_cancel_never_submits_a_part_whose_create_made_no_batch(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 4)
+    hostile.once("POST", CREATE, status=503, times=1000)  # (answered here: nothing made)
+    first = start(args, tmp_path)
+    kill_when(first, lambda: "waiting" in {s for s, _ in parts(journal_of(tmp_path))}, "waiting")
+    hostile.reset()
+    hostile.once("GET", LIST, status=503, times=3)  # (the look for its batch decides nothing)
+    cancelled = run([*args, "--resume", "--cancel"], tmp_path)
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert counts_so_far(server, key).get("batches_created", 0) == 0, "nothing was created"
+    written = results(tmp_path / "in-results.jsonl")
+    assert {row["error_kind"] for row in written} == {"batch_cancelled"}
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_create_refused_with_retry_after_is_not_tried_again_before_it(
+    hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, _ = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 3, "--deadline", "4")
+    hostile.once("POST", CREATE, status=429, headers={"Retry-After": "30"}, times=1000)
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert hostile.count("POST", CREATE) <= 3, "tried again before its Retry-After"
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_the_deadline_bounds_the_clean_up_too(
+    hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    """The batch ends 3 to 4.5 s in; its clean-up may take what is left of the 7 s, no more
+    (not another 7 s of its own)."""
+    url, _ = endpoint(hostile, provider, "pace=1.5")
+    args = batch_args(tmp_path, url, provider, 3, "--deadline", "7")
+    hostile.hold("DELETE", r".", 100.0, times=10)
+    began = time.monotonic()
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert hostile.count("DELETE", r".") > 0, "the clean-up was tried"
+    assert time.monotonic() - began < 10.5, "the clean-up waited past the deadline"
+
+
+def test_a_ctrl_c_during_the_upload_creates_no_batch(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path
+) -> None:
+    url, key = endpoint(hostile, "openai")
+    hostile.hold("POST", r"/v1/files$", 2.0)
+    process = start(batch_args(tmp_path, url, "openai", 3), tmp_path)
+    wait_for(lambda: hostile.count("POST", r"/v1/files$") > 0, process, "uploading")
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert counts_so_far(server, key).get("batches_created", 0) == 0
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_cancel_closes_a_batch_gone_at_the_provider(
+    hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, _ = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 3)
+    hostile.once("GET", POLL, status=404, times=1000)
+    assert run(args, tmp_path).returncode == 1
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
+    cancelled = run([*args, "--resume", "--cancel"], tmp_path)
+    assert "Traceback" not in cancelled.stderr
+    assert {state for state, _ in parts(journal_of(tmp_path))} <= {"collected", "cleaned"}
+
+
+def test_a_created_at_no_clock_reads_is_no_time() -> None:
+    assert PROVIDERS_BY_NAME["openai"].created_at({"created_at": 10**400}) is None

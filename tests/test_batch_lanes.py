@@ -42,8 +42,9 @@ def through(lane: str, server: MockServerProcess, tmp_path: Path, **options: Any
     key = uuid.uuid4().hex[:10]
     url = f"{server.url}/llm/{key}/pace=0.05/v1/chat/completions"
     more: dict[str, Any] = {"batch_api": "auto", "poll": 0.05} if lane == "batch" else {}
+    method = options.pop("method", "POST")
     batch = Batch(
-        ROWS, url=url, method="POST", body=BODY, progress=False, headers=KEY_HEADER,
+        ROWS, url=url, method=method, body=BODY, progress=False, headers=KEY_HEADER,
         journal=tmp_path / f"{lane}.sqlite3", **more, **options,
     )  # fmt: skip
     return list(batch.run())
@@ -116,3 +117,8 @@ def test_an_option_a_batch_cannot_honour_is_refused_in_one_line(
         through("batch", server, tmp_path, **options)
     assert next(iter(options)) in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_a_batch_sends_posts_only(server: MockServerProcess, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="POST"):
+        through("batch", server, tmp_path, method="PUT")

@@ -54,10 +54,18 @@ class ProviderRefused(Exception):
     secrets masked; ``status`` the HTTP status when one came, ``retryable`` whether trying
     later may help (a 429 or 5xx that outlasted the tries, no answer at all)."""
 
-    def __init__(self, text: str, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self,
+        text: str,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(text)
         self.status = status
         self.retryable = retryable
+        # (the provider's Retry-After: trying later means no sooner than this)
+        self.retry_after = retry_after
 
 
 class Stopped(Exception):
@@ -351,6 +359,7 @@ class Client:
                     status,
                     retryable=final.outcome == "retry"
                     or final.error_kind in ("budget", "deadline"),
+                    retry_after=final.retry_after,
                 )
             if not self._pause(decision.wait):
                 raise Stopped

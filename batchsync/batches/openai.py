@@ -77,8 +77,12 @@ class OpenAI:
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
         given = batch.get("created_at")
-        numeric = isinstance(given, int | float) and not isinstance(given, bool)
-        return float(given) if numeric else None  # type: ignore[arg-type]
+        if not isinstance(given, int | float) or isinstance(given, bool):
+            return None
+        try:
+            return float(given)
+        except OverflowError:  # (a number no clock reads: no time said)
+            return None
 
     def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
         return part.input_file is not None and batch.get("input_file_id") == part.input_file

@@ -51,7 +51,7 @@ log = logging.getLogger("batchsync")
 
 # Polling when --poll is not given: from a few seconds to a minute.
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
-_UNLISTED = "the batch's results do not list this row"
+_UNLISTED = "do not list this row"
 # How long before its submission (in the provider's clock, read off its ``Date``) a batch
 # found in the provider's list may have been created to be taken for a part caught
 # ``submitting``: the ``Date``'s second and the create's time on the way.
@@ -292,13 +292,21 @@ class BatchRun:
         lines = followed.lines.get(part.number, [])
         unanswered = part.submitted is not None
         try:
+            if self._plan.cancel and not unanswered:
+                self._withdraw(part, followed)  # (--cancel submits nothing)
+                return
             if part.input_file is None and self._provider.shape.uploads:
                 file_id = self._client.upload(lines, _file_name(part))
                 part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
                 self._save(part, followed)
+                if self.stopped:  # (stopped during the upload: nothing is created)
+                    raise Stopped
             batch = self._find(part) if unanswered else None
             if batch is not None:
                 recorded = self._record(part, batch)
+            elif self._plan.cancel:  # (its create made no batch: there is none to cancel)
+                self._withdraw(part, followed)
+                return
             else:
                 part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
                 self._save(part, followed)
@@ -319,15 +327,39 @@ class BatchRun:
                     recorded = self._record(part, batch)
             self._save(recorded, followed)
             followed.lines.pop(part.number, None)
+            if self._plan.cancel and recorded.batch is not None:  # (found after the cancels)
+                self._client.cancel(recorded.batch)
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
                 # (``submitted`` kept only when a create may have made a batch after all)
                 sent = part.submitted if unanswered else None
                 self._save(part.moved(WAITING, self._unix_time(), submitted=sent), followed)
-                followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
+                self._later(part, followed, exc)
                 return
             self._fail_part(part, followed, str(exc), exc.status)
+
+    def _withdraw(self, part: Part, followed: _Followed) -> None:
+        """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
+        unsent, and the part is dropped (a file it uploaded is deleted with the rest)."""
+        reason = "cancelled (--cancel) before it was submitted"
+        done = followed.delivered.get(part.number, set())
+        self._give_failures(
+            {
+                index: _unsent(
+                    index, self._url, followed.ids.get(index), reason, kind="batch_cancelled"
+                )
+                for index in followed.given(part) - done
+            }
+        )
+        self._ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
+        followed.parts.pop(part.number, None)
+
+    def _later(self, part: Part, followed: _Followed, refused: ProviderRefused) -> None:
+        """Look at ``part`` again after the next poll's wait, and never before the
+        provider's Retry-After."""
+        wait = max(self._poll_wait(1), refused.retry_after or 0.0)
+        followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
         """The batch the provider made of a part whose create got no answer, or None when it
@@ -438,15 +470,17 @@ class BatchRun:
 
     def _step(self, part: Part, followed: _Followed) -> None:
         """One look at ``part``: submit it (again), poll it, collect it once it ended."""
+        if self._clock() < followed.retry_at.get(part.number, 0.0):
+            return
         if part.batch is None:  # (refused for the provider's queue: submitted again)
-            if self._clock() >= followed.retry_at.get(part.number, 0.0):
-                self._submit(part, followed)
+            self._submit(part, followed)
             return
         try:
             batch = self._client.retrieve(part.batch)
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
+                self._later(part, followed, exc)
             else:  # (a 404, a key refused, a redirect: this run cannot read it)
                 self._hold(part, followed, f"could not poll the batch {part.batch}: {exc}")
             return
@@ -479,11 +513,13 @@ class BatchRun:
         self._collect(part, batch, followed)
 
     def _collect(self, part: Part, batch: Mapping[str, Any], followed: _Followed) -> None:
-        """Every row of an ended batch delivered as its Result (a row the results do not
-        list: ``batch_errored``; one whose answer is longer than ``max_bytes``:
-        ``invalid_body``); then the part is ``collected``. Results that could not all be read
-        are read again at the next round, each row delivered once. A batch whose results list
-        no row of the part but others' is not the part's: nothing of it is taken."""
+        """Every row of an ended batch delivered as its Result (one whose answer is longer
+        than ``max_bytes`` or cannot be read: ``invalid_body``). Results that could not all
+        be read are read again at the next round, each row delivered once; rows the results
+        do not list (an empty or cut answer, a file missing) hold the batch for a later run
+        to read again. A batch whose results list no row of the part but others' is not the
+        part's: nothing of it is taken. The part is closed (``collected``) by ``finish``, once
+        the journal holds its rows' Results."""
         provider = self._provider
         files = provider.files_of(batch)
         rows = followed.given(part)
@@ -525,19 +561,12 @@ class BatchRun:
                 f"the batch {part.batch} lists rows of another part, none of part "
                 f"{part.number}: it is not this part's batch, and nothing of it is taken"
             )
-        unlisted = Answer(0, False, None, None, "batch_errored", _UNLISTED)
-        for index in sorted(rows - done):
-            failures[index] = self._result(replace(unlisted, index=index), elapsed, followed)
-        done.update(failures)
         self._give_failures(failures)
-        part = part.moved(
-            COLLECTED,
-            self._unix_time(),
-            output_file=files.output,
-            error_file=files.error,
-            tokens=(tokens[0], tokens[1]),
-        )
-        self._save(part, followed)
+        if rows - done:
+            self._hold(part, followed, f"the results of the batch {part.batch} {_UNLISTED}")
+            return
+        self._ledger.save(replace(part, tokens=(tokens[0], tokens[1])))
+        followed.parts.pop(part.number)  # (every row delivered: closed once they are journaled)
 
     def _fail_part(self, part: Part, followed: _Followed, reason: str, status: int | None) -> None:
         """Every row of a part that never ran (its create refused, its batch failed as a
@@ -559,27 +588,30 @@ class BatchRun:
         self._save(part.moved(COLLECTED, self._unix_time()), followed)
 
     def _cancel_all(self, followed: _Followed) -> None:
-        """--cancel: ask the provider to cancel every batch of the run still open; what the
-        followed ones ran is still collected. One whose rows all have Results already (the
-        deadline or budget ended their wait) is done with once cancelled: its rows keep them."""
-        provider = self._provider
+        """--cancel: ask the provider to cancel every batch of the run still open (and its
+        own: one the journal names that is not its part's is left alone); what the followed
+        ones ran is still collected. One whose rows all have Results already (the deadline or
+        budget ended their wait) is done with once cancelled: its rows keep them. One gone at
+        the provider is closed: its followed rows end ``batch_errored``."""
         for part in self._ledger.parts():
             if part.batch is None or not part.open:
                 continue
             try:
                 batch = self._client.retrieve(part.batch)
-                if not (isinstance(batch, Mapping) and provider.belongs_to(batch, part)):
+                if not (isinstance(batch, Mapping) and self._provider.belongs_to(batch, part)):
                     log.warning(
-                        "the batch %s does not match part %d as the journal records it: not "
-                        "cancelled",
-                        part.batch,
-                        part.number,
+                        "the batch %s is not part %d's: not cancelled", part.batch, part.number
                     )
                     continue
                 self._client.cancel(part.batch)
             except ProviderRefused as exc:
-                log.warning("could not cancel the batch %s: %s", part.batch, exc)
-                continue
+                if exc.status != 404:
+                    log.warning("could not cancel the batch %s: %s", part.batch, exc)
+                    continue
+                if part.number in followed.parts:
+                    gone = f"the batch {part.batch} is gone at the provider"
+                    self._fail_part(part, followed, gone, 404)
+                    continue
             if part.number not in followed.parts:
                 self._ledger.save(part.moved(COLLECTED, self._unix_time()))
 
@@ -627,12 +659,17 @@ class BatchRun:
         followed.parts.pop(part.number)
 
     def finish(self) -> None:
-        """Once the Results are journaled: delete each collected part's files (OpenAI) or
-        batch (Anthropic) at the provider, unless asked to keep them; a part that cannot be
-        cleaned is tried again by a later run."""
-        for part in self._ledger.parts():
-            if self.stopped:  # (a later run cleans what is left)
+        """Once the Results are journaled (the controller calls this after the journal is
+        closed): close each part whose rows were all delivered (its batch ended, nothing
+        held), then delete what the provider keeps of each closed part, unless asked to keep
+        it; a part that cannot be cleaned is tried again by a later run."""
+        for found in self._ledger.parts():
+            if self.stopped:  # (a later run closes and cleans what is left)
                 return
+            part = found
+            if part.state in self._provider.shape.ended:
+                part = part.moved(COLLECTED, self._unix_time())
+                self._ledger.save(part)
             if part.state not in (COLLECTED, DROPPED):
                 continue
             try:

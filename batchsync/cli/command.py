@@ -361,7 +361,13 @@ def command(
     """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
     retries."""
     template = _template(
-        url_template, method, body_template, id_field, input_format, row_as_body=row_as_body
+        url_template,
+        method,
+        body_template,
+        id_field,
+        input_format,
+        row_as_body=row_as_body,
+        batch=options.get("batch_api") is not None,
     )
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
@@ -374,6 +380,11 @@ def command(
         if context.get_parameter_source(name) is ParameterSource.DEFAULT:
             options.pop(name)  # type: ignore[misc]
     checked = _fetch_options({**options, **tls})
+    if checked.batch_api is not None and (auth_command is not None or redis_url is not None):
+        given = "--auth-command" if auth_command is not None else "--redis"
+        raise click.UsageError(
+            f"--batch-api sends through the provider: {given} cannot apply to it"
+        )
     checked, cluster = _scaled_out(checked, redis_url, dask_address)
     _check_batch_api(checked, template, continuing, cluster)
     _configure_logging(verbose, quiet)
@@ -532,6 +543,8 @@ def _check_batch_api(
         raise click.UsageError(
             "--batch-api needs --url (the endpoint) with --row-as-body or --body-template"
         )
+    if template.method != "POST":
+        raise click.UsageError(f"--batch-api sends every row as a POST: --method {template.method}")
     if cluster is not None:
         raise click.UsageError("--batch-api sends through the provider, not a Dask cluster")
     try:
@@ -593,8 +606,11 @@ def _template(
     input_format: str,
     *,
     row_as_body: bool,
+    batch: bool = False,
 ) -> Template | None:
-    """The checked --url template, or None when INPUT holds items; UsageError otherwise."""
+    """The checked --url template, or None when INPUT holds items; UsageError otherwise.
+    A body goes with a POST (``--method`` unsaid) when it is each row's (``row_as_body``) or
+    the rows go through a batch endpoint (``batch``)."""
     context = click.get_current_context()
     if url is None:
         for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
@@ -602,13 +618,12 @@ def _template(
                 flag = "--" + name.replace("_", "-")
                 raise click.UsageError(f"{flag} goes with --url (a template filled from a table)")
         return None
-    if row_as_body:
-        if body is not None:
-            raise click.UsageError(
-                "--row-as-body sends each row as the body, --body-template builds one: give one"
-            )
-        if context.get_parameter_source("method") is ParameterSource.DEFAULT:
-            method = "POST"  # (a body goes with a POST, unless --method says otherwise)
+    if row_as_body and body is not None:
+        raise click.UsageError(
+            "--row-as-body sends each row as the body, --body-template builds one: give one"
+        )
+    if (row_as_body or batch) and context.get_parameter_source("method") is ParameterSource.DEFAULT:
+        method = "POST"
     try:
         given = None if body is None else parse_body(body)
         return Template.parse(url, method, given, id_field, row_as_body=row_as_body)

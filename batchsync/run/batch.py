@@ -323,6 +323,10 @@ class Batch(Resumable[FetchOptions]):
         if checked.batch_api is not None:
             if url is None:
                 raise ValueError("batch_api needs url= (the endpoint) and the rows as items")
+            if method.upper() not in ("GET", "POST"):  # (GET: the default, not asked for)
+                raise ValueError(
+                    f"batch_api sends every row as a POST: method={method!r} cannot apply to it"
+                )
             endpoint_of(url, checked.batch_api)
             # Every row a POST; without body=, the row itself less its metadata (as the
             # command line's --row-as-body).

@@ -60,6 +60,8 @@ class ThroughBatchApi:
         # One stop for the run and the clean-up after it: a signal stops both.
         self._stop = threading.Event()
         self._run: BatchRun | None = None
+        # When the deadline ends the run and the clean-up after it (set as the run starts).
+        self._ends: float | None = None
 
     def __call__(
         self,
@@ -98,7 +100,9 @@ class ThroughBatchApi:
             retryable=parse_statuses(options.retry_statuses),
             retry_if=options.retry_if,
         )
-        ends = None if options.deadline is None else time.monotonic() + options.deadline
+        if self._ends is None and options.deadline is not None:  # (the run's, clean-up included)
+            self._ends = time.monotonic() + options.deadline
+        ends = self._ends
 
         def left() -> float | None:
             return None if ends is None else ends - time.monotonic()
