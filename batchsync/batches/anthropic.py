@@ -11,7 +11,16 @@ from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
 from ..store.submissions import Part, Shape
-from .protocol import Answer, Endpoint, Files, custom_id, index_of, one_line, token_counts
+from .protocol import (
+    Answer,
+    Endpoint,
+    Files,
+    custom_id,
+    data_page,
+    index_of,
+    one_line,
+    token_counts,
+)
 
 # Its error types as the HTTP status a live call would have been answered with.
 _STATUS = {
@@ -47,6 +56,12 @@ class Anthropic:
             return None
         base = urlunsplit((url.scheme, url.netloc, path, "", ""))
         return Endpoint(self.name, url.geturl(), base, "/v1/messages")
+
+    def batches_url(self, endpoint: Endpoint) -> str:
+        return f"{endpoint.base}/batches"
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        return data_page(answer)
 
     def describe_endpoints(self) -> str:
         return "be a Messages endpoint (…/v1/messages)"
@@ -91,10 +106,10 @@ class Anthropic:
         return Files(results_url=url if isinstance(url, str) else None)
 
     def results_urls(self, endpoint: Endpoint, batch: str, files: Files) -> list[str]:
-        return [files.results_url or f"{endpoint.base}/batches/{batch}/results"]
+        return [files.results_url or f"{self.batches_url(endpoint)}/{batch}/results"]
 
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
-        return [f"{endpoint.base}/batches/{batch}"]
+        return [f"{self.batches_url(endpoint)}/{batch}"]
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
         return False  # (its queue cap refuses the create itself, with a 429)

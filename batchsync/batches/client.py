@@ -119,7 +119,7 @@ class Client:
         # (None until one came): times the provider stamps are compared in its own clock.
         self.clock_offset: float | None = None
         self.provider = provider_of(endpoint)
-        self._batches = f"{endpoint.base}/batches"
+        self._batches = self.provider.batches_url(endpoint)
         self._files = f"{endpoint.base}/files" if self.provider.shape.uploads else None
 
     def refusal(self) -> str | None:
@@ -183,11 +183,10 @@ class Client:
             if self._over():
                 raise ProviderRefused("the run ended while listing the batches", retryable=True)
             answer = self._json("GET", self._batches, "list the batches", params=params)
-            data = answer.get("data") if isinstance(answer, Mapping) else None
-            page = [batch for batch in data or () if isinstance(batch, Mapping)]
+            page, more = self.provider.listed(answer)
             yield from page
             last = page[-1].get("id") if page else None
-            if not (isinstance(answer, Mapping) and answer.get("has_more")):
+            if not more:
                 return
             oldest = self.provider.created_at(page[-1]) if page else None
             offset = self.clock_offset  # (not known: the list is read to its end)

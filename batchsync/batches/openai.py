@@ -11,7 +11,16 @@ from urllib.parse import SplitResult, urlunsplit
 
 from ..core.verdict import ErrorKind
 from ..store.submissions import Part, Shape, well_formed
-from .protocol import Answer, Endpoint, Files, custom_id, index_of, one_line, token_counts
+from .protocol import (
+    Answer,
+    Endpoint,
+    Files,
+    custom_id,
+    data_page,
+    index_of,
+    one_line,
+    token_counts,
+)
 
 # The endpoints a batch may run (one per batch: the URL's path names it).
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
@@ -41,6 +50,12 @@ class OpenAI:
             return None
         base = urlunsplit((url.scheme, url.netloc, f"{head}/v1", "", ""))
         return Endpoint(self.name, url.geturl(), base, f"/v1/{rest}")
+
+    def batches_url(self, endpoint: Endpoint) -> str:
+        return f"{endpoint.base}/batches"
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        return data_page(answer)
 
     def describe_endpoints(self) -> str:
         return "end in one of the endpoints a batch runs: " + ", ".join(ENDPOINTS)

@@ -99,6 +99,13 @@ class BatchProvider(Protocol):
         """The endpoint a live URL is a batch endpoint of, None when it is none of this
         provider's."""
 
+    def batches_url(self, endpoint: Endpoint) -> str:
+        """Where its batches are listed and made (``…/{id}``: one; ``…/{id}/cancel``)."""
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        """A page of its list of batches: the batches on it (newest first), and whether more
+        follow."""
+
     def describe_endpoints(self) -> str:
         """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
 
@@ -191,3 +198,12 @@ def _count(value: object) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MOST
         else 0
     )
+
+
+def data_page(answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+    """A list page as OpenAI and Anthropic write it: ``data`` and ``has_more``."""
+    if not isinstance(answer, Mapping):
+        return [], False
+    data = answer.get("data")
+    page = [batch for batch in data if isinstance(batch, Mapping)] if isinstance(data, list) else []
+    return page, answer.get("has_more") is True

@@ -426,9 +426,10 @@ class FetchOptions(FlowOptions):
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
     # Send the rows through the provider's batch endpoint instead of one call each (see
-    # batchsync/batches): the provider named, or "auto" (the one the URL's path names).
+    # batchsync/batches): the provider named (one of those batches/providers.py registers:
+    # "openai", "anthropic"), or "auto" (the one the URL's path names).
     batch_api: Annotated[
-        Literal["auto", "openai", "anthropic"] | None,
+        str | None,
         Flag(
             "--batch-api",
             metavar="[=openai|anthropic]",

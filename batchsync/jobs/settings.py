@@ -69,7 +69,7 @@ class FetchSettings(TypedDict, total=False):
     verify: Verify | None
     cert: Cert | None
     auth: Auth | None
-    batch_api: Literal["auto", "openai", "anthropic"] | None
+    batch_api: str | None
     poll: Seconds | None
     batch_rows: int | None
     batch_bytes: int | None
