@@ -86,6 +86,14 @@ def cleaned_up(server: MockServerProcess, key: str, provider: str, batches: int)
     return bool(counts["batches_deleted"] == batches)
 
 
+def paid_once(server: MockServerProcess, key: str, provider: str) -> None:
+    """One batch made, no row run twice, as the provider counts; nothing of it left there."""
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1, "a part was submitted twice"
+    assert counts["twice"] == [], "a row ran twice"
+    assert cleaned_up(server, key, provider, 1)
+
+
 def journal_of(tmp_path: Path) -> Path:
     return tmp_path / "in-journal.sqlite3"
 
@@ -218,9 +226,7 @@ def test_a_control_answer_nested_too_deeply_is_tried_again_never_paid_twice(
     done = run(args, tmp_path)
     assert done.returncode == 0, done.stderr
     check_in_order(results(tmp_path / "in-results.jsonl"), 4)
-    counts = stats(server, key)
-    assert counts["batches_created"] == 1 and counts["twice"] == []
-    assert cleaned_up(server, key, provider, 1)
+    paid_once(server, key, provider)
 
 
 # --- row 6: every row journaled, the part not yet closed -----------------------------------------
@@ -326,9 +332,7 @@ def test_a_create_answered_without_an_id_or_with_an_unknown_status_is_not_paid_t
     done = run(args, tmp_path)
     assert done.returncode == 0, done.stderr
     check_in_order(results(tmp_path / "in-results.jsonl"), 4)
-    counts = stats(server, key)
-    assert counts["batches_created"] == 1 and counts["twice"] == []
-    assert cleaned_up(server, key, provider, 1)
+    paid_once(server, key, provider)
 
 
 # --- row 11: only the run's own batches are cancelled --------------------------------------------
@@ -479,9 +483,7 @@ def test_a_results_download_that_lists_no_row_keeps_the_batch(
     assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
     again = run([*args, "--retry-failed"], tmp_path)
     assert again.returncode == 0, again.stderr
-    counts = stats(server, key)
-    assert counts["batches_created"] == 1 and counts["twice"] == []
-    assert cleaned_up(server, key, provider, 1)
+    paid_once(server, key, provider)
 
 
 @pytest.mark.parametrize("provider", BOTH)
@@ -559,3 +561,20 @@ def test_cancel_closes_a_batch_gone_at_the_provider(
 
 def test_a_created_at_no_clock_reads_is_no_time() -> None:
     assert PROVIDERS_BY_NAME["openai"].created_at({"created_at": 10**400}) is None
+
+
+def test_cancel_of_a_batch_found_late_that_has_ended_keeps_its_answers(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path
+) -> None:
+    """A create killed before its answer; ``--resume --cancel`` at once: Anthropic's batch
+    is taken only once it has ended, then cannot be cancelled (ended), and what it answered
+    is delivered rather than dropped."""
+    url, key = endpoint(hostile, "anthropic", "pace=0.3")
+    args = batch_args(tmp_path, url, "anthropic", 4)
+    hostile.hold("POST", CREATE, 30.0)
+    first = start(args, tmp_path)
+    kill_when(first, lambda: counts_so_far(server, key).get("batches_created", 0) == 1, "made")
+    cancelled = run([*args, "--resume", "--cancel"], tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 4)
+    paid_once(server, key, "anthropic")

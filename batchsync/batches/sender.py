@@ -327,8 +327,6 @@ class BatchRun:
                     recorded = self._record(part, batch)
             self._save(recorded, followed)
             followed.lines.pop(part.number, None)
-            if self._plan.cancel and recorded.batch is not None:  # (found after the cancels)
-                self._client.cancel(recorded.batch)
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
@@ -338,6 +336,17 @@ class BatchRun:
                 self._later(part, followed, exc)
                 return
             self._fail_part(part, followed, str(exc), exc.status)
+            return
+        if self._plan.cancel and recorded.batch is not None:  # (found after the cancels)
+            self._cancel(recorded)
+
+    def _cancel(self, part: Part) -> None:
+        """Ask the provider to cancel ``part``'s batch; one it will not cancel (ended
+        already, say) is followed as it is."""
+        try:
+            self._client.cancel(part.batch or "")
+        except ProviderRefused as exc:
+            log.warning("could not cancel the batch %s: %s", part.batch, exc)
 
     def _withdraw(self, part: Part, followed: _Followed) -> None:
         """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
