@@ -342,8 +342,11 @@ class Client:
             else:
                 self._read_clock(reply.headers)
                 status = reply.status
-                if 200 <= status < 300 or (status == 404 and missing_ok):
-                    return _Answer(self._transport, reply if status != 404 else None, wall_end)
+                if 200 <= status < 300:
+                    return _Answer(self._transport, reply, wall_end)
+                if status == 404 and missing_ok:
+                    self._transport.discard(reply, wall_end)
+                    return _Answer(self._transport, None, wall_end)
                 said = self._error_text(reply, wall_end)
                 verdict = _judged(status, reply.headers, self._unix_time(), calls.retryable)
             if calls.retry_if is not None:
