@@ -203,7 +203,7 @@ def test_a_results_line_python_cannot_read_is_its_rows_invalid_body(
     url, key = endpoint(hostile, provider)
     args = batch_args(tmp_path, url, provider, 5)
     make = deep_json if value == "deep" else huge_int
-    hostile.rewrite("GET", DOWNLOAD, results_lines(_unreadable_row(make)))
+    hostile.rewrite("GET", DOWNLOAD, results_lines(_unreadable_row(make)), times=1)
     done = run(args, tmp_path)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
@@ -211,7 +211,12 @@ def test_a_results_line_python_cannot_read_is_its_rows_invalid_body(
     check_in_order(written, 5)
     assert [row["ok"] for row in written] == [True, True, False, True, True]
     assert written[2]["error_kind"] == "invalid_body"
-    assert cleaned_up(server, key, provider, 1), "the part was collected and cleaned"
+    # (its paid answer kept at the provider: read again, not paid again)
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
+    again = run([*args, "--retry-failed"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 5)
+    paid_once(server, key, provider)
 
 
 @pytest.mark.parametrize("call", ["create", "poll"])

@@ -4,8 +4,7 @@ with thousands of others' batches, a status nobody documented, a row it answers 
 cannot read), wherever the run is killed (upload, create, polling, download) and however it
 goes on (``--resume``, ``--retry-failed``, ``--cancel``):
 
-* no row runs twice, as the provider counts, but one whose failure the provider answered and
-  that ``--retry-failed`` was asked to send again;
+* no row runs twice, as the provider counts;
 * every row ends with exactly one Result, in input order, and an answer is its own row's (the
   one a live call of the same row gets, but for its id and time);
 * the exit code matches the Results;
@@ -62,7 +61,7 @@ FAULTS: dict[str, Fault] = {
         times=1,
     ),
     "row 2 unreadable": lambda hostile, provider: hostile.rewrite(
-        "GET", DOWNLOAD, results_lines(_unreadable_row(deep_json))
+        "GET", DOWNLOAD, results_lines(_unreadable_row(deep_json)), times=1
     ),
 }
 # Where a run is killed: the call held while it happens, and what says it has.
@@ -95,16 +94,6 @@ def killed_in(
         hostile.hold("GET", DOWNLOAD, 20.0)
         return lambda: hostile.count("GET", DOWNLOAD) > 0
     return lambda: bool({"validating", "in_progress"} & {s for s, _ in parts(journal)})
-
-
-def answered_failures(folder: Path) -> set[int]:
-    """The rows whose failure the provider answered (a status, an answer that cannot be
-    read): those a ``--retry-failed`` sends again by asking, and may run twice."""
-    path = folder / "in-results.jsonl"
-    if not path.exists():
-        return set()
-    kinds = {"status", "invalid_body"}
-    return {r["index"] for r in results(path) if not r["ok"] and r["error_kind"] in kinds}
 
 
 def own_answers(url: str, provider: str, rows: list[dict[str, Any]], written: list[Any]) -> None:
@@ -168,25 +157,18 @@ def test_no_row_twice_each_row_its_own_answer_nothing_left_behind(  # noqa: PLR0
                 time.sleep(0.01)
             process.send_signal(signal.SIGKILL)
             process.communicate()
-        answered = answered_failures(folder) if going_on == "retry-failed" else set()
         then = run([*args, *GOING_ON[going_on]], folder)
         assert "Traceback" not in then.stderr
-        if going_on == "retry-failed":  # (a resume and its retry pass in one command)
-            answered |= answered_failures(folder)
         written = results(folder / "in-results.jsonl")
         assert [r["index"] for r in written] == list(range(ROWS))
         assert [r["id"] for r in written] == [{"row": n} for n in range(ROWS)]
         assert then.returncode == (0 if all(r["ok"] for r in written) else 1), then.stderr
         if any(state == "held" for state, _ in parts(journal)):  # (read again, and closed)
-            answered |= answered_failures(folder)
             settled = run([*args, "--retry-failed"], folder)
             assert settled.returncode in (0, 1), settled.stderr
             written = results(folder / "in-results.jsonl")
         seen = counts(server, key)
-        ran_twice = {
-            int(c.rpartition("-")[2]) for t in seen.get("twice", []) for c in t["custom_ids"]
-        }
-        assert ran_twice <= answered, "a row ran twice that no retry of an answered failure sent"
+        assert seen.get("twice", []) == [], "a row ran twice"
         assert hostile.touched_others == []
     states = {state for state, _ in parts(journal)}
     assert states <= {"cleaned", "dropped"}, states

@@ -525,10 +525,11 @@ class BatchRun:
         """Every row of an ended batch delivered as its Result (one whose answer is longer
         than ``max_bytes`` or cannot be read: ``invalid_body``). Results that could not all
         be read are read again at the next round, each row delivered once; rows the results
-        do not list (an empty or cut answer, a file missing) hold the batch for a later run
-        to read again. A batch whose results list no row of the part but others' is not the
-        part's: nothing of it is taken. The part is closed (``collected``) by ``finish``, once
-        the journal holds its rows' Results."""
+        do not list (an empty or cut answer, a file missing) or list unread hold the batch
+        for a later run to read again (``--retry-failed``, a larger ``max_bytes``). A batch
+        whose results list no row of the part but others' is not the part's: nothing of it
+        is taken. The part is closed (``collected``) by ``finish``, once the journal holds
+        its rows' Results."""
         provider = self._provider
         files = provider.files_of(batch)
         rows = followed.given(part)
@@ -536,7 +537,7 @@ class BatchRun:
         tokens = followed.tokens.setdefault(part.number, [0, 0])
         elapsed = self._elapsed(part)
         failures: dict[int, Result] = {}
-        others = 0
+        others, unread = 0, False
         try:
             for line in self._client.results(files, part.batch or "", part.size):
                 answer = _answer(provider, line, part.nonce)
@@ -546,6 +547,7 @@ class BatchRun:
                 if answer.index not in rows or answer.index in done:
                     continue
                 done.add(answer.index)
+                unread = unread or isinstance(line, Unread)
                 used = provider.usage_of(answer.data)
                 tokens[0] = min(tokens[0] + used[0], MOST_TOKENS - 1)
                 tokens[1] = min(tokens[1] + used[1], MOST_TOKENS - 1)
@@ -571,7 +573,7 @@ class BatchRun:
                 f"{part.number}: it is not this part's batch, and nothing of it is taken"
             )
         self._give_failures(failures)
-        if rows - done:
+        if rows - done or unread:  # (a paid answer not read: kept for a later run to read)
             self._hold(part, followed, f"the results of the batch {part.batch} {_UNLISTED}")
             return
         self._ledger.save(replace(part, tokens=(tokens[0], tokens[1])))
