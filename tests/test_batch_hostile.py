@@ -583,3 +583,19 @@ def test_cancel_of_a_batch_found_late_that_has_ended_keeps_its_answers(
     assert cancelled.returncode == 0, cancelled.stderr
     check_in_order(results(tmp_path / "in-results.jsonl"), 4)
     paid_once(server, key, "anthropic")
+
+
+def test_a_batch_id_that_repeats_the_key_is_masked_in_every_output_and_log(
+    hostile: HostileProvider, tmp_path: Path
+) -> None:
+    """A hostile provider names its batch after the API key: the journal keeps the id as
+    given (0600, to poll it), and every output, log line and message shows it masked."""
+    url, _ = endpoint(hostile, "anthropic")
+    key = PROVIDERS["anthropic"][1][1].partition(": ")[2]
+    hostile.rewrite("POST", CREATE, set_fields(id=f"msgbatch_{key}"), times=1)
+    done = run([*batch_args(tmp_path, url, "anthropic", 3, "--deadline", "3"), "-vv"], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert key not in done.stderr
+    for name in ("in-results.jsonl", "in-failed.jsonl", "in-report.html"):
+        assert key.encode() not in (tmp_path / name).read_bytes(), name
+    assert "msgbatch_***" in (tmp_path / "in-report.html").read_text()

@@ -240,6 +240,7 @@ def run_batch(
             paged="paging" in identity,
             report=report,
             sent=bool(to_send),
+            mask=options.secrets().text,
         )
 
 
@@ -469,6 +470,7 @@ def _write(
     paged: bool = False,
     report: bool = False,
     sent: bool = True,
+    mask: Callable[[str], str] = str,
 ) -> Outcome:
     """Write every output from the journal's final Results (``StoredResults``, the one
     source of the summary, the results and failed files and the report), then say how the
@@ -495,6 +497,7 @@ def _write(
             prefix, stored.rows, form=form, flatten=flatten, paged=paged
         )
         left = entries - reader.outstanding(entries, current).count(DONE) if stopped else 0
+        stored.submissions = [part.shown(mask) for part in stored.submissions]
         written = _report(stored, prefix, sent=sent) if report else None
     except sqlite3.Error as exc:
         raise JournalFailed(f"the journal {path} cannot be read: {exc}") from None

@@ -388,9 +388,10 @@ class Batch(Resumable[FetchOptions]):
         """The parts for the report: none when the journal cannot be read (a report is not
         worth failing for)."""
         try:
-            return self._submissions()
+            parts = self._submissions()
         except (JournalMismatch, sqlite3.Error):
             return []
+        return [part.shown(self.options.secrets().text) for part in parts]
 
     def _refuse_open_batches(self) -> None:
         """ValueError when a live run would send rows that batches at the provider still hold

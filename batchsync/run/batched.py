@@ -18,6 +18,7 @@ from ..batches.providers import endpoint_of
 from ..batches.sender import BatchRun, Plan, pause
 from ..core.engine import Deliver
 from ..core.observe import Hooks, Observers
+from ..core.redact import watching
 from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
@@ -139,7 +140,7 @@ class ThroughBatchApi:
             stop=stop,
         )
         try:
-            with insecure_said_once(options.verify is False):
+            with insecure_said_once(options.verify is False), watching(secrets):
                 yield run
         finally:
             ledger.close()

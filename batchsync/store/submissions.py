@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -135,12 +135,27 @@ class Part:
         """Whether its rows may still be waiting on the provider (no Result from it yet)."""
         return self.state not in (COLLECTED, CLEANED, DROPPED)
 
+    def shown(self, mask: Callable[[str], str]) -> Part:
+        """This part as a report shows it: the provider's ids masked (an id a provider gave
+        may repeat a secret)."""
+        return replace(
+            self,
+            input_file=_masked(self.input_file, mask),
+            batch=_masked(self.batch, mask),
+            output_file=_masked(self.output_file, mask),
+            error_file=_masked(self.error_file, mask),
+        )
+
     def moved(self, state: str, when: float | None = None, **changes: Any) -> Part:
         """This part in ``state`` (recorded in its history when it changed)."""
         history = self.history
         if state != self.state or not history:
             history = (*history, (time.time() if when is None else when, state))
         return replace(self, state=state, history=history, **changes)
+
+
+def _masked(value: str | None, mask: Callable[[str], str]) -> str | None:
+    return None if value is None else mask(value)
 
 
 class Covered:
