@@ -215,7 +215,10 @@ class BodyReader:
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         while True:
-            chunk = self._chunk(raw, sock, self.left(wall_end), encoded)
+            left = self.left(wall_end)
+            if sock is not None and _passes_end(sock.gettimeout(), left):
+                sock.settimeout(left)
+            chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
             if not chunk:
                 return body
             body += chunk
@@ -226,7 +229,8 @@ class BodyReader:
 
     @staticmethod
     def _chunk(raw: Any, sock: Any, left: float, encoded: bool) -> bytes:
-        """The next chunk of ``raw``, its read waiting at most ``left`` seconds."""
+        """The next chunk of ``raw``, its read waiting at most ``left`` seconds (the loop of
+        ``_read_stream`` spells this out: it is the per-request path)."""
         if sock is not None and _passes_end(sock.gettimeout(), left):
             sock.settimeout(left)
         chunk: bytes = raw.read1(CHUNK_BYTES, decode_content=encoded)
