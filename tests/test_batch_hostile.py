@@ -234,6 +234,37 @@ def test_a_control_answer_nested_too_deeply_is_tried_again_never_paid_twice(
     paid_once(server, key, provider)
 
 
+# --- row 11: a row the results list twice --------------------------------------------------------
+def _listed_twice(line: bytes) -> bytes:
+    """Row 1's line followed by another answer for the same row; row 3's repeated as it was."""
+    custom_id = str(json.loads(line)["custom_id"])
+    if custom_id.endswith("-1"):
+        other = {**json.loads(line), "tampered": "another answer"}
+        return line + b"\n" + json.dumps(other).encode()
+    if custom_id.endswith("-3"):
+        return line + b"\n" + line
+    return line
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_row_listed_twice_with_different_answers_is_a_conflict_not_a_pick(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 5)
+    hostile.rewrite("GET", DOWNLOAD, results_lines(_listed_twice))
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, 5)
+    assert [row["ok"] for row in written] == [True, False, True, True, True]
+    assert written[1]["error_kind"] == "invalid_body"
+    assert "more than once, with different answers" in written[1]["error"]
+    # (reading the batch again would give the same two answers: the part is done with)
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned"]
+    paid_once(server, key, provider)
+
+
 # --- row 6: every row journaled, the part not yet closed -----------------------------------------
 @pytest.mark.parametrize("provider", BOTH)
 def test_a_part_whose_rows_are_all_journaled_is_closed_and_cleaned_by_the_next_run(

@@ -9,11 +9,14 @@ so the API key goes nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import re
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -47,6 +50,10 @@ _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
 _PREFIX = 4096
 _CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+# Why a row the results list more than once, with different answers, takes none of them.
+_CONFLICT = (
+    "the batch's results list this row more than once, with different answers: none is taken"
+)
 
 
 class ProviderRefused(Exception):
@@ -225,16 +232,51 @@ class Client:
     def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
         """Every results line of an ended batch, parsed (``Unread`` for a line that is too
         large or not JSON Python can read, named by the custom_id at its start), from each
-        place the provider keeps them. Each line is at most ``max_bytes``, and a download at
-        most that much a row, so a hostile answer stays bounded; a place on another origin
-        than the endpoint's is refused (the API key goes to the endpoint's origin only)."""
+        place the provider keeps them. The whole download is kept (in a temporary file)
+        before any line is given, so that a row listed again with another answer is known
+        before either is taken: its first line is given as an ``Unread`` naming the conflict,
+        the others not at all (a line listed again as it was is one answer)."""
+        limit = self._calls.max_bytes
+        with tempfile.TemporaryFile() as spool:
+            answers: dict[str, bytes] = {}
+            conflicts: set[str] = set()
+            for url in self._results_urls(files, batch):
+                for raw, oversized in self._lines(url, rows):
+                    given = custom_id_of(_parsed(raw, oversized, limit))
+                    digest = hashlib.blake2b(raw, digest_size=16).digest()
+                    if given is not None and answers.setdefault(given, digest) != digest:
+                        conflicts.add(given)
+                    spool.write(b"%d %s\n" % (oversized, raw))
+            spool.seek(0)
+            told: set[str] = set()
+            for stored in spool:
+                line = _parsed(stored[2:-1], stored[:1] == b"1", limit)
+                given = custom_id_of(line)
+                if given is None or given not in conflicts:
+                    yield line
+                elif given not in told:
+                    told.add(given)
+                    yield Unread(given, _CONFLICT, again=False)
+
+    def first_result(self, files: Files, batch: str, rows: int) -> Any:
+        """The first results line of an ended batch (None when there is none), parsed as
+        ``results`` gives it, without downloading the rest."""
+        for url in self._results_urls(files, batch):
+            with closing(self._lines(url, rows)) as lines:
+                for raw, oversized in lines:
+                    return _parsed(raw, oversized, self._calls.max_bytes)
+        return None
+
+    def _results_urls(self, files: Files, batch: str) -> Iterator[str]:
+        """Each place the provider keeps a batch's results; one on another origin than the
+        endpoint's is refused (the API key goes to the endpoint's origin only)."""
         for url in self.provider.results_urls(self.endpoint, batch, files):
             if not self.endpoint.same_origin(url):
                 raise ProviderRefused(
                     "the batch's results URL is on another origin than the endpoint: not "
                     "fetched (the API key goes to the endpoint's origin only)"
                 )
-            yield from self._lines(url, rows)
+            yield url
 
     def delete(self, url: str) -> None:
         """Delete what ``url`` names at the provider (gone already: nothing to do)."""
@@ -281,7 +323,11 @@ class Client:
                 f"could not {doing}: the provider's answer cannot be read ({exc})", retryable=True
             ) from None
 
-    def _lines(self, url: str, rows: int) -> Iterator[Any]:
+    def _lines(self, url: str, rows: int) -> Generator[tuple[bytes, bool]]:
+        """Each line of a results download (without its newline) and whether it was longer
+        than ``max_bytes`` (then only its start is kept, to read its custom_id). Each line
+        is at most ``max_bytes``, and a download at most that much a row, so a hostile answer
+        stays bounded."""
         limit = self._calls.max_bytes
         total = rows * limit + 2**20
         with self._send("GET", url, "download the results", download=True) as answer:
@@ -303,11 +349,11 @@ class Client:
                     if end == -1:
                         break
                     if oversized or line.strip():
-                        yield _parsed(bytes(line), oversized, limit)
+                        yield bytes(line), oversized
                     line, oversized = bytearray(), False
                     start = end + 1
             if oversized or line.strip():
-                yield _parsed(bytes(line), oversized, limit)
+                yield bytes(line), oversized
 
     def _send(
         self,
@@ -446,25 +492,42 @@ class _Answer:
         self._transport.finish()
 
 
+@dataclass(frozen=True)
 class Unread:
-    """A results line that could not be read (longer than ``max_bytes``, or JSON that Python
-    cannot read): the custom_id at its start (where the providers write it) says which row's
-    answer it was; ``reason`` why it was not read."""
+    """A results line not taken as its row's answer: ``custom_id`` names the row, ``reason``
+    says why; ``again`` whether reading the batch again may give the answer (a larger
+    ``max_bytes``, a download not corrupted), so that the batch is kept for it."""
 
-    def __init__(self, start: bytes, reason: str) -> None:
-        found = _CUSTOM_ID.search(start[:_PREFIX])
-        self.custom_id = found.group(1).decode() if found else None
-        self.reason = reason
+    custom_id: str | None
+    reason: str
+    again: bool = True
+
+
+def custom_id_of(line: Any) -> str | None:
+    """The custom_id a results line names (parsed or not), if any."""
+    given = line.custom_id if isinstance(line, Unread) else None
+    if isinstance(line, Mapping):
+        given = line.get("custom_id")
+    return given if isinstance(given, str) else None
+
+
+def _unread(start: bytes, reason: str) -> Unread:
+    """A line that could not be read, named by the custom_id at its start (where the
+    providers write it)."""
+    found = _CUSTOM_ID.search(start[:_PREFIX])
+    return Unread(found.group(1).decode() if found else None, reason)
 
 
 def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
     """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
     if oversized:
-        return Unread(line, f"its answer in the batch's results is larger than max_bytes ({limit})")
+        return _unread(
+            line, f"its answer in the batch's results is larger than max_bytes ({limit})"
+        )
     try:
         return decode_body(line, "json", None)
     except InvalidBody as exc:
-        return Unread(line, f"its line in the batch's results cannot be read: {exc}")
+        return _unread(line, f"its line in the batch's results cannot be read: {exc}")
 
 
 def _judged(

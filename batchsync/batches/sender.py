@@ -21,8 +21,8 @@ from typing import Any
 
 from ..core.backoff import Backoff
 from ..core.observe import Observer
-from ..core.result import AttemptRecord, Result
-from ..core.verdict import ErrorKind, InvalidItem
+from ..core.result import AttemptRecord, Result, result_of
+from ..core.verdict import ErrorKind, InvalidItem, success, terminal
 from ..http.decode import InvalidBody, decode_value
 from ..http.spec import RequestSpec
 from ..store.submissions import (
@@ -43,7 +43,7 @@ from ..store.submissions import (
     ranges_of,
     well_formed,
 )
-from .client import Client, ProviderRefused, Stopped, Unread
+from .client import Client, ProviderRefused, Stopped, Unread, custom_id_of
 from .protocol import Answer, BatchProvider, Endpoint, index_of, is_row_id
 from .providers import provider_of
 
@@ -426,12 +426,8 @@ class BatchRun:
         """Whether an ended batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
         files = self._provider.files_of(batch)
-        for line in self._client.results(files, batch_id, part.size):
-            given = line.custom_id if isinstance(line, Unread) else None
-            if isinstance(line, Mapping):
-                given = line.get("custom_id")
-            return isinstance(given, str) and given.startswith(f"{part.nonce}-")
-        return False
+        given = custom_id_of(self._client.first_result(files, batch_id, part.size))
+        return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
         """``part`` with the batch the provider made of it, recorded with its status (one the
@@ -547,7 +543,7 @@ class BatchRun:
                 if answer.index not in rows or answer.index in done:
                     continue
                 done.add(answer.index)
-                unread = unread or isinstance(line, Unread)
+                unread = unread or (isinstance(line, Unread) and line.again)
                 used = provider.usage_of(answer.data)
                 tokens[0] = min(tokens[0] + used[0], MOST_TOKENS - 1)
                 tokens[1] = min(tokens[1] + used[1], MOST_TOKENS - 1)
@@ -738,28 +734,28 @@ class BatchRun:
             self._give(failures[index], items.get(index))
 
     def _result(self, answer: Answer, elapsed: float, followed: _Followed) -> Result:
-        if answer.ok:  # (decoded as a live answer's body is: expect= a model gives models)
+        """A row's Result from its answer, made as a live attempt's is: one attempt (none
+        for a row the batch never ran), its body decoded as a live answer's (``expect=`` a
+        model gives models)."""
+        facts = _Row(answer.status_code, self._url if answer.status_code is not None else None)
+        if answer.ok:
             try:
-                answer = replace(answer, data=decode_value(answer.data, self._plan.expect))
+                verdict = success(decode_value(answer.data, self._plan.expect), facts)
             except InvalidBody as exc:
-                answer = replace(
-                    answer, ok=False, data=None, error_kind="invalid_body", error=str(exc)
-                )
-        ran = answer.error_kind not in ("batch_expired", "batch_cancelled")
-        log_entry = AttemptRecord(1, answer.status_code, answer.error_kind, elapsed)
-        return Result(
+                verdict = terminal("invalid_body", str(exc), facts)
+        else:
+            verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
+        ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
+        record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed)
+        return result_of(
             index=answer.index,
             url=self._url,
-            ok=answer.ok,
-            id=followed.ids.get(answer.index),
-            status_code=answer.status_code,
-            attempts=1 if ran else 0,
-            error_kind=answer.error_kind,
-            error=answer.error,
-            data=answer.data if answer.ok else None,
+            item_id=followed.ids.get(answer.index),
+            verdict=verdict,
+            error=verdict.error or None,
+            data=verdict.data,
+            records=(record,) if ran else (),
             elapsed=elapsed,
-            attempt_log=(log_entry,) if ran else (),
-            final_url=self._url if answer.status_code is not None else None,
             finished=self._unix_time(),
         )
 
@@ -797,10 +793,7 @@ def _answer(provider: BatchProvider, line: Any, nonce: str) -> Answer | None:
 def _names_a_row(line: Any) -> bool:
     """Whether a results line that is none of the part's names a row of some other part (a
     line that cannot be read or names nothing says nothing of whose batch it is)."""
-    given = line.custom_id if isinstance(line, Unread) else None
-    if isinstance(line, Mapping):
-        given = line.get("custom_id")
-    return is_row_id(given)
+    return is_row_id(custom_id_of(line))
 
 
 def _file_name(part: Part) -> str:
@@ -842,16 +835,27 @@ def _unsent(
     status: int | None = None,
 ) -> Result:
     """The Result of a row that no batch ran."""
-    return Result(
+    return result_of(
         index=index,
         url=url,
-        ok=False,
-        id=item_id,
-        status_code=status,
-        error_kind=kind,
+        item_id=item_id,
+        verdict=terminal(kind, reason, _Row(status, None)),
         error=reason,
+        data=None,
+        records=(),
+        elapsed=0.0,
         finished=time.time(),
     )
+
+
+@dataclass(frozen=True)
+class _Row:
+    """What a row's answer in a batch gives its Result as a live attempt's facts would: the
+    status its request had, and where it went (no redirect in a batch)."""
+
+    status_code: int | None
+    final_url: str | None
+    redirects: int = 0
 
 
 def _made_since(created: float | None, since: float, offset: float | None) -> bool:

@@ -32,7 +32,7 @@ from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .observe import Hooks, Observer, Observers
-from .result import Answer, AttemptRecord, Result, describe_attempts
+from .result import AttemptRecord, Result, answer_of, describe_attempts, result_of
 from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
 
@@ -172,22 +172,6 @@ class Job(Protocol):
         ...
 
 
-class _Unanswered:
-    """The Answer of an attempt whose job keeps no facts of it."""
-
-    status_code: int | None = None
-    final_url: str | None = None
-    redirects: int = 0
-
-
-_UNANSWERED = _Unanswered()
-
-
-def _answer(verdict: Verdict) -> Answer:
-    facts = verdict.facts
-    return _UNANSWERED if facts is None else facts
-
-
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
@@ -201,7 +185,7 @@ def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait:
         extra={
             "url": url,
             "attempt": number,
-            "status_code": _answer(verdict).status_code,
+            "status_code": answer_of(verdict).status_code,
             "error_kind": verdict.error_kind,
             "wait": wait,
         },
@@ -552,30 +536,20 @@ class Engine:
         steps: Steps | None = None,
     ) -> Result:
         """The item's Result as its attempts so far leave it."""
-        ok = verdict.outcome == "success"
-        going_on = steps is not None and steps.done > 0 and not ok
-        answer: Answer = _UNANSWERED if verdict.facts is None else verdict.facts
-        sent = 0
-        for record in item.records:
-            sent += 1 + record.hedged + record.resent
-        return Result(
+        going_on = steps is not None and steps.done > 0 and not verdict.ok
+        return result_of(
             index=item.index,
             url=item.task.url,
-            ok=ok,
-            id=item.task.id,
-            status_code=answer.status_code,
-            attempts=sent,
-            error_kind=verdict.error_kind,
+            item_id=item.task.id,
+            verdict=verdict,
             error=error,
             data=verdict.data if steps is None else steps.data,
+            records=item.records,
             elapsed=self._clock() - item.claimed,
-            attempt_log=tuple(item.records),
-            fallback_used=fallback,
-            final_url=answer.final_url,
-            redirects=answer.redirects,
+            finished=time.time(),  # (wall-clock time, for the report's charts)
+            fallback=fallback,
             pages=None if steps is None else steps.done,
             continuation=steps.continuation if going_on and steps else None,
-            finished=time.time(),  # (wall-clock time, for the report's charts)
         )
 
     def _route(
@@ -691,10 +665,9 @@ class Engine:
         wait: float | None,
     ) -> None:
         """The attempt's record kept in the item's log and shown to the observers."""
-        answer: Answer = _UNANSWERED if last.facts is None else last.facts
         record = AttemptRecord(
             len(item.records) + 1,
-            answer.status_code,
+            answer_of(last).status_code,
             last.error_kind,
             took,
             wait=wait,

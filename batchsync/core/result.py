@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from .kinds import KINDS, NOT_FINAL
-from .verdict import ErrorKind
+from .verdict import ErrorKind, Verdict
 
 
 def kept(seconds: float) -> float:
@@ -77,6 +77,65 @@ class Answer(Protocol):
     def final_url(self) -> str | None: ...
     @property
     def redirects(self) -> int: ...
+
+
+class _Unanswered:
+    """The Answer of an attempt whose job keeps no facts of it."""
+
+    status_code: int | None = None
+    final_url: str | None = None
+    redirects: int = 0
+
+
+_UNANSWERED = _Unanswered()
+
+
+def answer_of(verdict: Verdict) -> Answer:
+    """What a Verdict's facts give an AttemptRecord and a Result (nothing, when it has none)."""
+    facts = verdict.facts
+    return _UNANSWERED if facts is None else facts
+
+
+def result_of(
+    *,
+    index: int,
+    url: str | None,
+    item_id: Any,
+    verdict: Verdict,
+    error: str | None,
+    data: Any,
+    records: Sequence[AttemptRecord],
+    elapsed: float,
+    finished: float,
+    fallback: int | None = None,
+    pages: int | None = None,
+    continuation: Any = None,
+) -> Result:
+    """An item's Result from its last Verdict and its attempts' records: the one place a
+    Result is made of an answer, for the engine's attempts and a batch's rows alike."""
+    answer = answer_of(verdict)
+    sent = 0
+    for record in records:
+        sent += 1 + record.hedged + record.resent
+    return Result(
+        index=index,
+        url=url,
+        ok=verdict.outcome == "success",
+        id=item_id,
+        status_code=answer.status_code,
+        attempts=sent,
+        error_kind=verdict.error_kind,
+        error=error,
+        data=data,
+        elapsed=elapsed,
+        attempt_log=tuple(records),
+        fallback_used=fallback,
+        final_url=answer.final_url,
+        redirects=answer.redirects,
+        pages=pages,
+        continuation=continuation,
+        finished=finished,
+    )
 
 
 def describe_attempts(records: Iterable[AttemptRecord]) -> str:
