@@ -28,6 +28,7 @@ from ..jobs.flags import header_names
 from ..jobs.options import FetchOptions, build
 from ..jobs.settings import FetchSettings
 from ..output.columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
+from ..run.plan import LaneRefused
 from ..run.progress import wanted
 from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
@@ -502,7 +503,7 @@ def _run(
                 form=form,
                 flatten=flatten,
             )
-    except (InputError, JournalUnusable, Refused) as exc:
+    except (InputError, JournalUnusable, Refused, LaneRefused) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
         source.close()

@@ -12,20 +12,21 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..core.engine import Job
 from ..core.history import DONE, TO_FINISH, TO_SEND, Pass
 from ..core.records import dumps, public_record
 from ..core.result import Result, Summary
-from ..core.task import Task
 from ..core.verdict import InvalidItem
 from ..http.paginate import Continued
-from ..http.spec import RequestSpec, item_label, parse_item
-from ..jobs.fetch import WrappedJob
+from ..http.spec import item_label
+from ..jobs.fetch import HttpJob
 from ..jobs.options import FetchOptions
 from ..output.columnar import FORMATS
 from ..output.resultset import StoredResults
-from ..run.assembly import Ran, Stoppable, fetch, gates_for
-from ..run.batched import ThroughBatchApi, journal_parts, open_batches
+from ..run.assembly import Ran, Stoppable, gates_for
+from ..run.batched import journal_parts
 from ..run.controller import Journaled, Plan, RunController, Send
+from ..run.plan import Lane, Words, plan_send, refuse_fresh
 from ..store.journal import (
     JournalFailed,
     JournalInUse,
@@ -57,22 +58,19 @@ class Entries:
         return replace(entry, going_on=Continued.of(entry.item, continuation, data))
 
 
-class EntryJob(WrappedJob):
-    """The HTTP job over input Entries; an entry that is no item fails with its line number."""
+class EntryRows:
+    """The command line's rows: input entries, each already its item (or the problem that
+    keeps it from being one), said by its line."""
 
-    def label(self, entry: object) -> tuple[str | None, Any]:
-        assert isinstance(entry, Entry)
-        # A line that is no item has no URL to show: only its number and what is wrong.
-        return (None, None) if entry.problem is not None else self._inner.label(entry.item)
+    def item_of(self, row: object) -> object:
+        assert isinstance(row, Entry)
+        if row.problem is not None:
+            raise InvalidItem(f"{row.where}: {row.problem}")
+        return row.item if row.going_on is None else row.going_on
 
-    def prepare(self, entry: object) -> Task:
-        assert isinstance(entry, Entry)
-        if entry.problem is not None:
-            raise InvalidItem(f"{entry.where}: {entry.problem}")
-        try:
-            return self._inner.prepare(entry.item if entry.going_on is None else entry.going_on)
-        except InvalidItem as exc:
-            raise InvalidItem(f"{entry.where}: {exc}") from None
+    def located(self, row: object, problem: str) -> str:
+        assert isinstance(row, Entry)
+        return f"{row.where}: {problem}"
 
 
 def encode(result: Result, entry: object) -> tuple[str, str | None]:
@@ -201,28 +199,25 @@ def run_batch(
         # remove this run's journal or replace its outputs.
         _lock_prefix(held, controller, prefix)
         if continuing.fresh:
-            _refuse_to_forget(path)
+            refuse_fresh(journal_parts(path), _WORDS)
         replaced = _make_way(path, prefix, form, continuing)
         remove_stale(path.parent, _output_names(prefix))
         plan = _plan(held, source, identity, continuing, path)
-        _check_batches(path, options, continuing)
         to_send = plan.left.count
         # Only the entries counted: lines appended to INPUT while the run goes are not its
         # items (the journal, the marks and the outputs are sized by the count).
         counted = _Counted(islice(source, entries), entries)
-        send = _sender(options, on_start, dask, partition_size)
-        if options.batch_api is not None:
-            assert isinstance(source, TableInput)
-            send = ThroughBatchApi(
-                options,
-                source.template.url,
-                entry_request,
-                passing=plan.passing.number,
-                journal=path,
-                cancel=continuing.cancel,
-                again=lambda: enumerate(islice(source, entries)),
-                on_start=on_start,
-            )
+        lane = Lane(options, EntryRows(), journal_parts(path), _WORDS, live=continuing.live)
+        send = plan_send(
+            lane,
+            url=source.template.url if isinstance(source, TableInput) else None,
+            journal=path,
+            passing=plan.passing.number,
+            cancel=continuing.cancel,
+            again=lambda: enumerate(islice(source, entries)),
+            on_start=on_start,
+            cluster=None if dask is None else partial(_cluster, options, dask, partition_size),
+        )
         gates = gates_for(options)
         ran = controller.run(
             send, enumerate(counted), _stored, plan=plan, gates=gates, progress=progress
@@ -244,61 +239,28 @@ def run_batch(
         )
 
 
-def entry_request(entry: object) -> RequestSpec:
-    """The request a table row's entry makes, for a batch endpoint; InvalidItem (with its
-    line number) when it makes none."""
-    assert isinstance(entry, Entry)
-    if entry.problem is not None:
-        raise InvalidItem(f"{entry.where}: {entry.problem}")
-    try:
-        return parse_item(entry.item)
-    except InvalidItem as exc:
-        raise InvalidItem(f"{entry.where}: {exc}") from None
+# How the command line's refusals name the ways on.
+_WORDS = Words(
+    go_on="--batch-api --resume goes on with them (add --cancel to cancel them); they cannot "
+    "be sent live meanwhile",
+    forget="--fresh would forget them; --batch-api --resume --cancel cancels them first, or "
+    "give another prefix with -o",
+    go_live="add --batch-api to go on with it there, or --live to send the rest live",
+)
 
 
-def _refuse_to_forget(path: Path) -> None:
-    """Refused when --fresh would forget batches still open at the provider (their rows
-    would run, and be paid, twice)."""
-    still = open_batches(journal_parts(path))
-    if still is not None:
-        raise Refused(
-            f"{still}: --fresh would forget them; --batch-api --resume --cancel cancels them "
-            "first, or give another prefix with -o"
-        )
-
-
-def _check_batches(path: Path, options: FetchOptions, continuing: Continuing) -> None:
-    """Refused when a run would send live what batches of the journal still hold at the
-    provider, or go on live from a batch run without saying so (--live)."""
-    if options.batch_api is not None:
-        return
-    parts = journal_parts(path)
-    still = open_batches(parts)
-    if still is not None:
-        raise Refused(
-            f"{still}: --batch-api --resume goes on with them (add --cancel to cancel them); "
-            "they cannot be sent live meanwhile"
-        )
-    if parts and not continuing.live:
-        raise Refused(
-            f"{path} holds a run sent through {parts[0].provider}'s batch endpoint: add "
-            "--batch-api to go on with it there, or --live to send the rest live"
-        )
-
-
-def _sender(
+def _cluster(
     options: FetchOptions,
-    on_start: Callable[[Stoppable], None],
     dask: Any,
     partition_size: int,
+    wrap: Callable[[HttpJob], Job] | None,
+    on_start: Callable[[Stoppable], None],
 ) -> Send:
-    """What sends the input's entries: the engine here, or partitions on the Dask cluster of
-    the client ``dask``; ``on_start`` sees what runs them, to stop it on a signal."""
-    if dask is None:
-        return partial(fetch, options, wrap=EntryJob, on_start=on_start)
+    """Partitions of the input run on the Dask cluster of the client ``dask``; ``on_start``
+    sees what runs them, to stop it on a signal."""
     from ..run.cluster import on_cluster, run_partition, worker_settings
 
-    task = partial(run_partition, settings=worker_settings(options), wrap=EntryJob)
+    task = partial(run_partition, settings=worker_settings(options), wrap=wrap)
     return on_cluster(dask, task, partition_size, on_start)
 
 

@@ -22,13 +22,9 @@ from ..core.history import DONE, Pass, Stint, merged_timeline, totals
 from ..core.observe import log_summary
 from ..core.records import dumps, public_record
 from ..core.result import Result, Summary, error_kinds
-from ..core.task import Task
-from ..core.verdict import InvalidItem
 from ..http.classify import describe
-from ..http.paginate import Continued
-from ..http.spec import RequestSpec, parse_item
-from ..http.template import RowError, Template
-from ..jobs.fetch import HttpJob, WrappedJob
+from ..http.spec import RequestSpec
+from ..http.template import Template
 from ..jobs.options import (
     CallOptions,
     FetchOptions,
@@ -40,9 +36,10 @@ from ..output.resultset import ResultSet
 from ..store.journal import JournalMismatch
 from ..store.resume import Items, Kept, Left, marks_of
 from ..store.submissions import Ledger, Part
-from .assembly import fetch, gates_for, run_calls
-from .batched import ThroughBatchApi, journal_parts, open_batches
+from .assembly import gates_for, run_calls
+from .batched import journal_parts
 from .controller import Journaled, Plan, RunController, Send
+from .plan import Lane, TemplateRows, Words, plan_send, refuse_fresh
 from .progress import wanted
 
 Item = str | Mapping[str, Any] | RequestSpec
@@ -161,7 +158,7 @@ class Resumable(Generic[OptionsT]):
         hint = "give another journal, or fresh=True to replace it"
         with self._controller() as controller:
             if fresh:
-                _refuse_to_replace(self.journal)
+                refuse_fresh(journal_parts(self.journal), _WORDS)
                 controller.replace()
             else:
                 self._take(controller.kept(len(self.items), self._restore, hint))
@@ -364,20 +361,16 @@ class Batch(Resumable[FetchOptions]):
 
     def _send(self) -> Send:
         template = self._template
-        if self.options.batch_api is not None:
-            assert template is not None
-            return ThroughBatchApi(
-                self.options,
-                template.url,
-                partial(_row_request, template=template),
-                passing=self._pass.number,
-                journal=self.journal,
-                ledger=self._ledger,
-                cancel=self._cancelling,
-            )
-        self._refuse_open_batches()
-        wrap = None if template is None else partial(RowJob, template=template)
-        return partial(fetch, self.options, wrap=wrap)
+        rows = None if template is None else TemplateRows(template)
+        lane = Lane(self.options, rows, self._submissions(), _WORDS)
+        return plan_send(
+            lane,
+            url=None if template is None else template.url,
+            journal=self.journal,
+            passing=self._pass.number,
+            ledger=self._ledger,
+            cancel=self._cancelling,
+        )
 
     def _submissions(self) -> list[Part]:
         """The parts of this batch's rows sent through a batch endpoint: the journal's, or
@@ -393,16 +386,6 @@ class Batch(Resumable[FetchOptions]):
             return []
         return [part.shown(self.options.secrets().text) for part in parts]
 
-    def _refuse_open_batches(self) -> None:
-        """ValueError when a live run would send rows that batches at the provider still hold
-        (they would run twice)."""
-        still = open_batches(self._submissions())
-        if still is not None:
-            raise ValueError(
-                f"{still}: run with batch_api= to go on with them (or cancel() to cancel them), "
-                "not live"
-            )
-
     def cancel(self) -> ResultSet:
         """Cancel the batches this batch's rows are in at the provider (``batch_api=``), then
         collect what they ran: the rows they did not run end ``batch_cancelled``."""
@@ -415,51 +398,12 @@ class Batch(Resumable[FetchOptions]):
             self._cancelling = False
 
 
-def _refuse_to_replace(journal: Path | None) -> None:
-    """ValueError when a fresh start would forget batches still open at the provider (their
-    rows would run, and be paid, twice)."""
-    still = open_batches(journal_parts(journal))
-    if still is not None:
-        raise ValueError(
-            f"{still}: fresh=True would forget them; cancel them first (batch_api=..., "
-            "cancel()) or give another journal"
-        )
-
-
-def _row_request(row: object, template: Template) -> RequestSpec:
-    """The request a row makes, for a batch endpoint; InvalidItem when it makes none."""
-    try:
-        return parse_item(template.expand(row))
-    except RowError as exc:
-        raise InvalidItem(str(exc)) from None
-
-
-class RowJob(WrappedJob):
-    """The HTTP job over table rows: each row is expanded by the template only when its turn
-    comes; a row the template cannot fill is its ``invalid_request`` Result."""
-
-    def __init__(self, inner: HttpJob, template: Template) -> None:
-        super().__init__(inner)
-        self._template = template
-
-    def label(self, row: object) -> tuple[str | None, Any]:
-        try:
-            return self._inner.label(self._expand(row))
-        except RowError:
-            return None, None
-
-    def prepare(self, row: object) -> Task:
-        try:
-            item = self._expand(row)
-        except RowError as exc:
-            raise InvalidItem(str(exc)) from None
-        return self._inner.prepare(item)
-
-    def _expand(self, row: object) -> object:
-        """The row's item (a paginated one going on from a later page stays so)."""
-        if isinstance(row, Continued):
-            return replace(row, item=self._template.expand(row.item))
-        return self._template.expand(row)
+# How the library's refusals name the ways on.
+_WORDS = Words(
+    go_on="run with batch_api= to go on with them (or cancel() to cancel them), not live",
+    forget="fresh=True would forget them; cancel them first (batch_api=..., cancel()) or "
+    "give another journal",
+)
 
 
 class CallBatch(Resumable[CallOptions]):
