@@ -63,7 +63,7 @@ def plan(parts: list[Part], *, batch_api: str | None = None, live: bool = True) 
 
 
 def test_a_live_run_is_refused_while_batches_hold_its_rows_in_every_callers_words() -> None:
-    with pytest.raises(LaneRefused, match="3 rows are in 1 batch.* still open.*: GO-ON"):
+    with pytest.raises(LaneRefused, match=r"3 rows are in 1 batch.* still open.*: GO-ON"):
         plan([part("in_progress")])
     with pytest.raises(LaneRefused, match="FORGET"):
         refuse_fresh([part("held")], WORDS)
