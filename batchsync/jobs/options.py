@@ -34,9 +34,12 @@ from ..limits.cooldown import CooldownScope
 from ..limits.rates import Window, parse_rate
 from ..limits.tokenrate import TokenRate
 from .flags import (
+    BATCHES_ONLY,
     BREAKER_DEFAULT,
+    HONOURED,
     MAX_SETTING_SECONDS,
     Flag,
+    InBatches,
     Takes,
     breaker_text,
     header_lines,
@@ -80,7 +83,9 @@ class EngineOptions(BaseModel):
         ),
     ] = Field(default=10, ge=1, le=MAX_CONCURRENCY)
     attempts: Annotated[
-        int, Flag("--attempts", help="Total tries per item, the first included.")
+        int,
+        Flag("--attempts", help="Total tries per item, the first included."),
+        HONOURED,
     ] = Field(default=3, ge=1)
     budget: Annotated[
         Seconds,
@@ -89,6 +94,7 @@ class EngineOptions(BaseModel):
             metavar="SECONDS",
             help="Seconds per item from when a worker takes it, retry waits included.",
         ),
+        HONOURED,
     ] = 60.0
     deadline: Annotated[
         Seconds | None,
@@ -98,11 +104,12 @@ class EngineOptions(BaseModel):
             help="Seconds for the whole batch; items not started by then are not sent.  "
             "[default: none]",
         ),
+        HONOURED,
     ] = None
-    backoff: Backoff = Backoff()
+    backoff: Annotated[Backoff, HONOURED] = Backoff()
     # Hooks, called from worker threads; an exception in one is logged and ignored.
     on_attempt: Callable[[Any, AttemptRecord], None] | None = None
-    on_result: Callable[[Result], None] | None = None
+    on_result: Annotated[Callable[[Result], None] | None, HONOURED] = None
 
 
 class FlowOptions(EngineOptions):
@@ -268,6 +275,7 @@ class FetchOptions(FlowOptions):
             metavar="SECONDS",
             help="Wall-clock bound of one attempt, body included.",
         ),
+        HONOURED,
     ] = 10.0
     per_host: Annotated[
         int | None,
@@ -294,6 +302,7 @@ class FetchOptions(FlowOptions):
             "addresses (checked after DNS, on every redirect and on each connection), for URL "
             "lists from elsewhere.",
         ),
+        HONOURED,
     ] = False
     # Hold a host whose rate-limit headers say its quota is spent, until the reset.
     quota_headers: Annotated[
@@ -351,6 +360,7 @@ class FetchOptions(FlowOptions):
     expect: Annotated[
         Expect,
         Flag("--expect", help="How to read bodies; bytes are written as base64."),
+        HONOURED,
     ] = "json"
     headers: Annotated[
         dict[str, str] | None,
@@ -363,6 +373,7 @@ class FetchOptions(FlowOptions):
             help="Header for every request (repeatable). Values are never logged or written "
             "out, and never sent to another host on a redirect.",
         ),
+        HONOURED,
     ] = None
     secret_headers: Annotated[
         tuple[str, ...],
@@ -372,6 +383,7 @@ class FetchOptions(FlowOptions):
             parse=header_names,
             help="Treat this item header as a secret too, like Authorization (repeatable).",
         ),
+        HONOURED,
     ] = ()
     # Query parameters whose values are secret, besides redact.SECRET_PARAMS (api_key, token…).
     secret_params: Annotated[
@@ -382,6 +394,7 @@ class FetchOptions(FlowOptions):
             help="Treat this query parameter's value as a secret too, like api_key, token or "
             "sig (repeatable; names are case-insensitive).",
         ),
+        HONOURED,
     ] = ()
     max_bytes: Annotated[
         int,
@@ -391,6 +404,7 @@ class FetchOptions(FlowOptions):
             help="A larger body fails as invalid_body; with --paginate, an item's pages "
             "together are bounded the same (its data keeps the pages within it).",
         ),
+        HONOURED,
     ] = Field(default=32 * 2**20, ge=1)
     # What is retried (besides what each error kind says): the statuses, as text ("429,
     # 502-504", "5xx") or numbers, and ``retry_if(status_code, error_kind)`` -> True (retry),
@@ -406,9 +420,10 @@ class FetchOptions(FlowOptions):
             "Timeouts and dropped connections are retried whatever this says, and so is a 403 "
             "whose Retry-After or rate-limit headers say the quota is spent.",
         ),
+        HONOURED,
     ] = RETRY_STATUSES
-    retry_if: RetryIf | None = None
-    session: Annotated[Any, Takes(SessionSource | None)] = None
+    retry_if: Annotated[RetryIf | None, HONOURED] = None
+    session: Annotated[Any, Takes(SessionSource | None), HONOURED] = None
     # Keep the cookies responses set during the run (each sent back to its origin only).
     cookies: Annotated[
         bool,
@@ -417,11 +432,12 @@ class FetchOptions(FlowOptions):
             help="Keep the cookies responses set, each sent back only to the origin (scheme, "
             "host, port) that set it.",
         ),
+        HONOURED,
     ] = True
     # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
     # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
-    verify: Verify | None = None
-    cert: Cert | None = None
+    verify: Annotated[Verify | None, HONOURED] = None
+    cert: Annotated[Cert | None, HONOURED] = None
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
@@ -443,6 +459,7 @@ class FetchOptions(FlowOptions):
             "provider is the one the URL's path names; =openai or =anthropic for a compatible "
             "server. The results are written in input order, one per row, as a live run's.",
         ),
+        HONOURED,
     ] = None
     poll: Annotated[
         Seconds | None,
@@ -452,6 +469,7 @@ class FetchOptions(FlowOptions):
             help="With --batch-api: poll each batch every SECONDS.  [default: from 5 s, "
             "growing by half each time to 60 s]",
         ),
+        BATCHES_ONLY,
     ] = None
     batch_rows: Annotated[
         int | None,
@@ -461,6 +479,7 @@ class FetchOptions(FlowOptions):
             help="With --batch-api: at most N rows a submission.  [default: the provider's cap, "
             "OpenAI 50000, Anthropic 100000]",
         ),
+        BATCHES_ONLY,
     ] = Field(default=None, ge=1)
     batch_bytes: Annotated[
         int | None,
@@ -470,6 +489,7 @@ class FetchOptions(FlowOptions):
             help="With --batch-api: at most BYTES a submission (OpenAI's file, Anthropic's "
             "request).  [default: the provider's cap, OpenAI 200 MB, Anthropic 256 MB]",
         ),
+        BATCHES_ONLY,
     ] = Field(default=None, ge=1)
     keep_files: Annotated[
         bool,
@@ -479,6 +499,7 @@ class FetchOptions(FlowOptions):
             "(Anthropic) at the provider; by default they are deleted once every result is "
             "journaled.",
         ),
+        BATCHES_ONLY,
     ] = False
 
     @property
@@ -524,7 +545,9 @@ class FetchOptions(FlowOptions):
     @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
-            given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]
+            given = [
+                name for name in sorted(_BATCH_ONLY) if getattr(self, name) not in (None, False)
+            ]
             if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self
@@ -588,18 +611,19 @@ class FetchOptions(FlowOptions):
         raise ValueError("must be a requests.Session or a zero-argument factory of one")
 
 
-# The options that only a run through a batch endpoint reads, and those it cannot honour.
-_BATCH_ONLY = ("poll", "batch_rows", "batch_bytes", "keep_files")
-# What a run through a batch endpoint honours: its rows' decoding and Results, its control
-# calls' transport (headers, secrets, TLS, the guard, the session) and retry policy, the wait's
-# deadline and budget, and the batch options. Any other option given is refused, never ignored
-# (a rate, a concurrency, a fallback: the provider runs the rows as it will).
-_IN_BATCHES = frozenset({
-    "attempts", "budget", "deadline", "backoff", "on_result", "timeout", "deny_private",
-    "expect", "headers", "secret_headers", "secret_params", "max_bytes", "retry_statuses",
-    "retry_if", "session", "cookies", "verify", "cert",
-    "batch_api", "poll", "batch_rows", "batch_bytes", "keep_files",
-})  # fmt: skip
+def _in_batches(*, only: bool) -> frozenset[str]:
+    """The options a run through a batch endpoint honours (``only``: that only it takes), as
+    their declarations say (``InBatches``)."""
+    return frozenset(
+        name
+        for name, field in FetchOptions.model_fields.items()
+        for mark in field.metadata
+        if isinstance(mark, InBatches) and (mark.only or not only)
+    )
+
+
+_IN_BATCHES = _in_batches(only=False)
+_BATCH_ONLY = sorted(_in_batches(only=True))
 
 
 def _redis_password(limits: object) -> list[str]:
