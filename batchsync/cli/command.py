@@ -614,10 +614,7 @@ def _template(
     the rows go through a batch endpoint (``batch``)."""
     context = click.get_current_context()
     if url is None:
-        for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
-            if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
-                flag = "--" + name.replace("_", "-")
-                raise click.UsageError(f"{flag} goes with --url (a template filled from a table)")
+        _refuse_given(context, "goes with --url (a template filled from a table)", _TEMPLATE)
         return None
     if row_as_body and body is not None:
         raise click.UsageError(
@@ -630,6 +627,17 @@ def _template(
         return Template.parse(url, method, given, id_field, row_as_body=row_as_body)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+# The options that make the --url template.
+_TEMPLATE = ("method", "body_template", "row_as_body", "id_field", "input_format")
+
+
+def _refuse_given(context: click.Context, why: str, names: tuple[str, ...]) -> None:
+    """UsageError naming the first of ``names`` the command line gave (its default aside)."""
+    for name in names:
+        if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            raise click.UsageError(f"--{name.replace('_', '-')} {why}")
 
 
 def _check_format(form: str, flatten: bool) -> None:

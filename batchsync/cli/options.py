@@ -54,20 +54,22 @@ def _option_settings(field: FieldInfo, flag: Flag) -> dict[str, Any]:
     """click.option's keywords for a declared option."""
     kinds = [k for k in _members(field.annotation) if k is not type(None)]
     several = any(typing.get_origin(k) in (tuple, dict) for k in kinds)
+    said = {"metavar": flag.metavar, "show_default": flag.show_default}
     settings: dict[str, Any] = {"help": flag.help, "multiple": several}
+    settings |= {name: value for name, value in said.items() if value is not None}
     if not several:
         settings["default"] = field.default if flag.typed_default is None else flag.typed_default
-    if flag.metavar is not None:
-        settings["metavar"] = flag.metavar
-    if flag.show_default is not None:
-        settings["show_default"] = flag.show_default
-    if kinds == [bool] and "/" not in flag.names[0]:
-        settings["is_flag"] = True
+    return settings | _reading(kinds, field, flag)
+
+
+def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
+    """How click reads the option's text: a flag (a bool), the flag's parser, or by the
+    field's type and bounds."""
+    if kinds == [bool]:
+        return {} if "/" in flag.names[0] else {"is_flag": True}
     if flag.parse is not None:
-        settings["callback"] = reading(flag.parse)
-    elif kinds != [bool]:
-        settings["type"] = _click_type(kinds, field.metadata)
-    return settings
+        return {"callback": reading(flag.parse)}
+    return {"type": _click_type(kinds, field.metadata)}
 
 
 def _members(annotation: Any) -> tuple[Any, ...]:
@@ -84,16 +86,7 @@ def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, A
         return click.Choice(choices)
     if len(kinds) != 1:
         return None
-    kind, constraints = kinds[0], list(metadata)
-    if typing.get_origin(kind) is Annotated:  # (``Seconds | None``: the bounds are inside)
-        kind, *inner = typing.get_args(kind)
-        constraints += [c for info in inner for c in getattr(info, "metadata", [info])]
-    bounds: dict[str, Any] = {
-        name: getattr(c, name)
-        for c in constraints
-        for name in ("ge", "gt", "le")
-        if hasattr(c, name)
-    }
+    kind, bounds = _bounded(kinds[0], metadata)
     if kind is int:
         return click.IntRange(min=bounds.get("ge"), max=bounds.get("le"))
     if kind is float:
@@ -101,6 +94,17 @@ def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, A
         low = bounds["gt"] if above else bounds.get("ge")
         return FiniteFloatRange(min=low, min_open=above, max=bounds.get("le"))
     return None
+
+
+def _bounded(kind: Any, metadata: list[Any]) -> tuple[Any, dict[str, Any]]:
+    """A field's type and its bounds (``ge``, ``gt``, ``le``), those of an ``Annotated``
+    type inside a union (``Seconds | None``) included."""
+    constraints = list(metadata)
+    if typing.get_origin(kind) is Annotated:
+        kind, *inner = typing.get_args(kind)
+        constraints += [c for info in inner for c in getattr(info, "metadata", [info])]
+    names = ("ge", "gt", "le")
+    return kind, {name: getattr(c, name) for c in constraints for name in names if hasattr(c, name)}
 
 
 def reading(

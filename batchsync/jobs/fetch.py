@@ -75,23 +75,13 @@ class HttpJob:
             self._auth.start()
         self._lane_ok = self._auth is None or self._auth.lane
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
-        self._lean = (
-            options.on_attempt is None
-            and not options.fallbacks
-            and self._lane_ok
-            and self._pager is None
-            and options.cost is None
-        )
+        self._lean = self._lane_ok and self._pager is None and _plain(options)
         # What an answer used, for a token budget to set its estimate right.
         self._usage = None if options.token_rate is None else options.usage or usage_tokens
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
-        self._hedger: Hedger | None = None
-        if options.hedge_after is not None:
-            self._hedger = Hedger(
-                HedgeDelay(options.hedge_after), workers=2 * options.concurrency, gates=gates
-            )
+        self._hedger = _hedger_for(options, gates)
 
     @property
     def _send(self) -> Callable[..., Verdict]:
@@ -482,6 +472,19 @@ class WrappedJob:
 
     def feedback(self, verdict: Verdict) -> Feedback:
         return self._inner.feedback(verdict)
+
+
+def _plain(options: FetchOptions) -> bool:
+    """Whether nothing the options ask of an item needs its RequestSpec shown (a hook, a
+    fallback, a cost)."""
+    return options.on_attempt is None and not options.fallbacks and options.cost is None
+
+
+def _hedger_for(options: FetchOptions, gates: Gates | None) -> Hedger | None:
+    """The run's hedging threads, when ``hedge_after`` asks for them."""
+    if options.hedge_after is None:
+        return None
+    return Hedger(HedgeDelay(options.hedge_after), workers=2 * options.concurrency, gates=gates)
 
 
 def _paging_of(
