@@ -225,7 +225,13 @@ def _same_number(given: object, written: str) -> bool:
 # declarations: ``python tests/test_api_surface.py`` writes it again.
 SETTINGS = ROOT / "batchsync" / "jobs" / "settings.py"
 DECLARATIONS = ROOT / "batchsync" / "jobs" / "options.py"
-SETTINGS_OF = {"FetchSettings": "FetchOptions", "CallSettings": "CallOptions"}
+# Each TypedDict, the model it spells out and the TypedDict it extends (None: the first): the
+# keywords every batch takes are written once, in FlowSettings.
+SETTINGS_OF = {
+    "FlowSettings": ("FlowOptions", None),
+    "FetchSettings": ("FetchOptions", "FlowSettings"),
+    "CallSettings": ("CallOptions", "FlowSettings"),
+}
 SETTINGS_DOC = '''"""The options as keywords, for ``**options: Unpack[FetchSettings]``: what a
 caller may give for each option that ``FetchOptions`` (``fetch_all``, ``Batch``) and
 ``CallOptions`` (``run_all``, ``CallBatch``) declare in options.py: its type there, or its
@@ -245,16 +251,23 @@ def settings_source() -> str:
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     used: set[str] = {"TypedDict"}
     written = []
-    for name, model in SETTINGS_OF.items():
+    keys: dict[str, dict[str, str]] = {}
+    for name, (model, base) in SETTINGS_OF.items():
         lines = [
-            f"class {name}(TypedDict, total=False):",
+            f"class {name}({base or 'TypedDict'}, total=False):",
             f'    """``{model}`` as keywords."""',
             "",
         ]
+        inherited = keys.get(base or "", {})
+        keys[name] = dict(inherited)
         for field, annotation in _fields(classes, model).items():
             given = _given_type(annotation)
-            used |= {n.id for n in ast.walk(given) if isinstance(n, ast.Name)}
             text = " ".join(str(ast.get_source_segment(source, given)).split())
+            if inherited.get(field) == text:  # (declared again for its default alone)
+                continue
+            assert field not in inherited, f"{model}.{field} takes another type than {base}'s"
+            used |= {n.id for n in ast.walk(given) if isinstance(n, ast.Name)}
+            keys[name][field] = text
             lines.append(f"    {field}: {text}")
         written.append("\n".join(lines))
     return "\n\n\n".join([SETTINGS_DOC + "\n\n" + _imports(tree, used), *written]) + "\n"

@@ -24,8 +24,8 @@ from ..limits.tokenrate import TokenRate
 from .options import Expect, Seconds
 
 
-class FetchSettings(TypedDict, total=False):
-    """``FetchOptions`` as keywords."""
+class FlowSettings(TypedDict, total=False):
+    """``FlowOptions`` as keywords."""
 
     concurrency: int
     attempts: int
@@ -47,6 +47,11 @@ class FetchSettings(TypedDict, total=False):
     limits: Any
     namespace: str
     lease_ttl: Seconds
+
+
+class FetchSettings(FlowSettings, total=False):
+    """``FetchOptions`` as keywords."""
+
     timeout: Seconds
     per_host: int | None
     fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
@@ -76,29 +81,9 @@ class FetchSettings(TypedDict, total=False):
     keep_files: bool
 
 
-class CallSettings(TypedDict, total=False):
+class CallSettings(FlowSettings, total=False):
     """``CallOptions`` as keywords."""
 
-    concurrency: int
-    attempts: int
-    budget: Seconds
-    deadline: Seconds | None
-    backoff: Backoff
-    on_attempt: Callable[[Any, AttemptRecord], None] | None
-    on_result: Callable[[Result], None] | None
-    rate: float | str | None
-    token_rate: TokenRate | float | str | None
-    cost: Callable[[Any], int] | None
-    usage: Callable[[Any], int | None] | None
-    hedge_after: Seconds | Literal["p95"] | None
-    cooldown: CooldownScope
-    breaker: Breaker | None
-    adaptive: bool
-    metrics: Any
-    tracer: Any
-    limits: Any
-    namespace: str
-    lease_ttl: Seconds
     per_key: Callable[[Any], str] | None
     fallbacks: tuple[Callable[[Any, Result | None], Any], ...]
     retry_if: Callable[[BaseException], bool] | None
