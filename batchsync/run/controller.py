@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from ..core.engine import Deliver
@@ -106,12 +105,7 @@ class RunController:
             self._held.enter_context(locked(self.journal.path))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._held.close()
 
     def replace(self) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
 from tqdm.auto import tqdm
@@ -89,12 +88,7 @@ class Tally(Observer):
     def __enter__(self) -> Tally:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -136,12 +130,7 @@ class Progress(Tally):
         self._painter.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._closing.set()
         if self._painter is not None:
             self._painter.join()
