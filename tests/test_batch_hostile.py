@@ -11,11 +11,13 @@ another's batch."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from batchsync import Batch
 from batchsync.batches.providers import PROVIDERS as PROVIDERS_BY_NAME
 
 from .hostile_batch import (
@@ -262,6 +265,56 @@ def test_a_row_listed_twice_with_different_answers_is_a_conflict_not_a_pick(
     assert "more than once, with different answers" in written[1]["error"]
     # (reading the batch again would give the same two answers: the part is done with)
     assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned"]
+    paid_once(server, key, provider)
+
+
+_TEMPORARY_FILE = tempfile.TemporaryFile
+
+
+class _FullDisk:
+    """A temporary file on a disk that is full for its first ``refusals`` writes."""
+
+    refusals = 1
+
+    def __init__(self) -> None:
+        self._file = _TEMPORARY_FILE()
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+    def write(self, data: bytes) -> int:
+        if _FullDisk.refusals > 0:
+            _FullDisk.refusals -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._file.write(data)
+
+    def seek(self, where: int) -> int:
+        return self._file.seek(where)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._file)
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_disk_too_full_to_keep_the_results_keeps_the_batch_and_reads_it_again(
+    server: MockServerProcess,
+    hostile: HostileProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
+) -> None:
+    url, key = endpoint(hostile, provider)
+    monkeypatch.setattr(tempfile, "TemporaryFile", _FullDisk)
+    _FullDisk.refusals = 1
+    rows = [{"text": f"question {n}"} for n in range(3)]
+    body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+    done = Batch(
+        rows, url=url, method="POST", body=body, batch_api="auto", poll=0.05, progress=False
+    ).run()
+    assert [result.ok for result in done] == [True, True, True]
+    assert _FullDisk.refusals == 0, "the disk was never full"
     paid_once(server, key, provider)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import requests
@@ -246,7 +246,7 @@ class Client:
                     digest = hashlib.blake2b(raw, digest_size=16).digest()
                     if given is not None and answers.setdefault(given, digest) != digest:
                         conflicts.add(given)
-                    spool.write(b"%d %s\n" % (oversized, raw))
+                    _kept(spool, b"%d %s\n" % (oversized, raw))
             spool.seek(0)
             told: set[str] = set()
             for stored in spool:
@@ -490,6 +490,19 @@ class _Answer:
         if self.reply is not None:
             self.reply.close()
         self._transport.finish()
+
+
+def _kept(spool: IO[bytes], line: bytes) -> None:
+    """``line`` written to the results' temporary file; a disk that cannot take it (full, or
+    gone) is a ProviderRefused to try later: the batch is kept, its answers read again."""
+    try:
+        spool.write(line)
+    except OSError as exc:
+        raise ProviderRefused(
+            "could not keep the batch's results on this machine to read them "
+            f"({exc.strerror or exc})",
+            retryable=True,
+        ) from None
 
 
 @dataclass(frozen=True)
