@@ -4,6 +4,7 @@ rows they are, and the lane's refusals are one policy in each caller's words."""
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,9 @@ def test_going_on_live_from_a_batch_run_is_refused_unless_said() -> None:
     closed = [part(COLLECTED)]
     with pytest.raises(LaneRefused, match="openai's batch endpoint: GO-LIVE"):
         plan(closed, live=False)
+    lane = Lane(FetchOptions(), EntryRows(), closed, WORDS, live=False)
+    with pytest.raises(LaneRefused, match=r"^in-journal\.sqlite3 holds a run"):
+        plan_send(lane, url=URL, journal=Path("in-journal.sqlite3"), passing=1)
     assert isinstance(plan(closed, live=True), partial)
 
 

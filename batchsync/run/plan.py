@@ -162,8 +162,8 @@ def plan_send(
         raise LaneRefused(f"{still}: {lane.words.go_on}")
     if lane.parts and not lane.live:
         raise LaneRefused(
-            f"the journal holds a run sent through {lane.parts[0].provider}'s batch endpoint: "
-            f"{lane.words.go_live}"
+            f"{journal or 'the journal'} holds a run sent through {lane.parts[0].provider}'s "
+            f"batch endpoint: {lane.words.go_live}"
         )
     wrap = None if rows is None else partial(RowsJob, rows=rows)
     if cluster is not None:
