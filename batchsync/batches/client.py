@@ -15,7 +15,7 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
@@ -31,7 +31,7 @@ from ..core.redact import Secrets
 from ..core.verdict import Verdict, terminal
 from ..http.classify import classify_http_exception, classify_status
 from ..http.decode import InvalidBody, decode_body
-from ..http.exchange import BodyTooLarge, Reply
+from ..http.exchange import BodyTooLarge, Recipe, Reply
 from ..http.guard import PrivateAddress
 from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
@@ -192,13 +192,11 @@ class Client:
             answer = self._json("GET", self._batches, "list the batches", params=params)
             page, more = self.provider.listed(answer)
             yield from page
+            if not more or (
+                page and not self.made_since(self.provider.created_at(page[-1]), since)
+            ):
+                return
             last = page[-1].get("id") if page else None
-            if not more:
-                return
-            oldest = self.provider.created_at(page[-1]) if page else None
-            offset = self.clock_offset  # (not known: the list is read to its end)
-            if oldest is not None and offset is not None and oldest < since + offset:
-                return
             if not isinstance(last, str) or last in cursors:
                 raise ProviderRefused(
                     "the provider's list of batches cannot be followed back to the part's "
@@ -207,6 +205,13 @@ class Client:
                 )
             cursors.add(last)
             params = {"limit": 100, self.provider.cursor: last}
+
+    def made_since(self, created: float | None, since: float) -> bool:
+        """Whether a batch ``created`` (in the provider's clock; None: not known, so any may)
+        may have been made since ``since`` (this clock's unix seconds): any may while the
+        provider's clock is not known (the list is then read to its end)."""
+        offset = self.clock_offset
+        return offset is None or created is None or created >= since + offset
 
     def file_name(self, file_id: str) -> str | None:
         """The name a file was uploaded under (None: it is gone)."""
@@ -287,21 +292,13 @@ class Client:
         self.delete(f"{self._files}/{file_id}")
 
     # --- one call ------------------------------------------------------------------------------
-    def _json(
-        self,
-        method: str,
-        url: str,
-        doing: str,
-        *,
-        retry: bool = True,
-        missing_ok: bool = False,
-        **sent: Any,
-    ) -> Any:
-        """The JSON answer of one call, tried again as the run's retries say; ProviderRefused
-        when it cannot be had (a 404 with ``missing_ok``: None). An answer that cannot be
-        read (too large, not JSON, nested too deeply) is the provider's fault, and may pass:
-        it says nothing of what the call did (a create may have made its batch)."""
-        with self._send(method, url, doing, retry=retry, missing_ok=missing_ok, **sent) as answer:
+    def _json(self, method: str, url: str, doing: str, **how: Any) -> Any:
+        """The JSON answer of one call sent as ``_send`` sends it (``how``: its options and
+        what it sends); ProviderRefused when it cannot be had (a 404 with ``missing_ok``:
+        None). An answer that cannot be read (too large, not JSON, nested too deeply) is the
+        provider's fault, and may pass: it says nothing of what the call did (a create may
+        have made its batch)."""
+        with self._send(method, url, doing, **how) as answer:
             if answer.reply is None:
                 return None
             try:
@@ -324,36 +321,25 @@ class Client:
             ) from None
 
     def _lines(self, url: str, rows: int) -> Generator[tuple[bytes, bool]]:
-        """Each line of a results download (without its newline) and whether it was longer
-        than ``max_bytes`` (then only its start is kept, to read its custom_id). Each line
-        is at most ``max_bytes``, and a download at most that much a row, so a hostile answer
-        stays bounded."""
-        limit = self._calls.max_bytes
-        total = rows * limit + 2**20
+        """Each line of a results download, as ``_split_lines`` gives them. A download is at
+        most ``max_bytes`` a row, so a hostile answer stays bounded."""
+        total = rows * self._calls.max_bytes + 2**20
         with self._send("GET", url, "download the results", download=True) as answer:
-            assert answer.reply is not None
-            read, line, oversized = 0, bytearray(), False
-            for chunk in self._chunks(answer):
-                if self._over():
-                    raise ProviderRefused("the run ended during the download", retryable=True)
-                read += len(chunk)
-                if read > total:
-                    raise ProviderRefused("the results are larger than the rows can be")
-                start = 0
-                while start <= len(chunk):
-                    end = chunk.find(b"\n", start)
-                    piece = chunk[start:] if end == -1 else chunk[start:end]
-                    if not oversized:
-                        line += piece
-                        oversized = len(line) > limit
-                    if end == -1:
-                        break
-                    if oversized or line.strip():
-                        yield bytes(line), oversized
-                    line, oversized = bytearray(), False
-                    start = end + 1
-            if oversized or line.strip():
-                yield bytes(line), oversized
+            yield from _split_lines(
+                self._bounded(self._chunks(answer), total), self._calls.max_bytes
+            )
+
+    def _bounded(self, chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
+        """A download's chunks, ended by a ProviderRefused once the run is over or past
+        ``total`` bytes."""
+        read = 0
+        for chunk in chunks:
+            if self._over():
+                raise ProviderRefused("the run ended during the download", retryable=True)
+            read += len(chunk)
+            if read > total:
+                raise ProviderRefused("the results are larger than the rows can be")
+            yield chunk
 
     def _send(
         self,
@@ -379,22 +365,10 @@ class Client:
         while True:
             number += 1
             wall_end = self._attempt_end(doing, download)
-            status, said = None, ""
-            try:
-                reply = self._transport.send(recipe, wall_end)
-            except Exception as exc:  # every failure is classified, none escapes
-                self._transport.finish()
-                verdict = classify_http_exception(exc)
-            else:
-                self._read_clock(reply.headers)
-                status = reply.status
-                if 200 <= status < 300:
-                    return _Answer(self._transport, reply, wall_end)
-                if status == 404 and missing_ok:
-                    self._transport.discard(reply, wall_end)
-                    return _Answer(self._transport, None, wall_end)
-                said = self._error_text(reply, wall_end)
-                verdict = _judged(status, reply.headers, self._unix_time(), calls.retryable)
+            tried = self._try(recipe, wall_end, missing_ok)
+            if isinstance(tried, _Answer):
+                return tried
+            verdict, status, said = tried
             if calls.retry_if is not None:
                 verdict = judged(verdict, calls.retry_if)
             most = calls.attempts if retry else 1
@@ -411,6 +385,26 @@ class Client:
                 )
             if not self._pause(decision.wait):
                 raise Stopped
+
+    def _try(
+        self, recipe: Recipe, wall_end: float, missing_ok: bool
+    ) -> _Answer | tuple[Verdict, int | None, str]:
+        """One try of a call: its answer (a 2xx; a 404 allowed), or the Verdict on what came
+        instead, with the status and the provider's message when an answer came."""
+        try:
+            reply = self._transport.send(recipe, wall_end)
+        except Exception as exc:  # every failure is classified, none escapes
+            self._transport.finish()
+            return classify_http_exception(exc), None, ""
+        self._read_clock(reply.headers)
+        if 200 <= reply.status < 300:
+            return _Answer(self._transport, reply, wall_end)
+        if reply.status == 404 and missing_ok:
+            self._transport.discard(reply, wall_end)
+            return _Answer(self._transport, None, wall_end)
+        said = self._error_text(reply, wall_end)
+        verdict = _judged(reply.status, reply.headers, self._unix_time(), self._calls.retryable)
+        return verdict, reply.status, said
 
     def _attempt_end(self, doing: str, download: bool) -> float:
         """When the next try must have ended: its timeout (a download: the longer bound)
@@ -541,6 +535,24 @@ def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
         return decode_body(line, "json", None)
     except InvalidBody as exc:
         return _unread(line, f"its line in the batch's results cannot be read: {exc}")
+
+
+def _split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[tuple[bytes, bool]]:
+    """Each line of a download (without its newline, blank ones left out) and whether it was
+    longer than ``limit``: then only its start is kept, to read its custom_id."""
+    line = bytearray()
+    for chunk in chunks:
+        *ended, rest = chunk.split(b"\n")
+        for piece in ended:
+            if len(line) <= limit:
+                line += piece
+            if len(line) > limit or line.strip():
+                yield bytes(line), len(line) > limit
+            line = bytearray()
+        if len(line) <= limit:
+            line += rest
+    if len(line) > limit or line.strip():
+        yield bytes(line), len(line) > limit
 
 
 def _judged(

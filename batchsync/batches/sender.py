@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from ..core.backoff import Backoff
 from ..core.observe import Observer
@@ -52,6 +52,7 @@ log = logging.getLogger("batchsync")
 # Polling when --poll is not given: from a few seconds to a minute.
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
 _UNLISTED = "do not list this row"
+_WITHDRAWN = "cancelled (--cancel) before it was submitted"
 # How long before its submission (in the provider's clock, read off its ``Date``) a batch
 # found in the provider's list may have been created to be taken for a part caught
 # ``submitting``: the ``Date``'s second and the create's time on the way.
@@ -110,6 +111,77 @@ class _Followed:
         return self.rows.get(part.number) or set(indexes_in(part.rows))
 
 
+@dataclass
+class _Cut:
+    """The new part being filled: its number, its own name, its rows' lines and their bytes."""
+
+    number: int
+    tag: str = field(init=False)
+    lines: list[tuple[int, bytes]] = field(default_factory=list)
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.tag = new_tag(self.number)
+
+    @property
+    def nonce(self) -> str:
+        return self.tag.rpartition("-")[2]
+
+    def fits(self, provider: BatchProvider, plan: Plan, line: int) -> bool:
+        """Whether one more line of ``line`` bytes stays within the caps of one submission."""
+        rows, size = len(self.lines) + 1, self.size + line
+        return rows == 1 or (
+            rows <= plan.rows_cap and provider.submission_size(rows, size) <= plan.bytes_cap
+        )
+
+
+@dataclass
+class _Sending:
+    """A part on its way to the provider, and whether a create may have made its batch unsaid."""
+
+    part: Part
+    unanswered: bool
+
+
+@dataclass
+class _Reading:
+    """What the reads of a part's results found (``done`` and ``tokens``: over every read);
+    ``unread``: a line of its own could not be read, the batch is kept for a later run."""
+
+    nonce: str
+    rows: set[int]
+    done: set[int]
+    tokens: list[int]
+    failures: dict[int, Result] = field(default_factory=dict)
+    others: int = 0
+    unread: bool = False
+
+    def take(self, provider: BatchProvider, line: Any) -> Answer | None:
+        """The answer of a results line (``Unread``: its row's ``invalid_body``) that is one
+        of the part's rows not delivered yet; one naming another part's row counts in
+        ``others`` (one that names nothing says nothing of whose batch it is)."""
+        if isinstance(line, Unread):
+            index = index_of(line.custom_id, self.nonce)
+            answer = (
+                None
+                if index is None
+                else Answer(index, False, None, None, "invalid_body", line.reason)
+            )
+        else:
+            answer = provider.answer_of(line, self.nonce)
+        if answer is None:
+            self.others += is_row_id(custom_id_of(line))
+            return None
+        if answer.index not in self.rows or answer.index in self.done:
+            return None
+        self.done.add(answer.index)
+        self.unread = self.unread or (isinstance(line, Unread) and line.again)
+        used = provider.usage_of(answer.data)
+        self.tokens[0] = min(self.tokens[0] + used[0], MOST_TOKENS - 1)
+        self.tokens[1] = min(self.tokens[1] + used[1], MOST_TOKENS - 1)
+        return answer
+
+
 class BatchApiFailed(OSError):
     """The run cannot go on without risking a row twice or another's results as its own."""
 
@@ -165,78 +237,90 @@ class BatchRun:
         """Send what is left of ``items``, delivering each row's Result; True when stopped
         before every row had one."""
         self._deliver = deliver
-        followed = _Followed()
+        self._followed = _Followed()
         try:
-            self._take(items, followed)
+            self._take(items)
             if self._plan.cancel:
-                self._cancel_all(followed)
-            self._follow(followed)
+                self._cancel_all()
+            self._follow()
         except Stopped:
             pass
         except ProviderRefused as exc:  # (a part it could not tell the state of)
             raise BatchApiFailed(str(exc)) from None
         return self.stopped
 
-    def _take(self, items: Iterable[tuple[int, object]], followed: _Followed) -> None:
+    def _take(self, items: Iterable[tuple[int, object]]) -> None:
         """Read the rows left: each that cannot go in a batch gets its Result now; each in a
         part still open is followed there; the rest are cut into new parts, each submitted as
         soon as it is full (so the input is read once, a part at a time)."""
         open_parts = self._settled([part for part in self._ledger.parts() if part.open])
-        covered = Covered(open_parts)
-        known = {part.number: part for part in open_parts}
-        numbers = [part.number for part in self._ledger.parts()]
-        next_number = max(numbers, default=0) + 1
-        cut: list[tuple[int, bytes]] = []
-        cut_bytes, tag = 0, new_tag(next_number)
-        provider, plan = self._provider, self._plan
+        covered, known = Covered(open_parts), {part.number: part for part in open_parts}
+        cut = _Cut(max((part.number for part in self._ledger.parts()), default=0) + 1)
         refusal = self._client.refusal()
         for index, item in items:
             if self.stopped:
                 return
-            try:
-                spec = self._request_of(item)
-                if refusal is not None:
-                    raise InvalidItem(refusal)
-                body = _body_of(spec, plan.endpoint)
-            except InvalidItem as exc:
-                self._give(_unsent(index, self._url, None, str(exc)), item)
+            body = self._body(index, item, refusal)
+            if body is None:
                 continue
-            if spec.id is not None:
-                followed.ids[index] = spec.id
             number = covered.part_of(index)
             if number is not None:
-                earlier = followed.parts[number] = known[number]
-                followed.rows.setdefault(number, set()).add(index)
-                if earlier.batch is None:  # (to be submitted once it is known to have none)
-                    own = provider.request_line(plan.endpoint, index, body, earlier.nonce)
-                    followed.lines.setdefault(number, []).append(own)
-                continue
-            line = provider.request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
-            if plan.cancel:  # (nothing new is submitted to be cancelled)
-                reason = "cancelled (--cancel) before it was submitted"
-                self._give(_unsent(index, self._url, spec.id, reason, kind="batch_cancelled"), item)
-                continue
-            if provider.submission_size(1, len(line)) > plan.bytes_cap:
-                reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
-                self._give(_unsent(index, self._url, spec.id, reason), item)
-                continue
-            if cut and (
-                len(cut) >= plan.rows_cap
-                or provider.submission_size(len(cut) + 1, cut_bytes + len(line)) > plan.bytes_cap
-            ):
-                self._plan_part(next_number, tag, cut, followed)
-                next_number, cut, cut_bytes = next_number + 1, [], 0
-                tag = new_tag(next_number)
-                line = provider.request_line(plan.endpoint, index, body, tag.rpartition("-")[2])
-            cut.append((index, line))
-            cut_bytes += len(line)
-        if cut:
-            self._plan_part(next_number, tag, cut, followed)
+                self._rejoin(known[number], index, body)
+            else:
+                cut = self._place(index, item, body, cut)
+        if cut.lines:
+            self._plan_part(cut)
+        self._close_ended(open_parts)
+
+    def _close_ended(self, open_parts: list[Part]) -> None:
+        """Close each ended part none of whose rows this run was given (all have Results)."""
         for part in open_parts:
-            if part.number not in followed.parts and part.state in provider.shape.ended:
-                # (every row has its Result from this ended batch: a run stopped before it
-                # could say so; the part is closed, and cleaned once this run ends)
+            if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
                 self._ledger.save(part.moved(COLLECTED, self._unix_time()))
+
+    def _body(self, index: int, item: object, refusal: str | None) -> Mapping[str, Any] | None:
+        """The row's body, its id noted; None for a row no batch can carry (its Result given)."""
+        try:
+            spec = self._request_of(item)
+            if refusal is not None:
+                raise InvalidItem(refusal)
+            body = _body_of(spec, self._plan.endpoint)
+        except InvalidItem as exc:
+            self._give(_unsent(index, self._url, None, str(exc)), item)
+            return None
+        if spec.id is not None:
+            self._followed.ids[index] = spec.id
+        return body
+
+    def _rejoin(self, earlier: Part, index: int, body: Mapping[str, Any]) -> None:
+        """Follow a row in the earlier run's open part that holds it (with its line, if unsent)."""
+        self._followed.parts[earlier.number] = earlier
+        self._followed.rows.setdefault(earlier.number, set()).add(index)
+        if earlier.batch is None:
+            line = self._provider.request_line(self._plan.endpoint, index, body, earlier.nonce)
+            self._followed.lines.setdefault(earlier.number, []).append(line)
+
+    def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
+        """The part being cut, with the new row (submitting the full one first); a row too
+        large for a submission, or any under --cancel, gets its Result instead."""
+        provider, plan = self._provider, self._plan
+        line = provider.request_line(plan.endpoint, index, body, cut.nonce)
+        if plan.cancel or provider.submission_size(1, len(line)) > plan.bytes_cap:
+            reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
+            kind: ErrorKind = "invalid_request"
+            if plan.cancel:
+                reason, kind = _WITHDRAWN, "batch_cancelled"
+            self._give(
+                _unsent(index, self._url, self._followed.ids.get(index), reason, kind=kind), item
+            )
+            return cut
+        if not cut.fits(provider, plan, len(line)):
+            self._plan_part(cut)
+            cut = _Cut(cut.number + 1)
+            line = provider.request_line(plan.endpoint, index, body, cut.nonce)
+        cut.lines.append((index, line))
+        cut.size += len(line)
+        return cut
 
     def _settled(self, parts: list[Part]) -> list[Part]:
         """The open parts of earlier runs that have a batch at the provider: one whose create
@@ -265,110 +349,103 @@ class BatchRun:
                 kept.append(part)
         return kept
 
-    def _plan_part(
-        self, number: int, tag: str, cut: list[tuple[int, bytes]], followed: _Followed
-    ) -> None:
-        """A new part of these rows (``tag``: its own name, in their custom_ids), recorded,
-        then submitted."""
+    def _plan_part(self, cut: _Cut) -> None:
+        """A new part of the rows cut, recorded, then submitted."""
         part = Part(
-            number,
+            cut.number,
             self._plan.passing,
             self._plan.endpoint.provider,
-            ranges_of(index for index, _ in cut),
-            tag=tag,
+            ranges_of(index for index, _ in cut.lines),
+            tag=cut.tag,
         ).moved(PLANNED, self._unix_time())
         self._ledger.save(part)
-        followed.parts[number] = part
-        followed.lines[number] = [line for _, line in cut]
-        self._submit(part, followed)
+        self._followed.parts[cut.number] = part
+        self._followed.lines[cut.number] = [line for _, line in cut.lines]
+        self._submit(part)
 
     # --- submitting -------------------------------------------------------------------------------
-    def _submit(self, part: Part, followed: _Followed) -> None:
+    def _submit(self, part: Part) -> None:
         """Upload (OpenAI) and create the part's batch, recording each step first; a part
         refused for the provider's queue waits (``WAITING``) to be submitted again. A part
         whose earlier create got no answer (``submitted`` kept) is looked for at the
         provider before it is created again."""
-        # (an OpenAI part submitted again after the token cap refused it has its file)
-        lines = followed.lines.get(part.number, [])
-        unanswered = part.submitted is not None
+        sending = _Sending(part, unanswered=part.submitted is not None)
         try:
-            if self._plan.cancel and not unanswered:
-                self._withdraw(part, followed)  # (--cancel submits nothing)
-                return
-            if part.input_file is None and self._provider.shape.uploads:
-                file_id = self._client.upload(lines, _file_name(part))
-                part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
-                self._save(part, followed)
-                if self.stopped:  # (stopped during the upload: nothing is created)
-                    raise Stopped
-            batch = self._find(part) if unanswered else None
-            if batch is not None:
-                recorded = self._record(part, batch)
-            elif self._plan.cancel:  # (its create made no batch: there is none to cancel)
-                self._withdraw(part, followed)
-                return
-            else:
-                part = part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
-                self._save(part, followed)
-                try:
-                    recorded = self._record(
-                        part,
-                        self._client.create(
-                            input_file=part.input_file, lines=lines, part=part.number
-                        ),
-                    )
-                except ProviderRefused as exc:
-                    if exc.status is not None and exc.status < 500:
-                        raise  # (answered: no batch was made)
-                    unanswered = True  # (no answer, or none that names a batch)
-                    batch = self._find(part)
-                    if batch is None:
-                        raise
-                    recorded = self._record(part, batch)
-            self._save(recorded, followed)
-            followed.lines.pop(part.number, None)
+            recorded = self._submitted(sending)
         except ProviderRefused as exc:
-            if exc.retryable:
-                log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
-                # (``submitted`` kept only when a create may have made a batch after all)
-                sent = part.submitted if unanswered else None
-                self._save(part.moved(WAITING, self._unix_time(), submitted=sent), followed)
-                self._later(part, followed, exc)
+            if not exc.retryable:
+                self._fail_part(sending.part, str(exc), exc.status)
                 return
-            self._fail_part(part, followed, str(exc), exc.status)
+            part = sending.part
+            log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
+            # (``submitted`` kept only when a create may have made a batch after all)
+            sent = part.submitted if sending.unanswered else None
+            self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
+            self._later(part, exc)
             return
-        if self._plan.cancel and recorded.batch is not None:  # (found after the cancels)
-            self._cancel(recorded)
-
-    def _cancel(self, part: Part) -> None:
-        """Ask the provider to cancel ``part``'s batch; one it will not cancel (ended
-        already, say) is followed as it is."""
-        try:
-            self._client.cancel(part.batch or "")
+        if recorded is None or not self._plan.cancel:
+            return
+        try:  # (found after the cancels; one it will not cancel, ended already, is followed)
+            self._client.cancel(recorded.batch or "")
         except ProviderRefused as exc:
-            log.warning("could not cancel the batch %s: %s", part.batch, exc)
+            log.warning("could not cancel the batch %s: %s", recorded.batch, exc)
 
-    def _withdraw(self, part: Part, followed: _Followed) -> None:
+    def _submitted(self, sending: _Sending) -> Part | None:
+        """The part with its batch recorded; None when --cancel withdrew it (it has none)."""
+        part = sending.part
+        # (an OpenAI part submitted again after the token cap refused it has its file)
+        lines = self._followed.lines.get(part.number, [])
+        if self._plan.cancel and not sending.unanswered:
+            self._withdraw(part)  # (--cancel submits nothing)
+            return None
+        if part.input_file is None and self._provider.shape.uploads:
+            file_id = self._client.upload(lines, _file_name(part))
+            sending.part = part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
+            self._save(part)
+            if self.stopped:  # (stopped during the upload: nothing is created)
+                raise Stopped
+        batch = self._find(part) if sending.unanswered else None
+        if batch is not None:
+            recorded = self._record(part, batch)
+        elif self._plan.cancel:  # (its create made no batch: there is none to cancel)
+            self._withdraw(part)
+            return None
+        else:
+            recorded = self._create(sending, lines)
+        self._save(recorded)
+        self._followed.lines.pop(part.number, None)
+        return recorded
+
+    def _create(self, sending: _Sending, lines: list[bytes]) -> Part:
+        """The part with the batch its create made, marked ``submitting`` first; a create
+        that got no answer, or none naming a batch, may have made one: it is looked for."""
+        part = sending.part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
+        sending.part = part
+        self._save(part)
+        try:
+            made = self._client.create(input_file=part.input_file, lines=lines, part=part.number)
+            return self._record(part, made)
+        except ProviderRefused as exc:
+            if exc.status is not None and exc.status < 500:
+                raise  # (answered: no batch was made)
+            sending.unanswered = True
+            batch = self._find(part)
+            if batch is None:
+                raise
+            return self._record(part, batch)
+
+    def _withdraw(self, part: Part) -> None:
         """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
         unsent, and the part is dropped (a file it uploaded is deleted with the rest)."""
-        reason = "cancelled (--cancel) before it was submitted"
-        done = followed.delivered.get(part.number, set())
-        self._give_failures(
-            {
-                index: _unsent(
-                    index, self._url, followed.ids.get(index), reason, kind="batch_cancelled"
-                )
-                for index in followed.given(part) - done
-            }
-        )
+        self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
         self._ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
-        followed.parts.pop(part.number, None)
+        self._followed.parts.pop(part.number, None)
 
-    def _later(self, part: Part, followed: _Followed, refused: ProviderRefused) -> None:
+    def _later(self, part: Part, refused: ProviderRefused) -> None:
         """Look at ``part`` again after the next poll's wait, and never before the
         provider's Retry-After."""
         wait = max(self._poll_wait(1), refused.retry_after or 0.0)
-        followed.retry_at[part.number] = self._clock() + wait
+        self._followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
         """The batch the provider made of a part whose create got no answer, or None when it
@@ -391,26 +468,13 @@ class BatchRun:
 
     def _look_for(self, part: Part) -> Mapping[str, Any] | None:
         known = {p.batch for p in self._ledger.parts() if p.batch is not None}
-        provider = self._provider
-        candidates, unsure = [], False
         since = (part.submitted or 0.0) - _CLOCK_SKEW
+        candidates, unsure = [], 0
         for batch in self._client.recent(since):
-            offset = self._client.clock_offset
-            if (
-                well_formed(provider.name, "batch", batch.get("id")) is None
-                or batch.get("id") in known
-            ):
-                continue
-            if provider.refused_for_tokens(batch) or not provider.belongs_to(batch, part):
-                continue
-            if provider.identifies_rows:
+            whose = self._whose(batch, part, known, since)
+            unsure += whose == "unsure"
+            if whose == "mine":
                 candidates.append(batch)
-            elif _made_since(provider.created_at(batch), since, offset):
-                status = provider.status_of(batch)
-                if status is None or status not in provider.shape.ended:
-                    unsure = True
-                elif self._carries_nonce(batch, part):
-                    candidates.append(batch)
         if len(candidates) > 1:
             raise ProviderRefused(
                 f"part {part.number}: {len(candidates)} batches at the provider were made of "
@@ -421,6 +485,25 @@ class BatchRun:
                 f"part {part.number}: a batch that may be its own has not ended yet", retryable=True
             )
         return candidates[0] if candidates else None
+
+    def _whose(
+        self, batch: Mapping[str, Any], part: Part, known: set[str], since: float
+    ) -> Literal["mine", "unsure"] | None:
+        """What a batch in the provider's list is to ``part`` (made ``since``): its batch,
+        one that may be and has not ended (``unsure``), or none (None)."""
+        provider = self._provider
+        batch_id = well_formed(provider.name, "batch", batch.get("id"))
+        if batch_id is None or batch_id in known or provider.refused_for_tokens(batch):
+            return None
+        if not provider.belongs_to(batch, part):
+            return None
+        if provider.identifies_rows:
+            return "mine"
+        if not self._client.made_since(provider.created_at(batch), since):
+            return None
+        if provider.status_of(batch) not in provider.shape.ended:
+            return "unsure"
+        return "mine" if self._carries_nonce(batch, part) else None
 
     def _carries_nonce(self, batch: Mapping[str, Any], part: Part) -> bool:
         """Whether an ended batch's results are rows of ``part`` (its nonce)."""
@@ -447,60 +530,42 @@ class BatchRun:
         self._ledger.save(part)
         return part
 
-    def _save(self, part: Part, followed: _Followed) -> None:
+    def _save(self, part: Part) -> None:
         self._ledger.save(part)
-        followed.parts[part.number] = part
+        self._followed.parts[part.number] = part
 
     # --- following -----------------------------------------------------------------------------
-    def _follow(self, followed: _Followed) -> None:
+    def _follow(self) -> None:
         """Poll every open part until each is collected, the run is stopped, or the deadline
         or budget ends the wait."""
         rounds = 0
-        while True:
-            waiting = [part for part in followed.parts.values() if part.open]
-            if not waiting:
-                return
-            for part in waiting:
-                if self.stopped:
-                    return
-                self._step(part, followed)
-            if not any(part.open for part in followed.parts.values()):
-                return
-            ended = self._out_of_time(followed)
-            if ended:
-                return
+        while self._round() and not self._out_of_time():
             rounds += 1
             if not self.pause(self._until_next(rounds)):
                 return
 
-    def _step(self, part: Part, followed: _Followed) -> None:
+    def _round(self) -> bool:
+        """One look at each open part; True when some are still open (and not stopped)."""
+        for part in [part for part in self._followed.parts.values() if part.open]:
+            if self.stopped:
+                return False
+            self._step(part)
+        return any(part.open for part in self._followed.parts.values())
+
+    def _step(self, part: Part) -> None:
         """One look at ``part``: submit it (again), poll it, collect it once it ended."""
-        if self._clock() < followed.retry_at.get(part.number, 0.0):
+        if self._clock() < self._followed.retry_at.get(part.number, 0.0):
             return
         if part.batch is None:  # (refused for the provider's queue: submitted again)
-            self._submit(part, followed)
+            self._submit(part)
             return
-        try:
-            batch = self._client.retrieve(part.batch)
-        except ProviderRefused as exc:
-            if exc.retryable:
-                log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
-                self._later(part, followed, exc)
-            else:  # (a 404, a key refused, a redirect: this run cannot read it)
-                self._hold(part, followed, f"could not poll the batch {part.batch}: {exc}")
+        polled = self._poll(part)
+        if polled is None:
             return
-        provider = self._provider
-        status = provider.status_of(batch) if isinstance(batch, Mapping) else None
-        if status is None:
-            log.warning("the batch %s answered without a known status: polling again", part.batch)
-            return
-        if not provider.belongs_to(batch, part):
-            raise BatchApiFailed(
-                f"the provider's batch {part.batch} does not match part {part.number} as the "
-                "journal records it (another file or row count): nothing of it is taken"
-            )
+        batch, status = polled
         part = part.moved(status, self._unix_time())
-        self._save(part, followed)
+        self._save(part)
+        provider = self._provider
         if status not in provider.shape.ended:
             return
         if provider.refused_for_tokens(batch):
@@ -509,15 +574,37 @@ class BatchRun:
                 "batches have finished",
                 part.number,
             )
-            self._save(part.moved(WAITING, self._unix_time(), batch=None), followed)
-            followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
-            return
-        if status == provider.failed_status:
-            self._fail_part(part, followed, provider.failure_text(batch), None)
-            return
-        self._collect(part, batch, followed)
+            self._save(part.moved(WAITING, self._unix_time(), batch=None))
+            self._followed.retry_at[part.number] = self._clock() + self._poll_wait(1)
+        elif status == provider.failed_status:
+            self._fail_part(part, provider.failure_text(batch), None)
+        else:
+            self._collect(part, batch)
 
-    def _collect(self, part: Part, batch: Mapping[str, Any], followed: _Followed) -> None:
+    def _poll(self, part: Part) -> tuple[Mapping[str, Any], str] | None:
+        """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
+        tried later, or for good the part held; a status unknown: polled again)."""
+        try:
+            batch = self._client.retrieve(part.batch or "")
+        except ProviderRefused as exc:
+            if exc.retryable:
+                log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
+                self._later(part, exc)
+            else:  # (a 404, a key refused, a redirect: this run cannot read it)
+                self._hold(part, f"could not poll the batch {part.batch}: {exc}")
+            return None
+        status = self._provider.status_of(batch) if isinstance(batch, Mapping) else None
+        if status is None:
+            log.warning("the batch %s answered without a known status: polling again", part.batch)
+            return None
+        if not self._provider.belongs_to(batch, part):
+            raise BatchApiFailed(
+                f"the provider's batch {part.batch} does not match part {part.number} as the "
+                "journal records it (another file or row count): nothing of it is taken"
+            )
+        return batch, status
+
+    def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
         """Every row of an ended batch delivered as its Result (one whose answer is longer
         than ``max_bytes`` or cannot be read: ``invalid_body``). Results that could not all
         be read are read again at the next round, each row delivered once; rows the results
@@ -526,75 +613,71 @@ class BatchRun:
         whose results list no row of the part but others' is not the part's: nothing of it
         is taken. The part is closed (``collected``) by ``finish``, once the journal holds
         its rows' Results."""
-        provider = self._provider
-        files = provider.files_of(batch)
-        rows = followed.given(part)
-        done = followed.delivered.setdefault(part.number, set())
-        tokens = followed.tokens.setdefault(part.number, [0, 0])
+        reading = _Reading(
+            part.nonce,
+            self._followed.given(part),
+            self._followed.delivered.setdefault(part.number, set()),
+            self._followed.tokens.setdefault(part.number, [0, 0]),
+        )
         elapsed = self._elapsed(part)
-        failures: dict[int, Result] = {}
-        others, unread = 0, False
+        files = self._provider.files_of(batch)
         try:
-            for line in self._client.results(files, part.batch or "", part.size):
-                answer = _answer(provider, line, part.nonce)
+            for line in self._client.results(files, str(part.batch), part.size):
+                answer = reading.take(self._provider, line)
                 if answer is None:
-                    others += _names_a_row(line)
                     continue
-                if answer.index not in rows or answer.index in done:
-                    continue
-                done.add(answer.index)
-                unread = unread or (isinstance(line, Unread) and line.again)
-                used = provider.usage_of(answer.data)
-                tokens[0] = min(tokens[0] + used[0], MOST_TOKENS - 1)
-                tokens[1] = min(tokens[1] + used[1], MOST_TOKENS - 1)
-                result = self._result(answer, elapsed, followed)
+                result = self._result(answer, elapsed)
                 if result.ok:
                     self._give(result, None)
                 else:
-                    failures[result.index] = result
+                    reading.failures[result.index] = result
         except ProviderRefused as exc:
-            self._give_failures(failures)
+            self._give_failures(reading.failures)
             if not exc.retryable:  # (a 404, a refusal, another origin: this run cannot read them)
-                self._hold(
-                    part, followed, f"could not read the results of the batch {part.batch}: {exc}"
-                )
+                self._hold(part, f"could not read the results of the batch {part.batch}: {exc}")
                 return
             log.warning(
                 "could not read the results of the batch %s (%s): trying again", part.batch, exc
             )
             return
-        if others and not done:
+        if reading.others and not reading.done:
             raise BatchApiFailed(
                 f"the batch {part.batch} lists rows of another part, none of part "
                 f"{part.number}: it is not this part's batch, and nothing of it is taken"
             )
-        self._give_failures(failures)
-        if rows - done or unread:  # (a paid answer not read: kept for a later run to read)
-            self._hold(part, followed, f"the results of the batch {part.batch} {_UNLISTED}")
+        self._give_failures(reading.failures)
+        if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
+            self._hold(part, f"the results of the batch {part.batch} {_UNLISTED}")
             return
-        self._ledger.save(replace(part, tokens=(tokens[0], tokens[1])))
-        followed.parts.pop(part.number)  # (every row delivered: closed once they are journaled)
+        self._ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
+        self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
 
-    def _fail_part(self, part: Part, followed: _Followed, reason: str, status: int | None) -> None:
+    def _fail_part(self, part: Part, reason: str, status: int | None) -> None:
         """Every row of a part that never ran (its create refused, its batch failed as a
         whole) and has no Result yet gets a ``batch_errored`` one saying why."""
-        done = followed.delivered.get(part.number, set())
+        self._fail_rest(part, reason, "batch_errored", status)
+        self._save(part.moved(COLLECTED, self._unix_time()))
+
+    def _fail_rest(
+        self, part: Part, reason: str, kind: ErrorKind, status: int | None = None
+    ) -> None:
+        """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
+        done = self._followed.delivered.get(part.number, set())
         self._give_failures(
             {
                 index: _unsent(
                     index,
                     self._url,
-                    followed.ids.get(index),
+                    self._followed.ids.get(index),
                     reason,
-                    kind="batch_errored",
+                    kind=kind,
                     status=status,
                 )
-                for index in followed.given(part) - done
+                for index in self._followed.given(part) - done
             }
         )
-        self._save(part.moved(COLLECTED, self._unix_time()), followed)
 
-    def _cancel_all(self, followed: _Followed) -> None:
+    def _cancel_all(self) -> None:
         """--cancel: ask the provider to cancel every batch of the run still open (and its
         own: one the journal names that is not its part's is left alone); what the followed
         ones ran is still collected. One whose rows all have Results already (the deadline or
@@ -615,55 +698,44 @@ class BatchRun:
                 if exc.status != 404:
                     log.warning("could not cancel the batch %s: %s", part.batch, exc)
                     continue
-                if part.number in followed.parts:
+                if part.number in self._followed.parts:
                     gone = f"the batch {part.batch} is gone at the provider"
-                    self._fail_part(part, followed, gone, 404)
+                    self._fail_part(part, gone, 404)
                     continue
-            if part.number not in followed.parts:
+            if part.number not in self._followed.parts:
                 self._ledger.save(part.moved(COLLECTED, self._unix_time()))
 
-    def _out_of_time(self, followed: _Followed) -> bool:
+    def _out_of_time(self) -> bool:
         """End the wait of the parts the deadline or budget leaves no time for: each of their
         rows gets a ``deadline``/``budget`` Result (the batch goes on at the provider, and a
         later run polls it again). True when the deadline has passed."""
-        now = self._clock()
         plan = self._plan
-        if plan.deadline is not None and now - self._started >= plan.deadline:
-            for part in list(followed.parts.values()):
-                if part.open:
-                    self._ran_out(part, followed, "deadline")
+        if plan.deadline is not None and self._clock() - self._started >= plan.deadline:
+            self._run_out("deadline", lambda part: True)
             return True
         if plan.budget is not None:
-            unix = self._unix_time()
-            for part in list(followed.parts.values()):
-                since = part.submitted if part.submitted is not None else None
-                if part.open and since is not None and unix - since >= plan.budget:
-                    self._ran_out(part, followed, "budget")
+            unix, budget = self._unix_time(), plan.budget
+            self._run_out("budget", lambda part: _spent(part, unix, budget))
         return False
 
-    def _ran_out(self, part: Part, followed: _Followed, kind: ErrorKind) -> None:
-        where = f"the batch {part.batch}" if part.batch else f"part {part.number}"
-        reason = f"{where} was still {part.state} at the provider when the {kind} ran out"
-        self._hold(part, followed, reason, kind)
+    def _run_out(self, kind: ErrorKind, spent: Callable[[Part], bool]) -> None:
+        """End the wait of each open part ``spent`` says has no time left."""
+        for part in list(self._followed.parts.values()):
+            if part.open and spent(part):
+                where = f"the batch {part.batch}" if part.batch else f"part {part.number}"
+                reason = f"{where} was still {part.state} at the provider when the {kind} ran out"
+                self._hold(part, reason, kind)
 
-    def _hold(
-        self, part: Part, followed: _Followed, reason: str, kind: ErrorKind = "batch_errored"
-    ) -> None:
+    def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
         """End this run's wait for ``part`` without its answers: each of its rows without a
         Result gets a ``kind`` one saying why, and the part stays open (``held`` once it has a
         batch), kept at the provider, so that a later run given its rows (``--retry-failed``)
         reads the same batch again and never submits them twice."""
-        done = followed.delivered.get(part.number, set())
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
-        self._give_failures(
-            {
-                index: _unsent(index, self._url, followed.ids.get(index), reason, kind=kind)
-                for index in followed.given(part) - done
-            }
-        )
+        self._fail_rest(part, reason, kind)
         if part.batch is not None:
             self._ledger.save(part.moved(HELD, self._unix_time()))
-        followed.parts.pop(part.number)
+        self._followed.parts.pop(part.number)
 
     def finish(self) -> None:
         """Once the Results are journaled (the controller calls this after the journal is
@@ -733,7 +805,7 @@ class BatchRun:
         for index in sorted(failures):
             self._give(failures[index], items.get(index))
 
-    def _result(self, answer: Answer, elapsed: float, followed: _Followed) -> Result:
+    def _result(self, answer: Answer, elapsed: float) -> Result:
         """A row's Result from its answer, made as a live attempt's is: one attempt (none
         for a row the batch never ran), its body decoded as a live answer's (``expect=`` a
         model gives models)."""
@@ -750,7 +822,7 @@ class BatchRun:
         return result_of(
             index=answer.index,
             url=self._url,
-            item_id=followed.ids.get(answer.index),
+            item_id=self._followed.ids.get(answer.index),
             verdict=verdict,
             error=verdict.error or None,
             data=verdict.data,
@@ -777,23 +849,6 @@ class BatchRun:
             left = self._plan.deadline - (self._clock() - self._started)
             wait = min(wait, max(left, 0.0))
         return wait
-
-
-def _answer(provider: BatchProvider, line: Any, nonce: str) -> Answer | None:
-    """The Answer of one results line (``Unread``: its row's ``invalid_body``), or None
-    when it names no row of the part with ``nonce``."""
-    if isinstance(line, Unread):
-        index = index_of(line.custom_id, nonce)
-        return (
-            None if index is None else Answer(index, False, None, None, "invalid_body", line.reason)
-        )
-    return provider.answer_of(line, nonce)
-
-
-def _names_a_row(line: Any) -> bool:
-    """Whether a results line that is none of the part's names a row of some other part (a
-    line that cannot be read or names nothing says nothing of whose batch it is)."""
-    return is_row_id(custom_id_of(line))
 
 
 def _file_name(part: Part) -> str:
@@ -858,8 +913,6 @@ class _Row:
     redirects: int = 0
 
 
-def _made_since(created: float | None, since: float, offset: float | None) -> bool:
-    """Whether a batch ``created`` (in the provider's clock, ``offset`` ahead of this one;
-    None: not known, so any may) may have been created since ``since`` (this clock's unix
-    seconds)."""
-    return offset is None or created is None or created >= since + offset
+def _spent(part: Part, now: float, budget: float) -> bool:
+    """Whether ``part``, submitted, has waited ``budget`` seconds or more by ``now``."""
+    return part.submitted is not None and now - part.submitted >= budget
