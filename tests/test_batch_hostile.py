@@ -12,6 +12,7 @@ another's batch."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import re
 import signal
@@ -268,31 +269,68 @@ def test_a_row_listed_twice_with_different_answers_is_a_conflict_not_a_pick(
     paid_once(server, key, provider)
 
 
-_TEMPORARY_FILE = tempfile.TemporaryFile
+def _large_and_listed_twice(line: bytes) -> bytes:
+    """Row 1's line made larger than 20 000 bytes, and listed twice as it is."""
+    if not str(json.loads(line)["custom_id"]).endswith("-1"):
+        return line
+    large = json.dumps({**json.loads(line), "padding": "x" * 40_000}).encode()
+    return large + b"\n" + large
+
+
+@pytest.mark.parametrize("provider", BOTH)
+def test_a_line_too_large_to_read_listed_twice_alike_keeps_the_batch(
+    server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
+) -> None:
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, 3)
+    hostile.rewrite("GET", DOWNLOAD, results_lines(_large_and_listed_twice))
+    done = run([*args, "--max-bytes", "20000"], tmp_path)
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    assert written[1]["error_kind"] == "invalid_body"
+    assert "larger than max_bytes" in written[1]["error"]
+    assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
+    again = run([*args, "--retry-failed", "--max-bytes", "200000"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 3)
+    paid_once(server, key, provider)
 
 
 class _FullDisk:
-    """A temporary file on a disk that is full for its first ``refusals`` writes."""
+    """A temporary file on a disk that is full for its first ``refusals`` flushes, as a
+    real one fails: writes are buffered, the flush (at ``seek`` too) raises, and closing
+    with what could not be flushed raises again."""
 
     refusals = 1
 
     def __init__(self) -> None:
-        self._file = _TEMPORARY_FILE()
+        self._file = io.BytesIO()
+        self._unflushed = False
 
     def __enter__(self) -> _FullDisk:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._file.close()
+        self.close()
 
     def write(self, data: bytes) -> int:
-        if _FullDisk.refusals > 0:
-            _FullDisk.refusals -= 1
-            raise OSError(errno.ENOSPC, "No space left on device")
+        self._unflushed = True
         return self._file.write(data)
 
+    def flush(self) -> None:
+        if self._unflushed and _FullDisk.refusals > 0:
+            _FullDisk.refusals -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._unflushed = False
+
     def seek(self, where: int) -> int:
+        self.flush()
         return self._file.seek(where)
+
+    def close(self) -> None:
+        if self._unflushed:
+            self._unflushed = False
+            raise OSError(errno.ENOSPC, "No space left on device")
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self._file)

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from batchsync import Batch
+from batchsync.batches.client import _Listing
 from batchsync.batches.protocol import custom_id, index_of
 from batchsync.batches.providers import PROVIDERS, endpoint_of
 from batchsync.store.submissions import (
@@ -247,3 +248,24 @@ def test_a_batch_at_the_provider_is_taken_for_a_part_only_when_it_was_made_of_it
     assert not PROVIDERS["anthropic"].belongs_to(
         {"request_counts": {**counts, "processing": 5}}, rows
     )
+
+
+def test_what_a_results_download_keeps_stays_within_the_rows_read() -> None:
+    """Each row's first line, and one line of another part's; nothing else, however many
+    lines a provider lists (what the download keeps on disk and in memory is bounded by the
+    rows read); a row listed again with another answer is a conflict, alike it is one."""
+    listing = _Listing("0123456789ab", {0, 1, 2})
+    ours = [custom_id(n, "0123456789ab") for n in range(4)]
+    others = [custom_id(n, "ba9876543210") for n in range(1000)]
+    assert listing.keeps(ours[0], b"first", False)
+    assert not listing.keeps(ours[0], b"first", False)  # (listed again alike)
+    assert listing.keeps(ours[1], b"first", False)
+    assert not listing.keeps(ours[1], b"another", False)
+    assert listing.keeps(ours[2], b"a line too large to compare", True)
+    assert not listing.keeps(ours[2], b"the same line, cut elsewhere", True)
+    assert not listing.keeps(ours[3], b"a row of the part this run does not read", False)
+    assert [listing.keeps(given, b"x", False) for given in others].count(True) == 1
+    assert not listing.keeps(None, b"no custom_id", False)
+    assert not listing.keeps("not-a-row-id", b"x", False)
+    assert listing.conflicts == {ours[1]}
+    assert len(listing.first) == 3

@@ -49,6 +49,7 @@ class Anthropic:
     identifies_rows = False  # (its list says how many rows a batch has, nothing of which)
     cursor = "after_id"
     failed_status: str | None = None  # (its batches do not fail as a whole)
+    row_key = "custom_id"
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")

@@ -10,14 +10,15 @@ so the API key goes nowhere else.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import re
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import closing
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
+from contextlib import closing, suppress
+from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -37,7 +38,7 @@ from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
 from ..store.submissions import well_formed
-from .protocol import Endpoint, Files
+from .protocol import Endpoint, Files, index_of, is_row_id
 from .providers import provider_of
 
 # Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
@@ -49,7 +50,6 @@ _DOWNLOAD_SECONDS = 3600.0
 _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
 _PREFIX = 4096
-_CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
 # Why a row the results list more than once, with different answers, takes none of them.
 _CONFLICT = (
     "the batch's results list this row more than once, with different answers: none is taken"
@@ -234,34 +234,50 @@ class Client:
         return None
 
     # --- collecting ----------------------------------------------------------------------------
-    def results(self, files: Files, batch: str, rows: int) -> Iterator[Any]:
-        """Every results line of an ended batch, parsed (``Unread`` for a line that is too
-        large or not JSON Python can read, named by the custom_id at its start), from each
-        place the provider keeps them. The whole download is kept (in a temporary file)
-        before any line is given, so that a row listed again with another answer is known
-        before either is taken: its first line is given as an ``Unread`` naming the conflict,
-        the others not at all (a line listed again as it was is one answer)."""
-        limit = self._calls.max_bytes
-        with tempfile.TemporaryFile() as spool:
-            answers: dict[str, bytes] = {}
-            conflicts: set[str] = set()
+    def results(
+        self, files: Files, batch: str, size: int, nonce: str, rows: Set[int]
+    ) -> Iterator[Any]:
+        """The results lines of an ended batch of ``size`` rows that name the ``rows`` of
+        the part with ``nonce`` this run reads, parsed
+        (``Unread`` for a line that is too large or not JSON Python can read, named by the
+        custom_id at its start), from each place the provider keeps them, and the first that
+        names a row of another part (a batch listing only others' rows is not the part's).
+        They are downloaded whole first, each row's first line kept in a temporary file, so
+        that a row listed again with another answer is known before any is taken: it is
+        given as an ``Unread`` naming the conflict. A row listed again as it was is one
+        answer; a line larger than ``max_bytes`` cannot be compared and takes no part."""
+        spool, listing = self._kept_results(files, batch, size, _Listing(nonce, rows))
+        with spool:
+            for stored in spool:
+                line = self._parsed(stored[2:-1], stored[:1] == b"1")
+                given = self.row_of(line)
+                yield Unread(given, _CONFLICT, again=False) if given in listing.conflicts else line
+
+    def _kept_results(
+        self, files: Files, batch: str, rows: int, listing: _Listing
+    ) -> tuple[IO[bytes], _Listing]:
+        """A temporary file of the lines ``listing`` keeps, read back from its start, and
+        what it found; a disk that cannot keep them (full, gone) is a ProviderRefused to try
+        later: the batch is kept, its answers read again."""
+        try:
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
+        except OSError as exc:
+            raise _unkept(exc) from None
+        try:
             for url in self._results_urls(files, batch):
                 for raw, oversized in self._lines(url, rows):
-                    given = custom_id_of(_parsed(raw, oversized, limit))
-                    digest = hashlib.blake2b(raw, digest_size=16).digest()
-                    if given is not None and answers.setdefault(given, digest) != digest:
-                        conflicts.add(given)
-                    _kept(spool, b"%d %s\n" % (oversized, raw))
+                    given = self.row_of(self._parsed(raw, oversized))
+                    if listing.keeps(given, raw, oversized):
+                        spool.write(b"%d %s\n" % (oversized, raw))
+            spool.flush()
             spool.seek(0)
-            told: set[str] = set()
-            for stored in spool:
-                line = _parsed(stored[2:-1], stored[:1] == b"1", limit)
-                given = custom_id_of(line)
-                if given is None or given not in conflicts:
-                    yield line
-                elif given not in told:
-                    told.add(given)
-                    yield Unread(given, _CONFLICT, again=False)
+        except BaseException as exc:
+            with suppress(OSError):  # (a flush that failed fails again as it closes)
+                spool.close()
+            if isinstance(exc, OSError):
+                raise _unkept(exc) from None
+            raise
+        return spool, listing
 
     def first_result(self, files: Files, batch: str, rows: int) -> Any:
         """The first results line of an ended batch (None when there is none), parsed as
@@ -269,8 +285,15 @@ class Client:
         for url in self._results_urls(files, batch):
             with closing(self._lines(url, rows)) as lines:
                 for raw, oversized in lines:
-                    return _parsed(raw, oversized, self._calls.max_bytes)
+                    return self._parsed(raw, oversized)
         return None
+
+    def row_of(self, line: Any) -> str | None:
+        """The custom_id a results line names (parsed or not), if any."""
+        return custom_id_of(line, self.provider.row_key)
+
+    def _parsed(self, line: bytes, oversized: bool) -> Any:
+        return _parsed(line, oversized, self._calls.max_bytes, self.provider.row_key)
 
     def _results_urls(self, files: Files, batch: str) -> Iterator[str]:
         """Each place the provider keeps a batch's results; one on another origin than the
@@ -486,17 +509,45 @@ class _Answer:
         self._transport.finish()
 
 
-def _kept(spool: IO[bytes], line: bytes) -> None:
-    """``line`` written to the results' temporary file; a disk that cannot take it (full, or
-    gone) is a ProviderRefused to try later: the batch is kept, its answers read again."""
-    try:
-        spool.write(line)
-    except OSError as exc:
-        raise ProviderRefused(
-            "could not keep the batch's results on this machine to read them "
-            f"({exc.strerror or exc})",
-            retryable=True,
-        ) from None
+def _unkept(exc: OSError) -> ProviderRefused:
+    return ProviderRefused(
+        f"could not keep the batch's results on this machine to read them ({exc.strerror or exc})",
+        retryable=True,
+    )
+
+
+@dataclass
+class _Listing:
+    """What a batch's results list, line by line: the digest of the first line of each of
+    the part's rows (None: too large to compare), the rows listed again with another answer,
+    and whether a row of another part was listed."""
+
+    nonce: str
+    rows: Set[int]
+    first: dict[str, bytes | None] = field(default_factory=dict)
+    conflicts: set[str] = field(default_factory=set)
+    other: bool = False
+
+    def keeps(self, given: str | None, raw: bytes, oversized: bool) -> bool:
+        """Whether a line named ``given`` is kept to be read: the first of each row read,
+        and the first naming another part's row; no other (what is kept stays within the
+        rows read, whatever else a provider lists)."""
+        index = index_of(given, self.nonce)
+        if index is None:
+            keep = not self.other and is_row_id(given)
+            self.other = self.other or keep
+            return keep
+        if index not in self.rows:
+            return False
+        assert given is not None
+        digest = None if oversized else hashlib.blake2b(raw, digest_size=16).digest()
+        if given not in self.first:
+            self.first[given] = digest
+            return True
+        earlier = self.first[given]
+        if None not in (earlier, digest) and earlier != digest:
+            self.conflicts.add(given)
+        return False
 
 
 @dataclass(frozen=True)
@@ -510,31 +561,32 @@ class Unread:
     again: bool = True
 
 
-def custom_id_of(line: Any) -> str | None:
-    """The custom_id a results line names (parsed or not), if any."""
+def custom_id_of(line: Any, key: str) -> str | None:
+    """The row a results line names by ``key`` (its custom_id; parsed or not), if any."""
     given = line.custom_id if isinstance(line, Unread) else None
     if isinstance(line, Mapping):
-        given = line.get("custom_id")
+        given = line.get(key)
     return given if isinstance(given, str) else None
 
 
-def _unread(start: bytes, reason: str) -> Unread:
+def _unread(start: bytes, reason: str, key: str) -> Unread:
     """A line that could not be read, named by the custom_id at its start (where the
     providers write it)."""
-    found = _CUSTOM_ID.search(start[:_PREFIX])
+    named = re.escape(json.dumps(key).encode()) + rb'\s*:\s*"([A-Za-z0-9_-]{1,64})"'
+    found = re.search(named, start[:_PREFIX])
     return Unread(found.group(1).decode() if found else None, reason)
 
 
-def _parsed(line: bytes, oversized: bool, limit: int) -> Any:
+def _parsed(line: bytes, oversized: bool, limit: int, key: str) -> Any:
     """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
     if oversized:
         return _unread(
-            line, f"its answer in the batch's results is larger than max_bytes ({limit})"
+            line, f"its answer in the batch's results is larger than max_bytes ({limit})", key
         )
     try:
         return decode_body(line, "json", None)
     except InvalidBody as exc:
-        return _unread(line, f"its line in the batch's results cannot be read: {exc}")
+        return _unread(line, f"its line in the batch's results cannot be read: {exc}", key)
 
 
 def _split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[tuple[bytes, bool]]:

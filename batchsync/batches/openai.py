@@ -42,6 +42,7 @@ class OpenAI:
     identifies_rows = True  # (a batch names the file it was made of)
     cursor = "after"
     failed_status: str | None = "failed"  # (the batch failed as a whole: none of it ran)
+    row_key = "custom_id"
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")

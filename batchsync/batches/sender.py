@@ -170,7 +170,7 @@ class _Reading:
         else:
             answer = provider.answer_of(line, self.nonce)
         if answer is None:
-            self.others += is_row_id(custom_id_of(line))
+            self.others += is_row_id(custom_id_of(line, provider.row_key))
             return None
         if answer.index not in self.rows or answer.index in self.done:
             return None
@@ -509,7 +509,7 @@ class BatchRun:
         """Whether an ended batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
         files = self._provider.files_of(batch)
-        given = custom_id_of(self._client.first_result(files, batch_id, part.size))
+        given = self._client.row_of(self._client.first_result(files, batch_id, part.size))
         return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
@@ -622,7 +622,10 @@ class BatchRun:
         elapsed = self._elapsed(part)
         files = self._provider.files_of(batch)
         try:
-            for line in self._client.results(files, str(part.batch), part.size):
+            lines = self._client.results(
+                files, str(part.batch), part.size, reading.nonce, reading.rows
+            )
+            for line in lines:
                 answer = reading.take(self._provider, line)
                 if answer is None:
                     continue
