@@ -571,7 +571,7 @@ def test_a_run_interrupted_while_its_journal_is_made_leaves_none_to_refuse(
 ) -> None:
     """Ctrl-C a few ms into a run, as its journal's tables were made: before, the file held
     tables and no input identity, and neither a resume nor --fresh would take it."""
-    import batchsync.store.journal as journal_module
+    import batchsync.store.journal.schema as journal_module
     from batchsync import CallBatch
 
     path = tmp_path / "j.sqlite3"
