@@ -116,13 +116,15 @@ MOMENT = number(most=LAST_MOMENT)
 EVER = number(-math.inf, math.inf)  # (any finite number)
 
 
-def shaped(*rules: Rule) -> Test:
-    """A mapping that breaks none of ``rules`` and has no key they do not name (a rule's
-    key is there unless its test takes ``MISSING``)."""
+def shaped(*rules: Rule, closed: bool = True) -> Test:
+    """A mapping that breaks none of ``rules`` (a rule's key is there unless its test takes
+    ``MISSING``); ``closed``: with no key they do not name."""
     keys = frozenset(rule.key for rule in rules)
 
     def test(value: Any, _: Facts) -> bool:
-        return isinstance(value, dict) and value.keys() <= keys and problem(rules, value) is None
+        if not isinstance(value, dict) or (closed and not value.keys() <= keys):
+            return False
+        return problem(rules, value) is None
 
     return test
 

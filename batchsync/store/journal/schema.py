@@ -319,36 +319,47 @@ _LATER_TABLES = ("submissions",)
 
 
 def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) -> str | None:
-    """What in ``tables`` (``tables_of``) is not the journal's layout, or None: a table
-    missing, a column missing, added or declared otherwise, a trigger (it would rewrite what
-    a run stores after the checks). Other tables are left alone: nothing reads them."""
+    """What in ``tables`` (``tables_of``) is not the journal's layout, or None: a trigger (it
+    would rewrite what a run stores after the checks), a table missing, a column missing,
+    added or declared otherwise. Other tables are left alone: nothing reads them."""
     if _TRIGGERS in tables:
         ours = [name for name, *_ in tables[_TRIGGERS] if name in LAYOUT]
         return f"its table {ours[0]} has a trigger" if ours else "it has a trigger"
     for name, columns in LAYOUT.items():
         found = tables.get(name)
         if found is None:
-            if (upgradable and name not in _V3_TABLES) or name in _LATER_TABLES:
-                continue
-            return f"it has no table {name}"
-        problem = _columns_problem(name, columns, found, upgradable=upgradable)
+            if not _may_lack(name, upgradable):
+                return f"it has no table {name}"
+            continue
+        problem = _columns_problem(name, _expected(name, columns, found, upgradable), found)
         if problem is not None:
             return problem
     return None
 
 
-def _columns_problem(
-    name: str, columns: Sequence[Column], found: Sequence[Column], *, upgradable: bool
-) -> str | None:
-    """``layout_problem`` of one table: each column of ``columns`` in ``found``, no other
-    (a results table of the version before lacks ``pass``)."""
-    expected = list(columns)
-    if upgradable and name == "results" and "pass" not in {column[0] for column in found}:
-        expected = [column for column in columns if column[0] != "pass"]
-    missing = [column for column in expected if column not in found]
-    if missing:
-        return f"its table {name} has no column {missing[0][0]} as batchsync makes it"
-    added = [column for column in found if column not in expected]
-    if added:
-        return f"its table {name} has a column {added[0][0]} batchsync does not make"
+def _may_lack(name: str, upgradable: bool) -> bool:
+    """Whether a journal may lack table ``name``: one of the version before lacks all but
+    its first ones (more, when a run was killed while upgrading it), and one made before a
+    table was added within this version lacks that table."""
+    return (upgradable and name not in _V3_TABLES) or name in _LATER_TABLES
+
+
+def _expected(
+    name: str, columns: Sequence[Column], found: Sequence[Column], upgradable: bool
+) -> list[Column]:
+    """The columns table ``name`` must have: a results table of the version before may
+    lack ``pass``."""
+    if upgradable and name == "results" and all(column[0] != "pass" for column in found):
+        return [column for column in columns if column[0] != "pass"]
+    return list(columns)
+
+
+def _columns_problem(name: str, expected: Sequence[Column], found: Sequence[Column]) -> str | None:
+    """``layout_problem`` of one table: each column ``expected`` in ``found``, no other."""
+    for column in expected:
+        if column not in found:
+            return f"its table {name} has no column {column[0]} as batchsync makes it"
+    for column in found:
+        if column not in expected:
+            return f"its table {name} has a column {column[0]} batchsync does not make"
     return None
