@@ -33,7 +33,8 @@ from batchsync.core.history import Pass
 from batchsync.core.records import dumps
 from batchsync.core.result import Result
 from batchsync.run.batch import Item
-from batchsync.store.journal import SCHEMA, Journal, JournalReader
+from batchsync.store.journal import Journal, JournalReader
+from batchsync.store.journal.schema import SCHEMA
 
 from .mockserver import MockServerProcess
 

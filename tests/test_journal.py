@@ -22,25 +22,25 @@ from batchsync.core.result import AttemptRecord, Result
 from batchsync.http.spec import RequestSpec
 from batchsync.run.batch import Item, identity_of
 from batchsync.store.journal import (
-    LAYOUT,
-    SCHEMA_VERSION,
     Journal,
     JournalMismatch,
     JournalReader,
     Requests,
-    layout_problem,
-    linger_for,
+    remove,
+    resumed,
+)
+from batchsync.store.journal.checks import (
     meta_problem,
     meta_shape_problem,
     mismatch,
     pass_problem,
     record_problem,
-    remove,
     result_problem,
-    resumed,
     run_problem,
     wait_problem,
 )
+from batchsync.store.journal.schema import LAYOUT, SCHEMA_VERSION, layout_problem
+from batchsync.store.journal.writer import linger_for
 
 from .fakeclock import FakeClock
 

@@ -47,7 +47,8 @@ from ..store.rules import (
 )
 from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .report import Entry, report_of, report_results
+from .report import report_of, report_results
+from .report_data import Entry
 
 if TYPE_CHECKING:
     import pandas

@@ -6,58 +6,11 @@ journal holds, for the run that goes on with it and for the outputs) and ``check
 row trusted before a run goes on with it: ``resumed``).
 """
 
-from .checks import (
-    Requests,
-    meta_problem,
-    meta_shape_problem,
-    mismatch,
-    pass_problem,
-    record_problem,
-    result_problem,
-    resumed,
-    run_problem,
-    wait_problem,
-)
+from .checks import Requests, resumed
 from .reader import JournalReader
-from .schema import (
-    LAYOUT,
-    SCHEMA,
-    SCHEMA_VERSION,
-    JournalFailed,
-    JournalInUse,
-    JournalMismatch,
-    JournalUnusable,
-    connect,
-    layout_problem,
-    remove,
-)
-from .writer import Encode, Journal, linger_for, lock_path, locked
+from .schema import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable, connect, remove
+from .writer import Encode, Journal, lock_path, locked
 
-__all__ = [
-    "LAYOUT",
-    "SCHEMA",
-    "SCHEMA_VERSION",
-    "Encode",
-    "Journal",
-    "JournalFailed",
-    "JournalInUse",
-    "JournalMismatch",
-    "JournalReader",
-    "JournalUnusable",
-    "Requests",
-    "connect",
-    "layout_problem",
-    "linger_for",
-    "lock_path",
-    "locked",
-    "meta_problem",
-    "meta_shape_problem",
-    "mismatch",
-    "pass_problem",
-    "record_problem",
-    "remove",
-    "result_problem",
-    "resumed",
-    "run_problem",
-    "wait_problem",
-]
+__all__ = ["Encode", "Journal", "JournalFailed", "JournalInUse", "JournalMismatch",
+           "JournalReader", "JournalUnusable", "Requests", "connect", "lock_path", "locked",
+           "remove", "resumed"]  # fmt: skip
