@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.history import Stint
-from ..core.result import Listing, Result, Summary
+from ..core.result import Listing, Summary
 from ..store.submissions import Part
-from .report_data import Aggregate, Entry, Submitted, collected, from_results, submitted
+from .report_data import Aggregate, Entry, Submitted, collected, submitted
 
 INSTALL_HINT = "pip install 'batchsync[report]'"
 # Runs of row indexes shown in a part's cell of the submissions table (the rest: "…").
@@ -418,22 +418,6 @@ def write_atomically(path: Path, text: str) -> Path:
     return path
 
 
-def report_results(
-    results: Sequence[Result],
-    summary: Summary,
-    path: str | Path,
-    *,
-    charts: bool = True,
-    timeline: Mapping[tuple[str, int], float] | None = None,
-    stints: Sequence[Stint] = (),
-    submissions: Sequence[Part] = (),
-) -> Path:
-    """Write the report of Results in memory (``ResultSet.report``)."""
-    counted, details = from_results(results, timeline)
-    page = render(summary, counted, details, charts=charts, stints=stints, submissions=submissions)
-    return write_atomically(Path(path), page)
-
-
 def report_of(
     entries: Iterable[Entry],
     span: tuple[float, float] | None,
@@ -447,7 +431,8 @@ def report_of(
     submissions: Sequence[Part] = (),
 ) -> Path:
     """Write the report of a stream of items within ``span`` (the command line's
-    PREFIX-report.html, from ``resultset.StoredResults``); ``timeline``: the run's gate
+    PREFIX-report.html, from ``resultset.StoredResults``; a ``ResultSet``'s, from its Results
+    in memory); ``timeline``: the run's gate
     waits (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the
     parts it sent through a batch endpoint."""
     counted, details = collected(entries, span, timeline)

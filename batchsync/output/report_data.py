@@ -256,14 +256,20 @@ def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
     return {index: listing for index, listing in kept.items() if index in wanted}
 
 
+def entries_of(
+    results: Sequence[Result],
+) -> tuple[Iterable[Entry], tuple[float, float] | None]:
+    """Results in memory as the report reads them, and the span of their times."""
+    traces = [Trace.of(result) for result in results]
+    return zip(traces, map(Listing.of, results), strict=True), span_of(traces)
+
+
 def from_results(
     results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
 ) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
     """The aggregate of Results in memory (and of the gates' waits, when given), and how to
     list some of them by index."""
-    traces = [Trace.of(result) for result in results]
-    entries = zip(traces, map(Listing.of, results), strict=True)
-    return collected(entries, span_of(traces), timeline)
+    return collected(*entries_of(results), timeline)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from ..store.rules import (
 )
 from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .report import report_of, report_results
-from .report_data import Entry
+from .report import report_of
+from .report_data import Entry, entries_of
 
 if TYPE_CHECKING:
     import pandas
@@ -172,8 +172,8 @@ class ResultSet(Sequence[Result]):
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the batch's report to ``path``: one self-contained HTML file (charts need
         the ``report`` extra, plotly; without it, tables). Returns the path."""
-        return report_results(
-            self._results,
+        return report_of(
+            *entries_of(self._results),
             self.summary(),
             path,
             charts=charts,

@@ -109,22 +109,12 @@ class JournalReader:
             "SELECT pass, retry, started, elapsed, items, requests, waits, circuits FROM runs "
             "LEFT JOIN passes ON passes.number = runs.pass ORDER BY started"
         )
-        stints = []
-        for number, retry, started, elapsed, items, requests, waits, circuits in self._db.execute(
-            query
-        ):
-            kinds = None if retry is None else frozenset(json.loads(retry))
-            stint = Stint(
-                Pass(int(number), kinds),
-                started,
-                elapsed,
-                items,
-                requests,
-                json.loads(waits),
-                circuits,
-            )
-            stints.append(stint)
-        return stints
+        return [
+            Stint(Pass(int(number), None if retry is None else frozenset(json.loads(retry))),
+                  started, elapsed, items, requests, json.loads(waits), circuits)
+            for number, retry, started, elapsed, items, requests, waits, circuits
+            in self._db.execute(query)
+        ]  # fmt: skip
 
     def timeline(self) -> dict[tuple[str, int], float]:
         """Seconds waited at each gate by (gate, unix second), over every process."""
