@@ -27,13 +27,14 @@ from typing import Any
 
 import pytest
 
-import batchsync.store.journal as journal_module
+import batchsync.store.journal.writer as journal_module
 from batchsync import Batch
 from batchsync.core.history import Pass
 from batchsync.core.records import dumps
 from batchsync.core.result import Result
 from batchsync.run.batch import Item
 from batchsync.store.journal import Journal, JournalReader
+from batchsync.store.journal.schema import SCHEMA
 
 from .mockserver import MockServerProcess
 
@@ -415,7 +416,7 @@ def older_journal(path: Path, urls: bytes) -> None:
     """A journal as batchsync wrote it before the schema row: same identity as ``urls``."""
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(journal_module.SCHEMA)
+    db.executescript(SCHEMA)
     identity = {"entries": str(len(urls.splitlines())), "sha256": hashlib.sha256(urls).hexdigest()}
     db.executemany("INSERT INTO meta VALUES (?, ?)", identity.items())
     db.commit()

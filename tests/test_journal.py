@@ -22,25 +22,25 @@ from batchsync.core.result import AttemptRecord, Result
 from batchsync.http.spec import RequestSpec
 from batchsync.run.batch import Item, identity_of
 from batchsync.store.journal import (
-    LAYOUT,
-    SCHEMA_VERSION,
     Journal,
     JournalMismatch,
     JournalReader,
     Requests,
-    layout_problem,
-    linger_for,
+    remove,
+    resumed,
+)
+from batchsync.store.journal.checks import (
     meta_problem,
     meta_shape_problem,
     mismatch,
     pass_problem,
     record_problem,
-    remove,
     result_problem,
-    resumed,
     run_problem,
     wait_problem,
 )
+from batchsync.store.journal.schema import LAYOUT, SCHEMA_VERSION, layout_problem
+from batchsync.store.journal.writer import linger_for
 
 from .fakeclock import FakeClock
 
@@ -571,7 +571,7 @@ def test_a_run_interrupted_while_its_journal_is_made_leaves_none_to_refuse(
 ) -> None:
     """Ctrl-C a few ms into a run, as its journal's tables were made: before, the file held
     tables and no input identity, and neither a resume nor --fresh would take it."""
-    import batchsync.store.journal as journal_module
+    import batchsync.store.journal.schema as journal_module
     from batchsync import CallBatch
 
     path = tmp_path / "j.sqlite3"

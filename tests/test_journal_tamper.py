@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-import batchsync.store.journal as journal_module
+import batchsync.store.journal.schema as journal_module
 from batchsync import Batch
 from batchsync.store.journal import JournalUnusable
 

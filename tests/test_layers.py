@@ -183,7 +183,10 @@ def layer_table() -> str:
         said = "every other folder" if folder == "cli" else ", ".join(
             f"`{name}/`" for name in order if name in allowed
         ) or "nothing else"  # fmt: skip
-        names = sorted(p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__")
+        names = sorted(
+            [p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__"]
+            + [p.parent.name for p in (PACKAGE / folder).glob("*/__init__.py")]
+        )
         rows.append(f"| `{folder}/` | {said} | {', '.join(f'`{n}`' for n in names)} |")
     return "\n".join(rows) + "\n"
 

@@ -15,8 +15,8 @@ import pytest
 
 from batchsync.core.result import AttemptRecord, Result, Trace
 from batchsync.limits.gates import WaitStats
-from batchsync.output import report
-from batchsync.output.report import (
+from batchsync.output import report, report_data
+from batchsync.output.report_data import (
     Aggregate,
     bucket_width,
     charted_as,
@@ -51,14 +51,14 @@ def test_bucket_widths_are_round_and_bounded() -> None:
     assert bucket_width(86_400.0) == 1000.0
     assert bucket_width(0.0) == 0.001
     for span in (0.5, 7.0, 123.0, 99_999.0):
-        assert span / bucket_width(span) <= report.MAX_BUCKETS
+        assert span / bucket_width(span) <= report_data.MAX_BUCKETS
 
 
 def test_latency_percentiles_from_the_histogram_are_within_ten_percent() -> None:
     values = [0.001 * (1.03**n) for n in range(300)]
     counts: dict[int, int] = {}
     for value in values:
-        counts[report.latency_bin(value)] = counts.get(report.latency_bin(value), 0) + 1
+        counts[report_data.latency_bin(value)] = counts.get(report_data.latency_bin(value), 0) + 1
     ordered = sorted(values)
     for share in (0.5, 0.95, 0.99):
         exact = ordered[max(0, -(-int(share * 300 * 1000) // 1000) - 1)]
@@ -113,12 +113,12 @@ def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:
 
 def test_the_tables_keep_only_the_slowest_and_the_first_failures() -> None:
     tally = Aggregate(0.0, 1.0)
-    for index in range(report.FAILED_SHOWN + 50):
+    for index in range(report_data.FAILED_SHOWN + 50):
         tally.add(Trace(index, False, "status", 404, 1, index / 1000, 0.5))
-    assert len(tally.slowest) == report.SLOWEST
-    assert tally.slowest_indexes()[0] == report.FAILED_SHOWN + 49
-    assert tally.failed == list(range(report.FAILED_SHOWN))
-    assert tally.failed_total == report.FAILED_SHOWN + 50
+    assert len(tally.slowest) == report_data.SLOWEST
+    assert tally.slowest_indexes()[0] == report_data.FAILED_SHOWN + 49
+    assert tally.failed == list(range(report_data.FAILED_SHOWN))
+    assert tally.failed_total == report_data.FAILED_SHOWN + 50
 
 
 def results() -> ResultSet:
@@ -219,12 +219,12 @@ def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
     reader = JournalReader(path)
     try:
         stored = StoredResults(reader, path)
-        tally, details = report.collected(stored.entries(), stored.span)
+        tally, details = report_data.collected(stored.entries(), stored.span)
         listed = details([1, 0])
         summary = stored.summary
     finally:
         reader.close()
-    memory, _ = report.from_results(list(rs))
+    memory, _ = report_data.from_results(list(rs))
     assert tally.attempts == memory.attempts and tally.backoff == memory.backoff
     assert [item.url for item in listed] == [rs[1].url, rs[0].url]
     assert summary.total == 3

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from ..core.history import Stint, totals
-from ..core.kinds import KINDS
 from ..core.result import (
     Counted,
     Listing,
@@ -32,9 +31,24 @@ from ..core.result import (
     summarize,
 )
 from ..store.journal import JournalMismatch, JournalReader
+from ..store.rules import (
+    EVER,
+    Rule,
+    boolean,
+    count,
+    each,
+    kind,
+    number,
+    optional,
+    present,
+    problem,
+    shaped,
+    text,
+)
 from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .report import Entry, report_of, report_results
+from .report import report_of
+from .report_data import Entry, entries_of
 
 if TYPE_CHECKING:
     import pandas
@@ -158,8 +172,8 @@ class ResultSet(Sequence[Result]):
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the batch's report to ``path``: one self-contained HTML file (charts need
         the ``report`` extra, plotly; without it, tables). Returns the path."""
-        return report_results(
-            self._results,
+        return report_of(
+            *entries_of(self._results),
             self.summary(),
             path,
             charts=charts,
@@ -398,33 +412,31 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+# An attempt log's entry as every output reads it.
+_LOGGED = shaped(
+    Rule("status_code", present, ""),
+    Rule("error_kind", present, ""),
+    Rule("elapsed", EVER, ""),
+    Rule("wait", optional(number(0.0, math.inf)), ""),
+    closed=False,
+)
+# A record of item ``item``: the fields every output reads, of their types and ranges.
+_RECORD = (
+    Rule("index", lambda index, facts: index == facts["item"], "is not that item's"),
+    Rule("ok", boolean, "has no outcome it can have"),
+    Rule("error_kind", optional(kind), "has no outcome it can have"),
+    Rule("status_code", optional(count()), "has no status code it can have"),
+    Rule("attempts", count(), "has no attempts or time it can have"),
+    Rule("elapsed", number(0.0, math.inf), "has no attempts or time it can have"),
+    Rule("attempt_log", each(_LOGGED), "has an attempt log that is not its attempts'"),
+    Rule("url", optional(text), "has a url that is no text"),
+    Rule("error", optional(text), "has a error that is no text"),
+)
 
 
 def _not_a_record(index: int, fields: Any) -> str | None:
-    """What makes ``fields`` no record of the Result of item ``index`` (None: nothing): the
-    fields every output reads, of their types and ranges."""
-    if not isinstance(fields, dict) or fields.get("index") != index:
+    """What makes ``fields`` no record of the Result of item ``index`` (``_RECORD``), or
+    None."""
+    if not isinstance(fields, dict):
         return "is not that item's"
-    ok, kind, status = fields["ok"], fields["error_kind"], fields["status_code"]
-    if not isinstance(ok, bool) or not (kind is None or kind in KINDS):
-        return "has no outcome it can have"
-    if not (status is None or _count(status)):
-        return "has no status code it can have"
-    if not (
-        _count(fields["attempts"]) and _is_number(fields["elapsed"]) and fields["elapsed"] >= 0
-    ):
-        return "has no attempts or time it can have"
-    log = fields["attempt_log"]
-    if not isinstance(log, list):
-        return "has an attempt log that is not its attempts'"
-    for entry in log:
-        wait, elapsed = entry["wait"], entry["elapsed"]
-        fine = wait is None or (_is_number(wait) and wait >= 0)
-        if not (fine and _is_number(elapsed) and {"status_code", "error_kind"} <= entry.keys()):
-            return "has an attempt log that is not its attempts'"
-    for name in ("url", "error"):
-        if not (fields[name] is None or isinstance(fields[name], str)):
-            return f"has a {name} that is no text"
-    return None
+    return problem(_RECORD, {**fields, "item": index})

@@ -1,5 +1,5 @@
-"""What outlives a run: the ``journal`` (SQLite, one row per finished item) and ``resume``
-(what a journal leaves, and how each item goes on from it).
+"""What outlives a run: the ``journal`` (SQLite, one row per finished item), ``submissions``
+(a batch endpoint's parts), ``resume`` (how each item goes on) and ``rules`` (their checks).
 
 May import: core, http.
 """

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .rules import MOMENT, Facts, Rule, Test, count, json_of, json_value, optional, problem
+
 # A provider's name, as ``batches.providers`` registers it.
 Provider = str
 
@@ -265,67 +267,113 @@ def part_of(row: Sequence[Any]) -> Part:
 
 
 # --- what a row must hold before a run trusts it ---------------------------------------------
+def _runs(runs: Any, facts: Facts) -> bool:
+    """Runs (first, last) of the input's indexes, in order, apart, none empty."""
+    if not isinstance(runs, list) or not runs:
+        return False
+    previous = -2
+    for run in runs:
+        if not (
+            isinstance(run, list) and len(run) == 2 and all(count()(end, facts) for end in run)
+        ):
+            return False
+        first, last = run
+        if not (previous + 1 < first <= last < facts["size"]):
+            return False
+        previous = last
+    return True
+
+
+def _state(state: Any, facts: Facts) -> bool:
+    return isinstance(state, str) and state in (*OURS, *facts["shape"].statuses)
+
+
+def _history(entries: Any, facts: Facts) -> bool:
+    return isinstance(entries, list) and all(
+        isinstance(entry, list) and len(entry) == 2 and MOMENT(entry[0], facts)
+        and _state(entry[1], facts)
+        for entry in entries
+    )  # fmt: skip
+
+
+def _id_of(kind: str) -> Test:
+    """None, or an id of ``kind`` as the part's provider gives them."""
+    return lambda value, facts: (
+        value is None or well_formed(facts["provider"], kind, value) is not None
+    )
+
+
+def _tag(tag: Any, facts: Facts) -> bool:
+    return (
+        isinstance(tag, str)
+        and bool(_TAG.fullmatch(tag))
+        and tag.split("-")[2] == str(facts["part"])
+    )
+
+
+def _last_state(state: Any, facts: Facts) -> bool:
+    entries = json_value(facts["history"])
+    return not entries or entries[-1][1] == state
+
+
+def _made(facts: Facts) -> bool:
+    """Whether the provider made the part's batch and said so."""
+    return facts["state"] in (*facts["shape"].statuses, HELD)
+
+
+def _uploaded(facts: Facts) -> bool:
+    return _made(facts) or facts["state"] in (UPLOADED, SUBMITTING)
+
+
+_UNSENT = (PLANNED, UPLOADED, SUBMITTING, WAITING, DROPPED)
+_TOKENS = count(most=MOST_TOKENS - 1)
+# A ``submissions`` row of a journal of ``size`` items whose passes are ``passes``, its
+# provider's ``shape``: each value, then what its state says it must hold (a batch id once the
+# provider made one, files as they came).
+_SUBMISSION = (
+    Rule("part", count(1, "size"), "part is not a number from 1 to the items' count"),
+    Rule("pass", lambda number, facts: number in facts["passes"],
+         "pass is not a pass of the journal"),
+    Rule("provider", lambda _, facts: facts["shape"] is not None,
+         "provider is not one batchsync submits to"),
+    Rule("rows", json_of(_runs), "rows are not runs of the input's indexes"),
+    Rule("state", _state, "state is not one of a part"),
+    Rule("input_file", _id_of("file"), "an id is not a file id as {provider} gives them"),
+    Rule("batch", _id_of("batch"), "an id is not a batch id as {provider} gives them"),
+    Rule("output_file", _id_of("file"), "an id is not a file id as {provider} gives them"),
+    Rule("error_file", _id_of("file"), "an id is not a file id as {provider} gives them"),
+    Rule("submitted", optional(MOMENT), "a time is not a time"),
+    Rule("updated", MOMENT, "a time is not a time"),
+    Rule("history", json_of(_history), "history is not a list of (time, state)"),
+    Rule("input_tokens", _TOKENS, "tokens are not counts"),
+    Rule("output_tokens", _TOKENS, "tokens are not counts"),
+    Rule("tag", _tag, "tag is not the part's own as batchsync makes them"),
+    Rule("state", _last_state, "state is not the last of its history"),
+    Rule("batch", lambda batch, facts: batch is not None or not _made(facts),
+         "batch is missing for a part the provider has"),
+    Rule("batch", lambda batch, facts: batch is None or facts["state"] not in _UNSENT,
+         "batch is set for a part the provider has not"),
+    Rule("input_file", lambda file, facts: file is not None or not (
+        _uploaded(facts) and facts["shape"].uploads), "input_file is missing for a part uploaded"),
+    Rule("input_file", lambda file, facts: file is None or (
+        facts["shape"].uploads and facts["state"] != PLANNED),
+         "input_file is set for a part with no upload"),
+    Rule("output_file", lambda file, facts: file is None or facts["state"] in (COLLECTED, CLEANED),
+         "output_file or error_file is set for a part not collected"),
+    Rule("error_file", lambda file, facts: file is None or facts["state"] in (COLLECTED, CLEANED),
+         "output_file or error_file is set for a part not collected"),
+    Rule("submitted", lambda when, facts: when is not None or not (
+        _made(facts) or facts["state"] == SUBMITTING), "submitted is missing for a part sent"),
+)  # fmt: skip
+_COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
+
+
 def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str | None:
     """What makes a ``submissions`` row (its columns in the schema's order) untrustworthy for
-    a journal of ``size`` items whose passes are ``passes``, or None: each value, then what
-    its state says it must hold (a batch id once the provider made one, files as they came)."""
-    number, passing, provider, rows, state = row[:5]
-    submitted, _, history, input_tokens, output_tokens, tag = row[9:15]
-    if not (_count(number, 1) and number <= size):
-        return "part is not a number from 1 to the items' count"
-    if passing not in passes:
-        return "pass is not a pass of the journal"
-    shape = SHAPES.get(provider)
-    if shape is None:
-        return "provider is not one batchsync submits to"
-    if not _runs(_json(rows), size):
-        return "rows are not runs of the input's indexes"
-    if not (isinstance(state, str) and state in (*OURS, *shape.statuses)):
-        return "state is not one of a part"
-    problem = _values_problem(row)
-    if problem is not None:
-        return problem
-    entries = _json(history)
-    if not isinstance(entries, list) or not all(_history_entry(e, shape) for e in entries):
-        return "history is not a list of (time, state)"
-    if not (_tokens(input_tokens) and _tokens(output_tokens)):
-        return "tokens are not counts"
-    if not (isinstance(tag, str) and _TAG.fullmatch(tag) and tag.split("-")[2] == str(number)):
-        return "tag is not the part's own as batchsync makes them"
-    if entries and entries[-1][1] != state:
-        return "state is not the last of its history"
-    return _state_problem(shape, state, row[5:9], submitted)
-
-
-def _values_problem(row: Sequence[Any]) -> str | None:
-    provider, ids, (submitted, updated) = row[2], row[5:9], row[9:11]
-    for value, kind in zip(ids, ("file", "batch", "file", "file"), strict=True):
-        if value is not None and well_formed(provider, kind, value) is None:
-            return f"an id is not a {kind} id as {provider} gives them"
-    if not (submitted is None or _moment(submitted)) or not _moment(updated):
-        return "a time is not a time"
-    return None
-
-
-def _state_problem(shape: Shape, state: str, ids: Sequence[Any], submitted: object) -> str | None:
-    """What a part in ``state`` lacks or holds that it cannot (``ids``: its input file,
-    batch, output and error files)."""
-    input_file, batch, output_file, error_file = ids
-    made = state in (*shape.statuses, HELD)  # (the provider made its batch and said so)
-    ended = state in (COLLECTED, CLEANED)
-    if made and batch is None:
-        return "batch is missing for a part the provider has"
-    if state in (PLANNED, UPLOADED, SUBMITTING, WAITING, DROPPED) and batch is not None:
-        return "batch is set for a part the provider has not"
-    if (made or state in (UPLOADED, SUBMITTING)) and shape.uploads and input_file is None:
-        return "input_file is missing for a part uploaded"
-    if (not shape.uploads or state == PLANNED) and input_file is not None:
-        return "input_file is set for a part with no upload"
-    if not ended and (output_file is not None or error_file is not None):
-        return "output_file or error_file is set for a part not collected"
-    if (made or state == SUBMITTING) and submitted is None:
-        return "submitted is missing for a part sent"
-    return None
+    a journal of ``size`` items whose passes are ``passes`` (``_SUBMISSION``), or None."""
+    facts = dict(zip(_COLUMNS, row, strict=True))
+    shape = SHAPES.get(facts["provider"])
+    return problem(_SUBMISSION, facts | {"size": size, "passes": passes, "shape": shape})
 
 
 def overlap_problem(parts: Iterable[Part]) -> str | None:
@@ -343,45 +391,3 @@ def overlap_problem(parts: Iterable[Part]) -> str | None:
                 return f"submissions row {part.number}: rows are in another part of its pass"
             taken.add((part.passing, index))
     return None
-
-
-def _count(value: object, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _moment(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
-
-
-def _json(text: object) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _runs(runs: Any, size: int) -> bool:
-    if not isinstance(runs, list) or not runs:
-        return False
-    previous = -2
-    for run in runs:
-        if not (isinstance(run, list) and len(run) == 2 and all(_count(end) for end in run)):
-            return False
-        first, last = run
-        if not (previous + 1 < first <= last < size):
-            return False
-        previous = last
-    return True
-
-
-def _history_entry(entry: Any, shape: Shape) -> bool:
-    return (
-        isinstance(entry, list)
-        and len(entry) == 2
-        and _moment(entry[0])
-        and entry[1] in (*OURS, *shape.statuses)
-    )
-
-
-def _tokens(value: object) -> bool:
-    return _count(value) and value < MOST_TOKENS  # type: ignore[operator]
