@@ -278,7 +278,7 @@ def _fields(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.expr]:
     keeps its place and takes the new annotation."""
     node = classes[name]
     fields: dict[str, ast.expr] = {}
-    for base in node.bases:
+    for base in reversed(node.bases):  # (pydantic takes the last base's fields first)
         if isinstance(base, ast.Name) and base.id in classes:
             fields |= _fields(classes, base.id)
     for statement in node.body:

@@ -73,7 +73,6 @@ class Plan:
     budget: float | None = None
     keep_files: bool = False
     cancel: bool = False
-    max_line: int = 32 * 2**20
     expect: object = "json"
 
     @property

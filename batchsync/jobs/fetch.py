@@ -39,7 +39,7 @@ from ..http.transport import Transport
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
 from ..limits.tokens import usage_tokens
-from .options import FetchOptions
+from .options import FetchOptions, Pages
 from .pages import Pager
 
 # Responses that carry no body to decode, whatever ``expect`` says.
@@ -68,7 +68,9 @@ class HttpJob:
         self._transport = transport
         self._guard = transport.guard
         self._secrets = options.secrets() if secrets is None else secrets
-        self._pager, self._reads_link = _paging_of(options, self._secrets, self._guard)
+        self._pager, self._reads_link = _paging_of(
+            options, options.max_bytes, self._secrets, self._guard
+        )
         self._auth: RunAuth | None = None
         if options.auth is not None:
             self._auth = RunAuth(options.auth, self._secrets)
@@ -488,14 +490,14 @@ def _hedger_for(options: FetchOptions, gates: Gates | None) -> Hedger | None:
 
 
 def _paging_of(
-    options: FetchOptions, secrets: Secrets, guard: Guard | None
+    pages: Pages, max_bytes: int, secrets: Secrets, guard: Guard | None
 ) -> tuple[Pager | None, bool]:
     """The items' Pager (None: they are not paged), and whether an answer's Link header is
     read (only the link style reads it)."""
-    paging = options.paging()
+    paging = pages.paging()
     if paging is None:
         return None, False
-    pager = Pager(paging, max_bytes=options.max_bytes, secrets=secrets, guard=guard)
+    pager = Pager(paging, max_bytes=max_bytes, secrets=secrets, guard=guard)
     return pager, paging.style == "link"
 
 

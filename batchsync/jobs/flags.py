@@ -57,18 +57,14 @@ class Takes:
 
 
 @dataclass(frozen=True)
-class InBatches:
-    """Marks an option a run through a provider's batch endpoint honours (its rows' decoding
-    and Results, its control calls' transport and retry policy, the wait's deadline and
-    budget, the batch options; ``only``: one that only such a run takes). Any other option
-    given to such a run is refused, never ignored: a rate, a concurrency, a fallback cannot
-    apply where the provider runs the rows as it will."""
-
-    only: bool = False
+class Honoured:
+    """Marks an option, outside the families a batch run takes whole, that a run through a
+    provider's batch endpoint honours; any other option given to such a run is refused,
+    never ignored: a rate, a concurrency, a fallback cannot apply where the provider runs
+    the rows as it will."""
 
 
-HONOURED = InBatches()
-BATCHES_ONLY = InBatches(only=True)
+HONOURED = Honoured()
 
 
 def _header_name(name: str) -> bool:

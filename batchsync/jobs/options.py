@@ -34,12 +34,11 @@ from ..limits.cooldown import CooldownScope
 from ..limits.rates import Window, parse_rate
 from ..limits.tokenrate import TokenRate
 from .flags import (
-    BATCHES_ONLY,
     BREAKER_DEFAULT,
     HONOURED,
     MAX_SETTING_SECONDS,
     Flag,
-    InBatches,
+    Honoured,
     Takes,
     breaker_text,
     header_lines,
@@ -265,35 +264,34 @@ class CallOptions(FlowOptions):
     retry_if: Callable[[BaseException], bool] | None = None
 
 
-class FetchOptions(FlowOptions):
-    """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
+class _Family(BaseModel):
+    """A family of options: declared together, taken together by what reads them (a
+    consumer typed to take the family sees only its fields, whether it is given the family
+    or the whole options, which are made of their families)."""
 
-    timeout: Annotated[
-        Seconds,
-        Flag(
-            "--timeout",
-            metavar="SECONDS",
-            help="Wall-clock bound of one attempt, body included.",
-        ),
-        HONOURED,
-    ] = 10.0
-    per_host: Annotated[
-        int | None,
-        Flag(
-            "--per-host",
-            metavar="N",
-            help="At most N attempts in flight to one host.  [default: none]",
-        ),
-    ] = Field(default=None, ge=1)
-    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
-    dedup: Annotated[
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
+    )
+
+
+class Connection(_Family):
+    """How the run's one way out connects: the session, cookies, TLS and the guard (the
+    transport's family)."""
+
+    session: Annotated[Any, Takes(SessionSource | None)] = None
+    # Keep the cookies responses set during the run (each sent back to its origin only).
+    cookies: Annotated[
         bool,
         Flag(
-            "--dedup/--no-dedup",
-            help="Send identical GET/HEAD requests that are in flight together once (by "
-            "default N items are N requests).",
+            "--cookies/--no-cookies",
+            help="Keep the cookies responses set, each sent back only to the origin (scheme, "
+            "host, port) that set it.",
         ),
-    ] = False
+    ] = True
+    # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
+    # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
+    verify: Verify | None = None
+    cert: Cert | None = None
     deny_private: Annotated[
         bool,
         Flag(
@@ -302,18 +300,34 @@ class FetchOptions(FlowOptions):
             "addresses (checked after DNS, on every redirect and on each connection), for URL "
             "lists from elsewhere.",
         ),
-        HONOURED,
     ] = False
-    # Hold a host whose rate-limit headers say its quota is spent, until the reset.
-    quota_headers: Annotated[
-        bool,
-        Flag(
-            "--quota-headers/--no-quota-headers",
-            help="When a host's rate-limit headers (X-RateLimit-Remaining/-Reset, RateLimit-*, "
-            "the IETF RateLimit field) say its quota is spent, hold its new attempts until the "
-            "reset; a 403 saying so is retried after it.",
-        ),
-    ] = True
+
+    @field_validator("verify")
+    @classmethod
+    def _ca_exists(cls, value: bool | str | None) -> bool | str | None:
+        if isinstance(value, str) and not Path(value).exists():
+            raise ValueError(f"no CA bundle or directory at {value}")
+        return value
+
+    @field_validator("cert")
+    @classmethod
+    def _cert_files_exist(cls, value: str | tuple[str, str] | None) -> object:
+        for path in (value,) if isinstance(value, str) else value or ():
+            if not Path(path).is_file():
+                raise ValueError(f"no certificate or key file at {path}")
+        return value
+
+    @field_validator("session")
+    @classmethod
+    def _session_or_factory(cls, value: object) -> object:
+        if value is None or isinstance(value, requests.Session) or callable(value):
+            return value
+        raise ValueError("must be a requests.Session or a zero-argument factory of one")
+
+
+class Pages(_Family):
+    """How each item's pages are followed (the pager's family)."""
+
     # Follow each item's pages (see ``paginate.paging``): link, json:PATH, page:PARAM or
     # offset:PARAM,STEP; a cursor found at json:PATH is sent as ``cursor_param``. The item's
     # data is the list of its pages' bodies or, with ``page_items`` (a JMESPath), one flat
@@ -357,6 +371,125 @@ class FetchOptions(FlowOptions):
             "JMESPath in each page (e.g. data.items), instead of the list of whole pages.",
         ),
     ] = None
+
+    def paging_identity(self) -> dict[str, str]:
+        """What a journal records of the pagination (none when there is none): a resumed run
+        must read the pages it goes on with as the pages before were read."""
+        if self.paginate is None:
+            return {}
+        return {"paging": f"{self.paginate} cursor={self.cursor_param} items={self.page_items}"}
+
+    def paging(self) -> Paging | None:
+        """How items are paginated; None when they are not."""
+        if self.paginate is None:
+            return None
+        return paging(
+            self.paginate,
+            cursor_param=self.cursor_param,
+            records=self.page_items,
+            max_pages=self.max_pages,
+        )
+
+
+class BatchApi(_Family):
+    """How rows go through a provider's batch endpoint (the batch lane's family)."""
+
+    # Send the rows through the provider's batch endpoint instead of one call each (see
+    # batchsync/batches): the provider named (one of those batches/providers.py registers:
+    # "openai", "anthropic"), or "auto" (the one the URL's path names).
+    batch_api: Annotated[
+        str | None,
+        Flag(
+            "--batch-api",
+            metavar="[=openai|anthropic]",
+            help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions "
+            "or /v1/responses; Anthropic's /v1/messages) and --row-as-body or --body-template: "
+            "send the rows through the provider's batch endpoint (OpenAI's Batch API, "
+            "Anthropic's Message Batches: half the price, results within 24 hours) instead of "
+            "one call each. The rows are split at the provider's caps, each part journaled as "
+            "it is uploaded, submitted and polled; Ctrl-C leaves the batches running, and "
+            "--resume polls them again, never submitting a part twice. Given alone, the "
+            "provider is the one the URL's path names; =openai or =anthropic for a compatible "
+            "server. The results are written in input order, one per row, as a live run's.",
+        ),
+    ] = None
+    poll: Annotated[
+        Seconds | None,
+        Flag(
+            "--poll",
+            metavar="SECONDS",
+            help="With --batch-api: poll each batch every SECONDS.  [default: from 5 s, "
+            "growing by half each time to 60 s]",
+        ),
+    ] = None
+    batch_rows: Annotated[
+        int | None,
+        Flag(
+            "--batch-rows",
+            metavar="N",
+            help="With --batch-api: at most N rows a submission.  [default: the provider's cap, "
+            "OpenAI 50000, Anthropic 100000]",
+        ),
+    ] = Field(default=None, ge=1)
+    batch_bytes: Annotated[
+        int | None,
+        Flag(
+            "--batch-bytes",
+            metavar="BYTES",
+            help="With --batch-api: at most BYTES a submission (OpenAI's file, Anthropic's "
+            "request).  [default: the provider's cap, OpenAI 200 MB, Anthropic 256 MB]",
+        ),
+    ] = Field(default=None, ge=1)
+    keep_files: Annotated[
+        bool,
+        Flag(
+            "--keep-files",
+            help="With --batch-api: keep the uploaded and result files (OpenAI) or the batches "
+            "(Anthropic) at the provider; by default they are deleted once every result is "
+            "journaled.",
+        ),
+    ] = False
+
+
+class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
+    """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
+
+    timeout: Annotated[
+        Seconds,
+        Flag(
+            "--timeout",
+            metavar="SECONDS",
+            help="Wall-clock bound of one attempt, body included.",
+        ),
+        HONOURED,
+    ] = 10.0
+    per_host: Annotated[
+        int | None,
+        Flag(
+            "--per-host",
+            metavar="N",
+            help="At most N attempts in flight to one host.  [default: none]",
+        ),
+    ] = Field(default=None, ge=1)
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...] = ()
+    dedup: Annotated[
+        bool,
+        Flag(
+            "--dedup/--no-dedup",
+            help="Send identical GET/HEAD requests that are in flight together once (by "
+            "default N items are N requests).",
+        ),
+    ] = False
+    # Hold a host whose rate-limit headers say its quota is spent, until the reset.
+    quota_headers: Annotated[
+        bool,
+        Flag(
+            "--quota-headers/--no-quota-headers",
+            help="When a host's rate-limit headers (X-RateLimit-Remaining/-Reset, RateLimit-*, "
+            "the IETF RateLimit field) say its quota is spent, hold its new attempts until the "
+            "reset; a 403 saying so is retried after it.",
+        ),
+    ] = True
     expect: Annotated[
         Expect,
         Flag("--expect", help="How to read bodies; bytes are written as base64."),
@@ -423,84 +556,9 @@ class FetchOptions(FlowOptions):
         HONOURED,
     ] = RETRY_STATUSES
     retry_if: Annotated[RetryIf | None, HONOURED] = None
-    session: Annotated[Any, Takes(SessionSource | None), HONOURED] = None
-    # Keep the cookies responses set during the run (each sent back to its origin only).
-    cookies: Annotated[
-        bool,
-        Flag(
-            "--cookies/--no-cookies",
-            help="Keep the cookies responses set, each sent back only to the origin (scheme, "
-            "host, port) that set it.",
-        ),
-        HONOURED,
-    ] = True
-    # TLS as in requests: a CA bundle path (or directory), True, or False; a client certificate
-    # file or (certificate, key). None: requests' own choice (REQUESTS_CA_BUNDLE, certifi).
-    verify: Annotated[Verify | None, HONOURED] = None
-    cert: Annotated[Cert | None, HONOURED] = None
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
-    # Send the rows through the provider's batch endpoint instead of one call each (see
-    # batchsync/batches): the provider named (one of those batches/providers.py registers:
-    # "openai", "anthropic"), or "auto" (the one the URL's path names).
-    batch_api: Annotated[
-        str | None,
-        Flag(
-            "--batch-api",
-            metavar="[=openai|anthropic]",
-            help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions "
-            "or /v1/responses; Anthropic's /v1/messages) and --row-as-body or --body-template: "
-            "send the rows through the provider's batch endpoint (OpenAI's Batch API, "
-            "Anthropic's Message Batches: half the price, results within 24 hours) instead of "
-            "one call each. The rows are split at the provider's caps, each part journaled as "
-            "it is uploaded, submitted and polled; Ctrl-C leaves the batches running, and "
-            "--resume polls them again, never submitting a part twice. Given alone, the "
-            "provider is the one the URL's path names; =openai or =anthropic for a compatible "
-            "server. The results are written in input order, one per row, as a live run's.",
-        ),
-        HONOURED,
-    ] = None
-    poll: Annotated[
-        Seconds | None,
-        Flag(
-            "--poll",
-            metavar="SECONDS",
-            help="With --batch-api: poll each batch every SECONDS.  [default: from 5 s, "
-            "growing by half each time to 60 s]",
-        ),
-        BATCHES_ONLY,
-    ] = None
-    batch_rows: Annotated[
-        int | None,
-        Flag(
-            "--batch-rows",
-            metavar="N",
-            help="With --batch-api: at most N rows a submission.  [default: the provider's cap, "
-            "OpenAI 50000, Anthropic 100000]",
-        ),
-        BATCHES_ONLY,
-    ] = Field(default=None, ge=1)
-    batch_bytes: Annotated[
-        int | None,
-        Flag(
-            "--batch-bytes",
-            metavar="BYTES",
-            help="With --batch-api: at most BYTES a submission (OpenAI's file, Anthropic's "
-            "request).  [default: the provider's cap, OpenAI 200 MB, Anthropic 256 MB]",
-        ),
-        BATCHES_ONLY,
-    ] = Field(default=None, ge=1)
-    keep_files: Annotated[
-        bool,
-        Flag(
-            "--keep-files",
-            help="With --batch-api: keep the uploaded and result files (OpenAI) or the batches "
-            "(Anthropic) at the provider; by default they are deleted once every result is "
-            "journaled.",
-        ),
-        BATCHES_ONLY,
-    ] = False
 
     @property
     def slots(self) -> int | None:
@@ -510,24 +568,6 @@ class FetchOptions(FlowOptions):
         """The run's secrets: its headers and declared names, and the Redis URL's password."""
         return Secrets.of(
             self.headers, self.secret_headers, self.secret_params, _redis_password(self.limits)
-        )
-
-    def paging_identity(self) -> dict[str, str]:
-        """What a journal records of the pagination (none when there is none): a resumed run
-        must read the pages it goes on with as the pages before were read."""
-        if self.paginate is None:
-            return {}
-        return {"paging": f"{self.paginate} cursor={self.cursor_param} items={self.page_items}"}
-
-    def paging(self) -> Paging | None:
-        """How items are paginated; None when they are not."""
-        if self.paginate is None:
-            return None
-        return paging(
-            self.paginate,
-            cursor_param=self.cursor_param,
-            records=self.page_items,
-            max_pages=self.max_pages,
         )
 
     @model_validator(mode="after")
@@ -578,21 +618,6 @@ class FetchOptions(FlowOptions):
         parse_statuses(value)
         return value
 
-    @field_validator("verify")
-    @classmethod
-    def _ca_exists(cls, value: bool | str | None) -> bool | str | None:
-        if isinstance(value, str) and not Path(value).exists():
-            raise ValueError(f"no CA bundle or directory at {value}")
-        return value
-
-    @field_validator("cert")
-    @classmethod
-    def _cert_files_exist(cls, value: str | tuple[str, str] | None) -> object:
-        for path in (value,) if isinstance(value, str) else value or ():
-            if not Path(path).is_file():
-                raise ValueError(f"no certificate or key file at {path}")
-        return value
-
     @field_validator("auth")
     @classmethod
     def _auth_source(cls, value: object) -> object:
@@ -603,27 +628,21 @@ class FetchOptions(FlowOptions):
             "requests.auth.AuthBase"
         )
 
-    @field_validator("session")
-    @classmethod
-    def _session_or_factory(cls, value: object) -> object:
-        if value is None or isinstance(value, requests.Session) or callable(value):
-            return value
-        raise ValueError("must be a requests.Session or a zero-argument factory of one")
 
-
-def _in_batches(*, only: bool) -> frozenset[str]:
-    """The options a run through a batch endpoint honours (``only``: that only it takes), as
-    their declarations say (``InBatches``)."""
-    return frozenset(
+# What a run through a batch endpoint honours: the families of its calls' connection and of
+# the batch endpoint, and the options marked HONOURED (its rows' decoding and Results, its
+# control calls' retry policy, the wait's deadline and budget); what only it takes: the batch
+# endpoint's family, but the switch.
+_IN_BATCHES = (
+    frozenset(Connection.model_fields)
+    | frozenset(BatchApi.model_fields)
+    | frozenset(
         name
         for name, field in FetchOptions.model_fields.items()
-        for mark in field.metadata
-        if isinstance(mark, InBatches) and (mark.only or not only)
+        if any(isinstance(mark, Honoured) for mark in field.metadata)
     )
-
-
-_IN_BATCHES = _in_batches(only=False)
-_BATCH_ONLY = sorted(_in_batches(only=True))
+)
+_BATCH_ONLY = sorted(set(BatchApi.model_fields) - {"batch_api"})
 
 
 def _redis_password(limits: object) -> list[str]:

@@ -52,16 +52,25 @@ class FlowSettings(TypedDict, total=False):
 class FetchSettings(FlowSettings, total=False):
     """``FetchOptions`` as keywords."""
 
-    timeout: Seconds
-    per_host: int | None
-    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
-    dedup: bool
+    session: SessionSource | None
+    cookies: bool
+    verify: Verify | None
+    cert: Cert | None
     deny_private: bool
-    quota_headers: bool
     paginate: str | None
     cursor_param: str
     max_pages: int | None
     page_items: str | None
+    batch_api: str | None
+    poll: Seconds | None
+    batch_rows: int | None
+    batch_bytes: int | None
+    keep_files: bool
+    timeout: Seconds
+    per_host: int | None
+    fallbacks: tuple[Callable[[RequestSpec, Result | None], Any], ...]
+    dedup: bool
+    quota_headers: bool
     expect: Expect
     headers: Mapping[str, str] | None
     secret_headers: tuple[str, ...]
@@ -69,16 +78,7 @@ class FetchSettings(FlowSettings, total=False):
     max_bytes: int
     retry_statuses: str | Collection[int]
     retry_if: RetryIf | None
-    session: SessionSource | None
-    cookies: bool
-    verify: Verify | None
-    cert: Cert | None
     auth: Auth | None
-    batch_api: str | None
-    poll: Seconds | None
-    batch_rows: int | None
-    batch_bytes: int | None
-    keep_files: bool
 
 
 class CallSettings(FlowSettings, total=False):

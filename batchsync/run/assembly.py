@@ -26,7 +26,7 @@ from ..http.guard import Guard
 from ..http.transport import Transport
 from ..jobs.calls import CallJob
 from ..jobs.fetch import HttpJob
-from ..jobs.options import CallOptions, FetchOptions, FlowOptions
+from ..jobs.options import CallOptions, Connection, FetchOptions, FlowOptions
 from ..limits.adaptive import Adaptive
 from ..limits.cooldown import Cooldown, Holds
 from ..limits.gate import GateOption
@@ -125,7 +125,7 @@ def fetch(
     gates = gates_for(options, clock) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
-    transport = transport_for(options, secrets)
+    transport = transport_for(options, options.concurrency, secrets)
     try:
         job = HttpJob(options, transport, gates, secrets=secrets)
     except BaseException:  # (auth='s first token could not be got)
@@ -151,17 +151,17 @@ def fetch(
         transport.close()
 
 
-def transport_for(options: FetchOptions, secrets: Secrets) -> Transport:
+def transport_for(connection: Connection, pool_size: int, secrets: Secrets) -> Transport:
     """The run's one way out: every byte any lane sends goes through it (the guard, TLS
     options, proxies, cookies, the watchdog, secret headers kept to their origin)."""
     return Transport(
-        options.session,
-        options.concurrency,
+        connection.session,
+        pool_size,
         secrets,
-        guard=Guard() if options.deny_private else None,
-        verify=options.verify,
-        cert=options.cert,
-        cookies=options.cookies,
+        guard=Guard() if connection.deny_private else None,
+        verify=connection.verify,
+        cert=connection.cert,
+        cookies=connection.cookies,
     )
 
 

@@ -86,7 +86,7 @@ class ThroughBatchApi:
     def _running(self, progress: Tally) -> Iterator[BatchRun]:
         options = self._options
         secrets = options.secrets()
-        transport = transport_for(options, secrets)
+        transport = transport_for(options, options.concurrency, secrets)
         ledger = self._memory or Ledger()
         if self._journal is not None:
             ledger = JournaledLedger(self._journal, connect)
@@ -127,7 +127,6 @@ class ThroughBatchApi:
                 budget=options.budget if "budget" in options.model_fields_set else None,
                 keep_files=options.keep_files,
                 cancel=self._cancel,
-                max_line=options.max_bytes,
                 expect=options.expect,
             ),
             client,
