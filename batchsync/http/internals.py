@@ -177,10 +177,11 @@ def getresponse_with(
 def getresponse_names_unchanged() -> bool:
     """Whether urllib3.connection's names that a quick ``getresponse`` stands in for are
     still the ones found at import (a caller may patch ``assert_header_parsing``)."""
-    originals = (URLLIB3_ASSERT_HEADER_PARSING, URLLIB3_NORMALIZE, URLLIB3_HEADER_DICT)
-    return all(
-        _URLLIB3_NAMES.get(name) is original
-        for name, original in zip(_GETRESPONSE_NAMES, originals, strict=True)
+    names = _URLLIB3_NAMES
+    return (
+        names.get("assert_header_parsing") is URLLIB3_ASSERT_HEADER_PARSING
+        and names.get("_normalize_header_values") is URLLIB3_NORMALIZE
+        and names.get("HTTPHeaderDict") is URLLIB3_HEADER_DICT
     )
 
 
@@ -282,18 +283,14 @@ def _jar_shape() -> bool:
 
 _require(_jar_shape(), "http.cookiejar's _cookies_for_request and _policy")
 jar_policy: Callable[[CookieJar], CookiePolicy] = operator.attrgetter("_policy")
-_jar_cookies: Callable[[CookieJar], dict[str, dict[str, dict[str, Cookie]]]] = operator.attrgetter(
+# (read without the jar's lock or a walk of its cookies: empty, the jar holds none)
+jar_cookies: Callable[[CookieJar], dict[str, dict[str, dict[str, Cookie]]]] = operator.attrgetter(
     "_cookies"
 )
 
 
-def jar_holds_any(jar: CookieJar) -> bool:
-    """Whether ``jar`` holds anything, without taking its lock or walking its cookies."""
-    return bool(_jar_cookies(jar))
-
-
 def jar_holds(jar: CookieJar, domain: str, path: str, name: str) -> bool:
-    return name in _jar_cookies(jar).get(domain, {}).get(path, {})
+    return name in jar_cookies(jar).get(domain, {}).get(path, {})
 
 
 def policy_now(policy: CookiePolicy) -> int:
