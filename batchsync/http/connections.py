@@ -25,7 +25,6 @@ from .headers import (
     QUICK_GETRESPONSE,
     URLLIB3_GETRESPONSE,
     QuickHeadersResponse,
-    quick_getresponse_in_effect,
 )
 from .internals import (
     HEADER_LINES_KEPT,
@@ -33,6 +32,7 @@ from .internals import (
     STDLIB_OUTPUT,
     ConnectionHooks,
     PoolHooks,
+    getresponse_names_unchanged,
     header_state,
     output_of,
     stock_header_lines,
@@ -104,7 +104,7 @@ class _Tracked(ConnectionHooks):
         if (
             QUICK_GETRESPONSE is None
             or self.connection_class.getresponse is not URLLIB3_GETRESPONSE
-            or not quick_getresponse_in_effect()
+            or not getresponse_names_unchanged()
         ):
             return super().getresponse()
         return QUICK_GETRESPONSE(self)
@@ -136,9 +136,6 @@ class _TrackedPool(PoolHooks):
     attached to the attempt's watch (a new one is attached as its socket connects)."""
 
     ledger: ConnectionLedger
-
-    def taken(self, connection: Any) -> None:
-        self.ledger.watchdog.attach(connection.sock)
 
 
 class ConnectionLedger:
@@ -180,7 +177,7 @@ class ConnectionLedger:
                 "keeps_lines": HEADER_LINES_KEPT and stock_header_lines(connection, stock),
             }
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
-            members = {"ledger": self, "ConnectionCls": tracked}
+            members = {"ledger": self, "ConnectionCls": tracked, "taken": self.watchdog.attach}
             self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)
         return self._tracked[key]
 

@@ -253,14 +253,14 @@ class ConnectionHooks(_Connection):
 
 
 class PoolHooks(_Pool):
-    """Mixed into urllib3's pool classes: ``taken`` sees each connection handed out."""
+    """Mixed into urllib3's pool classes: ``taken`` sees the socket of each connection
+    handed out (a function set on the class, called without the pool)."""
 
-    def taken(self, connection: Any) -> None:
-        """Called with each connection the pool hands out for a request."""
+    taken: Callable[[socket.socket | None], object]
 
     def _get_conn(self, timeout: float | None = None) -> Any:
-        connection = super()._get_conn(timeout)
-        self.taken(connection)
+        connection: Any = super()._get_conn(timeout)
+        self.taken(connection.sock)
         return connection
 
 
