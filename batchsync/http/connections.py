@@ -11,7 +11,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -33,14 +33,15 @@ from .internals import (
     ConnectionHooks,
     PoolHooks,
     getresponse_names_unchanged,
-    header_state,
-    output_of,
     stock_header_lines,
 )
 from .watchdog import Watchdog
 
+if TYPE_CHECKING:
+    from .internals import StdlibConnection
+
 # The header-line pieces a connection's ``putheader`` stands on, as found at import.
-_URLLIB3_PUTHEADER = HTTPConnection.putheader
+_URLLIB3_PUTHEADER: object = HTTPConnection.putheader
 _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
 # Header lines a run keeps made at most, and the longest it keeps; past the count it starts
 # afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
@@ -58,7 +59,7 @@ class _Tracked(ConnectionHooks):
 
     ledger: ConnectionLedger
     # The connection class it is mixed into (whose ``putheader`` the quick one stands for).
-    connection_class: type[HTTPConnection]
+    connection_class: type[StdlibConnection]
     # Whether that class makes its lines the stock way (``internals.stock_header_lines``).
     keeps_lines: bool
     # False for the connections to a proxy: the proxy's own address is the caller's choice.
@@ -82,15 +83,15 @@ class _Tracked(ConnectionHooks):
             and type(values[0]) is str
             and self.connection_class.putheader is _URLLIB3_PUTHEADER
             and http.client.HTTPConnection.putheader is _STDLIB_PUTHEADER
-            and output_of(self.connection_class) is STDLIB_OUTPUT
+            and self.connection_class._output is STDLIB_OUTPUT
         ):
             super().putheader(header, *values)
             return
         lines = self.ledger.header_lines
         key = (header, values[0])
         line = lines.get(key)
-        buffer, state = header_state(self)
-        if line is not None and state == REQUEST_STARTED:
+        buffer = self._buffer
+        if line is not None and self._HTTPConnection__state == REQUEST_STARTED:
             buffer.append(line)
             return
         before = len(buffer)

@@ -19,7 +19,14 @@ from typing import Any, BinaryIO
 from urllib3 import HTTPHeaderDict
 
 from . import internals
-from .internals import MESSAGE_FIELDS, READ_HEADERS, header_container, message_fields
+from .internals import (
+    MESSAGE_FIELDS,
+    QUICK_HEADER_DICT,
+    READ_HEADERS,
+    header_container,
+    header_reading_unchanged,
+    message_fields,
+)
 
 # A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
 # then a value without CR or LF. ``email``'s compat32 policy drops the spaces and tabs before
@@ -81,11 +88,6 @@ def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]]
     return fields, names
 
 
-# The stdlib pieces the quick path stands on, as this module found them at import.
-_STDLIB_BEGIN = http.client.HTTPResponse.begin
-_STDLIB_PARSE_HEADERS = http.client.parse_headers
-
-
 def parse_headers(
     fp: BinaryIO, _class: type[http.client.HTTPMessage] = http.client.HTTPMessage
 ) -> http.client.HTTPMessage:
@@ -95,7 +97,7 @@ def parse_headers(
     ``_MAXHEADERS`` apply as they are set at the time of the call.
     """
     if _class is not http.client.HTTPMessage or READ_HEADERS is None or not MESSAGE_FIELDS:
-        return _STDLIB_PARSE_HEADERS(fp, _class)
+        return internals.STDLIB_PARSE_HEADERS(fp, _class)
     lines = READ_HEADERS(fp)
     plain = _plain_fields(lines)
     if plain is None:  # what ``email.parser`` makes of them, as the stdlib does
@@ -118,25 +120,20 @@ def _quick_begin_of(
     return internals.begin_parsing_with(begin, parse_headers)
 
 
-_QUICK_BEGIN = _quick_begin_of(_STDLIB_BEGIN)
+_QUICK_BEGIN = _quick_begin_of(internals.STDLIB_BEGIN)
 
 
 def quick_path_in_effect() -> bool:
     """Whether responses are read the quick way now: the shape was as expected at import,
     and nothing has replaced the stdlib pieces since (a patch is honoured by stepping aside)."""
-    return (
-        _QUICK_BEGIN is not None
-        and http.client.HTTPResponse.begin is _STDLIB_BEGIN
-        and http.client.parse_headers is _STDLIB_PARSE_HEADERS
-        and internals.read_headers_unchanged()
-    )
+    return _QUICK_BEGIN is not None and header_reading_unchanged()
 
 
 class QuickHeadersResponse(http.client.HTTPResponse):
     """An ``http.client`` response whose headers are read by ``parse_headers`` above."""
 
     def begin(self) -> None:
-        if _QUICK_BEGIN is not None and quick_path_in_effect():
+        if _QUICK_BEGIN is not None and header_reading_unchanged():
             _QUICK_BEGIN(self)
         else:
             http.client.HTTPResponse.begin(self)
@@ -180,7 +177,7 @@ def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
     """``HTTPHeaderDict(items)``: for a block read the quick way, filled as its ``add`` fills
     it (each name under its lower case, a repeated name's values after the first), without
     the generic ``extend``'s type checks."""
-    if type(items) is not _QuickItems or header_container is None:
+    if type(items) is not _QuickItems or QUICK_HEADER_DICT is None:
         return HTTPHeaderDict(items)
     headers = HTTPHeaderDict()
     container = header_container(headers)
@@ -210,7 +207,7 @@ def quick_getresponse_in_effect() -> bool:
 def header_value(headers: Mapping[str, str], name: str) -> str | None:
     """``headers.get(name)``, read straight from urllib3's HTTPHeaderDict when it is one (its
     values joined as its own look-up joins them), not through its generic Mapping methods."""
-    if type(headers) is HTTPHeaderDict and header_container is not None:
+    if type(headers) is QUICK_HEADER_DICT:
         found = header_container(headers).get(name.lower())
         return None if found is None else ", ".join(found[1:])
     return headers.get(name)

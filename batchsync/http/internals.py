@@ -61,15 +61,12 @@ def _require(found: bool, what: str) -> None:
 
 
 # http.client: ``putheader`` appends a line with ``_output`` to the connection's ``_buffer``,
-# in the state ``_CS_REQ_STARTED`` alone (between putrequest and endheaders).
+# in the state ``_CS_REQ_STARTED`` alone (between putrequest and endheaders). (Read in place,
+# on every header line, by ``connections._Tracked.putheader``, as ``StdlibConnection`` types
+# them, while ``HEADER_LINES_KEPT`` says they are as found here.)
 _OUTPUT = "_output"
 STDLIB_OUTPUT: object = vars(http.client.HTTPConnection).get(_OUTPUT)
 REQUEST_STARTED: object = getattr(http.client, "_CS_REQ_STARTED", None)
-output_of: Callable[[type], object] = operator.attrgetter(_OUTPUT)
-# (the pending header bytes and the state, read in one call: it runs for every header line)
-header_state: Callable[[object], tuple[list[bytes], object]] = operator.attrgetter(
-    "_buffer", "_HTTPConnection__state"
-)
 
 
 def _lines_can_be_kept() -> bool:
@@ -104,9 +101,19 @@ READ_HEADERS: Callable[[BinaryIO], list[bytes]] | None = (
 )
 
 
-def read_headers_unchanged() -> bool:
-    """Whether http.client's ``_read_headers`` is still the one found at import."""
-    return vars(http.client).get("_read_headers") is _READ_HEADERS
+STDLIB_BEGIN = http.client.HTTPResponse.begin
+STDLIB_PARSE_HEADERS = http.client.parse_headers
+_HTTP_CLIENT_NAMES = vars(http.client)  # (live: a later patch of a name is seen)
+
+
+def header_reading_unchanged() -> bool:
+    """Whether http.client's ``begin``, ``parse_headers`` and ``_read_headers`` are still the
+    ones found at import (a patch is honoured by stepping aside)."""
+    return (
+        http.client.HTTPResponse.begin is STDLIB_BEGIN
+        and http.client.parse_headers is STDLIB_PARSE_HEADERS
+        and _HTTP_CLIENT_NAMES.get("_read_headers") is _READ_HEADERS
+    )
 
 
 _PARSE_HEADERS_SHAPE = takes(
@@ -154,7 +161,7 @@ def set_message_fields(message: email.message.Message, fields: list[tuple[str, A
 
 # urllib3.connection's ``getresponse`` and the module's names it reads a response's headers
 # with (``_normalize_header_values`` came with urllib3 2.8: an older one has none).
-URLLIB3_GETRESPONSE = urllib3.connection.HTTPConnection.getresponse
+URLLIB3_GETRESPONSE: Callable[..., Any] = urllib3.connection.HTTPConnection.getresponse
 _URLLIB3_NAMES = vars(urllib3.connection)  # (live: a later patch of a name is seen)
 _GETRESPONSE_NAMES = ("assert_header_parsing", "_normalize_header_values", "HTTPHeaderDict")
 URLLIB3_ASSERT_HEADER_PARSING: Any = _URLLIB3_NAMES.get(_GETRESPONSE_NAMES[0])
@@ -193,8 +200,10 @@ def _container_shape() -> bool:
     return vars(probe).get("_container") == {"name": ["Name", "a", "b"]}
 
 
-header_container: Callable[[HTTPHeaderDict], dict[str, list[str]]] | None = (
-    operator.attrgetter("_container") if _container_shape() else None
+# (``type(headers) is QUICK_HEADER_DICT``: a header dict ``header_container`` may read)
+QUICK_HEADER_DICT: type[HTTPHeaderDict] | None = HTTPHeaderDict if _container_shape() else None
+header_container: Callable[[HTTPHeaderDict], dict[str, list[str]]] = operator.attrgetter(
+    "_container"
 )
 # requests' CaseInsensitiveDict keeps each name under its lower case, as (name, value).
 _STORE_SHAPE = vars(CaseInsensitiveDict({"Name": "a"})).get("_store") == {"name": ("Name", "a")}
@@ -204,7 +213,7 @@ def lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
     """The names of ``headers`` in lower case, as the case-insensitive dicts of urllib3 (an
     answer of the fast lane) and requests (of the requests way) keep them: looked up at a
     dict's cost, not a method call each. None for any other mapping."""
-    if type(headers) is HTTPHeaderDict and header_container is not None:
+    if type(headers) is QUICK_HEADER_DICT:
         return header_container(headers).keys()
     if type(headers) is CaseInsensitiveDict and _STORE_SHAPE:
         store: dict[str, tuple[str, str]] = vars(headers)["_store"]
@@ -227,8 +236,13 @@ _require(
 
 if TYPE_CHECKING:
 
-    class _Connection:
-        """What the mixins into urllib3's connection classes reach through ``super()``."""
+    class StdlibConnection:
+        """What the mixins into urllib3's connection classes read, or reach through
+        ``super()``."""
+
+        _buffer: list[bytes]
+        _HTTPConnection__state: object
+        _output: object
 
         def _new_conn(self) -> socket.socket: ...
         def putheader(self, header: str, *values: str) -> None: ...
@@ -236,10 +250,10 @@ if TYPE_CHECKING:
 
     _Pool = urllib3.connectionpool.HTTPConnectionPool
 else:
-    _Connection = _Pool = object
+    StdlibConnection = _Pool = object
 
 
-class ConnectionHooks(_Connection):
+class ConnectionHooks(StdlibConnection):
     """Mixed into urllib3's connection classes: ``connected`` sees each new socket before
     any byte is sent on it."""
 
