@@ -79,7 +79,7 @@ def _run(script: str) -> subprocess.CompletedProcess[str]:
 def test_every_quick_piece_has_its_shape_on_this_release() -> None:
     assert internals.HEADER_LINES_KEPT
     assert internals.READ_HEADERS is not None and internals.MESSAGE_FIELDS
-    assert internals.header_container is not None
+    assert internals.QUICK_HEADER_DICT is not None
     assert headers.QUICK_GETRESPONSE is not None and headers.quick_path_in_effect()
 
 

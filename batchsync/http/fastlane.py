@@ -20,7 +20,7 @@ from urllib3.exceptions import ClosedPoolError
 from urllib3.util import Retry
 
 from .exchange import BodyReader, Origin, Reply, Wire
-from .internals import QUICK_HEADER_DICT, header_container
+from .internals import QUICK_HEADER_DICT
 from .origins import host_key
 from .session import SessionLane
 
@@ -160,7 +160,7 @@ class FastLane:
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
             return self._reopened(wire, wall_end)
         headers = raw.headers  # (urllib3's keeps the names in lower case: looked up at once)
-        names = header_container(headers) if type(headers) is QUICK_HEADER_DICT else headers
+        names = headers._container if type(headers) is QUICK_HEADER_DICT else headers
         if "set-cookie" in names or (raw.status in REDIRECT_STATI and "location" in names):
             return self._sessions.take_over(wire, raw, wall_end)
         return Reply(raw.status, raw.headers, raw, wire.url)

@@ -14,7 +14,7 @@ import email.parser
 import http.client
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 from urllib3 import HTTPHeaderDict
 
@@ -23,9 +23,7 @@ from .internals import (
     MESSAGE_FIELDS,
     QUICK_HEADER_DICT,
     READ_HEADERS,
-    header_container,
     header_reading_unchanged,
-    message_fields,
 )
 
 # A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
@@ -49,10 +47,13 @@ class QuickMessage(http.client.HTTPMessage):
     # by the index of its first line without lower-casing every name on every look-up.
     _built: list[tuple[str, Any]] | None = None
     _names: list[str]
+    # email.message.Message's own fields (their shape checked by ``internals.MESSAGE_FIELDS``).
+    _headers: list[tuple[str, Any]]
+    _payload: Any
 
     def get(self, name: str, failobj: Any = None) -> Any:
         name = name.lower()
-        headers = message_fields(self)
+        headers = self._headers
         if headers == self._built:
             names = self._names
             return headers[names.index(name)][1] if name in names else failobj
@@ -62,7 +63,7 @@ class QuickMessage(http.client.HTTPMessage):
         return failobj
 
     def items(self) -> list[tuple[str, Any]]:
-        return list(message_fields(self))
+        return list(self._headers)
 
 
 def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]] | None:
@@ -106,7 +107,8 @@ def parse_headers(
         return parsed
     message = QuickMessage()  # (the same, built directly: the block is plain)
     fields, message._names = plain
-    internals.set_message_fields(message, fields)
+    message._headers = fields
+    message._payload = ""  # (what set_payload("") sets)
     message._built = list(fields)
     return message
 
@@ -150,12 +152,12 @@ class _QuickItems(list[tuple[str, str]]):
     normalised them (unchanged: no value of a plain block holds a line break)."""
 
 
-def _read_quick(message: http.client.HTTPMessage) -> bool:
+def _read_quick(message: http.client.HTTPMessage) -> TypeGuard[QuickMessage]:
     """Whether ``message`` was built by ``parse_headers`` above and not changed since."""
     return (
         type(message) is QuickMessage
         and message._built is not None
-        and message_fields(message) == message._built
+        and message._headers == message._built
     )
 
 
@@ -168,7 +170,7 @@ def _assert_header_parsing(headers: http.client.HTTPMessage) -> None:
 def _normalize_header_values(message: http.client.HTTPMessage) -> list[tuple[str, str]]:
     """urllib3's normalisation, which leaves a block read the quick way as it is."""
     if _read_quick(message):
-        return _QuickItems(message_fields(message))
+        return _QuickItems(message._headers)
     normalized: list[tuple[str, str]] = internals.URLLIB3_NORMALIZE(message)
     return normalized
 
@@ -180,7 +182,7 @@ def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
     if type(items) is not _QuickItems or QUICK_HEADER_DICT is None:
         return HTTPHeaderDict(items)
     headers = HTTPHeaderDict()
-    container = header_container(headers)
+    container = headers._container
     for name, value in items:
         new = [name, value]
         found = container.setdefault(name.lower(), new)
@@ -208,6 +210,6 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
     """``headers.get(name)``, read straight from urllib3's HTTPHeaderDict when it is one (its
     values joined as its own look-up joins them), not through its generic Mapping methods."""
     if type(headers) is QUICK_HEADER_DICT:
-        found = header_container(headers).get(name.lower())
+        found = headers._container.get(name.lower())
         return None if found is None else ", ".join(found[1:])
     return headers.get(name)

@@ -11,7 +11,6 @@ first byte, one cookie jar per origin): without them the import fails, saying wh
 
 from __future__ import annotations
 
-import email.message
 import http.client
 import inspect
 import operator
@@ -138,10 +137,9 @@ def begin_parsing_with(
 
 
 # email.message.Message: its header fields, a list of (name, value), in ``_headers``, and its
-# body in ``_payload`` (an HTTPMessage's is "").
-message_fields: Callable[[email.message.Message], list[tuple[str, Any]]] = operator.attrgetter(
-    "_headers"
-)
+# body in ``_payload`` (an HTTPMessage's is ""). (Read and set in place, on every answer, by
+# ``headers.QuickMessage`` and ``headers.parse_headers``, while ``MESSAGE_FIELDS`` holds: a
+# call between costs more than the quick reading saves.)
 
 
 def _message_fields_shape() -> bool:
@@ -152,11 +150,6 @@ def _message_fields_shape() -> bool:
 
 
 MESSAGE_FIELDS = _message_fields_shape()
-
-
-def set_message_fields(message: email.message.Message, fields: list[tuple[str, Any]]) -> None:
-    """Give an empty ``message`` these fields and no body, as the email parser would."""
-    vars(message).update(_headers=fields, _payload="")
 
 
 # urllib3.connection's ``getresponse`` and the module's names it reads a response's headers
@@ -200,11 +193,9 @@ def _container_shape() -> bool:
     return vars(probe).get("_container") == {"name": ["Name", "a", "b"]}
 
 
-# (``type(headers) is QUICK_HEADER_DICT``: a header dict ``header_container`` may read)
+# (``type(headers) is QUICK_HEADER_DICT``: a header dict whose ``_container`` may be read in
+# place, as ``headers``, ``fastlane`` and ``lower_names`` read it on every answer)
 QUICK_HEADER_DICT: type[HTTPHeaderDict] | None = HTTPHeaderDict if _container_shape() else None
-header_container: Callable[[HTTPHeaderDict], dict[str, list[str]]] = operator.attrgetter(
-    "_container"
-)
 # requests' CaseInsensitiveDict keeps each name under its lower case, as (name, value).
 _STORE_SHAPE = vars(CaseInsensitiveDict({"Name": "a"})).get("_store") == {"name": ("Name", "a")}
 
@@ -214,7 +205,7 @@ def lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
     answer of the fast lane) and requests (of the requests way) keep them: looked up at a
     dict's cost, not a method call each. None for any other mapping."""
     if type(headers) is QUICK_HEADER_DICT:
-        return header_container(headers).keys()
+        return headers._container.keys()
     if type(headers) is CaseInsensitiveDict and _STORE_SHAPE:
         store: dict[str, tuple[str, str]] = vars(headers)["_store"]
         return store.keys()
