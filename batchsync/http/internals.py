@@ -1,5 +1,8 @@
 """The private parts of http.client, email, urllib3 and http.cookiejar that batchsync stands
-on, each looked up here, once, at import, and nowhere else.
+on, each looked up here, once, at import. (Four fields are read in place on every header line
+or answer, where a call between would cost more than the quick path saves: a connection's
+``_buffer`` and state, a message's ``_headers`` and ``_payload``, a header dict's
+``_container``; their shape is checked here and gates every such read.)
 
 Each is checked for the shape the code relies on (it exists, takes the parameters expected,
 holds the fields expected). Where a quick path's piece is not so, its name here is None (or
