@@ -175,7 +175,7 @@ class RunAuth:
         self._secrets = secrets
         self.base = auth if isinstance(auth, AuthBase) else None
         refresh = getattr(auth, "refresh", None) if self.base is not None else None
-        get: HeaderSource | None = auth if self.base is None else None  # type: ignore[assignment]
+        get = None if isinstance(auth, AuthBase) else auth
         if callable(refresh):
             get = partial(_refreshed, refresh)
         self._source = None if get is None else TokenSource(get, secrets, headers=self.base is None)

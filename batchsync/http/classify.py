@@ -402,18 +402,23 @@ def host_feedback(verdict: Verdict) -> Feedback:
     kind = _KIND_OF_ERROR[verdict.error_kind]
     slow_down = status in _SLOW_DOWN_STATUSES
     congested = slow_down or kind.congested
-    unwell: bool | None
-    if kind.breaker == "ignored":
-        unwell = None
-    elif kind.breaker == "failure" or (status is not None and status >= 500):
-        unwell = True
-    elif verdict.outcome == "retry":
-        unwell = None if verdict.retry_after is not None or paces(facts.announced) else True
-    else:
-        unwell = False
+    unwell = _unwell(verdict, kind.breaker, status, facts.announced)
     if slow_down or facts.quota or facts.announced is not None or facts.used is not None:
         return _held_feedback(verdict, facts, congested, unwell, slow_down=slow_down)
     return _FEEDBACK[congested, unwell]
+
+
+def _unwell(
+    verdict: Verdict, breaker: str, status: int | None, announced: Announced | None
+) -> bool | None:
+    """The breaker's judgement of an attempt (None: not counted); see ``host_feedback``."""
+    if breaker == "ignored":
+        return None
+    if breaker == "failure" or (status is not None and status >= 500):
+        return True
+    if verdict.outcome == "retry":
+        return None if verdict.retry_after is not None or paces(announced) else True
+    return False
 
 
 def _held_feedback(

@@ -11,11 +11,12 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
@@ -24,16 +25,24 @@ from .headers import (
     QUICK_GETRESPONSE,
     URLLIB3_GETRESPONSE,
     QuickHeadersResponse,
-    quick_getresponse_in_effect,
+)
+from .internals import (
+    HEADER_LINES_KEPT,
+    REQUEST_STARTED,
+    STDLIB_OUTPUT,
+    ConnectionHooks,
+    PoolHooks,
+    getresponse_names_unchanged,
+    stock_header_lines,
 )
 from .watchdog import Watchdog
 
+if TYPE_CHECKING:
+    from .internals import StdlibConnection
+
 # The header-line pieces a connection's ``putheader`` stands on, as found at import.
-_URLLIB3_PUTHEADER = HTTPConnection.putheader
+_URLLIB3_PUTHEADER: object = HTTPConnection.putheader
 _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
-_STDLIB_OUTPUT = http.client.HTTPConnection._output  # type: ignore[attr-defined]
-# http.client's state of a connection between putrequest and endheaders.
-_REQUEST_STARTED: str = http.client._CS_REQ_STARTED  # type: ignore[attr-defined]
 # Header lines a run keeps made at most, and the longest it keeps; past the count it starts
 # afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
 _MAX_HEADER_LINES = 1024
@@ -42,19 +51,7 @@ _MAX_KEPT_LINE = 256
 _LineKey = tuple[str, str]
 
 
-def _stock_header_lines(connection: type) -> bool:
-    """Whether ``connection`` makes its header lines with urllib3's and http.client's own
-    ``putheader`` and ``_output`` alone: no class of its own (a signing mixin, say) between
-    them, whose line could differ from one request or origin to the next."""
-    stock = (HTTPConnection, http.client.HTTPConnection)
-    return not any(
-        "putheader" in vars(cls) or "_output" in vars(cls)
-        for cls in connection.__mro__
-        if cls not in stock
-    )
-
-
-class _Tracked:
+class _Tracked(ConnectionHooks):
     """Mixed into urllib3's connection classes: a connection enters its ledger as its socket
     connects, has its peer checked before any byte (a TLS ClientHello included) is sent, is
     watched for its attempt's end, reads its responses' headers the quick way, and makes each
@@ -62,8 +59,8 @@ class _Tracked:
 
     ledger: ConnectionLedger
     # The connection class it is mixed into (whose ``putheader`` the quick one stands for).
-    connection_class: type[HTTPConnection]
-    # Whether that class makes its lines the stock way (``_stock_header_lines``).
+    connection_class: type[StdlibConnection]
+    # Whether that class makes its lines the stock way (``internals.stock_header_lines``).
     keeps_lines: bool
     # False for the connections to a proxy: the proxy's own address is the caller's choice.
     peer_check = True
@@ -86,19 +83,19 @@ class _Tracked:
             and type(values[0]) is str
             and self.connection_class.putheader is _URLLIB3_PUTHEADER
             and http.client.HTTPConnection.putheader is _STDLIB_PUTHEADER
-            and self.connection_class._output is _STDLIB_OUTPUT  # type: ignore[attr-defined]
+            and self.connection_class._output is STDLIB_OUTPUT
         ):
-            super().putheader(header, *values)  # type: ignore[misc]
+            super().putheader(header, *values)
             return
         lines = self.ledger.header_lines
         key = (header, values[0])
         line = lines.get(key)
-        buffer: list[bytes] = self._buffer  # type: ignore[attr-defined]
-        if line is not None and self._HTTPConnection__state == _REQUEST_STARTED:  # type: ignore[attr-defined]
+        buffer = self._buffer
+        if line is not None and self._HTTPConnection__state == REQUEST_STARTED:
             buffer.append(line)
             return
         before = len(buffer)
-        super().putheader(header, *values)  # type: ignore[misc]
+        super().putheader(header, *values)
         _keep_line(lines, key, buffer[before:])
 
     def getresponse(self) -> Any:
@@ -108,13 +105,12 @@ class _Tracked:
         if (
             QUICK_GETRESPONSE is None
             or self.connection_class.getresponse is not URLLIB3_GETRESPONSE
-            or not quick_getresponse_in_effect()
+            or not getresponse_names_unchanged()
         ):
-            return super().getresponse()  # type: ignore[misc]
-        return QUICK_GETRESPONSE(self)  # type: ignore[arg-type]
+            return super().getresponse()
+        return QUICK_GETRESPONSE(self)
 
-    def _new_conn(self) -> socket.socket:
-        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+    def connected(self, sock: socket.socket) -> None:
         guard = self.ledger.guard
         if guard is not None and self.peer_check:
             try:
@@ -124,7 +120,6 @@ class _Tracked:
                 raise
         self.ledger.add(self)
         self.ledger.watchdog.attach(sock)
-        return sock
 
 
 def _keep_line(lines: dict[_LineKey, bytes], key: _LineKey, added: list[bytes]) -> None:
@@ -137,16 +132,11 @@ def _keep_line(lines: dict[_LineKey, bytes], key: _LineKey, added: list[bytes]) 
     lines[key] = added[0]
 
 
-class _TrackedPool:
+class _TrackedPool(PoolHooks):
     """Mixed into urllib3's pool classes: a kept-alive connection taken for a request is
     attached to the attempt's watch (a new one is attached as its socket connects)."""
 
     ledger: ConnectionLedger
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        connection = super()._get_conn(timeout)  # type: ignore[misc]
-        self.ledger.watchdog.attach(connection.sock)
-        return connection
 
 
 class ConnectionLedger:
@@ -174,20 +164,21 @@ class ConnectionLedger:
         connections are this ledger's."""
         return {scheme: self._track(pool, peer_check) for scheme, pool in pool_classes.items()}
 
-    def _track(self, pool: type, peer_check: bool) -> type:
+    def _track(self, pool: type[HTTPConnectionPool], peer_check: bool) -> type:
         if getattr(pool, "ledger", None) is self:
             return pool
         key = (pool, peer_check)
         if key not in self._tracked:
-            connection = pool.ConnectionCls  # type: ignore[attr-defined]
+            connection = pool.ConnectionCls
+            stock = (HTTPConnection, http.client.HTTPConnection)
             members = {
                 "ledger": self,
                 "peer_check": peer_check,
                 "connection_class": connection,
-                "keeps_lines": _stock_header_lines(connection),
+                "keeps_lines": HEADER_LINES_KEPT and stock_header_lines(connection, stock),
             }
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
-            members = {"ledger": self, "ConnectionCls": tracked}
+            members = {"ledger": self, "ConnectionCls": tracked, "taken": self.watchdog.attach}
             self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)
         return self._tracked[key]
 
@@ -263,9 +254,7 @@ def fit_session(
         for name, value in own.connection_pool_kw.items():
             manager.connection_pool_kw.setdefault(name, value)
         manager.pool_classes_by_scheme = ledger.tracked(own.pool_classes_by_scheme)
-        adapter.proxy_manager_for = _tracking_proxies(  # type: ignore[method-assign]
-            adapter.proxy_manager_for, ledger
-        )
+        vars(adapter)["proxy_manager_for"] = _tracking_proxies(adapter.proxy_manager_for, ledger)
 
     def restore() -> None:
         for adapter, state in reversed(kept):

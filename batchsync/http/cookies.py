@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http.cookiejar import Cookie, CookieJar, CookiePolicy, DefaultCookiePolicy
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import requests
 from requests.cookies import MockRequest, RequestsCookieJar, extract_cookies_to_jar
 
+from .internals import (
+    JarHooks,
+    cookies_to_send,
+    jar_holds,
+    jar_policy,
+    policy_now,
+    set_policy_now,
+)
 from .origins import origin_of
+
+if TYPE_CHECKING:
+    import urllib.request
 
 # Where a cookie that a response set during a run notes its origin. An attribute rather than
 # a nonstandard cookie attribute (``_rest``), which a FileCookieJar would write out; it goes
@@ -48,11 +58,6 @@ def _oversized(cookie: Cookie) -> bool:
     return len(cookie.name) + len(cookie.value or "") > MAX_COOKIE_BYTES
 
 
-def _holds(jar: CookieJar, key: CookieKey) -> bool:
-    domain, path, name = key
-    return name in jar._cookies.get(domain, {}).get(path, {})  # type: ignore[attr-defined]
-
-
 class _Recent:
     """The cookies one origin set in one jar, least recently set first; ``set`` makes room
     for one more by dropping the oldest (called with the jar's lock held)."""
@@ -67,7 +72,7 @@ class _Recent:
         if len(self._keys) <= MAX_COOKIES_PER_ORIGIN:
             return
         # Forget cookies the jar no longer holds (deleted, expired) before dropping any.
-        self._keys = OrderedDict((k, None) for k in self._keys if k == key or _holds(jar, k))
+        self._keys = OrderedDict((k, None) for k in self._keys if k == key or jar_holds(jar, *k))
         while len(self._keys) > MAX_COOKIES_PER_ORIGIN:
             oldest, _ = self._keys.popitem(last=False)
             jar.clear(*oldest)
@@ -117,12 +122,11 @@ class _LentPolicy(CookiePolicy):
 
     @property
     def _now(self) -> int:  # the jar sets it before asking; the own policy reads it
-        now: int = self.own._now  # type: ignore[attr-defined]
-        return now
+        return policy_now(self.own)
 
     @_now.setter
     def _now(self, value: int) -> None:
-        self.own._now = value  # type: ignore[attr-defined]
+        set_policy_now(self.own, value)
 
     def set_ok(self, cookie: Cookie, request: Any) -> bool:
         """(Asked by the jar's ``extract_cookies``, which holds its lock and sets the cookie
@@ -157,7 +161,7 @@ class _RequestPolicy(DefaultCookiePolicy):
         return stamp_of(cookie) is None and super().return_ok(cookie, request)
 
 
-class _RunJar(RequestsCookieJar):
+class _RunJar(JarHooks):
     """A prepared request's jar: the caller's cookies, plus, whenever a Cookie header is
     worked out (the first request, each redirect hop), those of the origin it goes to."""
 
@@ -165,9 +169,8 @@ class _RunJar(RequestsCookieJar):
         super().__init__(jars.request_policy)
         self._origin_jars = jars
 
-    def _cookies_for_request(self, request: Any) -> list[Cookie]:
-        cookies: list[Cookie] = super()._cookies_for_request(request)  # type: ignore[misc]
-        return cookies + self._origin_jars.cookies_for(request)
+    def more_cookies(self, request: Any) -> list[Cookie]:
+        return self._origin_jars.cookies_for(request)
 
     def copy(self) -> _RunJar:
         """As requests copies a request's jar for each redirect hop: still a run's jar."""
@@ -227,9 +230,7 @@ class OriginJars:
         if jar is None:
             return []
         with jar._cookies_lock:
-            jar._policy._now = jar._now = int(time.time())  # type: ignore[attr-defined]
-            found: list[Cookie] = jar._cookies_for_request(request)  # type: ignore[attr-defined]
-            return found
+            return cookies_to_send(jar, request)
 
     def fit(
         self,
@@ -253,7 +254,7 @@ class OriginJars:
         if not (stamped or self.by_origin) or _explicit_cookie(headers):
             return
         asking = _Asking(prepared)
-        jar.add_cookie_header(asking)  # type: ignore[arg-type]
+        jar.add_cookie_header(cast("urllib.request.Request", asking))
         value = asking.get_new_headers().get("Cookie")
         if value is not None:
             prepared.headers["Cookie"] = value
@@ -274,7 +275,7 @@ def _explicit_cookie(layers: tuple[Mapping[str, Any] | None, ...]) -> bool:
 def lend(jar: CookieJar, *, keep: bool = True) -> tuple[OriginJars, Callable[[], None]]:
     """Lend a session's jar the run's policy; returns the run's jars and what puts the jar's
     own policy back. Cookies an earlier run stamped go back to their origin's jar."""
-    own: CookiePolicy = jar._policy  # type: ignore[attr-defined]
+    own = jar_policy(jar)
     if isinstance(own, _LentPolicy):  # two sessions of this run share one jar
         return own.jars, lambda: None
     jars = OriginJars(own, keep=keep)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from requests.compat import chardet
+from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers, guess_json_utf
 
 from .spec import one_line
@@ -37,7 +38,8 @@ def declared_encoding(content_type: str | None) -> str | None:
         return _ENCODINGS[content_type]
     except KeyError:
         pass
-    encoding = get_encoding_from_headers({"content-type": content_type})  # type: ignore[arg-type]
+    given = CaseInsensitiveDict({"content-type": content_type}) if content_type else None
+    encoding = None if given is None else get_encoding_from_headers(given)
     if content_type is None or len(content_type) <= _MAX_KEPT_LENGTH:
         if len(_ENCODINGS) >= _MAX_KEPT:
             _ENCODINGS.clear()

@@ -15,12 +15,12 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.models import REDIRECT_STATI
 from requests.utils import get_netrc_auth, select_proxy
-from urllib3 import HTTPHeaderDict
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.util import Retry
 
 from .exchange import BodyReader, Origin, Reply, Wire
+from .internals import QUICK_HEADER_DICT
 from .origins import host_key
 from .session import SessionLane
 
@@ -160,7 +160,7 @@ class FastLane:
         except ClosedPoolError:  # the pool manager dropped this origin's pool: ask again
             return self._reopened(wire, wall_end)
         headers = raw.headers  # (urllib3's keeps the names in lower case: looked up at once)
-        names = headers._container if type(headers) is HTTPHeaderDict else headers
+        names = headers._container if type(headers) is QUICK_HEADER_DICT else headers
         if "set-cookie" in names or (raw.status in REDIRECT_STATI and "location" in names):
             return self._sessions.take_over(wire, raw, wall_end)
         return Reply(raw.status, raw.headers, raw, wire.url)

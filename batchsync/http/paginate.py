@@ -339,8 +339,7 @@ def held_size(value: Any) -> int:
         kinds = set(map(type, level))
         if not _CONTAINERS & kinds:
             return total + _scalars_size(level)
-        dicts = level if kinds == {dict} else [item for item in level if type(item) is dict]
-        lists = level if kinds == {list} else [item for item in level if type(item) is list]
+        dicts, lists = _of_type(level, kinds, dict), _of_type(level, kinds, list)
         if not kinds <= _CONTAINERS:
             total += _scalars_size([item for item in level if type(item) not in _CONTAINERS])
         total += sum(map(dict.__sizeof__, dicts)) + sum(map(list.__sizeof__, lists))
@@ -350,6 +349,11 @@ def held_size(value: Any) -> int:
         total += sum(map(sys.getsizeof, fresh))
         level = [*chain.from_iterable(map(dict.values, dicts)), *chain.from_iterable(lists)]
     return total
+
+
+def _of_type(level: list[Any], kinds: set[type], kind: type) -> list[Any]:
+    """The items of ``level`` of type ``kind`` (the whole level when all are)."""
+    return level if kinds == {kind} else [item for item in level if type(item) is kind]
 
 
 # Strings and numbers measured one by one at most; past that, an even sample of this many.

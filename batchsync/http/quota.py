@@ -14,13 +14,11 @@ Read, the first that says something winning:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
-
-from requests.structures import CaseInsensitiveDict
-from urllib3 import HTTPHeaderDict
+from collections.abc import Callable, Iterable, Mapping
 
 from ..core.numbers import count_of, seconds_of
 from ..core.verdict import Announced
+from .internals import lower_names
 from .provider import announced
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
@@ -56,7 +54,7 @@ def answer_limits(
     first is there (most answers have none, and reading every header of every answer costs
     more than a few look-ups). The provider's counts are the quota gate's to hold
     (``announced``)."""
-    names = _lower_names(headers)
+    names = lower_names(headers)
     if names is None:  # (another mapping: asked name by name, as it compares names)
         told = any(name in headers for name in _QUOTA_MARKS)
         provider = any(name in headers for name in _PROVIDER_MARKS)
@@ -67,17 +65,6 @@ def answer_limits(
     if not provider:
         return quota, None
     return quota, announced(headers.items(), unix_time())
-
-
-def _lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
-    """The names of ``headers`` in lower case, as the case-insensitive dicts of urllib3 (an
-    answer of the fast lane) and requests (of the requests way) keep them: looked up at a
-    dict's cost, not a method call each. None for any other mapping."""
-    if type(headers) is HTTPHeaderDict:
-        return headers._container.keys()
-    if type(headers) is CaseInsensitiveDict:
-        return headers._store.keys()
-    return None
 
 
 def retry_after_of(headers: Mapping[str, str]) -> str | None:

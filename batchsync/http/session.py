@@ -32,6 +32,7 @@ from .exchange import (
     Reply,
     Wire,
 )
+from .internals import jar_cookies
 from .origins import host_of
 
 SessionSource = requests.Session | Callable[[], requests.Session]
@@ -239,7 +240,7 @@ class SessionLane:
     def has_cookies(self, session: requests.Session) -> bool:
         """Whether the session's jar, or the run's jars of its origins, hold anything
         (without taking a jar's lock)."""
-        if session.cookies._cookies:  # type: ignore[attr-defined]
+        if jar_cookies(session.cookies):
             return True
         jars = self._cookie_jars.get(id(session))
         return jars is not None and bool(jars.by_origin)

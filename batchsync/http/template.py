@@ -326,13 +326,15 @@ class Template:
             item["json"] = _row_body(row)
         elif self._body is not None:
             item["json"] = _build(self._body, row)
-        if self.id_field is not None:
-            item["id"] = _value(row, self.id_field)
-        else:
-            default = row.get(METADATA if self.row_as_body else "id")
-            if not _missing(default):
-                item["id"] = default
+        item.update(self._id_of(row))
         return item
+
+    def _id_of(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The item's ``id``: the id field's value, else the row's own id (none when unset)."""
+        if self.id_field is not None:
+            return {"id": _value(row, self.id_field)}
+        default = row.get(METADATA if self.row_as_body else "id")
+        return {} if _missing(default) else {"id": default}
 
     def identity(self) -> str:
         """A digest of the template options, for a journal: resuming with other options would

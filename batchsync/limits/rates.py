@@ -58,24 +58,24 @@ def parse_rate(value: float | int | str, *, name: str = "rate") -> Rate:
     ``minute``, ``h``, ``hr``, ``hour``. ``N`` is a positive finite decimal, an exponent
     allowed (``1e3/min``). Anything else raises ValueError naming ``name`` and the value.
     """
-    if isinstance(value, bool):
+    read = _count_and_period(value)
+    if read is None or not (math.isfinite(read[0]) and read[0] > 0):
         raise _invalid(name, value)
-    if isinstance(value, int | float):
+    return Rate(count=read[0], period=read[1])
+
+
+def _count_and_period(value: object) -> tuple[float, float] | None:
+    """What ``value`` says, unchecked; None when it is no number nor rate text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         try:
-            count, period = float(value), 1.0
+            return float(value), 1.0
         except OverflowError:  # an int beyond any float
-            raise _invalid(name, value) from None
-    elif isinstance(value, str):
-        match = _RATE.fullmatch(value)
-        unit = (match["unit"] or "s").lower() if match is not None else ""
-        if match is None or unit not in _PERIODS:
-            raise _invalid(name, value)
-        count, period = float(match["count"]), _PERIODS[unit]
-    else:
-        raise _invalid(name, value)
-    if not (math.isfinite(count) and count > 0):
-        raise _invalid(name, value)
-    return Rate(count=count, period=period)
+            return None
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    unit = (match["unit"] or "s").lower() if match is not None else ""
+    if match is None or unit not in _PERIODS:
+        return None
+    return float(match["count"]), _PERIODS[unit]
 
 
 def _invalid(name: str, value: object) -> ValueError:
