@@ -273,8 +273,9 @@ def test_a_run_whose_journal_misses_results_exits_3(
     (tmp_path / "urls-results.jsonl").write_text("earlier run\n")
     # A fetch that delivers nothing (a bug, a lost result): the outputs must not claim success.
     script = (
-        "import sys, batchsync.cli.runner as runner\n"
-        "runner.fetch = lambda *args, **kwargs: runner.Ran(False, False, {}, 0)\n"
+        "import sys, batchsync.run.plan as plan\n"
+        "from batchsync.run.assembly import Ran\n"
+        "plan.fetch = lambda *args, **kwargs: Ran(False, False, {}, 0)\n"
         "from batchsync.cli import main\n"
         "main(sys.argv[1:])\n"
     )
