@@ -250,19 +250,33 @@ def _listed_twice(line: bytes) -> bytes:
     return line
 
 
+def _row_1_failed(
+    hostile: HostileProvider,
+    tmp_path: Path,
+    provider: str,
+    rows: int,
+    per_line: Callable[[bytes], bytes],
+    *more: str,
+) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """A run of ``rows`` whose results lines the provider rewrites with ``per_line``, that
+    ends row 1 ``invalid_body`` (exit 1): the KEY, the run's arguments and what it wrote."""
+    url, key = endpoint(hostile, provider)
+    args = batch_args(tmp_path, url, provider, rows)
+    hostile.rewrite("GET", DOWNLOAD, results_lines(per_line))
+    done = run([*args, *more], tmp_path)
+    assert done.returncode == 1, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, rows)
+    assert written[1]["error_kind"] == "invalid_body"
+    return key, args, written
+
+
 @pytest.mark.parametrize("provider", BOTH)
 def test_a_row_listed_twice_with_different_answers_is_a_conflict_not_a_pick(
     server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
 ) -> None:
-    url, key = endpoint(hostile, provider)
-    args = batch_args(tmp_path, url, provider, 5)
-    hostile.rewrite("GET", DOWNLOAD, results_lines(_listed_twice))
-    done = run(args, tmp_path)
-    assert done.returncode == 1, done.stderr
-    written = results(tmp_path / "in-results.jsonl")
-    check_in_order(written, 5)
+    key, _, written = _row_1_failed(hostile, tmp_path, provider, 5, _listed_twice)
     assert [row["ok"] for row in written] == [True, False, True, True, True]
-    assert written[1]["error_kind"] == "invalid_body"
     assert "more than once, with different answers" in written[1]["error"]
     # (reading the batch again would give the same two answers: the part is done with)
     assert [state for state, _ in parts(journal_of(tmp_path))] == ["cleaned"]
@@ -281,13 +295,9 @@ def _large_and_listed_twice(line: bytes) -> bytes:
 def test_a_line_too_large_to_read_listed_twice_alike_keeps_the_batch(
     server: MockServerProcess, hostile: HostileProvider, tmp_path: Path, provider: str
 ) -> None:
-    url, key = endpoint(hostile, provider)
-    args = batch_args(tmp_path, url, provider, 3)
-    hostile.rewrite("GET", DOWNLOAD, results_lines(_large_and_listed_twice))
-    done = run([*args, "--max-bytes", "20000"], tmp_path)
-    assert done.returncode == 1, done.stderr
-    written = results(tmp_path / "in-results.jsonl")
-    assert written[1]["error_kind"] == "invalid_body"
+    key, args, written = _row_1_failed(
+        hostile, tmp_path, provider, 3, _large_and_listed_twice, "--max-bytes", "20000"
+    )
     assert "larger than max_bytes" in written[1]["error"]
     assert [state for state, _ in parts(journal_of(tmp_path))] == ["held"]
     again = run([*args, "--retry-failed", "--max-bytes", "200000"], tmp_path)
