@@ -175,14 +175,17 @@ def folders() -> Any:
         yield Path(top)
 
 
+# The 150 examples in three shards of 50, each its own stream of examples: parallel workers
+# share them, so the suite is not as long as one worker's 150 runs of the command line.
+@pytest.mark.parametrize("shard", range(3))
 @settings(
-    max_examples=150,
+    max_examples=50,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.data())
 def test_every_run_ends_whole_or_loudly(
-    server: MockServerProcess, folders: Path, data: st.DataObject
+    server: MockServerProcess, folders: Path, shard: int, data: st.DataObject
 ) -> None:
     lines = data.draw(input_lines(server.url), label="lines")
     signal_after = data.draw(st.none() | st.floats(0.0, 0.6), label="signal_after")
