@@ -238,10 +238,10 @@ class Client:
         self, files: Files, batch: str, size: int, nonce: str, rows: Set[int]
     ) -> Iterator[Any]:
         """The results lines of an ended batch of ``size`` rows that name the ``rows`` of
-        the part with ``nonce`` this run reads, parsed
-        (``Unread`` for a line that is too large or not JSON Python can read, named by the
-        custom_id at its start), from each place the provider keeps them, and the first that
-        names a row of another part (a batch listing only others' rows is not the part's).
+        the part with ``nonce`` this run reads, parsed (``Unread`` for a line that is too
+        large or not JSON Python can read, named by the custom_id at its start), from each
+        place the provider keeps them, and the first line that names a row of another part
+        (a batch listing only others' rows is not the part's).
         They are downloaded whole first, each row's first line kept in a temporary file, so
         that a row listed again with another answer is known before any is taken: it is
         given as an ``Unread`` naming the conflict. A row listed again as it was is one
