@@ -585,9 +585,7 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
     @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
-            given = [
-                name for name in sorted(_BATCH_ONLY) if getattr(self, name) not in (None, False)
-            ]
+            given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]
             if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self
