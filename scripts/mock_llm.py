@@ -14,7 +14,7 @@ LIMITS is ``name=value`` pairs joined by commas, any of them left out for its de
 200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
 by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
 or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
-the default, or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
+the default, ``oldest`` or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
 of the KEY's batches (``pace``, ``expire``, ``fail``, ``enqueued``, ``shuffle``,
 ``batch_rows``, ``batch_bytes``, ``stall_upload``, ``stall_create``, ``stall_results``: see
 scripts/mock_batch.py) may be given among them. The
@@ -24,7 +24,9 @@ SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``,
 
 With ``refill=window`` (the default) the limits are enforced over a sliding window: what was
 admitted in the last ``window`` seconds counts, each request and token leaving the window
-``window`` seconds after it was counted. With ``refill=bucket`` each limit is a token bucket
+``window`` seconds after it was counted. ``refill=oldest`` counts the same way but announces,
+as its reset, when the window's OLDEST entry leaves (what some servers and gateways send), so
+a reset frees only part of what was used. With ``refill=bucket`` each limit is a token bucket
 instead: it starts full (``rpm`` requests, ``tpm`` tokens, ...), refills continuously at its
 size / ``window`` a second up to its size, and admits a request only while it holds the
 request's count; so a fresh bucket admits its whole size at once, and then its refill a
@@ -69,7 +71,7 @@ The stats are JSON: ``limits``; ``requests`` admitted, ``rejected`` (429s, the t
 among them) and ``too_large``; ``tokens`` counted against ``tpm``; ``prompt_tokens`` and
 ``completion_tokens`` answered; ``peak_tokens`` and ``peak_requests`` (the most tokens and
 requests admitted that any sliding window of ``window`` seconds held, counted when admitted,
-on arrival, and Anthropic's output when answered: in either refill mode, so a bucket's
+on arrival, and Anthropic's output when answered: in any refill mode, so a bucket's
 opening burst plus its refill shows there); ``elapsed`` (seconds from the first request to
 the last event) and ``windows``: for each window of ``window`` seconds from the first
 request, its ``requests``, ``tokens`` and ``rejected``. With ``log=1`` also ``log``:
@@ -108,7 +110,7 @@ BATCH_KNOBS = {
     "stall_results": (0.0, 60.0),
 }
 # How the limits give back: a sliding window (the default) or a token bucket.
-REFILLS = ("window", "bucket")
+REFILLS = ("window", "bucket", "oldest")
 DEFAULT_MAX_TOKENS = 16
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "elit", "sed", "do", "tempor"]
 
@@ -283,6 +285,15 @@ class Window:
         return self.entries[-1][0] + self.span - now if self.entries else 0.0
 
 
+class OldestFirst(Window):
+    """A sliding window that announces, as its reset, when its oldest entry leaves: a reset
+    that frees only part of what is used."""
+
+    def reset_in(self, now: float) -> float:
+        self._expire(now)
+        return self.entries[0][0] + self.span - now if self.entries else 0.0
+
+
 class Bucket:
     """A token bucket of ``size`` that starts full and refills in ``span`` seconds: the same
     questions as a ``Window``, answered the way a bucket server answers them."""
@@ -346,10 +357,15 @@ class Account:
     held: dict[str, Window] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        span = self.limits.window
         for name, size in self.limits.sizes().items():
-            bucket = self.limits.refill == "bucket"
+            refill = self.limits.refill
             self.windows[name] = (
-                Bucket(self.limits.window, size) if bucket else Window(self.limits.window)
+                Bucket(span, size)
+                if refill == "bucket"
+                else OldestFirst(span)
+                if refill == "oldest"
+                else Window(span)
             )
         self.counts = dict.fromkeys(COUNTS, 0)
         self.held = {name: Window(self.limits.window) for name in ("requests", "tokens")}

@@ -134,10 +134,11 @@ def test_usage_that_cannot_be_read_leaves_the_estimate() -> None:
 
 
 def test_the_tokens_a_host_says_are_left_hold_its_attempts_until_its_reset() -> None:
-    """No budget of its own: once an answer says 300 of 1 300 tokens are left, the whole
-    count back in 10 s, attempts take from those 300 and wait for the reset for more (a
-    sliding window may free nothing sooner); what was taken after the answered attempt is
-    not in its count, and is taken off it."""
+    """No budget of its own: once an answer says 300 of 1 300 tokens are left, the reset in
+    10 s, attempts take from those 300 and wait for the reset for more (a sliding window may
+    free nothing sooner); what was taken after the answered attempt is not in its count, and
+    is taken off it. After the reset one attempt goes, and its answer says what came back (a
+    window announcing its oldest entry frees only that one)."""
     clock = FakeClock()
     board = Cooldowns(clock.now)
     gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
@@ -150,10 +151,13 @@ def test_the_tokens_a_host_says_are_left_hold_its_attempts_until_its_reset() -> 
     assert isinstance(answered, Admission) and isinstance(after, Admission)
     assert clock.now() == started
     gates.release(answered, Feedback(announced=said))  # 300 left, less the 100 sent after
-    assert isinstance(admit(gates, clock, 400), Admission)  # 200 there: wait for the reset
+    probe = admit(gates, clock, 400)  # 200 there: wait for the reset
+    assert isinstance(probe, Admission)
     assert clock.now() - started == pytest.approx(10.0)
-    gates.abandon(after)  # never sent after all: its 100 back
-    assert isinstance(admit(gates, clock, 800), Admission)  # 1300 - 400 taken since: 900
+    gates.abandon(after)  # never sent after all
+    told = Announced(tokens_limit=1300, tokens_remaining=900, tokens_reset=10.0)
+    gates.release(probe, Feedback(announced=told))
+    assert isinstance(admit(gates, clock, 800), Admission)  # as the probe's answer told
     assert clock.now() - started == pytest.approx(10.0)
     assert isinstance(admit(gates, clock, 0), Admission)  # weighs nothing: never held
     assert any(isinstance(gate, QuotaGate) for gate in gates.gates)

@@ -29,17 +29,19 @@ _END = r"(?=$|[;,\s])"
 _REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*([0-9]+)" + _END)
 _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
+_KINDS = ("requests", "tokens")
 # Headers one of which an answer that tells its quota has.
 _QUOTA_MARKS = frozenset({"x-ratelimit-remaining", "ratelimit-remaining", "ratelimit"})
 # Headers one of which an answer that tells a provider's counts has (a server may send only
-# its tokens' or only its requests').
+# its tokens' or only its requests', or a limit alone).
 _PROVIDER_MARKS = frozenset(
     {
-        "x-ratelimit-remaining-requests",
-        "x-ratelimit-remaining-tokens",
-        "anthropic-ratelimit-requests-remaining",
-        "anthropic-ratelimit-tokens-remaining",
-        "anthropic-ratelimit-input-tokens-remaining",
+        *(f"x-ratelimit-{part}-{kind}" for part in ("remaining", "limit") for kind in _KINDS),
+        *(
+            f"anthropic-ratelimit-{kind}-{part}"
+            for part in ("remaining", "limit")
+            for kind in ("requests", "tokens", "input-tokens", "output-tokens")
+        ),
     }
 )
 # The largest reset read: an epoch time in seconds far in the future, not a 400-digit number.

@@ -5,9 +5,18 @@ that an attempt waits before it would overdraw them rather than after a 429.
 
 Each answer that tells them (``provider.Announced``: OpenAI's ``x-ratelimit-*``, Anthropic's
 ``anthropic-ratelimit-*``) sets the host's count anew, less what attempts let through after the
-answered one took (the answer could not count those yet). The reset is read as OpenAI and
-Anthropic define it, the time until the whole count is back; until then no more is assumed back
-than both kinds of server would have given:
+answered one took (the answer could not count those yet).
+
+What a reset gives back differs between servers, and one answer cannot tell which a host is:
+the whole count (OpenAI's and Anthropic's word, and a bucket, full again by then), or, from a
+sliding window that announces when its OLDEST entry leaves, only that entry. So a host is
+first held as the latter: nothing is assumed back before the reset, and after it capacity
+comes back only as far as an answer confirms (one attempt, a probe, goes, and its answer tells
+the count anew). A host is read as the former once its answers show it (``_shows_full``):
+a reset that moved later while the entry that would have been its oldest was still counted
+(which a window announcing its oldest entry cannot do), or a probe after a reset that found
+the whole count back though more than one request had been spent. Then, between answers, no
+more is assumed back than either kind of full-reset server would have given:
 
 * a server that refills as a bucket gives back evenly until the reset;
 * one that counts over a sliding window gives back an amount only when the request that took
@@ -16,8 +25,13 @@ than both kinds of server would have given:
   reset plus the answered attempt's age, for any answer the server counted (one that says what
   it used): the least of these bounds, over the host's answers, stands.
 
-The smaller of the two stands, so neither kind of server is overdrawn. After the reset the whole
-count is back, less what was taken since the answer.
+The smaller of the two stands, and after the reset the whole count is back, less what was
+taken since the answer. A refusal (a 429 with the provider's headers) from a host read so
+puts it back to the first reading, for good.
+
+A limit announced alone (a ``limit`` header, no remaining) is held as a sliding window of a
+minute, the providers' period: each attempt counts from when it is let through until a minute
+after it ended.
 
 Until a host's first answer, its requests that weigh tokens go one at a time: with many workers
 a blind start would send a period's worth before the first count came back.
@@ -42,24 +56,29 @@ from .window import INFINITE
 # The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
 _QUOTA = "quota "
 _RESET = "the server's reset is"
-# How long an attempt taken after the last answer stays counted when no answer tells again.
-_COUNTED_FOR = 60.0
-# How long what attempts took is kept: what a window of a provider's minute can still hold.
-_KEPT_FOR = 2 * _COUNTED_FOR
+# The providers' period: how long an attempt stays counted when no answer tells again, and the
+# window a limit announced alone is held over.
+_PERIOD = 60.0
+# How long an attempt still in flight is kept: no attempt lasts longer.
+_KEPT_FOR = 2 * _PERIOD
+# The least time between an answer and the next attempt sent for their resets to be compared:
+# well above how much the time an answer takes to arrive varies.
+_APART = 0.2
 KINDS = ("requests", "tokens")
 
 
 @dataclass
 class _Count:
-    """One count of a host as an answer told it at ``told_at``: ``left`` then, ``whole`` back at
-    ``back_at``, and in between what ``back`` gives back: (instant, amount back by then)."""
+    """One count of a host as the answer to the taking ``mark`` (sent at ``since``) told it at
+    ``told_at``: ``left`` then, ``whole`` back at ``back_at`` (its reset), and in between, on a
+    host whose resets are full, what ``back`` gives back: (instant, amount back by then)."""
 
     left: int
     whole: int | None
     told_at: float
     back_at: float
-    mark: int  # the taking whose answer told it
-    since: float  # when that taking was sent: what had ended before then, the count counted
+    mark: int
+    since: float
     back: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -76,15 +95,32 @@ class _Taking:
 @dataclass
 class _Host:
     counts: dict[str, _Count] = field(default_factory=dict)
+    alone: dict[str, int] = field(default_factory=dict)  # per kind: a limit told alone
     taken: deque[_Taking] = field(default_factory=deque)  # oldest first
     marks: int = 0
     heard: bool = False  # an attempt to it has ended
     windows: dict[str, float] = field(default_factory=dict)  # per kind: the least bound told
-    probing: bool = False  # its first attempt that weighs tokens is in flight
+    # per kind: the first count told since the last reset passed, whose reset later ones move
+    anchors: dict[str, _Count] = field(default_factory=dict)
+    probe: int | None = None  # the taking whose answer is awaited to tell the counts anew
+    full: bool = False  # its answers showed its resets give the whole count back
+    refused: bool = False  # it refused an attempt while read so: never read so again
+
+    def told_of(self) -> bool:
+        return bool(self.counts or self.alone)
+
+    def needs_probe(self, cost: int, now: float) -> bool:
+        """Whether the next attempt must be answered before any other: the first weighing
+        tokens, or, on a host not known to give the whole count back, the first after a
+        reset."""
+        if cost > 0 and not self.heard:
+            return True
+        return not self.full and any(now >= count.back_at for count in self.counts.values())
 
 
 def available(count: _Count, now: float) -> float:
-    """What ``count`` holds at ``now`` by the rules above (before what was taken since)."""
+    """What ``count`` of a host whose resets are full holds at ``now`` by the rules above
+    (before what was taken since)."""
     if now >= count.back_at:
         return float(count.whole if count.whole is not None else max(count.left, 0))
     spent = 0 if count.whole is None else max(count.whole - count.left, 0)
@@ -97,10 +133,14 @@ def available(count: _Count, now: float) -> float:
     return count.left + min(evenly, window)
 
 
-def count_wait(count: _Count, taken: int, amount: int, now: float) -> float:
+def count_wait(count: _Count, taken: int, amount: int, now: float, *, full: bool) -> float:
     """Seconds until ``amount`` fits in ``count`` beside the ``taken`` amount it does not know of
-    yet (0: now; infinite: only a later answer can tell). More than the whole count fits once
-    the whole count is free; a count of a size never said, once it is back."""
+    yet (0: now; infinite: only a later answer can tell). On a host not known to give the
+    whole count back, nothing comes back before the reset, and after it a probe's answer
+    tells. On one that does, more than the whole count fits once the whole count is free; a
+    count of a size never said, once it is back."""
+    if not full:
+        return 0.0 if now >= count.back_at or taken + amount <= count.left else count.back_at - now
     whole = count.whole if count.whole is not None else max(count.left, 0)
     need = taken + min(amount, max(whole, 1))
     if now >= count.back_at:
@@ -116,6 +156,26 @@ def count_wait(count: _Count, taken: int, amount: int, now: float) -> float:
     return min(max(evenly_at, window_at), count.back_at) - now
 
 
+def window_wait(taken: deque[_Taking], kind: str, limit: int, amount: int, now: float) -> float:
+    """Seconds until ``amount`` of ``kind`` fits under ``limit`` a period, each attempt counted
+    until a period after it ended (infinite: until one in flight ends). More than the limit
+    fits once nothing is counted."""
+    held = [took for took in taken if took.ended_at is None or took.ended_at > now - _PERIOD]
+    excess = sum(took.amounts.get(kind, 0) for took in held) + min(amount, limit) - limit
+    for took in sorted((took for took in held if took.ended_at is not None), key=_end):
+        if excess <= 0:
+            break
+        excess -= took.amounts.get(kind, 0)
+        if excess <= 0:
+            return _end(took) + _PERIOD - now
+    return 0.0 if excess <= 0 else INFINITE
+
+
+def _end(taking: _Taking) -> float:
+    assert taking.ended_at is not None
+    return taking.ended_at
+
+
 class AnnouncedCounts:
     """Per host: the requests and tokens left, as its headers last said and attempts took since."""
 
@@ -129,55 +189,65 @@ class AnnouncedCounts:
         """Take one request and ``cost`` tokens of the host's: (the mark of the taking, 0), or
         (None, the seconds to wait first; infinite until an answer tells)."""
         known = self._hosts.get(host)
-        if (known is None or not known.counts) and (cost <= 0 or (known and known.heard)):
+        if (known is None or not known.told_of()) and (cost <= 0 or (known and known.heard)):
             return 0, 0.0  # (most hosts: nothing told, nothing to wait for, nothing kept)
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
-            if cost > 0 and not state.heard:
-                if state.probing:
-                    return None, INFINITE
-                state.probing = True
-            while state.taken and state.taken[0].sent_at <= now - _KEPT_FOR:
-                state.taken.popleft()
+            _forget(state.taken, now)
             amounts = {"requests": 1, "tokens": cost}
-            wait = 0.0
-            for kind, count in state.counts.items():
-                uncounted = _uncounted(state.taken, count, kind, now)
-                wait = max(wait, count_wait(count, uncounted, amounts[kind], now))
+            wait = max(_wait(state, kind, amount, now) for kind, amount in amounts.items())
             if wait > 0:
-                if cost > 0 and not state.heard:
-                    state.probing = False
                 return None, wait
+            probe = state.needs_probe(cost, now)
+            if probe and state.probe is not None:
+                return None, INFINITE
             state.marks += 1
             state.taken.append(_Taking(state.marks, amounts, now))
+            if probe:
+                state.probe = state.marks
             return state.marks, 0.0
 
     def ended(
-        self, host: str, mark: int, said: Announced | None, sent: float | None, *, counted: bool
+        self,
+        host: str,
+        mark: int,
+        said: Announced | None,
+        sent: float | None,
+        *,
+        counted: bool,
+        refused: bool = False,
     ) -> None:
         """The attempt taken as ``mark`` was sent at ``sent`` (None: now) and ended; ``said``:
         what its answer's headers told; ``counted``: the server counted it (its answer said what
-        it used), so the answer bounds the window."""
+        it used), so the answer bounds the window; ``refused``: the host refused it (a 429)."""
         known = self._hosts.get(host)
         if mark == 0 and said is None and (known is None or known.heard):
             return
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
-            state.heard, state.probing = True, False
+            state.heard = True
             taking = self._taking(state, mark)
+            if taking is None and said is not None:  # (sent before anything was told: kept now)
+                taking = _Taking(mark, {"requests": 1}, now)
+                state.taken.append(taking)
             if taking is not None:
                 taking.sent_at, taking.ended_at = now if sent is None else sent, now
-            if said is not None:
-                self._told(state, said, mark, taking, now, counted=counted)
+            if refused and said is not None:
+                state.full, state.refused = False, True
+            if taking is not None and said is not None:
+                _told(state, said, taking, now, counted=counted)
+            if state.probe == mark:
+                state.probe = None
             self._wake()
 
     def give_back(self, host: str, mark: int) -> None:
         """The attempt taken as ``mark`` was never sent."""
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
-            state.probing = False
+            if state.probe == mark:
+                state.probe = None
             taking = self._taking(state, mark)
             if taking is not None:
                 state.taken.remove(taking)
@@ -196,49 +266,107 @@ class AnnouncedCounts:
         """Set at the next answer or giving back: what a waiter for an answer waits on."""
         return self._changed
 
-    @staticmethod
-    def _told(
-        state: _Host,
-        said: Announced,
-        mark: int,
-        answered: _Taking | None,
-        now: float,
-        *,
-        counted: bool,
-    ) -> None:
-        for kind, left, reset, said_whole in (
-            ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
-            ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
-        ):
-            known = state.counts.get(kind)
-            since = now if answered is None else answered.sent_at
-            if left is None or (known is not None and known.since > since):
-                continue  # not said, or older than what an answer already told
-            whole = said_whole if said_whole is not None or known is None else known.whole
-            until = reset if reset is not None else _COUNTED_FOR
-            count = _Count(left, whole, now, now + until, mark, since)
-            if whole is not None and answered is not None:
-                window = until + (now - answered.sent_at)  # the longest the window can be
-                if counted:
-                    window = state.windows[kind] = min(window, state.windows.get(kind, window))
-                else:
-                    window = min(window, state.windows.get(kind, window))
-                count.back = _given_back(
-                    state.taken, mark, kind, spent=whole - left, window=window, count=count
-                )
-            state.counts[kind] = count
+
+def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
+    """Seconds until ``amount`` of ``kind`` fits in what the host told of it."""
+    count, limit = state.counts.get(kind), state.alone.get(kind)
+    wait = 0.0
+    if count is not None:
+        taken = _uncounted(state.taken, count, kind, now)
+        wait = count_wait(count, taken, amount, now, full=state.full)
+    if limit is not None:
+        wait = max(wait, window_wait(state.taken, kind, limit, amount, now))
+    return wait
+
+
+def _told(state: _Host, said: Announced, answered: _Taking, now: float, *, counted: bool) -> None:
+    """Set the host's counts from what the answer to ``answered`` told; a count told by an
+    answer to an attempt sent before the one that set it is older, and stays out."""
+    since = answered.sent_at
+    for kind, left, reset, said_whole in (
+        ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
+        ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
+    ):
+        if left is None and said_whole is not None:
+            state.alone[kind] = said_whole
+        known = state.counts.get(kind)
+        if left is None or (known is not None and known.since > since):
+            continue
+        whole = said_whole if said_whole is not None or known is None else known.whole
+        count = _Count(left, whole, now, now + (reset if reset is not None else _PERIOD),
+                       answered.mark, since)  # fmt: skip
+        if not state.refused and not state.full:
+            state.full = _shows_full(state, kind, known, count)
+        anchor = state.anchors.get(kind)
+        if anchor is None or since >= anchor.back_at:
+            state.anchors[kind] = count
+        if whole is not None:
+            window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
+            count.back = _given_back(
+                state.taken, answered.mark, kind, spent=whole - left, window=window, count=count
+            )
+        state.counts[kind] = count
+
+
+def _shows_full(state: _Host, kind: str, known: _Count | None, count: _Count) -> bool:
+    """Whether ``count`` shows the host's resets give the whole count back (see above)."""
+    anchor = state.anchors.get(kind)
+    if anchor is not None and _moved_later(anchor, count):
+        return True
+    if known is None or count.since < known.back_at:
+        return False
+    sent = sum(took.amounts.get(kind, 0) for took in state.taken if took.sent_at >= known.back_at)
+    return _all_back(known, count, sent)
+
+
+def _moved_later(anchor: _Count, count: _Count) -> bool:
+    """Whether the reset moved later, by more than the answers' own jitter, from ``anchor``
+    to ``count``, whose attempt was sent well after ``anchor`` was told and ended before its
+    reset: a window announcing its oldest entry would have announced the same instant."""
+    apart = count.since - anchor.told_at
+    if apart < _APART or count.told_at >= anchor.back_at:
+        return False
+    return count.back_at - anchor.back_at > apart / 2
+
+
+def _all_back(known: _Count, count: _Count, sent_since_reset: int) -> bool:
+    """Whether ``count``, sent after ``known``'s reset, found the whole count back but what
+    was sent since, though ``known`` had more than one spent: one entry's leaving would not
+    have given that much back."""
+    if known.whole is None or known.whole - known.left < 2:
+        return False
+    return count.left + sent_since_reset >= known.whole
+
+
+def reset_window(state: _Host, kind: str, until: float, age: float, *, counted: bool) -> float:
+    """The longest a full-reset host's sliding window can be, by this answer (its reset plus
+    the answered attempt's age) and the least bound a counted answer told before."""
+    window = until + age
+    least = min(window, state.windows.get(kind, window))
+    if counted:
+        state.windows[kind] = least
+    return least
+
+
+def _forget(taken: deque[_Taking], now: float) -> None:
+    """Drop the attempts no count or window can hold any more."""
+    while taken and (
+        taken[0].sent_at <= now - _KEPT_FOR
+        or (taken[0].ended_at is not None and taken[0].ended_at <= now - _PERIOD)
+    ):
+        taken.popleft()
 
 
 def _uncounted(taken: deque[_Taking], count: _Count, kind: str, now: float) -> int:
     """What attempts took of ``kind`` that ``count`` may not hold yet: every one but its own
     that had not ended when its attempt was sent (sent concurrently, it may have reached the
-    server later), each for a minute at most."""
+    server later), each for a period at most."""
     return sum(
         taking.amounts.get(kind, 0)
         for taking in taken
         if taking.mark != count.mark
         and (taking.ended_at is None or taking.ended_at > count.since)
-        and taking.sent_at > now - _COUNTED_FOR
+        and taking.sent_at > now - _PERIOD
     )
 
 
@@ -326,6 +454,7 @@ class QuotaGate:
             feedback.announced,
             sent=admission.sent,
             counted=feedback.used is not None,
+            refused=feedback.congested,
         )
 
     def abandon(self, admission: Admission) -> None:
