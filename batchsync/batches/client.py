@@ -30,7 +30,7 @@ from ..core.budget import Allowance
 from ..core.decide import Attempted, decide
 from ..core.redact import Secrets
 from ..core.verdict import Verdict, terminal
-from ..http.classify import classify_http_exception, classify_status
+from ..http.classify import SHOULD_RETRY, classify_http_exception, classify_status
 from ..http.decode import InvalidBody, decode_body
 from ..http.exchange import BodyTooLarge, Recipe, Reply
 from ..http.guard import PrivateAddress
@@ -611,7 +611,10 @@ def _judged(
     status: int, headers: Mapping[str, str], now: float, retryable: frozenset[int]
 ) -> Verdict:
     """A live attempt's Verdict on a non-2xx answer; a redirect, not followed, is final."""
-    verdict = classify_status(status, retry_after_of(headers), now, None, retryable)
+    said = headers.get(SHOULD_RETRY)
+    verdict = classify_status(
+        status, retry_after_of(headers), now, None, retryable, should_retry=said
+    )
     if verdict is None:
         return terminal("redirect", f"HTTP {status} (a redirect: not followed)")
     return verdict

@@ -46,6 +46,8 @@ def classify_status(
     now: float,
     quota: float | None = None,
     retryable: frozenset[int] = RETRYABLE,
+    *,
+    should_retry: str | None = None,
 ) -> Verdict | None:
     """None for a 2xx or 3xx (the body decides); otherwise a retry or terminal Verdict.
 
@@ -56,7 +58,10 @@ def classify_status(
     HTTP-dates; ``quota`` the seconds until the host's quota resets when its headers say none
     is left (``quota.quota_wait``). A 403 with either is a rate limit (GitHub's rule), retried
     after it; the longer of the two is the floor under the next wait. ``retryable``: the
-    statuses retried (the caller's ``retry_statuses``).
+    statuses retried (the caller's ``retry_statuses``). ``should_retry``: the raw
+    ``x-should-retry`` header, the server's own word, which the official OpenAI and Anthropic
+    SDKs obey over the status: ``false`` final, ``true`` retried, by any method (the server
+    says a new try is safe).
     """
     if 200 <= status_code < 400:
         return None
@@ -65,11 +70,21 @@ def classify_status(
     if quota is not None:
         wait = quota if wait is None else max(wait, quota)
     facts = HttpFacts(status_code, quota=quota)
-    if status_code in retryable or (status_code == 403 and wait is not None):
-        # (a 429 or 403 refused the request: nothing was done, any method may go again)
-        refused = status_code in _REFUSED_STATUSES
-        return Verdict("retry", "status", error, facts, retry_after=wait, unprocessed=refused)
+    word = _SERVER_WORDS.get((should_retry or "").strip().lower())
+    if word is False:
+        return terminal("status", error, facts)
+    if word or status_code in retryable or (status_code == 403 and wait is not None):
+        # (a 429 or 403 refused the request, nothing was done; or the server says a new try
+        # is safe: any method may go again)
+        unprocessed = word is True or status_code in _REFUSED_STATUSES
+        return Verdict("retry", "status", error, facts, retry_after=wait, unprocessed=unprocessed)
     return terminal("status", error, facts)
+
+
+# The header in which a server says whether to try again, and what it may say (any other
+# value says nothing).
+SHOULD_RETRY = "x-should-retry"
+_SERVER_WORDS = {"true": True, "false": False}
 
 
 def classify_refused_answer(
@@ -78,11 +93,13 @@ def classify_refused_answer(
     retry_after: str | None,
     now: float,
     retryable: frozenset[int] = RETRYABLE,
+    *,
+    should_retry: str | None = None,
 ) -> Verdict:
     """A response the caller's hook raised ``error`` for (``raise_for_status``): judged by
     its status, as that response would have been (a 503 retried, after its Retry-After); the
     hook's error, final, when the status alone says nothing failed."""
-    verdict = classify_status(status, retry_after, now, retryable=retryable)
+    verdict = classify_status(status, retry_after, now, None, retryable, should_retry=should_retry)
     if verdict is None:
         return terminal("status", describe(error), HttpFacts(status))
     return verdict

@@ -19,6 +19,7 @@ from ..core.task import Route, Task
 from ..core.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
 from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth, Token
 from ..http.classify import (
+    SHOULD_RETRY,
     classify_http_exception,
     classify_refused_answer,
     classify_status,
@@ -404,6 +405,7 @@ class HttpJob:
                     answer.headers.get("Retry-After"),
                     self._unix_time(),
                     self._retryable,
+                    should_retry=answer.headers.get(SHOULD_RETRY),
                 )
                 landed = self._landed(answer.url, own, request)
                 facts = HttpFacts(answer.status_code, landed, refused.redirects)
@@ -441,7 +443,14 @@ class HttpJob:
         )
         if not 200 <= status < 300:  # (the Retry-After look-up and the clock only when needed)
             retry_after = retry_after_of(reply.headers)
-            failed = classify_status(status, retry_after, self._unix_time(), quota, self._retryable)
+            failed = classify_status(
+                status,
+                retry_after,
+                self._unix_time(),
+                quota,
+                self._retryable,
+                should_retry=reply.headers.get(SHOULD_RETRY),
+            )
             if failed is not None:
                 self._transport.discard(reply, wall_end)
                 facts = facts_of(failed)._replace(
