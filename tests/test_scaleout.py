@@ -259,3 +259,31 @@ def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> Non
     time.sleep(0.8)
     refused, wait = one.take(60, window, object(), 5.0)
     assert refused is None and wait == pytest.approx(0.2, abs=0.15)
+
+
+def test_a_short_take_beside_a_long_attempt_in_flight_shortens_no_key(redis_url: str) -> None:
+    """A 300 s attempt in flight, then a take of an attempt with 1 s left beside it: every key
+    of the shared log still lives as long as the first needs (each take used to set the keys'
+    expiry from its own allowance, so 63 s later the log had forgotten the attempt still in
+    flight and two were let through where the count allowed one)."""
+    import redis
+
+    from batchsync.contrib import shared_limits
+    from batchsync.limits.rates import Window
+
+    quota, window = namespace(), Window(1000, 10)  # (paced one each 10 ms)
+    log = shared_limits(redis_url, quota, 10.0).window("requests")
+    long, _ = log.take(1, window, object(), 300.0)
+    time.sleep(0.05)
+    short, _ = log.take(1, window, object(), 1.0)
+    assert long is not None and short is not None
+    client = redis.Redis.from_url(redis_url)
+
+    def lives() -> dict[object, int]:
+        return {key: client.ttl(key) for key in client.keys(f"batchsync:{quota}:requests:*")}
+
+    assert len(lives()) == 3 and min(lives().values()) >= 300 + 10, lives()
+    log.finish(short, None)  # (the ended entries' key is made, for a period and more)
+    ended = f"batchsync:{quota}:requests:ended".encode()
+    after = lives()
+    assert after.pop(ended) >= 10 and min(after.values()) >= 300 + 10, lives()

@@ -45,6 +45,16 @@ T = TypeVar("T")
 
 # Server time in seconds, as a float, inside a script.
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+# Keep every key at least ``seconds`` more, never less than another entry already needs:
+# whatever the order of takes, a short one beside a long one in flight shortens nothing.
+_KEEP = """
+local function keep(seconds)
+  seconds = math.ceil(seconds) + 60
+  for _, key in ipairs(KEYS) do
+    if redis.call('TTL', key) < seconds then redis.call('EXPIRE', key, seconds) end
+  end
+end
+"""
 
 # A window's log (see ``window``): KEYS[1] a hash of ``held`` (every entry's amount) and
 # ``paced`` (when the pace lets the next go), KEYS[2] the entries in flight (id -> when a
@@ -53,6 +63,7 @@ _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2])
 # attempt in flight ends).
 WINDOW_TAKE = (
     _NOW
+    + _KEEP
     + """
 local amount, count, interval = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local id, hold = ARGV[4], tonumber(ARGV[5])
@@ -85,13 +96,14 @@ redis.call('HSET', KEYS[4], id, tostring(amount))
 redis.call('ZADD', KEYS[2], now + hold, id)
 redis.call('HSET', KEYS[1], 'held', tostring(held + amount),
   'paced', tostring(math.max(paced, now) + amount * interval))
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, math.ceil(hold) + 60) end
+keep(hold)
 return '0'
 """
 )
 
 WINDOW_END = (
     _NOW
+    + _KEEP
     + """
 local id, used, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
@@ -106,6 +118,7 @@ if used > amount then
   redis.call('HINCRBYFLOAT', KEYS[1], 'held', used - amount)
 end
 redis.call('ZADD', KEYS[3], now + period, id)
+keep(period)
 return 1
 """
 )
