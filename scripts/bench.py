@@ -11,7 +11,8 @@ method and concurrency: median requests/s, CPU ms per request, efficiency agains
 N / 50 ms, connections the server saw opened, peak RSS, and the ratio to the hand-rolled
 baseline of the same run. A peer that is not installed is skipped with a note. Then the CLI's
 peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against these medians.
-Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``). Writes
+Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``), and the cost of the
+announced limits over a long run (``scripts/bench_quota.py``). Writes
 docs/benchmarks.md and docs/benchmarks.png; ``--only llm`` rewrites only that section.
 """
 
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_llm  # noqa: E402
+import bench_quota  # noqa: E402
 from bench_durability import peak_rss  # noqa: E402
 
 from tests.mockserver import start_mock_server  # noqa: E402
@@ -370,6 +372,7 @@ def main() -> None:
             mock.process.terminate()
             mock.process.wait(timeout=10)
     llm = bench_llm.section(llm_repeats)
+    quota = bench_quota.section(args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
@@ -424,6 +427,8 @@ def main() -> None:
         *(f"| {size:,} | {rss:.0f} | {seconds:.1f} |" for size, rss, seconds in failing),
         "",
         *llm,
+        "",
+        *quota,
     ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out} and {picture}")

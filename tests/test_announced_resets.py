@@ -13,6 +13,7 @@ import pytest
 from batchsync.core.verdict import Announced
 from batchsync.http.quota import answer_limits
 from batchsync.limits.quota import AnnouncedCounts
+from batchsync.limits.taken import TakenLog, Taking
 from batchsync.limits.window import INFINITE
 
 
@@ -196,3 +197,25 @@ def test_a_refusal_puts_a_full_reset_host_back_to_what_answers_confirm() -> None
     clock.now = 101.5
     takes(counts, 1)
     assert wait_of(counts) == INFINITE  # and after it, one probe
+
+
+def test_the_log_of_what_attempts_took_answers_from_running_sums() -> None:
+    """In flight and ended sums, what ended after an instant, and forgetting: an ended attempt
+    a period after its end, one in flight once no attempt could last that long."""
+    log = TakenLog(kept=60.0, longest=120.0)
+    for mark, sent in ((1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)):
+        log.take(Taking(mark, {"tokens": 10 * mark}, sent))
+    assert log.in_flight("tokens") == 100
+    for mark, end in ((2, 5.0), (1, 6.0), (4, 7.0)):
+        taking = log.drop(mark)
+        assert taking is not None
+        log.end(taking, taking.sent_at, end)
+    assert log.drop(5) is None
+    assert log.in_flight("tokens") == 30
+    assert log.ended_after(5.0, "tokens") == 50 and log.ended_after(4.0, "tokens") == 70
+    assert [t.mark for t in log.ended_by(6.0)] == [1, 2]
+    assert [t.mark for t in log.ended_since(6.0)] == [1, 4]
+    log.forget(65.5)  # the first to end (at 5) is forgotten
+    assert log.ended_after(0.0, "tokens") == 50
+    log.forget(122.0)  # no attempt lasts 120 s: the one in flight is forgotten too
+    assert log.in_flight("tokens") == 0 and log.ended_after(0.0, "tokens") == 0

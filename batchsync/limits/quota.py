@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 from ..core.admission import Admission
 from ..core.clock import Clock
@@ -51,6 +51,7 @@ from ..core.verdict import Announced, ErrorKind, Feedback
 from .cooldown import Holds
 from .gate import POLL_SECONDS, GateOption, Waiting
 from .shared import CooldownBoard, SharedLimits
+from .taken import TakenLog, Taking
 from .window import INFINITE
 
 # The cooldown board's key of a host's quota reset (beside its cooldown's, the host itself).
@@ -79,24 +80,15 @@ class _Count:
     back_at: float
     mark: int
     since: float
+    own: int  # what the answered attempt took of it
     back: list[tuple[float, int]] = field(default_factory=list)
-
-
-@dataclass
-class _Taking:
-    """What one attempt took, when it was let through (then sent) and when it ended."""
-
-    mark: int
-    amounts: dict[str, int]
-    sent_at: float
-    ended_at: float | None = None
 
 
 @dataclass
 class _Host:
     counts: dict[str, _Count] = field(default_factory=dict)
     alone: dict[str, int] = field(default_factory=dict)  # per kind: a limit told alone
-    taken: deque[_Taking] = field(default_factory=deque)  # oldest first
+    log: TakenLog = field(default_factory=lambda: TakenLog(kept=_PERIOD, longest=_KEPT_FOR))
     marks: int = 0
     heard: bool = False  # an attempt to it has ended
     windows: dict[str, float] = field(default_factory=dict)  # per kind: the least bound told
@@ -156,24 +148,20 @@ def count_wait(count: _Count, taken: int, amount: int, now: float, *, full: bool
     return min(max(evenly_at, window_at), count.back_at) - now
 
 
-def window_wait(taken: deque[_Taking], kind: str, limit: int, amount: int, now: float) -> float:
+def window_wait(log: TakenLog, kind: str, limit: int, amount: int, now: float) -> float:
     """Seconds until ``amount`` of ``kind`` fits under ``limit`` a period, each attempt counted
     until a period after it ended (infinite: until one in flight ends). More than the limit
     fits once nothing is counted."""
-    held = [took for took in taken if took.ended_at is None or took.ended_at > now - _PERIOD]
-    excess = sum(took.amounts.get(kind, 0) for took in held) + min(amount, limit) - limit
-    for took in sorted((took for took in held if took.ended_at is not None), key=_end):
-        if excess <= 0:
-            break
+    start = now - _PERIOD
+    excess = log.in_flight(kind) + log.ended_after(start, kind) + min(amount, limit) - limit
+    if excess <= 0:
+        return 0.0
+    for took in log.ended_since(start):
         excess -= took.amounts.get(kind, 0)
         if excess <= 0:
-            return _end(took) + _PERIOD - now
-    return 0.0 if excess <= 0 else INFINITE
-
-
-def _end(taking: _Taking) -> float:
-    assert taking.ended_at is not None
-    return taking.ended_at
+            assert took.ended_at is not None
+            return took.ended_at + _PERIOD - now
+    return INFINITE
 
 
 class AnnouncedCounts:
@@ -194,7 +182,7 @@ class AnnouncedCounts:
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
-            _forget(state.taken, now)
+            state.log.forget(now)
             amounts = {"requests": 1, "tokens": cost}
             wait = max(_wait(state, kind, amount, now) for kind, amount in amounts.items())
             if wait > 0:
@@ -203,7 +191,7 @@ class AnnouncedCounts:
             if probe and state.probe is not None:
                 return None, INFINITE
             state.marks += 1
-            state.taken.append(_Taking(state.marks, amounts, now))
+            state.log.take(Taking(state.marks, amounts, now))
             if probe:
                 state.probe = state.marks
             return state.marks, 0.0
@@ -228,12 +216,11 @@ class AnnouncedCounts:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
             state.heard = True
-            taking = self._taking(state, mark)
+            taking = state.log.drop(mark)
             if taking is None and said is not None:  # (sent before anything was told: kept now)
-                taking = _Taking(mark, {"requests": 1}, now)
-                state.taken.append(taking)
+                taking = Taking(mark, {"requests": 1}, now)
             if taking is not None:
-                taking.sent_at, taking.ended_at = now if sent is None else sent, now
+                state.log.end(taking, now if sent is None else sent, now)
             if refused and said is not None:
                 state.full, state.refused = False, True
             if taking is not None and said is not None:
@@ -248,14 +235,8 @@ class AnnouncedCounts:
             state = self._hosts.setdefault(host, _Host())
             if state.probe == mark:
                 state.probe = None
-            taking = self._taking(state, mark)
-            if taking is not None:
-                state.taken.remove(taking)
+            state.log.drop(mark)
             self._wake()
-
-    @staticmethod
-    def _taking(state: _Host, mark: int) -> _Taking | None:
-        return next((took for took in reversed(state.taken) if took.mark == mark), None)
 
     def _wake(self) -> None:
         """(under the lock) Wake every waiter for an answer; the next one sets a new event."""
@@ -272,14 +253,15 @@ def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     count, limit = state.counts.get(kind), state.alone.get(kind)
     wait = 0.0
     if count is not None:
-        taken = _uncounted(state.taken, count, kind, now)
-        wait = count_wait(count, taken, amount, now, full=state.full)
+        wait = count_wait(
+            count, _uncounted(state.log, count, kind, now), amount, now, full=state.full
+        )
     if limit is not None:
-        wait = max(wait, window_wait(state.taken, kind, limit, amount, now))
+        wait = max(wait, window_wait(state.log, kind, limit, amount, now))
     return wait
 
 
-def _told(state: _Host, said: Announced, answered: _Taking, now: float, *, counted: bool) -> None:
+def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counted: bool) -> None:
     """Set the host's counts from what the answer to ``answered`` told; a count told by an
     answer to an attempt sent before the one that set it is older, and stays out."""
     since = answered.sent_at
@@ -293,19 +275,24 @@ def _told(state: _Host, said: Announced, answered: _Taking, now: float, *, count
         if left is None or (known is not None and known.since > since):
             continue
         whole = said_whole if said_whole is not None or known is None else known.whole
-        count = _Count(left, whole, now, now + (reset if reset is not None else _PERIOD),
-                       answered.mark, since)  # fmt: skip
+        until = reset if reset is not None else _PERIOD
+        count = _Count(
+            left, whole, now, now + until, answered.mark, since, own=answered.amounts.get(kind, 0)
+        )
         if not state.refused and not state.full:
             state.full = _shows_full(state, kind, known, count)
         anchor = state.anchors.get(kind)
         if anchor is None or since >= anchor.back_at:
             state.anchors[kind] = count
-        if whole is not None:
-            window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
-            count.back = _given_back(
-                state.taken, answered.mark, kind, spent=whole - left, window=window, count=count
-            )
         state.counts[kind] = count
+        if whole is None:
+            continue
+        window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
+        log, start = state.log, now - window  # (what ended by then had left the window)
+        if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) > 0:
+            # (else nothing of ours to give back: requests that weigh no tokens)
+            ours = chain([answered], log.ended_by(since))
+            count.back = _given_back(ours, kind, spent=whole - left, window=window, count=count)
 
 
 def _shows_full(state: _Host, kind: str, known: _Count | None, count: _Count) -> bool:
@@ -315,7 +302,9 @@ def _shows_full(state: _Host, kind: str, known: _Count | None, count: _Count) ->
         return True
     if known is None or count.since < known.back_at:
         return False
-    sent = sum(took.amounts.get(kind, 0) for took in state.taken if took.sent_at >= known.back_at)
+    log = state.log
+    since_reset = chain(log.flying.values(), log.ended_since(known.back_at))
+    sent = sum(took.amounts.get(kind, 0) for took in since_reset if took.sent_at >= known.back_at)
     return _all_back(known, count, sent)
 
 
@@ -348,49 +337,34 @@ def reset_window(state: _Host, kind: str, until: float, age: float, *, counted: 
     return least
 
 
-def _forget(taken: deque[_Taking], now: float) -> None:
-    """Drop the attempts no count or window can hold any more."""
-    while taken and (
-        taken[0].sent_at <= now - _KEPT_FOR
-        or (taken[0].ended_at is not None and taken[0].ended_at <= now - _PERIOD)
-    ):
-        taken.popleft()
-
-
-def _uncounted(taken: deque[_Taking], count: _Count, kind: str, now: float) -> int:
+def _uncounted(log: TakenLog, count: _Count, kind: str, now: float) -> int:
     """What attempts took of ``kind`` that ``count`` may not hold yet: every one but its own
     that had not ended when its attempt was sent (sent concurrently, it may have reached the
-    server later), each for a period at most."""
-    return sum(
-        taking.amounts.get(kind, 0)
-        for taking in taken
-        if taking.mark != count.mark
-        and (taking.ended_at is None or taking.ended_at > count.since)
-        and taking.sent_at > now - _PERIOD
-    )
+    server later), each until a period after it ended."""
+    counted_own = count.since < count.told_at and count.told_at > now - _PERIOD  # (still kept)
+    return log.in_flight(kind) + log.ended_after(count.since, kind) - counted_own * count.own
 
 
 def _given_back(
-    taken: deque[_Taking], mark: int, kind: str, *, spent: int, window: float, count: _Count
+    counted: Iterable[Taking], kind: str, *, spent: int, window: float, count: _Count
 ) -> list[tuple[float, int]]:
     """When a sliding window would give back the ``spent`` part of ``count``: the newest of our
-    attempts that it holds for sure (the answered one, and those that had ended before it was
-    sent), each at its end plus ``window``; (instant, amount back by then), in order."""
+    attempts that it holds for sure (``counted``: the answered one, then those that had ended
+    before it was sent, newest first, as far as those still in the window when the answer was
+    made: so as many as the limit lets through a window, however long the run), each at its
+    end plus ``window``; (instant, amount back by then), in order."""
     returns: list[tuple[float, int]] = []
     explained = 0
-    for taking in reversed(taken):
-        counted = taking.ended_at is not None and taking.ended_at <= count.since
-        if taking.mark != mark and not counted:
-            continue
+    for taking in counted:
         amount = taking.amounts.get(kind, 0)
-        if explained + amount > spent:
-            break
+        left_before = taking.ended_at is not None and taking.ended_at + window <= count.told_at
+        if left_before or explained + amount > spent:
+            break  # (it, and all older, had left the window when the answer was made)
         explained += amount
         if taking.ended_at is not None and taking.ended_at + window < count.back_at:
             returns.append((taking.ended_at + window, amount))
-    returns.sort()
     back, total = [], 0
-    for instant, amount in returns:
+    for instant, amount in sorted(returns):
         total += amount
         back.append((instant, total))
     return back

@@ -1,0 +1,110 @@
+"""The cost of the announced limits over a long run: client CPU per request against a server
+whose every answer carries OpenAI's ``x-ratelimit-*`` headers (a count far from spent), at
+2 000, 20 000 and 100 000 requests, and with ``quota_headers=False`` beside it.
+
+    python scripts/bench_quota.py [--quick]
+
+The bookkeeping must cost the same at request 100 000 as at request 2 000 (within 20 %) and
+stay within 1.3x of not reading the headers at all. The server runs in a process of its own;
+the CPU is the client process's (every thread), measured around ``fetch_all`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    served = 0
+    def do_GET(self):
+        Handler.served += 1
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("x-ratelimit-limit-requests", "1000000000")
+        self.send_header("x-ratelimit-remaining-requests", str(1000000000 - Handler.served))
+        self.send_header("x-ratelimit-reset-requests", "6ms")
+        self.send_header("x-ratelimit-limit-tokens", "1000000000")
+        self.send_header("x-ratelimit-remaining-tokens", "999999000")
+        self.send_header("x-ratelimit-reset-tokens", "1s")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+CLIENT = """
+import json, sys, time
+from batchsync import fetch_all
+port, count, headers = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "on"
+urls = [f"http://127.0.0.1:{port}/{n}" for n in range(count)]
+started, cpu = time.monotonic(), time.process_time()
+rs = fetch_all(urls, concurrency=16, attempts=1, quota_headers=headers)
+print(json.dumps({"cpu_ms": (time.process_time() - cpu) * 1000 / count, "ok": len(rs.ok),
+                  "seconds": time.monotonic() - started}))
+"""
+
+
+def measure(port: int, count: int, headers: bool) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(port), str(count), "on" if headers else "off"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    figures: dict[str, float] = json.loads(done.stdout)
+    if figures["ok"] != count:
+        raise SystemExit(f"only {figures['ok']} of {count} requests succeeded")
+    return figures
+
+
+def section(quick: bool = False) -> list[str]:
+    """The benchmark's lines for docs/benchmarks.md."""
+    sizes = [2_000, 20_000] if quick else [2_000, 20_000, 100_000]
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        rows = [(size, measure(port, size, True), measure(port, size, False)) for size in sizes]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    first, last = rows[0][1]["cpu_ms"], rows[-1][1]["cpu_ms"]
+    worst = max(on["cpu_ms"] / off["cpu_ms"] for _, on, off in rows)
+    return [
+        "## Announced limits over a long run",
+        "",
+        "Client CPU per request against answers that all carry OpenAI's `x-ratelimit-*` "
+        "headers, `-c 16` (`scripts/bench_quota.py`). Targets: flat from the first size to the "
+        f"last within 20 % (here {last / first:.2f}x), within 1.3x of `quota_headers=False` "
+        f"(here at most {worst:.2f}x).",
+        "",
+        "| requests | CPU ms/request, headers read | the same, `quota_headers=False` | ratio |",
+        "| ---: | ---: | ---: | ---: |",
+        *(
+            f"| {size:,} | {on['cpu_ms']:.3f} | {off['cpu_ms']:.3f} | "
+            f"{on['cpu_ms'] / off['cpu_ms']:.2f} |"
+            for size, on, off in rows
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true")
+    print("\n".join(section(parser.parse_args().quick)))
+
+
+if __name__ == "__main__":
+    main()
