@@ -62,9 +62,10 @@ _RESET = "the server's reset is"
 _PERIOD = 60.0
 # How long an attempt still in flight is kept: no attempt lasts longer.
 _KEPT_FOR = 2 * _PERIOD
-# The least time between an answer and the next attempt sent for their resets to be compared:
-# well above how much the time an answer takes to arrive varies.
+# The least time between an answer and the next attempt sent for their resets to be compared.
 _APART = 0.2
+# How much later than the instant it means a reset may be written (OpenAI's to the millisecond).
+_ROUNDING = 0.001
 KINDS = ("requests", "tokens")
 
 
@@ -300,28 +301,33 @@ def _shows_full(state: _Host, kind: str, known: _Count | None, count: _Count) ->
     anchor = state.anchors.get(kind)
     if anchor is not None and _moved_later(anchor, count):
         return True
-    if known is None or count.since < known.back_at:
+    if kind != "requests" or known is None or count.since < known.back_at:
         return False
-    log = state.log
-    since_reset = chain(log.flying.values(), log.ended_since(known.back_at))
-    sent = sum(took.amounts.get(kind, 0) for took in since_reset if took.sent_at >= known.back_at)
+    sent = sum(
+        took.amounts.get(kind, 0)
+        for took in chain(state.log.flying.values(), state.log.ended_since(known.back_at))
+        if took.sent_at >= known.back_at
+    )
     return _all_back(known, count, sent)
 
 
 def _moved_later(anchor: _Count, count: _Count) -> bool:
-    """Whether the reset moved later, by more than the answers' own jitter, from ``anchor``
-    to ``count``, whose attempt was sent well after ``anchor`` was told and ended before its
-    reset: a window announcing its oldest entry would have announced the same instant."""
-    apart = count.since - anchor.told_at
-    if apart < _APART or count.told_at >= anchor.back_at:
+    """Whether the reset moved later from ``anchor`` to ``count`` by more than the time the
+    answers took to come (an answer read late reads its reset late), though ``count``'s
+    attempt was sent after ``anchor`` was told and answered before its reset: a window
+    announcing its oldest entry would have announced the same instant, that entry not having
+    left."""
+    late = anchor.told_at - anchor.since, count.told_at - count.since
+    before_reset = count.told_at < anchor.back_at - late[0]
+    if count.since < anchor.told_at + _APART or not before_reset:
         return False
-    return count.back_at - anchor.back_at > apart / 2
+    return count.back_at - anchor.back_at > late[1] + _ROUNDING
 
 
 def _all_back(known: _Count, count: _Count, sent_since_reset: int) -> bool:
-    """Whether ``count``, sent after ``known``'s reset, found the whole count back but what
-    was sent since, though ``known`` had more than one spent: one entry's leaving would not
-    have given that much back."""
+    """Whether ``count``, of requests, sent after ``known``'s reset, found the whole count
+    back but what was sent since, though ``known`` had more than one spent: one entry's leaving
+    would not have given that much back."""
     if known.whole is None or known.whole - known.left < 2:
         return False
     return count.left + sent_since_reset >= known.whole
