@@ -12,11 +12,11 @@ the whole count (OpenAI's and Anthropic's word, and a bucket, full again by then
 sliding window that announces when its OLDEST entry leaves, only that entry. So a host is
 first held as the latter: nothing is assumed back before the reset, and after it capacity
 comes back only as far as an answer confirms (one attempt, a probe, goes, and its answer tells
-the count anew). A host is read as the former once its answers show it (``_shows_full``):
-a reset that moved later while the entry that would have been its oldest was still counted
-(which a window announcing its oldest entry cannot do), or a probe after a reset that found
-the whole count back though more than one request had been spent. Then, between answers, no
-more is assumed back than either kind of full-reset server would have given:
+the count anew). A host is read as the former once its answers show it (``_moved_later``):
+a reset that moved later, by more than an answer's own latency can explain, while the entry
+that would have been its oldest was still counted, which a window announcing its oldest entry
+cannot do. Then, between answers, no more is assumed back than either kind of full-reset
+server would have given:
 
 * a server that refills as a bucket gives back evenly until the reset;
 * one that counts over a sliding window gives back an amount only when the request that took
@@ -62,8 +62,6 @@ _RESET = "the server's reset is"
 _PERIOD = 60.0
 # How long an attempt still in flight is kept: no attempt lasts longer.
 _KEPT_FOR = 2 * _PERIOD
-# The least time between an answer and the next attempt sent for their resets to be compared.
-_APART = 0.2
 # How much later than the instant it means a reset may be written (OpenAI's to the millisecond).
 _ROUNDING = 0.001
 KINDS = ("requests", "tokens")
@@ -280,9 +278,9 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
         count = _Count(
             left, whole, now, now + until, answered.mark, since, own=answered.amounts.get(kind, 0)
         )
-        if not state.refused and not state.full:
-            state.full = _shows_full(state, kind, known, count)
         anchor = state.anchors.get(kind)
+        if anchor is not None and not state.refused and not state.full:
+            state.full = _moved_later(anchor, count)
         if anchor is None or since >= anchor.back_at:
             state.anchors[kind] = count
         state.counts[kind] = count
@@ -296,41 +294,16 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
             count.back = _given_back(ours, kind, spent=whole - left, window=window, count=count)
 
 
-def _shows_full(state: _Host, kind: str, known: _Count | None, count: _Count) -> bool:
-    """Whether ``count`` shows the host's resets give the whole count back (see above)."""
-    anchor = state.anchors.get(kind)
-    if anchor is not None and _moved_later(anchor, count):
-        return True
-    if kind != "requests" or known is None or count.since < known.back_at:
-        return False
-    sent = sum(
-        took.amounts.get(kind, 0)
-        for took in chain(state.log.flying.values(), state.log.ended_since(known.back_at))
-        if took.sent_at >= known.back_at
-    )
-    return _all_back(known, count, sent)
-
-
 def _moved_later(anchor: _Count, count: _Count) -> bool:
-    """Whether the reset moved later from ``anchor`` to ``count`` by more than the time the
-    answers took to come (an answer read late reads its reset late), though ``count``'s
-    attempt was sent after ``anchor`` was told and answered before its reset: a window
-    announcing its oldest entry would have announced the same instant, that entry not having
-    left."""
-    late = anchor.told_at - anchor.since, count.told_at - count.since
-    before_reset = count.told_at < anchor.back_at - late[0]
-    if count.since < anchor.told_at + _APART or not before_reset:
+    """Whether the reset moved later from ``anchor`` to ``count`` by more than the time
+    ``count``'s answer took to come (an answer read late reads its reset late), ``count`` told
+    before ``anchor``'s reset less the time its answer took: a window announcing its oldest
+    entry would have announced the same instant, that entry not having left. (A full-reset
+    window's reset moves with its newest entry: by at least the time between ``anchor``'s
+    answer and the sending of ``count``'s attempt.)"""
+    if count.told_at >= anchor.back_at - (anchor.told_at - anchor.since):
         return False
-    return count.back_at - anchor.back_at > late[1] + _ROUNDING
-
-
-def _all_back(known: _Count, count: _Count, sent_since_reset: int) -> bool:
-    """Whether ``count``, of requests, sent after ``known``'s reset, found the whole count
-    back but what was sent since, though ``known`` had more than one spent: one entry's leaving
-    would not have given that much back."""
-    if known.whole is None or known.whole - known.left < 2:
-        return False
-    return count.left + sent_since_reset >= known.whole
+    return count.back_at - anchor.back_at > count.told_at - count.since + _ROUNDING
 
 
 def reset_window(state: _Host, kind: str, until: float, age: float, *, counted: bool) -> float:
