@@ -154,8 +154,9 @@ def test_the_headers_alone_pace_a_sliding_window_and_a_bucket(
     """No rate, no token budget and no retry-after on a 429: OpenAI's x-ratelimit headers
     alone, 3 000 tokens in 2 s, 125-token requests at 8 workers (before issue 33, 1 500 in 1 s:
     59 429s, the circuit opened, 3 items failed), whatever the reset means: the window empty
-    again, its oldest entry leaving (before issue 43: 50 429s), the bucket full again. The only 429s allowed are those of requests
-    that reached the server before its first answer. The headers tell after each answer, so
+    again, its oldest entry leaving (before issue 43: 50 429s), the bucket full again. The
+    only 429s allowed are those of requests that reached the server before its first answer.
+    The headers tell after each answer, so
     each attempt counts until a window after its answer: windows of 2 s keep a loaded
     machine's latency a small part of them (at 1 s, 10 of 12 a window in a loaded suite).
     120 requests: a bucket's opening takes up to two windows' worth in the first, and the
