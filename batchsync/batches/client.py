@@ -15,6 +15,7 @@ import math
 import random
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
 from contextlib import closing, suppress
@@ -38,11 +39,9 @@ from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
 from ..store.submissions import well_formed
-from .protocol import Endpoint, Files, index_of, is_row_id
+from .protocol import Endpoint, Files, data_page, error_message, index_of, is_row_id
 from .providers import provider_of
 
-# Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
-Pause = Callable[[float], bool]
 # A results download, a body too large for one attempt's timeout: bounded by the deadline,
 # else by this many seconds, and each of its reads by the timeout.
 _DOWNLOAD_SECONDS = 3600.0
@@ -95,44 +94,53 @@ class Calls:
     retry_if: RetryIf | None = None
 
 
-class Client:
-    """One provider's batch calls for one endpoint (see the module docstring). ``pause``
-    waits between tries (False: the run was stopped); ``over`` says the run must end now (it
-    was stopped, or its deadline came), checked as a download goes."""
+@dataclass(frozen=True)
+class Clocks:
+    """What a run's calls wait on and read the time from: ``stop``, set, ends the run (a wait
+    between tries, a download); ``ends`` is its deadline by ``clock`` (None: none); ``rand``
+    draws the backoff's jitter; ``unix_time`` is the wall clock."""
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        transport: Transport,
-        calls: Calls,
-        pause: Pause,
-        *,
-        over: Callable[[], bool] = lambda: False,
-        left: Callable[[], float | None] = lambda: None,
-        rand: Callable[[], float] = random.random,
-        unix_time: Callable[[], float] = time.time,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.endpoint = endpoint
-        self._transport = transport
-        self._clock = clock
-        self._calls = calls
-        self._pause = pause
-        self._over = over
-        self._left = left
-        self._rand = rand
-        self._unix_time = unix_time
-        # How far the provider's clock is ahead of this one, from its last ``Date`` header
-        # (None until one came): times the provider stamps are compared in its own clock.
-        self.clock_offset: float | None = None
-        self.provider = provider_of(endpoint)
-        self._batches = self.provider.batches_url(endpoint)
-        self._files = f"{endpoint.base}/files" if self.provider.shape.uploads else None
+    stop: threading.Event = field(default_factory=threading.Event)
+    ends: float | None = None
+    rand: Callable[[], float] = random.random
+    unix_time: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.monotonic
+
+    def pause(self, seconds: float) -> bool:
+        """Wait ``seconds``; False when the run was stopped meanwhile."""
+        return not self.stop.wait(max(0.0, seconds))
+
+    def left(self) -> float | None:
+        """Seconds to the deadline (None: there is none)."""
+        return None if self.ends is None else self.ends - self.clock()
+
+    def over(self) -> bool:
+        """Whether the run must end now: it was stopped, or its deadline came."""
+        left = self.left()
+        return self.stop.is_set() or (left is not None and left < 0)
+
+
+@dataclass
+class Client:
+    """One provider's batch calls for one endpoint (see the module docstring)."""
+
+    endpoint: Endpoint
+    transport: Transport
+    calls: Calls
+    clocks: Clocks = field(default_factory=Clocks)
+    # How far the provider's clock is ahead of this one, from its last ``Date`` header
+    # (None until one came): times the provider stamps are compared in its own clock.
+    clock_offset: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.provider = provider_of(self.endpoint)
+        self._batches = self.provider.batches_url(self.endpoint)
+        self._files = f"{self.endpoint.base}/files" if self.provider.shape.uploads else None
 
     def refusal(self) -> str | None:
         """Why the endpoint's host may not be sent to (deny_private refuses a private
         address, as it refuses a live row), or None."""
-        guard = self._transport.guard
+        guard = self.transport.guard
         if guard is None:
             return None
         try:
@@ -179,15 +187,14 @@ class Client:
 
     def recent(self, since: float) -> Iterator[Mapping[str, Any]]:
         """The provider's batches, newest first, back to the first page that reaches
-        ``since`` (unix seconds by this clock, compared with the provider's stamps in the
-        provider's clock), however many others made meanwhile: to find one this run created
+        ``since`` (this clock's unix seconds; see ``made_since``): to find one this run created
         but could not record. A list that cannot be followed to ``since`` (a cursor missing or
         repeated, the run's end) is a ProviderRefused to try later: the part waits, it is
         never submitted again on a guess."""
         params: dict[str, Any] = {"limit": 100}
         cursors: set[str] = set()
         while True:
-            if self._over():
+            if self.clocks.over():
                 raise ProviderRefused("the run ended while listing the batches", retryable=True)
             answer = self._json("GET", self._batches, "list the batches", params=params)
             page, more = self.provider.listed(answer)
@@ -227,25 +234,20 @@ class Client:
         answer = self._json(
             "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
         )
-        data = answer.get("data") if isinstance(answer, Mapping) else None
-        for found in data or ():
-            if isinstance(found, Mapping) and found.get("filename") == name:
-                return well_formed(self.provider.name, "file", found.get("id"))
-        return None
+        files, _ = data_page(answer)
+        found = next((file for file in files if file.get("filename") == name), {})
+        return well_formed(self.provider.name, "file", found.get("id"))
 
     # --- collecting ----------------------------------------------------------------------------
     def results(
         self, files: Files, batch: str, size: int, nonce: str, rows: Set[int]
     ) -> Iterator[Any]:
         """The results lines of an ended batch of ``size`` rows that name the ``rows`` of
-        the part with ``nonce`` this run reads, parsed (``Unread`` for a line that is too
-        large or not JSON Python can read, named by the custom_id at its start), from each
-        place the provider keeps them, and the first line that names a row of another part
-        (a batch listing only others' rows is not the part's).
-        They are downloaded whole first, each row's first line kept in a temporary file, so
-        that a row listed again with another answer is known before any is taken: it is
-        given as an ``Unread`` naming the conflict. A row listed again as it was is one
-        answer; a line larger than ``max_bytes`` cannot be compared and takes no part."""
+        the part with ``nonce`` this run reads, parsed (``Unread``: too large or not JSON,
+        named by the custom_id at its start), and the first naming another part's row. All
+        are downloaded first, each row's first line kept in a temporary file, so that a row
+        listed again with another answer is known before any is taken: it comes as an
+        ``Unread`` naming the conflict (a line over ``max_bytes`` cannot be compared)."""
         spool, listing = self._kept_results(files, batch, size, _Listing(nonce, rows))
         with spool:
             for stored in spool:
@@ -293,7 +295,7 @@ class Client:
         return custom_id_of(line, self.provider.row_key)
 
     def _parsed(self, line: bytes, oversized: bool) -> Any:
-        return _parsed(line, oversized, self._calls.max_bytes, self.provider.row_key)
+        return _parsed(line, oversized, self.calls.max_bytes, self.provider.row_key)
 
     def _results_urls(self, files: Files, batch: str) -> Iterator[str]:
         """Each place the provider keeps a batch's results; one on another origin than the
@@ -316,16 +318,14 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------
     def _json(self, method: str, url: str, doing: str, **how: Any) -> Any:
-        """The JSON answer of one call sent as ``_send`` sends it (``how``: its options and
-        what it sends); ProviderRefused when it cannot be had (a 404 with ``missing_ok``:
-        None). An answer that cannot be read (too large, not JSON, nested too deeply) is the
-        provider's fault, and may pass: it says nothing of what the call did (a create may
-        have made its batch)."""
+        """The JSON answer of one call sent as ``_send`` sends it (a 404 with ``missing_ok``:
+        None). An answer that cannot be read (too large, not JSON) may pass, so its
+        ProviderRefused is retryable: it says nothing of what the call did."""
         with self._send(method, url, doing, **how) as answer:
             if answer.reply is None:
                 return None
             try:
-                body = self._transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
+                body = self.transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
             except BodyTooLarge:
                 raise ProviderRefused(
                     f"could not {doing}: the provider's answer is larger than expected",
@@ -344,12 +344,11 @@ class Client:
             ) from None
 
     def _lines(self, url: str, rows: int) -> Generator[tuple[bytes, bool]]:
-        """Each line of a results download, as ``_split_lines`` gives them. A download is at
-        most ``max_bytes`` a row, so a hostile answer stays bounded."""
-        total = rows * self._calls.max_bytes + 2**20
+        """Each line of a results download (``_split_lines``), bounded by ``max_bytes`` a row."""
+        total = rows * self.calls.max_bytes + 2**20
         with self._send("GET", url, "download the results", download=True) as answer:
             yield from _split_lines(
-                self._bounded(self._chunks(answer), total), self._calls.max_bytes
+                self._bounded(self._chunks(answer), total), self.calls.max_bytes
             )
 
     def _bounded(self, chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
@@ -357,7 +356,7 @@ class Client:
         ``total`` bytes."""
         read = 0
         for chunk in chunks:
-            if self._over():
+            if self.clocks.over():
                 raise ProviderRefused("the run ended during the download", retryable=True)
             read += len(chunk)
             if read > total:
@@ -375,15 +374,14 @@ class Client:
         download: bool = False,
         **sent: Any,
     ) -> _Answer:
-        """The answer to one call whose headers have come (a 2xx; None for a 404 with
-        ``missing_ok``), tried again as a live attempt is: classified by ``classify_status``
-        and ``classify_http_exception``, judged by ``retry_if``, waited as ``decide`` says
-        (without ``retry``, one try, or more only after the provider said it did nothing, as a
-        POST is); a ProviderRefused when it cannot be had."""
-        calls = self._calls
+        """The answer to one call whose headers have come, tried again as a live attempt is
+        (classified, judged by ``retry_if``, waited as ``decide`` says; without ``retry``,
+        retried only after the provider said it did nothing, as a POST is); a ProviderRefused
+        when it cannot be had."""
+        calls, clocks = self.calls, self.clocks
         headers = {**calls.headers, **sent.pop("headers", {})}
         request = requests.Request(method, url, headers=headers, **sent)
-        recipe = replace(self._transport.prepare(request), follow=False)
+        recipe = replace(self.transport.prepare(request), follow=False)
         number = 0
         while True:
             number += 1
@@ -395,8 +393,8 @@ class Client:
             if calls.retry_if is not None:
                 verdict = judged(verdict, calls.retry_if)
             most = calls.attempts if retry else 1
-            attempted = Attempted(number, most, calls.attempts, self._clock())
-            decision = decide(verdict, attempted, calls.backoff, self._rand(), self._allowance())
+            attempted = Attempted(number, most, calls.attempts, clocks.clock())
+            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), self._allowance())
             if decision.wait is None:
                 final = decision.verdict
                 raise ProviderRefused(
@@ -406,7 +404,7 @@ class Client:
                     or final.error_kind in ("budget", "deadline"),
                     retry_after=final.retry_after,
                 )
-            if not self._pause(decision.wait):
+            if not clocks.pause(decision.wait):
                 raise Stopped
 
     def _try(
@@ -415,40 +413,39 @@ class Client:
         """One try of a call: its answer (a 2xx; a 404 allowed), or the Verdict on what came
         instead, with the status and the provider's message when an answer came."""
         try:
-            reply = self._transport.send(recipe, wall_end)
+            reply = self.transport.send(recipe, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
-            self._transport.finish()
+            self.transport.finish()
             return classify_http_exception(exc), None, ""
         self._read_clock(reply.headers)
         if 200 <= reply.status < 300:
-            return _Answer(self._transport, reply, wall_end)
+            return _Answer(self.transport, reply, wall_end)
         if reply.status == 404 and missing_ok:
-            self._transport.discard(reply, wall_end)
-            return _Answer(self._transport, None, wall_end)
-        said = self._error_text(reply, wall_end)
-        verdict = _judged(reply.status, reply.headers, self._unix_time(), self._calls.retryable)
-        return verdict, reply.status, said
+            self.transport.discard(reply, wall_end)
+            return _Answer(self.transport, None, wall_end)
+        said, now = self._error_text(reply, wall_end), self.clocks.unix_time()
+        return _judged(reply.status, reply.headers, now, self.calls.retryable), reply.status, said
 
     def _attempt_end(self, doing: str, download: bool) -> float:
         """When the next try must have ended: its timeout (a download: the longer bound)
         from now, never past the deadline."""
-        left = self._left()
+        left = self.clocks.left()
         if left is not None and left <= 0:
             raise ProviderRefused(f"could not {doing}: the run's time is over", retryable=True)
-        seconds = _DOWNLOAD_SECONDS if download else self._calls.timeout
-        return self._clock() + (seconds if left is None else min(seconds, left))
+        seconds = _DOWNLOAD_SECONDS if download else self.calls.timeout
+        return self.clocks.clock() + (seconds if left is None else min(seconds, left))
 
     def _allowance(self) -> Allowance:
         """What a wait before the next try may not pass: the deadline (the budget bounds a
         part's wait, not one call's)."""
-        left = self._left()
-        return Allowance(math.inf, None if left is None else self._clock() + left)
+        left = self.clocks.left()
+        return Allowance(math.inf, None if left is None else self.clocks.clock() + left)
 
     def _chunks(self, answer: _Answer) -> Iterator[bytes]:
         """A results download's chunks; a body cut short or too slow is a ProviderRefused
         that trying again may cure."""
         assert answer.reply is not None
-        chunks = self._transport.stream(answer.reply, answer.wall_end, self._calls.timeout)
+        chunks = self.transport.stream(answer.reply, answer.wall_end, self.calls.timeout)
         try:
             yield from chunks
         except Exception as exc:
@@ -461,22 +458,17 @@ class Client:
         """': message' from a provider's error body (OpenAI's and Anthropic's
         ``error.message``), read no further than a few KiB; the answer is closed."""
         try:
-            body = self._transport.read_body(reply, wall_end, 2**14)
+            body = self.transport.read_body(reply, wall_end, 2**14)
         except Exception:  # (too large, cut short: the status says enough)
             return ""
         finally:
             reply.close()
-            self._transport.finish()
+            self.transport.finish()
         try:
-            payload = decode_body(body, "json", None)
+            message = error_message(decode_body(body, "json", None))
         except InvalidBody:
             return ""
-        error = payload.get("error") if isinstance(payload, Mapping) else None
-        message = error.get("message") if isinstance(error, Mapping) else None
-        if not isinstance(message, str):
-            return ""
-        flat = " ".join(message.split())
-        return f": {flat[:200]}"
+        return f": {' '.join(message.split())[:200]}" if isinstance(message, str) else ""
 
     def _read_clock(self, headers: Mapping[str, str]) -> None:
         """The provider's clock against this one, from the answer's ``Date``."""
@@ -485,20 +477,20 @@ class Client:
         except (TypeError, ValueError, IndexError):
             return
         if said.tzinfo is not None:
-            self.clock_offset = said.timestamp() - self._unix_time()
+            self.clock_offset = said.timestamp() - self.clocks.unix_time()
 
     def _masked(self, text: str) -> str:
-        return self._calls.secrets.text(text)
+        return self.calls.secrets.text(text)
 
 
+@dataclass
 class _Answer:
     """An answer whose headers have come (``reply`` None: a 404 allowed), to be read within
     ``wall_end``; closed, and its attempt over, on leaving."""
 
-    def __init__(self, transport: Transport, reply: Reply | None, wall_end: float) -> None:
-        self._transport = transport
-        self.reply = reply
-        self.wall_end = wall_end
+    transport: Transport
+    reply: Reply | None
+    wall_end: float
 
     def __enter__(self) -> _Answer:
         return self
@@ -506,7 +498,7 @@ class _Answer:
     def __exit__(self, *exc: object) -> None:
         if self.reply is not None:
             self.reply.close()
-        self._transport.finish()
+        self.transport.finish()
 
 
 def _unkept(exc: OSError) -> ProviderRefused:

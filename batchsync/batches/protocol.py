@@ -8,6 +8,7 @@ Nothing here sends anything; ``client`` does, through the run's transport.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -209,3 +210,54 @@ def data_page(answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
     data = answer.get("data")
     page = [batch for batch in data if isinstance(batch, Mapping)] if isinstance(data, list) else []
     return page, answer.get("has_more") is True
+
+
+def error_message(body: Any) -> Any:
+    """What an error body says in ``error.message`` (OpenAI's and Anthropic's), else None."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    return error.get("message") if isinstance(error, Mapping) else None
+
+
+class BatchesApi:
+    """What OpenAI's and Anthropic's batch endpoints share, for a provider to inherit: the
+    batches at ``…/batches``, listed in ``data_page``s, a batch's status in ``status_field``,
+    each results line naming its row by ``custom_id`` and its tokens by ``usage_names``."""
+
+    name: str
+    shape: Shape
+    row_key = "custom_id"
+    status_field: str
+    usage_names: tuple[str, str]
+
+    def batches_url(self, endpoint: Endpoint) -> str:
+        return f"{endpoint.base}/batches"
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        return data_page(answer)
+
+    def status_of(self, batch: Mapping[str, Any]) -> str | None:
+        status = batch.get(self.status_field)
+        return status if isinstance(status, str) and status in self.shape.statuses else None
+
+    def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
+        return False
+
+    def failure_text(self, batch: Mapping[str, Any]) -> str:
+        return "the batch failed at the provider, giving no reason"
+
+    def answer_of(self, line: Any, nonce: str) -> Answer | None:
+        index = index_of(line.get("custom_id"), nonce) if isinstance(line, Mapping) else None
+        return None if index is None else self.row_answer(index, line)
+
+    def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
+        """The Answer of the results line of the row ``index``."""
+        raise NotImplementedError
+
+    def usage_of(self, data: Any) -> tuple[int, int]:
+        usage = data.get("usage") if isinstance(data, Mapping) else None
+        return token_counts(usage, self.usage_names)
+
+    def line(self, index: int, nonce: str, **fields: Any) -> bytes:
+        """A row as compact JSON: its ``custom_id``, then ``fields``."""
+        row = {"custom_id": custom_id(index, nonce), **fields}
+        return json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode()

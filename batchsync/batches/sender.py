@@ -13,16 +13,14 @@ part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal
 
 from ..core.backoff import Backoff
 from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result, result_of
-from ..core.verdict import ErrorKind, InvalidItem, success, terminal
+from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
 from ..http.spec import RequestSpec
 from ..store.submissions import (
@@ -76,16 +74,10 @@ class Plan:
     expect: object = "json"
 
     @property
-    def rows_cap(self) -> int:
-        """The most rows a part holds: as asked, never beyond the provider's cap."""
-        most = provider_of(self.endpoint).caps[0]
-        return min(self.max_rows or most, most)
-
-    @property
-    def bytes_cap(self) -> int:
-        """The most bytes a submission takes: as asked, never beyond the provider's cap."""
-        most = provider_of(self.endpoint).caps[1]
-        return min(self.max_bytes or most, most)
+    def caps(self) -> tuple[int, int]:
+        """The most rows and bytes a submission takes: as asked, never beyond the provider's."""
+        rows, size = provider_of(self.endpoint).caps
+        return min(self.max_rows or rows, rows), min(self.max_bytes or size, size)
 
 
 @dataclass
@@ -129,8 +121,9 @@ class _Cut:
     def fits(self, provider: BatchProvider, plan: Plan, line: int) -> bool:
         """Whether one more line of ``line`` bytes stays within the caps of one submission."""
         rows, size = len(self.lines) + 1, self.size + line
+        most_rows, most_bytes = plan.caps
         return rows == 1 or (
-            rows <= plan.rows_cap and provider.submission_size(rows, size) <= plan.bytes_cap
+            rows <= most_rows and provider.submission_size(rows, size) <= most_bytes
         )
 
 
@@ -159,15 +152,12 @@ class _Reading:
         """The answer of a results line (``Unread``: its row's ``invalid_body``) that is one
         of the part's rows not delivered yet; one naming another part's row counts in
         ``others`` (one that names nothing says nothing of whose batch it is)."""
-        if isinstance(line, Unread):
-            index = index_of(line.custom_id, self.nonce)
-            answer = (
-                None
-                if index is None
-                else Answer(index, False, None, None, "invalid_body", line.reason)
-            )
-        else:
+        if not isinstance(line, Unread):
             answer = provider.answer_of(line, self.nonce)
+        elif (index := index_of(line.custom_id, self.nonce)) is not None:
+            answer = Answer(index, False, None, None, "invalid_body", line.reason)
+        else:
+            answer = None
         if answer is None:
             self.others += is_row_id(custom_id_of(line, provider.row_key))
             return None
@@ -185,49 +175,35 @@ class BatchApiFailed(OSError):
     """The run cannot go on without risking a row twice or another's results as its own."""
 
 
+@dataclass
 class BatchRun:
-    """Sends the rows left through the batch endpoint (see the module docstring); stoppable
-    from a signal handler (``stop``)."""
+    """Sends the rows left through the batch endpoint (see the module docstring), waiting and
+    reading the time by the client's ``clocks``; stoppable from a signal handler (``stop``).
+    ``url``: the endpoint as Results show it; ``again``: the items read again."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        client: Client,
-        ledger: Ledger,
-        request_of: Callable[[object], RequestSpec],
-        url_shown: str,
-        *,
-        observer: Observer | None = None,
-        again: Callable[[], Iterable[tuple[int, object]]] | None = None,
-        mask: Callable[[str], str] = str,
-        stop: threading.Event | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        unix_time: Callable[[], float] = time.time,
-    ) -> None:
-        self._plan = plan
-        self._client = client
-        self._provider: BatchProvider = client.provider
-        self._ledger = ledger
-        self._request_of = request_of
-        self._url = url_shown
-        self._observer = observer or Observer()
-        self._clock = clock
-        self._unix_time = unix_time
-        self._stop = stop or threading.Event()
-        self._again = again
-        self._mask = mask
-        self._started = clock()
+    plan: Plan
+    client: Client
+    ledger: Ledger
+    request_of: Callable[[object], RequestSpec]
+    url: str
+    _: KW_ONLY
+    observer: Observer = field(default_factory=Observer)
+    again: Callable[[], Iterable[tuple[int, object]]] | None = None
+    mask: Callable[[str], str] = str
+
+    def __post_init__(self) -> None:
+        self._provider: BatchProvider = self.client.provider
+        self._clocks = clocks = self.client.clocks
+        self._clock, self._unix_time = clocks.clock, clocks.unix_time
+        self._started = self._clock()
 
     # --- Stoppable ----------------------------------------------------------------------------
     def stop(self) -> None:
-        self._stop.set()
+        self._clocks.stop.set()
 
     @property
     def stopped(self) -> bool:
-        return self._stop.is_set()
-
-    def pause(self, seconds: float) -> bool:
-        return pause(self._stop, seconds)
+        return self._clocks.stop.is_set()
 
     # --- the run --------------------------------------------------------------------------------
     def run(
@@ -239,7 +215,7 @@ class BatchRun:
         self._followed = _Followed()
         try:
             self._take(items)
-            if self._plan.cancel:
+            if self.plan.cancel:
                 self._cancel_all()
             self._follow()
         except Stopped:
@@ -252,10 +228,10 @@ class BatchRun:
         """Read the rows left: each that cannot go in a batch gets its Result now; each in a
         part still open is followed there; the rest are cut into new parts, each submitted as
         soon as it is full (so the input is read once, a part at a time)."""
-        open_parts = self._settled([part for part in self._ledger.parts() if part.open])
+        open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
-        cut = _Cut(max((part.number for part in self._ledger.parts()), default=0) + 1)
-        refusal = self._client.refusal()
+        cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
+        refusal = self.client.refusal()
         for index, item in items:
             if self.stopped:
                 return
@@ -275,17 +251,17 @@ class BatchRun:
         """Close each ended part none of whose rows this run was given (all have Results)."""
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
-                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
+                self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _body(self, index: int, item: object, refusal: str | None) -> Mapping[str, Any] | None:
         """The row's body, its id noted; None for a row no batch can carry (its Result given)."""
         try:
-            spec = self._request_of(item)
+            spec = self.request_of(item)
             if refusal is not None:
                 raise InvalidItem(refusal)
-            body = _body_of(spec, self._plan.endpoint)
+            body = _body_of(spec, self.plan.endpoint)
         except InvalidItem as exc:
-            self._give(_unsent(index, self._url, None, str(exc)), item)
+            self._give(self._unsent(index, str(exc)), item)
             return None
         if spec.id is not None:
             self._followed.ids[index] = spec.id
@@ -296,22 +272,20 @@ class BatchRun:
         self._followed.parts[earlier.number] = earlier
         self._followed.rows.setdefault(earlier.number, set()).add(index)
         if earlier.batch is None:
-            line = self._provider.request_line(self._plan.endpoint, index, body, earlier.nonce)
+            line = self._provider.request_line(self.plan.endpoint, index, body, earlier.nonce)
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
         """The part being cut, with the new row (submitting the full one first); a row too
         large for a submission, or any under --cancel, gets its Result instead."""
-        provider, plan = self._provider, self._plan
+        provider, plan = self._provider, self.plan
+        if plan.cancel:
+            self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
+            return cut
         line = provider.request_line(plan.endpoint, index, body, cut.nonce)
-        if plan.cancel or provider.submission_size(1, len(line)) > plan.bytes_cap:
-            reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
-            kind: ErrorKind = "invalid_request"
-            if plan.cancel:
-                reason, kind = _WITHDRAWN, "batch_cancelled"
-            self._give(
-                _unsent(index, self._url, self._followed.ids.get(index), reason, kind=kind), item
-            )
+        if provider.submission_size(1, len(line)) > plan.caps[1]:
+            reason = f"the row is larger than a submission may be ({plan.caps[1]} bytes)"
+            self._give(self._unsent(index, reason), item)
             return cut
         if not cut.fits(provider, plan, len(line)):
             self._plan_part(cut)
@@ -342,8 +316,8 @@ class BatchRun:
                     part = self._record(part, found)
             if part.batch is None:
                 if part.input_file is None and self._provider.shape.uploads:
-                    part = replace(part, input_file=self._client.file_named(_file_name(part)))
-                self._ledger.save(part.moved(DROPPED, self._unix_time()))
+                    part = replace(part, input_file=self.client.file_named(_file_name(part)))
+                self.ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
                 kept.append(part)
         return kept
@@ -352,12 +326,12 @@ class BatchRun:
         """A new part of the rows cut, recorded, then submitted."""
         part = Part(
             cut.number,
-            self._plan.passing,
-            self._plan.endpoint.provider,
+            self.plan.passing,
+            self.plan.endpoint.provider,
             ranges_of(index for index, _ in cut.lines),
             tag=cut.tag,
         ).moved(PLANNED, self._unix_time())
-        self._ledger.save(part)
+        self.ledger.save(part)
         self._followed.parts[cut.number] = part
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._submit(part)
@@ -382,10 +356,10 @@ class BatchRun:
             self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
             self._later(part, exc)
             return
-        if recorded is None or not self._plan.cancel:
+        if recorded is None or not self.plan.cancel:
             return
         try:  # (found after the cancels; one it will not cancel, ended already, is followed)
-            self._client.cancel(recorded.batch or "")
+            self.client.cancel(recorded.batch or "")
         except ProviderRefused as exc:
             log.warning("could not cancel the batch %s: %s", recorded.batch, exc)
 
@@ -394,11 +368,11 @@ class BatchRun:
         part = sending.part
         # (an OpenAI part submitted again after the token cap refused it has its file)
         lines = self._followed.lines.get(part.number, [])
-        if self._plan.cancel and not sending.unanswered:
+        if self.plan.cancel and not sending.unanswered:
             self._withdraw(part)  # (--cancel submits nothing)
             return None
         if part.input_file is None and self._provider.shape.uploads:
-            file_id = self._client.upload(lines, _file_name(part))
+            file_id = self.client.upload(lines, _file_name(part))
             sending.part = part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
             self._save(part)
             if self.stopped:  # (stopped during the upload: nothing is created)
@@ -406,7 +380,7 @@ class BatchRun:
         batch = self._find(part) if sending.unanswered else None
         if batch is not None:
             recorded = self._record(part, batch)
-        elif self._plan.cancel:  # (its create made no batch: there is none to cancel)
+        elif self.plan.cancel:  # (its create made no batch: there is none to cancel)
             self._withdraw(part)
             return None
         else:
@@ -422,7 +396,7 @@ class BatchRun:
         sending.part = part
         self._save(part)
         try:
-            made = self._client.create(input_file=part.input_file, lines=lines, part=part.number)
+            made = self.client.create(input_file=part.input_file, lines=lines, part=part.number)
             return self._record(part, made)
         except ProviderRefused as exc:
             if exc.status is not None and exc.status < 500:
@@ -437,7 +411,7 @@ class BatchRun:
         """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
         unsent, and the part is dropped (a file it uploaded is deleted with the rest)."""
         self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
-        self._ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
+        self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
     def _later(self, part: Part, refused: ProviderRefused) -> None:
@@ -466,10 +440,10 @@ class BatchRun:
             ) from None
 
     def _look_for(self, part: Part) -> Mapping[str, Any] | None:
-        known = {p.batch for p in self._ledger.parts() if p.batch is not None}
+        known = {p.batch for p in self.ledger.parts() if p.batch is not None}
         since = (part.submitted or 0.0) - _CLOCK_SKEW
         candidates, unsure = [], 0
-        for batch in self._client.recent(since):
+        for batch in self.client.recent(since):
             whose = self._whose(batch, part, known, since)
             unsure += whose == "unsure"
             if whose == "mine":
@@ -498,7 +472,7 @@ class BatchRun:
             return None
         if provider.identifies_rows:
             return "mine"
-        if not self._client.made_since(provider.created_at(batch), since):
+        if not self.client.made_since(provider.created_at(batch), since):
             return None
         if provider.status_of(batch) not in provider.shape.ended:
             return "unsure"
@@ -508,7 +482,7 @@ class BatchRun:
         """Whether an ended batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
         files = self._provider.files_of(batch)
-        given = self._client.row_of(self._client.first_result(files, batch_id, part.size))
+        given = self.client.row_of(self.client.first_result(files, batch_id, part.size))
         return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
@@ -526,11 +500,11 @@ class BatchRun:
             raise ProviderRefused("the provider answered the create without a batch id")
         status = provider.status_of(batch) or provider.shape.statuses[0]
         part = part.moved(status, self._unix_time(), batch=batch_id)
-        self._ledger.save(part)
+        self.ledger.save(part)
         return part
 
     def _save(self, part: Part) -> None:
-        self._ledger.save(part)
+        self.ledger.save(part)
         self._followed.parts[part.number] = part
 
     # --- following -----------------------------------------------------------------------------
@@ -540,7 +514,7 @@ class BatchRun:
         rounds = 0
         while self._round() and not self._out_of_time():
             rounds += 1
-            if not self.pause(self._until_next(rounds)):
+            if not self._clocks.pause(self._until_next(rounds)):
                 return
 
     def _round(self) -> bool:
@@ -584,7 +558,7 @@ class BatchRun:
         """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
         tried later, or for good the part held; a status unknown: polled again)."""
         try:
-            batch = self._client.retrieve(part.batch or "")
+            batch = self.client.retrieve(part.batch or "")
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
@@ -621,7 +595,7 @@ class BatchRun:
         elapsed = self._elapsed(part)
         files = self._provider.files_of(batch)
         try:
-            lines = self._client.results(
+            lines = self.client.results(
                 files, str(part.batch), part.size, reading.nonce, reading.rows
             )
             for line in lines:
@@ -651,7 +625,7 @@ class BatchRun:
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
             self._hold(part, f"the results of the batch {part.batch} {_UNLISTED}")
             return
-        self._ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
+        self.ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
 
     def _fail_part(self, part: Part, reason: str, status: int | None) -> None:
@@ -664,20 +638,8 @@ class BatchRun:
         self, part: Part, reason: str, kind: ErrorKind, status: int | None = None
     ) -> None:
         """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
-        done = self._followed.delivered.get(part.number, set())
-        self._give_failures(
-            {
-                index: _unsent(
-                    index,
-                    self._url,
-                    self._followed.ids.get(index),
-                    reason,
-                    kind=kind,
-                    status=status,
-                )
-                for index in self._followed.given(part) - done
-            }
-        )
+        rest = self._followed.given(part) - self._followed.delivered.get(part.number, set())
+        self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
 
     def _cancel_all(self) -> None:
         """--cancel: ask the provider to cancel every batch of the run still open (and its
@@ -685,17 +647,17 @@ class BatchRun:
         ones ran is still collected. One whose rows all have Results already (the deadline or
         budget ended their wait) is done with once cancelled: its rows keep them. One gone at
         the provider is closed: its followed rows end ``batch_errored``."""
-        for part in self._ledger.parts():
+        for part in self.ledger.parts():
             if part.batch is None or not part.open:
                 continue
             try:
-                batch = self._client.retrieve(part.batch)
+                batch = self.client.retrieve(part.batch)
                 if not (isinstance(batch, Mapping) and self._provider.belongs_to(batch, part)):
                     log.warning(
                         "the batch %s is not part %d's: not cancelled", part.batch, part.number
                     )
                     continue
-                self._client.cancel(part.batch)
+                self.client.cancel(part.batch)
             except ProviderRefused as exc:
                 if exc.status != 404:
                     log.warning("could not cancel the batch %s: %s", part.batch, exc)
@@ -705,13 +667,13 @@ class BatchRun:
                     self._fail_part(part, gone, 404)
                     continue
             if part.number not in self._followed.parts:
-                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
+                self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
         """End the wait of the parts the deadline or budget leaves no time for: each of their
         rows gets a ``deadline``/``budget`` Result (the batch goes on at the provider, and a
         later run polls it again). True when the deadline has passed."""
-        plan = self._plan
+        plan = self.plan
         if plan.deadline is not None and self._clock() - self._started >= plan.deadline:
             self._run_out("deadline", lambda part: True)
             return True
@@ -736,7 +698,7 @@ class BatchRun:
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
         self._fail_rest(part, reason, kind)
         if part.batch is not None:
-            self._ledger.save(part.moved(HELD, self._unix_time()))
+            self.ledger.save(part.moved(HELD, self._unix_time()))
         self._followed.parts.pop(part.number)
 
     def finish(self) -> None:
@@ -744,24 +706,24 @@ class BatchRun:
         closed): close each part whose rows were all delivered (its batch ended, nothing
         held), then delete what the provider keeps of each closed part, unless asked to keep
         it; a part that cannot be cleaned is tried again by a later run."""
-        for found in self._ledger.parts():
+        for found in self.ledger.parts():
             if self.stopped:  # (a later run closes and cleans what is left)
                 return
             part = found
             if part.state in self._provider.shape.ended:
                 part = part.moved(COLLECTED, self._unix_time())
-                self._ledger.save(part)
+                self.ledger.save(part)
             if part.state not in (COLLECTED, DROPPED):
                 continue
             try:
-                if not self._plan.keep_files:
+                if not self.plan.keep_files:
                     self._clean(part)
             except (ProviderRefused, Stopped) as exc:
                 log.warning(
                     "could not delete part %d's files at the provider: %s", part.number, exc
                 )
                 continue
-            self._ledger.save(part.moved(CLEANED, self._unix_time()))
+            self.ledger.save(part.moved(CLEANED, self._unix_time()))
 
     def _clean(self, part: Part) -> None:
         """Delete what the provider keeps of ``part``: only what its batch names as its own,
@@ -769,27 +731,27 @@ class BatchRun:
         never deletes another's file or batch."""
         provider = self._provider
         if part.batch is None:
-            named = part.input_file and self._client.file_name(part.input_file) == _file_name(part)
+            named = part.input_file and self.client.file_name(part.input_file) == _file_name(part)
             if part.input_file and named:
-                self._client.delete_file(part.input_file)
+                self.client.delete_file(part.input_file)
             return
         try:
-            batch = self._client.retrieve(part.batch)
+            batch = self.client.retrieve(part.batch)
         except ProviderRefused as exc:
             if exc.status == 404:  # (gone at the provider already: nothing to delete)
                 return
             raise
         if not (isinstance(batch, Mapping) and provider.belongs_to(batch, part)):
             return
-        for url in provider.leftovers(self._plan.endpoint, part.batch, batch):
-            self._client.delete(url)
+        for url in provider.leftovers(self.plan.endpoint, part.batch, batch):
+            self.client.delete(url)
 
     # --- Results ---------------------------------------------------------------------------------
     def _give(self, result: Result, item: object) -> None:
         if result.error is not None:  # (a provider's message may echo the key)
-            result = replace(result, error=self._mask(result.error))
+            result = replace(result, error=self.mask(result.error))
         self._deliver(result, item)  # (journaled first: an observer that raises loses none)
-        self._observer.item_finished(result)
+        self.observer.item_finished(result)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
         """Deliver failed Results with their items, read again from the input (``again``):
@@ -798,8 +760,8 @@ class BatchRun:
         if not failures:
             return
         items: dict[int, object] = {}
-        if self._again is not None:
-            for index, item in self._again():
+        if self.again is not None:
+            for index, item in self.again():
                 if index in failures:
                     items[index] = item
                     if len(items) == len(failures):
@@ -811,24 +773,39 @@ class BatchRun:
         """A row's Result from its answer, made as a live attempt's is: one attempt (none
         for a row the batch never ran), its body decoded as a live answer's (``expect=`` a
         model gives models)."""
-        facts = _Row(answer.status_code, self._url if answer.status_code is not None else None)
+        facts = _Row(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
             try:
-                verdict = success(decode_value(answer.data, self._plan.expect), facts)
+                verdict = success(decode_value(answer.data, self.plan.expect), facts)
             except InvalidBody as exc:
                 verdict = terminal("invalid_body", str(exc), facts)
         else:
             verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
         record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed)
+        return self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
+
+    def _unsent(
+        self,
+        index: int,
+        reason: str,
+        kind: ErrorKind = "invalid_request",
+        status: int | None = None,
+    ) -> Result:
+        """The Result of a row that no batch ran."""
+        return self._row_result(index, terminal(kind, reason, _Row(status, None)), (), 0.0)
+
+    def _row_result(
+        self, index: int, verdict: Verdict, records: tuple[AttemptRecord, ...], elapsed: float
+    ) -> Result:
         return result_of(
-            index=answer.index,
-            url=self._url,
-            item_id=self._followed.ids.get(answer.index),
+            index=index,
+            url=self.url,
+            item_id=self._followed.ids.get(index),
             verdict=verdict,
             error=verdict.error or None,
             data=verdict.data,
-            records=(record,) if ran else (),
+            records=records,
             elapsed=elapsed,
             finished=self._unix_time(),
         )
@@ -840,15 +817,15 @@ class BatchRun:
         return max(0.0, self._unix_time() - part.submitted)
 
     def _poll_wait(self, rounds: int) -> float:
-        if self._plan.poll is not None:
-            return self._plan.poll
+        if self.plan.poll is not None:
+            return self.plan.poll
         return POLL_BACKOFF.wait(rounds, None, 0.5)
 
     def _until_next(self, rounds: int) -> float:
         """Seconds to the next round of polls, never past the deadline."""
         wait = self._poll_wait(rounds)
-        if self._plan.deadline is not None:
-            left = self._plan.deadline - (self._clock() - self._started)
+        if self.plan.deadline is not None:
+            left = self.plan.deadline - (self._clock() - self._started)
             wait = min(wait, max(left, 0.0))
         return wait
 
@@ -856,11 +833,6 @@ class BatchRun:
 def _file_name(part: Part) -> str:
     """The name a part's rows are uploaded under (OpenAI)."""
     return f"{part.tag}.jsonl"
-
-
-def pause(stop: threading.Event, seconds: float) -> bool:
-    """Wait ``seconds``; False when ``stop`` was set meanwhile (the run was stopped)."""
-    return not stop.wait(max(0.0, seconds))
 
 
 def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
@@ -880,29 +852,6 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
     if extra:
         raise InvalidItem(f"a batch row carries only its body: it has {', '.join(extra)}")
     return spec.json_body
-
-
-def _unsent(
-    index: int,
-    url: str,
-    item_id: Any,
-    reason: str,
-    *,
-    kind: ErrorKind = "invalid_request",
-    status: int | None = None,
-) -> Result:
-    """The Result of a row that no batch ran."""
-    return result_of(
-        index=index,
-        url=url,
-        item_id=item_id,
-        verdict=terminal(kind, reason, _Row(status, None)),
-        error=reason,
-        data=None,
-        records=(),
-        elapsed=0.0,
-        finished=time.time(),
-    )
 
 
 @dataclass(frozen=True)
