@@ -42,8 +42,7 @@ from ..store.submissions import well_formed
 from .protocol import Endpoint, Files, data_page, error_message, index_of, is_row_id
 from .providers import provider_of
 
-# A results download, a body too large for one attempt's timeout: bounded by the deadline,
-# else by this many seconds, and each of its reads by the timeout.
+# A results download's bound, if the deadline is not sooner (each read's: the timeout).
 _DOWNLOAD_SECONDS = 3600.0
 # The most a provider's answer to a control call may be (a batch object, a list of them).
 _CONTROL_BYTES = 4 * 2**20
@@ -56,9 +55,8 @@ _CONFLICT = (
 
 
 class ProviderRefused(Exception):
-    """A call the provider answered with a final error (or that ran out of tries): one line,
-    secrets masked; ``status`` the HTTP status when one came, ``retryable`` whether trying
-    later may help (a 429 or 5xx that outlasted the tries, no answer at all)."""
+    """A call the provider refused for good, or that ran out of tries (one line, secrets
+    masked): ``status`` if one came, ``retryable`` whether trying later may help."""
 
     def __init__(
         self,
@@ -80,9 +78,8 @@ class Stopped(Exception):
 
 @dataclass(frozen=True)
 class Calls:
-    """How each call is sent: the run's headers (the API key), timeout, tries, backoff and
-    retry policy (the live run's), the largest results line, and what masks every text that
-    leaves."""
+    """How each call is sent: the live run's headers (the API key), timeout, tries, backoff
+    and retry policy, the largest results line, and what masks every text that leaves."""
 
     headers: Mapping[str, str]
     timeout: float
@@ -96,9 +93,8 @@ class Calls:
 
 @dataclass(frozen=True)
 class Clocks:
-    """What a run's calls wait on and read the time from: ``stop``, set, ends the run (a wait
-    between tries, a download); ``ends`` is its deadline by ``clock`` (None: none); ``rand``
-    draws the backoff's jitter; ``unix_time`` is the wall clock."""
+    """What a run waits on and reads the time from: ``stop`` ends it (a wait, a download),
+    ``ends`` is its deadline by ``clock`` (None: none), ``rand`` draws the jitter."""
 
     stop: threading.Event = field(default_factory=threading.Event)
     ends: float | None = None
@@ -138,8 +134,7 @@ class Client:
         self._files = f"{self.endpoint.base}/files" if self.provider.shape.uploads else None
 
     def refusal(self) -> str | None:
-        """Why the endpoint's host may not be sent to (deny_private refuses a private
-        address, as it refuses a live row), or None."""
+        """Why the endpoint's host may not be sent to (deny_private, as for a live row)."""
         guard = self.transport.guard
         if guard is None:
             return None
@@ -151,8 +146,7 @@ class Client:
 
     # --- submitting ----------------------------------------------------------------------------
     def upload(self, lines: Sequence[bytes], name: str) -> str:
-        """The rows uploaded as a JSONL file of purpose batch (a provider whose rows go up as
-        a file: OpenAI's Files API); its id."""
+        """The id of the rows uploaded as a JSONL file of purpose batch (OpenAI's Files API)."""
         assert self._files is not None
         content = b"".join(line + b"\n" for line in lines)
         answer = self._json(
@@ -168,8 +162,7 @@ class Client:
         return file_id
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
-        """A batch created from the uploaded file or from the rows themselves: the
-        provider's batch object."""
+        """The batch object the provider made of the uploaded file or of the rows."""
         return self._json(
             "POST",
             self._batches,
@@ -186,11 +179,9 @@ class Client:
         return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
 
     def recent(self, since: float) -> Iterator[Mapping[str, Any]]:
-        """The provider's batches, newest first, back to the first page that reaches
-        ``since`` (this clock's unix seconds; see ``made_since``): to find one this run created
-        but could not record. A list that cannot be followed to ``since`` (a cursor missing or
-        repeated, the run's end) is a ProviderRefused to try later: the part waits, it is
-        never submitted again on a guess."""
+        """The provider's batches, newest first, back to the page that reaches ``since``
+        (``made_since``): to find one a create made unsaid. A list that cannot be followed
+        so far is a retryable ProviderRefused: the part is never submitted again on a guess."""
         params: dict[str, Any] = {"limit": 100}
         cursors: set[str] = set()
         while True:
@@ -214,9 +205,8 @@ class Client:
             params = {"limit": 100, self.provider.cursor: last}
 
     def made_since(self, created: float | None, since: float) -> bool:
-        """Whether a batch ``created`` (in the provider's clock; None: not known, so any may)
-        may have been made since ``since`` (this clock's unix seconds): any may while the
-        provider's clock is not known (the list is then read to its end)."""
+        """Whether a batch ``created`` (the provider's clock) may be made since ``since`` (this
+        clock's): yes when either time is not known (the list is then read to its end)."""
         offset = self.clock_offset
         return offset is None or created is None or created >= since + offset
 
@@ -228,8 +218,7 @@ class Client:
         return name if isinstance(name, str) else None
 
     def file_named(self, name: str) -> str | None:
-        """The id of the batch file uploaded under ``name`` (a part's own, with its nonce),
-        or None when there is none."""
+        """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
         answer = self._json(
             "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
@@ -258,9 +247,8 @@ class Client:
     def _kept_results(
         self, files: Files, batch: str, rows: int, listing: _Listing
     ) -> tuple[IO[bytes], _Listing]:
-        """A temporary file of the lines ``listing`` keeps, read back from its start, and
-        what it found; a disk that cannot keep them (full, gone) is a ProviderRefused to try
-        later: the batch is kept, its answers read again."""
+        """A temporary file of the lines ``listing`` keeps, rewound, and what it found; a
+        disk that cannot keep them is a retryable ProviderRefused (the batch is read again)."""
         try:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
         except OSError as exc:
@@ -282,8 +270,7 @@ class Client:
         return spool, listing
 
     def first_result(self, files: Files, batch: str, rows: int) -> Any:
-        """The first results line of an ended batch (None when there is none), parsed as
-        ``results`` gives it, without downloading the rest."""
+        """The first results line of an ended batch (None: none), as ``results`` gives it."""
         for url in self._results_urls(files, batch):
             with closing(self._lines(url, rows)) as lines:
                 for raw, oversized in lines:
@@ -295,11 +282,22 @@ class Client:
         return custom_id_of(line, self.provider.row_key)
 
     def _parsed(self, line: bytes, oversized: bool) -> Any:
-        return _parsed(line, oversized, self.calls.max_bytes, self.provider.row_key)
+        """One results line, read as the live lane reads a body; one that cannot be is an
+        ``Unread`` named by the custom_id at its start (where the providers write it)."""
+        most = self.calls.max_bytes
+        if oversized:
+            reason = f"its answer in the batch's results is larger than max_bytes ({most})"
+        else:
+            try:
+                return decode_body(line, "json", None)
+            except InvalidBody as exc:
+                reason = f"its line in the batch's results cannot be read: {exc}"
+        key = re.escape(json.dumps(self.provider.row_key).encode())
+        found = re.search(key + rb'\s*:\s*"([A-Za-z0-9_-]{1,64})"', line[:_PREFIX])
+        return Unread(found.group(1).decode() if found else None, reason)
 
     def _results_urls(self, files: Files, batch: str) -> Iterator[str]:
-        """Each place the provider keeps a batch's results; one on another origin than the
-        endpoint's is refused (the API key goes to the endpoint's origin only)."""
+        """Each place the provider keeps a batch's results; another origin is refused."""
         for url in self.provider.results_urls(self.endpoint, batch, files):
             if not self.endpoint.same_origin(url):
                 raise ProviderRefused(
@@ -410,8 +408,7 @@ class Client:
     def _try(
         self, recipe: Recipe, wall_end: float, missing_ok: bool
     ) -> _Answer | tuple[Verdict, int | None, str]:
-        """One try of a call: its answer (a 2xx; a 404 allowed), or the Verdict on what came
-        instead, with the status and the provider's message when an answer came."""
+        """One try: its answer (a 2xx, a 404 allowed), or the Verdict, status and message."""
         try:
             reply = self.transport.send(recipe, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
@@ -427,8 +424,8 @@ class Client:
         return _judged(reply.status, reply.headers, now, self.calls.retryable), reply.status, said
 
     def _attempt_end(self, doing: str, download: bool) -> float:
-        """When the next try must have ended: its timeout (a download: the longer bound)
-        from now, never past the deadline."""
+        """When the next try must end: its timeout (a download's longer) from now, or the
+        deadline."""
         left = self.clocks.left()
         if left is not None and left <= 0:
             raise ProviderRefused(f"could not {doing}: the run's time is over", retryable=True)
@@ -436,14 +433,12 @@ class Client:
         return self.clocks.clock() + (seconds if left is None else min(seconds, left))
 
     def _allowance(self) -> Allowance:
-        """What a wait before the next try may not pass: the deadline (the budget bounds a
-        part's wait, not one call's)."""
+        """What a wait before the next try may not pass: the deadline (not the budget)."""
         left = self.clocks.left()
         return Allowance(math.inf, None if left is None else self.clocks.clock() + left)
 
     def _chunks(self, answer: _Answer) -> Iterator[bytes]:
-        """A results download's chunks; a body cut short or too slow is a ProviderRefused
-        that trying again may cure."""
+        """A download's chunks; a body cut short or too slow is a retryable ProviderRefused."""
         assert answer.reply is not None
         chunks = self.transport.stream(answer.reply, answer.wall_end, self.calls.timeout)
         try:
@@ -455,8 +450,7 @@ class Client:
             ) from None
 
     def _error_text(self, reply: Reply, wall_end: float) -> str:
-        """': message' from a provider's error body (OpenAI's and Anthropic's
-        ``error.message``), read no further than a few KiB; the answer is closed."""
+        """': message' from an error body (its first 16 KiB), the answer closed."""
         try:
             body = self.transport.read_body(reply, wall_end, 2**14)
         except Exception:  # (too large, cut short: the status says enough)
@@ -510,9 +504,8 @@ def _unkept(exc: OSError) -> ProviderRefused:
 
 @dataclass
 class _Listing:
-    """What a batch's results list, line by line: the digest of the first line of each of
-    the part's rows (None: too large to compare), the rows listed again with another answer,
-    and whether a row of another part was listed."""
+    """What a batch's results list: a digest of each row's first line (None: too large to
+    compare), the rows listed again with another answer, and whether another part's was."""
 
     nonce: str
     rows: Set[int]
@@ -521,9 +514,8 @@ class _Listing:
     other: bool = False
 
     def keeps(self, given: str | None, raw: bytes, oversized: bool) -> bool:
-        """Whether a line named ``given`` is kept to be read: the first of each row read,
-        and the first naming another part's row; no other (what is kept stays within the
-        rows read, whatever else a provider lists)."""
+        """Whether a line named ``given`` is kept: the first of each row read, and the first
+        naming another part's row; no other (what is kept stays within the rows read)."""
         index = index_of(given, self.nonce)
         if index is None:
             keep = not self.other and is_row_id(given)
@@ -544,9 +536,8 @@ class _Listing:
 
 @dataclass(frozen=True)
 class Unread:
-    """A results line not taken as its row's answer: ``custom_id`` names the row, ``reason``
-    says why; ``again`` whether reading the batch again may give the answer (a larger
-    ``max_bytes``, a download not corrupted), so that the batch is kept for it."""
+    """A results line not taken as its row's answer, and why; ``again``: reading the batch
+    again may give it (a larger ``max_bytes``), so the batch is kept."""
 
     custom_id: str | None
     reason: str
@@ -561,29 +552,9 @@ def custom_id_of(line: Any, key: str) -> str | None:
     return given if isinstance(given, str) else None
 
 
-def _unread(start: bytes, reason: str, key: str) -> Unread:
-    """A line that could not be read, named by the custom_id at its start (where the
-    providers write it)."""
-    named = re.escape(json.dumps(key).encode()) + rb'\s*:\s*"([A-Za-z0-9_-]{1,64})"'
-    found = re.search(named, start[:_PREFIX])
-    return Unread(found.group(1).decode() if found else None, reason)
-
-
-def _parsed(line: bytes, oversized: bool, limit: int, key: str) -> Any:
-    """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
-    if oversized:
-        return _unread(
-            line, f"its answer in the batch's results is larger than max_bytes ({limit})", key
-        )
-    try:
-        return decode_body(line, "json", None)
-    except InvalidBody as exc:
-        return _unread(line, f"its line in the batch's results cannot be read: {exc}", key)
-
-
 def _split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[tuple[bytes, bool]]:
-    """Each line of a download (without its newline, blank ones left out) and whether it was
-    longer than ``limit``: then only its start is kept, to read its custom_id."""
+    """Each line of a download that is not blank, and whether it is longer than ``limit``
+    (then only its start is kept, to read its custom_id)."""
     line = bytearray()
     for chunk in chunks:
         *ended, rest = chunk.split(b"\n")

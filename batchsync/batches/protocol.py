@@ -35,16 +35,14 @@ class Endpoint:
     path: str
 
     def same_origin(self, url: str) -> bool:
-        """Whether ``url`` goes where every call of the batch goes (and no other): the same
-        scheme, host (any case, a trailing dot or not) and effective port, whatever userinfo
-        either names; a URL that cannot be read goes nowhere."""
+        """Whether ``url`` goes where every call of the batch goes: the same scheme, host (any
+        case, a trailing dot or not) and port, whatever userinfo; an unreadable URL does not."""
         mine = _origin(self.url)
         return mine is not None and mine == _origin(url)
 
 
 def _origin(url: str) -> tuple[str, str] | None:
-    """The scheme and ``host_key`` (its trailing dot dropped) of a URL, None when it has no
-    host or cannot be read."""
+    """The scheme and ``host_key`` of a URL (None: no host, or unreadable)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -57,8 +55,7 @@ def _origin(url: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Files:
-    """Where an ended batch's results are: its output and error files (a provider whose rows
-    go up as a file), or its results URL (None for each it has not)."""
+    """Where an ended batch's results are: its output and error files, or its results URL."""
 
     output: str | None = None
     error: str | None = None
@@ -67,8 +64,8 @@ class Files:
 
 @dataclass(frozen=True)
 class Answer:
-    """One row's outcome as its results line says it: the HTTP status and body a live call
-    would have had, or the kind of failure that kept it from one."""
+    """One row's outcome as its results line says it: the status and body a live call would
+    have had, or the kind of failure that kept it from one."""
 
     index: int
     ok: bool
@@ -158,14 +155,12 @@ class BatchProvider(Protocol):
 
 
 def custom_id(index: int, nonce: str) -> str:
-    """The custom_id a row is submitted with: its part's nonce and its input index, nothing
-    of the row."""
+    """The custom_id a row is submitted with: its part's nonce and its input index."""
     return f"{nonce}-{index}"
 
 
 def index_of(given: object, nonce: str) -> int | None:
-    """The input index a results line's custom_id names, or None when it is not one of the
-    part with ``nonce``."""
+    """The input index a custom_id names, None when it is not one of the part ``nonce``'s."""
     if not isinstance(given, str):
         return None
     match = _CUSTOM_ID.fullmatch(given)
@@ -219,9 +214,8 @@ def error_message(body: Any) -> Any:
 
 
 class BatchesApi:
-    """What OpenAI's and Anthropic's batch endpoints share, for a provider to inherit: the
-    batches at ``…/batches``, listed in ``data_page``s, a batch's status in ``status_field``,
-    each results line naming its row by ``custom_id`` and its tokens by ``usage_names``."""
+    """What OpenAI's and Anthropic's endpoints share: the batches at ``…/batches``, listed
+    in ``data_page``s, the status in ``status_field``, rows named by their ``custom_id``."""
 
     name: str
     shape: Shape

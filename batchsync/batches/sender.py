@@ -59,15 +59,13 @@ _CLOCK_SKEW = 120.0
 
 @dataclass(frozen=True)
 class Plan:
-    """What the run was asked: the endpoint, the caps, how to poll, what bounds the wait, and
-    whether to cancel the batches it follows (``--cancel``) or keep the files."""
+    """What the run was asked: endpoint, caps, polling, limits, --cancel, --keep-files."""
 
     endpoint: Endpoint
     passing: int
     max_rows: int | None = None
     max_bytes: int | None = None
     poll: float | None = None
-    deadline: float | None = None
     budget: float | None = None
     keep_files: bool = False
     cancel: bool = False
@@ -82,8 +80,7 @@ class Plan:
 
 @dataclass
 class _Followed:
-    """The parts this run follows, and what it knows of their rows: each row's id, and
-    the lines of parts it has still to submit."""
+    """The parts this run follows, its rows' ids and the lines of parts still to submit."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
@@ -149,9 +146,8 @@ class _Reading:
     unread: bool = False
 
     def take(self, provider: BatchProvider, line: Any) -> Answer | None:
-        """The answer of a results line (``Unread``: its row's ``invalid_body``) that is one
-        of the part's rows not delivered yet; one naming another part's row counts in
-        ``others`` (one that names nothing says nothing of whose batch it is)."""
+        """The answer of a results line (``Unread``: ``invalid_body``) for a row of the part
+        not delivered yet; a line naming another part's row counts in ``others``."""
         if not isinstance(line, Unread):
             answer = provider.answer_of(line, self.nonce)
         elif (index := index_of(line.custom_id, self.nonce)) is not None:
@@ -177,9 +173,8 @@ class BatchApiFailed(OSError):
 
 @dataclass
 class BatchRun:
-    """Sends the rows left through the batch endpoint (see the module docstring), waiting and
-    reading the time by the client's ``clocks``; stoppable from a signal handler (``stop``).
-    ``url``: the endpoint as Results show it; ``again``: the items read again."""
+    """Sends the rows left through the batch endpoint (see the module docstring), by the
+    client's ``clocks``; stoppable from a signal handler. ``url``: as Results show it."""
 
     plan: Plan
     client: Client
@@ -195,7 +190,6 @@ class BatchRun:
         self._provider: BatchProvider = self.client.provider
         self._clocks = clocks = self.client.clocks
         self._clock, self._unix_time = clocks.clock, clocks.unix_time
-        self._started = self._clock()
 
     # --- Stoppable ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -209,8 +203,7 @@ class BatchRun:
     def run(
         self, items: Iterable[tuple[int, object]], deliver: Callable[[Result, object], None]
     ) -> bool:
-        """Send what is left of ``items``, delivering each row's Result; True when stopped
-        before every row had one."""
+        """Send what is left of ``items``, delivering each Result; True when stopped first."""
         self._deliver = deliver
         self._followed = _Followed()
         try:
@@ -225,9 +218,8 @@ class BatchRun:
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
-        """Read the rows left: each that cannot go in a batch gets its Result now; each in a
-        part still open is followed there; the rest are cut into new parts, each submitted as
-        soon as it is full (so the input is read once, a part at a time)."""
+        """Read the rows left: one no batch can carry gets its Result now, one in an open part
+        is followed there, the rest are cut into new parts, each submitted once full."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
         cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -276,8 +268,8 @@ class BatchRun:
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
-        """The part being cut, with the new row (submitting the full one first); a row too
-        large for a submission, or any under --cancel, gets its Result instead."""
+        """The part being cut, with the new row (the full one submitted first); a row too
+        large, or any under --cancel, gets its Result instead."""
         provider, plan = self._provider, self.plan
         if plan.cancel:
             self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
@@ -296,11 +288,9 @@ class BatchRun:
         return cut
 
     def _settled(self, parts: list[Part]) -> list[Part]:
-        """The open parts of earlier runs that have a batch at the provider: one whose create
-        was sent but not answered (caught ``submitting``, or ``waiting`` after a create that
-        got no answer) is looked for there first; the others never made one, and are dropped
-        (their rows go into new parts, their uploaded file, found by its name when the run
-        was killed during the upload, is deleted with the rest)."""
+        """The open parts of earlier runs that have a batch at the provider (one whose create
+        got no answer is looked for there first); the others are dropped, their rows cut
+        again and their file (found by its name if the upload was cut short) deleted."""
         kept = []
         for earlier in parts:
             part = earlier
@@ -339,9 +329,8 @@ class BatchRun:
     # --- submitting -------------------------------------------------------------------------------
     def _submit(self, part: Part) -> None:
         """Upload (OpenAI) and create the part's batch, recording each step first; a part
-        refused for the provider's queue waits (``WAITING``) to be submitted again. A part
-        whose earlier create got no answer (``submitted`` kept) is looked for at the
-        provider before it is created again."""
+        refused for now waits (``WAITING``), its ``submitted`` kept when a create may have
+        made its batch (looked for before it is created again)."""
         sending = _Sending(part, unanswered=part.submitted is not None)
         try:
             recorded = self._submitted(sending)
@@ -391,7 +380,7 @@ class BatchRun:
 
     def _create(self, sending: _Sending, lines: list[bytes]) -> Part:
         """The part with the batch its create made, marked ``submitting`` first; a create
-        that got no answer, or none naming a batch, may have made one: it is looked for."""
+        without an answer naming a batch may have made one: it is looked for."""
         part = sending.part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
         sending.part = part
         self._save(part)
@@ -408,26 +397,22 @@ class BatchRun:
             return self._record(part, batch)
 
     def _withdraw(self, part: Part) -> None:
-        """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
-        unsent, and the part is dropped (a file it uploaded is deleted with the rest)."""
+        """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
         self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
         self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
     def _later(self, part: Part, refused: ProviderRefused) -> None:
-        """Look at ``part`` again after the next poll's wait, and never before the
-        provider's Retry-After."""
+        """Look at ``part`` again after a poll's wait, never before the Retry-After."""
         wait = max(self._poll_wait(1), refused.retry_after or 0.0)
         self._followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
-        """The batch the provider made of a part whose create got no answer, or None when it
-        made none. OpenAI's is the one made of the part's file. Anthropic's list names nothing
-        of a batch's rows: one made since the part's create with as many rows is the part's
-        only when its results carry the part's nonce, so while such a batch has not ended the
-        part waits (a retryable ProviderRefused), neither created again nor taking another's.
-        A look that fails (the list or a candidate's results refused) decides nothing: the
-        part waits the same way."""
+        """The batch the provider made of a part whose create got no answer (None: none).
+        OpenAI's names the part's file; Anthropic's list says only how many rows a batch has,
+        so one made since, of as many rows, is the part's only once its results carry the
+        part's nonce. While such a batch has not ended, or when a look fails, the part waits
+        (a retryable ProviderRefused): never created again, never taking another's."""
         try:
             return self._look_for(part)
         except ProviderRefused as exc:
@@ -486,19 +471,15 @@ class BatchRun:
         return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch the provider made of it, recorded with its status (one the
-        provider did not document is recorded as its first, and read again at the next
-        poll); a ProviderRefused to try later when the answer names no batch: the batch may
-        have been made all the same, and is looked for before the part is sent again."""
+        """``part`` with the batch the provider made of it, recorded with its status (one not
+        documented: its first, read again at the next poll); an answer naming no batch is a
+        ProviderRefused to try later (the batch is looked for before anything is sent)."""
         provider = self._provider
-        batch_id = (
-            well_formed(provider.name, "batch", batch.get("id"))
-            if isinstance(batch, Mapping)
-            else None
-        )
+        found = batch if isinstance(batch, Mapping) else {}
+        batch_id = well_formed(provider.name, "batch", found.get("id"))
         if batch_id is None:
             raise ProviderRefused("the provider answered the create without a batch id")
-        status = provider.status_of(batch) or provider.shape.statuses[0]
+        status = provider.status_of(found) or provider.shape.statuses[0]
         part = part.moved(status, self._unix_time(), batch=batch_id)
         self.ledger.save(part)
         return part
@@ -509,8 +490,7 @@ class BatchRun:
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
-        """Poll every open part until each is collected, the run is stopped, or the deadline
-        or budget ends the wait."""
+        """Poll the open parts until all are collected, the run stops or its time is out."""
         rounds = 0
         while self._round() and not self._out_of_time():
             rounds += 1
@@ -556,7 +536,7 @@ class BatchRun:
 
     def _poll(self, part: Part) -> tuple[Mapping[str, Any], str] | None:
         """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
-        tried later, or for good the part held; a status unknown: polled again)."""
+        tried later, or the part held; a status unknown: polled again)."""
         try:
             batch = self.client.retrieve(part.batch or "")
         except ProviderRefused as exc:
@@ -578,21 +558,19 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered as its Result (one whose answer is longer
-        than ``max_bytes`` or cannot be read: ``invalid_body``). Results that could not all
-        be read are read again at the next round, each row delivered once; rows the results
-        do not list (an empty or cut answer, a file missing) or list unread hold the batch
-        for a later run to read again (``--retry-failed``, a larger ``max_bytes``). A batch
-        whose results list no row of the part but others' is not the part's: nothing of it
-        is taken. The part is closed (``collected``) by ``finish``, once the journal holds
-        its rows' Results."""
+        """Every row of an ended batch delivered as its Result (an answer too long or unread:
+        ``invalid_body``), each once, results cut short read again at the next round. Rows
+        the results do not list, or list unread, hold the batch for a later run to read again
+        (a paid answer is never thrown away); results listing only others' rows are not the
+        part's: none is taken. ``finish`` closes the part once the journal holds its rows."""
         reading = _Reading(
             part.nonce,
             self._followed.given(part),
             self._followed.delivered.setdefault(part.number, set()),
             self._followed.tokens.setdefault(part.number, [0, 0]),
         )
-        elapsed = self._elapsed(part)
+        # (its rows' time in the batch: from the part's submission to now)
+        elapsed = 0.0 if part.submitted is None else max(0.0, self._unix_time() - part.submitted)
         files = self._provider.files_of(batch)
         try:
             lines = self.client.results(
@@ -629,8 +607,7 @@ class BatchRun:
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
 
     def _fail_part(self, part: Part, reason: str, status: int | None) -> None:
-        """Every row of a part that never ran (its create refused, its batch failed as a
-        whole) and has no Result yet gets a ``batch_errored`` one saying why."""
+        """A ``batch_errored`` Result for each row left of a part that never ran."""
         self._fail_rest(part, reason, "batch_errored", status)
         self._save(part.moved(COLLECTED, self._unix_time()))
 
@@ -642,11 +619,9 @@ class BatchRun:
         self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
 
     def _cancel_all(self) -> None:
-        """--cancel: ask the provider to cancel every batch of the run still open (and its
-        own: one the journal names that is not its part's is left alone); what the followed
-        ones ran is still collected. One whose rows all have Results already (the deadline or
-        budget ended their wait) is done with once cancelled: its rows keep them. One gone at
-        the provider is closed: its followed rows end ``batch_errored``."""
+        """--cancel: cancel every open batch of the journal that is its part's; what the
+        followed ones ran is still collected, the others are closed once cancelled (their
+        rows keep their Results). One gone at the provider ends its rows ``batch_errored``."""
         for part in self.ledger.parts():
             if part.batch is None or not part.open:
                 continue
@@ -670,16 +645,16 @@ class BatchRun:
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
-        """End the wait of the parts the deadline or budget leaves no time for: each of their
-        rows gets a ``deadline``/``budget`` Result (the batch goes on at the provider, and a
-        later run polls it again). True when the deadline has passed."""
-        plan = self.plan
-        if plan.deadline is not None and self._clock() - self._started >= plan.deadline:
+        """Hold the parts the deadline or budget leaves no time for (their rows end
+        ``deadline``/``budget``, a later run polls them again); True past the deadline."""
+        left, budget, now = self._clocks.left(), self.plan.budget, self._unix_time()
+        if left is not None and left <= 0:
             self._run_out("deadline", lambda part: True)
             return True
-        if plan.budget is not None:
-            unix, budget = self._unix_time(), plan.budget
-            self._run_out("budget", lambda part: _spent(part, unix, budget))
+        if budget is not None:  # (a part's wait counts from its submission)
+            self._run_out(
+                "budget", lambda p: p.submitted is not None and now - p.submitted >= budget
+            )
         return False
 
     def _run_out(self, kind: ErrorKind, spent: Callable[[Part], bool]) -> None:
@@ -691,10 +666,9 @@ class BatchRun:
                 self._hold(part, reason, kind)
 
     def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
-        """End this run's wait for ``part`` without its answers: each of its rows without a
-        Result gets a ``kind`` one saying why, and the part stays open (``held`` once it has a
-        batch), kept at the provider, so that a later run given its rows (``--retry-failed``)
-        reads the same batch again and never submits them twice."""
+        """End this run's wait for ``part``: its rows left get a ``kind`` Result, the part
+        stays open (``held`` with a batch), so that a later run given its rows reads the same
+        batch again and never submits them twice."""
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
         self._fail_rest(part, reason, kind)
         if part.batch is not None:
@@ -702,10 +676,8 @@ class BatchRun:
         self._followed.parts.pop(part.number)
 
     def finish(self) -> None:
-        """Once the Results are journaled (the controller calls this after the journal is
-        closed): close each part whose rows were all delivered (its batch ended, nothing
-        held), then delete what the provider keeps of each closed part, unless asked to keep
-        it; a part that cannot be cleaned is tried again by a later run."""
+        """Once the Results are journaled: close each part whose batch ended, then delete
+        what the provider keeps of each closed one (unless kept; a later run tries again)."""
         for found in self.ledger.parts():
             if self.stopped:  # (a later run closes and cleans what is left)
                 return
@@ -726,9 +698,8 @@ class BatchRun:
             self.ledger.save(part.moved(CLEANED, self._unix_time()))
 
     def _clean(self, part: Part) -> None:
-        """Delete what the provider keeps of ``part``: only what its batch names as its own,
-        or the file uploaded under the part's own name, so that an id altered in the journal
-        never deletes another's file or batch."""
+        """Delete what the provider keeps of ``part``: only what its batch names, or the file
+        uploaded under its own name (an id altered in the journal deletes nothing else)."""
         provider = self._provider
         if part.batch is None:
             named = part.input_file and self.client.file_name(part.input_file) == _file_name(part)
@@ -754,9 +725,8 @@ class BatchRun:
         self.observer.item_finished(result)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
-        """Deliver failed Results with their items, read again from the input (``again``):
-        what a failure is stored with (the failed file's line) is made from its item, and
-        the items are not all kept in memory while the batches run."""
+        """Deliver failed Results with their items read again (``again``; the failed file
+        stores each with its item, and the items are not kept while the batches run)."""
         if not failures:
             return
         items: dict[int, object] = {}
@@ -770,9 +740,8 @@ class BatchRun:
             self._give(failures[index], items.get(index))
 
     def _result(self, answer: Answer, elapsed: float) -> Result:
-        """A row's Result from its answer, made as a live attempt's is: one attempt (none
-        for a row the batch never ran), its body decoded as a live answer's (``expect=`` a
-        model gives models)."""
+        """A row's Result, made as a live attempt's is: one attempt (none if the batch never
+        ran it), its body decoded as ``expect`` says."""
         facts = _Row(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
             try:
@@ -810,12 +779,6 @@ class BatchRun:
             finished=self._unix_time(),
         )
 
-    def _elapsed(self, part: Part) -> float:
-        """Seconds from the part's submission to now (its rows' time in the batch)."""
-        if part.submitted is None:
-            return 0.0
-        return max(0.0, self._unix_time() - part.submitted)
-
     def _poll_wait(self, rounds: int) -> float:
         if self.plan.poll is not None:
             return self.plan.poll
@@ -823,11 +786,8 @@ class BatchRun:
 
     def _until_next(self, rounds: int) -> float:
         """Seconds to the next round of polls, never past the deadline."""
-        wait = self._poll_wait(rounds)
-        if self.plan.deadline is not None:
-            left = self.plan.deadline - (self._clock() - self._started)
-            wait = min(wait, max(left, 0.0))
-        return wait
+        wait, left = self._poll_wait(rounds), self._clocks.left()
+        return wait if left is None else min(wait, max(left, 0.0))
 
 
 def _file_name(part: Part) -> str:
@@ -836,8 +796,7 @@ def _file_name(part: Part) -> str:
 
 
 def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
-    """The row's request body, or InvalidItem when the row is no request a batch can carry:
-    one POST of a JSON object to the endpoint, with nothing of its own besides."""
+    """The row's body; InvalidItem unless it is one POST of a JSON object to the endpoint."""
     if spec.url != endpoint.url:
         raise InvalidItem(
             f"a batch goes to one endpoint ({endpoint.path}): this row is for another URL"
@@ -856,14 +815,8 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class _Row:
-    """What a row's answer in a batch gives its Result as a live attempt's facts would: the
-    status its request had, and where it went (no redirect in a batch)."""
+    """A row's answer as a live attempt's facts: its status, where it went, no redirect."""
 
     status_code: int | None
     final_url: str | None
     redirects: int = 0
-
-
-def _spent(part: Part, now: float, budget: float) -> bool:
-    """Whether ``part``, submitted, has waited ``budget`` seconds or more by ``now``."""
-    return part.submitted is not None and now - part.submitted >= budget

@@ -96,7 +96,6 @@ class ThroughBatchApi:
                 max_rows=options.batch_rows,
                 max_bytes=options.batch_bytes,
                 poll=options.poll,
-                deadline=options.deadline,
                 budget=options.budget if "budget" in options.model_fields_set else None,
                 keep_files=options.keep_files,
                 cancel=self.cancel,
