@@ -56,7 +56,8 @@ _CONFLICT = (
 
 class ProviderRefused(Exception):
     """A call the provider refused for good, or that ran out of tries (one line, secrets
-    masked): ``status`` if one came, ``retryable`` whether trying later may help."""
+    masked): ``status`` if one came, ``retryable`` whether trying later may help, no sooner
+    than ``retry_after`` (the provider's Retry-After)."""
 
     def __init__(
         self,
@@ -66,10 +67,7 @@ class ProviderRefused(Exception):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(text)
-        self.status = status
-        self.retryable = retryable
-        # (the provider's Retry-After: trying later means no sooner than this)
-        self.retry_after = retry_after
+        self.status, self.retryable, self.retry_after = status, retryable, retry_after
 
 
 class Stopped(Exception):
@@ -136,10 +134,9 @@ class Client:
     def refusal(self) -> str | None:
         """Why the endpoint's host may not be sent to (deny_private, as for a live row)."""
         guard = self.transport.guard
-        if guard is None:
-            return None
         try:
-            guard.check(urlsplit(self.endpoint.url).hostname or "")
+            if guard is not None:
+                guard.check(urlsplit(self.endpoint.url).hostname or "")
         except PrivateAddress as exc:
             return str(exc)
         return None
@@ -190,9 +187,8 @@ class Client:
             answer = self._json("GET", self._batches, "list the batches", params=params)
             page, more = self.provider.listed(answer)
             yield from page
-            if not more or (
-                page and not self.made_since(self.provider.created_at(page[-1]), since)
-            ):
+            reached = bool(page) and not self.made_since(self.provider.created_at(page[-1]), since)
+            if not more or reached:
                 return
             last = page[-1].get("id") if page else None
             if not isinstance(last, str) or last in cursors:
@@ -231,24 +227,21 @@ class Client:
     def results(
         self, files: Files, batch: str, size: int, nonce: str, rows: Set[int]
     ) -> Iterator[Any]:
-        """The results lines of an ended batch of ``size`` rows that name the ``rows`` of
-        the part with ``nonce`` this run reads, parsed (``Unread``: too large or not JSON,
-        named by the custom_id at its start), and the first naming another part's row. All
-        are downloaded first, each row's first line kept in a temporary file, so that a row
-        listed again with another answer is known before any is taken: it comes as an
-        ``Unread`` naming the conflict (a line over ``max_bytes`` cannot be compared)."""
-        spool, listing = self._kept_results(files, batch, size, _Listing(nonce, rows))
-        with spool:
+        """The results lines of an ended batch of ``size`` rows that name the ``rows`` of the
+        part ``nonce`` this run reads (``Unread``: too large or not JSON), and the first naming
+        another part's row. All are downloaded first, each row's first line kept in a file, so
+        that a row listed again with another answer is known before any is taken: it comes as
+        an ``Unread`` naming the conflict (a line over ``max_bytes`` cannot be compared)."""
+        listing = _Listing(nonce, rows)
+        with self._kept_results(files, batch, size, listing) as spool:
             for stored in spool:
                 line = self._parsed(stored[2:-1], stored[:1] == b"1")
                 given = self.row_of(line)
                 yield Unread(given, _CONFLICT, again=False) if given in listing.conflicts else line
 
-    def _kept_results(
-        self, files: Files, batch: str, rows: int, listing: _Listing
-    ) -> tuple[IO[bytes], _Listing]:
-        """A temporary file of the lines ``listing`` keeps, rewound, and what it found; a
-        disk that cannot keep them is a retryable ProviderRefused (the batch is read again)."""
+    def _kept_results(self, files: Files, batch: str, rows: int, listing: _Listing) -> IO[bytes]:
+        """A temporary file of the lines ``listing`` keeps, rewound; a disk that cannot keep
+        them is a retryable ProviderRefused (the batch is read again)."""
         try:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
         except OSError as exc:
@@ -267,7 +260,7 @@ class Client:
             if isinstance(exc, OSError):
                 raise _unkept(exc) from None
             raise
-        return spool, listing
+        return spool
 
     def first_result(self, files: Files, batch: str, rows: int) -> Any:
         """The first results line of an ended batch (None: none), as ``results`` gives it."""
@@ -325,33 +318,25 @@ class Client:
             try:
                 body = self.transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
             except BodyTooLarge:
-                raise ProviderRefused(
-                    f"could not {doing}: the provider's answer is larger than expected",
-                    retryable=True,
+                raise self._passing(
+                    doing, "the provider's answer is larger than expected"
                 ) from None
-            except Exception as exc:  # (cut short, or too slow: trying again may cure it)
-                verdict = classify_http_exception(exc)
-                raise ProviderRefused(
-                    self._masked(f"could not {doing}: {verdict.error}"), retryable=True
-                ) from None
+            except Exception as exc:  # (cut short, or too slow)
+                raise self._passing(doing, classify_http_exception(exc).error) from None
         try:
             return decode_body(body, "json", None)
         except InvalidBody as exc:
-            raise ProviderRefused(
-                f"could not {doing}: the provider's answer cannot be read ({exc})", retryable=True
-            ) from None
+            raise self._passing(doing, f"the provider's answer cannot be read ({exc})") from None
 
     def _lines(self, url: str, rows: int) -> Generator[tuple[bytes, bool]]:
         """Each line of a results download (``_split_lines``), bounded by ``max_bytes`` a row."""
         total = rows * self.calls.max_bytes + 2**20
         with self._send("GET", url, "download the results", download=True) as answer:
-            yield from _split_lines(
-                self._bounded(self._chunks(answer), total), self.calls.max_bytes
-            )
+            chunks = self._bounded(self._chunks(answer), total)
+            yield from _split_lines(chunks, self.calls.max_bytes)
 
     def _bounded(self, chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
-        """A download's chunks, ended by a ProviderRefused once the run is over or past
-        ``total`` bytes."""
+        """A download's chunks; a ProviderRefused once the run is over or past ``total``."""
         read = 0
         for chunk in chunks:
             if self.clocks.over():
@@ -424,11 +409,10 @@ class Client:
         return _judged(reply.status, reply.headers, now, self.calls.retryable), reply.status, said
 
     def _attempt_end(self, doing: str, download: bool) -> float:
-        """When the next try must end: its timeout (a download's longer) from now, or the
-        deadline."""
+        """When the next try ends: its timeout (a download's: longer) from now, or the deadline."""
         left = self.clocks.left()
         if left is not None and left <= 0:
-            raise ProviderRefused(f"could not {doing}: the run's time is over", retryable=True)
+            raise self._passing(doing, "the run's time is over")
         seconds = _DOWNLOAD_SECONDS if download else self.calls.timeout
         return self.clocks.clock() + (seconds if left is None else min(seconds, left))
 
@@ -444,9 +428,8 @@ class Client:
         try:
             yield from chunks
         except Exception as exc:
-            verdict = classify_http_exception(exc)
-            raise ProviderRefused(
-                self._masked(f"could not download the results: {verdict.error}"), retryable=True
+            raise self._passing(
+                "download the results", classify_http_exception(exc).error
             ) from None
 
     def _error_text(self, reply: Reply, wall_end: float) -> str:
@@ -475,6 +458,10 @@ class Client:
 
     def _masked(self, text: str) -> str:
         return self.calls.secrets.text(text)
+
+    def _passing(self, doing: str, why: str | None) -> ProviderRefused:
+        """A call that could not ``doing`` for a reason that may pass: tried again later."""
+        return ProviderRefused(self._masked(f"could not {doing}: {why}"), retryable=True)
 
 
 @dataclass

@@ -59,14 +59,8 @@ class OpenAI(BatchesApi):
     def create_body(
         self, endpoint: Endpoint, input_file: str | None, lines: Sequence[bytes], part: int
     ) -> bytes:
-        return json.dumps(
-            {
-                "input_file_id": input_file,
-                "endpoint": endpoint.path,
-                "completion_window": "24h",
-                "metadata": {"batchsync_part": str(part)},
-            }
-        ).encode()
+        body = {"input_file_id": input_file, "endpoint": endpoint.path, "completion_window": "24h"}
+        return json.dumps(body | {"metadata": {"batchsync_part": str(part)}}).encode()
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
         given = batch.get("created_at")
@@ -94,8 +88,7 @@ class OpenAI(BatchesApi):
         return [f"{endpoint.base}/files/{file_id}" for file_id in ids if file_id]
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
-        """A batch that failed because the organization's enqueued-token cap was reached: it
-        never ran, and may be submitted again once others have finished."""
+        """Failed for the organization's enqueued-token cap: it never ran, may be resubmitted."""
         return any(error.get("code") == "token_limit_exceeded" for error in _errors(batch))
 
     def failure_text(self, batch: Mapping[str, Any]) -> str:

@@ -96,15 +96,13 @@ class BatchProvider(Protocol):
     row_key: str
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
-        """The endpoint a live URL is a batch endpoint of, None when it is none of this
-        provider's."""
+        """The endpoint a live URL is a batch endpoint of (None: none of this provider's)."""
 
     def batches_url(self, endpoint: Endpoint) -> str:
         """Where its batches are listed and made (``…/{id}``: one; ``…/{id}/cancel``)."""
 
     def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        """A page of its list of batches: the batches on it (newest first), and whether more
-        follow."""
+        """A page of its list of batches: those on it (newest first), and whether more follow."""
 
     def describe_endpoints(self) -> str:
         """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
@@ -138,8 +136,7 @@ class BatchProvider(Protocol):
         """The URLs its results are read from, in order."""
 
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
-        """What to delete once every row of the batch ``found`` is journaled: URLs of what it
-        names as its own."""
+        """The URLs to delete once the rows of the batch ``found`` are journaled: its own."""
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
         """Whether a batch that failed never ran for a queue cap, to be submitted again."""

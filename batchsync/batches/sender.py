@@ -51,9 +51,8 @@ log = logging.getLogger("batchsync")
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
 _UNLISTED = "do not list this row"
 _WITHDRAWN = "cancelled (--cancel) before it was submitted"
-# How long before its submission (in the provider's clock, read off its ``Date``) a batch
-# found in the provider's list may have been created to be taken for a part caught
-# ``submitting``: the ``Date``'s second and the create's time on the way.
+# How long before a part's submission (in the provider's clock) a batch in the provider's
+# list may have been made to be the part's: the ``Date``'s second, the create on its way.
 _CLOCK_SKEW = 120.0
 
 
@@ -80,17 +79,16 @@ class Plan:
 
 @dataclass
 class _Followed:
-    """The parts this run follows, its rows' ids and the lines of parts still to submit."""
+    """The parts this run follows, and what it knows of them: its rows' ids, the lines of
+    parts still to submit, when a waiting part may be submitted again (monotonic), the rows
+    of an earlier part it was given (the others have Results), and by part the rows
+    delivered and the tokens their answers used."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
     lines: dict[int, list[bytes]] = field(default_factory=dict)
-    # When each waiting part may be submitted again (the monotonic clock).
     retry_at: dict[int, float] = field(default_factory=dict)
-    # The rows of each earlier part that this run was given (a part of its own: all of them);
-    # the others have their Results already.
     rows: dict[int, set[int]] = field(default_factory=dict)
-    # The rows of each part delivered so far, and the tokens their answers used.
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
 
@@ -105,15 +103,13 @@ class _Cut:
 
     number: int
     tag: str = field(init=False)
+    nonce: str = field(init=False)
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
 
     def __post_init__(self) -> None:
         self.tag = new_tag(self.number)
-
-    @property
-    def nonce(self) -> str:
-        return self.tag.rpartition("-")[2]
+        self.nonce = self.tag.rpartition("-")[2]
 
     def fits(self, provider: BatchProvider, plan: Plan, line: int) -> bool:
         """Whether one more line of ``line`` bytes stays within the caps of one submission."""
@@ -219,7 +215,8 @@ class BatchRun:
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
         """Read the rows left: one no batch can carry gets its Result now, one in an open part
-        is followed there, the rest are cut into new parts, each submitted once full."""
+        is followed there, the rest are cut into new parts, each submitted once full; an
+        ended part none of whose rows this run was given (all have Results) is closed."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
         cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -237,10 +234,6 @@ class BatchRun:
                 cut = self._place(index, item, body, cut)
         if cut.lines:
             self._plan_part(cut)
-        self._close_ended(open_parts)
-
-    def _close_ended(self, open_parts: list[Part]) -> None:
-        """Close each ended part none of whose rows this run was given (all have Results)."""
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
@@ -409,10 +402,9 @@ class BatchRun:
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
         """The batch the provider made of a part whose create got no answer (None: none).
-        OpenAI's names the part's file; Anthropic's list says only how many rows a batch has,
-        so one made since, of as many rows, is the part's only once its results carry the
-        part's nonce. While such a batch has not ended, or when a look fails, the part waits
-        (a retryable ProviderRefused): never created again, never taking another's."""
+        OpenAI's names the part's file; Anthropic's, made since with as many rows, is the
+        part's only once its results carry the part's nonce. Until it ends, or when a look
+        fails, the part waits (a retryable ProviderRefused): never made twice nor another's."""
         try:
             return self._look_for(part)
         except ProviderRefused as exc:
@@ -451,9 +443,8 @@ class BatchRun:
         one that may be and has not ended (``unsure``), or none (None)."""
         provider = self._provider
         batch_id = well_formed(provider.name, "batch", batch.get("id"))
-        if batch_id is None or batch_id in known or provider.refused_for_tokens(batch):
-            return None
-        if not provider.belongs_to(batch, part):
+        not_mine = batch_id is None or batch_id in known or not provider.belongs_to(batch, part)
+        if not_mine or provider.refused_for_tokens(batch):
             return None
         if provider.identifies_rows:
             return "mine"
@@ -558,11 +549,10 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered as its Result (an answer too long or unread:
-        ``invalid_body``), each once, results cut short read again at the next round. Rows
-        the results do not list, or list unread, hold the batch for a later run to read again
-        (a paid answer is never thrown away); results listing only others' rows are not the
-        part's: none is taken. ``finish`` closes the part once the journal holds its rows."""
+        """Every row of an ended batch delivered once as its Result (one too long or unread:
+        ``invalid_body``), results cut short read again next round. Rows not listed, or listed
+        unread, hold the batch for a later run (a paid answer is never thrown away); results
+        listing only others' rows are not the part's: none is taken."""
         reading = _Reading(
             part.nonce,
             self._followed.given(part),
@@ -638,8 +628,7 @@ class BatchRun:
                     log.warning("could not cancel the batch %s: %s", part.batch, exc)
                     continue
                 if part.number in self._followed.parts:
-                    gone = f"the batch {part.batch} is gone at the provider"
-                    self._fail_part(part, gone, 404)
+                    self._fail_part(part, f"the batch {part.batch} is gone at the provider", 404)
                     continue
             if part.number not in self._followed.parts:
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ParamSpec
 
 from ..output.resultset import ResultSet
-from .batch import Batch, CallBatch
+from .batch import Batch, CallBatch, Item
 
 P = ParamSpec("P")
-R = TypeVar("R")
+# (a TypeVar for the result would make mypy report a lambda of the wrong type twice)
+Run = Callable[..., ResultSet]
 
 
-def _taking(like: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+def _taking(like: Callable[P, object]) -> Callable[[Run], Callable[P, ResultSet]]:
     """The decorated function typed, and signed for ``help()``, as taking what ``like`` takes."""
 
-    def signed(fn: Callable[..., R]) -> Callable[P, R]:
+    def signed(fn: Run) -> Callable[P, ResultSet]:
         returns = inspect.signature(fn).return_annotation
         fn.__signature__ = inspect.signature(like).replace(return_annotation=returns)  # type: ignore[attr-defined]
         return fn
@@ -25,18 +26,18 @@ def _taking(like: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[
 
 
 @_taking(Batch)
-def fetch_all(*args: Any, **kwargs: Any) -> ResultSet:
+def fetch_all(items: Iterable[Item] | Iterable[Mapping[str, Any]], **options: Any) -> ResultSet:
     """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in
     order. The one-call form of ``Batch(items, **options).run()``: the same options, with the
     same defaults (see ``help(Batch)`` and the options table in docs/library.md). ``headers`` go on
     every request and are treated as secrets: never logged, never sent to another host on a
     redirect.
     """
-    return Batch(*args, **kwargs).run()
+    return Batch(items, **options).run()
 
 
 @_taking(CallBatch)
-def run_all(*args: Any, **kwargs: Any) -> ResultSet:
+def run_all(fn: Callable[[Any], Any], items: Iterable[Any], **options: Any) -> ResultSet:
     """Call ``fn(item)`` for every item with bounded concurrency, retries and the limits
     ``fetch_all`` has; one Result per item, in order. ``rs[i].data`` is what ``fn`` returned.
 
@@ -52,4 +53,4 @@ def run_all(*args: Any, **kwargs: Any) -> ResultSet:
     returned is stored as JSON, through ``encode`` when given and read back through
     ``decode``.
     """
-    return CallBatch(*args, **kwargs).run()
+    return CallBatch(fn, items, **options).run()

@@ -46,11 +46,9 @@ Item = str | Mapping[str, Any] | RequestSpec
 
 
 def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]:
-    """The identity a journal records for a list of items: their count and a SHA-256.
-
+    """The identity a journal records for a list of items: their count and a SHA-256;
     ``strict``: every item must be JSON (ValueError naming the first that is not), as the
-    items of calls must, whose ``repr`` may change from one process to the next.
-    """
+    items of calls must, whose ``repr`` may change from one process to the next."""
     digest = hashlib.sha256()
     count = 0
     for item in items:
@@ -133,8 +131,14 @@ class Resumable(Generic[OptionsT]):
         self._ledger = Ledger()
         self.journal = None if journal is None else Path(journal)
         self._form = Items(None if template is None else template.url)
-        self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
+        # What a journal of these items is made for: the items, template rows, pagination.
+        self._identity: dict[str, str] = {}
         if self.journal is not None:
+            self._identity = identity_of(self.items, strict=strict)
+            if template is not None:
+                self._identity["template"] = f"rows {template.identity()}"
+            if isinstance(options, FetchOptions):
+                self._identity |= options.paging_identity()
             self._open(fresh=fresh, template=template)
 
     def _controller(self) -> RunController:
@@ -324,12 +328,10 @@ class Batch(Resumable[FetchOptions]):
         self._start(items, checked, journal, progress, fresh=fresh, template=self._template)
 
     def _restore(self, record: dict[str, Any]) -> Result:
-        result = Result.from_dict(record)
-        expect = self.options.expect
-        data = result.data
+        result, expect = Result.from_dict(record), self.options.expect
         if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
-            data = expect.model_validate(data)
-        return replace(result, data=data)
+            return replace(result, data=expect.model_validate(result.data))
+        return result
 
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         return encode_result(result, item)
@@ -348,13 +350,11 @@ class Batch(Resumable[FetchOptions]):
         )
 
     def _submissions(self) -> list[Part]:
-        """The parts of this batch's rows sent through a batch endpoint: the journal's, or
-        the batch's own in memory."""
+        """The parts of its rows sent through a batch endpoint: the journal's, or its own."""
         return journal_parts(self.journal) if self.journal is not None else self._ledger.parts()
 
     def _reported(self) -> list[Part]:
-        """The parts for the report: none when the journal cannot be read (a report is not
-        worth failing for)."""
+        """The parts for the report (none when the journal cannot be read: no failing)."""
         try:
             parts = self._submissions()
         except (JournalMismatch, sqlite3.Error):
@@ -475,41 +475,17 @@ def _returned_type(fn: Callable[..., Any]) -> object:
         return Any
 
 
-def _journal_identity(
-    items: list[Any],
-    options: object,
-    journal: str | Path | None,
-    template: Template | None,
-    *,
-    strict: bool,
-) -> dict[str, str]:
-    """What a journal of these items is made for: the items, template rows, pagination."""
-    if journal is None:
-        return {}
-    identity = identity_of(items, strict=strict)
-    if template is not None:
-        identity["template"] = f"rows {template.identity()}"
-    if isinstance(options, FetchOptions):
-        identity |= options.paging_identity()
-    return identity
-
-
 def _json_type(hint: object) -> bool:
     """False only for a hint that says JSON cannot hold the values as they are: a class none
     of JSON's types (nor a TypedDict, an Enum of str or int), a tuple (back as a list) or a
     dict keyed by other than str, alone or inside a container."""
-    origin = typing.get_origin(hint)
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
-    if origin is not None:
-        return _json_container(origin, typing.get_args(hint))
+    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
+        return False
+    if origin is not None:  # (a container: what its arguments say)
+        return all(_json_type(arg) for arg in arguments if isinstance(arg, type))
     if not isinstance(hint, type) or typing.is_typeddict(hint):
         return True  # Any, a NewType, a TypeVar: they do not say
     return issubclass(hint, str | int | float | bool | list | dict | type(None))
-
-
-def _json_container(origin: object, arguments: tuple[Any, ...]) -> bool:
-    """``_json_type`` of a parameterized hint (``list[X]``, ``dict[K, V]``, ``tuple[…]``)."""
-    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
-        return False
-    return all(_json_type(arg) for arg in arguments if isinstance(arg, type))

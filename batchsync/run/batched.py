@@ -30,10 +30,9 @@ from .progress import Tally
 
 @dataclass
 class ThroughBatchApi:
-    """``controller.Send`` for a run through the batch endpoint, with ``finish`` (the
-    controller calls it once the Results are journaled) to delete the files at the provider.
-    ``ledger``: the batch's own, in memory, when there is no journal; ``again``: the items
-    read again, to store each failure with its item (the command line's failed file)."""
+    """``controller.Send`` for a run through the batch endpoint, with ``finish`` to delete
+    the files at the provider once the Results are journaled. ``ledger``: the batch's own
+    without a journal; ``again``: the items read again (to store failures with them)."""
 
     options: FetchOptions
     url: str
@@ -121,7 +120,6 @@ def open_batches(parts: Iterable[Part]) -> str | None:
     """What a live run on a journal would send twice: the rows of batches still open at the
     provider (or maybe made by a create that got no answer), in a few words; None when there
     are none."""
-    # (a part whose create got no answer may have a batch there too)
     still = [p for p in parts if p.open and (p.batch is not None or p.submitted is not None)]
     if not still:
         return None
@@ -137,7 +135,5 @@ def journal_parts(path: Path | None) -> list[Part]:
         reader = JournalReader(path)
     except JournalMismatch:  # (not a journal of ours: no submissions of ours either)
         return []
-    try:
+    with contextlib.closing(reader):
         return reader.parts()
-    finally:
-        reader.close()

@@ -172,13 +172,13 @@ def progress_of(passing: Pass, tally: Tally, gates: Gates | None) -> Callable[[]
     any moment: its seconds, what ``tally`` counts, and its waits at ``gates`` from now."""
     started, begun = time.time(), time.monotonic()
     waited = _waits(gates)
-    opened = _circuits_opened(gates)
+    opened = 0 if gates is None else gates.circuits_opened
 
     def so_far() -> Stint:
         done, _, requests = tally.counts()
         waits = difference(_waits(gates), waited)
         elapsed = time.monotonic() - begun
-        circuits = _circuits_opened(gates) - opened
+        circuits = (0 if gates is None else gates.circuits_opened) - opened
         return Stint(passing, started, elapsed, done, requests, waits, circuits)
 
     return so_far
@@ -189,10 +189,6 @@ def _waits(gates: Gates | None) -> dict[str, float]:
         return {}
     with gates.waits.lock:
         return dict(gates.waits.seconds)
-
-
-def _circuits_opened(gates: Gates | None) -> int:
-    return 0 if gates is None else gates.circuits_opened
 
 
 def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
