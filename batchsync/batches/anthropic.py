@@ -39,7 +39,7 @@ class Anthropic(BatchesApi):
     identifies_rows = False  # (its list says how many rows a batch has, nothing of which)
     cursor = "after_id"
     failed_status: str | None = None  # (its batches do not fail as a whole)
-    # (its queue cap refuses the create itself, with a 429: no batch is refused for tokens)
+    # (nor for tokens: its queue cap refuses the create itself, with a 429)
     status_field = "processing_status"
     usage_names = ("input_tokens", "output_tokens")
 

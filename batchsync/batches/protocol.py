@@ -237,7 +237,7 @@ class BatchesApi:
         return "the batch failed at the provider, giving no reason"
 
     def answer_of(self, line: Any, nonce: str) -> Answer | None:
-        index = index_of(line.get("custom_id"), nonce) if isinstance(line, Mapping) else None
+        index = index_of(line.get(self.row_key), nonce) if isinstance(line, Mapping) else None
         return None if index is None else self.row_answer(index, line)
 
     def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
@@ -250,5 +250,5 @@ class BatchesApi:
 
     def line(self, index: int, nonce: str, **fields: Any) -> bytes:
         """A row as compact JSON: its ``custom_id``, then ``fields``."""
-        row = {"custom_id": custom_id(index, nonce), **fields}
+        row = {self.row_key: custom_id(index, nonce), **fields}
         return json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode()
