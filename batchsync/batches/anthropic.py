@@ -4,23 +4,13 @@ journaled."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
 from ..store.submissions import Part, Shape
-from .protocol import (
-    Answer,
-    Endpoint,
-    Files,
-    custom_id,
-    data_page,
-    index_of,
-    one_line,
-    token_counts,
-)
+from .protocol import Answer, BatchesApi, Endpoint, Files, one_line
 
 # Its error types as the HTTP status a live call would have been answered with.
 _STATUS = {
@@ -36,7 +26,7 @@ _STATUS = {
 }
 
 
-class Anthropic:
+class Anthropic(BatchesApi):
     name = "anthropic"
     shape = Shape(
         statuses=("in_progress", "canceling", "ended"),
@@ -49,7 +39,9 @@ class Anthropic:
     identifies_rows = False  # (its list says how many rows a batch has, nothing of which)
     cursor = "after_id"
     failed_status: str | None = None  # (its batches do not fail as a whole)
-    row_key = "custom_id"
+    # (nor for tokens: its queue cap refuses the create itself, with a 429)
+    status_field = "processing_status"
+    usage_names = ("input_tokens", "output_tokens")
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")
@@ -58,20 +50,13 @@ class Anthropic:
         base = urlunsplit((url.scheme, url.netloc, path, "", ""))
         return Endpoint(self.name, url.geturl(), base, "/v1/messages")
 
-    def batches_url(self, endpoint: Endpoint) -> str:
-        return f"{endpoint.base}/batches"
-
-    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        return data_page(answer)
-
     def describe_endpoints(self) -> str:
         return "be a Messages endpoint (…/v1/messages)"
 
     def request_line(
         self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
     ) -> bytes:
-        line = {"custom_id": custom_id(index, nonce), "params": body}
-        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()
+        return self.line(index, nonce, params=body)
 
     def submission_size(self, lines: int, line_bytes: int) -> int:
         # ('{"requests":[' and ']}' around the rows, a comma between two)
@@ -81,10 +66,6 @@ class Anthropic:
         self, endpoint: Endpoint, input_file: str | None, lines: Sequence[bytes], part: int
     ) -> bytes:
         return b'{"requests":[' + b",".join(lines) + b"]}"
-
-    def status_of(self, batch: Mapping[str, Any]) -> str | None:
-        status = batch.get("processing_status")
-        return status if isinstance(status, str) and status in self.shape.statuses else None
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
         given = batch.get("created_at")  # (RFC 3339)
@@ -112,36 +93,22 @@ class Anthropic:
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
         return [f"{self.batches_url(endpoint)}/{batch}"]
 
-    def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
-        return False  # (its queue cap refuses the create itself, with a 429)
-
-    def failure_text(self, batch: Mapping[str, Any]) -> str:
-        return "the batch failed at the provider, giving no reason"
-
-    def answer_of(self, line: Any, nonce: str) -> Answer | None:
-        if not isinstance(line, Mapping):
-            return None
-        index = index_of(line.get("custom_id"), nonce)
-        if index is None:
-            return None
+    def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
         result = line.get("result")
-        kind = result.get("type") if isinstance(result, Mapping) else None
+        result = result if isinstance(result, Mapping) else {}
+        kind = result.get("type")
         if kind == "succeeded":
-            return Answer(index, True, 200, result.get("message"))  # type: ignore[union-attr]
+            return Answer(index, True, 200, result.get("message"))
         if kind == "expired":
             return Answer(
                 index, False, None, None, "batch_expired", "the batch expired before it ran"
             )
         if kind == "canceled":
             return Answer(index, False, None, None, "batch_cancelled", "the batch was cancelled")
-        error = result.get("error") if isinstance(result, Mapping) else None
+        error = result.get("error")
         inner = error.get("error") if isinstance(error, Mapping) else None
         if isinstance(inner, Mapping):
             status = _STATUS.get(str(inner.get("type")))
             text = one_line(f"{inner.get('type')}: {inner.get('message')}")
             return Answer(index, False, status, None, "batch_errored", text)
         return Answer(index, False, None, None, "batch_errored", "the provider gave no result")
-
-    def usage_of(self, data: Any) -> tuple[int, int]:
-        usage = data.get("usage") if isinstance(data, Mapping) else None
-        return token_counts(usage, ("input_tokens", "output_tokens"))

@@ -15,6 +15,7 @@ import math
 import random
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
 from contextlib import closing, suppress
@@ -38,13 +39,10 @@ from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
 from ..store.submissions import well_formed
-from .protocol import Endpoint, Files, index_of, is_row_id
+from .protocol import Endpoint, Files, data_page, error_message, index_of, is_row_id
 from .providers import provider_of
 
-# Waits between tries of a call; False from ``pause`` means the run was stopped meanwhile.
-Pause = Callable[[float], bool]
-# A results download, a body too large for one attempt's timeout: bounded by the deadline,
-# else by this many seconds, and each of its reads by the timeout.
+# A results download's bound, if the deadline is not sooner (each read's: the timeout).
 _DOWNLOAD_SECONDS = 3600.0
 # The most a provider's answer to a control call may be (a batch object, a list of them).
 _CONTROL_BYTES = 4 * 2**20
@@ -57,9 +55,9 @@ _CONFLICT = (
 
 
 class ProviderRefused(Exception):
-    """A call the provider answered with a final error (or that ran out of tries): one line,
-    secrets masked; ``status`` the HTTP status when one came, ``retryable`` whether trying
-    later may help (a 429 or 5xx that outlasted the tries, no answer at all)."""
+    """A call the provider refused for good, or that ran out of tries (one line, secrets
+    masked): ``status`` if one came, ``retryable`` whether trying later may help, no sooner
+    than ``retry_after`` (the provider's Retry-After)."""
 
     def __init__(
         self,
@@ -69,10 +67,7 @@ class ProviderRefused(Exception):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(text)
-        self.status = status
-        self.retryable = retryable
-        # (the provider's Retry-After: trying later means no sooner than this)
-        self.retry_after = retry_after
+        self.status, self.retryable, self.retry_after = status, retryable, retry_after
 
 
 class Stopped(Exception):
@@ -81,9 +76,8 @@ class Stopped(Exception):
 
 @dataclass(frozen=True)
 class Calls:
-    """How each call is sent: the run's headers (the API key), timeout, tries, backoff and
-    retry policy (the live run's), the largest results line, and what masks every text that
-    leaves."""
+    """How each call is sent: the live run's headers (the API key), timeout, tries, backoff
+    and retry policy, the largest results line, and what masks every text that leaves."""
 
     headers: Mapping[str, str]
     timeout: float
@@ -95,56 +89,61 @@ class Calls:
     retry_if: RetryIf | None = None
 
 
-class Client:
-    """One provider's batch calls for one endpoint (see the module docstring). ``pause``
-    waits between tries (False: the run was stopped); ``over`` says the run must end now (it
-    was stopped, or its deadline came), checked as a download goes."""
+@dataclass(frozen=True)
+class Clocks:
+    """What a run waits on and reads the time from: ``stop`` ends it (a wait, a download),
+    ``ends`` is its deadline by ``clock`` (None: none), ``rand`` draws the jitter."""
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        transport: Transport,
-        calls: Calls,
-        pause: Pause,
-        *,
-        over: Callable[[], bool] = lambda: False,
-        left: Callable[[], float | None] = lambda: None,
-        rand: Callable[[], float] = random.random,
-        unix_time: Callable[[], float] = time.time,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.endpoint = endpoint
-        self._transport = transport
-        self._clock = clock
-        self._calls = calls
-        self._pause = pause
-        self._over = over
-        self._left = left
-        self._rand = rand
-        self._unix_time = unix_time
-        # How far the provider's clock is ahead of this one, from its last ``Date`` header
-        # (None until one came): times the provider stamps are compared in its own clock.
-        self.clock_offset: float | None = None
-        self.provider = provider_of(endpoint)
-        self._batches = self.provider.batches_url(endpoint)
-        self._files = f"{endpoint.base}/files" if self.provider.shape.uploads else None
+    stop: threading.Event = field(default_factory=threading.Event)
+    ends: float | None = None
+    rand: Callable[[], float] = random.random
+    unix_time: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.monotonic
+
+    def pause(self, seconds: float) -> bool:
+        """Wait ``seconds``; False when the run was stopped meanwhile."""
+        return not self.stop.wait(max(0.0, seconds))
+
+    def left(self) -> float | None:
+        """Seconds to the deadline (None: there is none)."""
+        return None if self.ends is None else self.ends - self.clock()
+
+    def over(self) -> bool:
+        """Whether the run must end now: it was stopped, or its deadline came."""
+        left = self.left()
+        return self.stop.is_set() or (left is not None and left < 0)
+
+
+@dataclass
+class Client:
+    """One provider's batch calls for one endpoint (see the module docstring)."""
+
+    endpoint: Endpoint
+    transport: Transport
+    calls: Calls
+    clocks: Clocks = field(default_factory=Clocks)
+    # How far the provider's clock is ahead of this one, from its last ``Date`` header
+    # (None until one came): times the provider stamps are compared in its own clock.
+    clock_offset: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.provider = provider_of(self.endpoint)
+        self._batches = self.provider.batches_url(self.endpoint)
+        self._files = f"{self.endpoint.base}/files" if self.provider.shape.uploads else None
 
     def refusal(self) -> str | None:
-        """Why the endpoint's host may not be sent to (deny_private refuses a private
-        address, as it refuses a live row), or None."""
-        guard = self._transport.guard
-        if guard is None:
-            return None
+        """Why the endpoint's host may not be sent to (deny_private, as for a live row)."""
+        guard = self.transport.guard
         try:
-            guard.check(urlsplit(self.endpoint.url).hostname or "")
+            if guard is not None:
+                guard.check(urlsplit(self.endpoint.url).hostname or "")
         except PrivateAddress as exc:
             return str(exc)
         return None
 
     # --- submitting ----------------------------------------------------------------------------
     def upload(self, lines: Sequence[bytes], name: str) -> str:
-        """The rows uploaded as a JSONL file of purpose batch (a provider whose rows go up as
-        a file: OpenAI's Files API); its id."""
+        """The id of the rows uploaded as a JSONL file of purpose batch (OpenAI's Files API)."""
         assert self._files is not None
         content = b"".join(line + b"\n" for line in lines)
         answer = self._json(
@@ -160,8 +159,7 @@ class Client:
         return file_id
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
-        """A batch created from the uploaded file or from the rows themselves: the
-        provider's batch object."""
+        """The batch object the provider made of the uploaded file or of the rows."""
         return self._json(
             "POST",
             self._batches,
@@ -178,23 +176,19 @@ class Client:
         return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
 
     def recent(self, since: float) -> Iterator[Mapping[str, Any]]:
-        """The provider's batches, newest first, back to the first page that reaches
-        ``since`` (unix seconds by this clock, compared with the provider's stamps in the
-        provider's clock), however many others made meanwhile: to find one this run created
-        but could not record. A list that cannot be followed to ``since`` (a cursor missing or
-        repeated, the run's end) is a ProviderRefused to try later: the part waits, it is
-        never submitted again on a guess."""
+        """The provider's batches, newest first, back to the page that reaches ``since``
+        (``made_since``): to find one a create made unsaid. A list that cannot be followed
+        so far is a retryable ProviderRefused: the part is never submitted again on a guess."""
         params: dict[str, Any] = {"limit": 100}
         cursors: set[str] = set()
         while True:
-            if self._over():
+            if self.clocks.over():
                 raise ProviderRefused("the run ended while listing the batches", retryable=True)
             answer = self._json("GET", self._batches, "list the batches", params=params)
             page, more = self.provider.listed(answer)
             yield from page
-            if not more or (
-                page and not self.made_since(self.provider.created_at(page[-1]), since)
-            ):
+            reached = bool(page) and not self.made_since(self.provider.created_at(page[-1]), since)
+            if not more or reached:
                 return
             last = page[-1].get("id") if page else None
             if not isinstance(last, str) or last in cursors:
@@ -207,9 +201,8 @@ class Client:
             params = {"limit": 100, self.provider.cursor: last}
 
     def made_since(self, created: float | None, since: float) -> bool:
-        """Whether a batch ``created`` (in the provider's clock; None: not known, so any may)
-        may have been made since ``since`` (this clock's unix seconds): any may while the
-        provider's clock is not known (the list is then read to its end)."""
+        """Whether a batch ``created`` (the provider's clock) may be made since ``since`` (this
+        clock's): yes when either time is not known (the list is then read to its end)."""
         offset = self.clock_offset
         return offset is None or created is None or created >= since + offset
 
@@ -221,44 +214,34 @@ class Client:
         return name if isinstance(name, str) else None
 
     def file_named(self, name: str) -> str | None:
-        """The id of the batch file uploaded under ``name`` (a part's own, with its nonce),
-        or None when there is none."""
+        """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
         answer = self._json(
             "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
         )
-        data = answer.get("data") if isinstance(answer, Mapping) else None
-        for found in data or ():
-            if isinstance(found, Mapping) and found.get("filename") == name:
-                return well_formed(self.provider.name, "file", found.get("id"))
-        return None
+        files, _ = data_page(answer)
+        found = next((file for file in files if file.get("filename") == name), {})
+        return well_formed(self.provider.name, "file", found.get("id"))
 
     # --- collecting ----------------------------------------------------------------------------
     def results(
         self, files: Files, batch: str, size: int, nonce: str, rows: Set[int]
     ) -> Iterator[Any]:
-        """The results lines of an ended batch of ``size`` rows that name the ``rows`` of
-        the part with ``nonce`` this run reads, parsed (``Unread`` for a line that is too
-        large or not JSON Python can read, named by the custom_id at its start), from each
-        place the provider keeps them, and the first line that names a row of another part
-        (a batch listing only others' rows is not the part's).
-        They are downloaded whole first, each row's first line kept in a temporary file, so
-        that a row listed again with another answer is known before any is taken: it is
-        given as an ``Unread`` naming the conflict. A row listed again as it was is one
-        answer; a line larger than ``max_bytes`` cannot be compared and takes no part."""
-        spool, listing = self._kept_results(files, batch, size, _Listing(nonce, rows))
-        with spool:
+        """The results lines of an ended batch of ``size`` rows that name the ``rows`` of the
+        part ``nonce`` this run reads (``Unread``: too large or not JSON), and the first naming
+        another part's row. All are downloaded first, each row's first line kept in a file, so
+        that a row listed again with another answer is known before any is taken: it comes as
+        an ``Unread`` naming the conflict (a line over ``max_bytes`` cannot be compared)."""
+        listing = _Listing(nonce, rows)
+        with self._kept_results(files, batch, size, listing) as spool:
             for stored in spool:
                 line = self._parsed(stored[2:-1], stored[:1] == b"1")
                 given = self.row_of(line)
                 yield Unread(given, _CONFLICT, again=False) if given in listing.conflicts else line
 
-    def _kept_results(
-        self, files: Files, batch: str, rows: int, listing: _Listing
-    ) -> tuple[IO[bytes], _Listing]:
-        """A temporary file of the lines ``listing`` keeps, read back from its start, and
-        what it found; a disk that cannot keep them (full, gone) is a ProviderRefused to try
-        later: the batch is kept, its answers read again."""
+    def _kept_results(self, files: Files, batch: str, rows: int, listing: _Listing) -> IO[bytes]:
+        """A temporary file of the lines ``listing`` keeps, rewound; a disk that cannot keep
+        them is a retryable ProviderRefused (the batch is read again)."""
         try:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
         except OSError as exc:
@@ -277,11 +260,10 @@ class Client:
             if isinstance(exc, OSError):
                 raise _unkept(exc) from None
             raise
-        return spool, listing
+        return spool
 
     def first_result(self, files: Files, batch: str, rows: int) -> Any:
-        """The first results line of an ended batch (None when there is none), parsed as
-        ``results`` gives it, without downloading the rest."""
+        """The first results line of an ended batch (None: none), as ``results`` gives it."""
         for url in self._results_urls(files, batch):
             with closing(self._lines(url, rows)) as lines:
                 for raw, oversized in lines:
@@ -293,11 +275,22 @@ class Client:
         return custom_id_of(line, self.provider.row_key)
 
     def _parsed(self, line: bytes, oversized: bool) -> Any:
-        return _parsed(line, oversized, self._calls.max_bytes, self.provider.row_key)
+        """One results line, read as the live lane reads a body; one that cannot be is an
+        ``Unread`` named by the custom_id at its start (where the providers write it)."""
+        most = self.calls.max_bytes
+        if oversized:
+            reason = f"its answer in the batch's results is larger than max_bytes ({most})"
+        else:
+            try:
+                return decode_body(line, "json", None)
+            except InvalidBody as exc:
+                reason = f"its line in the batch's results cannot be read: {exc}"
+        key = re.escape(json.dumps(self.provider.row_key).encode())
+        found = re.search(key + rb'\s*:\s*"([A-Za-z0-9_-]{1,64})"', line[:_PREFIX])
+        return Unread(found.group(1).decode() if found else None, reason)
 
     def _results_urls(self, files: Files, batch: str) -> Iterator[str]:
-        """Each place the provider keeps a batch's results; one on another origin than the
-        endpoint's is refused (the API key goes to the endpoint's origin only)."""
+        """Each place the provider keeps a batch's results; another origin is refused."""
         for url in self.provider.results_urls(self.endpoint, batch, files):
             if not self.endpoint.same_origin(url):
                 raise ProviderRefused(
@@ -316,48 +309,37 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------
     def _json(self, method: str, url: str, doing: str, **how: Any) -> Any:
-        """The JSON answer of one call sent as ``_send`` sends it (``how``: its options and
-        what it sends); ProviderRefused when it cannot be had (a 404 with ``missing_ok``:
-        None). An answer that cannot be read (too large, not JSON, nested too deeply) is the
-        provider's fault, and may pass: it says nothing of what the call did (a create may
-        have made its batch)."""
+        """The JSON answer of one call sent as ``_send`` sends it (a 404 with ``missing_ok``:
+        None). An answer that cannot be read (too large, not JSON) may pass, so its
+        ProviderRefused is retryable: it says nothing of what the call did."""
         with self._send(method, url, doing, **how) as answer:
             if answer.reply is None:
                 return None
             try:
-                body = self._transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
+                body = self.transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
             except BodyTooLarge:
-                raise ProviderRefused(
-                    f"could not {doing}: the provider's answer is larger than expected",
-                    retryable=True,
+                raise self._passing(
+                    doing, "the provider's answer is larger than expected"
                 ) from None
-            except Exception as exc:  # (cut short, or too slow: trying again may cure it)
-                verdict = classify_http_exception(exc)
-                raise ProviderRefused(
-                    self._masked(f"could not {doing}: {verdict.error}"), retryable=True
-                ) from None
+            except Exception as exc:  # (cut short, or too slow)
+                raise self._passing(doing, classify_http_exception(exc).error) from None
         try:
             return decode_body(body, "json", None)
         except InvalidBody as exc:
-            raise ProviderRefused(
-                f"could not {doing}: the provider's answer cannot be read ({exc})", retryable=True
-            ) from None
+            raise self._passing(doing, f"the provider's answer cannot be read ({exc})") from None
 
     def _lines(self, url: str, rows: int) -> Generator[tuple[bytes, bool]]:
-        """Each line of a results download, as ``_split_lines`` gives them. A download is at
-        most ``max_bytes`` a row, so a hostile answer stays bounded."""
-        total = rows * self._calls.max_bytes + 2**20
+        """Each line of a results download (``_split_lines``), bounded by ``max_bytes`` a row."""
+        total = rows * self.calls.max_bytes + 2**20
         with self._send("GET", url, "download the results", download=True) as answer:
-            yield from _split_lines(
-                self._bounded(self._chunks(answer), total), self._calls.max_bytes
-            )
+            chunks = self._bounded(self._chunks(answer), total)
+            yield from _split_lines(chunks, self.calls.max_bytes)
 
     def _bounded(self, chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
-        """A download's chunks, ended by a ProviderRefused once the run is over or past
-        ``total`` bytes."""
+        """A download's chunks; a ProviderRefused once the run is over or past ``total``."""
         read = 0
         for chunk in chunks:
-            if self._over():
+            if self.clocks.over():
                 raise ProviderRefused("the run ended during the download", retryable=True)
             read += len(chunk)
             if read > total:
@@ -375,15 +357,14 @@ class Client:
         download: bool = False,
         **sent: Any,
     ) -> _Answer:
-        """The answer to one call whose headers have come (a 2xx; None for a 404 with
-        ``missing_ok``), tried again as a live attempt is: classified by ``classify_status``
-        and ``classify_http_exception``, judged by ``retry_if``, waited as ``decide`` says
-        (without ``retry``, one try, or more only after the provider said it did nothing, as a
-        POST is); a ProviderRefused when it cannot be had."""
-        calls = self._calls
+        """The answer to one call whose headers have come, tried again as a live attempt is
+        (classified, judged by ``retry_if``, waited as ``decide`` says; without ``retry``,
+        retried only after the provider said it did nothing, as a POST is); a ProviderRefused
+        when it cannot be had."""
+        calls, clocks = self.calls, self.clocks
         headers = {**calls.headers, **sent.pop("headers", {})}
         request = requests.Request(method, url, headers=headers, **sent)
-        recipe = replace(self._transport.prepare(request), follow=False)
+        recipe = replace(self.transport.prepare(request), follow=False)
         number = 0
         while True:
             number += 1
@@ -395,8 +376,8 @@ class Client:
             if calls.retry_if is not None:
                 verdict = judged(verdict, calls.retry_if)
             most = calls.attempts if retry else 1
-            attempted = Attempted(number, most, calls.attempts, self._clock())
-            decision = decide(verdict, attempted, calls.backoff, self._rand(), self._allowance())
+            attempted = Attempted(number, most, calls.attempts, clocks.clock())
+            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), self._allowance())
             if decision.wait is None:
                 final = decision.verdict
                 raise ProviderRefused(
@@ -406,77 +387,65 @@ class Client:
                     or final.error_kind in ("budget", "deadline"),
                     retry_after=final.retry_after,
                 )
-            if not self._pause(decision.wait):
+            if not clocks.pause(decision.wait):
                 raise Stopped
 
     def _try(
         self, recipe: Recipe, wall_end: float, missing_ok: bool
     ) -> _Answer | tuple[Verdict, int | None, str]:
-        """One try of a call: its answer (a 2xx; a 404 allowed), or the Verdict on what came
-        instead, with the status and the provider's message when an answer came."""
+        """One try: its answer (a 2xx, a 404 allowed), or the Verdict, status and message."""
         try:
-            reply = self._transport.send(recipe, wall_end)
+            reply = self.transport.send(recipe, wall_end)
         except Exception as exc:  # every failure is classified, none escapes
-            self._transport.finish()
+            self.transport.finish()
             return classify_http_exception(exc), None, ""
         self._read_clock(reply.headers)
         if 200 <= reply.status < 300:
-            return _Answer(self._transport, reply, wall_end)
+            return _Answer(self.transport, reply, wall_end)
         if reply.status == 404 and missing_ok:
-            self._transport.discard(reply, wall_end)
-            return _Answer(self._transport, None, wall_end)
-        said = self._error_text(reply, wall_end)
-        verdict = _judged(reply.status, reply.headers, self._unix_time(), self._calls.retryable)
-        return verdict, reply.status, said
+            self.transport.discard(reply, wall_end)
+            return _Answer(self.transport, None, wall_end)
+        said, now = self._error_text(reply, wall_end), self.clocks.unix_time()
+        return _judged(reply.status, reply.headers, now, self.calls.retryable), reply.status, said
 
     def _attempt_end(self, doing: str, download: bool) -> float:
-        """When the next try must have ended: its timeout (a download: the longer bound)
-        from now, never past the deadline."""
-        left = self._left()
+        """When the next try ends: its timeout (a download's: longer) from now, or the deadline."""
+        left = self.clocks.left()
         if left is not None and left <= 0:
-            raise ProviderRefused(f"could not {doing}: the run's time is over", retryable=True)
-        seconds = _DOWNLOAD_SECONDS if download else self._calls.timeout
-        return self._clock() + (seconds if left is None else min(seconds, left))
+            raise self._passing(doing, "the run's time is over")
+        seconds = _DOWNLOAD_SECONDS if download else self.calls.timeout
+        return self.clocks.clock() + (seconds if left is None else min(seconds, left))
 
     def _allowance(self) -> Allowance:
-        """What a wait before the next try may not pass: the deadline (the budget bounds a
-        part's wait, not one call's)."""
-        left = self._left()
-        return Allowance(math.inf, None if left is None else self._clock() + left)
+        """What a wait before the next try may not pass: the deadline (not the budget)."""
+        left = self.clocks.left()
+        return Allowance(math.inf, None if left is None else self.clocks.clock() + left)
 
     def _chunks(self, answer: _Answer) -> Iterator[bytes]:
-        """A results download's chunks; a body cut short or too slow is a ProviderRefused
-        that trying again may cure."""
+        """A download's chunks; a body cut short or too slow is a retryable ProviderRefused."""
         assert answer.reply is not None
-        chunks = self._transport.stream(answer.reply, answer.wall_end, self._calls.timeout)
+        chunks = self.transport.stream(answer.reply, answer.wall_end, self.calls.timeout)
         try:
             yield from chunks
         except Exception as exc:
-            verdict = classify_http_exception(exc)
-            raise ProviderRefused(
-                self._masked(f"could not download the results: {verdict.error}"), retryable=True
+            raise self._passing(
+                "download the results", classify_http_exception(exc).error
             ) from None
 
     def _error_text(self, reply: Reply, wall_end: float) -> str:
-        """': message' from a provider's error body (OpenAI's and Anthropic's
-        ``error.message``), read no further than a few KiB; the answer is closed."""
+        """': message' from an error body (its first 16 KiB), the answer closed."""
         try:
-            body = self._transport.read_body(reply, wall_end, 2**14)
+            body = self.transport.read_body(reply, wall_end, 2**14)
         except Exception:  # (too large, cut short: the status says enough)
             return ""
         finally:
             reply.close()
-            self._transport.finish()
+            self.transport.finish()
         try:
-            payload = decode_body(body, "json", None)
+            message = error_message(decode_body(body, "json", None))
         except InvalidBody:
             return ""
-        error = payload.get("error") if isinstance(payload, Mapping) else None
-        message = error.get("message") if isinstance(error, Mapping) else None
-        if not isinstance(message, str):
-            return ""
-        flat = " ".join(message.split())
-        return f": {flat[:200]}"
+        return f": {' '.join(message.split())[:200]}" if isinstance(message, str) else ""
 
     def _read_clock(self, headers: Mapping[str, str]) -> None:
         """The provider's clock against this one, from the answer's ``Date``."""
@@ -485,20 +454,24 @@ class Client:
         except (TypeError, ValueError, IndexError):
             return
         if said.tzinfo is not None:
-            self.clock_offset = said.timestamp() - self._unix_time()
+            self.clock_offset = said.timestamp() - self.clocks.unix_time()
 
     def _masked(self, text: str) -> str:
-        return self._calls.secrets.text(text)
+        return self.calls.secrets.text(text)
+
+    def _passing(self, doing: str, why: str | None) -> ProviderRefused:
+        """A call that could not ``doing`` for a reason that may pass: tried again later."""
+        return ProviderRefused(self._masked(f"could not {doing}: {why}"), retryable=True)
 
 
+@dataclass
 class _Answer:
     """An answer whose headers have come (``reply`` None: a 404 allowed), to be read within
     ``wall_end``; closed, and its attempt over, on leaving."""
 
-    def __init__(self, transport: Transport, reply: Reply | None, wall_end: float) -> None:
-        self._transport = transport
-        self.reply = reply
-        self.wall_end = wall_end
+    transport: Transport
+    reply: Reply | None
+    wall_end: float
 
     def __enter__(self) -> _Answer:
         return self
@@ -506,7 +479,7 @@ class _Answer:
     def __exit__(self, *exc: object) -> None:
         if self.reply is not None:
             self.reply.close()
-        self._transport.finish()
+        self.transport.finish()
 
 
 def _unkept(exc: OSError) -> ProviderRefused:
@@ -518,9 +491,8 @@ def _unkept(exc: OSError) -> ProviderRefused:
 
 @dataclass
 class _Listing:
-    """What a batch's results list, line by line: the digest of the first line of each of
-    the part's rows (None: too large to compare), the rows listed again with another answer,
-    and whether a row of another part was listed."""
+    """What a batch's results list: a digest of each row's first line (None: too large to
+    compare), the rows listed again with another answer, and whether another part's was."""
 
     nonce: str
     rows: Set[int]
@@ -529,9 +501,8 @@ class _Listing:
     other: bool = False
 
     def keeps(self, given: str | None, raw: bytes, oversized: bool) -> bool:
-        """Whether a line named ``given`` is kept to be read: the first of each row read,
-        and the first naming another part's row; no other (what is kept stays within the
-        rows read, whatever else a provider lists)."""
+        """Whether a line named ``given`` is kept: the first of each row read, and the first
+        naming another part's row; no other (what is kept stays within the rows read)."""
         index = index_of(given, self.nonce)
         if index is None:
             keep = not self.other and is_row_id(given)
@@ -552,9 +523,8 @@ class _Listing:
 
 @dataclass(frozen=True)
 class Unread:
-    """A results line not taken as its row's answer: ``custom_id`` names the row, ``reason``
-    says why; ``again`` whether reading the batch again may give the answer (a larger
-    ``max_bytes``, a download not corrupted), so that the batch is kept for it."""
+    """A results line not taken as its row's answer, and why; ``again``: reading the batch
+    again may give it (a larger ``max_bytes``), so the batch is kept."""
 
     custom_id: str | None
     reason: str
@@ -569,29 +539,9 @@ def custom_id_of(line: Any, key: str) -> str | None:
     return given if isinstance(given, str) else None
 
 
-def _unread(start: bytes, reason: str, key: str) -> Unread:
-    """A line that could not be read, named by the custom_id at its start (where the
-    providers write it)."""
-    named = re.escape(json.dumps(key).encode()) + rb'\s*:\s*"([A-Za-z0-9_-]{1,64})"'
-    found = re.search(named, start[:_PREFIX])
-    return Unread(found.group(1).decode() if found else None, reason)
-
-
-def _parsed(line: bytes, oversized: bool, limit: int, key: str) -> Any:
-    """One results line, read as the live lane reads a body (``Unread`` when it cannot be)."""
-    if oversized:
-        return _unread(
-            line, f"its answer in the batch's results is larger than max_bytes ({limit})", key
-        )
-    try:
-        return decode_body(line, "json", None)
-    except InvalidBody as exc:
-        return _unread(line, f"its line in the batch's results cannot be read: {exc}", key)
-
-
 def _split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[tuple[bytes, bool]]:
-    """Each line of a download (without its newline, blank ones left out) and whether it was
-    longer than ``limit``: then only its start is kept, to read its custom_id."""
+    """Each line of a download that is not blank, and whether it is longer than ``limit``
+    (then only its start is kept, to read its custom_id)."""
     line = bytearray()
     for chunk in chunks:
         *ended, rest = chunk.split(b"\n")

@@ -6,27 +6,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
 from ..core.verdict import ErrorKind
 from ..store.submissions import Part, Shape, well_formed
-from .protocol import (
-    Answer,
-    Endpoint,
-    Files,
-    custom_id,
-    data_page,
-    index_of,
-    one_line,
-    token_counts,
-)
+from .protocol import Answer, BatchesApi, Endpoint, Files, error_message, one_line
 
 # The endpoints a batch may run (one per batch: the URL's path names it).
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
 
 
-class OpenAI:
+class OpenAI(BatchesApi):
     name = "openai"
     shape = Shape(
         statuses=(
@@ -42,7 +34,8 @@ class OpenAI:
     identifies_rows = True  # (a batch names the file it was made of)
     cursor = "after"
     failed_status: str | None = "failed"  # (the batch failed as a whole: none of it ran)
-    row_key = "custom_id"
+    status_field = "status"
+    usage_names = ("prompt_tokens", "completion_tokens")
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")
@@ -52,25 +45,13 @@ class OpenAI:
         base = urlunsplit((url.scheme, url.netloc, f"{head}/v1", "", ""))
         return Endpoint(self.name, url.geturl(), base, f"/v1/{rest}")
 
-    def batches_url(self, endpoint: Endpoint) -> str:
-        return f"{endpoint.base}/batches"
-
-    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        return data_page(answer)
-
     def describe_endpoints(self) -> str:
         return "end in one of the endpoints a batch runs: " + ", ".join(ENDPOINTS)
 
     def request_line(
         self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
     ) -> bytes:
-        line = {
-            "custom_id": custom_id(index, nonce),
-            "method": "POST",
-            "url": endpoint.path,
-            "body": body,
-        }
-        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()
+        return self.line(index, nonce, method="POST", url=endpoint.path, body=body)
 
     def submission_size(self, lines: int, line_bytes: int) -> int:
         return line_bytes + lines  # (a newline after each line)
@@ -78,27 +59,15 @@ class OpenAI:
     def create_body(
         self, endpoint: Endpoint, input_file: str | None, lines: Sequence[bytes], part: int
     ) -> bytes:
-        return json.dumps(
-            {
-                "input_file_id": input_file,
-                "endpoint": endpoint.path,
-                "completion_window": "24h",
-                "metadata": {"batchsync_part": str(part)},
-            }
-        ).encode()
-
-    def status_of(self, batch: Mapping[str, Any]) -> str | None:
-        status = batch.get("status")
-        return status if isinstance(status, str) and status in self.shape.statuses else None
+        body = {"input_file_id": input_file, "endpoint": endpoint.path, "completion_window": "24h"}
+        return json.dumps(body | {"metadata": {"batchsync_part": str(part)}}).encode()
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
         given = batch.get("created_at")
-        if not isinstance(given, int | float) or isinstance(given, bool):
-            return None
-        try:
-            return float(given)
-        except OverflowError:  # (a number no clock reads: no time said)
-            return None
+        if isinstance(given, int | float) and not isinstance(given, bool):
+            with suppress(OverflowError):  # (a number no clock reads: no time said)
+                return float(given)
+        return None
 
     def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
         return part.input_file is not None and batch.get("input_file_id") == part.input_file
@@ -119,39 +88,29 @@ class OpenAI:
         return [f"{endpoint.base}/files/{file_id}" for file_id in ids if file_id]
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
-        """A batch that failed because the organization's enqueued-token cap was reached: it
-        never ran, and may be submitted again once others have finished."""
+        """Failed for the organization's enqueued-token cap: it never ran, may be resubmitted."""
         return any(error.get("code") == "token_limit_exceeded" for error in _errors(batch))
 
     def failure_text(self, batch: Mapping[str, Any]) -> str:
         for error in _errors(batch):
             code, message = error.get("code"), error.get("message")
             return f"{code}: {message}" if code else str(message)
-        return "the batch failed at the provider, giving no reason"
+        return super().failure_text(batch)
 
-    def answer_of(self, line: Any, nonce: str) -> Answer | None:
-        if not isinstance(line, Mapping):
-            return None
-        index = index_of(line.get("custom_id"), nonce)
-        if index is None:
-            return None
+    def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
         response, error = line.get("response"), line.get("error")
         if isinstance(response, Mapping) and isinstance(response.get("status_code"), int):
             status, body = response["status_code"], response.get("body")
             if 200 <= status < 300:
                 return Answer(index, True, status, body)
-            return Answer(index, False, status, None, "status", f"HTTP {status}{_said(body)}")
+            message = error_message(body)
+            said = f": {one_line(message)}" if message else ""
+            return Answer(index, False, status, None, "status", f"HTTP {status}{said}")
         code = error.get("code") if isinstance(error, Mapping) else None
         message = error.get("message") if isinstance(error, Mapping) else None
-        kind: ErrorKind = "batch_errored"
-        if code in ("batch_expired", "batch_cancelled"):
-            kind = "batch_expired" if code == "batch_expired" else "batch_cancelled"
+        kind: ErrorKind = code if code in ("batch_expired", "batch_cancelled") else "batch_errored"
         said = f"{code}: {message}" if code else message or "the provider gave no result"
         return Answer(index, False, None, None, kind, one_line(said))
-
-    def usage_of(self, data: Any) -> tuple[int, int]:
-        usage = data.get("usage") if isinstance(data, Mapping) else None
-        return token_counts(usage, ("prompt_tokens", "completion_tokens"))
 
 
 def _errors(batch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -159,10 +118,3 @@ def _errors(batch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     errors = batch.get("errors")
     data = errors.get("data") if isinstance(errors, Mapping) else None
     return [error for error in data or () if isinstance(error, Mapping)]
-
-
-def _said(body: Any) -> str:
-    """': message' when an error body says one (``error.message``)."""
-    error = body.get("error") if isinstance(body, Mapping) else None
-    message = error.get("message") if isinstance(error, Mapping) else None
-    return f": {one_line(message)}" if message else ""

@@ -8,6 +8,7 @@ Nothing here sends anything; ``client`` does, through the run's transport.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,16 +35,14 @@ class Endpoint:
     path: str
 
     def same_origin(self, url: str) -> bool:
-        """Whether ``url`` goes where every call of the batch goes (and no other): the same
-        scheme, host (any case, a trailing dot or not) and effective port, whatever userinfo
-        either names; a URL that cannot be read goes nowhere."""
+        """Whether ``url`` goes where every call of the batch goes: the same scheme, host (any
+        case, a trailing dot or not) and port, whatever userinfo; an unreadable URL does not."""
         mine = _origin(self.url)
         return mine is not None and mine == _origin(url)
 
 
 def _origin(url: str) -> tuple[str, str] | None:
-    """The scheme and ``host_key`` (its trailing dot dropped) of a URL, None when it has no
-    host or cannot be read."""
+    """The scheme and ``host_key`` of a URL (None: no host, or unreadable)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -56,8 +55,7 @@ def _origin(url: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Files:
-    """Where an ended batch's results are: its output and error files (a provider whose rows
-    go up as a file), or its results URL (None for each it has not)."""
+    """Where an ended batch's results are: its output and error files, or its results URL."""
 
     output: str | None = None
     error: str | None = None
@@ -66,8 +64,8 @@ class Files:
 
 @dataclass(frozen=True)
 class Answer:
-    """One row's outcome as its results line says it: the HTTP status and body a live call
-    would have had, or the kind of failure that kept it from one."""
+    """One row's outcome as its results line says it: the status and body a live call would
+    have had, or the kind of failure that kept it from one."""
 
     index: int
     ok: bool
@@ -98,15 +96,13 @@ class BatchProvider(Protocol):
     row_key: str
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
-        """The endpoint a live URL is a batch endpoint of, None when it is none of this
-        provider's."""
+        """The endpoint a live URL is a batch endpoint of (None: none of this provider's)."""
 
     def batches_url(self, endpoint: Endpoint) -> str:
         """Where its batches are listed and made (``…/{id}``: one; ``…/{id}/cancel``)."""
 
     def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        """A page of its list of batches: the batches on it (newest first), and whether more
-        follow."""
+        """A page of its list of batches: those on it (newest first), and whether more follow."""
 
     def describe_endpoints(self) -> str:
         """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
@@ -140,8 +136,7 @@ class BatchProvider(Protocol):
         """The URLs its results are read from, in order."""
 
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
-        """What to delete once every row of the batch ``found`` is journaled: URLs of what it
-        names as its own."""
+        """The URLs to delete once the rows of the batch ``found`` are journaled: its own."""
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
         """Whether a batch that failed never ran for a queue cap, to be submitted again."""
@@ -157,14 +152,12 @@ class BatchProvider(Protocol):
 
 
 def custom_id(index: int, nonce: str) -> str:
-    """The custom_id a row is submitted with: its part's nonce and its input index, nothing
-    of the row."""
+    """The custom_id a row is submitted with: its part's nonce and its input index."""
     return f"{nonce}-{index}"
 
 
 def index_of(given: object, nonce: str) -> int | None:
-    """The input index a results line's custom_id names, or None when it is not one of the
-    part with ``nonce``."""
+    """The input index a custom_id names, None when it is not one of the part ``nonce``'s."""
     if not isinstance(given, str):
         return None
     match = _CUSTOM_ID.fullmatch(given)
@@ -209,3 +202,53 @@ def data_page(answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
     data = answer.get("data")
     page = [batch for batch in data if isinstance(batch, Mapping)] if isinstance(data, list) else []
     return page, answer.get("has_more") is True
+
+
+def error_message(body: Any) -> Any:
+    """What an error body says in ``error.message`` (OpenAI's and Anthropic's), else None."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    return error.get("message") if isinstance(error, Mapping) else None
+
+
+class BatchesApi:
+    """What OpenAI's and Anthropic's endpoints share: the batches at ``…/batches``, listed
+    in ``data_page``s, the status in ``status_field``, rows named by their ``custom_id``."""
+
+    name: str
+    shape: Shape
+    row_key = "custom_id"
+    status_field: str
+    usage_names: tuple[str, str]
+
+    def batches_url(self, endpoint: Endpoint) -> str:
+        return f"{endpoint.base}/batches"
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        return data_page(answer)
+
+    def status_of(self, batch: Mapping[str, Any]) -> str | None:
+        status = batch.get(self.status_field)
+        return status if isinstance(status, str) and status in self.shape.statuses else None
+
+    def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
+        return False
+
+    def failure_text(self, batch: Mapping[str, Any]) -> str:
+        return "the batch failed at the provider, giving no reason"
+
+    def answer_of(self, line: Any, nonce: str) -> Answer | None:
+        index = index_of(line.get(self.row_key), nonce) if isinstance(line, Mapping) else None
+        return None if index is None else self.row_answer(index, line)
+
+    def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
+        """The Answer of the results line of the row ``index``."""
+        raise NotImplementedError
+
+    def usage_of(self, data: Any) -> tuple[int, int]:
+        usage = data.get("usage") if isinstance(data, Mapping) else None
+        return token_counts(usage, self.usage_names)
+
+    def line(self, index: int, nonce: str, **fields: Any) -> bytes:
+        """A row as compact JSON: its ``custom_id``, then ``fields``."""
+        row = {self.row_key: custom_id(index, nonce), **fields}
+        return json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode()

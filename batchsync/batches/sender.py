@@ -13,16 +13,14 @@ part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal
 
 from ..core.backoff import Backoff
 from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result, result_of
-from ..core.verdict import ErrorKind, InvalidItem, success, terminal
+from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
 from ..http.spec import RequestSpec
 from ..store.submissions import (
@@ -53,55 +51,44 @@ log = logging.getLogger("batchsync")
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
 _UNLISTED = "do not list this row"
 _WITHDRAWN = "cancelled (--cancel) before it was submitted"
-# How long before its submission (in the provider's clock, read off its ``Date``) a batch
-# found in the provider's list may have been created to be taken for a part caught
-# ``submitting``: the ``Date``'s second and the create's time on the way.
+# How long before a part's submission (in the provider's clock) a batch in the provider's
+# list may have been made to be the part's: the ``Date``'s second, the create on its way.
 _CLOCK_SKEW = 120.0
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What the run was asked: the endpoint, the caps, how to poll, what bounds the wait, and
-    whether to cancel the batches it follows (``--cancel``) or keep the files."""
+    """What the run was asked: endpoint, caps, polling, limits, --cancel, --keep-files."""
 
     endpoint: Endpoint
     passing: int
     max_rows: int | None = None
     max_bytes: int | None = None
     poll: float | None = None
-    deadline: float | None = None
     budget: float | None = None
     keep_files: bool = False
     cancel: bool = False
     expect: object = "json"
 
     @property
-    def rows_cap(self) -> int:
-        """The most rows a part holds: as asked, never beyond the provider's cap."""
-        most = provider_of(self.endpoint).caps[0]
-        return min(self.max_rows or most, most)
-
-    @property
-    def bytes_cap(self) -> int:
-        """The most bytes a submission takes: as asked, never beyond the provider's cap."""
-        most = provider_of(self.endpoint).caps[1]
-        return min(self.max_bytes or most, most)
+    def caps(self) -> tuple[int, int]:
+        """The most rows and bytes a submission takes: as asked, never beyond the provider's."""
+        rows, size = provider_of(self.endpoint).caps
+        return min(self.max_rows or rows, rows), min(self.max_bytes or size, size)
 
 
 @dataclass
 class _Followed:
-    """The parts this run follows, and what it knows of their rows: each row's id, and
-    the lines of parts it has still to submit."""
+    """The parts this run follows, and what it knows of them: its rows' ids, the lines of
+    parts still to submit, when a waiting part may be submitted again (monotonic), the rows
+    of an earlier part it was given (the others have Results), and by part the rows
+    delivered and the tokens their answers used."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
     lines: dict[int, list[bytes]] = field(default_factory=dict)
-    # When each waiting part may be submitted again (the monotonic clock).
     retry_at: dict[int, float] = field(default_factory=dict)
-    # The rows of each earlier part that this run was given (a part of its own: all of them);
-    # the others have their Results already.
     rows: dict[int, set[int]] = field(default_factory=dict)
-    # The rows of each part delivered so far, and the tokens their answers used.
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
 
@@ -116,21 +103,20 @@ class _Cut:
 
     number: int
     tag: str = field(init=False)
+    nonce: str = field(init=False)
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
 
     def __post_init__(self) -> None:
         self.tag = new_tag(self.number)
-
-    @property
-    def nonce(self) -> str:
-        return self.tag.rpartition("-")[2]
+        self.nonce = self.tag.rpartition("-")[2]
 
     def fits(self, provider: BatchProvider, plan: Plan, line: int) -> bool:
         """Whether one more line of ``line`` bytes stays within the caps of one submission."""
         rows, size = len(self.lines) + 1, self.size + line
+        most_rows, most_bytes = plan.caps
         return rows == 1 or (
-            rows <= plan.rows_cap and provider.submission_size(rows, size) <= plan.bytes_cap
+            rows <= most_rows and provider.submission_size(rows, size) <= most_bytes
         )
 
 
@@ -156,18 +142,14 @@ class _Reading:
     unread: bool = False
 
     def take(self, provider: BatchProvider, line: Any) -> Answer | None:
-        """The answer of a results line (``Unread``: its row's ``invalid_body``) that is one
-        of the part's rows not delivered yet; one naming another part's row counts in
-        ``others`` (one that names nothing says nothing of whose batch it is)."""
-        if isinstance(line, Unread):
-            index = index_of(line.custom_id, self.nonce)
-            answer = (
-                None
-                if index is None
-                else Answer(index, False, None, None, "invalid_body", line.reason)
-            )
-        else:
+        """The answer of a results line (``Unread``: ``invalid_body``) for a row of the part
+        not delivered yet; a line naming another part's row counts in ``others``."""
+        if not isinstance(line, Unread):
             answer = provider.answer_of(line, self.nonce)
+        elif (index := index_of(line.custom_id, self.nonce)) is not None:
+            answer = Answer(index, False, None, None, "invalid_body", line.reason)
+        else:
+            answer = None
         if answer is None:
             self.others += is_row_id(custom_id_of(line, provider.row_key))
             return None
@@ -185,61 +167,44 @@ class BatchApiFailed(OSError):
     """The run cannot go on without risking a row twice or another's results as its own."""
 
 
+@dataclass
 class BatchRun:
-    """Sends the rows left through the batch endpoint (see the module docstring); stoppable
-    from a signal handler (``stop``)."""
+    """Sends the rows left through the batch endpoint (see the module docstring), by the
+    client's ``clocks``; stoppable from a signal handler. ``url``: as Results show it."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        client: Client,
-        ledger: Ledger,
-        request_of: Callable[[object], RequestSpec],
-        url_shown: str,
-        *,
-        observer: Observer | None = None,
-        again: Callable[[], Iterable[tuple[int, object]]] | None = None,
-        mask: Callable[[str], str] = str,
-        stop: threading.Event | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        unix_time: Callable[[], float] = time.time,
-    ) -> None:
-        self._plan = plan
-        self._client = client
-        self._provider: BatchProvider = client.provider
-        self._ledger = ledger
-        self._request_of = request_of
-        self._url = url_shown
-        self._observer = observer or Observer()
-        self._clock = clock
-        self._unix_time = unix_time
-        self._stop = stop or threading.Event()
-        self._again = again
-        self._mask = mask
-        self._started = clock()
+    plan: Plan
+    client: Client
+    ledger: Ledger
+    request_of: Callable[[object], RequestSpec]
+    url: str
+    _: KW_ONLY
+    observer: Observer = field(default_factory=Observer)
+    again: Callable[[], Iterable[tuple[int, object]]] | None = None
+    mask: Callable[[str], str] = str
+
+    def __post_init__(self) -> None:
+        self._provider: BatchProvider = self.client.provider
+        self._clocks = clocks = self.client.clocks
+        self._clock, self._unix_time = clocks.clock, clocks.unix_time
 
     # --- Stoppable ----------------------------------------------------------------------------
     def stop(self) -> None:
-        self._stop.set()
+        self._clocks.stop.set()
 
     @property
     def stopped(self) -> bool:
-        return self._stop.is_set()
-
-    def pause(self, seconds: float) -> bool:
-        return pause(self._stop, seconds)
+        return self._clocks.stop.is_set()
 
     # --- the run --------------------------------------------------------------------------------
     def run(
         self, items: Iterable[tuple[int, object]], deliver: Callable[[Result, object], None]
     ) -> bool:
-        """Send what is left of ``items``, delivering each row's Result; True when stopped
-        before every row had one."""
+        """Send what is left of ``items``, delivering each Result; True when stopped first."""
         self._deliver = deliver
         self._followed = _Followed()
         try:
             self._take(items)
-            if self._plan.cancel:
+            if self.plan.cancel:
                 self._cancel_all()
             self._follow()
         except Stopped:
@@ -249,13 +214,13 @@ class BatchRun:
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
-        """Read the rows left: each that cannot go in a batch gets its Result now; each in a
-        part still open is followed there; the rest are cut into new parts, each submitted as
-        soon as it is full (so the input is read once, a part at a time)."""
-        open_parts = self._settled([part for part in self._ledger.parts() if part.open])
+        """Read the rows left: one no batch can carry gets its Result now, one in an open part
+        is followed there, the rest are cut into new parts, each submitted once full; an
+        ended part none of whose rows this run was given (all have Results) is closed."""
+        open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
-        cut = _Cut(max((part.number for part in self._ledger.parts()), default=0) + 1)
-        refusal = self._client.refusal()
+        cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
+        refusal = self.client.refusal()
         for index, item in items:
             if self.stopped:
                 return
@@ -269,23 +234,19 @@ class BatchRun:
                 cut = self._place(index, item, body, cut)
         if cut.lines:
             self._plan_part(cut)
-        self._close_ended(open_parts)
-
-    def _close_ended(self, open_parts: list[Part]) -> None:
-        """Close each ended part none of whose rows this run was given (all have Results)."""
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
-                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
+                self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _body(self, index: int, item: object, refusal: str | None) -> Mapping[str, Any] | None:
         """The row's body, its id noted; None for a row no batch can carry (its Result given)."""
         try:
-            spec = self._request_of(item)
+            spec = self.request_of(item)
             if refusal is not None:
                 raise InvalidItem(refusal)
-            body = _body_of(spec, self._plan.endpoint)
+            body = _body_of(spec, self.plan.endpoint)
         except InvalidItem as exc:
-            self._give(_unsent(index, self._url, None, str(exc)), item)
+            self._give(self._unsent(index, str(exc)), item)
             return None
         if spec.id is not None:
             self._followed.ids[index] = spec.id
@@ -296,22 +257,20 @@ class BatchRun:
         self._followed.parts[earlier.number] = earlier
         self._followed.rows.setdefault(earlier.number, set()).add(index)
         if earlier.batch is None:
-            line = self._provider.request_line(self._plan.endpoint, index, body, earlier.nonce)
+            line = self._provider.request_line(self.plan.endpoint, index, body, earlier.nonce)
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
-        """The part being cut, with the new row (submitting the full one first); a row too
-        large for a submission, or any under --cancel, gets its Result instead."""
-        provider, plan = self._provider, self._plan
+        """The part being cut, with the new row (the full one submitted first); a row too
+        large, or any under --cancel, gets its Result instead."""
+        provider, plan = self._provider, self.plan
+        if plan.cancel:
+            self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
+            return cut
         line = provider.request_line(plan.endpoint, index, body, cut.nonce)
-        if plan.cancel or provider.submission_size(1, len(line)) > plan.bytes_cap:
-            reason = f"the row is larger than a submission may be ({plan.bytes_cap} bytes)"
-            kind: ErrorKind = "invalid_request"
-            if plan.cancel:
-                reason, kind = _WITHDRAWN, "batch_cancelled"
-            self._give(
-                _unsent(index, self._url, self._followed.ids.get(index), reason, kind=kind), item
-            )
+        if provider.submission_size(1, len(line)) > plan.caps[1]:
+            reason = f"the row is larger than a submission may be ({plan.caps[1]} bytes)"
+            self._give(self._unsent(index, reason), item)
             return cut
         if not cut.fits(provider, plan, len(line)):
             self._plan_part(cut)
@@ -322,11 +281,9 @@ class BatchRun:
         return cut
 
     def _settled(self, parts: list[Part]) -> list[Part]:
-        """The open parts of earlier runs that have a batch at the provider: one whose create
-        was sent but not answered (caught ``submitting``, or ``waiting`` after a create that
-        got no answer) is looked for there first; the others never made one, and are dropped
-        (their rows go into new parts, their uploaded file, found by its name when the run
-        was killed during the upload, is deleted with the rest)."""
+        """The open parts of earlier runs that have a batch at the provider (one whose create
+        got no answer is looked for there first); the others are dropped, their rows cut
+        again and their file (found by its name if the upload was cut short) deleted."""
         kept = []
         for earlier in parts:
             part = earlier
@@ -342,8 +299,8 @@ class BatchRun:
                     part = self._record(part, found)
             if part.batch is None:
                 if part.input_file is None and self._provider.shape.uploads:
-                    part = replace(part, input_file=self._client.file_named(_file_name(part)))
-                self._ledger.save(part.moved(DROPPED, self._unix_time()))
+                    part = replace(part, input_file=self.client.file_named(_file_name(part)))
+                self.ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
                 kept.append(part)
         return kept
@@ -352,12 +309,12 @@ class BatchRun:
         """A new part of the rows cut, recorded, then submitted."""
         part = Part(
             cut.number,
-            self._plan.passing,
-            self._plan.endpoint.provider,
+            self.plan.passing,
+            self.plan.endpoint.provider,
             ranges_of(index for index, _ in cut.lines),
             tag=cut.tag,
         ).moved(PLANNED, self._unix_time())
-        self._ledger.save(part)
+        self.ledger.save(part)
         self._followed.parts[cut.number] = part
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._submit(part)
@@ -365,9 +322,8 @@ class BatchRun:
     # --- submitting -------------------------------------------------------------------------------
     def _submit(self, part: Part) -> None:
         """Upload (OpenAI) and create the part's batch, recording each step first; a part
-        refused for the provider's queue waits (``WAITING``) to be submitted again. A part
-        whose earlier create got no answer (``submitted`` kept) is looked for at the
-        provider before it is created again."""
+        refused for now waits (``WAITING``), its ``submitted`` kept when a create may have
+        made its batch (looked for before it is created again)."""
         sending = _Sending(part, unanswered=part.submitted is not None)
         try:
             recorded = self._submitted(sending)
@@ -382,10 +338,10 @@ class BatchRun:
             self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
             self._later(part, exc)
             return
-        if recorded is None or not self._plan.cancel:
+        if recorded is None or not self.plan.cancel:
             return
         try:  # (found after the cancels; one it will not cancel, ended already, is followed)
-            self._client.cancel(recorded.batch or "")
+            self.client.cancel(recorded.batch or "")
         except ProviderRefused as exc:
             log.warning("could not cancel the batch %s: %s", recorded.batch, exc)
 
@@ -394,11 +350,11 @@ class BatchRun:
         part = sending.part
         # (an OpenAI part submitted again after the token cap refused it has its file)
         lines = self._followed.lines.get(part.number, [])
-        if self._plan.cancel and not sending.unanswered:
+        if self.plan.cancel and not sending.unanswered:
             self._withdraw(part)  # (--cancel submits nothing)
             return None
         if part.input_file is None and self._provider.shape.uploads:
-            file_id = self._client.upload(lines, _file_name(part))
+            file_id = self.client.upload(lines, _file_name(part))
             sending.part = part = part.moved(UPLOADED, self._unix_time(), input_file=file_id)
             self._save(part)
             if self.stopped:  # (stopped during the upload: nothing is created)
@@ -406,7 +362,7 @@ class BatchRun:
         batch = self._find(part) if sending.unanswered else None
         if batch is not None:
             recorded = self._record(part, batch)
-        elif self._plan.cancel:  # (its create made no batch: there is none to cancel)
+        elif self.plan.cancel:  # (its create made no batch: there is none to cancel)
             self._withdraw(part)
             return None
         else:
@@ -417,12 +373,12 @@ class BatchRun:
 
     def _create(self, sending: _Sending, lines: list[bytes]) -> Part:
         """The part with the batch its create made, marked ``submitting`` first; a create
-        that got no answer, or none naming a batch, may have made one: it is looked for."""
+        without an answer naming a batch may have made one: it is looked for."""
         part = sending.part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
         sending.part = part
         self._save(part)
         try:
-            made = self._client.create(input_file=part.input_file, lines=lines, part=part.number)
+            made = self.client.create(input_file=part.input_file, lines=lines, part=part.number)
             return self._record(part, made)
         except ProviderRefused as exc:
             if exc.status is not None and exc.status < 500:
@@ -434,26 +390,21 @@ class BatchRun:
             return self._record(part, batch)
 
     def _withdraw(self, part: Part) -> None:
-        """--cancel of a part with no batch at the provider: its rows end ``batch_cancelled``
-        unsent, and the part is dropped (a file it uploaded is deleted with the rest)."""
+        """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
         self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
-        self._ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
+        self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
     def _later(self, part: Part, refused: ProviderRefused) -> None:
-        """Look at ``part`` again after the next poll's wait, and never before the
-        provider's Retry-After."""
+        """Look at ``part`` again after a poll's wait, never before the Retry-After."""
         wait = max(self._poll_wait(1), refused.retry_after or 0.0)
         self._followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
-        """The batch the provider made of a part whose create got no answer, or None when it
-        made none. OpenAI's is the one made of the part's file. Anthropic's list names nothing
-        of a batch's rows: one made since the part's create with as many rows is the part's
-        only when its results carry the part's nonce, so while such a batch has not ended the
-        part waits (a retryable ProviderRefused), neither created again nor taking another's.
-        A look that fails (the list or a candidate's results refused) decides nothing: the
-        part waits the same way."""
+        """The batch the provider made of a part whose create got no answer (None: none).
+        OpenAI's names the part's file; Anthropic's, made since with as many rows, is the
+        part's only once its results carry the part's nonce. Until it ends, or when a look
+        fails, the part waits (a retryable ProviderRefused): never made twice nor another's."""
         try:
             return self._look_for(part)
         except ProviderRefused as exc:
@@ -466,10 +417,10 @@ class BatchRun:
             ) from None
 
     def _look_for(self, part: Part) -> Mapping[str, Any] | None:
-        known = {p.batch for p in self._ledger.parts() if p.batch is not None}
+        known = {p.batch for p in self.ledger.parts() if p.batch is not None}
         since = (part.submitted or 0.0) - _CLOCK_SKEW
         candidates, unsure = [], 0
-        for batch in self._client.recent(since):
+        for batch in self.client.recent(since):
             whose = self._whose(batch, part, known, since)
             unsure += whose == "unsure"
             if whose == "mine":
@@ -492,13 +443,12 @@ class BatchRun:
         one that may be and has not ended (``unsure``), or none (None)."""
         provider = self._provider
         batch_id = well_formed(provider.name, "batch", batch.get("id"))
-        if batch_id is None or batch_id in known or provider.refused_for_tokens(batch):
-            return None
-        if not provider.belongs_to(batch, part):
+        not_mine = batch_id is None or batch_id in known or not provider.belongs_to(batch, part)
+        if not_mine or provider.refused_for_tokens(batch):
             return None
         if provider.identifies_rows:
             return "mine"
-        if not self._client.made_since(provider.created_at(batch), since):
+        if not self.client.made_since(provider.created_at(batch), since):
             return None
         if provider.status_of(batch) not in provider.shape.ended:
             return "unsure"
@@ -508,39 +458,34 @@ class BatchRun:
         """Whether an ended batch's results are rows of ``part`` (its nonce)."""
         batch_id = str(batch.get("id"))
         files = self._provider.files_of(batch)
-        given = self._client.row_of(self._client.first_result(files, batch_id, part.size))
+        given = self.client.row_of(self.client.first_result(files, batch_id, part.size))
         return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch the provider made of it, recorded with its status (one the
-        provider did not document is recorded as its first, and read again at the next
-        poll); a ProviderRefused to try later when the answer names no batch: the batch may
-        have been made all the same, and is looked for before the part is sent again."""
+        """``part`` with the batch the provider made of it, recorded with its status (one not
+        documented: its first, read again at the next poll); an answer naming no batch is a
+        ProviderRefused to try later (the batch is looked for before anything is sent)."""
         provider = self._provider
-        batch_id = (
-            well_formed(provider.name, "batch", batch.get("id"))
-            if isinstance(batch, Mapping)
-            else None
-        )
+        found = batch if isinstance(batch, Mapping) else {}
+        batch_id = well_formed(provider.name, "batch", found.get("id"))
         if batch_id is None:
             raise ProviderRefused("the provider answered the create without a batch id")
-        status = provider.status_of(batch) or provider.shape.statuses[0]
+        status = provider.status_of(found) or provider.shape.statuses[0]
         part = part.moved(status, self._unix_time(), batch=batch_id)
-        self._ledger.save(part)
+        self.ledger.save(part)
         return part
 
     def _save(self, part: Part) -> None:
-        self._ledger.save(part)
+        self.ledger.save(part)
         self._followed.parts[part.number] = part
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
-        """Poll every open part until each is collected, the run is stopped, or the deadline
-        or budget ends the wait."""
+        """Poll the open parts until all are collected, the run stops or its time is out."""
         rounds = 0
         while self._round() and not self._out_of_time():
             rounds += 1
-            if not self.pause(self._until_next(rounds)):
+            if not self._clocks.pause(self._until_next(rounds)):
                 return
 
     def _round(self) -> bool:
@@ -582,9 +527,9 @@ class BatchRun:
 
     def _poll(self, part: Part) -> tuple[Mapping[str, Any], str] | None:
         """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
-        tried later, or for good the part held; a status unknown: polled again)."""
+        tried later, or the part held; a status unknown: polled again)."""
         try:
-            batch = self._client.retrieve(part.batch or "")
+            batch = self.client.retrieve(part.batch or "")
         except ProviderRefused as exc:
             if exc.retryable:
                 log.warning("could not poll the batch %s (%s): trying again", part.batch, exc)
@@ -604,24 +549,21 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered as its Result (one whose answer is longer
-        than ``max_bytes`` or cannot be read: ``invalid_body``). Results that could not all
-        be read are read again at the next round, each row delivered once; rows the results
-        do not list (an empty or cut answer, a file missing) or list unread hold the batch
-        for a later run to read again (``--retry-failed``, a larger ``max_bytes``). A batch
-        whose results list no row of the part but others' is not the part's: nothing of it
-        is taken. The part is closed (``collected``) by ``finish``, once the journal holds
-        its rows' Results."""
+        """Every row of an ended batch delivered once as its Result (one too long or unread:
+        ``invalid_body``), results cut short read again next round. Rows not listed, or listed
+        unread, hold the batch for a later run (a paid answer is never thrown away); results
+        listing only others' rows are not the part's: none is taken."""
         reading = _Reading(
             part.nonce,
             self._followed.given(part),
             self._followed.delivered.setdefault(part.number, set()),
             self._followed.tokens.setdefault(part.number, [0, 0]),
         )
-        elapsed = self._elapsed(part)
+        # (its rows' time in the batch: from the part's submission to now)
+        elapsed = 0.0 if part.submitted is None else max(0.0, self._unix_time() - part.submitted)
         files = self._provider.files_of(batch)
         try:
-            lines = self._client.results(
+            lines = self.client.results(
                 files, str(part.batch), part.size, reading.nonce, reading.rows
             )
             for line in lines:
@@ -651,12 +593,11 @@ class BatchRun:
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
             self._hold(part, f"the results of the batch {part.batch} {_UNLISTED}")
             return
-        self._ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
+        self.ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
 
     def _fail_part(self, part: Part, reason: str, status: int | None) -> None:
-        """Every row of a part that never ran (its create refused, its batch failed as a
-        whole) and has no Result yet gets a ``batch_errored`` one saying why."""
+        """A ``batch_errored`` Result for each row left of a part that never ran."""
         self._fail_rest(part, reason, "batch_errored", status)
         self._save(part.moved(COLLECTED, self._unix_time()))
 
@@ -664,60 +605,45 @@ class BatchRun:
         self, part: Part, reason: str, kind: ErrorKind, status: int | None = None
     ) -> None:
         """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
-        done = self._followed.delivered.get(part.number, set())
-        self._give_failures(
-            {
-                index: _unsent(
-                    index,
-                    self._url,
-                    self._followed.ids.get(index),
-                    reason,
-                    kind=kind,
-                    status=status,
-                )
-                for index in self._followed.given(part) - done
-            }
-        )
+        rest = self._followed.given(part) - self._followed.delivered.get(part.number, set())
+        self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
 
     def _cancel_all(self) -> None:
-        """--cancel: ask the provider to cancel every batch of the run still open (and its
-        own: one the journal names that is not its part's is left alone); what the followed
-        ones ran is still collected. One whose rows all have Results already (the deadline or
-        budget ended their wait) is done with once cancelled: its rows keep them. One gone at
-        the provider is closed: its followed rows end ``batch_errored``."""
-        for part in self._ledger.parts():
+        """--cancel: cancel every open batch of the journal that is its part's; what the
+        followed ones ran is still collected, the others are closed once cancelled (their
+        rows keep their Results). One gone at the provider ends its rows ``batch_errored``."""
+        for part in self.ledger.parts():
             if part.batch is None or not part.open:
                 continue
             try:
-                batch = self._client.retrieve(part.batch)
+                batch = self.client.retrieve(part.batch)
                 if not (isinstance(batch, Mapping) and self._provider.belongs_to(batch, part)):
                     log.warning(
                         "the batch %s is not part %d's: not cancelled", part.batch, part.number
                     )
                     continue
-                self._client.cancel(part.batch)
+                self.client.cancel(part.batch)
             except ProviderRefused as exc:
                 if exc.status != 404:
                     log.warning("could not cancel the batch %s: %s", part.batch, exc)
                     continue
                 if part.number in self._followed.parts:
-                    gone = f"the batch {part.batch} is gone at the provider"
-                    self._fail_part(part, gone, 404)
+                    self._fail_part(part, f"the batch {part.batch} is gone at the provider", 404)
                     continue
             if part.number not in self._followed.parts:
-                self._ledger.save(part.moved(COLLECTED, self._unix_time()))
+                self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
-        """End the wait of the parts the deadline or budget leaves no time for: each of their
-        rows gets a ``deadline``/``budget`` Result (the batch goes on at the provider, and a
-        later run polls it again). True when the deadline has passed."""
-        plan = self._plan
-        if plan.deadline is not None and self._clock() - self._started >= plan.deadline:
+        """Hold the parts the deadline or budget leaves no time for (their rows end
+        ``deadline``/``budget``, a later run polls them again); True past the deadline."""
+        left, budget, now = self._clocks.left(), self.plan.budget, self._unix_time()
+        if left is not None and left <= 0:
             self._run_out("deadline", lambda part: True)
             return True
-        if plan.budget is not None:
-            unix, budget = self._unix_time(), plan.budget
-            self._run_out("budget", lambda part: _spent(part, unix, budget))
+        if budget is not None:  # (a part's wait counts from its submission)
+            self._run_out(
+                "budget", lambda p: p.submitted is not None and now - p.submitted >= budget
+            )
         return False
 
     def _run_out(self, kind: ErrorKind, spent: Callable[[Part], bool]) -> None:
@@ -729,77 +655,72 @@ class BatchRun:
                 self._hold(part, reason, kind)
 
     def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
-        """End this run's wait for ``part`` without its answers: each of its rows without a
-        Result gets a ``kind`` one saying why, and the part stays open (``held`` once it has a
-        batch), kept at the provider, so that a later run given its rows (``--retry-failed``)
-        reads the same batch again and never submits them twice."""
+        """End this run's wait for ``part``: its rows left get a ``kind`` Result, the part
+        stays open (``held`` with a batch), so that a later run given its rows reads the same
+        batch again and never submits them twice."""
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
         self._fail_rest(part, reason, kind)
         if part.batch is not None:
-            self._ledger.save(part.moved(HELD, self._unix_time()))
+            self.ledger.save(part.moved(HELD, self._unix_time()))
         self._followed.parts.pop(part.number)
 
     def finish(self) -> None:
-        """Once the Results are journaled (the controller calls this after the journal is
-        closed): close each part whose rows were all delivered (its batch ended, nothing
-        held), then delete what the provider keeps of each closed part, unless asked to keep
-        it; a part that cannot be cleaned is tried again by a later run."""
-        for found in self._ledger.parts():
+        """Once the Results are journaled: close each part whose batch ended, then delete
+        what the provider keeps of each closed one (unless kept; a later run tries again)."""
+        for found in self.ledger.parts():
             if self.stopped:  # (a later run closes and cleans what is left)
                 return
             part = found
             if part.state in self._provider.shape.ended:
                 part = part.moved(COLLECTED, self._unix_time())
-                self._ledger.save(part)
+                self.ledger.save(part)
             if part.state not in (COLLECTED, DROPPED):
                 continue
             try:
-                if not self._plan.keep_files:
+                if not self.plan.keep_files:
                     self._clean(part)
             except (ProviderRefused, Stopped) as exc:
                 log.warning(
                     "could not delete part %d's files at the provider: %s", part.number, exc
                 )
                 continue
-            self._ledger.save(part.moved(CLEANED, self._unix_time()))
+            self.ledger.save(part.moved(CLEANED, self._unix_time()))
 
     def _clean(self, part: Part) -> None:
-        """Delete what the provider keeps of ``part``: only what its batch names as its own,
-        or the file uploaded under the part's own name, so that an id altered in the journal
-        never deletes another's file or batch."""
+        """Delete what the provider keeps of ``part``: only what its batch names, or the file
+        uploaded under its own name (an id altered in the journal deletes nothing else)."""
         provider = self._provider
         if part.batch is None:
-            named = part.input_file and self._client.file_name(part.input_file) == _file_name(part)
+            named = part.input_file and self.client.file_name(part.input_file) == _file_name(part)
             if part.input_file and named:
-                self._client.delete_file(part.input_file)
+                self.client.delete_file(part.input_file)
             return
         try:
-            batch = self._client.retrieve(part.batch)
+            batch = self.client.retrieve(part.batch)
         except ProviderRefused as exc:
             if exc.status == 404:  # (gone at the provider already: nothing to delete)
                 return
             raise
         if not (isinstance(batch, Mapping) and provider.belongs_to(batch, part)):
             return
-        for url in provider.leftovers(self._plan.endpoint, part.batch, batch):
-            self._client.delete(url)
+        for url in provider.leftovers(self.plan.endpoint, part.batch, batch):
+            self.client.delete(url)
 
     # --- Results ---------------------------------------------------------------------------------
     def _give(self, result: Result, item: object) -> None:
         if result.error is not None:  # (a provider's message may echo the key)
-            result = replace(result, error=self._mask(result.error))
+            result = replace(result, error=self.mask(result.error))
         self._deliver(result, item)  # (journaled first: an observer that raises loses none)
-        self._observer.item_finished(result)
+        self.observer.item_finished(result)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
-        """Deliver failed Results with their items, read again from the input (``again``):
-        what a failure is stored with (the failed file's line) is made from its item, and
-        the items are not all kept in memory while the batches run."""
+        """Deliver failed Results with their items read again (``again``; the failed file
+        stores each with its item, and the items are not kept while the batches run)."""
         if not failures:
             return
         items: dict[int, object] = {}
-        if self._again is not None:
-            for index, item in self._again():
+        if self.again is not None:
+            for index, item in self.again():
                 if index in failures:
                     items[index] = item
                     if len(items) == len(failures):
@@ -808,49 +729,54 @@ class BatchRun:
             self._give(failures[index], items.get(index))
 
     def _result(self, answer: Answer, elapsed: float) -> Result:
-        """A row's Result from its answer, made as a live attempt's is: one attempt (none
-        for a row the batch never ran), its body decoded as a live answer's (``expect=`` a
-        model gives models)."""
-        facts = _Row(answer.status_code, self._url if answer.status_code is not None else None)
+        """A row's Result, made as a live attempt's is: one attempt (none if the batch never
+        ran it), its body decoded as ``expect`` says."""
+        facts = _Row(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
             try:
-                verdict = success(decode_value(answer.data, self._plan.expect), facts)
+                verdict = success(decode_value(answer.data, self.plan.expect), facts)
             except InvalidBody as exc:
                 verdict = terminal("invalid_body", str(exc), facts)
         else:
             verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
         record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed)
+        return self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
+
+    def _unsent(
+        self,
+        index: int,
+        reason: str,
+        kind: ErrorKind = "invalid_request",
+        status: int | None = None,
+    ) -> Result:
+        """The Result of a row that no batch ran."""
+        return self._row_result(index, terminal(kind, reason, _Row(status, None)), (), 0.0)
+
+    def _row_result(
+        self, index: int, verdict: Verdict, records: tuple[AttemptRecord, ...], elapsed: float
+    ) -> Result:
         return result_of(
-            index=answer.index,
-            url=self._url,
-            item_id=self._followed.ids.get(answer.index),
+            index=index,
+            url=self.url,
+            item_id=self._followed.ids.get(index),
             verdict=verdict,
             error=verdict.error or None,
             data=verdict.data,
-            records=(record,) if ran else (),
+            records=records,
             elapsed=elapsed,
             finished=self._unix_time(),
         )
 
-    def _elapsed(self, part: Part) -> float:
-        """Seconds from the part's submission to now (its rows' time in the batch)."""
-        if part.submitted is None:
-            return 0.0
-        return max(0.0, self._unix_time() - part.submitted)
-
     def _poll_wait(self, rounds: int) -> float:
-        if self._plan.poll is not None:
-            return self._plan.poll
+        if self.plan.poll is not None:
+            return self.plan.poll
         return POLL_BACKOFF.wait(rounds, None, 0.5)
 
     def _until_next(self, rounds: int) -> float:
         """Seconds to the next round of polls, never past the deadline."""
-        wait = self._poll_wait(rounds)
-        if self._plan.deadline is not None:
-            left = self._plan.deadline - (self._clock() - self._started)
-            wait = min(wait, max(left, 0.0))
-        return wait
+        wait, left = self._poll_wait(rounds), self._clocks.left()
+        return wait if left is None else min(wait, max(left, 0.0))
 
 
 def _file_name(part: Part) -> str:
@@ -858,14 +784,8 @@ def _file_name(part: Part) -> str:
     return f"{part.tag}.jsonl"
 
 
-def pause(stop: threading.Event, seconds: float) -> bool:
-    """Wait ``seconds``; False when ``stop`` was set meanwhile (the run was stopped)."""
-    return not stop.wait(max(0.0, seconds))
-
-
 def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
-    """The row's request body, or InvalidItem when the row is no request a batch can carry:
-    one POST of a JSON object to the endpoint, with nothing of its own besides."""
+    """The row's body; InvalidItem unless it is one POST of a JSON object to the endpoint."""
     if spec.url != endpoint.url:
         raise InvalidItem(
             f"a batch goes to one endpoint ({endpoint.path}): this row is for another URL"
@@ -882,39 +802,10 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
     return spec.json_body
 
 
-def _unsent(
-    index: int,
-    url: str,
-    item_id: Any,
-    reason: str,
-    *,
-    kind: ErrorKind = "invalid_request",
-    status: int | None = None,
-) -> Result:
-    """The Result of a row that no batch ran."""
-    return result_of(
-        index=index,
-        url=url,
-        item_id=item_id,
-        verdict=terminal(kind, reason, _Row(status, None)),
-        error=reason,
-        data=None,
-        records=(),
-        elapsed=0.0,
-        finished=time.time(),
-    )
-
-
 @dataclass(frozen=True)
 class _Row:
-    """What a row's answer in a batch gives its Result as a live attempt's facts would: the
-    status its request had, and where it went (no redirect in a batch)."""
+    """A row's answer as a live attempt's facts: its status, where it went, no redirect."""
 
     status_code: int | None
     final_url: str | None
     redirects: int = 0
-
-
-def _spent(part: Part, now: float, budget: float) -> bool:
-    """Whether ``part``, submitted, has waited ``budget`` seconds or more by ``now``."""
-    return part.submitted is not None and now - part.submitted >= budget

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar, Unpack
+from typing import Any, Generic, Self, TypeVar, Unpack
 
 from pydantic import BaseModel
 
@@ -46,11 +46,9 @@ Item = str | Mapping[str, Any] | RequestSpec
 
 
 def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]:
-    """The identity a journal records for a list of items: their count and a SHA-256.
-
+    """The identity a journal records for a list of items: their count and a SHA-256;
     ``strict``: every item must be JSON (ValueError naming the first that is not), as the
-    items of calls must, whose ``repr`` may change from one process to the next.
-    """
+    items of calls must, whose ``repr`` may change from one process to the next."""
     digest = hashlib.sha256()
     count = 0
     for item in items:
@@ -71,13 +69,10 @@ def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]
 def _check_ids(items: list[Item]) -> None:
     """ValueError naming the first item whose ``id`` a journal cannot store as JSON."""
     for index, item in enumerate(items):
-        # The id as given (item_label reports a NaN one as None).
-        if isinstance(item, RequestSpec):
-            item_id = item.id
-        elif isinstance(item, Mapping):
-            item_id = item.get("id")
-        else:
+        if not isinstance(item, RequestSpec | Mapping):
             continue
+        # The id as given (item_label reports a NaN one as None).
+        item_id = item.id if isinstance(item, RequestSpec) else item.get("id")
         try:
             json.dumps(item_id, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -95,20 +90,19 @@ OptionsT = TypeVar("OptionsT", FetchOptions, CallOptions)
 
 
 class Resumable(Generic[OptionsT]):
-    """Items run in one or more ``run()`` calls, every final Result kept (and journaled).
-
-    A KeyboardInterrupt (a notebook's interrupt button) during ``run()`` stops taking new
-    items, gives attempts in flight a short grace, keeps every finished Result in
-    ``results`` and raises; ``run()`` again runs only the rest. With ``journal=`` each final
-    Result is also written to that SQLite file as it is made, so a new batch over the same
-    items (after a crash, or in a new session) continues where the last one stopped; a
-    journal made for other items is a ValueError unless ``fresh=True`` replaces it.
-    ``run(retry_failed=True)`` sends the failures again, in a new pass.
-    """
+    """What ``Batch`` and ``CallBatch`` share: items run in one or more ``run()`` calls,
+    every final Result kept (and journaled: see ``Batch``)."""
 
     items: list[Any]
     options: OptionsT
     journal: Path | None
+    # What the batch was made with (its items aside), to make it again with other options.
+    _arguments: dict[str, Any]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        batch = super().__new__(cls)
+        batch._arguments = kwargs
+        return batch
 
     def _start(
         self,
@@ -120,13 +114,10 @@ class Resumable(Generic[OptionsT]):
         fresh: bool = False,
         strict: bool = False,
         template: Template | None = None,
-        arguments: Mapping[str, Any],
     ) -> None:
         self.items = list(items)
         self.options = options
         self._progress = progress
-        # What the batch was made with (items aside), to make it again with other options.
-        self._arguments = dict(arguments)
         self._done: dict[int, Result] = {}
         # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
@@ -140,8 +131,14 @@ class Resumable(Generic[OptionsT]):
         self._ledger = Ledger()
         self.journal = None if journal is None else Path(journal)
         self._form = Items(None if template is None else template.url)
-        self._identity = _journal_identity(self.items, options, journal, template, strict=strict)
+        # What a journal of these items is made for: the items, template rows, pagination.
+        self._identity: dict[str, str] = {}
         if self.journal is not None:
+            self._identity = identity_of(self.items, strict=strict)
+            if template is not None:
+                self._identity["template"] = f"rows {template.identity()}"
+            if isinstance(options, FetchOptions):
+                self._identity |= options.paging_identity()
             self._open(fresh=fresh, template=template)
 
     def _controller(self) -> RunController:
@@ -151,8 +148,7 @@ class Resumable(Generic[OptionsT]):
         return RunController(Journaled(self.journal, self._stored, self._identity))
 
     def _open(self, *, fresh: bool, template: Template | None) -> None:
-        """Check the items' ids, then replace the journal (``fresh``) or take back what it
-        holds, under its lock."""
+        """Check the items' ids, then replace the journal (``fresh``) or take back its state."""
         if template is None:  # (a template's rows: each id is checked when it is built)
             _check_ids(self.items)
         hint = "give another journal, or fresh=True to replace it"
@@ -252,8 +248,8 @@ class Resumable(Generic[OptionsT]):
         self._marks = marks_of(self._done, len(self.items), self._pass)
 
     def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
-        """``ResultSet.retry_failed``: this batch's failures sent again, with its options
-        changed by ``changes`` (a batch made anew from the same items and state)."""
+        """``ResultSet.retry_failed``: the failures sent again, by a batch made anew with
+        ``changes`` to its options when there are any."""
         if {"journal", "fresh"} & set(changes):
             raise ValueError(
                 "retry_failed keeps the batch's journal: journal and fresh cannot change"
@@ -329,32 +325,13 @@ class Batch(Resumable[FetchOptions]):
             # command line's --row-as-body).
             self._template = Template.parse(url, "POST", body, id_field, row_as_body=body is None)
         self._cancelling = False
-        self._start(
-            items,
-            checked,
-            journal,
-            progress,
-            fresh=fresh,
-            template=self._template,
-            arguments={
-                "url": url,
-                "method": method,
-                "body": body,
-                "id_field": id_field,
-                "journal": journal,
-                "fresh": fresh,
-                "progress": progress,
-                **options,
-            },
-        )
+        self._start(items, checked, journal, progress, fresh=fresh, template=self._template)
 
     def _restore(self, record: dict[str, Any]) -> Result:
-        result = Result.from_dict(record)
-        expect = self.options.expect
-        data = result.data
+        result, expect = Result.from_dict(record), self.options.expect
         if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
-            data = expect.model_validate(data)
-        return replace(result, data=data)
+            return replace(result, data=expect.model_validate(result.data))
+        return result
 
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         return encode_result(result, item)
@@ -373,13 +350,11 @@ class Batch(Resumable[FetchOptions]):
         )
 
     def _submissions(self) -> list[Part]:
-        """The parts of this batch's rows sent through a batch endpoint: the journal's, or
-        the batch's own in memory."""
+        """The parts of its rows sent through a batch endpoint: the journal's, or its own."""
         return journal_parts(self.journal) if self.journal is not None else self._ledger.parts()
 
     def _reported(self) -> list[Part]:
-        """The parts for the report: none when the journal cannot be read (a report is not
-        worth failing for)."""
+        """The parts for the report (none when the journal cannot be read: no failing)."""
         try:
             parts = self._submissions()
         except (JournalMismatch, sqlite3.Error):
@@ -443,22 +418,7 @@ class CallBatch(Resumable[CallOptions]):
         self._fn = fn
         self._encode = encode
         self._decode = decode
-        self._start(
-            items,
-            checked,
-            journal,
-            progress,
-            fresh=fresh,
-            strict=True,
-            arguments={
-                "journal": journal,
-                "fresh": fresh,
-                "encode": encode,
-                "decode": decode,
-                "progress": progress,
-                **options,
-            },
-        )
+        self._start(items, checked, journal, progress, fresh=fresh, strict=True)
 
     def _restore(self, record: dict[str, Any]) -> Result:
         result = Result.from_dict(record)
@@ -486,8 +446,8 @@ class CallBatch(Resumable[CallOptions]):
 
 
 def _json_changes(value: Any) -> str | None:
-    """What in ``value`` JSON would give back as another value (None: it comes back equal;
-    what JSON cannot hold at all is left to the encoder, which says so)."""
+    """What in ``value`` JSON would give back as another value (None: nothing; what JSON
+    cannot hold at all is the encoder's to say)."""
     if isinstance(value, tuple):
         return "a tuple, which JSON gives back as a list"
     if isinstance(value, float) and not math.isfinite(value):
@@ -515,44 +475,17 @@ def _returned_type(fn: Callable[..., Any]) -> object:
         return Any
 
 
-def _journal_identity(
-    items: list[Any],
-    options: object,
-    journal: str | Path | None,
-    template: Template | None,
-    *,
-    strict: bool,
-) -> dict[str, str]:
-    """What a journal of these items must have been made with (nothing without a journal):
-    the items, the template's rows, how they are paginated."""
-    if journal is None:
-        return {}
-    identity = identity_of(items, strict=strict)
-    if template is not None:
-        identity["template"] = f"rows {template.identity()}"
-    if isinstance(options, FetchOptions):
-        identity |= options.paging_identity()
-    return identity
-
-
 def _json_type(hint: object) -> bool:
-    """False only for a hint that says JSON cannot hold the values as they are: a class that
-    is none of JSON's types (nor a TypedDict, an Enum of str or int, …), a tuple (it comes
-    back a list) or a dict keyed by other than str (its keys come back str), alone or inside
-    a container."""
-    origin = typing.get_origin(hint)
+    """False only for a hint that says JSON cannot hold the values as they are: a class none
+    of JSON's types (nor a TypedDict, an Enum of str or int), a tuple (back as a list) or a
+    dict keyed by other than str, alone or inside a container."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
-    if origin is not None:
-        return _json_container(origin, typing.get_args(hint))
+    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
+        return False
+    if origin is not None:  # (a container: what its arguments say)
+        return all(_json_type(arg) for arg in arguments if isinstance(arg, type))
     if not isinstance(hint, type) or typing.is_typeddict(hint):
         return True  # Any, a NewType, a TypeVar: they do not say
     return issubclass(hint, str | int | float | bool | list | dict | type(None))
-
-
-def _json_container(origin: object, arguments: tuple[Any, ...]) -> bool:
-    """``_json_type`` of a parameterized hint (``list[X]``, ``dict[K, V]``, ``tuple[…]``):
-    False for a tuple or a dict keyed by other than str, else what its arguments say."""
-    if origin is tuple or (origin is dict and arguments and arguments[0] is not str):
-        return False
-    return all(_json_type(arg) for arg in arguments if isinstance(arg, type))

@@ -7,73 +7,56 @@ controller's ``Send``.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
-from ..batches.client import Calls, Client
+from ..batches.client import Calls, Client, Clocks
+from ..batches.protocol import Endpoint
 from ..batches.providers import endpoint_of
-from ..batches.sender import BatchRun, Plan, pause
+from ..batches.sender import BatchRun, Plan
 from ..core.engine import Deliver
 from ..core.observe import Hooks, Observers
 from ..core.redact import watching
 from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
-from ..limits.gates import Gates
 from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
 from .assembly import Ran, Stoppable, insecure_said_once, transport_for
 from .progress import Tally
 
 
+@dataclass
 class ThroughBatchApi:
-    """``controller.Send`` for a run through the batch endpoint, with ``finish`` (the
-    controller calls it once the Results are journaled) to delete the files at the provider.
-    ``ledger``: the batch's own, in memory, when there is no journal; ``again``: the items
-    read again, to store each failure with its item (the command line's failed file)."""
+    """``controller.Send`` for a run through the batch endpoint, with ``finish`` to delete
+    the files at the provider once the Results are journaled. ``ledger``: the batch's own
+    without a journal; ``again``: the items read again (to store failures with them)."""
 
-    def __init__(
-        self,
-        options: FetchOptions,
-        url: str,
-        request_of: Callable[[object], RequestSpec],
-        *,
-        passing: int,
-        journal: Path | None,
-        ledger: Ledger | None = None,
-        cancel: bool = False,
-        again: Callable[[], Iterable[tuple[int, object]]] | None = None,
-        on_start: Callable[[Stoppable], None] = lambda run: None,
-    ) -> None:
-        assert options.batch_api is not None
-        self._options = options
-        self._endpoint = endpoint_of(url, options.batch_api)
-        self._request_of = request_of
-        self._passing = passing
-        self._journal = journal
-        self._memory = ledger
-        self._cancel = cancel
-        self._again = again
-        self._on_start = on_start
-        # One stop for the run and the clean-up after it: a signal stops both.
-        self._stop = threading.Event()
-        self._run: BatchRun | None = None
-        # When the deadline ends the run and the clean-up after it (set as the run starts).
-        self._ends: float | None = None
+    options: FetchOptions
+    url: str
+    request_of: Callable[[object], RequestSpec]
+    _: KW_ONLY
+    passing: int
+    journal: Path | None
+    ledger: Ledger | None = None
+    cancel: bool = False
+    again: Callable[[], Iterable[tuple[int, object]]] | None = None
+    on_start: Callable[[Stoppable], None] = lambda run: None
+    # One stop and deadline for the run and the clean-up after it (made as the run starts).
+    _clocks: Clocks | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        assert self.options.batch_api is not None
+        self._endpoint: Endpoint = endpoint_of(self.url, self.options.batch_api)
 
     def __call__(
-        self,
-        items: Iterable[tuple[int, object]],
-        deliver: Deliver,
-        *,
-        gates: Gates | None,
-        progress: Tally,
+        self, items: Iterable[tuple[int, object]], deliver: Deliver, *, progress: Tally, **_: object
     ) -> Ran:
+        """Send the rows (a live run's gates are none of theirs: the provider paces them)."""
         with self._running(progress) as run:
-            self._on_start(run)
+            self.on_start(run)
             stopped = run.run(items, deliver)
         return Ran(stopped, False, {}, 0)
 
@@ -84,13 +67,12 @@ class ThroughBatchApi:
 
     @contextlib.contextmanager
     def _running(self, progress: Tally) -> Iterator[BatchRun]:
-        options = self._options
+        options = self.options
         secrets = options.secrets()
         transport = transport_for(options, options.concurrency, secrets)
-        ledger = self._memory or Ledger()
-        if self._journal is not None:
-            ledger = JournaledLedger(self._journal, connect)
-        stop = self._stop
+        ledger = self.ledger or Ledger()
+        if self.journal is not None:
+            ledger = JournaledLedger(self.journal, connect)
         calls = Calls(
             headers=dict(options.headers or {}),
             timeout=options.timeout,
@@ -101,42 +83,30 @@ class ThroughBatchApi:
             retryable=parse_statuses(options.retry_statuses),
             retry_if=options.retry_if,
         )
-        if self._ends is None and options.deadline is not None:  # (the run's, clean-up included)
-            self._ends = time.monotonic() + options.deadline
-        ends = self._ends
-
-        def left() -> float | None:
-            return None if ends is None else ends - time.monotonic()
-
-        def over() -> bool:
-            seconds = left()
-            return stop.is_set() or (seconds is not None and seconds < 0)
-
-        client = Client(
-            self._endpoint, transport, calls, partial(pause, stop), over=over, left=left
-        )
+        if self._clocks is None:
+            deadline = options.deadline
+            self._clocks = Clocks(ends=None if deadline is None else time.monotonic() + deadline)
+        client = Client(self._endpoint, transport, calls, self._clocks)
         observer = Observers([progress, Hooks(None, options.on_result)])
         run = BatchRun(
             Plan(
                 self._endpoint,
-                self._passing,
+                self.passing,
                 max_rows=options.batch_rows,
                 max_bytes=options.batch_bytes,
                 poll=options.poll,
-                deadline=options.deadline,
                 budget=options.budget if "budget" in options.model_fields_set else None,
                 keep_files=options.keep_files,
-                cancel=self._cancel,
+                cancel=self.cancel,
                 expect=options.expect,
             ),
             client,
             ledger,
-            self._request_of,
+            self.request_of,
             secrets.given(self._endpoint.url, frozenset()),
             observer=observer,
-            again=self._again,
+            again=self.again,
             mask=secrets.text,
-            stop=stop,
         )
         try:
             with insecure_said_once(options.verify is False), watching(secrets):
@@ -150,7 +120,6 @@ def open_batches(parts: Iterable[Part]) -> str | None:
     """What a live run on a journal would send twice: the rows of batches still open at the
     provider (or maybe made by a create that got no answer), in a few words; None when there
     are none."""
-    # (a part whose create got no answer may have a batch there too)
     still = [p for p in parts if p.open and (p.batch is not None or p.submitted is not None)]
     if not still:
         return None
@@ -166,7 +135,5 @@ def journal_parts(path: Path | None) -> list[Part]:
         reader = JournalReader(path)
     except JournalMismatch:  # (not a journal of ours: no submissions of ours either)
         return []
-    try:
+    with contextlib.closing(reader):
         return reader.parts()
-    finally:
-        reader.close()

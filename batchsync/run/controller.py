@@ -41,8 +41,7 @@ class Journaled:
 
     def open(self, passing: Pass | None, progress: Callable[[], Stint]) -> Journal:
         """The journal, new or resumed, or JournalUnusable before anything is sent;
-        ``passing``: the pass its Results belong to when the run sends anything (None: it
-        sends nothing, and records neither the pass nor ``progress``)."""
+        ``passing``: the pass of its Results (None: the run sends nothing, records nothing)."""
         try:
             return Journal(
                 self.path, self.encode, self.identity, passing=passing, progress=progress
@@ -113,9 +112,8 @@ class RunController:
         return self.journal is not None and remove(self.journal.path)
 
     def kept(self, size: int, restore: Callable[[dict[str, Any]], Result], hint: str) -> Kept:
-        """What the journal holds of the ``size`` items, read back whole (``resume.read_back``:
-        each Result as ``restore`` makes it; ``hint`` ends a mismatch's message); nothing
-        without a journal, or before its first run."""
+        """What the journal holds of the ``size`` items (``resume.read_back``; ``hint`` ends
+        a mismatch's message); nothing without a journal, or before its first run."""
         if self.journal is None or not self.journal.path.exists():
             return Kept.nothing(size)
         return read_back(self.journal.path, self.journal.identity, restore, hint)
@@ -132,12 +130,10 @@ class RunController:
         stints: list[Stint] | None = None,
     ) -> Ended:
         """Send what ``plan`` has left of ``items`` (index, item) through ``send``, each
-        Result added to the one its item had (``result.added_to``), journaled when final,
-        then given to ``deliver``; ``progress``: show a bar. However the run ends (an
-        exception, a KeyboardInterrupt, a stop on a signal), its stint (its seconds, items,
-        requests and waits at ``gates`` from now on) is added to ``stints`` and to the
-        journal, with the seconds waited by second, when it sent anything, and the journal
-        is closed; then a ``Finishing`` send finishes."""
+        Result added to its item's earlier one, journaled when final, then delivered;
+        ``progress``: show a bar. However the run ends, its stint (when it sent anything) is
+        added to ``stints`` and to the journal, which is closed; then a ``Finishing`` send
+        finishes."""
         left = plan.left
         passing = plan.passing if left.count else None  # (none: nothing to send)
         tally = counter(left.count, progress)
@@ -173,17 +169,16 @@ def _timeline(gates: Gates | None) -> dict[tuple[str, int], float]:
 
 def progress_of(passing: Pass, tally: Tally, gates: Gates | None) -> Callable[[], Stint]:
     """What a process (or a ``run()``) does in ``passing`` from now on, as a Stint read at
-    any moment: its seconds, the items and requests ``tally`` counts, and its waits at
-    ``gates`` (those before now left out: a batch's gates serve several runs)."""
+    any moment: its seconds, what ``tally`` counts, and its waits at ``gates`` from now."""
     started, begun = time.time(), time.monotonic()
     waited = _waits(gates)
-    opened = _circuits_opened(gates)
+    opened = 0 if gates is None else gates.circuits_opened
 
     def so_far() -> Stint:
         done, _, requests = tally.counts()
         waits = difference(_waits(gates), waited)
         elapsed = time.monotonic() - begun
-        circuits = _circuits_opened(gates) - opened
+        circuits = (0 if gates is None else gates.circuits_opened) - opened
         return Stint(passing, started, elapsed, done, requests, waits, circuits)
 
     return so_far
@@ -196,14 +191,9 @@ def _waits(gates: Gates | None) -> dict[str, float]:
         return dict(gates.waits.seconds)
 
 
-def _circuits_opened(gates: Gates | None) -> int:
-    return 0 if gates is None else gates.circuits_opened
-
-
 def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
-    """``deliver``, each Result of an item that ``earlier`` has a Result for (a failure sent
-    again, a paginated item going on) made to count that one's attempts too
-    (``result.added_to``)."""
+    """``deliver``, each Result added to the one ``earlier`` has for its item (a failure
+    sent again, a paginated item going on: ``result.added_to``)."""
 
     def deliver_added(result: Result, item: object) -> None:
         before = earlier(result.index)
