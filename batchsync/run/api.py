@@ -2,42 +2,60 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ParamSpec
+from pathlib import Path
+from typing import Any, Unpack
 
+from ..jobs.options import CallOptions, FetchOptions, spelled_out
+from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from .batch import Batch, CallBatch, Item
 
-P = ParamSpec("P")
-# (a TypeVar for the result would make mypy report a lambda of the wrong type twice)
-Run = Callable[..., ResultSet]
 
-
-def _taking(like: Callable[P, object]) -> Callable[[Run], Callable[P, ResultSet]]:
-    """The decorated function typed, and signed for ``help()``, as taking what ``like`` takes."""
-
-    def signed(fn: Run) -> Callable[P, ResultSet]:
-        returns = inspect.signature(fn).return_annotation
-        fn.__signature__ = inspect.signature(like).replace(return_annotation=returns)  # type: ignore[attr-defined]
-        return fn
-
-    return signed
-
-
-@_taking(Batch)
-def fetch_all(items: Iterable[Item] | Iterable[Mapping[str, Any]], **options: Any) -> ResultSet:
+@spelled_out(FetchSettings, FetchOptions)
+def fetch_all(
+    items: Iterable[Item] | Iterable[Mapping[str, Any]],
+    *,
+    url: str | None = None,
+    method: str = "GET",
+    body: Any = None,
+    id_field: str | None = None,
+    journal: str | Path | None = None,
+    fresh: bool = False,
+    progress: bool | None = None,
+    **options: Unpack[FetchSettings],
+) -> ResultSet:
     """Fetch every item (a URL, a request mapping or a RequestSpec); one Result per item, in
     order. The one-call form of ``Batch(items, **options).run()``: the same options, with the
     same defaults (see ``help(Batch)`` and the options table in docs/library.md). ``headers`` go on
     every request and are treated as secrets: never logged, never sent to another host on a
     redirect.
     """
-    return Batch(items, **options).run()
+    return Batch(
+        items,
+        url=url,
+        method=method,
+        body=body,
+        id_field=id_field,
+        journal=journal,
+        fresh=fresh,
+        progress=progress,
+        **options,
+    ).run()
 
 
-@_taking(CallBatch)
-def run_all(fn: Callable[[Any], Any], items: Iterable[Any], **options: Any) -> ResultSet:
+@spelled_out(CallSettings, CallOptions)
+def run_all(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    journal: str | Path | None = None,
+    fresh: bool = False,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
+    progress: bool | None = None,
+    **options: Unpack[CallSettings],
+) -> ResultSet:
     """Call ``fn(item)`` for every item with bounded concurrency, retries and the limits
     ``fetch_all`` has; one Result per item, in order. ``rs[i].data`` is what ``fn`` returned.
 
@@ -53,4 +71,13 @@ def run_all(fn: Callable[[Any], Any], items: Iterable[Any], **options: Any) -> R
     returned is stored as JSON, through ``encode`` when given and read back through
     ``decode``.
     """
-    return CallBatch(fn, items, **options).run()
+    return CallBatch(
+        fn,
+        items,
+        journal=journal,
+        fresh=fresh,
+        encode=encode,
+        decode=decode,
+        progress=progress,
+        **options,
+    ).run()
