@@ -287,7 +287,7 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
         if whole is None:
             continue
         window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
-        log, start = state.log, now - window  # (what ended by then had left the window)
+        log, start = state.log, since - window  # (what ended by then had left the window)
         if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) > 0:
             # (else nothing of ours to give back: requests that weigh no tokens)
             ours = chain([answered], log.ended_by(since))
@@ -329,16 +329,16 @@ def _given_back(
 ) -> list[tuple[float, int]]:
     """When a sliding window would give back the ``spent`` part of ``count``: the newest of our
     attempts that it holds for sure (``counted``: the answered one, then those that had ended
-    before it was sent, newest first, as far as those still in the window when the answer was
-    made: so as many as the limit lets through a window, however long the run), each at its
-    end plus ``window``; (instant, amount back by then), in order."""
+    before it was sent, newest first, as far as those that may still have been in the window
+    when the answer was made: so as many as the limit lets through a window, however long the
+    run), each at its end plus ``window``; (instant, amount back by then), in order."""
     returns: list[tuple[float, int]] = []
     explained = 0
     for taking in counted:
         amount = taking.amounts.get(kind, 0)
-        left_before = taking.ended_at is not None and taking.ended_at + window <= count.told_at
+        left_before = taking.ended_at is not None and taking.ended_at + window <= count.since
         if left_before or explained + amount > spent:
-            break  # (it, and all older, had left the window when the answer was made)
+            break  # (it, and all older, had left the window before the answer was made)
         explained += amount
         if taking.ended_at is not None and taking.ended_at + window < count.back_at:
             returns.append((taking.ended_at + window, amount))
