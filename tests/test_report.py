@@ -201,7 +201,7 @@ def test_the_journal_stores_when_each_result_finished(tmp_path: Path) -> None:
     journal.close()
     reader = JournalReader(path)
     try:
-        times = reader.finish_times()
+        times = {index: finished for index, _, _, finished in reader.finals()}
     finally:
         reader.close()
     assert times[0] == 1234.5 and times[1] > 1_700_000_000

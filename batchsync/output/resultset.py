@@ -14,6 +14,7 @@ import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
@@ -246,27 +247,21 @@ class ResultSet(Sequence[Result]):
         return frame
 
     def _repr_html_(self) -> str:
-        summary = self.summary()._repr_html_()
-        failed = self.failed
-        failures = failed[:10]
-        if not failures:
+        summary, failed = self.summary()._repr_html_(), self.failed
+        if not failed:
             return summary
         rows = "".join(
-            "<tr>"
-            + "".join(
-                f"<td>{html.escape(str(value))}</td>"
-                for value in (r.index, r.url, r.final_url, r.status_code, r.error_kind, r.error)
-            )
-            + "</tr>"
-            for r in failures
+            "<tr>" + "".join(f"<td>{html.escape(str(value))}</td>" for value in _SHOWN(r)) + "</tr>"
+            for r in failed[:10]
         )
-        head = "".join(
-            f"<th>{name}</th>"
-            for name in ("index", "url", "final url", "status", "error kind", "error")
-        )
-        more = len(failed) - len(failures)
-        note = f"<p>… and {more} more failures</p>" if more > 0 else ""
+        head = "".join(f"<th>{name}</th>" for name in _SHOWN_AS)
+        note = f"<p>… and {len(failed) - 10} more failures</p>" if len(failed) > 10 else ""
         return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"
+
+
+# What a notebook shows of the first failures, and under which heads.
+_SHOWN = attrgetter("index", "url", "final_url", "status_code", "error_kind", "error")
+_SHOWN_AS = ("index", "url", "final url", "status", "error kind", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,34 +277,19 @@ class Final:
     finished: float | None
 
     def trace(self) -> Trace:
-        fields = self.fields
-        log = tuple(
-            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
-            for entry in fields["attempt_log"]
-        )
-        return Trace(
-            self.index,
-            fields["ok"],
-            fields["error_kind"],
-            fields["status_code"],
-            fields["attempts"],
-            fields["elapsed"],
-            self.finished,
-            log,
-        )
+        log = tuple(map(_TRIED, self.fields["attempt_log"]))
+        traced = {key: self.fields[key] for key in _TRACED}
+        return Trace(index=self.index, finished=self.finished, log=log, **traced)
 
     def listing(self) -> Listing:
-        fields = self.fields
-        return Listing(
-            self.index,
-            fields["url"],
-            fields["id"],
-            fields["status_code"],
-            fields["error_kind"],
-            fields["error"],
-            fields["attempts"],
-            fields["elapsed"],
-        )
+        return Listing(self.index, *_LISTED(self.fields))
+
+
+# The fields of a record (and of its attempt log's entries) that a Trace and a Listing hold,
+# in their order.
+_TRACED = ("ok", "error_kind", "status_code", "attempts", "elapsed")
+_TRIED = itemgetter("status_code", "error_kind", "elapsed", "wait")
+_LISTED = itemgetter("url", "id", "status_code", "error_kind", "error", "attempts", "elapsed")
 
 
 class StoredResults:
@@ -359,18 +339,16 @@ class StoredResults:
 
     def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
         """One stored row as a Final; JournalMismatch naming the item when its record is not a
-        Result as this batchsync writes them, or a failure has no line for the failed file."""
+        Result as this batchsync writes them, or a failure has no line for the failed file
+        (``_RECORD``)."""
         try:
             fields = json.loads(record)
-            problem = _not_a_record(index, fields)
+            facts = {"item": index, "request": request, "finished": finished}
+            found = problem(_RECORD, fields | facts) if isinstance(fields, dict) else _NOT_ITS
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            problem = "is not a Result"
-        if problem is None and not fields["ok"] and request is None:
-            problem = "failed, but has no line for the failed file"
-        if problem is None and not (finished is None or _is_number(finished)):
-            problem = "has no finish time"
-        if problem is not None:
-            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {problem}")
+            found = "is not a Result"
+        if found is not None:
+            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {found}")
         return Final(index, record, fields, None if fields["ok"] else request, finished)
 
     def __iter__(self) -> Iterator[Final]:
@@ -408,10 +386,6 @@ def _run_totals(stints: Sequence[Stint]) -> dict[str, Any]:
     return {"elapsed": ran.elapsed, "waits": ran.waits, "circuits_opened": ran.circuits_opened}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 # An attempt log's entry as every output reads it.
 _LOGGED = shaped(
     Rule("status_code", present, ""),
@@ -420,9 +394,11 @@ _LOGGED = shaped(
     Rule("wait", optional(number(0.0, math.inf)), ""),
     closed=False,
 )
-# A record of item ``item``: the fields every output reads, of their types and ranges.
+_NOT_ITS = "is not that item's"
+# A record of item ``item`` (its failed-file line ``request``, when it ``finished``): the
+# fields every output reads, of their types and ranges.
 _RECORD = (
-    Rule("index", lambda index, facts: index == facts["item"], "is not that item's"),
+    Rule("index", lambda index, facts: index == facts["item"], _NOT_ITS),
     Rule("ok", boolean, "has no outcome it can have"),
     Rule("error_kind", optional(kind), "has no outcome it can have"),
     Rule("status_code", optional(count()), "has no status code it can have"),
@@ -431,12 +407,7 @@ _RECORD = (
     Rule("attempt_log", each(_LOGGED), "has an attempt log that is not its attempts'"),
     Rule("url", optional(text), "has a url that is no text"),
     Rule("error", optional(text), "has a error that is no text"),
-)
-
-
-def _not_a_record(index: int, fields: Any) -> str | None:
-    """What makes ``fields`` no record of the Result of item ``index`` (``_RECORD``), or
-    None."""
-    if not isinstance(fields, dict):
-        return "is not that item's"
-    return problem(_RECORD, {**fields, "item": index})
+    Rule("request", lambda line, facts: line is not None or facts["ok"],
+         "failed, but has no line for the failed file"),
+    Rule("finished", optional(EVER), "has no finish time"),
+)  # fmt: skip
