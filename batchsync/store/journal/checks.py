@@ -34,6 +34,7 @@ from ..rules import (
     boolean,
     count,
     each,
+    first_problem,
     json_of,
     json_value,
     kind,
@@ -61,6 +62,13 @@ from .schema import (
 # ``template``: the options that turn a table's rows into requests (absent: none).
 # ``paging``: how items were paginated (absent: they were not).
 IDENTITY_KEYS = ("entries", "sha256", "template", "paging")
+# What a difference in each of the options says (the others: their two values).
+_OTHER_OPTIONS = {
+    "template": "its template options were different: the URL template, method, body template "
+    "(or --row-as-body), id field and table format must be the ones it was made with",
+    "paging": "its pagination options were different: --paginate (paginate), --items "
+    "(page_items) and --cursor-param must be the ones it was made with",
+}
 # How far a gate's waits may lie outside the runs' time (the wall clock may be set meanwhile).
 _CLOCK_SLACK = 3600.0
 _RECORD_KEYS = frozenset(Result(0, None, False).to_dict())
@@ -70,18 +78,9 @@ _WRITTEN = "record is not a Result as batchsync writes it"
 def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | None:
     """Why a journal recorded for ``stored`` cannot be resumed for ``current``, or None."""
     for key in IDENTITY_KEYS:
-        if key == "template" and stored.get(key) != current.get(key):
-            return (
-                "its template options were different: the URL template, method, body template "
-                "(or --row-as-body), id field and table format must be the ones it was made with"
-            )
-        if key == "paging" and stored.get(key) != current.get(key):
-            return (
-                "its pagination options were different: --paginate (paginate), --items "
-                "(page_items) and --cursor-param must be the ones it was made with"
-            )
-        if stored.get(key) != current.get(key):
-            return f"its {key} was {stored.get(key)}, the input's is {current.get(key)}"
+        was, now = stored.get(key), current.get(key)
+        if was != now:
+            return _OTHER_OPTIONS.get(key, f"its {key} was {was}, the input's is {now}")
     return None
 
 
@@ -321,17 +320,15 @@ _META = (
 )  # fmt: skip
 
 
-def _meta_facts(rows: Iterable[tuple[int, Any, Any]]) -> Iterator[dict[str, Any]]:
-    for rowid, key, value in rows:
-        yield {"rowid": rowid, "key": key, "value": value}
+def _meta_facts(rows: Iterable[tuple[int, Any, Any]], **known: Any) -> Iterator[Facts]:
+    return ({"rowid": rowid, "key": key, "value": value, **known} for rowid, key, value in rows)
 
 
 def meta_shape_problem(rows: Iterable[tuple[int, Any, Any]]) -> str | None:
     """What in the ``meta`` rows (rowid, key, value) no batchsync writes, whatever the input:
     a key of its own, a text, a count or a SHA-256 where one belongs. (A value
     of the right shape but not the input's: made for other input, ``mismatch`` says.)"""
-    problems = (problem(_META_SHAPE, facts) for facts in _meta_facts(rows))
-    return next((found for found in problems if found is not None), None)
+    return first_problem(_META_SHAPE, _meta_facts(rows))
 
 
 def meta_problem(rows: Iterable[tuple[int, Any, Any]], identity: Mapping[str, str]) -> str | None:
@@ -339,15 +336,10 @@ def meta_problem(rows: Iterable[tuple[int, Any, Any]], identity: Mapping[str, st
     ``identity`` holds: each of its keys and the schema's, no other, each value the input's
     (``input``, where it was, aside: a file moved is still the same input)."""
     expected = {key: storable(value) for key, value in identity.items()}
-    seen = {"schema"}
-    for facts in _meta_facts(rows):
-        if facts["key"] != "schema":
-            found = problem(_META, facts | {"expected": expected})
-            if found is not None:
-                return found
-            seen.add(facts["key"])
-    missing = sorted(expected.keys() - seen)
-    return f"meta has no row {missing[0]}" if missing else None
+    rows = [row for row in rows if row[1] != "schema"]
+    missing = sorted(expected.keys() - {key for _, key, _ in rows})
+    found = first_problem(_META, _meta_facts(rows, expected=expected))
+    return found or (f"meta has no row {missing[0]}" if missing else None)
 
 
 @dataclass(frozen=True)
@@ -378,11 +370,9 @@ class _Check:
         """The first thing in the journal a run cannot trust, or None (see ``check``)."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        for step in (*steps, self._results, self._requests):
-            found = step()
-            if found is not None:
-                return found
-        return None
+        return next(
+            filter(None, (step() for step in (*steps, self._results, self._requests))), None
+        )
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
         """The rows of ``query`` on ``table``; none when a journal made before it lacks it."""
