@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..core.history import Stint
 from ..core.result import Listing, Summary
@@ -390,13 +390,14 @@ def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
     return _chart(pio, "chart-submissions", figure)
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
+@contextlib.contextmanager
+def replacing(path: Path, **text: Any) -> Iterator[IO[Any]]:
+    """A new file beside ``path`` to write (bytes, or text opened with the options ``text``),
+    synced and renamed over ``path`` once the block is done; removed when it fails."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
-        with temporary.open("x", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(text)
+        with temporary.open("x" if text else "xb", **text) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         temporary.replace(path)
@@ -404,6 +405,13 @@ def write_atomically(path: Path, text: str) -> Path:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
+    # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
+    with replacing(path, encoding="utf-8", errors="backslashreplace") as handle:
+        handle.write(text)
     return path
 
 

@@ -14,6 +14,7 @@ import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -48,7 +49,7 @@ from ..store.rules import (
 )
 from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .report import report_of
+from .report import replacing, report_of
 from .report_data import Entry, entries_of
 
 if TYPE_CHECKING:
@@ -216,25 +217,11 @@ class ResultSet(Sequence[Result]):
     def _write_table(self, path: Path, form: str, flatten: bool) -> None:
         if form == "parquet" and pyarrow_missing():
             raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         paged = any(result.pages is not None for result in self._results)
-        try:
-            with temporary.open(
-                "wb" if form == "parquet" else "w",
-                newline=None if form == "parquet" else "",
-                encoding=None if form == "parquet" else "utf-8",
-            ) as handle:
-                write_table(
-                    handle,
-                    form,
-                    lambda: (result.to_dict() for result in self._results),
-                    paged=paged,
-                    flatten=flatten,
-                )
-            temporary.replace(path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        text = {} if form == "parquet" else {"encoding": "utf-8", "newline": ""}
+        records = partial(map, Result.to_dict, self._results)  # (a fresh pass each call)
+        with replacing(path, **text) as handle:
+            write_table(handle, form, records, paged=paged, flatten=flatten)
 
     def data_frame(self) -> pandas.DataFrame:
         """The JSON bodies of the successes as columns (see ``flat_body``: as
