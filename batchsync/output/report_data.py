@@ -219,14 +219,6 @@ def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
     return None if first == math.inf else (first, last)
 
 
-def aggregated(traces: Iterable[Trace], span: tuple[float, float] | None) -> Aggregate:
-    start, end = span or (0.0, 0.0)
-    counted = Aggregate(start, end)
-    for one in traces:
-        counted.add(one)
-    return counted
-
-
 # One item as the report reads it: what its charts count, and what its tables list.
 Entry = tuple[Trace, Listing]
 
@@ -239,7 +231,7 @@ def collected(
     """The aggregate of ``entries`` (and of the gates' waits, when given), added up in one
     pass within ``span``, and how to list the items its tables show, by index: only those
     listings are kept (at most a few times the tables' rows at any moment)."""
-    counted = aggregated((), span)
+    counted = Aggregate(*(span or (0.0, 0.0)))
     kept: dict[int, Listing] = {}
     for trace, listing in entries:
         counted.add(trace)
