@@ -11,7 +11,7 @@ import html
 import os
 import secrets
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -97,14 +97,13 @@ def _cells(row: Sequence[object], numbers: Container[int]) -> str:
 
 
 def _counts_table(summary: Summary) -> str:
-    rows: list[tuple[str, str, int]] = [
-        ("items", "items", summary.total),
-        ("ok", "ok", summary.ok),
+    rows = [
+        ("items", "items", summary.total), ("ok", "ok", summary.ok),
         ("failed", "failed", summary.failed),
-    ]
-    rows += [(f"error: {kind}", f"kind-{kind}", n) for kind, n in summary.error_kinds.items()]
-    rows += [(f"HTTP {code}", f"status-{code}", n) for code, n in summary.status_codes.items()]
-    rows.append(("requests sent", "requests", summary.requests_sent))
+        *((f"error: {kind}", f"kind-{kind}", n) for kind, n in summary.error_kinds.items()),
+        *((f"HTTP {code}", f"status-{code}", n) for code, n in summary.status_codes.items()),
+        ("requests sent", "requests", summary.requests_sent),
+    ]  # fmt: skip
     body = "".join(
         f"<tr><th>{_e(name)}</th><td class='n' data-count='{_e(key)}'>{n}</td></tr>"
         for name, key, n in rows
@@ -151,13 +150,8 @@ _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#
 
 def _chart(pio: Any, name: str, figure: Any, *, first: bool = False) -> str:
     """One chart's div; the ``first`` brings the page's one copy of plotly.js."""
-    chart = pio.to_html(
-        figure,
-        include_plotlyjs=first,
-        full_html=False,
-        div_id=name,
-        config={"displaylogo": False, "responsive": True},
-    )
+    config = {"displaylogo": False, "responsive": True}
+    chart = pio.to_html(figure, include_plotlyjs=first, full_html=False, div_id=name, config=config)
     return f"<div class='chart'>{chart}</div>"
 
 
@@ -217,57 +211,6 @@ def _plain(aggregate: Aggregate) -> str:
             f"<details><summary>{_e(title)}</summary>{_series_table(name, times, values)}</details>"
             for name, title, values in series
         )
-    )
-
-
-def render(
-    summary: Summary,
-    aggregate: Aggregate,
-    details: Callable[[list[int]], list[Listing]],
-    *,
-    title: str = "batchsync report",
-    charts: bool = True,
-    stints: Sequence[Stint] = (),
-    submissions: Sequence[Part] = (),
-) -> str:
-    """The report's HTML: one page, scripts and data inline; ``submissions``: the parts
-    sent through a provider's batch endpoint (a section of their own when there are any)."""
-    plotly = _plotly() if charts else None
-    started = _moment(aggregate.start) if aggregate.items else ""
-    untimed = (
-        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
-        "run) and are counted, but not drawn over time.</p>"
-        if aggregate.untimed
-        else ""
-    )
-    gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
-    body = (
-        f"<h1>{_e(title)}</h1>"
-        f"<p class='summary'>{_e(summary)}</p>"
-        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
-        "<h2>Outcomes</h2>"
-        f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
-        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
-        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
-        + (
-            "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
-            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
-            "every process that worked on the run. The totals: "
-            f"{_e(gates or 'none')}.</p>"
-        )
-        + _submissions_section(submissions, plotly)
-        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
-        + _items_table(
-            "failed",
-            "Failed items",
-            details(aggregate.failed),
-            aggregate.failed_total - len(aggregate.failed),
-        )
-    )
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='viewport' content='width=device-width'><title>{_e(title)}</title>"
-        f"<style>{_STYLE}</style></head><body>{body}<script>{_FILTER}</script></body></html>"
     )
 
 
@@ -407,14 +350,6 @@ def replacing(path: Path, **text: Any) -> Iterator[IO[Any]]:
         raise
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
-    # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
-    with replacing(path, encoding="utf-8", errors="backslashreplace") as handle:
-        handle.write(text)
-    return path
-
-
 def report_of(
     entries: Iterable[Entry],
     span: tuple[float, float] | None,
@@ -429,17 +364,44 @@ def report_of(
 ) -> Path:
     """Write the report of a stream of items within ``span`` (the command line's
     PREFIX-report.html, from ``resultset.StoredResults``; a ``ResultSet``'s, from its Results
-    in memory); ``timeline``: the run's gate
-    waits (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the
-    parts it sent through a batch endpoint."""
-    counted, details = collected(entries, span, timeline)
-    page = render(
-        summary,
-        counted,
-        details,
-        title=title,
-        charts=charts,
-        stints=stints,
-        submissions=submissions,
+    in memory): one page, scripts and data inline. ``timeline``: the run's gate waits
+    (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the parts it
+    sent through a batch endpoint (a section of their own when there are any)."""
+    aggregate, details = collected(entries, span, timeline)
+    plotly = _plotly() if charts else None
+    started = _moment(aggregate.start) if aggregate.items else ""
+    untimed = (
+        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
+        "run) and are counted, but not drawn over time.</p>"
+        if aggregate.untimed
+        else ""
     )
-    return write_atomically(Path(path), page)
+    gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
+    unlisted = aggregate.failed_total - len(aggregate.failed)
+    body = (
+        f"<h1>{_e(title)}</h1>"
+        f"<p class='summary'>{_e(summary)}</p>"
+        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
+        "<h2>Outcomes</h2>"
+        f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
+        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
+        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
+        + (
+            "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
+            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
+            "every process that worked on the run. The totals: "
+            f"{_e(gates or 'none')}.</p>"
+        )
+        + _submissions_section(submissions, plotly)
+        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
+        + _items_table("failed", "Failed items", details(aggregate.failed), unlisted)
+    )
+    page = (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width'><title>{_e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{body}<script>{_FILTER}</script></body></html>"
+    )
+    # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
+    with replacing(Path(path), encoding="utf-8", errors="backslashreplace") as handle:
+        handle.write(page)
+    return Path(path)
