@@ -59,19 +59,16 @@ def pyarrow_missing() -> str | None:
 _INT64 = range(-(2**63), 2**63)
 
 
+# The column kind a body value asks for, by its type (another type's: JSON text).
+_KINDS = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"))
+
+
 def _kind(value: Any) -> str | None:
     """The column kind a body value asks for; None for a null."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int" if value in _INT64 else "json"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "json"
+    found = next((kind for type_, kind in _KINDS if isinstance(value, type_)), "json")
+    return "json" if found == "int" and value not in _INT64 else found
 
 
 def _joined(old: str | None, new: str | None) -> str | None:

@@ -72,6 +72,7 @@ _OTHER_OPTIONS = {
 # How far a gate's waits may lie outside the runs' time (the wall clock may be set meanwhile).
 _CLOCK_SLACK = 3600.0
 _RECORD_KEYS = frozenset(Result(0, None, False).to_dict())
+_PAGED_KEYS = _RECORD_KEYS | {"pages"}
 _WRITTEN = "record is not a Result as batchsync writes it"
 
 
@@ -185,9 +186,7 @@ def record_problem(record: Any, row: Sequence[Any]) -> str | None:
     """What in a parsed record disagrees with the columns of its ``results`` row (``idx``,
     ``ok``, ``error_kind``, ``status_code``, ``attempts``, ``elapsed``, ``backoff``) or is not
     a Result's as batchsync writes it (None: nothing); the column named first."""
-    if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys() <= _RECORD_KEYS | {
-        "pages"
-    }:
+    if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys() <= _PAGED_KEYS:
         return _WRITTEN
     return problem(_RECORD, {**record, "row": dict(zip(_RESULT_COLUMNS, row, strict=False))})
 
@@ -284,9 +283,8 @@ def wait_problem(
     row: Sequence[Any], span: tuple[float, float] | None, gates: Iterable[str]
 ) -> str | None:
     """What makes a ``waits`` row untrustworthy (``_WAIT``), or None."""
-    gate, second, seconds = row
-    facts = {"gate": gate, "second": second, "seconds": seconds, "span": span, "gates": gates}
-    return problem(_WAIT, facts)
+    columns = dict(zip(("gate", "second", "seconds"), row, strict=True))
+    return problem(_WAIT, columns | {"span": span, "gates": gates})
 
 
 # What the values of ``meta`` that have a shape look like (a value of another shape was
@@ -403,9 +401,8 @@ class _Check:
             seen[row[0], row[1]] = rowid
             self.finished[row[0]] += row[3]
             self.gates.update(json_value(row[5]))
-            start, end = row[1], row[1] + row[2]
-            first, last = self.span or (start, end)
-            self.span = (min(first, start), max(last, end))
+            first, last = self.span or (row[1], row[1] + row[2])
+            self.span = (min(first, row[1]), max(last, row[1] + row[2]))
         unrun = sorted(self.passes - {number for number, _ in seen})
         return f"passes row {unrun[0]}: no run of it is recorded in runs" if unrun else None
 
