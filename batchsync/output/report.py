@@ -269,17 +269,17 @@ def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
     if not parts:
         return ""
     sums = submitted(parts)
-    notes = "".join(note.format(getattr(sums, n)) for n, note in _PART_NOTES if getattr(sums, n))
+    notes = "".join(note.format(sums[name]) for name, note in _PART_NOTES if sums[name])
     chart = _submissions_chart(parts, plotly) if plotly is not None else ""
-    price = HALF_PRICE.format(inputs=sums.inputs, outputs=sums.outputs)
     return (
         "<h2 id='batch-submissions'>Batch submissions</h2>"
         f"<p>The rows went through the provider's batch endpoint in {len(parts)} part(s). "
         "A row's seconds run from its part's submission to the collection of its "
         f"results.{_e(notes)}</p>"
         + _table("submissions", _PART_COLUMNS, map(_part_cells, parts), {0, 1, 8, 9})
-        + f"<p id='batch-tokens'>Tokens used: {sums.inputs} input and {sums.outputs} output, as "
-        f"the provider counted them. {_e(price)}</p>{chart}{_history_table(parts)}"
+        + f"<p id='batch-tokens'>Tokens used: {sums['inputs']} input and {sums['outputs']} "
+        f"output, as the provider counted them. {_e(HALF_PRICE.format_map(sums))}</p>{chart}"
+        + _history_table(parts)
     )
 
 

@@ -264,23 +264,13 @@ def from_results(
     return collected(*entries_of(results), timeline)
 
 
-@dataclass(frozen=True)
-class Submitted:
+def submitted(parts: Sequence[Part]) -> dict[str, int]:
     """What the parts sent through a batch endpoint add up to: the input and output tokens
     their answers used (as the providers counted them), the parts dropped and those still
     open at the provider."""
-
-    inputs: int
-    outputs: int
-    dropped: int
-    still_open: int
-
-
-def submitted(parts: Iterable[Part]) -> Submitted:
-    parts = list(parts)
-    return Submitted(
-        sum(part.tokens[0] for part in parts),
-        sum(part.tokens[1] for part in parts),
-        sum(1 for part in parts if part.dropped),
-        sum(1 for part in parts if part.open and part.batch is not None),
-    )
+    return {
+        "inputs": sum(part.tokens[0] for part in parts),
+        "outputs": sum(part.tokens[1] for part in parts),
+        "dropped": sum(1 for part in parts if part.dropped),
+        "still_open": sum(1 for part in parts if part.open and part.batch is not None),
+    }
