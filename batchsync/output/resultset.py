@@ -272,9 +272,10 @@ class Final:
         return Listing(self.index, *_LISTED(self.fields))
 
 
-# The fields of a record (and of its attempt log's entries) that a Trace and a Listing hold,
-# in their order.
+# The fields of a record (and of its attempt log's entries) that a Trace, a Listing and the
+# summary's counts (``Counted``) hold, in their order.
 _TRACED = ("ok", "error_kind", "status_code", "attempts", "elapsed")
+_COUNTED = itemgetter("ok", "error_kind", "status_code", "attempts")
 _TRIED = itemgetter("status_code", "error_kind", "elapsed", "wait")
 _LISTED = itemgetter("url", "id", "status_code", "error_kind", "error", "attempts", "elapsed")
 
@@ -314,14 +315,8 @@ class StoredResults:
             if final.finished is not None:
                 first = min(first, final.finished - fields["elapsed"])
                 last = max(last, final.finished)
-            backoff = sum(entry["wait"] or 0.0 for entry in fields["attempt_log"])
-            yield (
-                fields["ok"],
-                fields["error_kind"],
-                fields["status_code"],
-                fields["attempts"],
-                backoff,
-            )
+            ok, kind, status, attempts = _COUNTED(fields)
+            yield ok, kind, status, attempts, sum(e["wait"] or 0.0 for e in fields["attempt_log"])
         self.span = None if first == math.inf else (first, last)
 
     def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
