@@ -224,7 +224,7 @@ def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
         summary = stored.summary
     finally:
         reader.close()
-    memory, _ = report_data.from_results(list(rs))
+    memory, _ = report_data.collected(*report_data.entries_of(list(rs)))
     assert tally.attempts == memory.attempts and tally.backoff == memory.backoff
     assert [item.url for item in listed] == [rs[1].url, rs[0].url]
     assert summary.total == 3

@@ -211,12 +211,10 @@ class Aggregate:
 
 def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
     """(first claim, last finish) in unix seconds over the timed Results, or None."""
-    first, last = math.inf, -math.inf
-    for one in traces:
-        if one.finished is not None:
-            first = min(first, one.finished - one.elapsed)
-            last = max(last, one.finished)
-    return None if first == math.inf else (first, last)
+    timed = [
+        (one.finished - one.elapsed, one.finished) for one in traces if one.finished is not None
+    ]
+    return (min(start for start, _ in timed), max(end for _, end in timed)) if timed else None
 
 
 # One item as the report reads it: what its charts count, and what its tables list.
@@ -254,14 +252,6 @@ def entries_of(
     """Results in memory as the report reads them, and the span of their times."""
     traces = [Trace.of(result) for result in results]
     return zip(traces, map(Listing.of, results), strict=True), span_of(traces)
-
-
-def from_results(
-    results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
-    """The aggregate of Results in memory (and of the gates' waits, when given), and how to
-    list some of them by index."""
-    return collected(*entries_of(results), timeline)
 
 
 def submitted(parts: Sequence[Part]) -> dict[str, int]:
