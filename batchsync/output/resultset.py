@@ -66,16 +66,10 @@ def _pandas() -> Any:
 
 # pandas dtypes of the typed columns; nullable ones where a Result may hold None.
 COLUMN_TYPES = {
-    "index": "int64",
-    "ok": "bool",
-    "status_code": "Int64",
-    "attempts": "int64",
-    "error_kind": "string",
-    "error": "string",
-    "elapsed": "float64",
-    "fallback_used": "Int64",
+    "index": "int64", "ok": "bool", "status_code": "Int64", "attempts": "int64",
+    "error_kind": "string", "error": "string", "elapsed": "float64", "fallback_used": "Int64",
     "redirects": "int64",
-}
+}  # fmt: skip
 
 
 # Sends a batch's failed items again: (the error kinds to retry, empty: all; the options
@@ -174,15 +168,8 @@ class ResultSet(Sequence[Result]):
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the batch's report to ``path``: one self-contained HTML file (charts need
         the ``report`` extra, plotly; without it, tables). Returns the path."""
-        return report_of(
-            *entries_of(self._results),
-            self.summary(),
-            path,
-            charts=charts,
-            timeline=self.wait_timeline,
-            stints=self.stints,
-            submissions=self.submissions,
-        )
+        entries, span = entries_of(self._results)
+        return report_of(entries, span, self.summary(), path, charts=charts, **_ran(self))
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).
@@ -296,7 +283,7 @@ class StoredResults:
         self._reader = reader
         self._path = path
         self.stints = reader.stints()
-        self.timeline = reader.timeline()
+        self.wait_timeline = reader.timeline()
         # The parts sent through a batch endpoint (none for a live run), for the report.
         self.submissions = reader.parts()
         self.span: tuple[float, float] | None = None
@@ -346,17 +333,17 @@ class StoredResults:
 
     def report(self, path: Path, *, title: str, charts: bool = True) -> Path:
         """The run's report, from the same Results and summary as the other outputs."""
+        entries, span = self.entries(), self.span
         return report_of(
-            self.entries(),
-            self.span,
-            self.summary,
-            path,
-            title=title,
-            charts=charts,
-            timeline=self.timeline,
-            stints=self.stints,
-            submissions=self.submissions,
+            entries, span, self.summary, path, title=title, charts=charts, **_ran(self)
         )
+
+
+def _ran(results: ResultSet | StoredResults) -> dict[str, Any]:
+    """What a report shows of the run besides its Results: the seconds waited at each gate by
+    (gate, unix second), what each process did, the parts sent through a batch endpoint."""
+    return {"timeline": results.wait_timeline, "stints": results.stints,
+            "submissions": results.submissions}  # fmt: skip
 
 
 def _sorted(times: array[float]) -> Iterator[float]:
