@@ -113,23 +113,19 @@ class Aggregate:
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
     gates: dict[str, list[float]] = field(default_factory=dict)
-    _count: int = field(default=1, init=False, repr=False)
+    buckets: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
         self.end = max(self.end, self.start)
         if not self.width:
             self.width = bucket_width(self.end - self.start)
-        count = self._count = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
+        count = self.buckets = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
         self.attempts = {name: [0] * count for name in CHARTED}
         self.backoff = [0.0] * count
         self.latency = [Counter() for _ in range(count)]
 
-    @property
-    def buckets(self) -> int:
-        return self._count
-
     def bucket(self, moment: float) -> int:
-        return min(self._count - 1, max(0, int((moment - self.start) / self.width)))
+        return min(self.buckets - 1, max(0, int((moment - self.start) / self.width)))
 
     def add(self, trace: Trace) -> None:
         self.items += 1
@@ -209,14 +205,6 @@ class Aggregate:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
 
 
-def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
-    """(first claim, last finish) in unix seconds over the timed Results, or None."""
-    timed = [
-        (one.finished - one.elapsed, one.finished) for one in traces if one.finished is not None
-    ]
-    return (min(start for start, _ in timed), max(end for _, end in timed)) if timed else None
-
-
 # One item as the report reads it: what its charts count, and what its tables list.
 Entry = tuple[Trace, Listing]
 
@@ -249,9 +237,12 @@ def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
 def entries_of(
     results: Sequence[Result],
 ) -> tuple[Iterable[Entry], tuple[float, float] | None]:
-    """Results in memory as the report reads them, and the span of their times."""
+    """Results in memory as the report reads them, and the span of their times: (first
+    claim, last finish) in unix seconds over the timed Results, or None."""
     traces = [Trace.of(result) for result in results]
-    return zip(traces, map(Listing.of, results), strict=True), span_of(traces)
+    timed = [(t.finished - t.elapsed, t.finished) for t in traces if t.finished is not None]
+    span = (min(start for start, _ in timed), max(end for _, end in timed)) if timed else None
+    return zip(traces, map(Listing.of, results), strict=True), span
 
 
 def submitted(parts: Sequence[Part]) -> dict[str, int]:

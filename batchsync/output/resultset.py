@@ -13,7 +13,7 @@ import math
 import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -289,7 +289,8 @@ class StoredResults:
         self.span: tuple[float, float] | None = None
         times = array("d")
         # (summarize reads every row before it asks for the times: sorted once they are in)
-        self.summary = summarize(self._counted(times), _sorted(times), **_run_totals(self.stints))
+        ran = asdict(totals(self.stints))  # (the run's totals: a summary's keywords)
+        self.summary = summarize(self._counted(times), _sorted(times), **ran)
 
     def _counted(self, times: array[float]) -> Iterator[Counted]:
         """The first pass: what the summary counts of each Result, the times of those sent,
@@ -348,11 +349,6 @@ def _ran(results: ResultSet | StoredResults) -> dict[str, Any]:
 
 def _sorted(times: array[float]) -> Iterator[float]:
     yield from sorted(times)
-
-
-def _run_totals(stints: Sequence[Stint]) -> dict[str, Any]:
-    ran = totals(stints)
-    return {"elapsed": ran.elapsed, "waits": ran.waits, "circuits_opened": ran.circuits_opened}
 
 
 # An attempt log's entry as every output reads it.
