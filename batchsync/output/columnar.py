@@ -103,10 +103,8 @@ class Layout:
             for record in records:
                 if record["ok"]:
                     for key, value in flat_body(record["data"]).items():
-                        if key in layout.body:
-                            layout.body[key] = _joined(layout.body[key], _kind(value))
-                        elif len(layout.body) < cap:
-                            layout.body[key] = _kind(value)
+                        if key in layout.body or len(layout.body) < cap:
+                            layout.body[key] = _joined(layout.body.get(key), _kind(value))
         return layout
 
     def columns(self) -> list[tuple[str, str]]:

@@ -232,9 +232,7 @@ def _stints_table(stints: Sequence[Stint]) -> str:
 
 
 def _moment(when: float | None) -> str:
-    if when is None:
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    return "" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
 
 
 def _runs_text(part: Part) -> str:
