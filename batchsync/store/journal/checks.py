@@ -498,8 +498,7 @@ def resumed(
             raise JournalMismatch(f"{path} {found}: {chosen}")
         try:
             found = meta_shape_problem(db.execute("SELECT rowid, key, value FROM meta"))
-            meta = db.execute("SELECT key, value FROM meta")
-            stored = {str(key): str(value) for key, value in meta}
+            stored = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
             other = mismatch(stored, identity) if found is None else None
             if other is not None:
                 raise JournalMismatch(f"{path} was made for other {what} ({other}); {hint}")
@@ -508,9 +507,6 @@ def resumed(
             found = f"it cannot be read ({exc})"
     if found is not None:
         raise JournalMismatch(f"{path} was altered: {found}; {hint}")
-    reader = JournalReader(path)
-    try:
+    with contextlib.closing(JournalReader(path)) as reader:
         reader.upgrade()
         yield reader
-    finally:
-        reader.close()

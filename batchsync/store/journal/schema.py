@@ -328,8 +328,6 @@ def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) 
     for name, made in LAYOUT.items():
         found = tables.get(name)
         if found is None:
-            # (one of the version before lacks all but its first tables, more when a run was
-            # killed while upgrading it; one made before a table was added lacks that table)
             if not ((upgradable and name not in _V3_TABLES) or name in _LATER_TABLES):
                 return f"it has no table {name}"
             continue
