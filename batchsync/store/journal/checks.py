@@ -351,9 +351,11 @@ class Requests:
 
 @dataclass
 class _Check:
-    """One journal's check, a table at a time, each one's facts kept for those after it: the
-    passes recorded, the items the runs of each pass finished, when the first run started
-    and the last ended (None: no run), the gates they waited at."""
+    """The check of the journal ``db`` (of this layout, made for ``identity``; ``requests``:
+    what each failed item's request must be, None: the journal keeps none), a table at a
+    time, each read once (the input up to its last failed item), each one's facts kept for
+    those after it: the passes recorded, the items the runs of each pass finished, when the
+    first run started and the last ended (None: no run), the gates they waited at."""
 
     db: sqlite3.Connection
     identity: Mapping[str, str]
@@ -365,7 +367,8 @@ class _Check:
     gates: set[str] = field(default_factory=set)
 
     def problem(self) -> str | None:
-        """The first thing in the journal a run cannot trust, or None (see ``check``)."""
+        """The first thing in the journal a run cannot trust, named by its table, row and
+        column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
         return next(
@@ -456,16 +459,6 @@ class _Check:
         return None
 
 
-def check(
-    db: sqlite3.Connection, identity: Mapping[str, str], requests: Requests | None
-) -> str | None:
-    """The first thing in the journal ``db`` (of this layout, made for ``identity``) that a
-    run cannot trust, named by its table, row and column, or None; ``requests``: what each
-    failed item's request must be (None: the journal keeps none). Each table is read once,
-    the input up to its last failed item."""
-    return _Check(db, identity, requests).problem()
-
-
 def _decoded(raw: bytes) -> Any:
     """A stored text as a check reads it: ``UNREADABLE`` when it is not UTF-8."""
     try:
@@ -483,7 +476,7 @@ def resumed(
     requests: Requests | None = None,
 ) -> Iterator[JournalReader]:
     """A reader of the journal to resume, checked to be one of this layout made for these
-    ``what`` (their identity), every row of it trusted (``check``): JournalMismatch naming
+    ``what`` (their identity), every row of it trusted (``_Check``): JournalMismatch naming
     the problem, then ``hint``, otherwise. Checked on a read-only connection before anything
     else opens the file, so a journal refused stays as it was, byte for byte. ``requests``:
     what each failed row's request must be (None: a library's journal, which holds none)."""
@@ -502,7 +495,7 @@ def resumed(
             other = mismatch(stored, identity) if found is None else None
             if other is not None:
                 raise JournalMismatch(f"{path} was made for other {what} ({other}); {hint}")
-            found = found or check(db, identity, requests)
+            found = found or _Check(db, identity, requests).problem()
         except sqlite3.Error as exc:  # damaged past what SQLite can read
             found = f"it cannot be read ({exc})"
     if found is not None:
