@@ -72,10 +72,8 @@ def _kind(value: Any) -> str | None:
 
 
 def _joined(old: str | None, new: str | None) -> str | None:
-    if old is None or old == new:
-        return new if old is None else old
-    if new is None:
-        return old
+    if old is None or new is None or old == new:
+        return old or new
     return "float" if {old, new} == {"int", "float"} else "json"
 
 
@@ -213,9 +211,7 @@ def _groups(
 
 def parsed(texts: Iterable[str]) -> Iterator[dict[str, Any]]:
     """Records from their JSON texts, one at a time."""
-    for text in texts:
-        record: dict[str, Any] = json.loads(text)
-        yield record
+    return map(json.loads, texts)
 
 
 def write_table(
