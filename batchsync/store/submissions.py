@@ -195,7 +195,7 @@ COLUMNS = (
     "submitted, updated, history, input_tokens, output_tokens, tag"
 )
 _COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
-_PLACES = ", ".join("?" * len(_COLUMNS))
+_SAVE = f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
 class JournaledLedger(Ledger):
@@ -206,17 +206,13 @@ class JournaledLedger(Ledger):
     def __init__(self, path: Path, connect: Any) -> None:
         super().__init__()
         self._db: sqlite3.Connection = connect(path)
-        for row in self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part"):
-            part = part_of(row)
-            self._parts[part.number] = part
+        rows = self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part")
+        self._parts = {part.number: part for part in map(part_of, rows)}
 
     def save(self, part: Part) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
-                f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES ({_PLACES})",
-                row_of(part),
-            )
+            self._db.execute(_SAVE, row_of(part))
             self._parts[part.number] = part
 
     def close(self) -> None:
@@ -285,11 +281,8 @@ def _id_of(kind: str) -> Test:
 
 
 def _tag(tag: Any, facts: Facts) -> bool:
-    return (
-        isinstance(tag, str)
-        and bool(_TAG.fullmatch(tag))
-        and tag.split("-")[2] == str(facts["part"])
-    )
+    matched = isinstance(tag, str) and _TAG.fullmatch(tag) is not None
+    return matched and tag.split("-")[2] == str(facts["part"])
 
 
 def _last_state(state: Any, facts: Facts) -> bool:
