@@ -75,18 +75,14 @@ def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _head(names: Iterable[str]) -> str:
-    """A table's header cells."""
-    return "".join(f"<th>{_e(name)}</th>" for name in names)
-
-
 def _table(
     name: str, head: Sequence[str], rows: Iterable[Sequence[object]], numbers: Container[int]
 ) -> str:
     """Table ``name``: ``rows`` of cells (their text escaped) under ``head``; the cells in the
     columns at ``numbers`` are numbers, aligned right."""
+    heads = "".join(f"<th>{_e(title)}</th>" for title in head)
     body = "".join(f"<tr>{_cells(row, numbers)}</tr>" for row in rows)
-    return f"<table id='{name}'><thead><tr>{_head(head)}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table id='{name}'><thead><tr>{heads}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _cells(row: Sequence[object], numbers: Container[int]) -> str:
