@@ -281,8 +281,8 @@ def _stays(part: Part) -> Iterator[tuple[float, str, float | None]]:
     """Each state in a part's history: when it entered it, and when it left it (None: it is
     in it still)."""
     history = part.history
-    leaving = [when for when, _ in history[1:]] + [None]
-    return ((when, state, left) for (when, state), left in zip(history, leaving, strict=True))
+    leaving = [when for when, _ in history[1:]] + [None]  # (one more when there is none)
+    return ((when, state, left) for (when, state), left in zip(history, leaving, strict=False))
 
 
 def _history_table(parts: Sequence[Part]) -> str:
