@@ -20,6 +20,7 @@ from batchsync.core.history import Pass
 from batchsync.core.records import dumps
 from batchsync.core.result import AttemptRecord, Result
 from batchsync.http.spec import RequestSpec
+from batchsync.output.resultset import StoredResults
 from batchsync.run.batch import Item, identity_of
 from batchsync.store.journal import (
     Journal,
@@ -73,10 +74,10 @@ def test_results_added_from_many_threads_come_back_in_input_order(tmp_path: Path
         thread.join()
     journal.close()
     reader = JournalReader(path)
-    rows = list(reader.rows())
+    rows = [(record, request) for _, record, request, _ in reader.finals()]
     assert [json.loads(record)["index"] for record, _ in rows] == list(range(1000))
     assert all((request is None) == (i % 3 != 0) for i, (_, request) in enumerate(rows))
-    summary = reader.summary()
+    summary = StoredResults(reader, path).summary
     assert (summary.total, summary.failed) == (1000, 334)
     assert summary.error_kinds == {"status": 334}
     assert reader.meta() == dict(IDENTITY, schema=SCHEMA_VERSION)
@@ -236,7 +237,7 @@ def test_adds_after_close_are_ignored(tmp_path: Path) -> None:
     journal.add(make(0), "late")
     journal.close()
     reader = JournalReader(tmp_path / "j.sqlite3")
-    assert list(reader.rows()) == []
+    assert list(reader.finals()) == []
     reader.close()
 
 
@@ -294,7 +295,7 @@ def test_the_summary_has_every_percentile_even_for_few_items(tmp_path: Path) -> 
         journal.add(Result(index, f"u{index}", True, attempts=1, elapsed=elapsed), None)
     journal.close()
     reader = JournalReader(path)
-    assert reader.summary().latency == {"p50": 0.3, "p95": 0.5, "p99": 0.5}
+    assert StoredResults(reader, path).summary.latency == {"p50": 0.3, "p95": 0.5, "p99": 0.5}
     reader.close()
 
 

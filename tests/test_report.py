@@ -25,6 +25,7 @@ from batchsync.output.report_data import (
 )
 from batchsync.output.resultset import ResultSet, StoredResults
 from batchsync.store.journal import Journal, JournalReader
+from batchsync.store.submissions import Part
 
 from .mockserver import MockServerProcess
 from .test_cli import batchsync
@@ -193,6 +194,19 @@ def test_without_plotly_the_report_says_how_to_get_charts(
     assert "id='attempts-per-item'" in page and "id='failed'" in page
 
 
+def test_a_part_the_journal_holds_no_history_of_shows_no_states(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "_plotly", lambda: None)
+    planned = Part(1, 1, "openai", ((0, 2),))  # (a journal may hold a part with no history)
+    moved = Part(2, 1, "openai", ((3, 3),), history=((1000.0, "planned"), (1002.5, "uploaded")))
+    rs = ResultSet(list(results()), submissions=[planned, moved])
+    page = rs.report(tmp_path / "r.html").read_text()
+    history = page.split("<table id='submission-history'>", 1)[1].split("</table>", 1)[0]
+    assert history.count("<tr>") == 3  # a head row, the second part's two states
+    assert "<td class='n'>2.5</td>" in history and "<td class='n'></td>" in history
+
+
 def test_the_journal_stores_when_each_result_finished(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     journal = Journal(path, lambda r, item: ("{}", None), {"entries": "2"})
@@ -201,10 +215,11 @@ def test_the_journal_stores_when_each_result_finished(tmp_path: Path) -> None:
     journal.close()
     reader = JournalReader(path)
     try:
-        times = reader.finish_times()
+        times = {index: finished for index, _, _, finished in reader.finals()}
     finally:
         reader.close()
-    assert times[0] == 1234.5 and times[1] > 1_700_000_000
+    later = times[1]
+    assert times[0] == 1234.5 and later is not None and later > 1_700_000_000
 
 
 def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
@@ -224,7 +239,7 @@ def test_the_report_of_a_journal_streams_its_rows(tmp_path: Path) -> None:
         summary = stored.summary
     finally:
         reader.close()
-    memory, _ = report_data.from_results(list(rs))
+    memory, _ = report_data.collected(*report_data.entries_of(list(rs)))
     assert tally.attempts == memory.attempts and tally.backoff == memory.backoff
     assert [item.url for item in listed] == [rs[1].url, rs[0].url]
     assert summary.total == 3

@@ -59,26 +59,21 @@ def pyarrow_missing() -> str | None:
 _INT64 = range(-(2**63), 2**63)
 
 
+# The column kind a body value asks for, by its type (another type's: JSON text).
+_KINDS = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"))
+
+
 def _kind(value: Any) -> str | None:
     """The column kind a body value asks for; None for a null."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int" if value in _INT64 else "json"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "json"
+    found = next((kind for type_, kind in _KINDS if isinstance(value, type_)), "json")
+    return "json" if found == "int" and value not in _INT64 else found
 
 
 def _joined(old: str | None, new: str | None) -> str | None:
-    if old is None or old == new:
-        return new if old is None else old
-    if new is None:
-        return old
+    if old is None or new is None or old == new:
+        return old or new
     return "float" if {old, new} == {"int", "float"} else "json"
 
 
@@ -106,10 +101,8 @@ class Layout:
             for record in records:
                 if record["ok"]:
                     for key, value in flat_body(record["data"]).items():
-                        if key in layout.body:
-                            layout.body[key] = _joined(layout.body[key], _kind(value))
-                        elif len(layout.body) < cap:
-                            layout.body[key] = _kind(value)
+                        if key in layout.body or len(layout.body) < cap:
+                            layout.body[key] = _joined(layout.body.get(key), _kind(value))
         return layout
 
     def columns(self) -> list[tuple[str, str]]:
@@ -218,9 +211,7 @@ def _groups(
 
 def parsed(texts: Iterable[str]) -> Iterator[dict[str, Any]]:
     """Records from their JSON texts, one at a time."""
-    for text in texts:
-        record: dict[str, Any] = json.loads(text)
-        yield record
+    return map(json.loads, texts)
 
 
 def write_table(

@@ -11,14 +11,14 @@ import html
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..core.history import Stint
 from ..core.result import Listing, Summary
 from ..store.submissions import Part
-from .report_data import Aggregate, Entry, Submitted, collected, submitted
+from .report_data import Aggregate, Entry, collected, submitted
 
 INSTALL_HINT = "pip install 'batchsync[report]'"
 # Runs of row indexes shown in a part's cell of the submissions table (the rest: "…").
@@ -75,20 +75,31 @@ def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _head(names: Iterable[str]) -> str:
-    """A table's header cells."""
-    return "".join(f"<th>{_e(name)}</th>" for name in names)
+def _table(
+    name: str, head: Sequence[str], rows: Iterable[Sequence[object]], numbers: Container[int]
+) -> str:
+    """Table ``name``: ``rows`` of cells (their text escaped) under ``head``; the cells in the
+    columns at ``numbers`` are numbers, aligned right."""
+    heads = "".join(f"<th>{_e(title)}</th>" for title in head)
+    body = "".join(f"<tr>{_cells(row, numbers)}</tr>" for row in rows)
+    return f"<table id='{name}'><thead><tr>{heads}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cells(row: Sequence[object], numbers: Container[int]) -> str:
+    return "".join(
+        f"<td class='n'>{_e(cell)}</td>" if column in numbers else f"<td>{_e(cell)}</td>"
+        for column, cell in enumerate(row)
+    )
 
 
 def _counts_table(summary: Summary) -> str:
-    rows: list[tuple[str, str, int]] = [
-        ("items", "items", summary.total),
-        ("ok", "ok", summary.ok),
+    rows = [
+        ("items", "items", summary.total), ("ok", "ok", summary.ok),
         ("failed", "failed", summary.failed),
-    ]
-    rows += [(f"error: {kind}", f"kind-{kind}", n) for kind, n in summary.error_kinds.items()]
-    rows += [(f"HTTP {code}", f"status-{code}", n) for code, n in summary.status_codes.items()]
-    rows.append(("requests sent", "requests", summary.requests_sent))
+        *((f"error: {kind}", f"kind-{kind}", n) for kind, n in summary.error_kinds.items()),
+        *((f"HTTP {code}", f"status-{code}", n) for code, n in summary.status_codes.items()),
+        ("requests sent", "requests", summary.requests_sent),
+    ]  # fmt: skip
     body = "".join(
         f"<tr><th>{_e(name)}</th><td class='n' data-count='{_e(key)}'>{n}</td></tr>"
         for name, key, n in rows
@@ -102,40 +113,32 @@ def _figures_table(summary: Summary) -> str:
     return f"<table id='facts'>{body}</table>"
 
 
+_ITEM_COLUMNS = ("index", "id", "url", "status", "error kind", "error", "attempts", "seconds")
+
+
 def _items_table(name: str, caption: str, items: Sequence[Listing], more: int = 0) -> str:
-    head = _head(("index", "id", "url", "status", "error kind", "error", "attempts", "seconds"))
-    rows = "".join(
-        "<tr>"
-        f"<td class='n'>{item.index}</td><td>{_e(item.id)}</td><td>{_e(item.url)}</td>"
-        f"<td class='n'>{_e(item.status_code)}</td><td>{_e(item.error_kind)}</td>"
-        f"<td>{_e(item.error)}</td><td class='n'>{item.attempts}</td>"
-        f"<td class='n'>{item.elapsed:.3f}</td></tr>"
+    rows = (
+        (item.index, item.id, item.url, item.status_code, item.error_kind, item.error,
+         item.attempts, f"{item.elapsed:.3f}")
         for item in items
-    )
+    )  # fmt: skip
     note = f"<p>… and {more} more (all of them are in the results file).</p>" if more else ""
     search = (
         f"<p><input class='filter' data-table='{name}' placeholder='filter: url, status, error…'>"
         f" <span id='{name}-shown'>{len(items)}</span> shown</p>"
     )
-    return (
-        f"<h2>{_e(caption)}</h2>{search}<table id='{name}'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{rows}</tbody></table>{note}"
-    )
+    table = _table(name, _ITEM_COLUMNS, rows, {0, 3, 6, 7})
+    return f"<h2>{_e(caption)}</h2>{search}{table}{note}"
 
 
 def _series_table(name: str, times: Sequence[float], series: Mapping[str, Sequence[Any]]) -> str:
-    head = _head(("seconds from start", *series))
-
-    def cell(value: Any) -> str:
-        return "<td class='n'></td>" if value is None else f"<td class='n'>{value:.3g}</td>"
-
-    rows = "".join(
-        f"<tr><td class='n'>{moment:g}</td>"
-        + "".join(cell(values[position]) for values in series.values())
-        + "</tr>"
-        for position, moment in enumerate(times)
-    )
-    return f"<table id='{name}'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    head = ("seconds from start", *series)
+    columns = [
+        [None if value is None else f"{value:.3g}" for value in values]
+        for values in series.values()
+    ]
+    rows = zip([f"{moment:g}" for moment in times], *columns, strict=True)
+    return _table(name, head, rows, range(len(head)))
 
 
 _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#9467bd"}
@@ -143,13 +146,8 @@ _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#
 
 def _chart(pio: Any, name: str, figure: Any, *, first: bool = False) -> str:
     """One chart's div; the ``first`` brings the page's one copy of plotly.js."""
-    chart = pio.to_html(
-        figure,
-        include_plotlyjs=first,
-        full_html=False,
-        div_id=name,
-        config={"displaylogo": False, "responsive": True},
-    )
+    config = {"displaylogo": False, "responsive": True}
+    chart = pio.to_html(figure, include_plotlyjs=first, full_html=False, div_id=name, config=config)
     return f"<div class='chart'>{chart}</div>"
 
 
@@ -196,73 +194,19 @@ def _plain(aggregate: Aggregate) -> str:
     """The charts' numbers as tables, for a report made without plotly."""
     times = aggregate.times()
     counts = sorted(aggregate.attempts_per_item.items())
-    histogram = "".join(f"<tr><td class='n'>{n}</td><td class='n'>{k}</td></tr>" for n, k in counts)
+    series = (
+        ("rate", "Attempts per second, by outcome", aggregate.per_second()),
+        ("latency", "Attempt latency percentiles (seconds, ±10 %)", aggregate.percentiles()),
+        ("waits", "Items waiting, by gate", aggregate.waiting()),
+    )
     return (
         f"<p class='note'>Charts need plotly: <code>{_e(INSTALL_HINT)}</code>. "
-        "Their numbers follow as tables.</p>"
-        "<h2>Attempts per item</h2><table id='attempts-per-item'><thead><tr><th>requests "
-        f"sent</th><th>items</th></tr></thead><tbody>{histogram}</tbody></table>"
-        "<details><summary>Attempts per second, by outcome</summary>"
-        f"{_series_table('rate', times, aggregate.per_second())}</details>"
-        "<details><summary>Attempt latency percentiles (seconds, ±10 %)</summary>"
-        f"{_series_table('latency', times, aggregate.percentiles())}</details>"
-        "<details><summary>Items waiting, by gate</summary>"
-        f"{_series_table('waits', times, aggregate.waiting())}</details>"
-    )
-
-
-def render(
-    summary: Summary,
-    aggregate: Aggregate,
-    details: Callable[[list[int]], list[Listing]],
-    *,
-    title: str = "batchsync report",
-    charts: bool = True,
-    stints: Sequence[Stint] = (),
-    submissions: Sequence[Part] = (),
-) -> str:
-    """The report's HTML: one page, scripts and data inline; ``submissions``: the parts
-    sent through a provider's batch endpoint (a section of their own when there are any)."""
-    plotly = _plotly() if charts else None
-    started = (
-        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(aggregate.start))
-        if aggregate.items
-        else ""
-    )
-    untimed = (
-        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
-        "run) and are counted, but not drawn over time.</p>"
-        if aggregate.untimed
-        else ""
-    )
-    gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
-    body = (
-        f"<h1>{_e(title)}</h1>"
-        f"<p class='summary'>{_e(summary)}</p>"
-        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
-        "<h2>Outcomes</h2>"
-        f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
-        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
-        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
-        + (
-            "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
-            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
-            "every process that worked on the run. The totals: "
-            f"{_e(gates or 'none')}.</p>"
+        "Their numbers follow as tables.</p><h2>Attempts per item</h2>"
+        + _table("attempts-per-item", ("requests sent", "items"), counts, {0, 1})
+        + "".join(
+            f"<details><summary>{_e(title)}</summary>{_series_table(name, times, values)}</details>"
+            for name, title, values in series
         )
-        + _submissions_section(submissions, plotly)
-        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
-        + _items_table(
-            "failed",
-            "Failed items",
-            details(aggregate.failed),
-            aggregate.failed_total - len(aggregate.failed),
-        )
-    )
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='viewport' content='width=device-width'><title>{_e(title)}</title>"
-        f"<style>{_STYLE}</style></head><body>{body}<script>{_FILTER}</script></body></html>"
     )
 
 
@@ -271,24 +215,20 @@ def _stints_table(stints: Sequence[Stint]) -> str:
     (or ``run()``) that worked in them."""
     if not stints:
         return ""
-    rows = "".join(
-        f"<tr><td>{stint.passing.number}</td><td>{_e(stint.passing.describe())}</td>"
-        f"<td>{_e(time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stint.started)))}</td>"
-        f"<td>{stint.elapsed:.2f}</td><td>{stint.items}</td><td>{stint.requests}</td></tr>"
+    rows = (
+        (stint.passing.number, stint.passing.describe(), _moment(stint.started),
+         f"{stint.elapsed:.2f}", stint.items, stint.requests)
         for stint in stints
-    )
-    head = _head(("pass", "what", "started", "seconds", "items finished", "requests"))
+    )  # fmt: skip
+    head = ("pass", "what", "started", "seconds", "items finished", "requests")
     return (
         "<h2>Passes</h2><p>Each process (or run()) that worked on the run, in its pass: the "
-        "first, then each retry of the failures.</p>"
-        f"<table id='passes'><tr>{head}</tr>{rows}</table>"
+        f"first, then each retry of the failures.</p>{_table('passes', head, rows, ())}"
     )
 
 
 def _moment(when: float | None) -> str:
-    if when is None:
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    return "" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
 
 
 def _runs_text(part: Part) -> str:
@@ -302,31 +242,19 @@ _PART_COLUMNS = ("part", "pass", "provider", "rows", "batch id", "state now", "s
                  "last change", "input tokens", "output tokens")  # fmt: skip
 
 
-def _part_row(part: Part) -> str:
+def _part_cells(part: Part) -> tuple[object, ...]:
     last_change = part.history[-1][0] if part.history else None
-    return (
-        f"<tr><td class='n'>{part.number}</td><td class='n'>{part.passing}</td>"
-        f"<td>{_e(part.provider)}</td><td>{_e(_runs_text(part))}</td><td>{_e(part.batch)}</td>"
-        f"<td>{_e(part.state)}</td><td>{_e(_moment(part.submitted))}</td>"
-        f"<td>{_e(_moment(last_change))}</td>"
-        f"<td class='n'>{part.tokens[0]}</td><td class='n'>{part.tokens[1]}</td></tr>"
-    )
+    return (part.number, part.passing, part.provider, _runs_text(part), part.batch, part.state,
+            _moment(part.submitted), _moment(last_change), *part.tokens)  # fmt: skip
 
 
-def _part_notes(sums: Submitted) -> str:
-    """What the section says of parts dropped and parts still open, when there are any."""
-    notes = ""
-    if sums.dropped:
-        notes += (
-            f" {sums.dropped} part(s) were dropped: a later run found them without a batch at "
-            "the provider and put their rows in new parts."
-        )
-    if sums.still_open:
-        notes += (
-            f" {sums.still_open} part(s) are still open at the provider: --batch-api with "
-            "--resume or --retry-failed goes on with them (a live run is refused meanwhile)."
-        )
-    return notes
+# What the section says of parts dropped and of parts still open, when there are any.
+_PART_NOTES = (
+    ("dropped", " {} part(s) were dropped: a later run found them without a batch at the "
+     "provider and put their rows in new parts."),
+    ("still_open", " {} part(s) are still open at the provider: --batch-api with --resume or "
+     "--retry-failed goes on with them (a live run is refused meanwhile)."),
+)  # fmt: skip
 
 
 def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
@@ -335,39 +263,39 @@ def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
     if not parts:
         return ""
     sums = submitted(parts)
-    notes = _part_notes(sums)
+    notes = "".join(note.format(sums[name]) for name, note in _PART_NOTES if sums[name])
     chart = _submissions_chart(parts, plotly) if plotly is not None else ""
-    price = HALF_PRICE.format(inputs=sums.inputs, outputs=sums.outputs)
     return (
         "<h2 id='batch-submissions'>Batch submissions</h2>"
         f"<p>The rows went through the provider's batch endpoint in {len(parts)} part(s). "
         "A row's seconds run from its part's submission to the collection of its "
         f"results.{_e(notes)}</p>"
-        f"<table id='submissions'><thead><tr>{_head(_PART_COLUMNS)}</tr></thead>"
-        f"<tbody>{''.join(map(_part_row, parts))}</tbody></table>"
-        f"<p id='batch-tokens'>Tokens used: {sums.inputs} input and {sums.outputs} output, as "
-        f"the provider counted them. {_e(price)}</p>{chart}{_history_table(parts)}"
+        + _table("submissions", _PART_COLUMNS, map(_part_cells, parts), {0, 1, 8, 9})
+        + f"<p id='batch-tokens'>Tokens used: {sums['inputs']} input and {sums['outputs']} "
+        f"output, as the provider counted them. {_e(HALF_PRICE.format_map(sums))}</p>{chart}"
+        + _history_table(parts)
     )
+
+
+def _stays(part: Part) -> Iterator[tuple[float, str, float | None]]:
+    """Each state in a part's history: when it entered it, and when it left it (None: it is
+    in it still)."""
+    history = part.history
+    leaving = [when for when, _ in history[1:]] + [None]  # (one more when there is none)
+    return ((when, state, left) for (when, state), left in zip(history, leaving, strict=False))
 
 
 def _history_table(parts: Sequence[Part]) -> str:
     """Each part's states, in order: when it entered each and how long it stayed."""
-    rows = []
-    for part in parts:
-        history = part.history
-        for position, (when, state) in enumerate(history):
-            stayed = history[position + 1][0] - when if position + 1 < len(history) else None
-            rows.append(
-                f"<tr><td class='n'>{part.number}</td><td>{_e(state)}</td>"
-                f"<td>{_e(_moment(when))}</td><td class='n'>{when - history[0][0]:.1f}</td>"
-                f"<td class='n'>{'' if stayed is None else f'{stayed:.1f}'}</td></tr>"
-            )
-    head = _head(("part", "state", "at", "seconds from planned", "seconds in it"))
-    return (
-        "<details><summary>Each part's states over time</summary>"
-        f"<table id='submission-history'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></details>"
-    )
+    rows = (
+        (part.number, state, _moment(when), f"{when - part.history[0][0]:.1f}",
+         None if left is None else f"{left - when:.1f}")
+        for part in parts
+        for when, state, left in _stays(part)
+    )  # fmt: skip
+    head = ("part", "state", "at", "seconds from planned", "seconds in it")
+    table = _table("submission-history", head, rows, {0, 3, 4})
+    return f"<details><summary>Each part's states over time</summary>{table}</details>"
 
 
 def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
@@ -377,12 +305,10 @@ def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
     start = min((part.history[0][0] for part in parts if part.history), default=0.0)
     spans: dict[str, tuple[list[float], list[float], list[str]]] = {}
     for part in parts:
-        history = part.history
-        for position, (when, state) in enumerate(history):
-            ended = history[position + 1][0] if position + 1 < len(history) else when
+        for when, state, left in _stays(part):
             bases, lengths, names = spans.setdefault(state, ([], [], []))
             bases.append(when - start)
-            lengths.append(max(ended - when, 0.0))
+            lengths.append(max((when if left is None else left) - when, 0.0))
             names.append(f"part {part.number}")
     figure = go.Figure(
         [
@@ -401,13 +327,14 @@ def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
     return _chart(pio, "chart-submissions", figure)
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, synced, then rename it over."""
+@contextlib.contextmanager
+def replacing(path: Path, **text: Any) -> Iterator[IO[Any]]:
+    """A new file beside ``path`` to write (bytes, or text opened with the options ``text``),
+    synced and renamed over ``path`` once the block is done; removed when it fails."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
-        with temporary.open("x", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.write(text)
+        with temporary.open("x" if text else "xb", **text) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         temporary.replace(path)
@@ -415,7 +342,6 @@ def write_atomically(path: Path, text: str) -> Path:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
-    return path
 
 
 def report_of(
@@ -432,17 +358,44 @@ def report_of(
 ) -> Path:
     """Write the report of a stream of items within ``span`` (the command line's
     PREFIX-report.html, from ``resultset.StoredResults``; a ``ResultSet``'s, from its Results
-    in memory); ``timeline``: the run's gate
-    waits (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the
-    parts it sent through a batch endpoint."""
-    counted, details = collected(entries, span, timeline)
-    page = render(
-        summary,
-        counted,
-        details,
-        title=title,
-        charts=charts,
-        stints=stints,
-        submissions=submissions,
+    in memory): one page, scripts and data inline. ``timeline``: the run's gate waits
+    (``WaitStats.timeline``), ``stints`` what each process did, ``submissions`` the parts it
+    sent through a batch endpoint (a section of their own when there are any)."""
+    aggregate, details = collected(entries, span, timeline)
+    plotly = _plotly() if charts else None
+    started = _moment(aggregate.start) if aggregate.items else ""
+    untimed = (
+        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
+        "run) and are counted, but not drawn over time.</p>"
+        if aggregate.untimed
+        else ""
     )
-    return write_atomically(Path(path), page)
+    gates = ", ".join(f"{gate} {s:.1f} s" for gate, s in sorted(summary.waits.items()))
+    unlisted = aggregate.failed_total - len(aggregate.failed)
+    body = (
+        f"<h1>{_e(title)}</h1>"
+        f"<p class='summary'>{_e(summary)}</p>"
+        f"<p>Run started {_e(started)}; time steps of {aggregate.width:g} s.</p>"
+        "<h2>Outcomes</h2>"
+        f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
+        f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
+        + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
+        + (
+            "<p>The waits chart shows the backoff between attempts, from the attempt logs, "
+            "and the waits at the gates (token, cooldown, host_slot, breaker, adaptive), over "
+            "every process that worked on the run. The totals: "
+            f"{_e(gates or 'none')}.</p>"
+        )
+        + _submissions_section(submissions, plotly)
+        + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
+        + _items_table("failed", "Failed items", details(aggregate.failed), unlisted)
+    )
+    page = (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width'><title>{_e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{body}<script>{_FILTER}</script></body></html>"
+    )
+    # (a lone surrogate, from a JSON "\\ud800" escape in an id or url: as its escape)
+    with replacing(Path(path), encoding="utf-8", errors="backslashreplace") as handle:
+        handle.write(page)
+    return Path(path)

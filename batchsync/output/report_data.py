@@ -113,23 +113,19 @@ class Aggregate:
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
     gates: dict[str, list[float]] = field(default_factory=dict)
-    _count: int = field(default=1, init=False, repr=False)
+    buckets: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
         self.end = max(self.end, self.start)
         if not self.width:
             self.width = bucket_width(self.end - self.start)
-        count = self._count = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
+        count = self.buckets = max(1, math.ceil((self.end - self.start) / self.width - 1e-9))
         self.attempts = {name: [0] * count for name in CHARTED}
         self.backoff = [0.0] * count
         self.latency = [Counter() for _ in range(count)]
 
-    @property
-    def buckets(self) -> int:
-        return self._count
-
     def bucket(self, moment: float) -> int:
-        return min(self._count - 1, max(0, int((moment - self.start) / self.width)))
+        return min(self.buckets - 1, max(0, int((moment - self.start) / self.width)))
 
     def add(self, trace: Trace) -> None:
         self.items += 1
@@ -209,24 +205,6 @@ class Aggregate:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
 
 
-def span_of(traces: Iterable[Trace]) -> tuple[float, float] | None:
-    """(first claim, last finish) in unix seconds over the timed Results, or None."""
-    first, last = math.inf, -math.inf
-    for one in traces:
-        if one.finished is not None:
-            first = min(first, one.finished - one.elapsed)
-            last = max(last, one.finished)
-    return None if first == math.inf else (first, last)
-
-
-def aggregated(traces: Iterable[Trace], span: tuple[float, float] | None) -> Aggregate:
-    start, end = span or (0.0, 0.0)
-    counted = Aggregate(start, end)
-    for one in traces:
-        counted.add(one)
-    return counted
-
-
 # One item as the report reads it: what its charts count, and what its tables list.
 Entry = tuple[Trace, Listing]
 
@@ -239,7 +217,7 @@ def collected(
     """The aggregate of ``entries`` (and of the gates' waits, when given), added up in one
     pass within ``span``, and how to list the items its tables show, by index: only those
     listings are kept (at most a few times the tables' rows at any moment)."""
-    counted = aggregated((), span)
+    counted = Aggregate(*(span or (0.0, 0.0)))
     kept: dict[int, Listing] = {}
     for trace, listing in entries:
         counted.add(trace)
@@ -259,36 +237,21 @@ def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
 def entries_of(
     results: Sequence[Result],
 ) -> tuple[Iterable[Entry], tuple[float, float] | None]:
-    """Results in memory as the report reads them, and the span of their times."""
+    """Results in memory as the report reads them, and the span of their times: (first
+    claim, last finish) in unix seconds over the timed Results, or None."""
     traces = [Trace.of(result) for result in results]
-    return zip(traces, map(Listing.of, results), strict=True), span_of(traces)
+    timed = [(t.finished - t.elapsed, t.finished) for t in traces if t.finished is not None]
+    span = (min(start for start, _ in timed), max(end for _, end in timed)) if timed else None
+    return zip(traces, map(Listing.of, results), strict=True), span
 
 
-def from_results(
-    results: Sequence[Result], timeline: Mapping[tuple[str, int], float] | None = None
-) -> tuple[Aggregate, Callable[[list[int]], list[Listing]]]:
-    """The aggregate of Results in memory (and of the gates' waits, when given), and how to
-    list some of them by index."""
-    return collected(*entries_of(results), timeline)
-
-
-@dataclass(frozen=True)
-class Submitted:
+def submitted(parts: Sequence[Part]) -> dict[str, int]:
     """What the parts sent through a batch endpoint add up to: the input and output tokens
     their answers used (as the providers counted them), the parts dropped and those still
     open at the provider."""
-
-    inputs: int
-    outputs: int
-    dropped: int
-    still_open: int
-
-
-def submitted(parts: Iterable[Part]) -> Submitted:
-    parts = list(parts)
-    return Submitted(
-        sum(part.tokens[0] for part in parts),
-        sum(part.tokens[1] for part in parts),
-        sum(1 for part in parts if part.dropped),
-        sum(1 for part in parts if part.open and part.batch is not None),
-    )
+    return {
+        "inputs": sum(part.tokens[0] for part in parts),
+        "outputs": sum(part.tokens[1] for part in parts),
+        "dropped": sum(1 for part in parts if part.dropped),
+        "still_open": sum(1 for part in parts if part.open and part.batch is not None),
+    }

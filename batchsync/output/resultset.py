@@ -13,7 +13,9 @@ import math
 import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
@@ -47,7 +49,7 @@ from ..store.rules import (
 )
 from ..store.submissions import Part
 from .columnar import PARQUET_HINT, pyarrow_missing, write_table
-from .report import report_of
+from .report import replacing, report_of
 from .report_data import Entry, entries_of
 
 if TYPE_CHECKING:
@@ -64,16 +66,10 @@ def _pandas() -> Any:
 
 # pandas dtypes of the typed columns; nullable ones where a Result may hold None.
 COLUMN_TYPES = {
-    "index": "int64",
-    "ok": "bool",
-    "status_code": "Int64",
-    "attempts": "int64",
-    "error_kind": "string",
-    "error": "string",
-    "elapsed": "float64",
-    "fallback_used": "Int64",
+    "index": "int64", "ok": "bool", "status_code": "Int64", "attempts": "int64",
+    "error_kind": "string", "error": "string", "elapsed": "float64", "fallback_used": "Int64",
     "redirects": "int64",
-}
+}  # fmt: skip
 
 
 # Sends a batch's failed items again: (the error kinds to retry, empty: all; the options
@@ -172,15 +168,8 @@ class ResultSet(Sequence[Result]):
     def report(self, path: str | Path, *, charts: bool = True) -> Path:
         """Write the batch's report to ``path``: one self-contained HTML file (charts need
         the ``report`` extra, plotly; without it, tables). Returns the path."""
-        return report_of(
-            *entries_of(self._results),
-            self.summary(),
-            path,
-            charts=charts,
-            timeline=self.wait_timeline,
-            stints=self.stints,
-            submissions=self.submissions,
-        )
+        entries, span = entries_of(self._results)
+        return report_of(entries, span, self.summary(), path, charts=charts, **_ran(self))
 
     def to_pandas(self, expand: bool = False) -> pandas.DataFrame:
         """One row per item with typed columns (needs the ``pandas`` extra).
@@ -215,25 +204,11 @@ class ResultSet(Sequence[Result]):
     def _write_table(self, path: Path, form: str, flatten: bool) -> None:
         if form == "parquet" and pyarrow_missing():
             raise ImportError(f"this needs pyarrow: {PARQUET_HINT}")
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         paged = any(result.pages is not None for result in self._results)
-        try:
-            with temporary.open(
-                "wb" if form == "parquet" else "w",
-                newline=None if form == "parquet" else "",
-                encoding=None if form == "parquet" else "utf-8",
-            ) as handle:
-                write_table(
-                    handle,
-                    form,
-                    lambda: (result.to_dict() for result in self._results),
-                    paged=paged,
-                    flatten=flatten,
-                )
-            temporary.replace(path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        text = {} if form == "parquet" else {"encoding": "utf-8", "newline": ""}
+        records = partial(map, Result.to_dict, self._results)  # (a fresh pass each call)
+        with replacing(path, **text) as handle:
+            write_table(handle, form, records, paged=paged, flatten=flatten)
 
     def data_frame(self) -> pandas.DataFrame:
         """The JSON bodies of the successes as columns (see ``flat_body``: as
@@ -246,27 +221,21 @@ class ResultSet(Sequence[Result]):
         return frame
 
     def _repr_html_(self) -> str:
-        summary = self.summary()._repr_html_()
-        failed = self.failed
-        failures = failed[:10]
-        if not failures:
+        summary, failed = self.summary()._repr_html_(), self.failed
+        if not failed:
             return summary
         rows = "".join(
-            "<tr>"
-            + "".join(
-                f"<td>{html.escape(str(value))}</td>"
-                for value in (r.index, r.url, r.final_url, r.status_code, r.error_kind, r.error)
-            )
-            + "</tr>"
-            for r in failures
+            "<tr>" + "".join(f"<td>{html.escape(str(value))}</td>" for value in _SHOWN(r)) + "</tr>"
+            for r in failed[:10]
         )
-        head = "".join(
-            f"<th>{name}</th>"
-            for name in ("index", "url", "final url", "status", "error kind", "error")
-        )
-        more = len(failed) - len(failures)
-        note = f"<p>… and {more} more failures</p>" if more > 0 else ""
+        head = "".join(f"<th>{name}</th>" for name in _SHOWN_AS)
+        note = f"<p>… and {len(failed) - 10} more failures</p>" if len(failed) > 10 else ""
         return f"{summary}<p>First failures:</p><table><tr>{head}</tr>{rows}</table>{note}"
+
+
+# What a notebook shows of the first failures, and under which heads.
+_SHOWN = attrgetter("index", "url", "final_url", "status_code", "error_kind", "error")
+_SHOWN_AS = ("index", "url", "final url", "status", "error kind", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,34 +251,20 @@ class Final:
     finished: float | None
 
     def trace(self) -> Trace:
-        fields = self.fields
-        log = tuple(
-            (entry["status_code"], entry["error_kind"], entry["elapsed"], entry["wait"])
-            for entry in fields["attempt_log"]
-        )
-        return Trace(
-            self.index,
-            fields["ok"],
-            fields["error_kind"],
-            fields["status_code"],
-            fields["attempts"],
-            fields["elapsed"],
-            self.finished,
-            log,
-        )
+        log = tuple(map(_TRIED, self.fields["attempt_log"]))
+        traced = {key: self.fields[key] for key in _TRACED}
+        return Trace(index=self.index, finished=self.finished, log=log, **traced)
 
     def listing(self) -> Listing:
-        fields = self.fields
-        return Listing(
-            self.index,
-            fields["url"],
-            fields["id"],
-            fields["status_code"],
-            fields["error_kind"],
-            fields["error"],
-            fields["attempts"],
-            fields["elapsed"],
-        )
+        return Listing(self.index, *_LISTED(self.fields))
+
+
+# The fields of a record (and of its attempt log's entries) that a Trace, a Listing and the
+# summary's counts (``Counted``) hold, in their order.
+_TRACED = ("ok", "error_kind", "status_code", "attempts", "elapsed")
+_COUNTED = itemgetter("ok", "error_kind", "status_code", "attempts")
+_TRIED = itemgetter("status_code", "error_kind", "elapsed", "wait")
+_LISTED = itemgetter("url", "id", "status_code", "error_kind", "error", "attempts", "elapsed")
 
 
 class StoredResults:
@@ -328,13 +283,14 @@ class StoredResults:
         self._reader = reader
         self._path = path
         self.stints = reader.stints()
-        self.timeline = reader.timeline()
+        self.wait_timeline = reader.timeline()
         # The parts sent through a batch endpoint (none for a live run), for the report.
         self.submissions = reader.parts()
         self.span: tuple[float, float] | None = None
         times = array("d")
         # (summarize reads every row before it asks for the times: sorted once they are in)
-        self.summary = summarize(self._counted(times), _sorted(times), **_run_totals(self.stints))
+        ran = asdict(totals(self.stints))  # (the run's totals: a summary's keywords)
+        self.summary = summarize(self._counted(times), _sorted(times), **ran)
 
     def _counted(self, times: array[float]) -> Iterator[Counted]:
         """The first pass: what the summary counts of each Result, the times of those sent,
@@ -347,30 +303,22 @@ class StoredResults:
             if final.finished is not None:
                 first = min(first, final.finished - fields["elapsed"])
                 last = max(last, final.finished)
-            backoff = sum(entry["wait"] or 0.0 for entry in fields["attempt_log"])
-            yield (
-                fields["ok"],
-                fields["error_kind"],
-                fields["status_code"],
-                fields["attempts"],
-                backoff,
-            )
+            ok, kind, status, attempts = _COUNTED(fields)
+            yield ok, kind, status, attempts, sum(e["wait"] or 0.0 for e in fields["attempt_log"])
         self.span = None if first == math.inf else (first, last)
 
     def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
         """One stored row as a Final; JournalMismatch naming the item when its record is not a
-        Result as this batchsync writes them, or a failure has no line for the failed file."""
+        Result as this batchsync writes them, or a failure has no line for the failed file
+        (``_RECORD``)."""
         try:
             fields = json.loads(record)
-            problem = _not_a_record(index, fields)
+            facts = {"item": index, "request": request, "finished": finished}
+            found = problem(_RECORD, fields | facts) if isinstance(fields, dict) else _NOT_ITS
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            problem = "is not a Result"
-        if problem is None and not fields["ok"] and request is None:
-            problem = "failed, but has no line for the failed file"
-        if problem is None and not (finished is None or _is_number(finished)):
-            problem = "has no finish time"
-        if problem is not None:
-            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {problem}")
+            found = "is not a Result"
+        if found is not None:
+            raise JournalMismatch(f"{self._path} was altered: the record of item {index} {found}")
         return Final(index, record, fields, None if fields["ok"] else request, finished)
 
     def __iter__(self) -> Iterator[Final]:
@@ -386,30 +334,21 @@ class StoredResults:
 
     def report(self, path: Path, *, title: str, charts: bool = True) -> Path:
         """The run's report, from the same Results and summary as the other outputs."""
+        entries, span = self.entries(), self.span
         return report_of(
-            self.entries(),
-            self.span,
-            self.summary,
-            path,
-            title=title,
-            charts=charts,
-            timeline=self.timeline,
-            stints=self.stints,
-            submissions=self.submissions,
+            entries, span, self.summary, path, title=title, charts=charts, **_ran(self)
         )
+
+
+def _ran(results: ResultSet | StoredResults) -> dict[str, Any]:
+    """What a report shows of the run besides its Results: the seconds waited at each gate by
+    (gate, unix second), what each process did, the parts sent through a batch endpoint."""
+    return {"timeline": results.wait_timeline, "stints": results.stints,
+            "submissions": results.submissions}  # fmt: skip
 
 
 def _sorted(times: array[float]) -> Iterator[float]:
     yield from sorted(times)
-
-
-def _run_totals(stints: Sequence[Stint]) -> dict[str, Any]:
-    ran = totals(stints)
-    return {"elapsed": ran.elapsed, "waits": ran.waits, "circuits_opened": ran.circuits_opened}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # An attempt log's entry as every output reads it.
@@ -420,9 +359,11 @@ _LOGGED = shaped(
     Rule("wait", optional(number(0.0, math.inf)), ""),
     closed=False,
 )
-# A record of item ``item``: the fields every output reads, of their types and ranges.
+_NOT_ITS = "is not that item's"
+# A record of item ``item`` (its failed-file line ``request``, when it ``finished``): the
+# fields every output reads, of their types and ranges.
 _RECORD = (
-    Rule("index", lambda index, facts: index == facts["item"], "is not that item's"),
+    Rule("index", lambda index, facts: index == facts["item"], _NOT_ITS),
     Rule("ok", boolean, "has no outcome it can have"),
     Rule("error_kind", optional(kind), "has no outcome it can have"),
     Rule("status_code", optional(count()), "has no status code it can have"),
@@ -431,12 +372,7 @@ _RECORD = (
     Rule("attempt_log", each(_LOGGED), "has an attempt log that is not its attempts'"),
     Rule("url", optional(text), "has a url that is no text"),
     Rule("error", optional(text), "has a error that is no text"),
-)
-
-
-def _not_a_record(index: int, fields: Any) -> str | None:
-    """What makes ``fields`` no record of the Result of item ``index`` (``_RECORD``), or
-    None."""
-    if not isinstance(fields, dict):
-        return "is not that item's"
-    return problem(_RECORD, {**fields, "item": index})
+    Rule("request", lambda line, facts: line is not None or facts["ok"],
+         "failed, but has no line for the failed file"),
+    Rule("finished", optional(EVER), "has no finish time"),
+)  # fmt: skip

@@ -188,17 +188,17 @@ def read_back(
     size = int(identity["entries"])
     kept = Kept.nothing(size)
     with resumed(path, identity, "items", hint) as reader:
-        for index, record in reader.records():
+        for index, record, _, finished in reader.finals():
             try:
-                kept.done[index] = restore(json.loads(record))
+                result = restore(json.loads(record))
             except Exception as exc:  # the caller's decode, say
                 raise JournalUnusable(
                     f"the journal {path}: the Result of item {index} cannot be read back: "
                     f"{type(exc).__name__}"
                 ) from None
-        for index, when in reader.finish_times().items():  # (for the report's charts)
-            if index in kept.done:
-                kept.done[index] = replace(kept.done[index], finished=when)
+            if finished is not None:  # (for the report's charts)
+                result = replace(result, finished=float(finished))
+            kept.done[index] = result
         for index, (continuation, _) in reader.unfinished(size).items():
             kept.done[index] = replace(kept.done[index], continuation=continuation)
         kept.passing, kept.marks = planned(reader, size, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,11 @@ def problem(rules: Iterable[Rule], facts: Facts) -> str | None:
         if not rule.test(facts.get(rule.key, MISSING), facts):
             return rule.says.format_map(facts)
     return None
+
+
+def first_problem(rules: Sequence[Rule], records: Iterable[Facts]) -> str | None:
+    """The problem of the first of ``records`` (the facts of each) that breaks ``rules``."""
+    return next(filter(None, (problem(rules, facts) for facts in records)), None)
 
 
 def count(least: int = 0, most: int | str = MOST) -> Test:

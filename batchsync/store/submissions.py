@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .rules import MOMENT, Facts, Rule, Test, count, json_of, json_value, optional, problem
+from .rules import MOMENT, Facts, Rule, Test, count, each, json_of, json_value, optional, problem
 
 # A provider's name, as ``batches.providers`` registers it.
 Provider = str
@@ -140,13 +140,9 @@ class Part:
     def shown(self, mask: Callable[[str], str]) -> Part:
         """This part as a report shows it: the provider's ids masked (an id a provider gave
         may repeat a secret)."""
-        return replace(
-            self,
-            input_file=_masked(self.input_file, mask),
-            batch=_masked(self.batch, mask),
-            output_file=_masked(self.output_file, mask),
-            error_file=_masked(self.error_file, mask),
-        )
+        ids = ((name, getattr(self, name)) for name in _IDS)
+        masked: dict[str, Any] = {name: None if i is None else mask(i) for name, i in ids}
+        return replace(self, **masked)
 
     def moved(self, state: str, when: float | None = None, **changes: Any) -> Part:
         """This part in ``state`` (recorded in its history when it changed)."""
@@ -156,8 +152,8 @@ class Part:
         return replace(self, state=state, history=history, **changes)
 
 
-def _masked(value: str | None, mask: Callable[[str], str]) -> str | None:
-    return None if value is None else mask(value)
+# The ids a provider gives a part.
+_IDS = ("input_file", "batch", "output_file", "error_file")
 
 
 class Covered:
@@ -198,6 +194,8 @@ COLUMNS = (
     "part, pass, provider, rows, state, input_file, batch, output_file, error_file, "
     "submitted, updated, history, input_tokens, output_tokens, tag"
 )
+_COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
+_SAVE = f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
 class JournaledLedger(Ledger):
@@ -208,18 +206,13 @@ class JournaledLedger(Ledger):
     def __init__(self, path: Path, connect: Any) -> None:
         super().__init__()
         self._db: sqlite3.Connection = connect(path)
-        for row in self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part"):
-            part = part_of(row)
-            self._parts[part.number] = part
+        rows = self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part")
+        self._parts = {part.number: part for part in map(part_of, rows)}
 
     def save(self, part: Part) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
-                f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row_of(part),
-            )
+            self._db.execute(_SAVE, row_of(part))
             self._parts[part.number] = part
 
     def close(self) -> None:
@@ -227,61 +220,45 @@ class JournaledLedger(Ledger):
 
 
 def row_of(part: Part) -> tuple[Any, ...]:
+    """A part's ``submissions`` row (its columns in ``COLUMNS``' order)."""
     updated = part.history[-1][0] if part.history else time.time()
-    return (
-        part.number,
-        part.passing,
-        part.provider,
-        json.dumps([list(run) for run in part.rows], separators=(",", ":")),
-        part.state,
-        part.input_file,
-        part.batch,
-        part.output_file,
-        part.error_file,
-        part.submitted,
-        updated,
-        json.dumps([list(entry) for entry in part.history], separators=(",", ":")),
-        part.tokens[0],
-        part.tokens[1],
-        part.tag,
-    )
+    ids = [getattr(part, name) for name in _IDS]
+    rows, history = _pairs_text(part.rows), _pairs_text(part.history)
+    return (part.number, part.passing, part.provider, rows, part.state, *ids, part.submitted,
+            updated, history, *part.tokens, part.tag)  # fmt: skip
+
+
+def _pairs_text(pairs: Iterable[tuple[Any, Any]]) -> str:
+    return json.dumps([list(pair) for pair in pairs], separators=(",", ":"))
 
 
 def part_of(row: Sequence[Any]) -> Part:
     """The Part a ``submissions`` row (checked by ``submission_problem``) holds."""
+    fields = dict(zip(_COLUMNS, row, strict=True))
     return Part(
-        number=int(row[0]),
-        passing=int(row[1]),
-        provider=row[2],
-        rows=tuple((int(first), int(last)) for first, last in json.loads(row[3])),
-        state=str(row[4]),
-        input_file=row[5],
-        batch=row[6],
-        output_file=row[7],
-        error_file=row[8],
-        submitted=row[9],
-        history=tuple((float(when), str(state)) for when, state in json.loads(row[11])),
-        tokens=(int(row[12]), int(row[13])),
-        tag=row[14],
-    )
+        int(fields["part"]), int(fields["pass"]), fields["provider"],
+        tuple((int(first), int(last)) for first, last in json.loads(fields["rows"])),
+        str(fields["state"]), submitted=fields["submitted"],
+        history=tuple((float(when), str(state)) for when, state in json.loads(fields["history"])),
+        tokens=(int(fields["input_tokens"]), int(fields["output_tokens"])), tag=fields["tag"],
+        **{name: fields[name] for name in _IDS},
+    )  # fmt: skip
 
 
 # --- what a row must hold before a run trusts it ---------------------------------------------
 def _runs(runs: Any, facts: Facts) -> bool:
-    """Runs (first, last) of the input's indexes, in order, apart, none empty."""
-    if not isinstance(runs, list) or not runs:
+    """Runs [first, last] of the input's indexes, in order, apart, none empty."""
+    if not (isinstance(runs, list) and runs and each(_two_counts)(runs, facts)):
         return False
-    previous = -2
-    for run in runs:
-        if not (
-            isinstance(run, list) and len(run) == 2 and all(count()(end, facts) for end in run)
-        ):
-            return False
-        first, last = run
-        if not (previous + 1 < first <= last < facts["size"]):
-            return False
-        previous = last
-    return True
+    before = [-2, *(last for _, last in runs)]  # (where the run before each ended)
+    return all(
+        end + 1 < first <= last < facts["size"]
+        for end, (first, last) in zip(before, runs, strict=False)
+    )
+
+
+def _two_counts(pair: Any, facts: Facts) -> bool:
+    return isinstance(pair, list) and len(pair) == 2 and all(count()(n, facts) for n in pair)
 
 
 def _state(state: Any, facts: Facts) -> bool:
@@ -304,11 +281,8 @@ def _id_of(kind: str) -> Test:
 
 
 def _tag(tag: Any, facts: Facts) -> bool:
-    return (
-        isinstance(tag, str)
-        and bool(_TAG.fullmatch(tag))
-        and tag.split("-")[2] == str(facts["part"])
-    )
+    matched = isinstance(tag, str) and _TAG.fullmatch(tag) is not None
+    return matched and tag.split("-")[2] == str(facts["part"])
 
 
 def _last_state(state: Any, facts: Facts) -> bool:
@@ -365,7 +339,6 @@ _SUBMISSION = (
     Rule("submitted", lambda when, facts: when is not None or not (
         _made(facts) or facts["state"] == SUBMITTING), "submitted is missing for a part sent"),
 )  # fmt: skip
-_COLUMNS = tuple(name.strip() for name in COLUMNS.split(","))
 
 
 def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str | None:

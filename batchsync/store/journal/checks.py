@@ -34,6 +34,7 @@ from ..rules import (
     boolean,
     count,
     each,
+    first_problem,
     json_of,
     json_value,
     kind,
@@ -61,27 +62,26 @@ from .schema import (
 # ``template``: the options that turn a table's rows into requests (absent: none).
 # ``paging``: how items were paginated (absent: they were not).
 IDENTITY_KEYS = ("entries", "sha256", "template", "paging")
+# What a difference in each of the options says (the others: their two values).
+_OTHER_OPTIONS = {
+    "template": "its template options were different: the URL template, method, body template "
+    "(or --row-as-body), id field and table format must be the ones it was made with",
+    "paging": "its pagination options were different: --paginate (paginate), --items "
+    "(page_items) and --cursor-param must be the ones it was made with",
+}
 # How far a gate's waits may lie outside the runs' time (the wall clock may be set meanwhile).
 _CLOCK_SLACK = 3600.0
 _RECORD_KEYS = frozenset(Result(0, None, False).to_dict())
+_PAGED_KEYS = _RECORD_KEYS | {"pages"}
 _WRITTEN = "record is not a Result as batchsync writes it"
 
 
 def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | None:
     """Why a journal recorded for ``stored`` cannot be resumed for ``current``, or None."""
     for key in IDENTITY_KEYS:
-        if key == "template" and stored.get(key) != current.get(key):
-            return (
-                "its template options were different: the URL template, method, body template "
-                "(or --row-as-body), id field and table format must be the ones it was made with"
-            )
-        if key == "paging" and stored.get(key) != current.get(key):
-            return (
-                "its pagination options were different: --paginate (paginate), --items "
-                "(page_items) and --cursor-param must be the ones it was made with"
-            )
-        if stored.get(key) != current.get(key):
-            return f"its {key} was {stored.get(key)}, the input's is {current.get(key)}"
+        was, now = stored.get(key), current.get(key)
+        if was != now:
+            return _OTHER_OPTIONS.get(key, f"its {key} was {was}, the input's is {now}")
     return None
 
 
@@ -186,9 +186,7 @@ def record_problem(record: Any, row: Sequence[Any]) -> str | None:
     """What in a parsed record disagrees with the columns of its ``results`` row (``idx``,
     ``ok``, ``error_kind``, ``status_code``, ``attempts``, ``elapsed``, ``backoff``) or is not
     a Result's as batchsync writes it (None: nothing); the column named first."""
-    if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys() <= _RECORD_KEYS | {
-        "pages"
-    }:
+    if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys() <= _PAGED_KEYS:
         return _WRITTEN
     return problem(_RECORD, {**record, "row": dict(zip(_RESULT_COLUMNS, row, strict=False))})
 
@@ -285,9 +283,8 @@ def wait_problem(
     row: Sequence[Any], span: tuple[float, float] | None, gates: Iterable[str]
 ) -> str | None:
     """What makes a ``waits`` row untrustworthy (``_WAIT``), or None."""
-    gate, second, seconds = row
-    facts = {"gate": gate, "second": second, "seconds": seconds, "span": span, "gates": gates}
-    return problem(_WAIT, facts)
+    columns = dict(zip(("gate", "second", "seconds"), row, strict=True))
+    return problem(_WAIT, columns | {"span": span, "gates": gates})
 
 
 # What the values of ``meta`` that have a shape look like (a value of another shape was
@@ -321,17 +318,15 @@ _META = (
 )  # fmt: skip
 
 
-def _meta_facts(rows: Iterable[tuple[int, Any, Any]]) -> Iterator[dict[str, Any]]:
-    for rowid, key, value in rows:
-        yield {"rowid": rowid, "key": key, "value": value}
+def _meta_facts(rows: Iterable[tuple[int, Any, Any]], **known: Any) -> Iterator[Facts]:
+    return ({"rowid": rowid, "key": key, "value": value, **known} for rowid, key, value in rows)
 
 
 def meta_shape_problem(rows: Iterable[tuple[int, Any, Any]]) -> str | None:
     """What in the ``meta`` rows (rowid, key, value) no batchsync writes, whatever the input:
     a key of its own, a text, a count or a SHA-256 where one belongs. (A value
     of the right shape but not the input's: made for other input, ``mismatch`` says.)"""
-    problems = (problem(_META_SHAPE, facts) for facts in _meta_facts(rows))
-    return next((found for found in problems if found is not None), None)
+    return first_problem(_META_SHAPE, _meta_facts(rows))
 
 
 def meta_problem(rows: Iterable[tuple[int, Any, Any]], identity: Mapping[str, str]) -> str | None:
@@ -339,15 +334,10 @@ def meta_problem(rows: Iterable[tuple[int, Any, Any]], identity: Mapping[str, st
     ``identity`` holds: each of its keys and the schema's, no other, each value the input's
     (``input``, where it was, aside: a file moved is still the same input)."""
     expected = {key: storable(value) for key, value in identity.items()}
-    seen = {"schema"}
-    for facts in _meta_facts(rows):
-        if facts["key"] != "schema":
-            found = problem(_META, facts | {"expected": expected})
-            if found is not None:
-                return found
-            seen.add(facts["key"])
-    missing = sorted(expected.keys() - seen)
-    return f"meta has no row {missing[0]}" if missing else None
+    rows = [row for row in rows if row[1] != "schema"]
+    missing = sorted(expected.keys() - {key for _, key, _ in rows})
+    found = first_problem(_META, _meta_facts(rows, expected=expected))
+    return found or (f"meta has no row {missing[0]}" if missing else None)
 
 
 @dataclass(frozen=True)
@@ -361,9 +351,11 @@ class Requests:
 
 @dataclass
 class _Check:
-    """One journal's check, a table at a time, each one's facts kept for those after it: the
-    passes recorded, the items the runs of each pass finished, when the first run started
-    and the last ended (None: no run), the gates they waited at."""
+    """The check of the journal ``db`` (of this layout, made for ``identity``; ``requests``:
+    what each failed item's request must be, None: the journal keeps none), a table at a
+    time, each read once (the input up to its last failed item), each one's facts kept for
+    those after it: the passes recorded, the items the runs of each pass finished, when the
+    first run started and the last ended (None: no run), the gates they waited at."""
 
     db: sqlite3.Connection
     identity: Mapping[str, str]
@@ -375,14 +367,13 @@ class _Check:
     gates: set[str] = field(default_factory=set)
 
     def problem(self) -> str | None:
-        """The first thing in the journal a run cannot trust, or None (see ``check``)."""
+        """The first thing in the journal a run cannot trust, named by its table, row and
+        column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        for step in (*steps, self._results, self._requests):
-            found = step()
-            if found is not None:
-                return found
-        return None
+        return next(
+            filter(None, (step() for step in (*steps, self._results, self._requests))), None
+        )
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
         """The rows of ``query`` on ``table``; none when a journal made before it lacks it."""
@@ -413,9 +404,8 @@ class _Check:
             seen[row[0], row[1]] = rowid
             self.finished[row[0]] += row[3]
             self.gates.update(json_value(row[5]))
-            start, end = row[1], row[1] + row[2]
-            first, last = self.span or (start, end)
-            self.span = (min(first, start), max(last, end))
+            first, last = self.span or (row[1], row[1] + row[2])
+            self.span = (min(first, row[1]), max(last, row[1] + row[2]))
         unrun = sorted(self.passes - {number for number, _ in seen})
         return f"passes row {unrun[0]}: no run of it is recorded in runs" if unrun else None
 
@@ -469,16 +459,6 @@ class _Check:
         return None
 
 
-def check(
-    db: sqlite3.Connection, identity: Mapping[str, str], requests: Requests | None
-) -> str | None:
-    """The first thing in the journal ``db`` (of this layout, made for ``identity``) that a
-    run cannot trust, named by its table, row and column, or None; ``requests``: what each
-    failed item's request must be (None: the journal keeps none). Each table is read once,
-    the input up to its last failed item."""
-    return _Check(db, identity, requests).problem()
-
-
 def _decoded(raw: bytes) -> Any:
     """A stored text as a check reads it: ``UNREADABLE`` when it is not UTF-8."""
     try:
@@ -496,7 +476,7 @@ def resumed(
     requests: Requests | None = None,
 ) -> Iterator[JournalReader]:
     """A reader of the journal to resume, checked to be one of this layout made for these
-    ``what`` (their identity), every row of it trusted (``check``): JournalMismatch naming
+    ``what`` (their identity), every row of it trusted (``_Check``): JournalMismatch naming
     the problem, then ``hint``, otherwise. Checked on a read-only connection before anything
     else opens the file, so a journal refused stays as it was, byte for byte. ``requests``:
     what each failed row's request must be (None: a library's journal, which holds none)."""
@@ -511,19 +491,15 @@ def resumed(
             raise JournalMismatch(f"{path} {found}: {chosen}")
         try:
             found = meta_shape_problem(db.execute("SELECT rowid, key, value FROM meta"))
-            meta = db.execute("SELECT key, value FROM meta")
-            stored = {str(key): str(value) for key, value in meta}
+            stored = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
             other = mismatch(stored, identity) if found is None else None
             if other is not None:
                 raise JournalMismatch(f"{path} was made for other {what} ({other}); {hint}")
-            found = found or check(db, identity, requests)
+            found = found or _Check(db, identity, requests).problem()
         except sqlite3.Error as exc:  # damaged past what SQLite can read
             found = f"it cannot be read ({exc})"
     if found is not None:
         raise JournalMismatch(f"{path} was altered: {found}; {hint}")
-    reader = JournalReader(path)
-    try:
+    with contextlib.closing(JournalReader(path)) as reader:
         reader.upgrade()
         yield reader
-    finally:
-        reader.close()

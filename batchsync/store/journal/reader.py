@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...core.history import Pass, Stint, totals
+from ...core.history import Pass, Stint
 from ...core.kinds import NOT_FINAL
-from ...core.result import Summary, summarize
 from ..submissions import COLUMNS, Part, part_of
 from .schema import open_for_reading, upgrade
 
@@ -47,9 +46,7 @@ class JournalReader:
     def latest_pass(self) -> Pass:
         """The last pass recorded (the first when none was: nothing was sent yet)."""
         row = self._db.execute("SELECT number, retry FROM passes ORDER BY number DESC").fetchone()
-        if row is None:
-            return Pass()
-        return Pass(int(row[0]), None if row[1] is None else frozenset(json.loads(row[1])))
+        return Pass() if row is None else _pass(*row)
 
     def outstanding(self, size: int, current: Pass) -> bytearray:
         """One byte per input index below ``size``, saying what pass ``current`` does with
@@ -82,20 +79,6 @@ class JournalReader:
             return []
         return [part_of(row) for row in rows]
 
-    def records(self) -> Iterator[tuple[int, str]]:
-        for index, record in self._db.execute("SELECT idx, record FROM results ORDER BY idx"):
-            yield int(index), str(record)
-
-    def finish_times(self) -> dict[int, float]:
-        """When each stored Result finished (unix seconds), by index."""
-        query = "SELECT idx, finished FROM results WHERE finished IS NOT NULL"
-        return {int(index): float(when) for index, when in self._db.execute(query)}
-
-    def rows(self) -> Iterator[tuple[str, str | None]]:
-        cursor = self._db.execute("SELECT record, request FROM results ORDER BY idx")
-        for record, request in cursor:
-            yield str(record), None if request is None else str(request)
-
     def finals(self) -> Iterator[tuple[int, str, str | None, float | None]]:
         """Each stored Result in input order as the outputs read it: its index, record,
         failed-file line and finish time (``resultset.StoredResults``)."""
@@ -110,9 +93,8 @@ class JournalReader:
             "LEFT JOIN passes ON passes.number = runs.pass ORDER BY started"
         )
         return [
-            Stint(Pass(int(number), None if retry is None else frozenset(json.loads(retry))),
-                  started, elapsed, items, requests, json.loads(waits), circuits)
-            for number, retry, started, elapsed, items, requests, waits, circuits
+            Stint(_pass(number, retry), started, elapsed, items, sent, json.loads(waits), circuits)
+            for number, retry, started, elapsed, items, sent, waits, circuits
             in self._db.execute(query)
         ]  # fmt: skip
 
@@ -134,20 +116,7 @@ class JournalReader:
         what = f"a run of {source}" if source else "a run"
         return f"{what}: {done} of {entries} items done, {failed} failed"
 
-    def summary(self) -> Summary:
-        """Counts and statistics over every stored Result and every process that ran (see
-        ``Summary``), read as streams (flat memory)."""
-        db = self._db
-        ran = totals(self.stints())
-        facts = db.execute(
-            "SELECT ok, error_kind, status_code, attempts, backoff FROM results"
-        )  # (summarize reads these to the end before it asks for the times)
-        times = (
-            seconds
-            for (seconds,) in db.execute(
-                "SELECT elapsed FROM results WHERE attempts > 0 ORDER BY elapsed"
-            )
-        )
-        return summarize(
-            facts, times, elapsed=ran.elapsed, waits=ran.waits, circuits_opened=ran.circuits_opened
-        )
+
+def _pass(number: int, retry: str | None) -> Pass:
+    """A ``passes`` row as the Pass it records."""
+    return Pass(int(number), None if retry is None else frozenset(json.loads(retry)))

@@ -325,41 +325,19 @@ def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) 
     if _TRIGGERS in tables:
         ours = [name for name, *_ in tables[_TRIGGERS] if name in LAYOUT]
         return f"its table {ours[0]} has a trigger" if ours else "it has a trigger"
-    for name, columns in LAYOUT.items():
+    for name, made in LAYOUT.items():
         found = tables.get(name)
         if found is None:
-            if not _may_lack(name, upgradable):
+            if not ((upgradable and name not in _V3_TABLES) or name in _LATER_TABLES):
                 return f"it has no table {name}"
             continue
-        problem = _columns_problem(name, _expected(name, columns, found, upgradable), found)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _may_lack(name: str, upgradable: bool) -> bool:
-    """Whether a journal may lack table ``name``: one of the version before lacks all but
-    its first ones (more, when a run was killed while upgrading it), and one made before a
-    table was added within this version lacks that table."""
-    return (upgradable and name not in _V3_TABLES) or name in _LATER_TABLES
-
-
-def _expected(
-    name: str, columns: Sequence[Column], found: Sequence[Column], upgradable: bool
-) -> list[Column]:
-    """The columns table ``name`` must have: a results table of the version before may
-    lack ``pass``."""
-    if upgradable and name == "results" and all(column[0] != "pass" for column in found):
-        return [column for column in columns if column[0] != "pass"]
-    return list(columns)
-
-
-def _columns_problem(name: str, expected: Sequence[Column], found: Sequence[Column]) -> str | None:
-    """``layout_problem`` of one table: each column ``expected`` in ``found``, no other."""
-    for column in expected:
-        if column not in found:
-            return f"its table {name} has no column {column[0]} as batchsync makes it"
-    for column in found:
-        if column not in expected:
-            return f"its table {name} has a column {column[0]} batchsync does not make"
+        # (a results table of the version before may lack its pass)
+        older = upgradable and name == "results" and all(column[0] != "pass" for column in found)
+        columns = [column for column in made if not (older and column[0] == "pass")]
+        missing = [column[0] for column in columns if column not in found]
+        if missing:
+            return f"its table {name} has no column {missing[0]} as batchsync makes it"
+        added = [column[0] for column in found if column not in columns]
+        if added:
+            return f"its table {name} has a column {added[0]} batchsync does not make"
     return None

@@ -207,20 +207,9 @@ class Journal:
         # When it finished (unix seconds), for the report; a Result made outside a run's
         # workers has no such time: when the writer stores it, then.
         finished = time.time() if result.finished is None else result.finished
-        return (
-            result.index,
-            int(result.ok),
-            result.error_kind,
-            result.status_code,
-            result.attempts,
-            kept(result.elapsed),
-            backoff,
-            record,
-            request,
-            resume,
-            finished,
-            self._pass_number,
-        )
+        return (result.index, int(result.ok), result.error_kind, result.status_code,
+                result.attempts, kept(result.elapsed), backoff, record, request, resume,
+                finished, self._pass_number)  # fmt: skip
 
     def _record_progress(self, stint: Stint | None = None) -> None:
         """This process's row of ``runs`` brought up to date (within a transaction), to
@@ -231,15 +220,9 @@ class Journal:
         self._db.execute(
             "UPDATE runs SET elapsed = ?, items = ?, requests = ?, waits = ?, circuits = ? "
             "WHERE rowid = ?",
-            (
-                stint.elapsed,
-                stint.items,
-                stint.requests,
-                json.dumps(dict(stint.waits)),
-                stint.circuits_opened,
-                self._run_row,
-            ),
-        )
+            (stint.elapsed, stint.items, stint.requests, json.dumps(dict(stint.waits)),
+             stint.circuits_opened, self._run_row),
+        )  # fmt: skip
 
     def close(
         self,
