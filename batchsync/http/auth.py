@@ -178,8 +178,9 @@ class RunAuth:
         get = None if isinstance(auth, AuthBase) else auth
         if callable(refresh):
             get = partial(_refreshed, refresh)
-        self._source = None if get is None else TokenSource(get, secrets, headers=self.base is None)
-        self._fixed = Token(0, {})
+        # (an AuthBase without refresh() keeps its one token, a 401 to it final: none is got)
+        self._renews = get is not None
+        self._source = TokenSource(get or dict, secrets, headers=self.base is None)
 
     @property
     def lane(self) -> bool:
@@ -189,28 +190,25 @@ class RunAuth:
 
     def start(self) -> None:
         """Get the first token (AuthFailed when it cannot be got)."""
-        if self._source is not None:
-            self._source.start(fetch=self.base is None)
+        self._source.start(fetch=self.base is None)
 
     @property
     def refreshes(self) -> int:
-        return 0 if self._source is None else self._source.refreshes
+        return self._source.refreshes
 
     def current(self) -> Token:
-        return self._fixed if self._source is None else self._source.current
+        return self._source.current
 
     def accept(self, token: Token) -> None:
-        if self._source is not None:
-            self._source.accept(token)
+        self._source.accept(token)
 
     def step(self, token: Token, renewals: int) -> Step:
-        source = self._source
-        if source is None:
+        if not self._renews:
             return "give_up"
+        source = self._source
         return after_401(token.generation, source.current.generation, source.accepted, renewals)
 
     def refresh(self, stale: Token, wait: float | None = None) -> Token:
-        assert self._source is not None
         return self._source.refresh(stale, wait)
 
     def apply(self, request: Outgoing, token: Token) -> Outgoing:
@@ -305,7 +303,12 @@ class CommandToken:
                 f"the auth command failed (exit status {process.returncode}; its output is "
                 "not shown)"
             )
-        value = _token_text(out)
+        try:  # (not UTF-8: a replacement character would be sent in the secret's place)
+            value = out.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise AuthFailed("the auth command printed text that is not UTF-8") from None
+        if not value:
+            raise AuthFailed("the auth command printed nothing")
         if "\n" in value or "\r" in value:
             raise AuthFailed("the auth command printed more than one line")
         try:  # (before the run starts: a token no request can carry must stop it there)
@@ -319,25 +322,12 @@ class CommandToken:
         return {self._header: value}
 
 
-def _token_text(out: bytes) -> str:
-    """What the command printed, stripped: AuthFailed when it is nothing or not UTF-8 (a
-    replacement character would be sent in the secret's place)."""
-    try:
-        value = out.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise AuthFailed("the auth command printed text that is not UTF-8") from None
-    if not value:
-        raise AuthFailed("the auth command printed nothing")
-    return value
-
-
 def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:
     """What the command printed, read until it exits: AuthFailed past ``timeout`` seconds or
     MAX_TOKEN_BYTES bytes (a token that size is a mistake, and masking it would cost more)."""
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
-    chunks: list[bytes] = []
-    size = 0
+    out = bytearray()
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         while True:
@@ -349,17 +339,16 @@ def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:
             chunk = os.read(process.stdout.fileno(), 65536)
             if not chunk:
                 break
-            size += len(chunk)
-            if size > MAX_TOKEN_BYTES:
+            out += chunk
+            if len(out) > MAX_TOKEN_BYTES:
                 raise AuthFailed(
                     f"the auth command printed more than {MAX_TOKEN_BYTES // 1024} KiB"
                 )
-            chunks.append(chunk)
     try:
         process.wait(max(deadline - time.monotonic(), 0.0))
     except subprocess.TimeoutExpired:
         raise AuthFailed(f"the auth command did not finish within {timeout:g} s") from None
-    return b"".join(chunks)
+    return bytes(out)
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:

@@ -30,10 +30,11 @@ from .retries import RETRYABLE, no_answer
 _CONNECTION_PREFIX = re.compile(r"^\w*(?:Connection|ConnectionPool)\(host=[^)]*\):\s*")
 # OpenSSL's messages end with where in CPython's ssl module they were raised: "(_ssl.c:1000)".
 _SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:\d+\)")
-
-
 # What http.client says when a proxy answers CONNECT with anything but 200 (only in words).
 _TUNNEL_REFUSED = re.compile(r"^Tunnel connection failed: ([1-5][0-9][0-9])\b")
+# requests' OSError for a CA bundle (verify=, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) that is not
+# there: nothing the server did, and no retry brings it back.
+_MISSING_CA_BUNDLE = "Could not find a suitable TLS CA certificate bundle"
 
 
 class BadRedirect(Exception):
@@ -100,9 +101,7 @@ def classify_refused_answer(
     its status, as that response would have been (a 503 retried, after its Retry-After); the
     hook's error, final, when the status alone says nothing failed."""
     verdict = classify_status(status, retry_after, now, None, retryable, should_retry=should_retry)
-    if verdict is None:
-        return terminal("status", describe(error), HttpFacts(status))
-    return verdict
+    return verdict or terminal("status", describe(error), HttpFacts(status))
 
 
 def innermost(exc: BaseException) -> BaseException:
@@ -127,40 +126,30 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def tunnel_refusal(exc: BaseException) -> tuple[int, str] | None:
-    """The status a proxy answered CONNECT with and http.client's line about it, when the
-    proxy refused the tunnel (urllib3 keeps http.client's OSError as ``original_error``)."""
+def _refused_tunnel(exc: BaseException) -> Verdict | None:
+    """A proxy's refusal of CONNECT (urllib3 keeps http.client's OSError as ``original_error``),
+    judged by the proxy's status: a 407 is final, a 502 retried, as the same answer to a
+    plain-HTTP request through the proxy; a status that is an answer elsewhere (a 3xx) opened
+    no tunnel here either, and is final. None for any other exception."""
     if not isinstance(exc, requests.exceptions.ProxyError | urllib3.exceptions.ProxyError):
         return None
     reason = innermost(exc)
     cause = getattr(reason, "original_error", None) or reason
     match = _TUNNEL_REFUSED.match(str(cause))
-    return None if match is None else (int(match[1]), str(cause))
-
-
-def _refused_tunnel(status: int, line: str) -> Verdict:
-    """A refused CONNECT, judged by the proxy's status (a 407 is final, a 502 retried, as
-    the same answer to a plain-HTTP request through the proxy); a status that is an answer
-    elsewhere (a 3xx) opened no tunnel here either, and is final."""
-    error = f"ProxyError: {line}"
-    verdict = classify_status(status, None, 0.0)  # (no Retry-After: the clock is not read)
-    if verdict is None:
-        return terminal("connection", error)
-    return replace(verdict, error=error)
-
-
-# requests' OSError for a CA bundle (verify=, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) that is not
-# there: nothing the server did, and no retry brings it back.
-_MISSING_CA_BUNDLE = "Could not find a suitable TLS CA certificate bundle"
+    if match is None:
+        return None
+    error = f"ProxyError: {cause}"
+    verdict = classify_status(int(match[1]), None, 0.0)  # (no Retry-After: no clock read)
+    return terminal("connection", error) if verdict is None else replace(verdict, error=error)
 
 
 def classify_http_exception(exc: Exception) -> Verdict:
     """Map an exception raised while sending a request or reading its body to a Verdict."""
     if isinstance(exc, PrivateAddress):
         return failed("invalid_request", str(exc))
-    refusal = tunnel_refusal(exc)
-    if refusal is not None:
-        return _refused_tunnel(*refusal)
+    refused = _refused_tunnel(exc)
+    if refused is not None:
+        return refused
     error = describe(exc)
     # urllib3's NewConnectionError subclasses its ConnectTimeoutError: test it first.
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
@@ -170,54 +159,27 @@ def classify_http_exception(exc: Exception) -> Verdict:
     if isinstance(exc, requests.exceptions.SSLError | urllib3.exceptions.SSLError) or (
         _MISSING_CA_BUNDLE in str(exc)
     ):
-        return _tls_failure(exc, error)
-    return failed(_kind_by_class(exc), error)
+        # (a peer that hung up during the handshake said nothing about trust, and may not recur)
+        hung_up = isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError)
+        return failed("connection" if hung_up else "tls", _SSL_SOURCE.sub("", error))
+    kind = next((found for classes, found in _KIND_BY_CLASS if isinstance(exc, classes)), None)
+    return failed(kind or "exception", error)
 
 
-def _tls_failure(exc: Exception, error: str) -> Verdict:
-    """A TLS error, or a "connection" one when the peer hung up during the handshake: that
-    said nothing about trust, and may not recur."""
-    if isinstance(innermost(exc), ssl.SSLEOFError | ssl.SSLZeroReturnError):
-        return failed("connection", _SSL_SOURCE.sub("", error))
-    return failed("tls", _SSL_SOURCE.sub("", error))
-
-
+# (The tables below keep a library's names a line, ``fmt: skip``: they read as tables.)
 # The kind of the other exceptions of requests and urllib3 (and the standard library's
 # ConnectionError), by class, the first that matches; "exception" for none.
 _KIND_BY_CLASS: tuple[tuple[tuple[type[BaseException], ...], ErrorKind], ...] = (
     ((requests.TooManyRedirects, BadRedirect), "redirect"),
-    (
-        (
-            requests.exceptions.InvalidURL,
-            requests.exceptions.MissingSchema,
-            requests.exceptions.InvalidSchema,
-            requests.exceptions.InvalidHeader,
-            requests.exceptions.InvalidJSONError,
-        ),
-        "invalid_request",
-    ),
+    ((requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+      requests.exceptions.InvalidSchema, requests.exceptions.InvalidHeader,
+      requests.exceptions.InvalidJSONError), "invalid_request"),
     ((requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError), "invalid_body"),
-    (
-        (
-            requests.ConnectionError,
-            requests.exceptions.ChunkedEncodingError,
-            urllib3.exceptions.ProtocolError,
-            ConnectionError,
-        ),
-        "connection",
-    ),
-)
+    ((requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+      urllib3.exceptions.ProtocolError, ConnectionError), "connection"),
+)  # fmt: skip
 
 
-def _kind_by_class(exc: Exception) -> ErrorKind:
-    """The kind of an exception the checks before it did not place, by its class."""
-    for classes, kind in _KIND_BY_CLASS:
-        if isinstance(exc, classes):
-            return kind
-    return "exception"
-
-
-# (The two name sets below keep a library's names a line, ``fmt: skip``: they read as tables.)
 # Exception classes of common clients (httpx, SDKs built on it such as openai's and
 # anthropic's, botocore) that mean the call never got an answer, known by name so that none of
 # those libraries is needed here; a name with "Timeout" in it is a timeout.
@@ -279,7 +241,8 @@ def status_of(exc: BaseException) -> int | None:
     botocore's ``ClientError`` response metadata, a throttling error code counting as 429."""
     response = _attribute(exc, "response")
     metadata = _botocore_metadata(response)
-    if metadata and _botocore_code(response) in _THROTTLING_CODES:
+    error = response.get("Error") if isinstance(response, Mapping) else None
+    if metadata and isinstance(error, Mapping) and error.get("Code") in _THROTTLING_CODES:
         return 429
     for status in (
         _attribute(exc, "status_code"),
@@ -298,16 +261,10 @@ def _botocore_metadata(response: object) -> Mapping[str, Any]:
     return metadata if isinstance(metadata, Mapping) else {}
 
 
-def _botocore_code(response: object) -> object:
-    error = response.get("Error") if isinstance(response, Mapping) else None
-    return error.get("Code") if isinstance(error, Mapping) else None
-
-
 def wait_hint(exc: BaseException, now: float) -> float | None:
     """Seconds the exception says to wait before trying again, or None: its ``retry_after``
     (seconds, or a datetime: a zone-less one is local time, as Python reads it), else the
-    Retry-After header of its response (or urllib's ``HTTPError.headers``). ``now`` is the
-    current Unix time."""
+    Retry-After of its response (or urllib's ``HTTPError.headers``); ``now``: the Unix time."""
     hint = _attribute(exc, "retry_after")
     try:
         if isinstance(hint, datetime):
@@ -325,10 +282,8 @@ def headers_of(holder: object) -> Mapping[str, str] | None:
     """The response headers an SDK's answer or exception carries: its own ``headers`` (a raw
     response: openai's ``with_raw_response``, httpx's), or its ``response``'s (openai's and
     anthropic's errors, requests' and httpx's ``HTTPError``); None without any."""
-    for headers in (
-        _attribute(holder, "headers"),
-        _attribute(_attribute(holder, "response"), "headers"),
-    ):
+    response = _attribute(holder, "response")
+    for headers in (_attribute(holder, "headers"), _attribute(response, "headers")):
         if isinstance(headers, Mapping):
             return headers
     return None
@@ -382,10 +337,8 @@ def classify_raised(
 _SLOW_DOWN_STATUSES = frozenset({429, 503})
 # Statuses that say the server did not act on the request (RFC 6585's 429, a refusal).
 _REFUSED_STATUSES = frozenset({403, 429})
-# What a success is to the limits: an answer.
-_ANSWER = Kind(False, "answer", "outcome")
-# The kind of each error kind, and of none (an answer).
-_KIND_OF_ERROR: dict[ErrorKind | None, Kind] = {None: _ANSWER}
+# The kind of each error kind, and of none (an answer: what a success is to the limits).
+_KIND_OF_ERROR: dict[ErrorKind | None, Kind] = {None: Kind(False, "answer", "outcome")}
 _KIND_OF_ERROR.update(KINDS.items())
 
 
@@ -421,7 +374,10 @@ def host_feedback(verdict: Verdict) -> Feedback:
     congested = slow_down or kind.congested
     unwell = _unwell(verdict, kind.breaker, status, facts.announced)
     if slow_down or facts.quota or facts.announced is not None or facts.used is not None:
-        return _held_feedback(verdict, facts, congested, unwell, slow_down=slow_down)
+        # (the rare feedback with more than the two judgements: a 429 or 503, whose Retry-After
+        # holds the host, or an answer that read a quota or a provider's limits, or its usage)
+        hold = verdict.retry_after if slow_down and verdict.retry_after else None
+        return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
     return _FEEDBACK[congested, unwell]
 
 
@@ -436,16 +392,6 @@ def _unwell(
     if verdict.outcome == "retry":
         return None if verdict.retry_after is not None or paces(announced) else True
     return False
-
-
-def _held_feedback(
-    verdict: Verdict, facts: HttpFacts, congested: bool, unwell: bool | None, *, slow_down: bool
-) -> Feedback:
-    """The feedback of a 429 or 503 (whose Retry-After holds the host), of an attempt that
-    read a quota or a provider's limits, or of an answer that says what it used: the rare
-    ones that may carry more than the two judgements."""
-    hold = verdict.retry_after if slow_down and verdict.retry_after else None
-    return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
 
 
 # The feedbacks without a hold, made once: one is needed per attempt.

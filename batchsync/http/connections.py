@@ -21,15 +21,12 @@ from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
 from .guard import Guard, PrivateAddress
-from .headers import (
-    QUICK_GETRESPONSE,
-    URLLIB3_GETRESPONSE,
-    QuickHeadersResponse,
-)
+from .headers import QUICK_GETRESPONSE, QuickHeadersResponse
 from .internals import (
     HEADER_LINES_KEPT,
     REQUEST_STARTED,
     STDLIB_OUTPUT,
+    URLLIB3_GETRESPONSE,
     ConnectionHooks,
     PoolHooks,
     getresponse_names_unchanged,
@@ -53,9 +50,8 @@ _LineKey = tuple[str, str]
 
 class _Tracked(ConnectionHooks):
     """Mixed into urllib3's connection classes: a connection enters its ledger as its socket
-    connects, has its peer checked before any byte (a TLS ClientHello included) is sent, is
-    watched for its attempt's end, reads its responses' headers the quick way, and makes each
-    distinct header line once a run."""
+    connects, has its peer checked before any byte (a TLS ClientHello too) is sent, is watched
+    for its attempt's end, reads headers the quick way, makes each header line once a run."""
 
     ledger: ConnectionLedger
     # The connection class it is mixed into (whose ``putheader`` the quick one stands for).
@@ -96,12 +92,16 @@ class _Tracked(ConnectionHooks):
             return
         before = len(buffer)
         super().putheader(header, *values)
-        _keep_line(lines, key, buffer[before:])
+        # (kept when it is one line of at most _MAX_KEPT_LINE bytes: long unique values keep none)
+        added = buffer[before:]
+        if len(added) == 1 and len(added[0]) <= _MAX_KEPT_LINE:
+            if len(lines) >= _MAX_HEADER_LINES:
+                lines.clear()
+            lines[key] = added[0]
 
     def getresponse(self) -> Any:
         """urllib3's ``getresponse``, without its checks and copy of a header block read the
-        quick way (see ``headers.QUICK_GETRESPONSE``), while the connection class's own is
-        urllib3's as found at import."""
+        quick way (``headers.QUICK_GETRESPONSE``), while the class's own is urllib3's at import."""
         if (
             QUICK_GETRESPONSE is None
             or self.connection_class.getresponse is not URLLIB3_GETRESPONSE
@@ -120,23 +120,6 @@ class _Tracked(ConnectionHooks):
                 raise
         self.ledger.add(self)
         self.ledger.watchdog.attach(sock)
-
-
-def _keep_line(lines: dict[_LineKey, bytes], key: _LineKey, added: list[bytes]) -> None:
-    """Keep the line a ``putheader`` of ``key`` appended: only when it appended exactly one,
-    of at most ``_MAX_KEPT_LINE`` bytes (a run of long unique values keeps nothing)."""
-    if len(added) != 1 or len(added[0]) > _MAX_KEPT_LINE:
-        return
-    if len(lines) >= _MAX_HEADER_LINES:
-        lines.clear()
-    lines[key] = added[0]
-
-
-class _TrackedPool(PoolHooks):
-    """Mixed into urllib3's pool classes: a kept-alive connection taken for a request is
-    attached to the attempt's watch (a new one is attached as its socket connects)."""
-
-    ledger: ConnectionLedger
 
 
 class ConnectionLedger:
@@ -160,8 +143,7 @@ class ConnectionLedger:
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True
     ) -> dict[str, type]:
-        """Pool classes like ``pool_classes`` (urllib3's or an adapter's own) whose
-        connections are this ledger's."""
+        """``pool_classes`` (urllib3's or an adapter's) made to open this ledger's connections."""
         return {scheme: self._track(pool, peer_check) for scheme, pool in pool_classes.items()}
 
     def _track(self, pool: type[HTTPConnectionPool], peer_check: bool) -> type:
@@ -178,27 +160,25 @@ class ConnectionLedger:
                 "keeps_lines": HEADER_LINES_KEPT and stock_header_lines(connection, stock),
             }
             tracked = type(f"Tracked{connection.__name__}", (_Tracked, connection), members)
+            # (a kept-alive connection taken for a request is attached to the attempt's watch,
+            # as a new one is as its socket connects)
             members = {"ledger": self, "ConnectionCls": tracked, "taken": self.watchdog.attach}
-            self._tracked[key] = type(f"Tracked{pool.__name__}", (_TrackedPool, pool), members)
+            self._tracked[key] = type(f"Tracked{pool.__name__}", (PoolHooks, pool), members)
         return self._tracked[key]
 
     def add(self, connection: object) -> None:
         with self._lock:
             self._connections.add(connection)
 
-    def abort(self) -> int:
-        """Shut down every open connection's socket; how many there were."""
+    def abort(self) -> None:
+        """Shut down every open connection's socket."""
         with self._lock:
             connections = list(self._connections)
-        cut = 0
         for connection in connections:
             sock = getattr(connection, "sock", None)
-            if sock is None:
-                continue
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-                cut += 1
-        return cut
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 def _tracking_proxies(make: Callable[..., Any], ledger: ConnectionLedger) -> Callable[..., Any]:

@@ -16,20 +16,14 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from functools import partial
 from http.cookiejar import Cookie, CookieJar, CookiePolicy, DefaultCookiePolicy
 from typing import TYPE_CHECKING, Any, cast
 
 import requests
 from requests.cookies import MockRequest, RequestsCookieJar, extract_cookies_to_jar
 
-from .internals import (
-    JarHooks,
-    cookies_to_send,
-    jar_holds,
-    jar_policy,
-    policy_now,
-    set_policy_now,
-)
+from .internals import JarHooks, cookies_to_send, jar_holds, jar_policy, policy_now, set_policy_now
 from .origins import origin_of
 
 if TYPE_CHECKING:
@@ -205,9 +199,6 @@ class OriginJars:
                 jar = self.by_origin.setdefault(origin, _OriginJar(self._policy))
         return jar
 
-    def add(self, origin: str, cookie: Cookie) -> None:
-        self._jar(origin).set_cookie(cookie)
-
     def keep(self, response: requests.Response, *args: Any, **kwargs: Any) -> requests.Response:
         """A response hook, run first on every hop: what the response sets (or deletes) goes
         to its origin's jar, before requests works out the next hop's Cookie header."""
@@ -232,11 +223,7 @@ class OriginJars:
         with jar._cookies_lock:
             return cookies_to_send(jar, request)
 
-    def fit(
-        self,
-        prepared: requests.PreparedRequest,
-        *headers: Mapping[str, Any] | None,
-    ) -> None:
+    def fit(self, prepared: requests.PreparedRequest, *headers: Mapping[str, Any] | None) -> None:
         """Give ``prepared`` (just prepared by ``Session.prepare_request``, which used a jar
         of requests' default policy) the run's jar, and its Cookie header from it. A Cookie
         header set in ``headers`` (the session's, then the request's) is kept as given."""
@@ -282,10 +269,6 @@ def lend(jar: CookieJar, *, keep: bool = True) -> tuple[OriginJars, Callable[[],
     for cookie in jar:
         origin = stamp_of(cookie)
         if origin is not None:
-            jars.add(origin, copy.copy(cookie))
+            jars._jar(origin).set_cookie(copy.copy(cookie))
     jar.set_policy(_LentPolicy(own, jars, jar))
-
-    def restore() -> None:
-        jar.set_policy(own)
-
-    return jars, restore
+    return jars, partial(jar.set_policy, own)

@@ -128,14 +128,6 @@ def _passes_end(timeout: float | None, left: float) -> bool:
     return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
 
 
-def _held_body(content: bytes, max_bytes: int) -> bytearray:
-    """A body read already (by a response hook), refused past ``max_bytes``."""
-    body = bytearray(content)
-    if len(body) > max_bytes:
-        raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
-    return body
-
-
 def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
     """The length of the body still to come as the response declares it (before decoding),
     None when it does not say: urllib3's own count when the stream keeps one, which is 0 for
@@ -150,8 +142,7 @@ def declared_length(raw: Any, headers: Mapping[str, str]) -> int | None:
 
 class BodyReader:
     """An attempt's wall-clock end, kept: the time it has left, whether a failure was that end
-    coming, and its answer's body read within it (the ``watchdog`` cuts what a read alone
-    would not bound)."""
+    coming, and its answer's body read within it (``watchdog`` bounds what a read alone cannot)."""
 
     def __init__(self, watchdog: Watchdog, clock: Callable[[], float]) -> None:
         self.watchdog = watchdog
@@ -163,12 +154,6 @@ class BodyReader:
         if left <= 0:
             raise AttemptTimedOut("attempt timed out")
         return left
-
-    def ended(self, exc: Exception, wall_end: float) -> bool:
-        """Whether ``exc`` is the attempt's end coming rather than a failure of its own: the
-        watchdog cut its socket, so the read or write failed in whatever way that phase fails.
-        (An AttemptTimedOut says so already.)"""
-        return not isinstance(exc, AttemptTimedOut) and self._clock() >= wall_end
 
     def read(
         self, reply: Reply, wall_end: float, max_bytes: int, *, rearm: bool = False
@@ -182,8 +167,7 @@ class BodyReader:
         """
         raw = reply.raw
         encoded = bool(header_value(reply.headers, "Content-Encoding"))
-        # Without an encoding, the declared length is the body's: check it, and stop reading
-        # once it has all come.
+        # Without an encoding the declared length is the body's: checked, and read up to.
         declared = None if encoded else declared_length(raw, reply.headers)
         if declared is not None and declared > max_bytes:
             reply.close()
@@ -191,11 +175,13 @@ class BodyReader:
         try:
             if reply.content is None:
                 body = self._read_stream(raw, wall_end, max_bytes, encoded, declared is not None)
-            else:  # a hook read it all, as requests reads it
-                body = _held_body(reply.content, max_bytes)
+            elif len(reply.content) > max_bytes:  # a hook read it all, as requests reads it
+                raise BodyTooLarge(f"body is over max_bytes {max_bytes}")
+            else:
+                body = bytearray(reply.content)
         except BaseException as exc:
             reply.close()
-            self._raise_if_ended(exc, wall_end)
+            self.raise_if_ended(exc, wall_end)
             raise
         watchdog = self.watchdog
         if watchdog.disarm():  # cut as the body completed: the connection is not reusable
@@ -210,8 +196,7 @@ class BodyReader:
         self, raw: Any, wall_end: float, max_bytes: int, encoded: bool, counted: bool
     ) -> bytearray:
         """The body read from ``raw`` in chunks (decoded when ``encoded``), each read bounded
-        by the attempt's end; done when the stream ends or, ``counted``, when the declared
-        length has all come."""
+        by the attempt's end, until the stream ends or (``counted``) its declared length is in."""
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         while True:
@@ -227,15 +212,6 @@ class BodyReader:
             if counted and getattr(raw, "length_remaining", None) == 0:
                 return body
 
-    @staticmethod
-    def _chunk(raw: Any, sock: Any, left: float, encoded: bool) -> bytes:
-        """The next chunk of ``raw``, its read waiting at most ``left`` seconds (the loop of
-        ``_read_stream`` spells this out: it is the per-request path)."""
-        if sock is not None and _passes_end(sock.gettimeout(), left):
-            sock.settimeout(left)
-        chunk: bytes = raw.read1(CHUNK_BYTES, decode_content=encoded)
-        return chunk
-
     def chunks(self, reply: Reply, wall_end: float, stall: float) -> Iterator[bytes]:
         """The decompressed body as it comes, for a body too large to hold (a batch's
         results): each read waits at most ``stall`` seconds, and the whole within
@@ -247,23 +223,33 @@ class BodyReader:
             if reply.content is not None:
                 yield reply.content
                 return
-            while chunk := self._chunk(raw, sock, min(stall, self.left(wall_end)), encoded):
+            while True:  # (as ``_read_stream`` reads, each read within ``stall`` too)
+                left = min(stall, self.left(wall_end))
+                if sock is not None and _passes_end(sock.gettimeout(), left):
+                    sock.settimeout(left)
+                chunk = raw.read1(CHUNK_BYTES, decode_content=encoded)
+                if not chunk:
+                    break
                 yield chunk
         except BaseException as exc:
             reply.close()
-            self._raise_if_ended(exc, wall_end)
+            self.raise_if_ended(exc, wall_end)
             raise
         if self.watchdog.disarm():
             reply.close()
             raise AttemptTimedOut("attempt timed out")
         raw.release_conn()
 
-    def _raise_if_ended(self, exc: BaseException, wall_end: float) -> None:
-        """An AttemptTimedOut for ``exc`` when it is the attempt's end coming (see ``ended``);
-        a body refused as too large, or an interrupt, stands as it is."""
-        if isinstance(exc, BodyTooLarge) or not isinstance(exc, Exception):
-            return
-        if self.ended(exc, wall_end):
+    def raise_if_ended(self, exc: BaseException, wall_end: float) -> None:
+        """An AttemptTimedOut for ``exc`` when it is the attempt's end coming rather than a
+        failure of its own: the watchdog cut its socket, so the read or write failed in
+        whatever way that phase fails. An AttemptTimedOut (which says so already), a body
+        refused as too large, or an interrupt, stands as it is."""
+        if (
+            isinstance(exc, Exception)
+            and not isinstance(exc, AttemptTimedOut | BodyTooLarge)
+            and self._clock() >= wall_end
+        ):
             raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
 
     def discard(self, reply: Reply, wall_end: float) -> None:

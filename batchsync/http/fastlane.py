@@ -28,8 +28,7 @@ from .session import SessionLane
 # on demand, so forgetting one costs a look-up, never a request).
 _MAX_CACHED_ORIGINS = 4096
 
-# An origin's way in: the urllib3 pool that serves it (None: it must go the requests way)
-# and its host key.
+# An origin's way in: the urllib3 pool that serves it (None: the requests way) and its host key.
 OriginPool = tuple[HTTPConnectionPool | None, str]
 
 # Bodiless methods the fast lane sends; everything else goes the full requests way.
@@ -93,9 +92,8 @@ class FastLane:
     def wire(self, method: str, url: str, headers: Mapping[str, str]) -> Wire | None:
         """The fast form of a bodiless GET/HEAD, or None when it must go the full requests
         way: a URL that requests would rewrite or add auth for (see ``lane_split``), a proxy
-        or netrc entry for the host, cookies in the jar, or ``HTTPAdapter.send`` patched (by
-        a mocking library that wants to see every request). ``headers`` are sent as given
-        (see ``SessionLane.headers_with``)."""
+        or netrc entry for the host, cookies in the jar, or requests' sends patched. ``headers``
+        are sent as given (see ``SessionLane.headers_with``)."""
         if not self.open or method not in _FAST_METHODS:
             return None
         split = lane_split(url)

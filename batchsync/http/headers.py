@@ -19,16 +19,10 @@ from typing import Any, BinaryIO, TypeGuard
 from urllib3 import HTTPHeaderDict
 
 from . import internals
-from .internals import (
-    MESSAGE_FIELDS,
-    QUICK_HEADER_DICT,
-    READ_HEADERS,
-    header_reading_unchanged,
-)
+from .internals import MESSAGE_FIELDS, QUICK_HEADER_DICT, READ_HEADERS, header_reading_unchanged
 
 # A plain header line, where a line begins: a name of printable ASCII (no colon), a colon,
-# then a value without CR or LF. ``email``'s compat32 policy drops the spaces and tabs before
-# the value.
+# then a value without CR or LF (``email``'s compat32 drops the spaces and tabs before it).
 _PLAIN_LINES = re.compile(r"^([!-9;-~]+):[ \t]*([^\r\n]*)\r?\n", re.MULTILINE)
 _END_OF_HEADERS = (b"\r\n", b"\n")
 # Content types for which the email parser looks into the (empty) body and builds parts.
@@ -72,8 +66,7 @@ def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]]
     its end, or a Content-Type the email parser treats specially.
 
     The block is read in one search: each line ends at its only LF, so a match that begins
-    where a line does takes the whole line, and as many matches as lines means every line is
-    one."""
+    where a line does takes the whole line, and as many matches as lines means each is one."""
     if lines[-1] not in _END_OF_HEADERS:
         return None
     block = b"".join(lines[:-1]).decode("iso-8859-1")
@@ -113,9 +106,7 @@ def parse_headers(
     return message
 
 
-def _quick_begin_of(
-    begin: Callable[..., Any],
-) -> Callable[[http.client.HTTPResponse], None] | None:
+def _quick_begin_of(begin: Callable[..., Any]) -> Callable[[http.client.HTTPResponse], None] | None:
     """``begin`` (http.client's own), run with ``parse_headers`` bound to this module's: the
     status line, chunking, lengths and keep-alive are decided exactly as the running Python
     decides them. None for a ``begin`` not built the way the quick path expects."""
@@ -139,12 +130,6 @@ class QuickHeadersResponse(http.client.HTTPResponse):
             _QUICK_BEGIN(self)
         else:
             http.client.HTTPResponse.begin(self)
-
-
-# urllib3's own ``getresponse``, for a header block read the quick way, checks, normalises and
-# copies what is already plain (no defect, no payload, no folded value), at a sixth of a small
-# request's cost: the quick one stands in for those three steps (``internals.getresponse_with``).
-URLLIB3_GETRESPONSE = internals.URLLIB3_GETRESPONSE
 
 
 class _QuickItems(list[tuple[str, str]]):
@@ -191,18 +176,20 @@ def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
     return headers
 
 
-# (a connection uses it while its class's ``getresponse`` is URLLIB3_GETRESPONSE and
-# ``quick_getresponse_in_effect()``: see ``connections._Tracked``)
+# urllib3's own ``getresponse``, for a header block read the quick way, checks, normalises and
+# copies what is already plain (no defect, no payload, no folded value), at a sixth of a small
+# request's cost: the quick one stands in for those three steps (``internals.getresponse_with``).
+# (A connection uses it while its class's ``getresponse`` is urllib3's and
+# ``quick_getresponse_in_effect()``: see ``connections._Tracked``.)
 QUICK_GETRESPONSE = internals.getresponse_with(
-    URLLIB3_GETRESPONSE, _assert_header_parsing, _normalize_header_values, _header_dict
+    internals.URLLIB3_GETRESPONSE, _assert_header_parsing, _normalize_header_values, _header_dict
 )
 
 
 def quick_getresponse_in_effect() -> bool:
     """Whether the three names the quick ``getresponse`` stands in for are still urllib3's own
     (a caller may patch ``urllib3.connection.assert_header_parsing`` to quiet its warnings:
-    then urllib3's ``getresponse`` runs, with the patch). Its other names are read as they
-    were at import."""
+    then urllib3's ``getresponse`` runs, with the patch); its other names are as at import."""
     return QUICK_GETRESPONSE is not None and internals.getresponse_names_unchanged()
 
 

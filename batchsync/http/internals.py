@@ -46,8 +46,7 @@ def takes(function: object, *parameters: str, defaults: tuple[object, ...] | Non
 
 def rebound(function: Callable[..., Any], **replacements: object) -> Callable[..., Any] | None:
     """``function``'s own code run with ``replacements`` in place of the globals of those
-    names, every other global as its module held it now; None when the code does not name
-    all of them."""
+    names, every other global as its module holds it; None unless the code names them all."""
     code = function.__code__
     if not set(replacements) <= set(code.co_names):
         return None
@@ -71,17 +70,13 @@ STDLIB_OUTPUT: object = vars(http.client.HTTPConnection).get(_OUTPUT)
 REQUEST_STARTED: object = getattr(http.client, "_CS_REQ_STARTED", None)
 
 
-def _lines_can_be_kept() -> bool:
-    fields = vars(http.client.HTTPConnection("localhost"))
-    return (
-        takes(STDLIB_OUTPUT, "self", "s")
-        and REQUEST_STARTED is not None
-        and type(fields.get("_buffer")) is list
-        and fields.get("_HTTPConnection__state") is not None
-    )
-
-
-HEADER_LINES_KEPT = _lines_can_be_kept()
+_CONNECTION_FIELDS = vars(http.client.HTTPConnection("localhost"))
+HEADER_LINES_KEPT = (
+    takes(STDLIB_OUTPUT, "self", "s")
+    and REQUEST_STARTED is not None
+    and type(_CONNECTION_FIELDS.get("_buffer")) is list
+    and _CONNECTION_FIELDS.get("_HTTPConnection__state") is not None
+)
 
 
 def stock_header_lines(connection: type, stock: tuple[type, ...]) -> bool:
@@ -118,11 +113,6 @@ def header_reading_unchanged() -> bool:
     )
 
 
-_PARSE_HEADERS_SHAPE = takes(
-    http.client.parse_headers, "fp", "_class", defaults=(http.client.HTTPMessage,)
-)
-
-
 def begin_parsing_with(
     begin: Callable[..., Any], parse_headers: Callable[..., http.client.HTTPMessage]
 ) -> Callable[[http.client.HTTPResponse], None] | None:
@@ -132,7 +122,7 @@ def begin_parsing_with(
         takes(begin, "self")
         and not begin.__code__.co_freevars
         and READ_HEADERS is not None
-        and _PARSE_HEADERS_SHAPE
+        and takes(STDLIB_PARSE_HEADERS, "fp", "_class", defaults=(http.client.HTTPMessage,))
         and MESSAGE_FIELDS
     ):
         return None
@@ -143,8 +133,6 @@ def begin_parsing_with(
 # body in ``_payload`` (an HTTPMessage's is ""). (Read and set in place, on every answer, by
 # ``headers.QuickMessage`` and ``headers.parse_headers``, while ``MESSAGE_FIELDS`` holds: a
 # call between costs more than the quick reading saves.)
-
-
 def _message_fields_shape() -> bool:
     probe = http.client.HTTPMessage()
     probe["Name"] = "value"
@@ -218,21 +206,13 @@ def lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
 # urllib3's hooks: a connection opens its socket in ``_new_conn(self)``, a pool hands out a
 # kept-alive connection in ``_get_conn(self, timeout=None)``.
 _require(takes(vars(urllib3.connection.HTTPConnection).get("_new_conn"), "self"), "_new_conn")
-_require(
-    takes(
-        vars(urllib3.connectionpool.HTTPConnectionPool).get("_get_conn"),
-        "self",
-        "timeout",
-        defaults=(None,),
-    ),
-    "_get_conn",
-)
+_GET_CONN = vars(urllib3.connectionpool.HTTPConnectionPool).get("_get_conn")
+_require(takes(_GET_CONN, "self", "timeout", defaults=(None,)), "_get_conn")
 
 if TYPE_CHECKING:
 
     class StdlibConnection:
-        """What the mixins into urllib3's connection classes read, or reach through
-        ``super()``."""
+        """What the mixins into urllib3's connection classes read or reach through ``super()``."""
 
         _buffer: list[bytes]
         _HTTPConnection__state: object
@@ -248,8 +228,7 @@ else:
 
 
 class ConnectionHooks(StdlibConnection):
-    """Mixed into urllib3's connection classes: ``connected`` sees each new socket before
-    any byte is sent on it."""
+    """Mixed into urllib3's connection classes: ``connected`` sees a socket before any byte."""
 
     def connected(self, sock: socket.socket) -> None:
         """Called with a new connection's socket (closed and raised from on a refusal)."""
@@ -301,10 +280,8 @@ def jar_holds(jar: CookieJar, domain: str, path: str, name: str) -> bool:
     return name in jar_cookies(jar).get(domain, {}).get(path, {})
 
 
-def policy_now(policy: CookiePolicy) -> int:
-    """The time the jar set on ``policy`` before asking it."""
-    now: int = getattr(policy, _NOW)
-    return now
+# (the time the jar set on a policy before asking it)
+policy_now: Callable[[CookiePolicy], int] = operator.attrgetter(_NOW)
 
 
 def set_policy_now(policy: CookiePolicy, now: int) -> None:

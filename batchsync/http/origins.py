@@ -30,8 +30,7 @@ def host_of(url: str) -> str:
 
 
 def origin_of(url: str) -> str | None:
-    """``scheme://`` and the ``host_key`` of a URL; None for a URL without a host or with a
-    bad port."""
+    """``scheme://`` and the ``host_key`` of a URL; None without a host or with a bad port."""
     parts = urlsplit(url)
     try:
         port = parts.port

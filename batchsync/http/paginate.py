@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import chain
 from random import Random
@@ -62,40 +62,19 @@ def paging(how: str, *, cursor_param: str, records: str | None, max_pages: int |
     until an empty page). ValueError when it names none of them."""
     style, _, argument = how.partition(":")
     found = _compiled(records, "page_items (--items)") if records is not None else None
-    read = _STYLE_READERS.get(style)
-    shape = None if read is None else read(argument, cursor_param)
+    param, _, step = argument.partition(",")
+    shape = None
+    if style == "link" and not argument:
+        shape = Paging("link")
+    elif style == "json" and argument:
+        shape = Paging("json", _compiled(argument, "json"), cursor_param)
+    elif style == "page" and argument and "," not in argument:
+        shape = Paging("page", param=argument)
+    elif style == "offset" and param and step.isdigit() and int(step) > 0:
+        shape = Paging("offset", param=param, step=int(step))
     if shape is None:
         raise ValueError(f"paginate must be {STYLES}, got {how!r}")
     return replace(shape, records=found, max_pages=max_pages)
-
-
-def _link_style(argument: str, cursor_param: str) -> Paging | None:
-    return None if argument else Paging("link")
-
-
-def _json_style(argument: str, cursor_param: str) -> Paging | None:
-    return Paging("json", _compiled(argument, "json"), cursor_param) if argument else None
-
-
-def _page_style(argument: str, cursor_param: str) -> Paging | None:
-    return Paging("page", param=argument) if argument and "," not in argument else None
-
-
-def _offset_style(argument: str, cursor_param: str) -> Paging | None:
-    param, _, step = argument.partition(",")
-    if param and step.isdigit() and int(step) > 0:
-        return Paging("offset", param=param, step=int(step))
-    return None
-
-
-# Each style's reader of what follows its colon (and the cursor parameter, for json): its
-# Paging, or None when the argument does not fit the style.
-_STYLE_READERS: dict[str, Callable[[str, str], Paging | None]] = {
-    "link": _link_style,
-    "json": _json_style,
-    "page": _page_style,
-    "offset": _offset_style,
-}
 
 
 def records_of(paging: Paging, body: Any) -> Any:
@@ -122,8 +101,7 @@ def gathered(paging: Paging, so_far: list[Any], body: Any, *, first: bool) -> li
 
 
 def first_position(paging: Paging, url: str) -> int:
-    """The page number or offset the item's own URL stands at (its parameter, else the
-    first: page 1, offset 0)."""
+    """The page or offset the item's own URL stands at: its parameter, else page 1 or offset 0."""
     if paging.style not in ("page", "offset"):
         return 0
     given = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True)).get(paging.param)
@@ -173,8 +151,7 @@ def next_page(
     return None if found is None else (found, position)
 
 
-# One link of a Link header (RFC 8288): <target> and its parameters, each name=value with the
-# value a token or a quoted string.
+# One link of a Link header (RFC 8288): <target>, then name=value parameters (token or quoted).
 _LINK = re.compile(
     r'\s*<([^>]*)>((?:\s*;\s*[^\s;,=]+\s*(?:=\s*(?:"(?:[^"\\]|\\.)*"|[^\s;,"]*))?)*)\s*'
 )
@@ -195,10 +172,9 @@ def links(header: str) -> Iterator[tuple[str, dict[str, str]]]:
             parameters.setdefault(name.lower(), value)
         yield found[1], parameters
         position = found.end()
-        if position < len(header):
-            if header[position] != ",":
-                return
-            position += 1
+        if position < len(header) and header[position] != ",":
+            return
+        position += 1
 
 
 def _next_link(link: str | None, url: str) -> str | None:
@@ -299,16 +275,11 @@ class Continued:
             int(continuation["page"]),
             int(continuation["position"]),
             kept,
-            size=_size_of(kept),
+            # (about the bytes those pages took, as JSON: they go on counting towards the bound)
+            size=len(json.dumps(kept, ensure_ascii=False, default=str).encode()),
             held=held_size(kept),
         )
         return cls(item, page)
-
-
-def _size_of(data: list[Any]) -> int:
-    """About the bytes the pages of ``data`` took (as JSON): a resumed item's pages before go
-    on counting towards its bound."""
-    return len(json.dumps(data, ensure_ascii=False, default=str).encode())
 
 
 # What an item's pages may take in memory, decoded, as a multiple of max_bytes. Text-heavy
@@ -317,8 +288,7 @@ def _size_of(data: list[Any]) -> int:
 # it in memory. With the page in flight (its body, text and value, for pages well under
 # max_bytes) an item's peak stays within 3 x max_bytes.
 HELD_SHARE = 2
-# The values CPython shares rather than makes anew (True and False among them, as 1 and 0):
-# they cost a page nothing.
+# Values CPython shares rather than makes anew (True and False too, as 1 and 0) cost nothing.
 _SHARED = frozenset(range(-5, 257))
 _SHARED_SIZE = sys.getsizeof(256)
 _CONTAINERS = frozenset({dict, list})

@@ -40,15 +40,13 @@ _NAMES = frozenset(
 
 # A duration's text longer than this is no reset a server means (and its parts could overflow).
 _LONGEST_DURATION = 40
-# Go's time.Duration text: a sequence of decimal numbers each with a unit, "1h2m3.5s"; the
-# alternatives longest first, so that "ms" is not read as minutes. Go takes either micro sign
-# (U+00B5, U+03BC) as well as "us".
+# Go's time.Duration text: decimal numbers each with a unit ("1h2m3.5s"), the units longest
+# first ("ms" is no minute); either micro sign (U+00B5, U+03BC) works as well as "us", as in Go.
 _PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
 _DURATION = re.compile(f"(?:{_PART})+")
 _DURATION_PART = re.compile(_PART)
 _MULTIPLIERS = {"h": 3600.0, "m": 60.0, "s": 1.0}
-# The units below a second divide, so that "20ms" is 0.02 as written, not 20 times an inexact
-# 0.001.
+# The units below a second divide: "20ms" is 0.02 as written, not 20 times an inexact 0.001.
 _DIVISORS = {"ms": 1e3, "us": 1e6, "\u00b5s": 1e6, "\u03bcs": 1e6, "ns": 1e9}
 _TIMESTAMP = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
@@ -74,28 +72,20 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
         return None
     tokens = _anthropic_tokens(found)
     return Announced(
-        requests_limit=_either(
-            _count(found, f"{_OPENAI}limit-requests"),
-            _count(found, f"{_ANTHROPIC}requests-limit"),
-        ),
-        requests_remaining=_either(
-            _count(found, f"{_OPENAI}remaining-requests"),
-            _count(found, f"{_ANTHROPIC}requests-remaining"),
+        requests_limit=_count(found, f"{_OPENAI}limit-requests", f"{_ANTHROPIC}requests-limit"),
+        requests_remaining=_count(
+            found, f"{_OPENAI}remaining-requests", f"{_ANTHROPIC}requests-remaining"
         ),
         requests_reset=_either(
             _duration(found, f"{_OPENAI}reset-requests"),
             _until(found, f"{_ANTHROPIC}requests-reset", now),
         ),
-        tokens_limit=_either(
-            _count(found, f"{_OPENAI}limit-tokens"), _count(found, f"{tokens}limit")
-        ),
-        tokens_remaining=_either(
-            _count(found, f"{_OPENAI}remaining-tokens"), _count(found, f"{tokens}remaining")
-        ),
+        tokens_limit=_count(found, f"{_OPENAI}limit-tokens", f"{tokens}limit"),
+        tokens_remaining=_count(found, f"{_OPENAI}remaining-tokens", f"{tokens}remaining"),
         tokens_reset=_either(
             _duration(found, f"{_OPENAI}reset-tokens"), _until(found, f"{tokens}reset", now)
         ),
-        retry_after=_either(*(_millis(found, name) for name in _RETRY_AFTER_MS)),
+        retry_after=_either(*(seconds_of(found.get(name), scale=1e-3) for name in _RETRY_AFTER_MS)),
         unreadable=tuple(  # (sorted: the headers' order says nothing)
             sorted(
                 name
@@ -126,18 +116,15 @@ def _sends(found: Mapping[str, str], prefix: str) -> bool:
     return any(f"{prefix}{part}" in found for part in _PARTS)
 
 
-def _either(first: _T | None, *others: _T | None) -> _T | None:
+def _either(*values: _T | None) -> _T | None:
     """The first part that said something."""
-    for value in (first, *others):
-        if value is not None:
-            return value
-    return None
+    return next((value for value in values if value is not None), None)
 
 
-def _count(found: Mapping[str, str], name: str) -> int | None:
-    """A header's count (a limit, or what remains); None when absent or not one (Azure sends
-    -1 when it does not say)."""
-    return count_of(found.get(name))
+def _count(found: Mapping[str, str], *names: str) -> int | None:
+    """The first of the headers' counts (a limit, or what remains); None when each is absent
+    or not one (Azure sends -1 when it does not say)."""
+    return _either(*(count_of(found.get(name)) for name in names))
 
 
 def _duration(found: Mapping[str, str], name: str) -> float | None:
@@ -151,10 +138,6 @@ def _until(found: Mapping[str, str], name: str, now: float) -> float | None:
     text = found.get(name)
     moment = None if text is None else _timestamp(text)
     return None if moment is None else seconds_of(max(moment - now, 0.0))
-
-
-def _millis(found: Mapping[str, str], name: str) -> float | None:
-    return seconds_of(found.get(name), scale=1e-3)
 
 
 def parse_duration(text: str) -> float | None:

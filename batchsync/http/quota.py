@@ -64,9 +64,7 @@ def answer_limits(
         told = not _QUOTA_MARKS.isdisjoint(names)
         provider = not _PROVIDER_MARKS.isdisjoint(names)
     quota = quota_wait(headers.items(), unix_time) if told else None
-    if not provider:
-        return quota, None
-    return quota, announced(headers.items(), unix_time())
+    return quota, announced(headers.items(), unix_time()) if provider else None
 
 
 def retry_after_of(headers: Mapping[str, str]) -> str | None:

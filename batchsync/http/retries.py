@@ -68,10 +68,9 @@ RETRYABLE = parse_statuses(RETRY_STATUSES)
 
 def judged(verdict: Verdict, retry_if: RetryIf) -> Verdict:
     """A failed attempt's Verdict as ``retry_if`` says (given its status and error kind):
-    retried, final, or (None) as it was. Only kinds that are the attempt's own failure are
-    asked about (``Kind.asked``: not a limit, a stop or a race lost to a hedge). A
-    ``retry_if`` that raises, or answers anything but True, False or None, ends the route,
-    saying so."""
+    retried, final, or (None) as it was; asked only of kinds that are the attempt's own failure
+    (``Kind.asked``: not a limit, a stop or a race lost to a hedge). A ``retry_if`` that
+    raises, or answers anything but True, False or None, ends the route, saying so."""
     kind = verdict.error_kind
     if verdict.ok or kind is None or not KINDS[kind].asked:
         return verdict

@@ -23,15 +23,7 @@ from ..core.redact import Secrets
 from .classify import BadRedirect
 from .connections import ConnectionLedger, fit_session
 from .cookies import OriginJars, lend
-from .exchange import (
-    CHUNK_BYTES,
-    AnswerRefused,
-    BodyReader,
-    BodyTooLarge,
-    Recipe,
-    Reply,
-    Wire,
-)
+from .exchange import CHUNK_BYTES, AnswerRefused, BodyReader, BodyTooLarge, Recipe, Reply, Wire
 from .internals import jar_cookies
 from .origins import host_of
 
@@ -66,13 +58,6 @@ def leave_origin(
             del headers[name]
         else:
             headers[standing[0]] = standing[1]  # (in the place it had)
-
-
-def proxy_reads_headers(url: str, proxies: Mapping[str, str]) -> bool:
-    """Whether a request for ``url`` goes to a proxy in the clear, so that the proxy (and not
-    the origin server) reads its headers: plain HTTP, with a proxy for its URL. (Over HTTPS a
-    proxy only tunnels: the headers are the origin's to read.)"""
-    return urlsplit(url).scheme.lower() == "http" and bool(select_proxy(url, dict(proxies)))
 
 
 def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
@@ -159,7 +144,6 @@ class SessionLane:
         self._factory: Callable[[], requests.Session] | None = None
         self.shared: requests.Session | None = None
         self._ledger = ledger
-        self._guard = ledger.guard
         self._reader = reader
         self._pool_size = pool_size
         self._restores: list[Callable[[], None]] = []
@@ -238,8 +222,7 @@ class SessionLane:
         return settings
 
     def has_cookies(self, session: requests.Session) -> bool:
-        """Whether the session's jar, or the run's jars of its origins, hold anything
-        (without taking a jar's lock)."""
+        """Whether the session's jar or the run's jars of its origins hold anything (lock-free)."""
         if jar_cookies(session.cookies):
             return True
         jars = self._cookie_jars.get(id(session))
@@ -288,8 +271,7 @@ class SessionLane:
         )
 
     def take_over(self, wire: Wire, raw: BaseHTTPResponse, wall_end: float) -> Reply:
-        """The fast lane's answer ``raw`` to ``wire`` settled the requests way: its cookies
-        kept, its redirects followed."""
+        """The fast lane's answer ``raw`` to ``wire``, its cookies and redirects settled here."""
         session = self.session()
         prepared = self.recipe(wire).prepared
         adapter = session.get_adapter(wire.url)
@@ -301,11 +283,9 @@ class SessionLane:
         extract_cookies_to_jar(session.cookies, prepared, raw)
         # With yield_requests=True, resolve_redirects yields the next PreparedRequest.
         proxies = self.environment(session, wire.url)["proxies"]
+        hops = session.resolve_redirects(response, prepared, proxies=proxies, yield_requests=True)
         try:
-            response._next = next(
-                session.resolve_redirects(response, prepared, proxies=proxies, yield_requests=True),
-                None,
-            )
+            response._next = next(hops, None)
         except UnicodeDecodeError as exc:
             raise _unreadable_location(exc) from None
         return self._settle(session, wire.url, response, wall_end)
@@ -335,20 +315,16 @@ class SessionLane:
         redirects: int = 0,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        """One request, no redirect followed; ``proxies`` (a redirect hop's) instead of the
-        environment's for its URL."""
+        """One request, no redirect followed, through ``proxies`` (a redirect hop's) if given."""
         assert request.url is not None
         settings = self.environment(session, request.url)
         if proxies is not None:
             settings = {**settings, "proxies": proxies}
         self._ledger.watchdog.arm(wall_end)
+        left = self._reader.left(wall_end)
         try:
             return session.send(
-                request,
-                allow_redirects=False,
-                stream=True,
-                timeout=self._reader.left(wall_end),
-                **settings,
+                request, allow_redirects=False, stream=True, timeout=left, **settings
             )
         except UnicodeDecodeError as exc:  # requests decodes Location as UTF-8
             raise _unreadable_location(exc) from None
@@ -367,8 +343,7 @@ class SessionLane:
         *,
         follow_redirects: bool = True,
     ) -> Reply:
-        """Follow redirects from ``response`` to the final one (``follow_redirects`` False:
-        none).
+        """Follow redirects from ``response`` to the final one (none: ``follow_redirects`` False).
 
         Each hop goes through the proxies requests would use for it: the first request's,
         with the environment's for the new URL added (``Session.rebuild_proxies``), so a hop
@@ -406,13 +381,15 @@ class SessionLane:
         if hops > session.max_redirects:
             raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
         assert follow.url is not None
-        if self._guard is not None:
-            self._guard.check(urlsplit(follow.url).hostname or "")
+        if self._ledger.guard is not None:
+            self._ledger.guard.check(urlsplit(follow.url).hostname or "")
         # requests has already dealt with Authorization, Cookie and Proxy-Authorization
         # for the new URL; the run's own secret headers are batchsync's to drop.
         if session.should_strip_auth(first_url, follow.url):
             leave_origin(follow.headers, self._secrets.is_declared, session.headers)
         proxies = resolve_proxies(follow, proxies, session.trust_env)
-        if not proxy_reads_headers(follow.url, proxies):  # (the origin would read it)
+        # Proxy-Authorization is for a proxy that reads the headers: one that a plain-HTTP
+        # request goes to in the clear (over HTTPS a proxy only tunnels: the origin reads them).
+        if urlsplit(follow.url).scheme.lower() != "http" or not select_proxy(follow.url, proxies):
             follow.headers.pop("Proxy-Authorization", None)
         return proxies

@@ -32,7 +32,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .spec import METHODS, check_url, json_writable
@@ -51,27 +51,9 @@ class _Field:
 
 
 _Text = tuple[str | _Field, ...]  # literal pieces and fields, in order
-_Node = Union["_Field", "_Literal", "_TextNode", "_ListNode", "_DictNode"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Literal:
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class _TextNode:
-    pieces: _Text
-
-
-@dataclass(frozen=True, slots=True)
-class _ListNode:
-    items: tuple[_Node, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _DictNode:
-    items: tuple[tuple[str, _Node], ...]
+# A body template compiled: a whole field (its value with its JSON type), text with fields in
+# it (a _Text, the only tuple among nodes), a list or dict of nodes, or another JSON value as is.
+_Node = Any
 
 
 _BRACES = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
@@ -82,14 +64,14 @@ _ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*[/?#]")
 def parse_text(text: str, what: str) -> _Text:
     """A template string as literal pieces and fields; ValueError for a lone brace or ``{}``."""
     pieces: list[str | _Field] = []
-    literal: list[str] = []
+    literal = ""
     position = 0
     for match in _BRACES.finditer(text):
-        literal.append(text[position : match.start()])
+        literal += text[position : match.start()]
         position = match.end()
         token = match[0]
         if token in ("{{", "}}"):
-            literal.append(token[0])
+            literal += token[0]
         elif token in ("{", "}"):
             raise ValueError(
                 f"{what}: unbalanced {token!r} at character {match.start() + 1} "
@@ -98,14 +80,10 @@ def parse_text(text: str, what: str) -> _Text:
         elif not match[1]:
             raise ValueError(f"{what}: {{}} at character {match.start() + 1} names no field")
         else:
-            if "".join(literal):
-                pieces.append("".join(literal))
-            literal = []
-            pieces.append(_Field(match[1]))
-    literal.append(text[position:])
-    if "".join(literal):
-        pieces.append("".join(literal))
-    return tuple(pieces)
+            pieces += [literal, _Field(match[1])] if literal else [_Field(match[1])]
+            literal = ""
+    literal += text[position:]
+    return tuple([*pieces, literal] if literal else pieces)
 
 
 def _fields_of(pieces: _Text) -> list[str]:
@@ -120,20 +98,20 @@ def _compile_text(value: str, fields: list[str]) -> _Node:
     if len(pieces) == 1 and isinstance(pieces[0], _Field):
         return pieces[0]
     if any(isinstance(piece, _Field) for piece in pieces):
-        return _TextNode(pieces)
-    return _Literal("".join(piece for piece in pieces if isinstance(piece, str)))
+        return pieces
+    return "".join(piece for piece in pieces if isinstance(piece, str))
 
 
 def _compile_body(value: Any, fields: list[str]) -> _Node:
     if isinstance(value, str):
         return _compile_text(value, fields)
     if isinstance(value, Mapping):
-        return _DictNode(tuple((str(k), _compile_body(v, fields)) for k, v in value.items()))
+        return {str(k): _compile_body(v, fields) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return _ListNode(tuple(_compile_body(v, fields) for v in value))
+        return [_compile_body(v, fields) for v in value]
     if not json_writable(value):
         raise ValueError("the body template: it must be JSON (no NaN, infinity or other object)")
-    return _Literal(value)
+    return value
 
 
 def parse_body(text: str) -> Any:
@@ -185,14 +163,8 @@ def _encoded(row: Mapping[str, Any], name: str) -> str:
 
 
 def _fill(pieces: _Text, row: Mapping[str, Any], encode: bool) -> str:
-    return "".join(
-        piece
-        if isinstance(piece, str)
-        else _encoded(row, piece.name)
-        if encode
-        else _as_text(row, piece.name)
-        for piece in pieces
-    )
+    value = _encoded if encode else _as_text
+    return "".join(piece if isinstance(piece, str) else value(row, piece.name) for piece in pieces)
 
 
 def _path_fields(pieces: _Text) -> list[str]:
@@ -213,18 +185,18 @@ def _dot_segments(url: str) -> int:
 
 
 def _build(node: _Node, row: Mapping[str, Any]) -> Any:
-    if isinstance(node, _Literal):
-        return node.value
     if isinstance(node, _Field):
         value = _value(row, node.name)
         if not json_writable(value):
             raise RowError(f"{{{node.name}}} has no JSON form ({type(value).__name__})")
         return value
-    if isinstance(node, _TextNode):
-        return _fill(node.pieces, row, encode=False)
-    if isinstance(node, _ListNode):
-        return [_build(item, row) for item in node.items]
-    return {key: _build(item, row) for key, item in node.items}
+    if isinstance(node, tuple):
+        return _fill(node, row, encode=False)
+    if isinstance(node, list):
+        return [_build(item, row) for item in node]
+    if isinstance(node, dict):
+        return {key: _build(item, row) for key, item in node.items()}
+    return node
 
 
 def _row_body(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,10 +210,11 @@ def _row_body(row: Mapping[str, Any]) -> dict[str, Any]:
 def _checked_url(pieces: _Text) -> str:
     """The URL template with each field filled by a placeholder, once it is known to be an
     http(s) URL whose scheme, host and port are written out (fields in path and query only)."""
-    head = _literal_head(pieces)
+    # (the text before the first field: its first piece, as literal pieces come joined)
+    head = pieces[0] if pieces and isinstance(pieces[0], str) else ""
     filled = "".join(p if isinstance(p, str) else "x" for p in pieces)
-    origin_written = head is None or _ORIGIN.match(head) is not None
-    if not origin_written and "://" in (head or ""):
+    origin_written = not _fields_of(pieces) or _ORIGIN.match(head) is not None
+    if not origin_written and "://" in head:
         raise ValueError(
             "the URL template: fields may stand in the path and query only; the scheme, "
             "host and port must be written out"
@@ -253,16 +226,6 @@ def _checked_url(pieces: _Text) -> str:
     if not origin_written:
         raise ValueError("the URL template is not an http(s) URL: it starts with a field")
     return filled
-
-
-def _literal_head(pieces: _Text) -> str | None:
-    """The text before the template's first field; None when it has no field."""
-    head: list[str] = []
-    for piece in pieces:
-        if isinstance(piece, _Field):
-            return "".join(head)
-        head.append(piece)
-    return None
 
 
 @dataclass(frozen=True)
@@ -297,8 +260,13 @@ class Template:
         if id_field is not None and not id_field:
             raise ValueError("id_field: give a field name")
         names = _fields_of(pieces)
-        if row_as_body:
-            _check_row_as_body(names, body)
+        if row_as_body and body is not None:
+            raise ValueError("with the row as the body, give no body template: the row is the body")
+        if row_as_body and names:
+            raise ValueError(
+                "with the row as the body, every row goes to the one URL given: the URL template "
+                f"cannot name a field ({{{names[0]}}}; {{{{ and }}}} are literal braces)"
+            )
         try:
             node = None if body is None else _compile_body(body, names)
         except RecursionError:
@@ -344,14 +312,3 @@ class Template:
             options.append("row as body")
         text = json.dumps(options, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _check_row_as_body(names: list[str], body: Any) -> None:
-    """ValueError for a template that would fill what ``row_as_body`` leaves to the row alone."""
-    if body is not None:
-        raise ValueError("with the row as the body, give no body template: the row is the body")
-    if names:
-        raise ValueError(
-            "with the row as the body, every row goes to the one URL given: the URL template "
-            f"cannot name a field ({{{names[0]}}}; {{{{ and }}}} are literal braces)"
-        )

@@ -18,9 +18,8 @@ from typing import Protocol, TypeVar
 import requests
 
 from ..core.redact import Secrets
-from .classify import describe
 from .connections import ConnectionLedger
-from .exchange import AttemptTimedOut, BodyReader, Outgoing, Recipe, Reply, Wire
+from .exchange import BodyReader, Outgoing, Recipe, Reply, Wire
 from .fastlane import FastLane
 from .guard import Guard
 from .session import Cert, SessionLane, SessionSource, Verify
@@ -88,8 +87,7 @@ class Transport:
         return None if lane is None else lane.wire(method, url, headers)
 
     def prepare(self, request: requests.Request) -> Recipe:
-        """The requests way's form of ``request``: prepared by the session (headers merged,
-        auth and cookies applied)."""
+        """``request`` prepared by the session, for the requests way (headers, auth and cookies)."""
         return self._sessions.prepare(request)
 
     def headers_with(self, *layers: Mapping[str, str | None] | None) -> Mapping[str, str]:
@@ -97,22 +95,19 @@ class Transport:
         return self._sessions.headers_with(*layers)
 
     def send(self, request: Outgoing, wall_end: float) -> Reply:
-        """Send ``request`` on its lane, following redirects, until a final response's
-        headers arrive. The caller must read or close the returned Reply, and call ``finish``
-        when the attempt is over."""
+        """Send ``request`` on its lane, following redirects, until a final response's headers
+        arrive; the caller reads or closes the Reply, and calls ``finish`` after the attempt."""
         try:
             if isinstance(request, Wire):
                 assert self._fast_lane is not None
                 return self._fast_lane.send(request, wall_end)
             return self._sessions.send(request, wall_end)
         except Exception as exc:
-            if self._reader.ended(exc, wall_end):
-                raise AttemptTimedOut(f"attempt timed out ({describe(exc)})") from exc
+            self._reader.raise_if_ended(exc, wall_end)
             raise
 
     def read_body(self, reply: Reply, wall_end: float, max_bytes: int) -> bytearray:
-        """The answer's decompressed body, read within ``wall_end`` and ``max_bytes`` (see
-        ``BodyReader.read``)."""
+        """The decompressed body, within ``wall_end`` and ``max_bytes`` (``BodyReader.read``)."""
         return self._reader.read(reply, wall_end, max_bytes)
 
     def stream(self, reply: Reply, wall_end: float, stall: float) -> Iterator[bytes]:
