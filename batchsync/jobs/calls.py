@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import InitVar, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -22,6 +22,7 @@ from ..limits.tokenrate import item_cost, used_tokens
 from .options import CallOptions
 
 
+@dataclass(eq=False, repr=False)
 class CallJob:
     """Runs ``fn(item)`` per item; an attempt is one call, which cannot be cut short.
 
@@ -32,20 +33,15 @@ class CallJob:
 
     timeout = None
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        options: CallOptions,
-        secrets: Secrets,
-        gates: Gates | None = None,
-        unix_time: Callable[[], float] = time.time,
-    ) -> None:
-        self._fn = fn
-        self._options = options
-        self._secrets = secrets
-        self._unix_time = unix_time
-        self._usage = options.usage_reader
-        self._hedger = options.hedger(gates)
+    fn: Callable[[Any], Any]
+    options: CallOptions
+    secrets: Secrets
+    gates: InitVar[Gates | None] = None
+    unix_time: Callable[[], float] = time.time
+
+    def __post_init__(self, gates: Gates | None) -> None:
+        self._usage = self.options.usage_reader
+        self._hedger = self.options.hedger(gates)
 
     def close(self) -> None:
         """End the hedging threads; a call that lost its race is not waited for (it cannot
@@ -55,23 +51,23 @@ class CallJob:
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item)
-        return (None if url is None else self._secrets.url(url)), item_id
+        return (None if url is None else self.secrets.url(url)), item_id
 
     feedback = staticmethod(host_feedback)
 
     def prepare(self, item: object) -> Task:
         try:
-            cost = item_cost(item, item, self._options.cost, self._options.token_rate)
+            cost = item_cost(item, item, self.options.cost, self.options.token_rate)
         except InvalidItem as exc:
             raise InvalidItem(self._masked(str(exc))) from None
         key = None
-        if self._options.per_key is not None:
+        if self.options.per_key is not None:
             try:
                 # (masked: the key is shown, in an open circuit's error)
-                key = self._masked(str(self._options.per_key(item)))
+                key = self._masked(str(self.options.per_key(item)))
             except Exception as exc:  # the caller's key function failing is that item's fault
                 raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
-        fallbacks = fallback_routes(self._options.fallbacks, item, self._masked)
+        fallbacks = fallback_routes(self.options.fallbacks, item, self._masked)
         route = Route(partial(self._call, item, key or GLOBAL), key)
         return Task(*self.label(item), route, fallbacks, subject=item, cost=cost)
 
@@ -85,10 +81,10 @@ class CallJob:
 
     def _call_once(self, item: object) -> Verdict:
         try:
-            returned = self._fn(item)
+            returned = self.fn(item)
         except Exception as exc:  # the caller's errors become Results, never crashes
             try:
-                verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+                verdict = classify_raised(exc, self.options.retry_if, self.unix_time())
             except Exception as broken:  # retry_if raising: the item still says what happened
                 error = f"{describe(exc)} (retry_if raised {describe(broken)})"
                 verdict = terminal("exception", error)
@@ -103,7 +99,7 @@ class CallJob:
         headers an HTTP answer's are, read the same way (``quota.answer_limits``)."""
         headers = headers_of(answer)
         quota, announced = (
-            (None, None) if headers is None else answer_limits(headers, self._unix_time)
+            (None, None) if headers is None else answer_limits(headers, self.unix_time)
         )
         if quota is None and announced is None and used is None:
             return verdict
@@ -112,7 +108,7 @@ class CallJob:
 
     def _masked(self, text: str) -> str:
         # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
-        return self._secrets.text(text)
+        return self.secrets.text(text)
 
 
 def fallback_routes(

@@ -304,8 +304,8 @@ class HttpJob:
     ) -> Verdict:
         """An attempt carrying the run's current token. A 401 renews the token as
         ``auth.after_401`` says and resends within the same attempt (its time bound, not one
-        of the item's retries); each resend is logged at DEBUG. The attempt ends when it says
-        to give up, the refresh fails, or no time is left. Waiting for another worker's
+        of the item's retries), until it gives up, the refresh fails or no time is left; each
+        resend is logged at DEBUG. Waiting for another worker's
         refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
         is the source's to bound (an --auth-command's timeout)."""
         token = auth.current()

@@ -25,11 +25,12 @@ MAX_SETTING_SECONDS = 1_000_000_000
 
 @dataclass(frozen=True)
 class Flag:
-    """An option's command-line spelling: its name (``"--dedup/--no-dedup"`` for a pair) and
-    ``short`` one, its help, and what differs from what the field says: a metavar, the default
-    as typed (``--breaker on``), ``parse`` reading the text (a tuple of texts when the field
-    holds several: tuples and mappings are repeatable) into the value, ValueError with the
-    line to show. Without ``parse``, click reads the text by the field's type and bounds."""
+    """An option's command-line spelling: its name (``"--dedup/--no-dedup"`` for a pair), a
+    ``short`` one (``-c``), its help, and what differs from what the field says: a metavar,
+    the default as typed (``--breaker on``), ``parse`` reading the text (a tuple of texts when
+    the field holds several: tuples and mappings are repeatable) into the value, ValueError
+    with the line to show. Without ``parse``, click reads the text by the field's type and
+    bounds."""
 
     name: str
     help: str  # (click's word for it)
