@@ -8,8 +8,9 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -34,14 +35,14 @@ from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
     FilePath,
+    auth_command_text,
+    dask_address_text,
     library_options,
+    metrics_port_text,
     names_folder,
-    parse_auth_command,
-    parse_dask_address,
-    parse_metrics_port,
-    parse_prefix,
-    parse_redis_url,
+    prefix_text,
     reading,
+    redis_url_text,
     resume_command,
     split_address,
 )
@@ -70,6 +71,18 @@ _EVERY_KIND = "\0"
 BARE = {RETRY_FAILED: _EVERY_KIND, "--batch-api": "auto"}
 
 
+@contextlib.contextmanager
+def _usage_errors(
+    kinds: type[Exception] | tuple[type[Exception], ...] = ValueError,
+) -> Iterator[None]:
+    """What raises one of ``kinds`` stops the command with its message as the usage line
+    (exit 2, nothing sent)."""
+    try:
+        yield
+    except kinds as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _retry_kinds(
     context: click.Context, parameter: click.Parameter, value: str | None
 ) -> frozenset[str] | None:
@@ -87,6 +100,14 @@ def _retry_kinds(
         return error_kinds(kinds)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+# --cert and --key: a PEM file each.
+_PEM_FILE: dict[str, Any] = {
+    "type": FilePath(exists=True, dir_okay=False, readable=True),
+    "default": None,
+    "metavar": "FILE",
+}
 
 
 @click.command(
@@ -163,7 +184,7 @@ def _retry_kinds(
     "--auth-command",
     default=None,
     metavar="'CMD'",
-    callback=parse_auth_command,
+    callback=reading(auth_command_text),
     help="Get the token from CMD (run by sh, stdin closed, 30 s at most): what it prints, "
     "stripped, is the --auth-header value (e.g. 'Bearer abc'), a secret. It is run once "
     "before anything is sent (if it fails, the run does not start) and again whenever the "
@@ -188,18 +209,11 @@ def _retry_kinds(
 @click.option(
     "--cert",
     "client_cert",
-    type=FilePath(exists=True, dir_okay=False, readable=True),
-    default=None,
-    metavar="FILE",
+    **_PEM_FILE,
     help="Client certificate (PEM) to present, with its key unless --key is given.",
 )
 @click.option(
-    "--key",
-    "client_key",
-    type=FilePath(exists=True, dir_okay=False, readable=True),
-    default=None,
-    metavar="FILE",
-    help="Private key (PEM) of the --cert client certificate.",
+    "--key", "client_key", **_PEM_FILE, help="Private key (PEM) of the --cert client certificate."
 )
 @click.option(
     "-k",
@@ -212,7 +226,7 @@ def _retry_kinds(
     "redis_url",
     default=None,
     metavar="URL",
-    callback=parse_redis_url,
+    callback=reading(redis_url_text),
     help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
     "through this Redis server, e.g. redis://127.0.0.1:6379/0; needs the redis extra.",
 )
@@ -221,7 +235,7 @@ def _retry_kinds(
     "dask_address",
     default=None,
     metavar="ADDRESS",
-    callback=parse_dask_address,
+    callback=reading(dask_address_text),
     help="Run the batch on the Dask cluster at ADDRESS (tcp://scheduler:8786), a partition "
     "per task; add --redis so that all workers share the limits; needs the dask extra.",
 )
@@ -236,7 +250,7 @@ def _retry_kinds(
     "--metrics-port",
     default=None,
     metavar="[HOST:]PORT",
-    callback=parse_metrics_port,
+    callback=reading(metrics_port_text),
     help="Serve Prometheus metrics on this port, 1 to 65535 (HOST defaults to 127.0.0.1), "
     "while the run goes; needs the metrics extra.",
 )
@@ -246,7 +260,7 @@ def _retry_kinds(
     "prefix",
     default=None,
     metavar="PREFIX",
-    callback=parse_prefix,
+    callback=reading(prefix_text),
     help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
     "as needed. A PREFIX that ends in / (or is . or ..) is a folder: the files go in it, "
     "under the default name.  [default: INPUT's name without its extension; stdin: batch, "
@@ -380,7 +394,8 @@ def command(
     for name in list(options):  # (the options' own defaults are the flags': only what was given)
         if context.get_parameter_source(name) is ParameterSource.DEFAULT:
             options.pop(name)  # type: ignore[misc]
-    checked = _fetch_options({**options, **tls})
+    with _usage_errors():
+        checked = build(FetchOptions, **{**options, **tls})
     if checked.batch_api is not None and (auth_command is not None or redis_url is not None):
         given = "--auth-command" if auth_command is not None else "--redis"
         raise click.UsageError(
@@ -390,8 +405,24 @@ def command(
     _check_batch_api(checked, template, continuing, cluster)
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
-    source = _source(input_name, template, input_format)
+    with _usage_errors(InputError):  # (INPUT opened: its items, or a table's rows)
+        source = (
+            Input(input_name)
+            if template is None
+            else TableInput(input_name, template, input_format)
+        )
+    run = partial(
+        run_batch,
+        continuing=continuing,
+        progress=show_progress,
+        dask=cluster,
+        partition_size=partition_size,
+        report=report,
+        form=form,
+        flatten=flatten,
+    )
     outcome, secrets = _run(
+        run,
         source,
         checked,
         prefix,
@@ -399,12 +430,7 @@ def command(
         auth_command=auth_command,
         auth_header=auth_header,
         metrics_port=metrics_port,
-        continuing=continuing,
         progress=show_progress,
-        partition_size=partition_size,
-        report=report,
-        form=form,
-        flatten=flatten,
     )
     return _report(outcome, quiet, _as_resumed(input_name), secrets)
 
@@ -422,14 +448,6 @@ def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) 
     return {"verify": verify, "cert": (cert, key)}
 
 
-def _fetch_options(settings: FetchSettings) -> FetchOptions:
-    """The run's FetchOptions, checked: UsageError for what they refuse."""
-    try:
-        return build(FetchOptions, **settings)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
 def _scaled_out(
     options: FetchOptions,
     redis_url: str | None,
@@ -437,30 +455,20 @@ def _scaled_out(
 ) -> tuple[FetchOptions, Any]:
     """``options`` with limits shared through Redis (--redis), and the Dask client the run
     goes on (--dask; None to run here); UsageError when either cannot be had."""
-    try:
+    with _usage_errors():
         if redis_url is not None:
             shared = contrib.shared_limits(redis_url, options.namespace, options.lease_ttl)
             options = options.model_copy(update={"limits": shared})
-        cluster = None if dask_address is None else _cluster_client(dask_address)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+        cluster = None
+        if dask_address is not None:  # (dask imported only when asked for)
+            from ..contrib.dask import cluster_client
+
+            cluster = cluster_client(dask_address)
     return options, cluster
 
 
-def _source(input_name: str, template: Template | None, input_format: str) -> Input:
-    """INPUT opened: its items, or a table's rows for the --url template (UsageError when it
-    cannot be read)."""
-    try:
-        return (
-            Input(input_name)
-            if template is None
-            else TableInput(input_name, template, input_format)
-        )
-    except InputError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
 def _run(
+    run: Callable[..., Outcome],
     source: Input,
     options: FetchOptions,
     prefix: str,
@@ -469,16 +477,12 @@ def _run(
     auth_command: str | None,
     auth_header: str,
     metrics_port: str | None,
-    continuing: Continuing,
     progress: bool,
-    partition_size: int,
-    report: bool,
-    form: str,
-    flatten: bool,
 ) -> tuple[Outcome, Secrets]:
-    """Run the batch (``run_batch``), closing INPUT and the cluster's client after: its
-    outcome, and the secrets that what outlives the run (its summary, the resume line) hides.
-    UsageError for what stops the run before anything is sent."""
+    """``run`` the batch (``run_batch`` with the command's settings), closing INPUT and the
+    cluster's client after: its outcome, and the secrets that what outlives the run (its
+    summary, the resume line) hides. UsageError for what stops the run before anything is
+    sent."""
     redirect: AbstractContextManager[object] = (
         logging_redirect_tqdm() if progress else nullcontext()
     )
@@ -490,19 +494,7 @@ def _run(
             options = options.model_copy(update={"auth": tokens})
         with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
             options = options.model_copy(update={"metrics": registry})
-            outcome = run_batch(
-                source,
-                options,
-                prefix,
-                continuing=continuing,
-                progress=progress,
-                on_start=on_start,
-                dask=cluster,
-                partition_size=partition_size,
-                report=report,
-                form=form,
-                flatten=flatten,
-            )
+            outcome = run(source, options, prefix, on_start=on_start)
     except (InputError, JournalUnusable, Refused, LaneRefused) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
@@ -548,10 +540,8 @@ def _check_batch_api(
         raise click.UsageError(f"--batch-api sends every row as a POST: --method {template.method}")
     if cluster is not None:
         raise click.UsageError("--batch-api sends through the provider, not a Dask cluster")
-    try:
+    with _usage_errors():
         endpoint_of(template.url, options.batch_api)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 def _make_folder(folder: Path) -> None:
@@ -613,8 +603,12 @@ def _template(
     A body goes with a POST (``--method`` unsaid) when it is each row's (``row_as_body``) or
     the rows go through a batch endpoint (``batch``)."""
     context = click.get_current_context()
-    if url is None:
-        _refuse_given(context, "goes with --url (a template filled from a table)", _TEMPLATE)
+    if url is None:  # (then none of the options that make the template may be given)
+        for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
+            if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                raise click.UsageError(
+                    f"--{name.replace('_', '-')} goes with --url (a template filled from a table)"
+                )
         return None
     if row_as_body and body is not None:
         raise click.UsageError(
@@ -622,22 +616,9 @@ def _template(
         )
     if (row_as_body or batch) and context.get_parameter_source("method") is ParameterSource.DEFAULT:
         method = "POST"
-    try:
+    with _usage_errors():
         given = None if body is None else parse_body(body)
         return Template.parse(url, method, given, id_field, row_as_body=row_as_body)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
-# The options that make the --url template.
-_TEMPLATE = ("method", "body_template", "row_as_body", "id_field", "input_format")
-
-
-def _refuse_given(context: click.Context, why: str, names: tuple[str, ...]) -> None:
-    """UsageError naming the first of ``names`` the command line gave (its default aside)."""
-    for name in names:
-        if context.get_parameter_source(name) is not ParameterSource.DEFAULT:
-            raise click.UsageError(f"--{name.replace('_', '-')} {why}")
 
 
 def _check_format(form: str, flatten: bool) -> None:
@@ -751,10 +732,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo("Interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
-
-
-def _cluster_client(address: str) -> Any:
-    """A client of the Dask scheduler at ``address`` (dask imported only when asked for)."""
-    from ..contrib.dask import cluster_client
-
-    return cluster_client(address)

@@ -9,6 +9,7 @@ skipped without being parsed. Only an input that cannot be read at all raises ``
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import hashlib
 import io
@@ -320,12 +321,8 @@ class Input:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._spool: IO[bytes] | None = None
         self.path: Path | None = None
-        if name == "-":
-            self._spool = _spooled(sys.stdin.buffer, name)
-        else:
-            self._spool = self._opened(Path(name))
+        self._spool = _spooled(sys.stdin.buffer, name) if name == "-" else self._opened(Path(name))
         self.is_array = self._first_significant_byte() == b"["
 
     def _opened(self, path: Path) -> IO[bytes] | None:
@@ -366,10 +363,7 @@ class Input:
 
     def __iter__(self) -> Iterator[Entry]:
         with self._open() as stream:
-            if not self.is_array:
-                yield from _read_lines(stream)
-                return
-            yield from _ArrayReader(stream)
+            yield from _ArrayReader(stream) if self.is_array else _read_lines(stream)
 
     def identity(self) -> dict[str, str]:
         """What a journal records of this input: name, size, SHA-256 and number of entries."""
@@ -430,11 +424,19 @@ class TableInput(Input):
         else:
             self._check_header()
 
-    def _csv_rows(self) -> Iterator[tuple[str, Any]]:
-        """(where, (header, fields)) for each CSV/TSV row; InputError when it cannot be read."""
+    @contextlib.contextmanager
+    def _csv(self) -> Iterator[Iterator[list[str]]]:
+        """The CSV/TSV reader of the input's rows (its stream left open)."""
         with self._open() as stream:
             text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-            reader = csv.reader(text, dialect="excel-tab" if self.form == "tsv" else "excel")
+            try:
+                yield csv.reader(text, dialect="excel-tab" if self.form == "tsv" else "excel")
+            finally:
+                text.detach()
+
+    def _csv_rows(self) -> Iterator[tuple[str, Any]]:
+        """(where, (header, fields)) for each CSV/TSV row; InputError when it cannot be read."""
+        with self._csv() as reader:
             number = 0
             try:
                 header = next(reader)
@@ -446,20 +448,14 @@ class TableInput(Input):
                 raise InputError(f"{self.name}: row {number + 1} cannot be read: {exc}") from None
             except UnicodeDecodeError as exc:
                 raise InputError(f"{self.name} is not UTF-8 text: {exc.reason}") from None
-            finally:
-                text.detach()
 
     def _check_header(self) -> None:
         """InputError unless the first row is a header naming every field the template needs."""
-        with self._open() as stream:
-            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+        with self._csv() as reader:
             try:
-                dialect = "excel-tab" if self.form == "tsv" else "excel"
-                header = next(csv.reader(text, dialect=dialect), None)
+                header = next(reader, None)
             except (csv.Error, UnicodeDecodeError) as exc:
                 raise InputError(f"the header row of {self.name} cannot be read: {exc}") from None
-            finally:
-                text.detach()
         if not header:
             raise InputError(
                 f"{self.name} has no header row: a {self.form.upper()} table "

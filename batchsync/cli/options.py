@@ -66,7 +66,7 @@ def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
     """How click reads the option's text: a flag (a bool), the flag's parser, or by the
     field's type and bounds."""
     if kinds == [bool]:
-        return {} if "/" in flag.names[0] else {"is_flag": True}
+        return {} if "/" in flag.name else {"is_flag": True}
     if flag.parse is not None:
         return {"callback": reading(flag.parse)}
     return {"type": _click_type(kinds, field.metadata)}
@@ -137,7 +137,7 @@ def _controls(text: str) -> bool:
     return any(unicodedata.category(c) == "Cc" for c in text)
 
 
-def parse_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def prefix_text(value: str | None) -> str | None:
     """-o as given, once it can name files: not empty or blank (``-results.jsonl``), no
     control character (a file name that breaks every line that shows it). One that ends in
     a folder (``out/``, ``.``) is that folder (see ``output_prefix``)."""
@@ -145,7 +145,7 @@ def parse_prefix(ctx: click.Context, param: click.Parameter, value: str | None) 
         return None
     name = value.rpartition(os.sep)[2]
     if not value.strip() or (name and not name.strip()) or _controls(value):
-        raise click.BadParameter(
+        raise ValueError(
             "expected a prefix such as out/urls, or a folder such as out/ (not empty or "
             "blank, no control character)"
         )
@@ -171,17 +171,14 @@ def split_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_metrics_port(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def metrics_port_text(value: str | None) -> str | None:
     """--metrics-port as given, once it reads as [HOST:]PORT (the server binds it later)."""
     if value is not None:
-        try:
-            split_address(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
+        split_address(value)
     return value
 
 
-def parse_dask_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def dask_address_text(value: str | None) -> str | None:
     """--dask as given, once it reads as [SCHEME://]HOST:PORT: anything else would have the
     client start work (or wait) for an address that cannot be one."""
     if value is None:
@@ -191,13 +188,13 @@ def parse_dask_address(ctx: click.Context, param: click.Parameter, value: str | 
     except ValueError:
         host = ""
     if not host:
-        raise click.BadParameter(
+        raise ValueError(
             "expected [SCHEME://]HOST:PORT, e.g. tcp://scheduler:8786 (PORT 1 to 65535)"
         )
     return value
 
 
-def parse_redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def redis_url_text(value: str | None) -> str | None:
     """--redis as given, once it reads as a Redis URL. The value is never shown: it may
     hold a password."""
     if value is None:
@@ -207,18 +204,18 @@ def parse_redis_url(ctx: click.Context, param: click.Parameter, value: str | Non
     except ValueError:
         scheme = ""
     if scheme not in ("redis", "rediss", "unix") or _controls(value):
-        raise click.BadParameter(
+        raise ValueError(
             "expected a Redis URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... "
             "or unix://PATH"
         )
     return value
 
 
-def parse_auth_command(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def auth_command_text(value: str | None) -> str | None:
     """--auth-command as given, once it can be a command (not blank, no NUL). The value is
     never shown: it may hold a secret."""
     if value is not None and (not value.strip() or "\0" in value):
-        raise click.BadParameter("expected a command that prints the token (not blank, no NUL)")
+        raise ValueError("expected a command that prints the token (not blank, no NUL)")
     return value
 
 

@@ -126,12 +126,9 @@ def write_outputs(
         results_path, failed_path, modes=(0o666, 0o600), binary=(form == "parquet",)
     ) as (results, failed):
         if form == "jsonl":
-            for record, request in source():
+            for record in _results(source(), failed):
                 results.write(record)
                 results.write("\n")
-                if request is not None:
-                    failed.write(request)
-                    failed.write("\n")
         else:
             passes = 0
 

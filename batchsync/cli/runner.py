@@ -45,8 +45,10 @@ from .output import failed_request, output_paths, remove_stale, write_outputs
 log = logging.getLogger("batchsync")
 
 
-class Entries:
-    """The command line's items, as a resume sees them (``resume.Form``): input entries."""
+class EntryRows:
+    """The command line's rows: input entries, each already its item (or the problem that
+    keeps it from being one), said by its line; and its items as a resume sees them
+    (``resume.Form``)."""
 
     def url(self, entry: Entry) -> str | None:
         return item_label(entry.item)[0]
@@ -56,11 +58,6 @@ class Entries:
 
     def going_on(self, entry: Entry, continuation: Mapping[str, Any], data: Any) -> Entry:
         return replace(entry, going_on=Continued.of(entry.item, continuation, data))
-
-
-class EntryRows:
-    """The command line's rows: input entries, each already its item (or the problem that
-    keeps it from being one), said by its line."""
 
     def item_of(self, row: object) -> object:
         assert isinstance(row, Entry)
@@ -290,14 +287,9 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
     replaced journal held, or None. Refused when a run would replace another's journal or
     outputs without ``fresh``, or retry failures that no journal holds."""
     outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
-    if continuing.fresh:
-        return _replace(path, outputs)
-    _check_unreplaced(path, outputs, continuing)
-    return None
-
-
-def _replace(path: Path, outputs: list[Path]) -> str | None:
-    """Remove the journal at ``path`` for a fresh run: what it held, or None."""
+    if not continuing.fresh:
+        _check_unreplaced(path, outputs, continuing)
+        return None
     if not path.exists():
         return None if not outputs else f"{outputs[0]}, left by a run whose journal is gone"
     held = _holding(path)
@@ -344,10 +336,11 @@ def _plan(
     path: Path,
 ) -> Plan:
     """What this run sends: all of INPUT in a first pass, or what the journal at ``path``
-    leaves (read from it, kept open until ``held`` closes, as each item is sent)."""
+    leaves (``resume.planned``; read from it, kept open until ``held`` closes, as each item is
+    sent). Refused for a retry alone over items never finished (--resume finishes them too)."""
     entries = int(identity["entries"])
     if not path.exists():
-        return Plan(Pass(), Left(bytearray(entries), Entries()))
+        return Plan(Pass(), Left(bytearray(entries), EntryRows()))
     reader = held.enter_context(
         resumed(
             path,
@@ -357,13 +350,6 @@ def _plan(
             Requests(islice(source, entries), failed_request),
         )
     )
-    return _planned(reader, entries, continuing)
-
-
-def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> Plan:
-    """The pass this run makes over a journal's items, and what it has left to do
-    (``resume.planned``). Refused for a retry alone over items never finished (--resume
-    finishes them too)."""
     current, marks = planned(reader, entries, continuing.retry)
     never = marks.count(TO_SEND) + marks.count(TO_FINISH)
     if never and not continuing.resume:
@@ -371,7 +357,7 @@ def _planned(reader: JournalReader, entries: int, continuing: Continuing) -> Pla
             f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
             "never finished: add --resume to finish them as well"
         )
-    return Plan(current, Left(marks, Entries(), stored_in(reader, entries)))
+    return Plan(current, Left(marks, EntryRows(), stored_in(reader, entries)))
 
 
 class _Counted:
@@ -466,13 +452,5 @@ def _write(
     finally:
         reader.close()
     return Outcome(
-        summary,
-        entries,
-        results_path,
-        failed_path,
-        replaced,
-        stopped,
-        ran.abandoned,
-        left,
-        written,
+        summary, entries, results_path, failed_path, replaced, stopped, ran.abandoned, left, written
     )

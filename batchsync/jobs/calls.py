@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import InitVar, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -12,18 +12,17 @@ from ..core.admission import GLOBAL
 from ..core.redact import Secrets
 from ..core.result import Result
 from ..core.task import Route, Task
-from ..core.verdict import Feedback, InvalidItem, Verdict, success, terminal
+from ..core.verdict import InvalidItem, Verdict, success, terminal
 from ..http.classify import classify_raised, describe, headers_of, host_feedback
-from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import facts_of
 from ..http.quota import answer_limits
 from ..http.spec import item_label
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
-from ..limits.tokens import usage_tokens
 from .options import CallOptions
 
 
+@dataclass(eq=False, repr=False)
 class CallJob:
     """Runs ``fn(item)`` per item; an attempt is one call, which cannot be cut short.
 
@@ -34,24 +33,15 @@ class CallJob:
 
     timeout = None
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        options: CallOptions,
-        secrets: Secrets,
-        gates: Gates | None = None,
-        unix_time: Callable[[], float] = time.time,
-    ) -> None:
-        self._fn = fn
-        self._options = options
-        self._secrets = secrets
-        self._unix_time = unix_time
-        # What an answer used, for a token budget to set its estimate right.
-        self._usage = None if options.token_rate is None else options.usage or usage_tokens
-        self._hedger: Hedger | None = None
-        if options.hedge_after is not None:
-            workers = 2 * options.concurrency
-            self._hedger = Hedger(HedgeDelay(options.hedge_after), workers=workers, gates=gates)
+    fn: Callable[[Any], Any]
+    options: CallOptions
+    secrets: Secrets
+    gates: InitVar[Gates | None] = None
+    unix_time: Callable[[], float] = time.time
+
+    def __post_init__(self, gates: Gates | None) -> None:
+        self._usage = self.options.usage_reader
+        self._hedger = self.options.hedger(gates)
 
     def close(self) -> None:
         """End the hedging threads; a call that lost its race is not waited for (it cannot
@@ -61,33 +51,25 @@ class CallJob:
 
     def label(self, item: object) -> tuple[str | None, Any]:
         url, item_id = item_label(item)
-        return (None if url is None else self._secrets.url(url)), item_id
+        return (None if url is None else self.secrets.url(url)), item_id
 
-    def feedback(self, verdict: Verdict) -> Feedback:
-        return host_feedback(verdict)
+    feedback = staticmethod(host_feedback)
 
     def prepare(self, item: object) -> Task:
         try:
-            cost = item_cost(item, item, self._options.cost, self._options.token_rate)
+            cost = item_cost(item, item, self.options.cost, self.options.token_rate)
         except InvalidItem as exc:
             raise InvalidItem(self._masked(str(exc))) from None
-        return replace(self._task(item), cost=cost)
-
-    def _task(self, item: object) -> Task:
-        url, item_id = self.label(item)
         key = None
-        if self._options.per_key is not None:
+        if self.options.per_key is not None:
             try:
                 # (masked: the key is shown, in an open circuit's error)
-                key = self._masked(str(self._options.per_key(item)))
+                key = self._masked(str(self.options.per_key(item)))
             except Exception as exc:  # the caller's key function failing is that item's fault
                 raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
-        fallbacks = tuple(
-            Route(partial(self._fall_back, fallback, item), gated=False, max_attempts=1)
-            for fallback in self._options.fallbacks
-        )
+        fallbacks = fallback_routes(self.options.fallbacks, item, self._masked)
         route = Route(partial(self._call, item, key or GLOBAL), key)
-        return Task(url, item_id, route, fallbacks, subject=item)
+        return Task(*self.label(item), route, fallbacks, subject=item, cost=cost)
 
     def _call(
         self, item: object, key: str, ends_at: float | None, so_far: Result | None
@@ -99,10 +81,10 @@ class CallJob:
 
     def _call_once(self, item: object) -> Verdict:
         try:
-            returned = self._fn(item)
+            returned = self.fn(item)
         except Exception as exc:  # the caller's errors become Results, never crashes
             try:
-                verdict = classify_raised(exc, self._options.retry_if, self._unix_time())
+                verdict = classify_raised(exc, self.options.retry_if, self.unix_time())
             except Exception as broken:  # retry_if raising: the item still says what happened
                 error = f"{describe(exc)} (retry_if raised {describe(broken)})"
                 verdict = terminal("exception", error)
@@ -117,25 +99,40 @@ class CallJob:
         headers an HTTP answer's are, read the same way (``quota.answer_limits``)."""
         headers = headers_of(answer)
         quota, announced = (
-            (None, None) if headers is None else answer_limits(headers, self._unix_time)
+            (None, None) if headers is None else answer_limits(headers, self.unix_time)
         )
         if quota is None and announced is None and used is None:
             return verdict
         facts = facts_of(verdict)._replace(quota=quota, announced=announced, used=used)
         return replace(verdict, facts=facts)
 
-    def _fall_back(
-        self,
-        fallback: Callable[[Any, Result | None], Any],
-        item: object,
-        ends_at: float | None,
-        so_far: Result | None,
-    ) -> Verdict:
-        try:
-            return success(fallback(item, so_far))
-        except Exception as exc:  # the caller's fallback failing is that route's failure
-            return terminal("exception", self._masked(describe(exc)))
-
     def _masked(self, text: str) -> str:
         # (an exception's message may carry a URL with its key: ``for url: …?api_key=…``)
-        return self._secrets.text(text)
+        return self.secrets.text(text)
+
+
+def fallback_routes(
+    fallbacks: Iterable[Callable[[Any, Result | None], Any]],
+    subject: object,
+    mask: Callable[[str], str],
+) -> tuple[Route, ...]:
+    """The routes of the caller's fallback functions, each called once with the item (its
+    RequestSpec for HTTP) and the Result so far; its exception, ``mask``-ed, is that route's
+    failure."""
+    return tuple(
+        Route(partial(_fall_back, fallback, subject, mask), gated=False, max_attempts=1)
+        for fallback in fallbacks
+    )
+
+
+def _fall_back(
+    fallback: Callable[[Any, Result | None], Any],
+    subject: object,
+    mask: Callable[[str], str],
+    ends_at: float | None,
+    so_far: Result | None,
+) -> Verdict:
+    try:
+        return success(fallback(subject, so_far))
+    except Exception as exc:
+        return terminal("exception", mask(describe(exc)))

@@ -16,21 +16,19 @@ import requests
 from ..core.redact import Secrets, item_secrets
 from ..core.result import Result
 from ..core.task import Route, Task
-from ..core.verdict import Feedback, InvalidItem, Verdict, retry, success, terminal
-from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth, Token
+from ..core.verdict import Feedback, InvalidItem, Verdict, retry, terminal
+from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth
 from ..http.classify import (
     SHOULD_RETRY,
     classify_http_exception,
     classify_refused_answer,
     classify_status,
-    describe,
     host_feedback,
 )
 from ..http.decode import InvalidBody, decode_body
 from ..http.exchange import AnswerRefused, BodyTooLarge, Outgoing, Recipe, Reply
-from ..http.guard import Guard, PrivateAddress
+from ..http.guard import PrivateAddress
 from ..http.headers import header_value
-from ..http.hedge import HedgeDelay, Hedger
 from ..http.httpfacts import HttpFacts, facts_of
 from ..http.paginate import Continued, same_origin
 from ..http.quota import answer_limits, retry_after_of
@@ -39,8 +37,8 @@ from ..http.spec import RequestSpec, item_label, parse_item
 from ..http.transport import Transport
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
-from ..limits.tokens import usage_tokens
-from .options import FetchOptions, Pages
+from .calls import fallback_routes
+from .options import FetchOptions
 from .pages import Pager
 
 # Responses that carry no body to decode, whatever ``expect`` says.
@@ -69,29 +67,31 @@ class HttpJob:
         self._transport = transport
         self._guard = transport.guard
         self._secrets = options.secrets() if secrets is None else secrets
-        self._pager, self._reads_link = _paging_of(
-            options, options.max_bytes, self._secrets, self._guard
-        )
+        self._pager, self._reads_link = None, False
+        if (paging := options.paging()) is not None:  # (only the link style reads Link)
+            self._reads_link = paging.style == "link"
+            self._pager = Pager(
+                paging, max_bytes=options.max_bytes, secrets=self._secrets, guard=self._guard
+            )
         self._auth: RunAuth | None = None
         if options.auth is not None:
             self._auth = RunAuth(options.auth, self._secrets)
             self._auth.start()
         self._lane_ok = self._auth is None or self._auth.lane
-        # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
-        self._lean = self._lane_ok and self._pager is None and _plain(options)
-        # What an answer used, for a token budget to set its estimate right.
-        self._usage = None if options.token_rate is None else options.usage or usage_tokens
+        # Plain URL items may skip the RequestSpec when nothing needs to be shown one (a
+        # hook, a fallback, a cost).
+        self._lean = (
+            self._lane_ok
+            and self._pager is None
+            and options.on_attempt is None
+            and not options.fallbacks
+            and options.cost is None
+        )
+        self._usage = options.usage_reader
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
-        self._hedger = _hedger_for(options, gates)
-
-    @property
-    def _send(self) -> Callable[..., Verdict]:
-        """Each route's attempt: without auth=, straight to _attempt (tokens cost nothing
-        when unused). A property, not an attribute: a bound method kept on the job would tie
-        it in a cycle that outlives the run, and the connections it reaches with it."""
-        return self._attempt if self._auth is None else self._authorized_attempt
+        self._hedger = options.hedger(gates)
 
     def close(self) -> None:
         """End the hedging threads; requests that lost a race are cut, not waited for."""
@@ -121,7 +121,7 @@ class HttpJob:
                     # (its own secrets too: a server may echo its key in a status line)
                     own = self._secrets.of_url(item)
                     hedge_host = wire.host if self._hedger is not None else None
-                    attempt = partial(self._send, wire, hedge_host, own)
+                    attempt = partial(self._attempt, wire, hedge_host, own)
                     return Task(
                         self._secrets.url(item),
                         None,
@@ -143,10 +143,8 @@ class HttpJob:
             self._guarded(urlsplit(url).hostname or "")
         own = self._item_secrets(spec)
         routes = [self._url_route(spec, url, own) for url in urls]
-        routes += [
-            Route(partial(self._call_fallback, fallback, spec, own), gated=False, max_attempts=1)
-            for fallback in self._options.fallbacks
-        ]
+        mask = partial(self._secrets.text, extra=own)
+        routes += fallback_routes(self._options.fallbacks, spec, mask)
         task = Task(
             self._secrets.given(spec.url, own),
             spec.id,
@@ -187,7 +185,7 @@ class HttpJob:
         host = request.host
         # Only GETs are hedged: a second copy of anything else could change something twice.
         hedged = self._hedger is not None and spec.method == "GET"
-        attempt = partial(self._send, request, host if hedged else None, own)
+        attempt = partial(self._attempt, request, host if hedged else None, own)
         if spec.retry_safe:
             return Route(attempt, host)
         reason = f"{spec.method} is not retried without an idempotency_key"
@@ -263,19 +261,6 @@ class HttpJob:
         except (requests.RequestException, ValueError, TypeError) as exc:
             raise InvalidItem(f"cannot build the request: {exc}") from None
 
-    def _call_fallback(
-        self,
-        fallback: Callable[[RequestSpec, Result | None], Any],
-        spec: RequestSpec,
-        own: frozenset[str],
-        bound: float | None,
-        so_far: Result | None,
-    ) -> Verdict:
-        try:
-            return success(fallback(spec, so_far))
-        except Exception as exc:  # the caller's fallback failing is that route's failure
-            return terminal("exception", self._secrets.text(describe(exc), own))
-
     def _attempt(
         self,
         request: Outgoing,
@@ -284,7 +269,16 @@ class HttpJob:
         wall_end: float | None,
         so_far: Result | None,
     ) -> Verdict:
+        """Each route's attempt; with auth=, carrying the run's current token."""
         assert wall_end is not None
+        if self._auth is not None:
+            return self._authorized(self._auth, request, hedge_host, own, wall_end)
+        return self._sent(request, hedge_host, own, wall_end)
+
+    def _sent(
+        self, request: Outgoing, hedge_host: str | None, own: frozenset[str], wall_end: float
+    ) -> Verdict:
+        """One request sent (hedged when ``hedge_host`` is), its error masked."""
         if hedge_host is not None and self._hedger is not None:
             exchange = partial(self._exchange, request, own, wall_end)
             send = partial(self._hedger.run, exchange, hedge_host)
@@ -301,25 +295,24 @@ class HttpJob:
             verdict = replace(verdict, error=self._secrets.text(verdict.error or "", own))
         return verdict
 
-    def _authorized_attempt(
+    def _authorized(
         self,
+        auth: RunAuth,
         request: Outgoing,
         hedge_host: str | None,
         own: frozenset[str],
-        wall_end: float | None,
-        so_far: Result | None,
+        wall_end: float,
     ) -> Verdict:
         """An attempt carrying the run's current token. A 401 renews the token as
         ``auth.after_401`` says and resends within the same attempt (its time bound, not one
-        of the item's retries); each resend is logged at DEBUG. Waiting for another worker's
+        of the item's retries), until it gives up, the refresh fails or no time is left; each
+        resend is logged at DEBUG. Waiting for another worker's
         refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
         is the source's to bound (an --auth-command's timeout)."""
-        auth = self._auth
-        assert auth is not None and wall_end is not None
         token = auth.current()
         renewals = sent = 0  # (every request sent counts in the item's attempts)
         while True:
-            verdict = self._attempt(auth.apply(request, token), hedge_host, own, wall_end, so_far)
+            verdict = self._sent(auth.apply(request, token), hedge_host, own, wall_end)
             requests_now = 2 if verdict.hedged else 1
             sent += requests_now
             if sent > requests_now:
@@ -331,60 +324,32 @@ class HttpJob:
                 return verdict
             if _from_elsewhere(facts, request):
                 return verdict  # (from another origin, which never got the token)
-            resend = self._after_401(
-                auth,
-                request,
-                verdict,
-                token,
-                renewals=renewals,
-                sent=sent,
-                own=own,
-                wall_end=wall_end,
-            )
-            if isinstance(resend, Verdict):
-                return resend
-            token, renewals = resend, renewals + 1
-
-    def _after_401(
-        self,
-        auth: RunAuth,
-        request: Outgoing,
-        verdict: Verdict,
-        token: Token,
-        *,
-        renewals: int,
-        sent: int,
-        own: frozenset[str],
-        wall_end: float,
-    ) -> Token | Verdict:
-        """The token to resend with after a 401, as ``auth.after_401`` says, or the Verdict
-        that ends the attempt: it says to give up, the refresh fails, or no time is left."""
-        step = auth.step(token, renewals)
-        if step == "give_up":
-            if renewals or token.generation > 0:
-                error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
-                return replace(verdict, error=error)
-            return verdict
-        if step == "refresh":
-            try:
-                token = auth.refresh(token, wall_end - time.monotonic())
-            except RefreshWaitTimedOut as exc:
-                return replace(retry("timeout", str(exc)), resent=sent - 1)
-            except AuthFailed as exc:
-                error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
-                return replace(verdict, error=error)
-        else:
-            token = auth.current()
-        if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
-            return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "%s: HTTP 401; resent with token %d (%d refreshes so far)",
-                self._secrets.text(request.url, own),
-                token.generation,
-                auth.refreshes,
-            )
-        return token
+            step = auth.step(token, renewals)
+            if step == "give_up":
+                if renewals or token.generation > 0:
+                    error = f"HTTP 401 (refused a fresh token; {renewals} renewals)"
+                    return replace(verdict, error=error)
+                return verdict
+            if step == "refresh":
+                try:
+                    token = auth.refresh(token, wall_end - time.monotonic())
+                except RefreshWaitTimedOut as exc:
+                    return replace(retry("timeout", str(exc)), resent=sent - 1)
+                except AuthFailed as exc:
+                    error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
+                    return replace(verdict, error=error)
+            else:
+                token = auth.current()
+            if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
+                return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
+            renewals += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s: HTTP 401; resent with token %d (%d refreshes so far)",
+                    self._secrets.text(request.url, own),
+                    token.generation,
+                    auth.refreshes,
+                )
 
     def _exchange(
         self,
@@ -483,31 +448,6 @@ class WrappedJob:
 
     def feedback(self, verdict: Verdict) -> Feedback:
         return self._inner.feedback(verdict)
-
-
-def _plain(options: FetchOptions) -> bool:
-    """Whether nothing the options ask of an item needs its RequestSpec shown (a hook, a
-    fallback, a cost)."""
-    return options.on_attempt is None and not options.fallbacks and options.cost is None
-
-
-def _hedger_for(options: FetchOptions, gates: Gates | None) -> Hedger | None:
-    """The run's hedging threads, when ``hedge_after`` asks for them."""
-    if options.hedge_after is None:
-        return None
-    return Hedger(HedgeDelay(options.hedge_after), workers=2 * options.concurrency, gates=gates)
-
-
-def _paging_of(
-    pages: Pages, max_bytes: int, secrets: Secrets, guard: Guard | None
-) -> tuple[Pager | None, bool]:
-    """The items' Pager (None: they are not paged), and whether an answer's Link header is
-    read (only the link style reads it)."""
-    paging = pages.paging()
-    if paging is None:
-        return None, False
-    pager = Pager(paging, max_bytes=max_bytes, secrets=secrets, guard=guard)
-    return pager, paging.style == "link"
 
 
 def _request_key(spec: RequestSpec) -> Hashable:

@@ -23,28 +23,27 @@ from ..limits.rates import parse_rate
 MAX_SETTING_SECONDS = 1_000_000_000
 
 
+@dataclass(frozen=True)
 class Flag:
-    """An option's command-line spelling: its names (``"--dedup/--no-dedup"`` for a pair),
-    its help, and what differs from what the field says: a metavar, the default as typed
-    (``--breaker on``), ``parse`` reading the text (a tuple of texts when the field holds
-    several: tuples and mappings are repeatable) into the value, ValueError with the line to
-    show. Without ``parse``, click reads the text by the field's type and bounds."""
+    """An option's command-line spelling: its name (``"--dedup/--no-dedup"`` for a pair), a
+    ``short`` one (``-c``), its help, and what differs from what the field says: a metavar,
+    the default as typed (``--breaker on``), ``parse`` reading the text (a tuple of texts when
+    the field holds several: tuples and mappings are repeatable) into the value, ValueError
+    with the line to show. Without ``parse``, click reads the text by the field's type and
+    bounds."""
 
-    def __init__(
-        self,
-        *names: str,
-        help: str,  # (click's word for it)
-        metavar: str | None = None,
-        typed_default: str | None = None,
-        show_default: bool | None = None,
-        parse: Callable[[Any], object] | None = None,
-    ) -> None:
-        self.names = names
-        self.help = help
-        self.metavar = metavar
-        self.typed_default = typed_default
-        self.show_default = show_default
-        self.parse = parse
+    name: str
+    help: str  # (click's word for it)
+    short: str | None = None
+    metavar: str | None = None
+    typed_default: str | None = None
+    show_default: bool | None = None
+    parse: Callable[[Any], object] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names click takes, the short one first."""
+        return (self.name,) if self.short is None else (self.short, self.name)
 
 
 @dataclass(frozen=True)

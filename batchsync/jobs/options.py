@@ -24,6 +24,7 @@ from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
 from ..http.auth import Auth
+from ..http.hedge import HedgeDelay, Hedger
 from ..http.paginate import Paging, paging
 from ..http.retries import RETRY_STATUSES, RetryIf, parse_statuses
 from ..http.session import Cert, SessionSource, Verify
@@ -31,8 +32,10 @@ from ..http.spec import RequestSpec, check_headers, one_line
 from ..limits.announced import AnnouncedRates
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
+from ..limits.gates import Gates
 from ..limits.rates import Window, parse_rate
 from ..limits.tokenrate import TokenRate
+from ..limits.tokens import usage_tokens
 from .flags import (
     BREAKER_DEFAULT,
     HONOURED,
@@ -58,6 +61,8 @@ AUTO = "auto"
 # more on switching threads than it gains in flight; more is several processes (--redis).
 MAX_CONCURRENCY = 10_000
 Seconds = Annotated[float, Field(gt=0, le=MAX_SETTING_SECONDS)]
+# Every options model's: frozen, no unknown option, no nan or infinity.
+_CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
 
 class EngineOptions(BaseModel):
@@ -69,15 +74,13 @@ class EngineOptions(BaseModel):
     field keeps. The library's keyword signatures (``FetchSettings``, ``CallSettings`` in
     settings.py) are generated from these declarations."""
 
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
-    )
+    model_config = _CONFIG
 
     concurrency: Annotated[
         int,
         Flag(
-            "-c",
             "--concurrency",
+            short="-c",
             help=f"At most N items in progress at once (1 to {MAX_CONCURRENCY}).",
         ),
     ] = Field(default=10, ge=1, le=MAX_CONCURRENCY)
@@ -233,12 +236,18 @@ class FlowOptions(EngineOptions):
         """With ``rate="auto"``: the budgets the provider's headers announce."""
         return AnnouncedRates(tokens=self.token_rate is None) if self.rate == AUTO else None
 
-    @field_validator("rate")
-    @classmethod
-    def _rate_readable(cls, value: float | str | None) -> float | str | None:
-        if value is not None and value != AUTO:
-            parse_rate(value)
-        return value
+    @property
+    def usage_reader(self) -> Callable[[Any], int | None] | None:
+        """What an answer used, for a token budget to set its estimate right (None: none)."""
+        return None if self.token_rate is None else self.usage or usage_tokens
+
+    def hedger(self, gates: Gates | None) -> Hedger | None:
+        """The run's hedging threads, when ``hedge_after`` asks for them."""
+        if self.hedge_after is None:
+            return None
+        return Hedger(HedgeDelay(self.hedge_after), workers=2 * self.concurrency, gates=gates)
+
+    _rate_readable = field_validator("rate")(staticmethod(rate_text))  # (as --rate reads it)
 
     @field_validator("token_rate", mode="before")
     @classmethod
@@ -269,9 +278,7 @@ class _Family(BaseModel):
     consumer typed to take the family sees only its fields, whether it is given the family
     or the whole options, which are made of their families)."""
 
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
-    )
+    model_config = _CONFIG
 
 
 class Connection(_Family):
@@ -279,7 +286,6 @@ class Connection(_Family):
     transport's family)."""
 
     session: Annotated[Any, Takes(SessionSource | None)] = None
-    # Keep the cookies responses set during the run (each sent back to its origin only).
     cookies: Annotated[
         bool,
         Flag(
@@ -480,7 +486,6 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
             "default N items are N requests).",
         ),
     ] = False
-    # Hold a host whose rate-limit headers say its quota is spent, until the reset.
     quota_headers: Annotated[
         bool,
         Flag(
@@ -499,8 +504,8 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
         dict[str, str] | None,
         Takes(Mapping[str, str] | None),
         Flag(
-            "-H",
             "--header",
+            short="-H",
             metavar="'Name: value'",
             parse=header_lines,
             help="Header for every request (repeatable). Values are never logged or written "
