@@ -136,8 +136,12 @@ def count_wait(count: _Count, taken: int, amount: int, now: float, *, full: bool
     need = taken + min(amount, max(whole, 1))
     if now >= count.back_at:
         return 0.0 if whole <= 0 or whole >= need else INFINITE
-    if available(count, now) >= need:
-        return 0.0
+    return 0.0 if available(count, now) >= need else _back_wait(count, need, now)
+
+
+def _back_wait(count: _Count, need: int, now: float) -> float:
+    """Seconds until a full-reset host's ``count`` holds ``need``: the later of a bucket's and
+    a window's giving back, the reset at the latest."""
     missing = need - count.left
     spent = 0 if count.whole is None else max(count.whole - count.left, 0)
     evenly_at = (
@@ -181,19 +185,7 @@ class AnnouncedCounts:
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
-            state.log.forget(now)
-            amounts = {"requests": 1, "tokens": cost}
-            wait = max(_wait(state, kind, amount, now) for kind, amount in amounts.items())
-            if wait > 0:
-                return None, wait
-            probe = state.needs_probe(cost, now)
-            if probe and state.probe is not None:
-                return None, INFINITE
-            state.marks += 1
-            state.log.take(Taking(state.marks, amounts, now))
-            if probe:
-                state.probe = state.marks
-            return state.marks, 0.0
+            return _take(state, cost, now)
 
     def ended(
         self,
@@ -215,17 +207,11 @@ class AnnouncedCounts:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
             state.heard = True
-            taking = state.log.drop(mark)
-            if taking is None and said is not None:  # (sent before anything was told: kept now)
-                taking = Taking(mark, {"requests": 1}, now)
-            if taking is not None:
-                state.log.end(taking, now if sent is None else sent, now)
-            if refused and said is not None:
-                state.full, state.refused = False, True
-            if taking is not None and said is not None:
+            taking = _ended(state, mark, said, sent, now)
+            if said is not None:
+                if refused:
+                    state.full, state.refused = False, True
                 _told(state, said, taking, now, counted=counted)
-            if state.probe == mark:
-                state.probe = None
             self._wake()
 
     def give_back(self, host: str, mark: int) -> None:
@@ -247,6 +233,23 @@ class AnnouncedCounts:
         return self._changed
 
 
+def _take(state: _Host, cost: int, now: float) -> tuple[int | None, float]:
+    """(under the lock) ``AnnouncedCounts.take`` of the host's ``state``."""
+    state.log.forget(now)
+    amounts = {"requests": 1, "tokens": cost}
+    wait = max(_wait(state, kind, amount, now) for kind, amount in amounts.items())
+    if wait > 0:
+        return None, wait
+    probe = state.needs_probe(cost, now)
+    if probe and state.probe is not None:
+        return None, INFINITE  # (until the probe's answer)
+    state.marks += 1
+    state.log.take(Taking(state.marks, amounts, now))
+    if probe:
+        state.probe = state.marks
+    return state.marks, 0.0
+
+
 def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     """Seconds until ``amount`` of ``kind`` fits in what the host told of it."""
     count, limit = state.counts.get(kind), state.alone.get(kind)
@@ -260,38 +263,88 @@ def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     return wait
 
 
+def _ended(
+    state: _Host, mark: int, said: Announced | None, sent: float | None, now: float
+) -> Taking:
+    """The taking ``mark`` out of flight and into the log as ended (one sent before anything
+    was told is kept now, when its answer tells), and no longer the probe."""
+    if state.probe == mark:
+        state.probe = None
+    taking = state.log.drop(mark)
+    if taking is None:
+        taking = Taking(mark, {"requests": 1}, now)
+        if said is None:
+            return taking
+    state.log.end(taking, now if sent is None else sent, now)
+    return taking
+
+
 def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counted: bool) -> None:
-    """Set the host's counts from what the answer to ``answered`` told; a count told by an
-    answer to an attempt sent before the one that set it is older, and stays out."""
-    since = answered.sent_at
-    for kind, left, reset, said_whole in (
+    """Set the host's counts from what the answer to ``answered`` told."""
+    for kind, left, reset, whole in (
         ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
         ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
     ):
-        if left is None and said_whole is not None:
-            state.alone[kind] = said_whole
+        if left is None:
+            if whole is not None:
+                state.alone[kind] = whole
+            continue
         known = state.counts.get(kind)
-        if left is None or (known is not None and known.since > since):
-            continue
-        whole = said_whole if said_whole is not None or known is None else known.whole
-        until = reset if reset is not None else _PERIOD
-        count = _Count(
-            left, whole, now, now + until, answered.mark, since, own=answered.amounts.get(kind, 0)
+        count = _count_of(
+            known, left=left, reset=reset, whole=whole, answered=answered, kind=kind, now=now
         )
-        anchor = state.anchors.get(kind)
-        if anchor is not None and not state.refused and not state.full:
-            state.full = _moved_later(anchor, count)
-        if anchor is None or since >= anchor.back_at:
-            state.anchors[kind] = count
-        state.counts[kind] = count
-        if whole is None:
+        if count is None:
             continue
-        window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
-        log, start = state.log, since - window  # (what ended by then had left the window)
-        if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) > 0:
-            # (else nothing of ours to give back: requests that weigh no tokens)
-            ours = chain([answered], log.ended_by(since))
-            count.back = _given_back(ours, kind, spent=whole - left, window=window, count=count)
+        _read_resets(state, kind, count)
+        state.counts[kind] = count
+        if count.whole is not None:
+            count.back = _ours_back(state, kind, count, answered, counted=counted)
+
+
+def _count_of(
+    known: _Count | None,
+    *,
+    left: int,
+    reset: float | None,
+    whole: int | None,
+    answered: Taking,
+    kind: str,
+    now: float,
+) -> _Count | None:
+    """The count an answer told, None when older than ``known`` (told by an answer to an
+    attempt sent later); its size, when it said none, the last one said."""
+    if known is not None and known.since > answered.sent_at:
+        return None
+    if whole is None and known is not None:
+        whole = known.whole
+    until = reset if reset is not None else _PERIOD
+    own = answered.amounts.get(kind, 0)
+    return _Count(left, whole, now, now + until, answered.mark, answered.sent_at, own=own)
+
+
+def _read_resets(state: _Host, kind: str, count: _Count) -> None:
+    """What ``count`` shows of the host's resets (``_moved_later``), beside the first count
+    told since the last reset passed, its anchor."""
+    anchor = state.anchors.get(kind)
+    if anchor is not None and not state.refused and not state.full:
+        state.full = _moved_later(anchor, count)
+    if anchor is None or count.since >= anchor.back_at:
+        state.anchors[kind] = count
+
+
+def _ours_back(
+    state: _Host, kind: str, count: _Count, answered: Taking, *, counted: bool
+) -> list[tuple[float, int]]:
+    """When our attempts in ``count``'s spent part come back, on a full-reset host."""
+    assert count.whole is not None
+    since = count.since
+    until, age = count.back_at - count.told_at, count.told_at - since
+    window = reset_window(state, kind, until, age, counted=counted)
+    log, start = state.log, since - window  # (what ended by then had left the window)
+    if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
+        return []  # (nothing of ours to give back: requests that weigh no tokens)
+    ours = chain([answered], log.ended_by(since))
+    return _given_back(ours, kind, spent=count.whole - count.left, window=window, count=count)
 
 
 def _moved_later(anchor: _Count, count: _Count) -> bool:
