@@ -331,13 +331,23 @@ def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) 
             if not ((upgradable and name not in _V3_TABLES) or name in _LATER_TABLES):
                 return f"it has no table {name}"
             continue
-        # (a results table of the version before may lack its pass)
-        older = upgradable and name == "results" and all(column[0] != "pass" for column in found)
-        columns = [column for column in made if not (older and column[0] == "pass")]
-        missing = [column[0] for column in columns if column not in found]
-        if missing:
-            return f"its table {name} has no column {missing[0]} as batchsync makes it"
-        added = [column[0] for column in found if column not in columns]
-        if added:
-            return f"its table {name} has a column {added[0]} batchsync does not make"
+        problem = _columns_problem(name, made, found, upgradable=upgradable)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _columns_problem(
+    name: str, made: Sequence[Column], found: Sequence[Column], *, upgradable: bool
+) -> str | None:
+    """A column of table ``name`` missing, added or declared otherwise, or None."""
+    # (a results table of the version before may lack its pass)
+    older = upgradable and name == "results" and all(column[0] != "pass" for column in found)
+    columns = [column for column in made if not (older and column[0] == "pass")]
+    missing = [column[0] for column in columns if column not in found]
+    if missing:
+        return f"its table {name} has no column {missing[0]} as batchsync makes it"
+    added = [column[0] for column in found if column not in columns]
+    if added:
+        return f"its table {name} has a column {added[0]} batchsync does not make"
     return None
