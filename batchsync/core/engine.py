@@ -89,28 +89,6 @@ class _Carried:
     records: list[AttemptRecord] = field(default_factory=list)
 
 
-class _Window:
-    """A counting semaphore of ``size`` slots.
-
-    A SimpleQueue of tokens rather than threading.Semaphore: taking and giving cost a C call.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(size):
-            self._tokens.put(None)
-
-    def take(self, timeout: float) -> bool:
-        try:
-            self._tokens.get(timeout=timeout)
-        except queue.Empty:
-            return False
-        return True
-
-    def give(self) -> None:
-        self._tokens.put(None)
-
-
 class _Flight:
     """One request in flight and the identical items waiting for its Result."""
 
@@ -172,44 +150,24 @@ class Job(Protocol):
         ...
 
 
+# The fields of a retry's or a failure's log record, for structured handlers.
+_LOGGED = ("url", "attempt", "status_code", "error_kind", "wait")
+
+
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    log.info(
-        "retry %s: %s (attempt %d of %d); waiting %.2f s",
-        url,
-        verdict.error,
-        number,
-        limit,
-        wait,
-        extra={
-            "url": url,
-            "attempt": number,
-            "status_code": answer_of(verdict).status_code,
-            "error_kind": verdict.error_kind,
-            "wait": wait,
-        },
-    )
+    if log.isEnabledFor(logging.INFO):
+        logged = (url, number, answer_of(verdict).status_code, verdict.error_kind, wait)
+        log.info("retry %s: %s (attempt %d of %d); waiting %.2f s", url, verdict.error, number,
+                 limit, wait, extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
 
 
 def _log_failure(result: Result) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    url = result.url
-    attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
-    log.info(
-        "failed %s: %s%s",
-        url,
-        result.error,
-        attempts,
-        extra={
-            "url": url,
-            "attempt": result.attempts,
-            "status_code": result.status_code,
-            "error_kind": result.error_kind,
-            "wait": None,
-        },
-    )
+    if log.isEnabledFor(logging.INFO):
+        url, attempts = result.url, result.attempt_log
+        logged = (url, result.attempts, result.status_code, result.error_kind, None)
+        described = f" [{describe_attempts(attempts)}]" if attempts else ""
+        log.info("failed %s: %s%s", url, result.error, described,
+                 extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
 
 
 class _Run:
@@ -230,8 +188,11 @@ class _Run:
         self._deliver = deliver
         self._deadline_end = deadline_end
         self._stopped = engine._stop.is_set  # (read on every claim: the Event's own method)
-        # Items parked on an identical request in flight: at most one per worker.
-        self._parked = _Window(engine.options.concurrency)
+        # Items parked on an identical request in flight: at most one per worker, each taking
+        # a token (a SimpleQueue rather than a Semaphore: taking and giving cost a C call).
+        self._parked: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(engine.options.concurrency):
+            self._parked.put(None)
         self.failures: list[BaseException] = []
         self._pool = ThreadPoolExecutor(engine.options.concurrency, thread_name_prefix="batchsync")
         self._workers: list[Future[None]] = []
@@ -274,7 +235,7 @@ class _Run:
             for result, its_item in delivered:
                 self._hand_over(result, its_item)
             for _ in delivered[1:]:  # the copies that were parked on this one
-                self._parked.give()
+                self._parked.put(None)
 
     def _claim(self) -> tuple[int, object] | None:
         """The next item, read lazily by whichever worker is free; None when done."""
@@ -291,16 +252,13 @@ class _Run:
 
     def _hold_slot(self) -> bool:
         while not self._engine.stopped:
-            if self._parked.take(_POLL_SECONDS):
+            with contextlib.suppress(queue.Empty):
+                self._parked.get(timeout=_POLL_SECONDS)
                 return True
         return False
 
     def _hand_over(self, result: Result, item: object) -> None:
-        if not result.ok:
-            _log_failure(result)
-        observers = self._engine.observers
-        if observers.sees_item_finished:
-            observers.item_finished(result)
+        self._engine._report(result)
         try:
             self._deliver(result, item)
         except BaseException as exc:  # a sink failed: stop the run and report it
@@ -409,23 +367,20 @@ class Engine:
             elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
                 return False
 
-    def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
-        url, item_id = job.label(item)
-        reason = unstarted_reason(kind)
-        return Result(
-            index, url, False, item_id, error_kind=kind, error=reason, finished=time.time()
-        )
-
     def run_one(self, job: Job, item: object) -> Result:
         """One item carried to its final Result in the calling thread (no pool, no stop)."""
         deadline = self.options.deadline
         deadline_end = None if deadline is None else self._clock() + deadline
         ((result, _), *_) = self.carry(job, 0, item, deadline_end)
+        self._report(result)
+        return result
+
+    def _report(self, result: Result) -> None:
+        """An item's final Result, logged when it failed and shown to the observers."""
         if not result.ok:
             _log_failure(result)
         if self.observers.sees_item_finished:
             self.observers.item_finished(result)
-        return result
 
     def carry(
         self, job: Job, index: int, item: object, deadline_end: float | None
@@ -458,12 +413,13 @@ class Engine:
 
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
         log.exception("internal error on item %d", index)
-        url, item_id = job.label(item)
         # (the kind only: the message could hold anything the item held)
-        error = f"internal error: {type(exc).__name__}"
-        return Result(
-            index, url, False, item_id, error_kind="exception", error=error, finished=time.time()
-        )
+        return self._unsent(job, index, item, "exception", f"internal error: {type(exc).__name__}")
+
+    def _unsent(self, job: Job, index: int, item: object, kind: ErrorKind, error: str) -> Result:
+        """The Result of an item never sent."""
+        url, id_ = job.label(item)
+        return Result(index, url, False, id_, error_kind=kind, error=error, finished=time.time())
 
     def _copy(self, result: Result, copy: _Copy) -> Result:
         """The Result of an item that shared an identical item's request: none of its own."""
@@ -483,23 +439,14 @@ class Engine:
     ) -> Task | Result:
         """The item's Task, or the Result of an item that is not to be sent at all."""
         if deadline_end is not None and claimed >= deadline_end:
-            return self._unstarted(job, index, item, "deadline")
+            return self._unsent(job, index, item, "deadline", unstarted_reason("deadline"))
         if self._stop.is_set():
-            return self._unstarted(job, index, item, "cancelled")
+            return self._unsent(job, index, item, "cancelled", unstarted_reason("cancelled"))
         try:
             return job.prepare(item)
         except InvalidItem as exc:
-            url, item_id = job.label(item)
-            return Result(
-                index,
-                url,
-                False,
-                item_id,
-                error_kind="invalid_request",
-                error=str(exc),
-                elapsed=self._clock() - claimed,
-                finished=time.time(),
-            )
+            invalid = self._unsent(job, index, item, "invalid_request", str(exc))
+            return replace(invalid, elapsed=self._clock() - claimed)
 
     def _attempts(
         self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
@@ -540,14 +487,14 @@ class Engine:
         return result_of(
             index=item.index,
             url=item.task.url,
-            item_id=item.task.id,
+            id=item.task.id,
             verdict=verdict,
             error=error,
             data=verdict.data if steps is None else steps.data,
             records=item.records,
             elapsed=self._clock() - item.claimed,
             finished=time.time(),  # (wall-clock time, for the report's charts)
-            fallback=fallback,
+            fallback_used=fallback,
             pages=None if steps is None else steps.done,
             continuation=steps.continuation if going_on and steps else None,
         )
@@ -665,15 +612,9 @@ class Engine:
         wait: float | None,
     ) -> None:
         """The attempt's record kept in the item's log and shown to the observers."""
+        number, status = len(item.records) + 1, answer_of(last).status_code
         record = AttemptRecord(
-            len(item.records) + 1,
-            answer_of(last).status_code,
-            last.error_kind,
-            took,
-            wait=wait,
-            fallback=fallback,
-            hedged=last.hedged,
-            resent=last.resent,
+            number, status, last.error_kind, took, wait, fallback, last.hedged, last.resent
         )
         item.records.append(record)
         if self.observers.sees_attempt_finished:

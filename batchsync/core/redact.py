@@ -27,21 +27,8 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # Query parameters whose values are secrets (case-insensitive), as many APIs take their keys.
-SECRET_PARAMS = frozenset(
-    {
-        "api_key",
-        "apikey",
-        "key",
-        "access_token",
-        "token",
-        "auth",
-        "signature",
-        "sig",
-        "password",
-        "secret",
-        "client_secret",
-    }
-)
+SECRET_PARAMS = frozenset({"api_key", "apikey", "key", "access_token", "token", "auth",
+                           "signature", "sig", "password", "secret", "client_secret"})  # fmt: skip
 
 MASK = "***"
 
@@ -176,8 +163,7 @@ class Secrets:
     def is_declared(self, name: str) -> bool:
         """A secret by the run's say-so (a batch header, a declared name, an ``auth=``
         header), which requests does not know to keep from other hosts."""
-        name = name.lower()
-        return (name in self.names or name in self._learned.names) and name not in SECRET_HEADERS
+        return self.is_secret(name) and name.lower() not in SECRET_HEADERS
 
     def _mask_param(self, match: re.Match[str]) -> str:
         return f"{match[1]}={MASK}" if _param_name(match[1]) in self.params else match[0]
@@ -414,27 +400,9 @@ def _end_after(text: str, form: str) -> int:
     return 0
 
 
-class _Registry:
-    """The Secrets of the runs going on now, for the log filter."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: list[Secrets] = []
-
-    def add(self, secrets: Secrets) -> None:
-        with self._lock:
-            self._active.append(secrets)
-
-    def remove(self, secrets: Secrets) -> None:
-        with self._lock:
-            self._active.remove(secrets)
-
-    def current(self) -> list[Secrets]:
-        with self._lock:
-            return list(self._active) or [Secrets()]
-
-
-_RUNS = _Registry()
+# The Secrets of the runs going on now, for the log filter.
+_RUNS: list[Secrets] = []
+_RUNS_LOCK = threading.Lock()
 
 
 class RedactingFilter(logging.Filter):
@@ -469,7 +437,9 @@ def _printable(text: str, keep: str = "") -> str:
 
 def _masked(text: str) -> str:
     own = getattr(_ITEM, "values", ())
-    for secrets in _RUNS.current():
+    with _RUNS_LOCK:
+        runs = list(_RUNS) or [Secrets()]
+    for secrets in runs:
         text = secrets.text(text, own)
     return text
 
@@ -490,14 +460,8 @@ def item_secrets(values: frozenset[str]) -> Iterator[None]:
 
 
 _FILTER = RedactingFilter()
-_LOGGERS = (
-    "batchsync",
-    "urllib3.connectionpool",
-    "urllib3.connection",
-    "urllib3.poolmanager",
-    "urllib3.response",
-    "urllib3.util.retry",
-)
+_LOGGERS = ("batchsync", "urllib3.connectionpool", "urllib3.connection", "urllib3.poolmanager",
+            "urllib3.response", "urllib3.util.retry")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -507,8 +471,10 @@ def watching(secrets: Secrets) -> Iterator[Secrets]:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
-    _RUNS.add(secrets)
+    with _RUNS_LOCK:
+        _RUNS.append(secrets)
     try:
         yield secrets
     finally:
-        _RUNS.remove(secrets)
+        with _RUNS_LOCK:
+            _RUNS.remove(secrets)
