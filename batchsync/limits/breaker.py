@@ -15,11 +15,11 @@ from ..core.admission import Admission
 from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback
 from .gate import POLL_SECONDS, GateOption, Waiting
-from .shared import BreakerBackend, BreakerState, SharedLimits
+from .shared import BreakerBackend, BreakerSettings, BreakerState, SharedLimits
 
 
 @dataclass(frozen=True)
-class Breaker(GateOption):
+class Breaker(BreakerSettings, GateOption):
     """Circuit breaker settings, per host, as resilience4j and Polly define a breaker.
 
     The circuit opens when at least ``ratio`` of the host's last ``window`` counted attempts
@@ -30,11 +30,6 @@ class Breaker(GateOption):
     ``classify.host_feedback`` for what counts. An item ends ``circuit_open`` only when its
     budget or the batch deadline cannot cover the wait.
     """
-
-    ratio: float = 0.5
-    window: int = 100
-    min_calls: int = 20
-    reset: float = 5.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and 0 < self.ratio <= 1):

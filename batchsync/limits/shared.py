@@ -10,6 +10,7 @@ in-process state in the limit's own module (``window.LocalWindow``, ``slots.Host
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .rates import Window
@@ -90,20 +91,15 @@ class CooldownBoard(Protocol):
         ...
 
 
-class BreakerSettings(Protocol):
-    """What a backend reads of a circuit breaker's settings (``breaker.Breaker``)."""
+@dataclass(frozen=True)
+class BreakerSettings:
+    """A circuit breaker's settings, as a backend reads them (``breaker.Breaker`` is the option
+    that holds them, and says what they mean)."""
 
-    @property
-    def ratio(self) -> float: ...
-
-    @property
-    def window(self) -> int: ...
-
-    @property
-    def min_calls(self) -> int: ...
-
-    @property
-    def reset(self) -> float: ...
+    ratio: float = 0.5
+    window: int = 100
+    min_calls: int = 20
+    reset: float = 5.0
 
 
 class BreakerBackend(Protocol):
