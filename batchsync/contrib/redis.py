@@ -211,14 +211,16 @@ return 0
 _BREAKER_KEEP_SECONDS = 86400
 
 
-def _client_for(url: str) -> Any:
+def _client_for(url: str) -> tuple[Any, tuple[type[BaseException], ...]]:
+    """A client of the server at ``url``, and the errors of failing to reach it."""
     try:
         import redis
     except ImportError:
         raise ValueError(
             "shared limits need the redis client: pip install 'batchsync[redis]'"
         ) from None
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return client, (redis.RedisError, OSError)
 
 
 class RedisLimits:
@@ -235,18 +237,11 @@ class RedisLimits:
         self.url = url
         self.namespace = namespace
         self.lease_ttl = lease_ttl
-        self._redis = _client_for(url)
+        self.redis, self._errors = _client_for(url)
         try:
-            self._redis.ping()
+            self.redis.ping()
         except Exception as exc:  # every failure to reach it is the same to the caller
             raise ValueError(_masked(url, f"cannot reach Redis at {url}: {exc}")) from None
-        self._errors = self._redis_errors()
-
-    @staticmethod
-    def _redis_errors() -> tuple[type[BaseException], ...]:
-        import redis
-
-        return (redis.RedisError, OSError)
 
     def key(self, *parts: str) -> str:
         return ":".join(("batchsync", self.namespace, *parts))
@@ -259,7 +254,7 @@ class RedisLimits:
             raise LimitsUnavailable(_masked(self.url, f"Redis at {self.url}: {exc}")) from exc
 
     def script(self, source: str) -> Any:
-        return self._redis.register_script(source)
+        return self.redis.register_script(source)
 
     def window(self, name: str) -> RedisWindow:
         return RedisWindow(self, name)
@@ -272,10 +267,6 @@ class RedisLimits:
 
     def breaker(self, settings: BreakerSettings) -> RedisBreaker:
         return RedisBreaker(self, settings)
-
-    @property
-    def redis(self) -> Any:
-        return self._redis
 
 
 class RedisWindow:
@@ -426,15 +417,8 @@ class RedisBreaker:
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
         keys, settings = self._keys(key), self.settings
         outcome = "" if failed is None else str(int(failed))
-        args = [
-            outcome,
-            int(probe),
-            settings.ratio,
-            settings.window,
-            settings.min_calls,
-            settings.reset,
-            _BREAKER_KEEP_SECONDS,
-        ]
+        numbers = (settings.ratio, settings.window, settings.min_calls, settings.reset)
+        args = [outcome, int(probe), *numbers, _BREAKER_KEEP_SECONDS]
         if self._limits.guarded(lambda: self._record(keys=keys, args=args)):
             self.opened += 1
 

@@ -286,11 +286,8 @@ class Engine:
         self.options = options
         self._gates = gates
         self._abort = abort
-        hooks = (
-            [Hooks(options.on_attempt, options.on_result)]
-            if (options.on_attempt or options.on_result)
-            else []
-        )
+        hooked = options.on_attempt or options.on_result
+        hooks = [Hooks(options.on_attempt, options.on_result)] if hooked else []
         self.observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
@@ -414,10 +411,10 @@ class Engine:
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
         log.exception("internal error on item %d", index)
         # (the kind only: the message could hold anything the item held)
-        return self._unsent(job, index, item, "exception", f"internal error: {type(exc).__name__}")
+        return self._failure(job, index, item, "exception", f"internal error: {type(exc).__name__}")
 
-    def _unsent(self, job: Job, index: int, item: object, kind: ErrorKind, error: str) -> Result:
-        """The Result of an item never sent."""
+    def _failure(self, job: Job, index: int, item: object, kind: ErrorKind, error: str) -> Result:
+        """A failed Result that no attempt of the item made: its kind and error line only."""
         url, id_ = job.label(item)
         return Result(index, url, False, id_, error_kind=kind, error=error, finished=time.time())
 
@@ -439,13 +436,13 @@ class Engine:
     ) -> Task | Result:
         """The item's Task, or the Result of an item that is not to be sent at all."""
         if deadline_end is not None and claimed >= deadline_end:
-            return self._unsent(job, index, item, "deadline", unstarted_reason("deadline"))
+            return self._failure(job, index, item, "deadline", unstarted_reason("deadline"))
         if self._stop.is_set():
-            return self._unsent(job, index, item, "cancelled", unstarted_reason("cancelled"))
+            return self._failure(job, index, item, "cancelled", unstarted_reason("cancelled"))
         try:
             return job.prepare(item)
         except InvalidItem as exc:
-            invalid = self._unsent(job, index, item, "invalid_request", str(exc))
+            invalid = self._failure(job, index, item, "invalid_request", str(exc))
             return replace(invalid, elapsed=self._clock() - claimed)
 
     def _attempts(
@@ -554,7 +551,13 @@ class Engine:
                     verdict, attempted, self.options.backoff, self._rand(), item.allowance
                 )
             last = decision.verdict
-            self._record(item, last, fallback, ended - began, decision.wait)
+            # The attempt's record, kept in the item's log and shown to the observers.
+            status, took = answer_of(last).status_code, ended - began
+            record = AttemptRecord(len(item.records) + 1, status, last.error_kind, took,
+                                   decision.wait, fallback, last.hedged, last.resent)  # fmt: skip
+            item.records.append(record)
+            if self.observers.sees_attempt_finished:
+                self.observers.attempt_finished(item.index, item.task, record)
             if decision.wait is None:
                 return last, decision.error
             _log_retry(item.task.url, last, number, max_attempts, decision.wait)
@@ -584,7 +587,8 @@ class Engine:
         self, item: _Carried, route: Route, so_far: Result | None, admission: Admission | None
     ) -> tuple[Verdict, float, float]:
         """One attempt on ``route``, bounded by the job's timeout within the item's allowance,
-        its Verdict told to the limits; with the clock when it began and when it ended."""
+        its Verdict told to the limits; with the clock when it began and when it ended. A bug
+        in the attempt is its final failure; an interrupt gives back its place at the limits."""
         if self.observers.sees_attempt_started:
             self.observers.attempt_started(item.index)
         began = self._clock()
@@ -594,7 +598,15 @@ class Engine:
         wall_end, limit = (
             (None, None) if timeout is None else item.allowance.attempt_end(timeout, began)
         )
-        verdict = self._attempt(route, wall_end, so_far, item.task, admission)
+        try:
+            verdict = route.attempt(wall_end, so_far)
+        except Exception as exc:
+            log.exception("internal error in an attempt of %s", item.task.url)
+            verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+        except BaseException:
+            if admission is not None and self._gates is not None:
+                self._gates.abandon(admission)
+            raise
         ended = self._clock()
         if limit is not None:
             # (a timeout the budget cut short says nothing of the host: its limits see that)
@@ -602,43 +614,6 @@ class Engine:
         if admission is not None:
             self._release(admission, item.job, verdict, item.task)
         return verdict, began, ended
-
-    def _record(
-        self,
-        item: _Carried,
-        last: Verdict,
-        fallback: int | None,
-        took: float,
-        wait: float | None,
-    ) -> None:
-        """The attempt's record kept in the item's log and shown to the observers."""
-        number, status = len(item.records) + 1, answer_of(last).status_code
-        record = AttemptRecord(
-            number, status, last.error_kind, took, wait, fallback, last.hedged, last.resent
-        )
-        item.records.append(record)
-        if self.observers.sees_attempt_finished:
-            self.observers.attempt_finished(item.index, item.task, record)
-
-    def _attempt(
-        self,
-        route: Route,
-        wall_end: float | None,
-        so_far: Result | None,
-        task: Task,
-        admission: Admission | None,
-    ) -> Verdict:
-        """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
-        back the place it held at the limits."""
-        try:
-            return route.attempt(wall_end, so_far)
-        except Exception as exc:
-            log.exception("internal error in an attempt of %s", task.url)
-            return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
-        except BaseException:
-            if admission is not None and self._gates is not None:
-                self._gates.abandon(admission)
-            raise
 
     def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
         """Tell the limits what an attempt came to (``Gates.release`` keeps each gate's failure

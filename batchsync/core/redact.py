@@ -94,15 +94,13 @@ def pieces(value: str) -> set[str]:
     return {value, *(part for part in parts if len(part) >= _MIN_PIECE)}
 
 
+@dataclass(slots=True)
 class _Learned:
     """Secrets met while a run goes (tokens from ``auth=``), replaced whole on each change so
     that readers need no lock."""
 
-    __slots__ = ("names", "values")
-
-    def __init__(self) -> None:
-        self.names: frozenset[str] = frozenset()
-        self.values: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()
+    values: frozenset[str] = frozenset()
 
 
 # Learning is rare (a token an hour): one lock for every run is plenty, and keeps Secrets
