@@ -148,12 +148,6 @@ class Secrets:
             learned.values = learned.values | new_values
             learned.names = learned.names | new_names
 
-    @property
-    def known(self) -> frozenset[str]:
-        """The secret values known now: those given up front and those learned since."""
-        learned = self._learned.values
-        return self.values | learned if learned else self.values
-
     def is_secret(self, name: str) -> bool:
         name = name.lower()
         return name in self.names or name in self._learned.names
@@ -244,7 +238,7 @@ class Secrets:
         if "%" in text:  # a URL escaped inside another: its userinfo, its secrets found decoded
             text = _ESCAPED_USERINFO.sub(rf"\1{MASK}\2", text)
             extra = {*extra, *self._param_values(unquote_plus(text))}
-        learned = self._learned.values  # (inline: text() runs for every item)
+        learned = self._learned.values  # (the values known now: given up front, and learned)
         known = self.values | learned if learned else self.values
         values = known.union(extra) if extra else known
         if not values:
@@ -369,31 +363,24 @@ def _cut_forms(values: Iterable[str]) -> list[str]:
 def _mask_around(text: str, form: str, cut: str) -> str:
     start = text.find(cut)
     while start >= 0:
-        before = _start_before(text[:start], form)
+        before = _overlap(text[:start], form, before=True)
         if before:
             text = text[: start - before] + MASK + text[start:]
             start += len(MASK) - before
         end = start + len(cut)
-        after = _end_after(text[end:], form)
+        after = _overlap(text[end:], form, before=False)
         if after:
             text = text[:end] + MASK + text[end + after :]
         start = text.find(cut, end)
     return text
 
 
-def _start_before(text: str, form: str) -> int:
+def _overlap(text: str, form: str, *, before: bool) -> int:
     """The length of the longest start of ``form`` (at least _MIN_PIECE long, shorter than
-    it) that ``text`` ends with, or 0."""
+    it) that ``text`` ends with (``before`` a cut), or of its longest end (as long) that
+    ``text`` starts with (after one); 0 when there is none."""
     for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
-        if text.endswith(form[:k]):
-            return k
-    return 0
-
-
-def _end_after(text: str, form: str) -> int:
-    """The length of the longest end of ``form`` (as above) that ``text`` starts with."""
-    for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
-        if text.startswith(form[-k:]):
+        if text.endswith(form[:k]) if before else text.startswith(form[-k:]):
             return k
     return 0
 
