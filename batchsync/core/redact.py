@@ -231,7 +231,7 @@ class Secrets:
         self, text: str, extra: Iterable[str], mask_param: Callable[[re.Match[str]], str]
     ) -> str:
         if "@" in text:
-            text = _USERINFO.sub(_mask_userinfo, text)
+            text = _USERINFO.sub(lambda userinfo: f"{userinfo[1] or ''}//{MASK}@", text)
         if "=" in text:
             for pattern in _PARAMS:
                 text = pattern.sub(mask_param, text)
@@ -336,10 +336,6 @@ def _values_regex(found: Iterable[str]) -> re.Pattern[str]:
 def _alternation(forms: Iterable[str]) -> str:
     """The forms as one alternation, longest first (a form that holds another wins)."""
     return "|".join(sorted((re.escape(form) for form in forms if form), key=len, reverse=True))
-
-
-def _mask_userinfo(match: re.Match[str]) -> str:
-    return f"{match[1] or ''}//{MASK}@"
 
 
 def _mask_cut(text: str, values: Iterable[str]) -> str:

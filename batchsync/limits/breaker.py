@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.admission import Admission
 from ..core.clock import Clock
@@ -157,18 +157,17 @@ class CircuitBreaker:
             self._probed(key, None)
 
 
+@dataclass(eq=False)
 class BreakerGate:
     """Holds a host's attempts while its circuit is open or another attempt probes it, as a
     cooldown holds; ``circuit_open`` when the item's budget or the deadline cannot cover the
-    break. Its hold: True for the attempt that is the probe."""
+    break. Its hold: True for the attempt that is the probe. ``refusals``: the items it ended."""
 
+    backend: BreakerBackend
+    refusals: int = field(default=0, init=False)
     name = "breaker"
     rank = 10
     recheck = False
-
-    def __init__(self, backend: BreakerBackend) -> None:
-        self.backend = backend
-        self.refusals = 0
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         state, wait = self.backend.check(admission.host)
