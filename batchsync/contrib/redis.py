@@ -56,15 +56,23 @@ local function keep(seconds)
 end
 """
 
+
+def _timed(script: str) -> str:
+    """``script``, the server's time read first into ``now``."""
+    return _NOW + script
+
+
+def _timed_keeping(script: str) -> str:
+    """``script``, the server's time read first into ``now`` and ``keep`` defined."""
+    return _NOW + _KEEP + script
+
+
 # A window's log (see ``window``): KEYS[1] a hash of ``held`` (every entry's amount) and
 # ``paced`` (when the pace lets the next go), KEYS[2] the entries in flight (id -> when a
 # process that died is forgotten), KEYS[3] the ended ones (id -> when they leave), KEYS[4]
 # each entry's amount. Returns '0' when taken, else the seconds to wait ('-1': until an
 # attempt in flight ends).
-WINDOW_TAKE = (
-    _NOW
-    + _KEEP
-    + """
+WINDOW_TAKE = _timed_keeping("""
 local amount, count, interval = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local id, hold = ARGV[4], tonumber(ARGV[5])
 local held = tonumber(redis.call('HGET', KEYS[1], 'held')) or 0
@@ -98,13 +106,9 @@ redis.call('HSET', KEYS[1], 'held', tostring(held + amount),
   'paced', tostring(math.max(paced, now) + amount * interval))
 keep(hold)
 return '0'
-"""
-)
+""")
 
-WINDOW_END = (
-    _NOW
-    + _KEEP
-    + """
+WINDOW_END = _timed_keeping("""
 local id, used, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
 local amount = tonumber(redis.call('HGET', KEYS[4], id)) or 0
@@ -120,29 +124,22 @@ end
 redis.call('ZADD', KEYS[3], now + period, id)
 keep(period)
 return 1
-"""
-)
+""")
 
-TAKE_LEASE = (
-    _NOW
-    + """
+TAKE_LEASE = _timed("""
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 60)
 return 1
-"""
-)
+""")
 
-RENEW_LEASES = (
-    _NOW
-    + """
+RENEW_LEASES = _timed("""
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
 end
 return #KEYS
-"""
-)
+""")
 
 HOLD = """
 local ms = tonumber(ARGV[1])
@@ -153,9 +150,7 @@ return 1
 # A host's breaker: a hash (KEYS[1]) with ``failures``, ``open_until`` and ``probe_until``
 # (server time), and its window (KEYS[2]), a list of its last counted attempts, newest first:
 # '1' a failure, '0' a success. Opening clears the window; the probe's success deletes both.
-BREAKER_CHECK = (
-    _NOW
-    + """
+BREAKER_CHECK = _timed("""
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
 if not open_until then return {'closed', '0'} end
 if now < open_until then return {'open', tostring(open_until - now)} end
@@ -163,12 +158,9 @@ local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until')) or 0
 if probe_until > now then return {'probing', '0'} end
 redis.call('HSET', KEYS[1], 'probe_until', tostring(now + tonumber(ARGV[1])))
 return {'probe', '0'}
-"""
-)
+""")
 
-BREAKER_RECORD = (
-    _NOW
-    + """
+BREAKER_RECORD = _timed("""
 local outcome, probe = ARGV[1], ARGV[2] == '1'
 local ratio, window, min_calls = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local reset, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -204,8 +196,7 @@ redis.call('HSET', KEYS[1], 'failures', tostring(failures))
 redis.call('EXPIRE', KEYS[1], keep)
 redis.call('EXPIRE', KEYS[2], keep)
 return 0
-"""
-)
+""")
 
 # A breaker's keys outlive a day without attempts at most.
 _BREAKER_KEEP_SECONDS = 86400

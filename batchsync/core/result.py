@@ -44,16 +44,7 @@ class AttemptRecord:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
-        return cls(
-            record["attempt"],
-            record["status_code"],
-            record["error_kind"],
-            record["elapsed"],
-            record["wait"],
-            record.get("fallback"),
-            record.get("hedged", False),
-            record.get("resent", 0),
-        )
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__ if name in record})
 
     def to_dict(self) -> dict[str, Any]:
         return {

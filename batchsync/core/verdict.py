@@ -13,23 +13,14 @@ from typing import Any, Literal
 
 Ruling = Literal["success", "retry", "terminal"]
 
+# By line: what an attempt met, what ended an item before its next one, a callable's own
+# failure, how a batch endpoint ended a row (``kinds.KINDS`` says what each one means).
 ErrorKind = Literal[
-    "status",
-    "timeout",
-    "connection",
-    "invalid_body",
-    "invalid_request",
-    "redirect",
-    "tls",
-    "budget",
-    "deadline",
-    "circuit_open",
-    "cancelled",
+    "status", "timeout", "connection", "invalid_body", "invalid_request", "redirect", "tls",
+    "budget", "deadline", "circuit_open", "cancelled",
     "exception",
-    "batch_expired",
-    "batch_cancelled",
-    "batch_errored",
-]
+    "batch_expired", "batch_cancelled", "batch_errored",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
