@@ -56,9 +56,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     Accepts delay-seconds and an HTTP-date; ``now`` is the current Unix time, used for dates.
     A date in the past means "no wait" (0.0); garbage and negative numbers mean None.
     """
-    if value is None:
-        return None
-    text = value.strip()
+    text = (value or "").strip()
     if not text:
         return None
     if text[0] in "0123456789.+-" and not any(char.isalpha() for char in text):

@@ -89,15 +89,13 @@ class _Carried:
     records: list[AttemptRecord] = field(default_factory=list)
 
 
+@dataclass(slots=True)
 class _Flight:
     """One request in flight and the identical items waiting for its Result."""
 
-    __slots__ = ("copies", "landed", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.copies: list[_Copy] = []
-        self.landed = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    copies: list[_Copy] = field(default_factory=list)
+    landed: bool = False
 
 
 class _Flights:
@@ -139,15 +137,12 @@ class Job(Protocol):
 
     def prepare(self, item: object) -> Task:
         """A Task for the item; raises InvalidItem when it cannot be run at all."""
-        ...
 
     def label(self, item: object) -> tuple[str | None, Any]:
         """The (url, id) to report for an item that never became a Task."""
-        ...
 
     def feedback(self, verdict: Verdict) -> Feedback:
         """What an attempt's Verdict tells the limits of the host it went to."""
-        ...
 
 
 # The fields of a retry's or a failure's log record, for structured handlers.
@@ -159,15 +154,6 @@ def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait:
         logged = (url, number, answer_of(verdict).status_code, verdict.error_kind, wait)
         log.info("retry %s: %s (attempt %d of %d); waiting %.2f s", url, verdict.error, number,
                  limit, wait, extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
-
-
-def _log_failure(result: Result) -> None:
-    if log.isEnabledFor(logging.INFO):
-        url, attempts = result.url, result.attempt_log
-        logged = (url, result.attempts, result.status_code, result.error_kind, None)
-        described = f" [{describe_attempts(attempts)}]" if attempts else ""
-        log.info("failed %s: %s%s", url, result.error, described,
-                 extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
 
 
 class _Run:
@@ -374,8 +360,12 @@ class Engine:
 
     def _report(self, result: Result) -> None:
         """An item's final Result, logged when it failed and shown to the observers."""
-        if not result.ok:
-            _log_failure(result)
+        if not result.ok and log.isEnabledFor(logging.INFO):
+            url, attempts = result.url, result.attempt_log
+            logged = (url, result.attempts, result.status_code, result.error_kind, None)
+            described = f" [{describe_attempts(attempts)}]" if attempts else ""
+            log.info("failed %s: %s%s", url, result.error, described,
+                     extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
         if self.observers.sees_item_finished:
             self.observers.item_finished(result)
 

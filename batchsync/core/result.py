@@ -263,9 +263,7 @@ class Summary:
 
     @property
     def requests_per_second(self) -> float | None:
-        if not self.elapsed:
-            return None
-        return self.requests_sent / self.elapsed
+        return self.requests_sent / self.elapsed if self.elapsed else None
 
     @property
     def attempts_per_item(self) -> float | None:
@@ -295,9 +293,8 @@ class Summary:
         if self.latency:
             parts.append("latency " + ", ".join(f"{k} {v:.3f} s" for k, v in self.latency.items()))
         if self.waits:
-            parts.append(
-                "waited: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
-            )
+            waits = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
+            parts.append(f"waited: {waits}")
         if self.circuits_opened:
             parts.append(f"{self.circuits_opened} circuit(s) opened")
         return "; ".join(parts)

@@ -25,8 +25,7 @@ class Holds:
     """The one board a run's cooldown and quota-reset gates keep their holds on (under keys
     apart), made for the first of them built: in this process, or by the shared backend."""
 
-    def __init__(self) -> None:
-        self._board: CooldownBoard | None = None
+    _board: CooldownBoard | None = None
 
     def board(self, *, shared: SharedLimits | None, clock: Clock) -> CooldownBoard:
         if self._board is None:

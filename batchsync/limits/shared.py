@@ -29,7 +29,6 @@ class SharedLimits(Protocol):
 
     def window(self, name: str) -> WindowLimiter:
         """The shared log of the window kept under ``name`` (see ``window.WindowGate``)."""
-        ...
 
     def slots(self, limit: int) -> SlotPool: ...
 
@@ -51,24 +50,19 @@ class WindowLimiter(Protocol):
         in line: (its entry, 0). Else (None, the seconds to wait first: infinite while the
         room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
         attempt can last, after which a shared log forgets it (its process may have died)."""
-        ...
 
     def finish(self, entry: object, used: float | None) -> None:
         """The attempt ended now; ``used``: what its answer says it cost, when known."""
-        ...
 
     def cancel(self, entry: object) -> None:
         """The attempt was never sent."""
-        ...
 
     def withdraw(self, turn: object) -> None:
         """``turn`` gave up waiting."""
-        ...
 
     def changed(self) -> threading.Event:
         """An event set at the log's next change (an entry ended, a turn left the line):
         taken before ``take``, it wakes a waiter for a change that came just after."""
-        ...
 
 
 class SlotPool(Protocol):
@@ -76,7 +70,6 @@ class SlotPool(Protocol):
 
     def enter(self, key: str, timeout: float) -> bool:
         """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
-        ...
 
     def leave(self, key: str) -> None: ...
 
@@ -88,7 +81,6 @@ class CooldownBoard(Protocol):
 
     def remaining(self, key: str) -> float:
         """Seconds left in the key's cooldown (0 when there is none)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -112,18 +104,14 @@ class BreakerBackend(Protocol):
         ``record`` or ``abandon`` it); ``open``: wait for the break to end; ``probing``: another
         attempt is the probe, ask again shortly.
         """
-        ...
 
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
         """What an admitted attempt came to: ``failed`` as ``Feedback.unwell`` says (None: not
         counted)."""
-        ...
 
     def abandon(self, key: str, probe: bool) -> None:
         """An admitted attempt was not sent after all."""
-        ...
 
     @property
     def opened(self) -> int:
         """How many circuits this process saw open."""
-        ...
