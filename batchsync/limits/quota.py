@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -175,8 +175,7 @@ class AnnouncedCounts:
     def take(self, host: str, cost: int) -> tuple[int | None, float]:
         """Take one request and ``cost`` tokens of the host's: (the mark of the taking, 0), or
         (None, the seconds to wait first; infinite until an answer tells)."""
-        known = self._hosts.get(host)
-        if (known is None or not known.told_of()) and (cost <= 0 or (known and known.heard)):
+        if _nothing_to_count(self._hosts.get(host), cost):
             return 0, 0.0  # (most hosts: nothing told, nothing to wait for, nothing kept)
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
@@ -247,6 +246,13 @@ class AnnouncedCounts:
         return self._changed
 
 
+def _nothing_to_count(known: _Host | None, cost: int) -> bool:
+    """Whether an attempt to a host (``known``: its state, if any) passes with nothing to
+    take: nothing told of the host, and the attempt weighs no tokens or the host answered."""
+    untold = known is None or not known.told_of()
+    return untold and (cost <= 0 or (known is not None and known.heard))
+
+
 def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     """Seconds until ``amount`` of ``kind`` fits in what the host told of it."""
     count, limit = state.counts.get(kind), state.alone.get(kind)
@@ -264,34 +270,59 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
     """Set the host's counts from what the answer to ``answered`` told; a count told by an
     answer to an attempt sent before the one that set it is older, and stays out."""
     since = answered.sent_at
-    for kind, left, reset, said_whole in (
-        ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
-        ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
-    ):
-        if left is None and said_whole is not None:
-            state.alone[kind] = said_whole
+    for kind, left, until, said_whole in _said(said):
+        if left is None:
+            if said_whole is not None:
+                state.alone[kind] = said_whole
+            continue
         known = state.counts.get(kind)
-        if left is None or (known is not None and known.since > since):
+        if known is not None and known.since > since:
             continue
         whole = said_whole if said_whole is not None or known is None else known.whole
-        until = reset if reset is not None else _PERIOD
         count = _Count(
             left, whole, now, now + until, answered.mark, since, own=answered.amounts.get(kind, 0)
         )
-        anchor = state.anchors.get(kind)
-        if anchor is not None and not state.refused and not state.full:
-            state.full = _moved_later(anchor, count)
-        if anchor is None or since >= anchor.back_at:
-            state.anchors[kind] = count
+        _anchored(state, kind, count)
         state.counts[kind] = count
-        if whole is None:
-            continue
-        window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
-        log, start = state.log, now - window  # (what ended by then had left the window)
-        if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) > 0:
-            # (else nothing of ours to give back: requests that weigh no tokens)
-            ours = chain([answered], log.ended_by(since))
-            count.back = _given_back(ours, kind, spent=whole - left, window=window, count=count)
+        if whole is not None:
+            count.back = _window_back(state, kind, count, answered, now, counted=counted)
+
+
+def _said(said: Announced) -> Iterator[tuple[str, int | None, float, int | None]]:
+    """What an answer told of each kind: (kind, left, seconds until its reset, the whole
+    count), the reset a period when it said none."""
+    for kind, left, reset, whole in (
+        ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
+        ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
+    ):
+        yield kind, left, reset if reset is not None else _PERIOD, whole
+
+
+def _anchored(state: _Host, kind: str, count: _Count) -> None:
+    """Read the host as full-reset if ``count`` shows it against the anchor of its kind
+    (``_moved_later``); ``count`` is the anchor when there is none yet, or when its attempt was
+    sent after the anchor's reset."""
+    anchor = state.anchors.get(kind)
+    if anchor is not None and not state.refused and not state.full:
+        state.full = _moved_later(anchor, count)
+    if anchor is None or count.since >= anchor.back_at:
+        state.anchors[kind] = count
+
+
+def _window_back(
+    state: _Host, kind: str, count: _Count, answered: Taking, now: float, *, counted: bool
+) -> list[tuple[float, int]]:
+    """What a full-reset host's sliding window gives back of the spent part of ``count``, told
+    by the answer to ``answered`` (see ``_given_back``); nothing when none of our attempts
+    in the window weighs ``kind`` (requests that weigh no tokens)."""
+    since = count.since
+    window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
+    log, start = state.log, now - window  # (what ended by then had left the window)
+    if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
+        return []
+    assert count.whole is not None
+    ours = chain([answered], log.ended_by(since))
+    return _given_back(ours, kind, spent=count.whole - count.left, window=window, count=count)
 
 
 def _moved_later(anchor: _Count, count: _Count) -> bool:
@@ -374,28 +405,33 @@ class QuotaGate:
         self.counts = AnnouncedCounts(clock)
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        host = admission.host
-        held = self.board.remaining(_QUOTA + host)
+        held = self.board.remaining(_QUOTA + admission.host)
         refusal = waiting.sleep(self.name, held, admission, _RESET) if held > 0 else None
         if refusal is not None or self.name in admission.held:
             return refusal
         while True:
             change = self.counts.changed()
-            mark, wait = self.counts.take(host, admission.cost)
+            mark, wait = self.counts.take(admission.host, admission.cost)
             if mark is not None:
                 if mark:
                     admission.held[self.name] = mark
                 return None
-            if wait < INFINITE:
-                refusal = waiting.sleep(self.name, wait, admission, _RESET)
-            else:  # until an answer to the host tells what is left
-                left, limit = admission.allowance.tightest(waiting.now())
-                if left <= 0:
-                    return limit
-                waiting.clock.wait(change, min(left, POLL_SECONDS))
-                refusal = "cancelled" if admission.stop.is_set() else None
+            refusal = self._wait(wait, change, admission, waiting)
             if refusal is not None:
                 return refusal
+
+    def _wait(
+        self, wait: float, change: threading.Event, admission: Admission, waiting: Waiting
+    ) -> ErrorKind | None:
+        """Wait ``wait`` seconds for the host's counts, or (infinite) for ``change``, an answer
+        to the host, looking again shortly; the kind that ends the item, if anything does."""
+        if wait < INFINITE:
+            return waiting.sleep(self.name, wait, admission, _RESET)
+        left, limit = admission.allowance.tightest(waiting.now())
+        if left <= 0:
+            return limit
+        waiting.clock.wait(change, min(left, POLL_SECONDS))
+        return "cancelled" if admission.stop.is_set() else None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.quota:
