@@ -132,6 +132,11 @@ def count_wait(count: _Count, taken: int, amount: int, now: float, *, full: bool
     count of a size never said, once it is back."""
     if not full:
         return 0.0 if now >= count.back_at or taken + amount <= count.left else count.back_at - now
+    return _full_count_wait(count, taken, amount, now)
+
+
+def _full_count_wait(count: _Count, taken: int, amount: int, now: float) -> float:
+    """``count_wait`` on a host known to give the whole count back at its reset."""
     whole = count.whole if count.whole is not None else max(count.left, 0)
     need = taken + min(amount, max(whole, 1))
     if now >= count.back_at:
@@ -207,18 +212,13 @@ class AnnouncedCounts:
         """The attempt taken as ``mark`` was sent at ``sent`` (None: now) and ended; ``said``:
         what its answer's headers told; ``counted``: the server counted it (its answer said what
         it used), so the answer bounds the window; ``refused``: the host refused it (a 429)."""
-        known = self._hosts.get(host)
-        if mark == 0 and said is None and (known is None or known.heard):
+        if _nothing_to_end(self._hosts.get(host), mark, said):
             return
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
             state.heard = True
-            taking = state.log.drop(mark)
-            if taking is None and said is not None:  # (sent before anything was told: kept now)
-                taking = Taking(mark, {"requests": 1}, now)
-            if taking is not None:
-                state.log.end(taking, now if sent is None else sent, now)
+            taking = _end(state.log, mark, said, now if sent is None else sent, now)
             if refused and said is not None:
                 state.full, state.refused = False, True
             if taking is not None and said is not None:
@@ -251,6 +251,25 @@ def _nothing_to_count(known: _Host | None, cost: int) -> bool:
     take: nothing told of the host, and the attempt weighs no tokens or the host answered."""
     untold = known is None or not known.told_of()
     return untold and (cost <= 0 or (known is not None and known.heard))
+
+
+def _nothing_to_end(known: _Host | None, mark: int, said: Announced | None) -> bool:
+    """Whether an attempt's end changes nothing of its host's (``known``: its state, if any):
+    it took nothing, its answer told nothing, and the host is new or had answered before."""
+    return mark == 0 and said is None and (known is None or known.heard)
+
+
+def _end(
+    log: TakenLog, mark: int, said: Announced | None, sent: float, now: float
+) -> Taking | None:
+    """The taking ``mark``, sent at ``sent``, ended in ``log`` now: the one taken, or, when it
+    took nothing but its answer told, one kept now (it was sent before anything was told)."""
+    taking = log.drop(mark)
+    if taking is None and said is not None:
+        taking = Taking(mark, {"requests": 1}, now)
+    if taking is not None:
+        log.end(taking, sent, now)
+    return taking
 
 
 def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
