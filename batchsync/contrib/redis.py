@@ -225,9 +225,7 @@ class RedisLimits:
             raise ValueError(_masked(url, f"not a Redis URL: {url}"))
         if lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl}")
-        self.url = url
-        self.namespace = namespace
-        self.lease_ttl = lease_ttl
+        self.url, self.namespace, self.lease_ttl = url, namespace, lease_ttl
         self.redis, self._errors = _client_for(url)
         try:
             self.redis.ping()

@@ -43,11 +43,8 @@ class Backoff:
             grown = self.base * self.factor**exponent
         except OverflowError:
             grown = self.max
-        exponential = min(grown, self.max)
-        wait = exponential * (1.0 + self.jitter * rand)
-        if retry_after is not None:
-            wait = max(wait, retry_after)
-        return wait
+        wait = min(grown, self.max) * (1.0 + self.jitter * rand)
+        return wait if retry_after is None else max(wait, retry_after)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

@@ -98,6 +98,7 @@ class _Flight:
     landed: bool = False
 
 
+@dataclass
 class _Flights:
     """Identical requests in flight: the first is sent, copies wait for its Result.
 
@@ -105,8 +106,7 @@ class _Flights:
     lock is shared between keys: the dict's own atomic setdefault/pop decide who leads.
     """
 
-    def __init__(self) -> None:
-        self._flights: dict[Hashable, _Flight] = {}
+    _flights: dict[Hashable, _Flight] = field(default_factory=dict)
 
     def join(self, key: Hashable, copy: _Copy) -> bool:
         """True when an identical request is in flight (``copy`` now waits for it); else
@@ -410,16 +410,9 @@ class Engine:
 
     def _copy(self, result: Result, copy: _Copy) -> Result:
         """The Result of an item that shared an identical item's request: none of its own."""
-        return replace(
-            result,
-            index=copy.index,
-            url=copy.url,
-            id=copy.id,
-            attempts=0,
-            attempt_log=(),
-            elapsed=self._clock() - copy.claimed,
-            finished=time.time(),
-        )
+        elapsed, finished = self._clock() - copy.claimed, time.time()
+        return replace(result, index=copy.index, url=copy.url, id=copy.id, attempts=0,
+                       attempt_log=(), elapsed=elapsed, finished=finished)  # fmt: skip
 
     def _prepare(
         self, job: Job, index: int, item: object, claimed: float, deadline_end: float | None

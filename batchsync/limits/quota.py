@@ -97,9 +97,6 @@ class _Host:
     full: bool = False  # its answers showed its resets give the whole count back
     refused: bool = False  # it refused an attempt while read so: never read so again
 
-    def told_of(self) -> bool:
-        return bool(self.counts or self.alone)
-
     def needs_probe(self, cost: int, now: float) -> bool:
         """Whether the next attempt must be answered before any other: the first weighing
         tokens, or, on a host not known to give the whole count back, the first after a
@@ -218,7 +215,7 @@ class AnnouncedCounts:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
             state.heard = True
-            taking = _end(state.log, mark, said, now if sent is None else sent, now)
+            taking = _ended_taking(state.log, mark, said, now if sent is None else sent, now)
             if refused and said is not None:
                 state.full, state.refused = False, True
             if taking is not None and said is not None:
@@ -247,19 +244,19 @@ class AnnouncedCounts:
 
 
 def _nothing_to_count(known: _Host | None, cost: int) -> bool:
-    """Whether an attempt to a host (``known``: its state, if any) passes with nothing to
-    take: nothing told of the host, and the attempt weighs no tokens or the host answered."""
-    untold = known is None or not known.told_of()
+    """Whether an attempt of ``cost`` to a host (``known``: its state, if any) takes nothing:
+    nothing is told of the host, and the attempt weighs nothing or the host has answered."""
+    untold = known is None or not (known.counts or known.alone)
     return untold and (cost <= 0 or (known is not None and known.heard))
 
 
 def _nothing_to_end(known: _Host | None, mark: int, said: Announced | None) -> bool:
     """Whether an attempt's end changes nothing of its host's (``known``: its state, if any):
-    it took nothing, its answer told nothing, and the host is new or had answered before."""
+    it took nothing and was told nothing, and the host is new or has answered before."""
     return mark == 0 and said is None and (known is None or known.heard)
 
 
-def _end(
+def _ended_taking(
     log: TakenLog, mark: int, said: Announced | None, sent: float, now: float
 ) -> Taking | None:
     """The taking ``mark``, sent at ``sent``, ended in ``log`` now: the one taken, or, when it
@@ -277,9 +274,8 @@ def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     count, limit = state.counts.get(kind), state.alone.get(kind)
     wait = 0.0
     if count is not None:
-        wait = count_wait(
-            count, _uncounted(state.log, count, kind, now), amount, now, full=state.full
-        )
+        uncounted = _uncounted(state.log, count, kind, now)
+        wait = count_wait(count, uncounted, amount, now, full=state.full)
     if limit is not None:
         wait = max(wait, window_wait(state.log, kind, limit, amount, now))
     return wait
@@ -298,9 +294,8 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
         if known is not None and known.since > since:
             continue
         whole = said_whole if said_whole is not None or known is None else known.whole
-        count = _Count(
-            left, whole, now, now + until, answered.mark, since, own=answered.amounts.get(kind, 0)
-        )
+        own = answered.amounts.get(kind, 0)
+        count = _Count(left, whole, now, now + until, answered.mark, since, own=own)
         _anchored(state, kind, count)
         state.counts[kind] = count
         if whole is not None:
@@ -308,8 +303,7 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
 
 
 def _said(said: Announced) -> Iterator[tuple[str, int | None, float, int | None]]:
-    """What an answer told of each kind: (kind, left, seconds until its reset, the whole
-    count), the reset a period when it said none."""
+    """What an answer told of each kind: (kind, left, seconds to its reset or a period, whole)."""
     for kind, left, reset, whole in (
         ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
         ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
@@ -318,9 +312,8 @@ def _said(said: Announced) -> Iterator[tuple[str, int | None, float, int | None]
 
 
 def _anchored(state: _Host, kind: str, count: _Count) -> None:
-    """Read the host as full-reset if ``count`` shows it against the anchor of its kind
-    (``_moved_later``); ``count`` is the anchor when there is none yet, or when its attempt was
-    sent after the anchor's reset."""
+    """Read the host as full-reset if ``count`` shows it against its kind's anchor, and make
+    ``count`` the anchor when there is none, or its attempt was sent after the anchor's reset."""
     anchor = state.anchors.get(kind)
     if anchor is not None and not state.refused and not state.full:
         state.full = _moved_later(anchor, count)
@@ -331,9 +324,8 @@ def _anchored(state: _Host, kind: str, count: _Count) -> None:
 def _window_back(
     state: _Host, kind: str, count: _Count, answered: Taking, now: float, *, counted: bool
 ) -> list[tuple[float, int]]:
-    """What a full-reset host's sliding window gives back of the spent part of ``count``, told
-    by the answer to ``answered`` (see ``_given_back``); nothing when none of our attempts
-    in the window weighs ``kind`` (requests that weigh no tokens)."""
+    """What a full-reset host's sliding window gives back of ``count`` (``_given_back``); none
+    when no attempt of ours in the window weighs ``kind`` (requests that weigh no tokens)."""
     since = count.since
     window = reset_window(state, kind, count.back_at - now, now - since, counted=counted)
     log, start = state.log, now - window  # (what ended by then had left the window)
@@ -435,11 +427,11 @@ class QuotaGate:
                 if mark:
                     admission.held[self.name] = mark
                 return None
-            refusal = self._wait(wait, change, admission, waiting)
+            refusal = self._await_counts(wait, change, admission, waiting)
             if refusal is not None:
                 return refusal
 
-    def _wait(
+    def _await_counts(
         self, wait: float, change: threading.Event, admission: Admission, waiting: Waiting
     ) -> ErrorKind | None:
         """Wait ``wait`` seconds for the host's counts, or (infinite) for ``change``, an answer
@@ -455,15 +447,9 @@ class QuotaGate:
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.quota:
             self.board.hold(_QUOTA + admission.host, feedback.quota)
-        mark = admission.held.get(self.name, 0)
-        self.counts.ended(
-            admission.host,
-            mark,
-            feedback.announced,
-            sent=admission.sent,
-            counted=feedback.used is not None,
-            refused=feedback.congested,
-        )
+        host, mark, said = admission.host, admission.held.get(self.name, 0), feedback.announced
+        counted, refused = feedback.used is not None, feedback.congested
+        self.counts.ended(host, mark, said, admission.sent, counted=counted, refused=refused)
 
     def abandon(self, admission: Admission) -> None:
         mark = admission.held.pop(self.name, None)
