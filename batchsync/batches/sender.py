@@ -759,7 +759,7 @@ class BatchRun:
         return result_of(
             index=index,
             url=self.url,
-            item_id=self._followed.ids.get(index),
+            id=self._followed.ids.get(index),
             verdict=verdict,
             error=verdict.error or None,
             data=verdict.data,

@@ -31,6 +31,12 @@ def tracer_for(explicit: Any) -> Any:
     return provider.get_tracer("batchsync")
 
 
+# The fields of an attempt's record and of an item's Result its span carries (and an attempt's
+# ``wait``, as ``retry_wait``).
+_ATTEMPT_FIELDS = ("attempt", "status_code", "error_kind", "fallback", "hedged")
+_ITEM_FIELDS = ("ok", "attempts", "status_code", "error_kind", "fallback_used")
+
+
 def _attributes(**values: object) -> dict[str, Any]:
     """OpenTelemetry takes no None values: leave those out."""
     return {f"batchsync.{name}": value for name, value in values.items() if value is not None}
@@ -68,31 +74,14 @@ class Tracing(Observer):
     def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
         with self._lock:
             span = self._attempts.pop(index, None)
-        error = record.error_kind
-        self._end(
-            span,
-            error,
-            attempt=record.attempt,
-            status_code=record.status_code,
-            error_kind=error,
-            retry_wait=record.wait,
-            fallback=record.fallback,
-            hedged=record.hedged,
-        )
+        taken = {name: getattr(record, name) for name in _ATTEMPT_FIELDS}
+        self._end(span, record.error_kind, retry_wait=record.wait, **taken)
 
     def item_finished(self, result: Result) -> None:
         with self._lock:
             span = self._items.pop(result.index, None)
         error = None if result.ok else result.error or ""
-        self._end(
-            span,
-            error,
-            ok=result.ok,
-            attempts=result.attempts,
-            status_code=result.status_code,
-            error_kind=result.error_kind,
-            fallback_used=result.fallback_used,
-        )
+        self._end(span, error, **{name: getattr(result, name) for name in _ITEM_FIELDS})
 
     def _end(self, span: Any, error: str | None, **attributes: object) -> None:
         """Set a span's attributes, mark it failed when there is an ``error``, and end it."""

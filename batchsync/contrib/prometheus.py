@@ -47,22 +47,16 @@ def metrics_for(registry: CollectorRegistry, gates: Gates | None) -> Metrics:
 
 
 class Metrics(Observer):
-    """Keeps a registry's batchsync metrics up to date as a run reports to it."""
+    """Keeps a registry's batchsync metrics up to date as a run reports to it, and collects
+    the seconds waited, by cause, when the registry is read."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         client = _client()
-        self._attempts = client.Counter(
-            "batchsync_attempts",
-            "Attempts, by outcome and error kind",
-            ["outcome", "error_kind"],
-            registry=registry,
-        )
-        self._results = client.Counter(
-            "batchsync_results",
-            "Final results, by outcome and error kind",
-            ["outcome", "error_kind"],
-            registry=registry,
-        )
+        self._attempts, self._results = (
+            client.Counter(f"batchsync_{name}", f"{what}, by outcome and error kind",
+                           ["outcome", "error_kind"], registry=registry)
+            for name, what in (("attempts", "Attempts"), ("results", "Final results"))
+        )  # fmt: skip
         self._retries = client.Counter("batchsync_retries", "Retries scheduled", registry=registry)
         self._latency = client.Histogram(
             "batchsync_attempt_seconds",
@@ -79,7 +73,7 @@ class Metrics(Observer):
         self._started: set[int] = set()
         self._waited: dict[str, float] = {}
         self._gates: Gates | None = None
-        registry.register(_Waits(self))
+        registry.register(self)
 
     def watch(self, gates: Gates | None) -> None:
         """Count the waits of a new run's gates, keeping what earlier runs waited."""
@@ -121,19 +115,13 @@ class Metrics(Observer):
         if started:
             self._in_flight.dec()
 
-
-class _Waits:
-    """A collector that reports the seconds waited, by cause, when the registry is read."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
     def collect(self) -> Iterator[Metric]:
+        """The seconds waited, by cause (the registry reads its collectors so)."""
         from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(
             "batchsync_wait_seconds", "Seconds waited, by cause", labels=["cause"]
         )
-        for cause, seconds in sorted(self._metrics.waits().items()):
+        for cause, seconds in sorted(self.waits().items()):
             family.add_metric([cause], seconds)
         yield family

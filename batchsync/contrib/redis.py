@@ -56,15 +56,23 @@ local function keep(seconds)
 end
 """
 
+
+def _timed(script: str) -> str:
+    """``script``, the server's time read first into ``now``."""
+    return _NOW + script
+
+
+def _timed_keeping(script: str) -> str:
+    """``script``, the server's time read first into ``now`` and ``keep`` defined."""
+    return _NOW + _KEEP + script
+
+
 # A window's log (see ``window``): KEYS[1] a hash of ``held`` (every entry's amount) and
 # ``paced`` (when the pace lets the next go), KEYS[2] the entries in flight (id -> when a
 # process that died is forgotten), KEYS[3] the ended ones (id -> when they leave), KEYS[4]
 # each entry's amount. Returns '0' when taken, else the seconds to wait ('-1': until an
 # attempt in flight ends).
-WINDOW_TAKE = (
-    _NOW
-    + _KEEP
-    + """
+WINDOW_TAKE = _timed_keeping("""
 local amount, count, interval = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local id, hold = ARGV[4], tonumber(ARGV[5])
 local held = tonumber(redis.call('HGET', KEYS[1], 'held')) or 0
@@ -98,13 +106,9 @@ redis.call('HSET', KEYS[1], 'held', tostring(held + amount),
   'paced', tostring(math.max(paced, now) + amount * interval))
 keep(hold)
 return '0'
-"""
-)
+""")
 
-WINDOW_END = (
-    _NOW
-    + _KEEP
-    + """
+WINDOW_END = _timed_keeping("""
 local id, used, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
 local amount = tonumber(redis.call('HGET', KEYS[4], id)) or 0
@@ -120,29 +124,22 @@ end
 redis.call('ZADD', KEYS[3], now + period, id)
 keep(period)
 return 1
-"""
-)
+""")
 
-TAKE_LEASE = (
-    _NOW
-    + """
+TAKE_LEASE = _timed("""
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 60)
 return 1
-"""
-)
+""")
 
-RENEW_LEASES = (
-    _NOW
-    + """
+RENEW_LEASES = _timed("""
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
 end
 return #KEYS
-"""
-)
+""")
 
 HOLD = """
 local ms = tonumber(ARGV[1])
@@ -153,9 +150,7 @@ return 1
 # A host's breaker: a hash (KEYS[1]) with ``failures``, ``open_until`` and ``probe_until``
 # (server time), and its window (KEYS[2]), a list of its last counted attempts, newest first:
 # '1' a failure, '0' a success. Opening clears the window; the probe's success deletes both.
-BREAKER_CHECK = (
-    _NOW
-    + """
+BREAKER_CHECK = _timed("""
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
 if not open_until then return {'closed', '0'} end
 if now < open_until then return {'open', tostring(open_until - now)} end
@@ -163,12 +158,9 @@ local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until')) or 0
 if probe_until > now then return {'probing', '0'} end
 redis.call('HSET', KEYS[1], 'probe_until', tostring(now + tonumber(ARGV[1])))
 return {'probe', '0'}
-"""
-)
+""")
 
-BREAKER_RECORD = (
-    _NOW
-    + """
+BREAKER_RECORD = _timed("""
 local outcome, probe = ARGV[1], ARGV[2] == '1'
 local ratio, window, min_calls = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local reset, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -204,21 +196,22 @@ redis.call('HSET', KEYS[1], 'failures', tostring(failures))
 redis.call('EXPIRE', KEYS[1], keep)
 redis.call('EXPIRE', KEYS[2], keep)
 return 0
-"""
-)
+""")
 
 # A breaker's keys outlive a day without attempts at most.
 _BREAKER_KEEP_SECONDS = 86400
 
 
-def _client_for(url: str) -> Any:
+def _client_for(url: str) -> tuple[Any, tuple[type[BaseException], ...]]:
+    """A client of the server at ``url``, and the errors of failing to reach it."""
     try:
         import redis
     except ImportError:
         raise ValueError(
             "shared limits need the redis client: pip install 'batchsync[redis]'"
         ) from None
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return client, (redis.RedisError, OSError)
 
 
 class RedisLimits:
@@ -232,21 +225,12 @@ class RedisLimits:
             raise ValueError(_masked(url, f"not a Redis URL: {url}"))
         if lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl}")
-        self.url = url
-        self.namespace = namespace
-        self.lease_ttl = lease_ttl
-        self._redis = _client_for(url)
+        self.url, self.namespace, self.lease_ttl = url, namespace, lease_ttl
+        self.redis, self._errors = _client_for(url)
         try:
-            self._redis.ping()
+            self.redis.ping()
         except Exception as exc:  # every failure to reach it is the same to the caller
             raise ValueError(_masked(url, f"cannot reach Redis at {url}: {exc}")) from None
-        self._errors = self._redis_errors()
-
-    @staticmethod
-    def _redis_errors() -> tuple[type[BaseException], ...]:
-        import redis
-
-        return (redis.RedisError, OSError)
 
     def key(self, *parts: str) -> str:
         return ":".join(("batchsync", self.namespace, *parts))
@@ -259,7 +243,7 @@ class RedisLimits:
             raise LimitsUnavailable(_masked(self.url, f"Redis at {self.url}: {exc}")) from exc
 
     def script(self, source: str) -> Any:
-        return self._redis.register_script(source)
+        return self.redis.register_script(source)
 
     def window(self, name: str) -> RedisWindow:
         return RedisWindow(self, name)
@@ -272,10 +256,6 @@ class RedisLimits:
 
     def breaker(self, settings: BreakerSettings) -> RedisBreaker:
         return RedisBreaker(self, settings)
-
-    @property
-    def redis(self) -> Any:
-        return self._redis
 
 
 class RedisWindow:
@@ -426,15 +406,8 @@ class RedisBreaker:
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
         keys, settings = self._keys(key), self.settings
         outcome = "" if failed is None else str(int(failed))
-        args = [
-            outcome,
-            int(probe),
-            settings.ratio,
-            settings.window,
-            settings.min_calls,
-            settings.reset,
-            _BREAKER_KEEP_SECONDS,
-        ]
+        numbers = (settings.ratio, settings.window, settings.min_calls, settings.reset)
+        args = [outcome, int(probe), *numbers, _BREAKER_KEEP_SECONDS]
         if self._limits.guarded(lambda: self._record(keys=keys, args=args)):
             self.opened += 1
 

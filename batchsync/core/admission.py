@@ -56,12 +56,9 @@ class Admitter(Protocol):
         self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
     ) -> Admission | Refusal:
         """Wait at every limit; an Admission, or the Refusal that ends the item instead."""
-        ...
 
     def abandon(self, admission: Admission) -> None:
         """Give back what an attempt that was never sent held."""
-        ...
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         """Give back what an attempt held and tell each limit what it came to."""
-        ...

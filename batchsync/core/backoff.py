@@ -43,11 +43,8 @@ class Backoff:
             grown = self.base * self.factor**exponent
         except OverflowError:
             grown = self.max
-        exponential = min(grown, self.max)
-        wait = exponential * (1.0 + self.jitter * rand)
-        if retry_after is not None:
-            wait = max(wait, retry_after)
-        return wait
+        wait = min(grown, self.max) * (1.0 + self.jitter * rand)
+        return wait if retry_after is None else max(wait, retry_after)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -56,9 +53,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     Accepts delay-seconds and an HTTP-date; ``now`` is the current Unix time, used for dates.
     A date in the past means "no wait" (0.0); garbage and negative numbers mean None.
     """
-    if value is None:
-        return None
-    text = value.strip()
+    text = (value or "").strip()
     if not text:
         return None
     if text[0] in "0123456789.+-" and not any(char.isalpha() for char in text):

@@ -40,12 +40,8 @@ def cut_short(verdict: Verdict, cut_by: Limit | None) -> Verdict:
     kind = verdict.error_kind
     if cut_by is None or kind is None or not KINDS[kind].cut_short:
         return verdict
-    return replace(
-        verdict,
-        outcome="terminal",
-        error_kind=cut_by,
-        error=f"{verdict.error} (cut short by the {cut_by})",
-    )
+    error = f"{verdict.error} (cut short by the {cut_by})"
+    return replace(verdict, outcome="terminal", error_kind=cut_by, error=error)
 
 
 def decide(

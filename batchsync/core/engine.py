@@ -89,39 +89,16 @@ class _Carried:
     records: list[AttemptRecord] = field(default_factory=list)
 
 
-class _Window:
-    """A counting semaphore of ``size`` slots.
-
-    A SimpleQueue of tokens rather than threading.Semaphore: taking and giving cost a C call.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(size):
-            self._tokens.put(None)
-
-    def take(self, timeout: float) -> bool:
-        try:
-            self._tokens.get(timeout=timeout)
-        except queue.Empty:
-            return False
-        return True
-
-    def give(self) -> None:
-        self._tokens.put(None)
-
-
+@dataclass(slots=True)
 class _Flight:
     """One request in flight and the identical items waiting for its Result."""
 
-    __slots__ = ("copies", "landed", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.copies: list[_Copy] = []
-        self.landed = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    copies: list[_Copy] = field(default_factory=list)
+    landed: bool = False
 
 
+@dataclass
 class _Flights:
     """Identical requests in flight: the first is sent, copies wait for its Result.
 
@@ -129,8 +106,7 @@ class _Flights:
     lock is shared between keys: the dict's own atomic setdefault/pop decide who leads.
     """
 
-    def __init__(self) -> None:
-        self._flights: dict[Hashable, _Flight] = {}
+    _flights: dict[Hashable, _Flight] = field(default_factory=dict)
 
     def join(self, key: Hashable, copy: _Copy) -> bool:
         """True when an identical request is in flight (``copy`` now waits for it); else
@@ -161,55 +137,23 @@ class Job(Protocol):
 
     def prepare(self, item: object) -> Task:
         """A Task for the item; raises InvalidItem when it cannot be run at all."""
-        ...
 
     def label(self, item: object) -> tuple[str | None, Any]:
         """The (url, id) to report for an item that never became a Task."""
-        ...
 
     def feedback(self, verdict: Verdict) -> Feedback:
         """What an attempt's Verdict tells the limits of the host it went to."""
-        ...
+
+
+# The fields of a retry's or a failure's log record, for structured handlers.
+_LOGGED = ("url", "attempt", "status_code", "error_kind", "wait")
 
 
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    log.info(
-        "retry %s: %s (attempt %d of %d); waiting %.2f s",
-        url,
-        verdict.error,
-        number,
-        limit,
-        wait,
-        extra={
-            "url": url,
-            "attempt": number,
-            "status_code": answer_of(verdict).status_code,
-            "error_kind": verdict.error_kind,
-            "wait": wait,
-        },
-    )
-
-
-def _log_failure(result: Result) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    url = result.url
-    attempts = f" [{describe_attempts(result.attempt_log)}]" if result.attempt_log else ""
-    log.info(
-        "failed %s: %s%s",
-        url,
-        result.error,
-        attempts,
-        extra={
-            "url": url,
-            "attempt": result.attempts,
-            "status_code": result.status_code,
-            "error_kind": result.error_kind,
-            "wait": None,
-        },
-    )
+    if log.isEnabledFor(logging.INFO):
+        logged = (url, number, answer_of(verdict).status_code, verdict.error_kind, wait)
+        log.info("retry %s: %s (attempt %d of %d); waiting %.2f s", url, verdict.error, number,
+                 limit, wait, extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
 
 
 class _Run:
@@ -230,8 +174,11 @@ class _Run:
         self._deliver = deliver
         self._deadline_end = deadline_end
         self._stopped = engine._stop.is_set  # (read on every claim: the Event's own method)
-        # Items parked on an identical request in flight: at most one per worker.
-        self._parked = _Window(engine.options.concurrency)
+        # Items parked on an identical request in flight: at most one per worker, each taking
+        # a token (a SimpleQueue rather than a Semaphore: taking and giving cost a C call).
+        self._parked: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(engine.options.concurrency):
+            self._parked.put(None)
         self.failures: list[BaseException] = []
         self._pool = ThreadPoolExecutor(engine.options.concurrency, thread_name_prefix="batchsync")
         self._workers: list[Future[None]] = []
@@ -274,7 +221,7 @@ class _Run:
             for result, its_item in delivered:
                 self._hand_over(result, its_item)
             for _ in delivered[1:]:  # the copies that were parked on this one
-                self._parked.give()
+                self._parked.put(None)
 
     def _claim(self) -> tuple[int, object] | None:
         """The next item, read lazily by whichever worker is free; None when done."""
@@ -291,16 +238,13 @@ class _Run:
 
     def _hold_slot(self) -> bool:
         while not self._engine.stopped:
-            if self._parked.take(_POLL_SECONDS):
+            with contextlib.suppress(queue.Empty):
+                self._parked.get(timeout=_POLL_SECONDS)
                 return True
         return False
 
     def _hand_over(self, result: Result, item: object) -> None:
-        if not result.ok:
-            _log_failure(result)
-        observers = self._engine.observers
-        if observers.sees_item_finished:
-            observers.item_finished(result)
+        self._engine._report(result)
         try:
             self._deliver(result, item)
         except BaseException as exc:  # a sink failed: stop the run and report it
@@ -328,11 +272,8 @@ class Engine:
         self.options = options
         self._gates = gates
         self._abort = abort
-        hooks = (
-            [Hooks(options.on_attempt, options.on_result)]
-            if (options.on_attempt or options.on_result)
-            else []
-        )
+        hooked = options.on_attempt or options.on_result
+        hooks = [Hooks(options.on_attempt, options.on_result)] if hooked else []
         self.observers = Observers([*observers, *hooks])
         self._flights = _Flights()
         self._grace = grace
@@ -409,23 +350,24 @@ class Engine:
             elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
                 return False
 
-    def _unstarted(self, job: Job, index: int, item: object, kind: ErrorKind) -> Result:
-        url, item_id = job.label(item)
-        reason = unstarted_reason(kind)
-        return Result(
-            index, url, False, item_id, error_kind=kind, error=reason, finished=time.time()
-        )
-
     def run_one(self, job: Job, item: object) -> Result:
         """One item carried to its final Result in the calling thread (no pool, no stop)."""
         deadline = self.options.deadline
         deadline_end = None if deadline is None else self._clock() + deadline
         ((result, _), *_) = self.carry(job, 0, item, deadline_end)
-        if not result.ok:
-            _log_failure(result)
+        self._report(result)
+        return result
+
+    def _report(self, result: Result) -> None:
+        """An item's final Result, logged when it failed and shown to the observers."""
+        if not result.ok and log.isEnabledFor(logging.INFO):
+            url, attempts = result.url, result.attempt_log
+            logged = (url, result.attempts, result.status_code, result.error_kind, None)
+            described = f" [{describe_attempts(attempts)}]" if attempts else ""
+            log.info("failed %s: %s%s", url, result.error, described,
+                     extra=dict(zip(_LOGGED, logged, strict=True)))  # fmt: skip
         if self.observers.sees_item_finished:
             self.observers.item_finished(result)
-        return result
 
     def carry(
         self, job: Job, index: int, item: object, deadline_end: float | None
@@ -458,48 +400,33 @@ class Engine:
 
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
         log.exception("internal error on item %d", index)
-        url, item_id = job.label(item)
         # (the kind only: the message could hold anything the item held)
-        error = f"internal error: {type(exc).__name__}"
-        return Result(
-            index, url, False, item_id, error_kind="exception", error=error, finished=time.time()
-        )
+        return self._failure(job, index, item, "exception", f"internal error: {type(exc).__name__}")
+
+    def _failure(self, job: Job, index: int, item: object, kind: ErrorKind, error: str) -> Result:
+        """A failed Result that no attempt of the item made: its kind and error line only."""
+        url, id_ = job.label(item)
+        return Result(index, url, False, id_, error_kind=kind, error=error, finished=time.time())
 
     def _copy(self, result: Result, copy: _Copy) -> Result:
         """The Result of an item that shared an identical item's request: none of its own."""
-        return replace(
-            result,
-            index=copy.index,
-            url=copy.url,
-            id=copy.id,
-            attempts=0,
-            attempt_log=(),
-            elapsed=self._clock() - copy.claimed,
-            finished=time.time(),
-        )
+        elapsed, finished = self._clock() - copy.claimed, time.time()
+        return replace(result, index=copy.index, url=copy.url, id=copy.id, attempts=0,
+                       attempt_log=(), elapsed=elapsed, finished=finished)  # fmt: skip
 
     def _prepare(
         self, job: Job, index: int, item: object, claimed: float, deadline_end: float | None
     ) -> Task | Result:
         """The item's Task, or the Result of an item that is not to be sent at all."""
         if deadline_end is not None and claimed >= deadline_end:
-            return self._unstarted(job, index, item, "deadline")
+            return self._failure(job, index, item, "deadline", unstarted_reason("deadline"))
         if self._stop.is_set():
-            return self._unstarted(job, index, item, "cancelled")
+            return self._failure(job, index, item, "cancelled", unstarted_reason("cancelled"))
         try:
             return job.prepare(item)
         except InvalidItem as exc:
-            url, item_id = job.label(item)
-            return Result(
-                index,
-                url,
-                False,
-                item_id,
-                error_kind="invalid_request",
-                error=str(exc),
-                elapsed=self._clock() - claimed,
-                finished=time.time(),
-            )
+            invalid = self._failure(job, index, item, "invalid_request", str(exc))
+            return replace(invalid, elapsed=self._clock() - claimed)
 
     def _attempts(
         self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
@@ -540,14 +467,14 @@ class Engine:
         return result_of(
             index=item.index,
             url=item.task.url,
-            item_id=item.task.id,
+            id=item.task.id,
             verdict=verdict,
             error=error,
             data=verdict.data if steps is None else steps.data,
             records=item.records,
             elapsed=self._clock() - item.claimed,
             finished=time.time(),  # (wall-clock time, for the report's charts)
-            fallback=fallback,
+            fallback_used=fallback,
             pages=None if steps is None else steps.done,
             continuation=steps.continuation if going_on and steps else None,
         )
@@ -607,7 +534,13 @@ class Engine:
                     verdict, attempted, self.options.backoff, self._rand(), item.allowance
                 )
             last = decision.verdict
-            self._record(item, last, fallback, ended - began, decision.wait)
+            # The attempt's record, kept in the item's log and shown to the observers.
+            status, took = answer_of(last).status_code, ended - began
+            record = AttemptRecord(len(item.records) + 1, status, last.error_kind, took,
+                                   decision.wait, fallback, last.hedged, last.resent)  # fmt: skip
+            item.records.append(record)
+            if self.observers.sees_attempt_finished:
+                self.observers.attempt_finished(item.index, item.task, record)
             if decision.wait is None:
                 return last, decision.error
             _log_retry(item.task.url, last, number, max_attempts, decision.wait)
@@ -637,7 +570,8 @@ class Engine:
         self, item: _Carried, route: Route, so_far: Result | None, admission: Admission | None
     ) -> tuple[Verdict, float, float]:
         """One attempt on ``route``, bounded by the job's timeout within the item's allowance,
-        its Verdict told to the limits; with the clock when it began and when it ended."""
+        its Verdict told to the limits; with the clock when it began and when it ended. A bug
+        in the attempt is its final failure; an interrupt gives back its place at the limits."""
         if self.observers.sees_attempt_started:
             self.observers.attempt_started(item.index)
         began = self._clock()
@@ -647,7 +581,15 @@ class Engine:
         wall_end, limit = (
             (None, None) if timeout is None else item.allowance.attempt_end(timeout, began)
         )
-        verdict = self._attempt(route, wall_end, so_far, item.task, admission)
+        try:
+            verdict = route.attempt(wall_end, so_far)
+        except Exception as exc:
+            log.exception("internal error in an attempt of %s", item.task.url)
+            verdict = Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
+        except BaseException:
+            if admission is not None and self._gates is not None:
+                self._gates.abandon(admission)
+            raise
         ended = self._clock()
         if limit is not None:
             # (a timeout the budget cut short says nothing of the host: its limits see that)
@@ -655,49 +597,6 @@ class Engine:
         if admission is not None:
             self._release(admission, item.job, verdict, item.task)
         return verdict, began, ended
-
-    def _record(
-        self,
-        item: _Carried,
-        last: Verdict,
-        fallback: int | None,
-        took: float,
-        wait: float | None,
-    ) -> None:
-        """The attempt's record kept in the item's log and shown to the observers."""
-        record = AttemptRecord(
-            len(item.records) + 1,
-            answer_of(last).status_code,
-            last.error_kind,
-            took,
-            wait=wait,
-            fallback=fallback,
-            hedged=last.hedged,
-            resent=last.resent,
-        )
-        item.records.append(record)
-        if self.observers.sees_attempt_finished:
-            self.observers.attempt_finished(item.index, item.task, record)
-
-    def _attempt(
-        self,
-        route: Route,
-        wall_end: float | None,
-        so_far: Result | None,
-        task: Task,
-        admission: Admission | None,
-    ) -> Verdict:
-        """One attempt on ``route``: a bug in it is its final failure; an interrupt gives
-        back the place it held at the limits."""
-        try:
-            return route.attempt(wall_end, so_far)
-        except Exception as exc:
-            log.exception("internal error in an attempt of %s", task.url)
-            return Verdict("terminal", "exception", f"internal error: {type(exc).__name__}")
-        except BaseException:
-            if admission is not None and self._gates is not None:
-                self._gates.abandon(admission)
-            raise
 
     def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
         """Tell the limits what an attempt came to (``Gates.release`` keeps each gate's failure

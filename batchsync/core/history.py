@@ -95,9 +95,7 @@ def totals(stints: Iterable[Stint]) -> Totals:
     return Totals(elapsed, waits, circuits)
 
 
-def merged_timeline(
-    *timelines: Mapping[tuple[str, int], float],
-) -> dict[tuple[str, int], float]:
+def merged_timeline(*timelines: Mapping[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     """Seconds waited by (gate, unix second), summed over several timelines."""
     merged: dict[tuple[str, int], float] = {}
     for timeline in timelines:

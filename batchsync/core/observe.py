@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .result import AttemptRecord, Result, Summary
@@ -34,24 +35,20 @@ class Observer:
         """The item's final Result (also for items never started and copies of dedup)."""
 
 
+@dataclass(frozen=True)
 class Hooks(Observer):
     """The caller's ``on_attempt(spec, record)`` and ``on_result(result)``."""
 
-    def __init__(
-        self,
-        on_attempt: Callable[[Any, AttemptRecord], None] | None,
-        on_result: Callable[[Result], None] | None,
-    ) -> None:
-        self._on_attempt = on_attempt
-        self._on_result = on_result
+    on_attempt: Callable[[Any, AttemptRecord], None] | None
+    on_result: Callable[[Result], None] | None
 
     def attempt_finished(self, index: int, task: Task, record: AttemptRecord) -> None:
-        if self._on_attempt is not None:
-            self._on_attempt(task.subject, record)
+        if self.on_attempt is not None:
+            self.on_attempt(task.subject, record)
 
     def item_finished(self, result: Result) -> None:
-        if self._on_result is not None:
-            self._on_result(result)
+        if self.on_result is not None:
+            self.on_result(result)
 
 
 class Observers(Observer):

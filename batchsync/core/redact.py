@@ -27,21 +27,8 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # Query parameters whose values are secrets (case-insensitive), as many APIs take their keys.
-SECRET_PARAMS = frozenset(
-    {
-        "api_key",
-        "apikey",
-        "key",
-        "access_token",
-        "token",
-        "auth",
-        "signature",
-        "sig",
-        "password",
-        "secret",
-        "client_secret",
-    }
-)
+SECRET_PARAMS = frozenset({"api_key", "apikey", "key", "access_token", "token", "auth",
+                           "signature", "sig", "password", "secret", "client_secret"})  # fmt: skip
 
 MASK = "***"
 
@@ -107,15 +94,13 @@ def pieces(value: str) -> set[str]:
     return {value, *(part for part in parts if len(part) >= _MIN_PIECE)}
 
 
+@dataclass(slots=True)
 class _Learned:
     """Secrets met while a run goes (tokens from ``auth=``), replaced whole on each change so
     that readers need no lock."""
 
-    __slots__ = ("names", "values")
-
-    def __init__(self) -> None:
-        self.names: frozenset[str] = frozenset()
-        self.values: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()
+    values: frozenset[str] = frozenset()
 
 
 # Learning is rare (a token an hour): one lock for every run is plenty, and keeps Secrets
@@ -163,12 +148,6 @@ class Secrets:
             learned.values = learned.values | new_values
             learned.names = learned.names | new_names
 
-    @property
-    def known(self) -> frozenset[str]:
-        """The secret values known now: those given up front and those learned since."""
-        learned = self._learned.values
-        return self.values | learned if learned else self.values
-
     def is_secret(self, name: str) -> bool:
         name = name.lower()
         return name in self.names or name in self._learned.names
@@ -176,8 +155,7 @@ class Secrets:
     def is_declared(self, name: str) -> bool:
         """A secret by the run's say-so (a batch header, a declared name, an ``auth=``
         header), which requests does not know to keep from other hosts."""
-        name = name.lower()
-        return (name in self.names or name in self._learned.names) and name not in SECRET_HEADERS
+        return self.is_secret(name) and name.lower() not in SECRET_HEADERS
 
     def _mask_param(self, match: re.Match[str]) -> str:
         return f"{match[1]}={MASK}" if _param_name(match[1]) in self.params else match[0]
@@ -253,14 +231,14 @@ class Secrets:
         self, text: str, extra: Iterable[str], mask_param: Callable[[re.Match[str]], str]
     ) -> str:
         if "@" in text:
-            text = _USERINFO.sub(_mask_userinfo, text)
+            text = _USERINFO.sub(lambda userinfo: f"{userinfo[1] or ''}//{MASK}@", text)
         if "=" in text:
             for pattern in _PARAMS:
                 text = pattern.sub(mask_param, text)
         if "%" in text:  # a URL escaped inside another: its userinfo, its secrets found decoded
             text = _ESCAPED_USERINFO.sub(rf"\1{MASK}\2", text)
             extra = {*extra, *self._param_values(unquote_plus(text))}
-        learned = self._learned.values  # (inline: text() runs for every item)
+        learned = self._learned.values  # (the values known now: given up front, and learned)
         known = self.values | learned if learned else self.values
         values = known.union(extra) if extra else known
         if not values:
@@ -360,10 +338,6 @@ def _alternation(forms: Iterable[str]) -> str:
     return "|".join(sorted((re.escape(form) for form in forms if form), key=len, reverse=True))
 
 
-def _mask_userinfo(match: re.Match[str]) -> str:
-    return f"{match[1] or ''}//{MASK}@"
-
-
 def _mask_cut(text: str, values: Iterable[str]) -> str:
     """Mask what is left of a secret where a message cut it short: a start of one before a
     ``…`` or ``...``, an end of one after it."""
@@ -385,56 +359,31 @@ def _cut_forms(values: Iterable[str]) -> list[str]:
 def _mask_around(text: str, form: str, cut: str) -> str:
     start = text.find(cut)
     while start >= 0:
-        before = _start_before(text[:start], form)
+        before = _overlap(text[:start], form, before=True)
         if before:
             text = text[: start - before] + MASK + text[start:]
             start += len(MASK) - before
         end = start + len(cut)
-        after = _end_after(text[end:], form)
+        after = _overlap(text[end:], form, before=False)
         if after:
             text = text[:end] + MASK + text[end + after :]
         start = text.find(cut, end)
     return text
 
 
-def _start_before(text: str, form: str) -> int:
+def _overlap(text: str, form: str, *, before: bool) -> int:
     """The length of the longest start of ``form`` (at least _MIN_PIECE long, shorter than
-    it) that ``text`` ends with, or 0."""
+    it) that ``text`` ends with (``before`` a cut), or of its longest end (as long) that
+    ``text`` starts with (after one); 0 when there is none."""
     for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
-        if text.endswith(form[:k]):
+        if text.endswith(form[:k]) if before else text.startswith(form[-k:]):
             return k
     return 0
 
 
-def _end_after(text: str, form: str) -> int:
-    """The length of the longest end of ``form`` (as above) that ``text`` starts with."""
-    for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
-        if text.startswith(form[-k:]):
-            return k
-    return 0
-
-
-class _Registry:
-    """The Secrets of the runs going on now, for the log filter."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: list[Secrets] = []
-
-    def add(self, secrets: Secrets) -> None:
-        with self._lock:
-            self._active.append(secrets)
-
-    def remove(self, secrets: Secrets) -> None:
-        with self._lock:
-            self._active.remove(secrets)
-
-    def current(self) -> list[Secrets]:
-        with self._lock:
-            return list(self._active) or [Secrets()]
-
-
-_RUNS = _Registry()
+# The Secrets of the runs going on now, for the log filter.
+_RUNS: list[Secrets] = []
+_RUNS_LOCK = threading.Lock()
 
 
 class RedactingFilter(logging.Filter):
@@ -469,7 +418,9 @@ def _printable(text: str, keep: str = "") -> str:
 
 def _masked(text: str) -> str:
     own = getattr(_ITEM, "values", ())
-    for secrets in _RUNS.current():
+    with _RUNS_LOCK:
+        runs = list(_RUNS) or [Secrets()]
+    for secrets in runs:
         text = secrets.text(text, own)
     return text
 
@@ -490,14 +441,8 @@ def item_secrets(values: frozenset[str]) -> Iterator[None]:
 
 
 _FILTER = RedactingFilter()
-_LOGGERS = (
-    "batchsync",
-    "urllib3.connectionpool",
-    "urllib3.connection",
-    "urllib3.poolmanager",
-    "urllib3.response",
-    "urllib3.util.retry",
-)
+_LOGGERS = ("batchsync", "urllib3.connectionpool", "urllib3.connection", "urllib3.poolmanager",
+            "urllib3.response", "urllib3.util.retry")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -507,8 +452,10 @@ def watching(secrets: Secrets) -> Iterator[Secrets]:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
-    _RUNS.add(secrets)
+    with _RUNS_LOCK:
+        _RUNS.append(secrets)
     try:
         yield secrets
     finally:
-        _RUNS.remove(secrets)
+        with _RUNS_LOCK:
+            _RUNS.remove(secrets)

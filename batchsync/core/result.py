@@ -8,7 +8,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -44,16 +44,7 @@ class AttemptRecord:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
-        return cls(
-            record["attempt"],
-            record["status_code"],
-            record["error_kind"],
-            record["elapsed"],
-            record["wait"],
-            record.get("fallback"),
-            record.get("hedged", False),
-            record.get("resent", 0),
-        )
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__ if name in record})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,45 +87,23 @@ def answer_of(verdict: Verdict) -> Answer:
     return _UNANSWERED if facts is None else facts
 
 
-def result_of(
-    *,
-    index: int,
-    url: str | None,
-    item_id: Any,
-    verdict: Verdict,
-    error: str | None,
-    data: Any,
-    records: Sequence[AttemptRecord],
-    elapsed: float,
-    finished: float,
-    fallback: int | None = None,
-    pages: int | None = None,
-    continuation: Any = None,
-) -> Result:
-    """An item's Result from its last Verdict and its attempts' records: the one place a
-    Result is made of an answer, for the engine's attempts and a batch's rows alike."""
+def result_of(verdict: Verdict, records: Sequence[AttemptRecord], **fields: Any) -> Result:
+    """An item's Result from its last Verdict and its attempts' records, ``fields`` its others
+    by their names (``index``, ``url``, ``id``, ``error``, ``data``, ``elapsed``, …): the one
+    place a Result is made of an answer, for the engine's attempts and a batch's rows alike."""
     answer = answer_of(verdict)
     sent = 0
     for record in records:
         sent += 1 + record.hedged + record.resent
     return Result(
-        index=index,
-        url=url,
         ok=verdict.outcome == "success",
-        id=item_id,
         status_code=answer.status_code,
         attempts=sent,
         error_kind=verdict.error_kind,
-        error=error,
-        data=data,
-        elapsed=elapsed,
         attempt_log=tuple(records),
-        fallback_used=fallback,
         final_url=answer.final_url,
         redirects=answer.redirects,
-        pages=pages,
-        continuation=continuation,
-        finished=finished,
+        **fields,
     )
 
 
@@ -294,9 +263,7 @@ class Summary:
 
     @property
     def requests_per_second(self) -> float | None:
-        if not self.elapsed:
-            return None
-        return self.requests_sent / self.elapsed
+        return self.requests_sent / self.elapsed if self.elapsed else None
 
     @property
     def attempts_per_item(self) -> float | None:
@@ -326,9 +293,8 @@ class Summary:
         if self.latency:
             parts.append("latency " + ", ".join(f"{k} {v:.3f} s" for k, v in self.latency.items()))
         if self.waits:
-            parts.append(
-                "waited: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
-            )
+            waits = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
+            parts.append(f"waited: {waits}")
         if self.circuits_opened:
             parts.append(f"{self.circuits_opened} circuit(s) opened")
         return "; ".join(parts)
@@ -467,6 +433,8 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
             into[name] = value
 
 
+_Record = TypeVar("_Record", "Trace", "Listing")
+
 # What an attempt of the log says, for the report: status code, error kind, seconds it took,
 # wait after it.
 Tried = tuple[int | None, str | None, float, float | None]
@@ -487,16 +455,8 @@ class Trace:
 
     @classmethod
     def of(cls, result: Result) -> Trace:
-        return cls(
-            result.index,
-            result.ok,
-            result.error_kind,
-            result.status_code,
-            result.attempts,
-            result.elapsed,
-            result.finished,
-            tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log),
-        )
+        log = tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log)
+        return _taken_from(cls, result, log=log)
 
 
 @dataclass(frozen=True)
@@ -515,13 +475,10 @@ class Listing:
 
     @classmethod
     def of(cls, result: Result) -> Listing:
-        return cls(
-            result.index,
-            result.url,
-            result.id,
-            result.status_code,
-            result.error_kind,
-            result.error,
-            result.attempts,
-            result.elapsed,
-        )
+        return _taken_from(cls, result)
+
+
+def _taken_from(cls: type[_Record], result: Result, **given: Any) -> _Record:
+    """A ``cls`` of ``result``'s fields of the same names, but those ``given``."""
+    taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name not in given}
+    return cls(**taken, **given)

@@ -13,23 +13,14 @@ from typing import Any, Literal
 
 Ruling = Literal["success", "retry", "terminal"]
 
+# By line: what an attempt met, what ended an item before its next one, a callable's own
+# failure, how a batch endpoint ended a row (``kinds.KINDS`` says what each one means).
 ErrorKind = Literal[
-    "status",
-    "timeout",
-    "connection",
-    "invalid_body",
-    "invalid_request",
-    "redirect",
-    "tls",
-    "budget",
-    "deadline",
-    "circuit_open",
-    "cancelled",
+    "status", "timeout", "connection", "invalid_body", "invalid_request", "redirect", "tls",
+    "budget", "deadline", "circuit_open", "cancelled",
     "exception",
-    "batch_expired",
-    "batch_cancelled",
-    "batch_errored",
-]
+    "batch_expired", "batch_cancelled", "batch_errored",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,19 +104,11 @@ class Retryable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Feedback:
-    """What an attempt tells the limits of the host it went to.
+    """What an attempt tells the limits of the host it went to."""
 
-    ``congested``: the host says it is overloaded (the adaptive limit backs off);
-    ``unwell``: True a failure the breaker counts, False an answer, None not counted;
-    ``hold``: seconds the host asked every caller to wait (the shared cooldown);
-    ``quota``: seconds until the host's quota resets, none being left (held the same way);
-    ``announced``: the limits the provider's headers announced (what is left, until when);
-    ``used``: what the answer says it cost (an LLM answer's ``usage``, in tokens).
-    """
-
-    congested: bool = False
-    unwell: bool | None = None
-    hold: float | None = None
-    quota: float | None = None
-    announced: Announced | None = None
-    used: int | None = None
+    congested: bool = False  # the host says it is overloaded (the adaptive limit backs off)
+    unwell: bool | None = None  # True: a failure the breaker counts; False: an answer; None: not
+    hold: float | None = None  # seconds the host asked every caller to wait (the shared cooldown)
+    quota: float | None = None  # seconds until the host's quota resets, none being left (as hold)
+    announced: Announced | None = None  # the provider's limits its headers announced (left, when)
+    used: int | None = None  # what the answer says it cost (an LLM answer's ``usage``, in tokens)

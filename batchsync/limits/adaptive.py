@@ -80,16 +80,15 @@ class AdaptiveLimit:
             self._successes = 0
 
 
+@dataclass(eq=False)
 class AdaptiveGate:
     """The attempts in flight the adaptive limit allows (always this process's own); its
     hold: the instant the attempt was let in."""
 
+    limit: AdaptiveLimit
     name = "adaptive"
     rank = 20
     recheck = False
-
-    def __init__(self, limit: AdaptiveLimit) -> None:
-        self.limit = limit
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         since, refusal = waiting.poll(self.name, self.limit.enter, admission)

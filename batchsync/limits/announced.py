@@ -59,14 +59,9 @@ class AnnouncedGate:
             limiter, window = self._limiters[kind], self.windows.get(kind)
             if limiter is None or window is None or amount <= 0:
                 continue
-            name = f"announced {kind}"
+            name, share = f"announced {kind}", min(amount, window.count)
             entry, refusal = enter(
-                limiter,
-                window,
-                min(amount, window.count),
-                name=name,
-                admission=admission,
-                waiting=waiting,
+                limiter, window, share, name=name, admission=admission, waiting=waiting
             )
             if entry is None:
                 self.abandon(admission)

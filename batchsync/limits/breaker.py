@@ -9,17 +9,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.admission import Admission
 from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback
 from .gate import POLL_SECONDS, GateOption, Waiting
-from .shared import BreakerBackend, BreakerState, SharedLimits
+from .shared import BreakerBackend, BreakerSettings, BreakerState, SharedLimits
 
 
 @dataclass(frozen=True)
-class Breaker(GateOption):
+class Breaker(BreakerSettings, GateOption):
     """Circuit breaker settings, per host, as resilience4j and Polly define a breaker.
 
     The circuit opens when at least ``ratio`` of the host's last ``window`` counted attempts
@@ -30,11 +30,6 @@ class Breaker(GateOption):
     ``classify.host_feedback`` for what counts. An item ends ``circuit_open`` only when its
     budget or the batch deadline cannot cover the wait.
     """
-
-    ratio: float = 0.5
-    window: int = 100
-    min_calls: int = 20
-    reset: float = 5.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and 0 < self.ratio <= 1):
@@ -162,18 +157,17 @@ class CircuitBreaker:
             self._probed(key, None)
 
 
+@dataclass(eq=False)
 class BreakerGate:
     """Holds a host's attempts while its circuit is open or another attempt probes it, as a
     cooldown holds; ``circuit_open`` when the item's budget or the deadline cannot cover the
-    break. Its hold: True for the attempt that is the probe."""
+    break. Its hold: True for the attempt that is the probe. ``refusals``: the items it ended."""
 
+    backend: BreakerBackend
+    refusals: int = field(default=0, init=False)
     name = "breaker"
     rank = 10
     recheck = False
-
-    def __init__(self, backend: BreakerBackend) -> None:
-        self.backend = backend
-        self.refusals = 0
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         state, wait = self.backend.check(admission.host)

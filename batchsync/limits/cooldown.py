@@ -25,8 +25,7 @@ class Holds:
     """The one board a run's cooldown and quota-reset gates keep their holds on (under keys
     apart), made for the first of them built: in this process, or by the shared backend."""
 
-    def __init__(self) -> None:
-        self._board: CooldownBoard | None = None
+    _board: CooldownBoard | None = None
 
     def board(self, *, shared: SharedLimits | None, clock: Clock) -> CooldownBoard:
         if self._board is None:
@@ -73,25 +72,24 @@ class Cooldowns:
         return left
 
 
+@dataclass(eq=False)
 class CooldownGate:
     """Holds attempts while a server's Retry-After (a 429 or 503) holds their host, or every
     host (``global``)."""
 
+    board: CooldownBoard
+    scope: CooldownScope
     name = "cooldown"
     rank = 40
     recheck = True
 
-    def __init__(self, board: CooldownBoard, scope: CooldownScope) -> None:
-        self.board = board
-        self._global = scope == "global"
-
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        held = self.board.remaining(GLOBAL if self._global else admission.host)
+        held = self.board.remaining(GLOBAL if self.scope == "global" else admission.host)
         return waiting.sleep(self.name, held, admission) if held > 0 else None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         if feedback.hold:
-            self.board.hold(GLOBAL if self._global else admission.host, feedback.hold)
+            self.board.hold(GLOBAL if self.scope == "global" else admission.host, feedback.hold)
 
     def abandon(self, admission: Admission) -> None:
         """Nothing is held."""

@@ -50,17 +50,14 @@ class Gate(Protocol):
         """Let the attempt through (None), keeping in ``admission.held[name]`` what it took,
         or the kind that ends the item instead (holding nothing then). Waits go through
         ``waiting``; a shared backend that cannot answer raises ``LimitsUnavailable``."""
-        ...
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         """The attempt came to ``feedback``: give back what it held, learn from it (a weighted
         cost is reconciled here, with what the attempt really cost)."""
-        ...
 
     def abandon(self, admission: Admission) -> None:
         """The attempt was never sent (a later gate refused it, an interrupt): give back what
         it held; it tells nothing."""
-        ...
 
 
 class GateOption(ABC):

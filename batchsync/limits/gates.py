@@ -1,8 +1,7 @@
-"""``Gates``: the limits a run's attempts pass, each a ``Gate`` built by its option (one module
-each: ``breaker``, ``adaptive``, ``slots``, ``cooldown``, ``quota``, ``window``, ``announced``,
-``tokenrate``), run in rank order for the engine (``core.admission.Admitter``), the time each
-makes attempts wait counted by its name. While a shared backend (``shared``) cannot be reached,
-attempts wait until it answers: never sent without their limits.
+"""``Gates``: the limits a run's attempts pass, each a ``Gate`` built by its option, run in
+rank order for the engine (``core.admission.Admitter``), the time each makes attempts wait
+counted by its name. While a shared backend (``shared``) cannot be reached, attempts wait until
+it answers: never sent without their limits.
 """
 
 from __future__ import annotations

@@ -12,14 +12,9 @@ import re
 from dataclasses import dataclass
 
 _PERIODS = {
-    "s": 1.0,
-    "sec": 1.0,
-    "second": 1.0,
-    "min": 60.0,
-    "minute": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hour": 3600.0,
+    **dict.fromkeys(("s", "sec", "second"), 1.0),
+    **dict.fromkeys(("min", "minute"), 60.0),
+    **dict.fromkeys(("h", "hr", "hour"), 3600.0),
 }
 _LABELS = {1.0: "s", 60.0: "min", 3600.0: "h"}
 # A plain decimal with an optional exponent: what str(Rate) writes, so every rate shown can be

@@ -10,6 +10,7 @@ in-process state in the limit's own module (``window.LocalWindow``, ``slots.Host
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .rates import Window
@@ -28,7 +29,6 @@ class SharedLimits(Protocol):
 
     def window(self, name: str) -> WindowLimiter:
         """The shared log of the window kept under ``name`` (see ``window.WindowGate``)."""
-        ...
 
     def slots(self, limit: int) -> SlotPool: ...
 
@@ -50,24 +50,19 @@ class WindowLimiter(Protocol):
         in line: (its entry, 0). Else (None, the seconds to wait first: infinite while the
         room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
         attempt can last, after which a shared log forgets it (its process may have died)."""
-        ...
 
     def finish(self, entry: object, used: float | None) -> None:
         """The attempt ended now; ``used``: what its answer says it cost, when known."""
-        ...
 
     def cancel(self, entry: object) -> None:
         """The attempt was never sent."""
-        ...
 
     def withdraw(self, turn: object) -> None:
         """``turn`` gave up waiting."""
-        ...
 
     def changed(self) -> threading.Event:
         """An event set at the log's next change (an entry ended, a turn left the line):
         taken before ``take``, it wakes a waiter for a change that came just after."""
-        ...
 
 
 class SlotPool(Protocol):
@@ -75,7 +70,6 @@ class SlotPool(Protocol):
 
     def enter(self, key: str, timeout: float) -> bool:
         """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
-        ...
 
     def leave(self, key: str) -> None: ...
 
@@ -87,23 +81,17 @@ class CooldownBoard(Protocol):
 
     def remaining(self, key: str) -> float:
         """Seconds left in the key's cooldown (0 when there is none)."""
-        ...
 
 
-class BreakerSettings(Protocol):
-    """What a backend reads of a circuit breaker's settings (``breaker.Breaker``)."""
+@dataclass(frozen=True)
+class BreakerSettings:
+    """A circuit breaker's settings, as a backend reads them (``breaker.Breaker`` is the option
+    that holds them, and says what they mean)."""
 
-    @property
-    def ratio(self) -> float: ...
-
-    @property
-    def window(self) -> int: ...
-
-    @property
-    def min_calls(self) -> int: ...
-
-    @property
-    def reset(self) -> float: ...
+    ratio: float = 0.5
+    window: int = 100
+    min_calls: int = 20
+    reset: float = 5.0
 
 
 class BreakerBackend(Protocol):
@@ -116,18 +104,14 @@ class BreakerBackend(Protocol):
         ``record`` or ``abandon`` it); ``open``: wait for the break to end; ``probing``: another
         attempt is the probe, ask again shortly.
         """
-        ...
 
     def record(self, key: str, failed: bool | None, probe: bool) -> None:
         """What an admitted attempt came to: ``failed`` as ``Feedback.unwell`` says (None: not
         counted)."""
-        ...
 
     def abandon(self, key: str, probe: bool) -> None:
         """An admitted attempt was not sent after all."""
-        ...
 
     @property
     def opened(self) -> int:
         """How many circuits this process saw open."""
-        ...

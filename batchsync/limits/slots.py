@@ -50,15 +50,14 @@ class HostSlots:
             self._changed.notify_all()
 
 
+@dataclass(eq=False)
 class SlotGate:
     """At most N attempts in flight per host; its hold: the slot."""
 
+    slots: SlotPool
     name = "host_slot"
     rank = 30
     recheck = False
-
-    def __init__(self, slots: SlotPool) -> None:
-        self.slots = slots
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         host, slots = admission.host, self.slots

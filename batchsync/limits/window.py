@@ -28,7 +28,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.admission import Admission
 from ..core.clock import Clock
@@ -186,20 +186,17 @@ def enter(
         waiting.stats.add(name, waiting.now() - began)
 
 
+@dataclass(eq=False)
 class WindowGate:
     """A window's gate: one unit per attempt (``rate``) or, ``weighed``, the attempt's cost
     (``token_rate``); its hold: the attempt's entry in the log."""
 
+    name: str
+    rank: int
+    limiter: WindowLimiter
+    window: Window
+    weighed: bool = field(kw_only=True)
     recheck = False
-
-    def __init__(
-        self, name: str, rank: int, limiter: WindowLimiter, window: Window, *, weighed: bool
-    ) -> None:
-        self.name = name
-        self.rank = rank
-        self.limiter = limiter
-        self.window = window
-        self.weighed = weighed
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         amount = admission.cost if self.weighed else 1
