@@ -62,12 +62,19 @@ def test_before_the_reset_no_more_than_the_remaining_and_nothing_assumed_back() 
     assert wait_of(counts) == pytest.approx(1.0)
 
 
+def past_a_spent_reset(clock: Now, reset: float) -> tuple[AnnouncedCounts, int]:
+    """A host whose answer said nothing is left until ``reset``, once it has passed, and the
+    mark of the one attempt (the probe) that may go then."""
+    counts = AnnouncedCounts(clock)
+    told(counts, clock, requests_limit=100, requests_remaining=0, requests_reset=reset)
+    clock.now += reset
+    (probe,) = takes(counts, 1)
+    return counts, probe
+
+
 def test_after_the_reset_one_probe_goes_and_its_answer_tells_the_rest() -> None:
     clock = Now()
-    counts = AnnouncedCounts(clock)
-    told(counts, clock, requests_limit=100, requests_remaining=0, requests_reset=2.0)
-    clock.now += 2.0
-    (probe,) = takes(counts, 1)
+    counts, probe = past_a_spent_reset(clock, 2.0)
     assert wait_of(counts) == INFINITE  # until the probe's answer
     # A window announcing its oldest entry: one came back, and the next leaves in 0.5 s.
     said = Announced(requests_limit=100, requests_remaining=1, requests_reset=0.5)
@@ -78,10 +85,7 @@ def test_after_the_reset_one_probe_goes_and_its_answer_tells_the_rest() -> None:
 
 def test_a_probe_that_tells_nothing_lets_the_next_probe_go_one_at_a_time() -> None:
     clock = Now()
-    counts = AnnouncedCounts(clock)
-    told(counts, clock, requests_limit=100, requests_remaining=0, requests_reset=1.0)
-    clock.now += 1.0
-    (probe,) = takes(counts, 1)
+    counts, probe = past_a_spent_reset(clock, 1.0)
     counts.ended("h", probe, None, sent=clock.now, counted=True)  # (no answer: a timeout)
     (again,) = takes(counts, 1)
     assert wait_of(counts) == INFINITE
