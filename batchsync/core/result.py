@@ -87,23 +87,46 @@ def answer_of(verdict: Verdict) -> Answer:
     return _UNANSWERED if facts is None else facts
 
 
-def result_of(verdict: Verdict, records: Sequence[AttemptRecord], **fields: Any) -> Result:
-    """An item's Result from its last Verdict and its attempts' records, ``fields`` its others
-    by their names (``index``, ``url``, ``id``, ``error``, ``data``, ``elapsed``, …): the one
-    place a Result is made of an answer, for the engine's attempts and a batch's rows alike."""
+def result_of(
+    verdict: Verdict,
+    records: Sequence[AttemptRecord],
+    *,
+    index: int,
+    url: str | None,
+    id: Any,
+    error: str | None,
+    data: Any,
+    elapsed: float,
+    finished: float,
+    fallback_used: int | None = None,
+    pages: int | None = None,
+    continuation: Any = None,
+) -> Result:
+    """An item's Result from its last Verdict and its attempts' records, its other fields by
+    the Result's own names: the one place a Result is made of an answer, for the engine's
+    attempts and a batch's rows alike."""
     answer = answer_of(verdict)
     sent = 0
     for record in records:
         sent += 1 + record.hedged + record.resent
     return Result(
+        index=index,
+        url=url,
         ok=verdict.outcome == "success",
+        id=id,
         status_code=answer.status_code,
         attempts=sent,
         error_kind=verdict.error_kind,
+        error=error,
+        data=data,
+        elapsed=elapsed,
         attempt_log=tuple(records),
+        fallback_used=fallback_used,
         final_url=answer.final_url,
         redirects=answer.redirects,
-        **fields,
+        pages=pages,
+        continuation=continuation,
+        finished=finished,
     )
 
 

@@ -389,9 +389,11 @@ def _given_back(
     explained = 0
     for taking in counted:
         amount = taking.amounts.get(kind, 0)
+        # (one that had left the window before the answer was made, and so all older ones,
+        # is not in the spent part; nor is what goes beyond it)
         left_before = taking.ended_at is not None and taking.ended_at + window <= count.since
         if left_before or explained + amount > spent:
-            break  # (it, and all older, had left the window before the answer was made)
+            break
         explained += amount
         if taking.ended_at is not None and taking.ended_at + window < count.back_at:
             returns.append((taking.ended_at + window, amount))
