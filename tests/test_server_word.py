@@ -93,3 +93,15 @@ def test_a_server_that_says_retry_gets_its_tries_and_one_that_says_no_gets_one(
     assert dict(seen) == {"/no": 1, "/yes": 3}
     assert (no.ok, no.error_kind, no.attempts, no.error) == (False, "status", 1, "HTTP 503")
     assert (yes.ok, yes.attempts, yes.data) == (True, 3, {"n": 3})
+
+
+def test_every_place_an_answer_is_judged_takes_the_servers_word() -> None:
+    """An answer the caller's hook refused, and a batch endpoint's answer, as a live one."""
+    from batchsync.batches.client import _judged
+    from batchsync.http.classify import classify_refused_answer
+    from batchsync.http.retries import RETRYABLE
+
+    refused = classify_refused_answer(RuntimeError("no"), 503, None, 0.0, should_retry="false")
+    assert refused.outcome == "terminal"
+    assert _judged(503, {"x-should-retry": "false"}, 0.0, RETRYABLE).outcome == "terminal"
+    assert _judged(400, {"x-should-retry": "true"}, 0.0, RETRYABLE).outcome == "retry"
