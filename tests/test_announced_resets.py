@@ -184,6 +184,32 @@ def test_an_answer_read_late_does_not_pass_for_a_moved_reset() -> None:
     assert wait_of(counts) == pytest.approx(0.55)  # nothing back before the reset
 
 
+@pytest.mark.parametrize("counted_first", [True, False], ids=["told-first", "told-last"])
+@pytest.mark.parametrize(("earlier_left", "go"), [((8, 7), 6), ((8, 5), 5)])
+def test_attempts_whose_answers_told_more_left_are_not_counted_twice(
+    counted_first: bool, earlier_left: tuple[int, int], go: int
+) -> None:
+    """Three attempts in flight at once, sent at 100.0, 100.01 and 100.02; the last one's answer
+    says 6 of 10 left. The other two ended after it was sent, so it may not hold them, but
+    answers that told more left (8, 7) were counted before it: 6 go, whichever answer came
+    first. One that told less (5) may have been counted after it, and stays counted: 5 go."""
+    clock = Now()
+    counts = AnnouncedCounts(clock)
+    told(counts, clock, requests_limit=10, requests_remaining=9, requests_reset=2.0)
+    marks = []
+    for sent in (100.0, 100.01, 100.02):
+        clock.now = sent
+        marks.append(takes(counts, 1)[0])
+    clock.now = 100.05
+    answers = [(mark, sent, left) for mark, sent, left in
+               zip(marks, (100.0, 100.01, 100.02), (*earlier_left, 6), strict=True)]  # fmt: skip
+    for mark, sent, left in answers[-1:] + answers[:-1] if counted_first else answers:
+        said = Announced(requests_limit=10, requests_remaining=left, requests_reset=1.9)
+        counts.ended("h", mark, said, sent=sent, counted=True)
+    takes(counts, go)
+    assert wait_of(counts) == pytest.approx(1.9)
+
+
 def test_a_refusal_puts_a_full_reset_host_back_to_what_answers_confirm() -> None:
     clock = Now()
     counts = half_spent(clock)

@@ -81,6 +81,9 @@ class _Count:
     since: float
     own: int  # what the answered attempt took of it
     back: list[tuple[float, int]] = field(default_factory=list)
+    # what attempts that ended after ``since`` took that it holds for sure: their answers told
+    # more left than it does, so the server counted them first (or freed more than they took)
+    held: int = 0
 
 
 @dataclass
@@ -255,9 +258,7 @@ def _wait(state: _Host, kind: str, amount: int, now: float) -> float:
     count, limit = state.counts.get(kind), state.alone.get(kind)
     wait = 0.0
     if count is not None:
-        wait = count_wait(
-            count, _uncounted(state.log, count, kind, now), amount, now, full=state.full
-        )
+        wait = count_wait(count, _uncounted(state, count, kind, now), amount, now, full=state.full)
     if limit is not None:
         wait = max(wait, window_wait(state.log, kind, limit, amount, now))
     return wait
@@ -290,11 +291,15 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
                 state.alone[kind] = whole
             continue
         known = state.counts.get(kind)
+        answered.told[kind] = left
         count = _count_of(
             known, left=left, reset=reset, whole=whole, answered=answered, kind=kind, now=now
         )
         if count is None:
+            assert known is not None
+            known.held += answered.amounts.get(kind, 0) if left > known.left else 0
             continue
+        count.held = _held_by(state.log, kind, count, answered)
         _read_resets(state, kind, count)
         state.counts[kind] = count
         if count.whole is not None:
@@ -320,6 +325,21 @@ def _count_of(
     until = reset if reset is not None else _PERIOD
     own = answered.amounts.get(kind, 0)
     return _Count(left, whole, now, now + until, answered.mark, answered.sent_at, own=own)
+
+
+def _held_by(log: TakenLog, kind: str, count: _Count, answered: Taking) -> int:
+    """What the attempts but ``answered`` that ended after ``count``'s was sent took, of those
+    whose answers told more left than ``count`` does. Whatever the order the server took them
+    in, not counting them again bounds what it holds: an attempt it took before the counted
+    one is in the count, and one it took after could have told more left only if more than
+    it took had left the count in between."""
+    return sum(
+        taking.amounts.get(kind, 0)
+        for taking in log.ended_since(count.since)
+        if taking is not answered
+        and taking.ended_at != count.since  # (only those ended after it, as ``_uncounted``)
+        and taking.told.get(kind, count.left) > count.left
+    )
 
 
 def _read_resets(state: _Host, kind: str, count: _Count) -> None:
@@ -369,12 +389,18 @@ def reset_window(state: _Host, kind: str, until: float, age: float, *, counted: 
     return least
 
 
-def _uncounted(log: TakenLog, count: _Count, kind: str, now: float) -> int:
+def _uncounted(state: _Host, count: _Count, kind: str, now: float) -> int:
     """What attempts took of ``kind`` that ``count`` may not hold yet: every one but its own
-    that had not ended when its attempt was sent (sent concurrently, it may have reached the
-    server later), each until a period after it ended."""
-    counted_own = count.since < count.told_at and count.told_at > now - _PERIOD  # (still kept)
-    return log.in_flight(kind) + log.ended_after(count.since, kind) - counted_own * count.own
+    and those it holds for sure (on a host not read as giving the whole count back: on one
+    that is, what ``back`` gives back is reckoned from its own and older ones only) that had
+    not ended when its attempt was sent (sent concurrently, it may have reached the server
+    later), each until a period after it ended."""
+    log = state.log
+    taken = log.in_flight(kind) + log.ended_after(count.since, kind)
+    if count.since <= now - _PERIOD:  # (some of those it holds may be forgotten)
+        return taken
+    counted_own = count.own if count.since < count.told_at else 0
+    return taken - counted_own - (0 if state.full else count.held)
 
 
 def _given_back(

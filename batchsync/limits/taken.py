@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 @dataclass
 class Taking:
     """What one attempt took, when it was let through (then sent) and when it ended; ``before``:
-    what the attempts that ended before it took, once it has ended."""
+    what the attempts that ended before it took, once it has ended; ``told``: what its answer
+    said was left."""
 
     mark: int
     amounts: dict[str, int]
     sent_at: float
     ended_at: float | None = None
     before: dict[str, int] = field(default_factory=dict)
+    told: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
