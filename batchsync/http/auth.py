@@ -100,9 +100,9 @@ class TokenSource:
     def current(self) -> Token:
         return self._token
 
-    def start(self, fetch: bool = True) -> Token:
-        """The first token (AuthFailed when it cannot be got)."""
-        self._token = Token(0, self._fetch() if fetch else {})
+    def start(self) -> Token:
+        """The first token (AuthFailed when it cannot be got; none for an AuthBase's)."""
+        self._token = Token(0, self._fetch() if self._headers else {})
         return self._token
 
     def accept(self, token: Token) -> None:
@@ -168,11 +168,10 @@ def _returned_headers(headers: object, *, wanted: bool) -> dict[str, str]:
     return dict(headers)
 
 
-class RunAuth:
+class RunAuth(TokenSource):
     """A run's ``auth=``: which token each send carries, and what a 401 calls for."""
 
     def __init__(self, auth: Auth, secrets: Secrets) -> None:
-        self._secrets = secrets
         self.base = auth if isinstance(auth, AuthBase) else None
         refresh = getattr(auth, "refresh", None) if self.base is not None else None
         get = None if isinstance(auth, AuthBase) else auth
@@ -180,7 +179,7 @@ class RunAuth:
             get = partial(_refreshed, refresh)
         # (an AuthBase without refresh() keeps its one token, a 401 to it final: none is got)
         self._renews = get is not None
-        self._source = TokenSource(get or dict, secrets, headers=self.base is None)
+        super().__init__(get or dict, secrets, headers=self.base is None)
 
     @property
     def lane(self) -> bool:
@@ -188,28 +187,10 @@ class RunAuth:
         (it works on a requests.PreparedRequest)."""
         return self.base is None
 
-    def start(self) -> None:
-        """Get the first token (AuthFailed when it cannot be got)."""
-        self._source.start(fetch=self.base is None)
-
-    @property
-    def refreshes(self) -> int:
-        return self._source.refreshes
-
-    def current(self) -> Token:
-        return self._source.current
-
-    def accept(self, token: Token) -> None:
-        self._source.accept(token)
-
     def step(self, token: Token, renewals: int) -> Step:
         if not self._renews:
             return "give_up"
-        source = self._source
-        return after_401(token.generation, source.current.generation, source.accepted, renewals)
-
-    def refresh(self, stale: Token, wait: float | None = None) -> Token:
-        return self._source.refresh(stale, wait)
+        return after_401(token.generation, self.current.generation, self.accepted, renewals)
 
     def apply(self, request: Outgoing, token: Token) -> Outgoing:
         """``request`` as it goes out with ``token``; the original is left as it was."""

@@ -309,7 +309,7 @@ class HttpJob:
         resend is logged at DEBUG. Waiting for another worker's
         refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
         is the source's to bound (an --auth-command's timeout)."""
-        token = auth.current()
+        token = auth.current
         renewals = sent = 0  # (every request sent counts in the item's attempts)
         while True:
             verdict = self._sent(auth.apply(request, token), hedge_host, own, wall_end)
@@ -322,7 +322,7 @@ class HttpJob:
                 if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
-            if _from_elsewhere(facts, request):
+            if facts.redirects and not same_origin(facts.final_url or "", request.url):
                 return verdict  # (from another origin, which never got the token)
             step = auth.step(token, renewals)
             if step == "give_up":
@@ -339,7 +339,7 @@ class HttpJob:
                     error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                     return replace(verdict, error=error)
             else:
-                token = auth.current()
+                token = auth.current
             if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
                 return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
             renewals += 1
@@ -352,11 +352,7 @@ class HttpJob:
                 )
 
     def _exchange(
-        self,
-        request: Outgoing,
-        own: frozenset[str],
-        wall_end: float,
-        lost: threading.Event | None,
+        self, request: Outgoing, own: frozenset[str], wall_end: float, lost: threading.Event | None
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
         try:
@@ -456,11 +452,6 @@ def _request_key(spec: RequestSpec) -> Hashable:
     params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
     headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
     return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
-
-
-def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
-    """Whether an answer came, after redirects, from another origin than the request's."""
-    return bool(facts.redirects) and not same_origin(facts.final_url or "", request.url)
 
 
 def _listed(value: object) -> list[object]:
