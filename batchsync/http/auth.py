@@ -155,8 +155,7 @@ class TokenSource:
 
 
 def _returned_headers(headers: object, *, wanted: bool) -> dict[str, str]:
-    """What a token source returned, once it is headers a request can take (AuthFailed
-    saying what is wrong, never quoting a value); ``wanted``: none at all is a failure."""
+    """A token source's return as headers a request can take; AuthFailed never quotes a value."""
     if not isinstance(headers, Mapping) or not all(
         isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
     ):
@@ -195,7 +194,9 @@ class RunAuth(TokenSource):
     def apply(self, request: Outgoing, token: Token) -> Outgoing:
         """``request`` as it goes out with ``token``; the original is left as it was."""
         if isinstance(request, Wire):  # (only header tokens take the fast lane)
-            return replace(request, headers=_overlaid(request.headers, token.headers))
+            names = {name.lower() for name in token.headers}  # (replaced in any case)
+            kept = {n: v for n, v in request.headers.items() if n.lower() not in names}
+            return replace(request, headers={**kept, **token.headers})
         return replace(request, auth=partial(self._authorized, token))
 
     def _authorized(
@@ -223,14 +224,6 @@ class RunAuth(TokenSource):
 def _refreshed(refresh: Callable[[], object]) -> Mapping[str, str]:
     refresh()
     return {}
-
-
-def _overlaid(headers: Mapping[str, str], tokens: Mapping[str, str]) -> dict[str, str]:
-    """``headers`` with ``tokens`` in place of any of the same name (in any case)."""
-    names = {name.lower() for name in tokens}
-    merged = {name: value for name, value in headers.items() if name.lower() not in names}
-    merged.update(tokens)
-    return merged
 
 
 class CommandToken:
@@ -333,9 +326,8 @@ def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
-    """Make sure the command is over: its whole process group killed if it still runs (a
-    child of the shell may too), and our end of the pipe closed, never waited on (a child
-    that left the group may hold the other end open)."""
+    """Make sure the command is over: its process group killed if it runs (a child of the shell
+    may too), our end of the pipe closed, never waited on (a detached child may hold it)."""
     if process.returncode is None:
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)

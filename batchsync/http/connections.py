@@ -63,15 +63,11 @@ class _Tracked(ConnectionHooks):
     response_class = QuickHeadersResponse
 
     def putheader(self, header: str, *values: str) -> None:
-        """urllib3's and http.client's ``putheader``, each distinct short line of one text
-        value checked and encoded once a run, and its bytes appended as ``_output`` appends
-        them.
-
-        Such a line depends on its name and value alone while the connection class makes
-        lines the stock way (``keeps_lines``) and neither library's ``putheader`` nor
-        ``_output`` is patched: then the bytes are the same. A call that fails, or appends no
-        line (urllib3's SKIP_HEADER), is never kept; a class of its own is never served a
-        kept line, nor are bytes values (compared with text, they warn under ``python -b``)."""
+        """urllib3's and http.client's ``putheader``, each distinct short line of one text value
+        made once a run: the same bytes while the class makes lines the stock way
+        (``keeps_lines``) and neither ``putheader`` nor ``_output`` is patched. A call that fails
+        or appends no line (urllib3's SKIP_HEADER) is never kept, nor are bytes values (compared
+        with text, they warn under ``python -b``)."""
         if not (
             self.keeps_lines
             and type(header) is str

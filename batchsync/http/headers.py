@@ -63,10 +63,8 @@ class QuickMessage(http.client.HTTPMessage):
 def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]] | None:
     """The (name, value) of each line of a plain header block, and each name lower-cased;
     None when the block is not plain: a line that is not ``Name: value``, no blank line at
-    its end, or a Content-Type the email parser treats specially.
-
-    The block is read in one search: each line ends at its only LF, so a match that begins
-    where a line does takes the whole line, and as many matches as lines means each is one."""
+    its end, or a Content-Type the email parser treats specially. (One search: each line ends
+    at its only LF, so as many matches as lines means each match is a whole line.)"""
     if lines[-1] not in _END_OF_HEADERS:
         return None
     block = b"".join(lines[:-1]).decode("iso-8859-1")
