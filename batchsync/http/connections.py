@@ -44,8 +44,6 @@ _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
 # afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
 _MAX_HEADER_LINES = 1024
 _MAX_KEPT_LINE = 256
-# A kept line's key: its name and its one value, both plain ``str``.
-_LineKey = tuple[str, str]
 
 
 class _Tracked(ConnectionHooks):
@@ -132,9 +130,9 @@ class ConnectionLedger:
         self._lock = threading.Lock()
         self._tracked: dict[tuple[type, bool], type] = {}
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
-        # Each distinct header line its connections sent, made once (see _Tracked.putheader);
-        # kept no longer than the run, as the requests that carry them.
-        self.header_lines: dict[_LineKey, bytes] = {}
+        # Each distinct header line its connections sent, made once (see _Tracked.putheader),
+        # by its name and value; kept no longer than the run, as the requests that carry them.
+        self.header_lines: dict[tuple[str, str], bytes] = {}
 
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True

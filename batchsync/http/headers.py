@@ -105,9 +105,8 @@ def parse_headers(
 
 
 def _quick_begin_of(begin: Callable[..., Any]) -> Callable[[http.client.HTTPResponse], None] | None:
-    """``begin`` (http.client's own), run with ``parse_headers`` bound to this module's: the
-    status line, chunking, lengths and keep-alive are decided exactly as the running Python
-    decides them. None for a ``begin`` not built the way the quick path expects."""
+    """``begin`` (http.client's own) run with this module's ``parse_headers``, all else decided
+    as the running Python decides it; None for a ``begin`` not built the way this expects."""
     return internals.begin_parsing_with(begin, parse_headers)
 
 
@@ -160,8 +159,7 @@ def _normalize_header_values(message: http.client.HTTPMessage) -> list[tuple[str
 
 def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
     """``HTTPHeaderDict(items)``: for a block read the quick way, filled as its ``add`` fills
-    it (each name under its lower case, a repeated name's values after the first), without
-    the generic ``extend``'s type checks."""
+    it, without the generic ``extend``'s type checks."""
     if type(items) is not _QuickItems or QUICK_HEADER_DICT is None:
         return HTTPHeaderDict(items)
     headers = HTTPHeaderDict()

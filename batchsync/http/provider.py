@@ -98,9 +98,8 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
 
 
 def _anthropic_tokens(found: Mapping[str, str]) -> str:
-    """The prefix of the Anthropic token set to read: ``tokens-`` when any of its headers is
-    there, else whichever of ``input-tokens-`` and ``output-tokens-`` has the smaller valid
-    remaining (the input's on a tie, or when neither says a valid one)."""
+    """The prefix of the Anthropic token set to read: ``tokens-`` when it is there, else the
+    one of ``input-tokens-`` and ``output-tokens-`` with less left (the input's on a tie)."""
     combined, inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in ANTHROPIC_SETS[1:])
     if _sends(found, combined):
         return combined

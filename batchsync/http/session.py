@@ -64,10 +64,6 @@ def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
     return BadRedirect(f"cannot follow a redirect: {exc.reason} in its Location")
 
 
-# What a lent session's auth is shown to find what it sends: a request to nowhere in particular.
-_AUTH_PROBE = "http://auth-probe.invalid/"
-
-
 def lent_secrets(session: requests.Session, secrets: Secrets) -> frozenset[str]:
     """The secret values a caller's session holds, which its requests carry as an item's own
     would: its secret headers' (Authorization, Cookie, Proxy-Authorization, ``secret_headers``
@@ -101,7 +97,7 @@ def auth_secrets(auth: object) -> set[str]:
 
 def _sent_by(auth: Callable[[requests.PreparedRequest], Any]) -> set[str]:
     """The header values ``auth`` sets on a probe request (none if it fails on one)."""
-    probe = requests.Request("GET", _AUTH_PROBE).prepare()
+    probe = requests.Request("GET", "http://auth-probe.invalid/").prepare()  # (to nowhere)
     before = dict(probe.headers)
     try:
         applied = auth(probe)

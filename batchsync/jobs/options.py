@@ -265,9 +265,8 @@ class CallOptions(FlowOptions):
 
 
 class _Family(BaseModel):
-    """A family of options: declared together, taken together by what reads them (a
-    consumer typed to take the family sees only its fields, whether it is given the family
-    or the whole options, which are made of their families)."""
+    """A family of options, declared and taken together: a consumer typed to take the family
+    sees only its fields, whether given the family or the whole options made of families."""
 
     model_config = _CONFIG
 
