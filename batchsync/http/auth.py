@@ -100,9 +100,9 @@ class TokenSource:
     def current(self) -> Token:
         return self._token
 
-    def start(self, fetch: bool = True) -> Token:
-        """The first token (AuthFailed when it cannot be got)."""
-        self._token = Token(0, self._fetch() if fetch else {})
+    def start(self) -> Token:
+        """The first token (AuthFailed when it cannot be got; none for an AuthBase's)."""
+        self._token = Token(0, self._fetch() if self._headers else {})
         return self._token
 
     def accept(self, token: Token) -> None:
@@ -155,8 +155,7 @@ class TokenSource:
 
 
 def _returned_headers(headers: object, *, wanted: bool) -> dict[str, str]:
-    """What a token source returned, once it is headers a request can take (AuthFailed
-    saying what is wrong, never quoting a value); ``wanted``: none at all is a failure."""
+    """A token source's return as headers a request can take; AuthFailed never quotes a value."""
     if not isinstance(headers, Mapping) or not all(
         isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
     ):
@@ -168,11 +167,10 @@ def _returned_headers(headers: object, *, wanted: bool) -> dict[str, str]:
     return dict(headers)
 
 
-class RunAuth:
+class RunAuth(TokenSource):
     """A run's ``auth=``: which token each send carries, and what a 401 calls for."""
 
     def __init__(self, auth: Auth, secrets: Secrets) -> None:
-        self._secrets = secrets
         self.base = auth if isinstance(auth, AuthBase) else None
         refresh = getattr(auth, "refresh", None) if self.base is not None else None
         get = None if isinstance(auth, AuthBase) else auth
@@ -180,7 +178,7 @@ class RunAuth:
             get = partial(_refreshed, refresh)
         # (an AuthBase without refresh() keeps its one token, a 401 to it final: none is got)
         self._renews = get is not None
-        self._source = TokenSource(get or dict, secrets, headers=self.base is None)
+        super().__init__(get or dict, secrets, headers=self.base is None)
 
     @property
     def lane(self) -> bool:
@@ -188,33 +186,17 @@ class RunAuth:
         (it works on a requests.PreparedRequest)."""
         return self.base is None
 
-    def start(self) -> None:
-        """Get the first token (AuthFailed when it cannot be got)."""
-        self._source.start(fetch=self.base is None)
-
-    @property
-    def refreshes(self) -> int:
-        return self._source.refreshes
-
-    def current(self) -> Token:
-        return self._source.current
-
-    def accept(self, token: Token) -> None:
-        self._source.accept(token)
-
     def step(self, token: Token, renewals: int) -> Step:
         if not self._renews:
             return "give_up"
-        source = self._source
-        return after_401(token.generation, source.current.generation, source.accepted, renewals)
-
-    def refresh(self, stale: Token, wait: float | None = None) -> Token:
-        return self._source.refresh(stale, wait)
+        return after_401(token.generation, self.current.generation, self.accepted, renewals)
 
     def apply(self, request: Outgoing, token: Token) -> Outgoing:
         """``request`` as it goes out with ``token``; the original is left as it was."""
         if isinstance(request, Wire):  # (only header tokens take the fast lane)
-            return replace(request, headers=_overlaid(request.headers, token.headers))
+            names = {name.lower() for name in token.headers}  # (replaced in any case)
+            kept = {n: v for n, v in request.headers.items() if n.lower() not in names}
+            return replace(request, headers={**kept, **token.headers})
         return replace(request, auth=partial(self._authorized, token))
 
     def _authorized(
@@ -242,14 +224,6 @@ class RunAuth:
 def _refreshed(refresh: Callable[[], object]) -> Mapping[str, str]:
     refresh()
     return {}
-
-
-def _overlaid(headers: Mapping[str, str], tokens: Mapping[str, str]) -> dict[str, str]:
-    """``headers`` with ``tokens`` in place of any of the same name (in any case)."""
-    names = {name.lower() for name in tokens}
-    merged = {name: value for name, value in headers.items() if name.lower() not in names}
-    merged.update(tokens)
-    return merged
 
 
 class CommandToken:
@@ -352,9 +326,8 @@ def _bounded_output(process: subprocess.Popen[bytes], timeout: float) -> bytes:
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
-    """Make sure the command is over: its whole process group killed if it still runs (a
-    child of the shell may too), and our end of the pipe closed, never waited on (a child
-    that left the group may hold the other end open)."""
+    """Make sure the command is over: its process group killed if it runs (a child of the shell
+    may too), our end of the pipe closed, never waited on (a detached child may hold it)."""
     if process.returncode is None:
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)

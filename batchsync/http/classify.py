@@ -127,10 +127,8 @@ def describe(exc: BaseException) -> str:
 
 
 def _refused_tunnel(exc: BaseException) -> Verdict | None:
-    """A proxy's refusal of CONNECT (urllib3 keeps http.client's OSError as ``original_error``),
-    judged by the proxy's status: a 407 is final, a 502 retried, as the same answer to a
-    plain-HTTP request through the proxy; a status that is an answer elsewhere (a 3xx) opened
-    no tunnel here either, and is final. None for any other exception."""
+    """A proxy's refusal of CONNECT, judged by its status as the same answer to a plain-HTTP
+    request through it (a 3xx opened no tunnel: final); None for any other exception."""
     if not isinstance(exc, requests.exceptions.ProxyError | urllib3.exceptions.ProxyError):
         return None
     reason = innermost(exc)
@@ -207,8 +205,7 @@ _THROTTLING_CODES = frozenset(
 
 
 def _transient_kind(exc: BaseException) -> ErrorKind | None:
-    """ "timeout" or "connection" for an exception that says no answer came (or that wraps
-    one, as urllib's URLError does), else None."""
+    """The kind of an exception (or of the one it wraps, as URLError) that says no answer came."""
     for cause in (exc, innermost(exc)):
         if isinstance(cause, TimeoutError | requests.Timeout):
             return "timeout"
@@ -227,8 +224,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _attribute(holder: object, name: str) -> object:
-    """``getattr`` that a property raising anything makes None: the exception to classify
-    is the caller's, and nothing about it may break the classifying."""
+    """``getattr``, None when a property raises: the caller's exception may not break this."""
     try:
         return getattr(holder, name, None)
     except Exception:
@@ -290,9 +286,8 @@ def headers_of(holder: object) -> Mapping[str, str] | None:
 
 
 def _retry_after_header(exc: BaseException) -> object:
-    """The Retry-After header of the exception's response, of its own ``headers`` (urllib's
-    ``HTTPError``) or of botocore's response metadata; None without headers. What headers
-    that only look like headers raise is the caller's to catch."""
+    """The Retry-After of the exception's response, own ``headers`` (urllib) or botocore metadata;
+    what headers that only look like headers raise is the caller's to catch."""
     response = _attribute(exc, "response")
     headers = (
         _attribute(response, "headers")

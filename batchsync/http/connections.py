@@ -44,8 +44,6 @@ _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
 # afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
 _MAX_HEADER_LINES = 1024
 _MAX_KEPT_LINE = 256
-# A kept line's key: its name and its one value, both plain ``str``.
-_LineKey = tuple[str, str]
 
 
 class _Tracked(ConnectionHooks):
@@ -63,15 +61,11 @@ class _Tracked(ConnectionHooks):
     response_class = QuickHeadersResponse
 
     def putheader(self, header: str, *values: str) -> None:
-        """urllib3's and http.client's ``putheader``, each distinct short line of one text
-        value checked and encoded once a run, and its bytes appended as ``_output`` appends
-        them.
-
-        Such a line depends on its name and value alone while the connection class makes
-        lines the stock way (``keeps_lines``) and neither library's ``putheader`` nor
-        ``_output`` is patched: then the bytes are the same. A call that fails, or appends no
-        line (urllib3's SKIP_HEADER), is never kept; a class of its own is never served a
-        kept line, nor are bytes values (compared with text, they warn under ``python -b``)."""
+        """urllib3's and http.client's ``putheader``, each distinct short line of one text value
+        made once a run: the same bytes while the class makes lines the stock way
+        (``keeps_lines``) and neither ``putheader`` nor ``_output`` is patched. A call that fails
+        or appends no line (urllib3's SKIP_HEADER) is never kept, nor are bytes values (compared
+        with text, they warn under ``python -b``)."""
         if not (
             self.keeps_lines
             and type(header) is str
@@ -136,9 +130,9 @@ class ConnectionLedger:
         self._lock = threading.Lock()
         self._tracked: dict[tuple[type, bool], type] = {}
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
-        # Each distinct header line its connections sent, made once (see _Tracked.putheader);
-        # kept no longer than the run, as the requests that carry them.
-        self.header_lines: dict[_LineKey, bytes] = {}
+        # Each distinct header line its connections sent, made once (see _Tracked.putheader),
+        # by its name and value; kept no longer than the run, as the requests that carry them.
+        self.header_lines: dict[tuple[str, str], bytes] = {}
 
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True

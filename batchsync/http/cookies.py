@@ -45,8 +45,6 @@ _STAMP = "_batchsync_origin"
 MAX_COOKIES_PER_ORIGIN = 180
 MAX_COOKIE_BYTES = 4096
 
-CookieKey = tuple[str, str, str]  # (domain, path, name): what a jar keeps one cookie under
-
 
 def _oversized(cookie: Cookie) -> bool:
     return len(cookie.name) + len(cookie.value or "") > MAX_COOKIE_BYTES
@@ -57,7 +55,8 @@ class _Recent:
     for one more by dropping the oldest (called with the jar's lock held)."""
 
     def __init__(self) -> None:
-        self._keys: OrderedDict[CookieKey, None] = OrderedDict()
+        # (domain, path, name): what a jar keeps one cookie under
+        self._keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     def set(self, jar: CookieJar, cookie: Cookie) -> None:
         key = (cookie.domain, cookie.path, cookie.name)

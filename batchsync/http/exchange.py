@@ -117,12 +117,8 @@ READ_END_SLACK = 0.05
 
 
 def _passes_end(timeout: float | None, left: float) -> bool:
-    """Whether a read with the socket's current ``timeout`` could wait past the attempt's end
-    (``left`` seconds away) by more than the slack.
-
-    The timeout urllib3 set when sending was the time left then, so after a prompt reply it
-    still fits: re-arming it costs a system call that gives up the GIL, on every response.
-    """
+    """Whether a read with the socket's ``timeout`` could wait past the attempt's end (``left``
+    seconds away) by more than the slack: re-arming costs a system call that gives up the GIL."""
     if timeout is None:
         return True
     return timeout - left > max(READ_END_SLACK, timeout * READ_END_SHARE)
@@ -195,8 +191,7 @@ class BodyReader:
     def _read_stream(
         self, raw: Any, wall_end: float, max_bytes: int, encoded: bool, counted: bool
     ) -> bytearray:
-        """The body read from ``raw`` in chunks (decoded when ``encoded``), each read bounded
-        by the attempt's end, until the stream ends or (``counted``) its declared length is in."""
+        """The body read from ``raw`` in chunks, each read bounded by the attempt's end."""
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         body = bytearray()
         while True:

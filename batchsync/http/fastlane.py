@@ -106,12 +106,8 @@ class FastLane:
         return Wire(method, url, origin, host, target, headers, pool)
 
     def _pool(self, origin: Origin, url: str) -> OriginPool:
-        """The urllib3 pool that serves an origin directly (None when it must not), and the
-        origin's host key; looked up once per origin.
-
-        The pool and its TLS settings are the ones ``HTTPAdapter.send`` would use: the same
-        look-up and the same ``cert_verify`` (certifi unless told otherwise).
-        """
+        """The urllib3 pool that serves an origin directly (None when it must not) and its host
+        key, once per origin: the pool and TLS settings ``HTTPAdapter.send`` would use."""
         session = self._session
         settings = self._sessions.environment(session, url)
         adapter = session.get_adapter(url)
@@ -164,8 +160,7 @@ class FastLane:
         return Reply(raw.status, raw.headers, raw, wire.url)
 
     def _reopened(self, wire: Wire, wall_end: float) -> Reply:
-        """``wire`` sent again, on its origin's pool as the pool manager makes it anew (or the
-        full requests way, when the origin has no fast lane now)."""
+        """``wire`` sent again on its origin's pool made anew (or the requests way, if none is)."""
         self._pools.pop(wire.origin, None)
         pool = self._pool(wire.origin, wire.url)[0]
         if pool is None:

@@ -63,10 +63,8 @@ class QuickMessage(http.client.HTTPMessage):
 def _plain_fields(lines: list[bytes]) -> tuple[list[tuple[str, str]], list[str]] | None:
     """The (name, value) of each line of a plain header block, and each name lower-cased;
     None when the block is not plain: a line that is not ``Name: value``, no blank line at
-    its end, or a Content-Type the email parser treats specially.
-
-    The block is read in one search: each line ends at its only LF, so a match that begins
-    where a line does takes the whole line, and as many matches as lines means each is one."""
+    its end, or a Content-Type the email parser treats specially. (One search: each line ends
+    at its only LF, so as many matches as lines means each match is a whole line.)"""
     if lines[-1] not in _END_OF_HEADERS:
         return None
     block = b"".join(lines[:-1]).decode("iso-8859-1")
@@ -107,9 +105,8 @@ def parse_headers(
 
 
 def _quick_begin_of(begin: Callable[..., Any]) -> Callable[[http.client.HTTPResponse], None] | None:
-    """``begin`` (http.client's own), run with ``parse_headers`` bound to this module's: the
-    status line, chunking, lengths and keep-alive are decided exactly as the running Python
-    decides them. None for a ``begin`` not built the way the quick path expects."""
+    """``begin`` (http.client's own) run with this module's ``parse_headers``, all else decided
+    as the running Python decides it; None for a ``begin`` not built the way this expects."""
     return internals.begin_parsing_with(begin, parse_headers)
 
 
@@ -162,8 +159,7 @@ def _normalize_header_values(message: http.client.HTTPMessage) -> list[tuple[str
 
 def _header_dict(items: list[tuple[str, str]]) -> HTTPHeaderDict:
     """``HTTPHeaderDict(items)``: for a block read the quick way, filled as its ``add`` fills
-    it (each name under its lower case, a repeated name's values after the first), without
-    the generic ``extend``'s type checks."""
+    it, without the generic ``extend``'s type checks."""
     if type(items) is not _QuickItems or QUICK_HEADER_DICT is None:
         return HTTPHeaderDict(items)
     headers = HTTPHeaderDict()

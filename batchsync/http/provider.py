@@ -29,11 +29,11 @@ _OPENAI = "x-ratelimit-"
 _ANTHROPIC = "anthropic-ratelimit-"
 _RETRY_AFTER_MS = ("retry-after-ms", "x-ms-retry-after-ms")
 _PARTS = ("limit", "remaining", "reset")
-_ANTHROPIC_SETS = ("requests", "tokens", "input-tokens", "output-tokens")
+ANTHROPIC_SETS = ("requests", "tokens", "input-tokens", "output-tokens")
 _NAMES = frozenset(
     [
         *(f"{_OPENAI}{part}-{kind}" for part in _PARTS for kind in ("requests", "tokens")),
-        *(f"{_ANTHROPIC}{kind}-{part}" for kind in _ANTHROPIC_SETS for part in _PARTS),
+        *(f"{_ANTHROPIC}{kind}-{part}" for kind in ANTHROPIC_SETS for part in _PARTS),
         *_RETRY_AFTER_MS,
     ]
 )
@@ -98,10 +98,9 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
 
 
 def _anthropic_tokens(found: Mapping[str, str]) -> str:
-    """The prefix of the Anthropic token set to read: ``tokens-`` when any of its headers is
-    there, else whichever of ``input-tokens-`` and ``output-tokens-`` has the smaller valid
-    remaining (the input's on a tie, or when neither says a valid one)."""
-    combined, inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in _ANTHROPIC_SETS[1:])
+    """The prefix of the Anthropic token set to read: ``tokens-`` when it is there, else the
+    one of ``input-tokens-`` and ``output-tokens-`` with less left (the input's on a tie)."""
+    combined, inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in ANTHROPIC_SETS[1:])
     if _sends(found, combined):
         return combined
     left_in, left_out = _count(found, f"{inputs}remaining"), _count(found, f"{outputs}remaining")
@@ -122,8 +121,7 @@ def _either(*values: _T | None) -> _T | None:
 
 
 def _count(found: Mapping[str, str], *names: str) -> int | None:
-    """The first of the headers' counts (a limit, or what remains); None when each is absent
-    or not one (Azure sends -1 when it does not say)."""
+    """The first of the headers' counts; None when each is absent or not one (Azure's -1)."""
     return _either(*(count_of(found.get(name)) for name in names))
 
 
@@ -133,8 +131,7 @@ def _duration(found: Mapping[str, str], name: str) -> float | None:
 
 
 def _until(found: Mapping[str, str], name: str, now: float) -> float | None:
-    """Seconds from ``now`` until a header's RFC 3339 time, 0 when it is past; None beyond
-    ``numbers.MAX_SECONDS`` (a year 9999 is no reset)."""
+    """Seconds from ``now`` until a header's RFC 3339 time, 0 when past; None past MAX_SECONDS."""
     text = found.get(name)
     moment = None if text is None else _timestamp(text)
     return None if moment is None else seconds_of(max(moment - now, 0.0))

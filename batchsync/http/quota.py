@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from ..core.numbers import count_of, seconds_of
 from ..core.verdict import Announced
 from .internals import lower_names
-from .provider import announced
+from .provider import ANTHROPIC_SETS, announced
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
@@ -29,19 +29,15 @@ _END = r"(?=$|[;,\s])"
 _REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)\s*=\s*([0-9]+)" + _END)
 _RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
 _WINDOW = re.compile(r"(?:^|[;,\s])w\s*=\s*([0-9]+(?:\.[0-9]+)?)" + _END)
-_KINDS = ("requests", "tokens")
 # Headers one of which an answer that tells its quota has.
 _QUOTA_MARKS = frozenset({"x-ratelimit-remaining", "ratelimit-remaining", "ratelimit"})
 # Headers one of which an answer that tells a provider's counts has (a server may send only
 # its tokens' or only its requests', or a limit alone).
+_COUNTS = ("remaining", "limit")
 _PROVIDER_MARKS = frozenset(
     {
-        *(f"x-ratelimit-{part}-{kind}" for part in ("remaining", "limit") for kind in _KINDS),
-        *(
-            f"anthropic-ratelimit-{kind}-{part}"
-            for part in ("remaining", "limit")
-            for kind in ("requests", "tokens", "input-tokens", "output-tokens")
-        ),
+        *(f"x-ratelimit-{part}-{kind}" for part in _COUNTS for kind in ("requests", "tokens")),
+        *(f"anthropic-ratelimit-{kind}-{part}" for part in _COUNTS for kind in ANTHROPIC_SETS),
     }
 )
 # The largest reset read: an epoch time in seconds far in the future, not a 400-digit number.
@@ -100,8 +96,7 @@ def quota_wait(headers: Iterable[tuple[str, str]], unix_time: Callable[[], float
 
 
 def _structured(field: str, found: dict[str, str], unix_time: Callable[[], float]) -> float | None:
-    """The wait of a structured ``RateLimit`` field (``r=0;t=30``), its reset else the
-    window of its ``RateLimit-Policy``."""
+    """The wait of a ``RateLimit`` field (``r=0;t=30``): its reset, else the policy's window."""
     left, reset = _REMAINING.search(field), _RESET.search(field)
     if left is None:
         return None

@@ -64,10 +64,6 @@ def _unreadable_location(exc: UnicodeDecodeError) -> BadRedirect:
     return BadRedirect(f"cannot follow a redirect: {exc.reason} in its Location")
 
 
-# What a lent session's auth is shown to find what it sends: a request to nowhere in particular.
-_AUTH_PROBE = "http://auth-probe.invalid/"
-
-
 def lent_secrets(session: requests.Session, secrets: Secrets) -> frozenset[str]:
     """The secret values a caller's session holds, which its requests carry as an item's own
     would: its secret headers' (Authorization, Cookie, Proxy-Authorization, ``secret_headers``
@@ -101,7 +97,7 @@ def auth_secrets(auth: object) -> set[str]:
 
 def _sent_by(auth: Callable[[requests.PreparedRequest], Any]) -> set[str]:
     """The header values ``auth`` sets on a probe request (none if it fails on one)."""
-    probe = requests.Request("GET", _AUTH_PROBE).prepare()
+    probe = requests.Request("GET", "http://auth-probe.invalid/").prepare()  # (to nowhere)
     before = dict(probe.headers)
     try:
         applied = auth(probe)
@@ -343,12 +339,8 @@ class SessionLane:
         *,
         follow_redirects: bool = True,
     ) -> Reply:
-        """Follow redirects from ``response`` to the final one (none: ``follow_redirects`` False).
-
-        Each hop goes through the proxies requests would use for it: the first request's,
-        with the environment's for the new URL added (``Session.rebuild_proxies``), so a hop
-        to a NO_PROXY host keeps the first request's proxy, as in requests.
-        """
+        """Follow redirects from ``response`` to the final one (none: ``follow_redirects`` False),
+        each hop through the proxies requests would use (``Session.rebuild_proxies``)."""
         hops = 0
         proxies = self.environment(session, first_url)["proxies"]
         while follow_redirects and response.is_redirect and response.next is not None:
@@ -375,9 +367,8 @@ class SessionLane:
         hops: int,
         proxies: dict[str, str],
     ) -> dict[str, str]:
-        """The redirect ``follow`` (hop ``hops`` from ``first_url``) checked and made ready:
-        refused past the session's limit or to a guarded host, the run's secret headers dropped
-        when it leaves the origin; returns the proxies it goes through."""
+        """The redirect ``follow`` checked (the session's limit, the guard) and made ready (secret
+        headers dropped when it leaves the origin); returns the proxies it goes through."""
         if hops > session.max_redirects:
             raise requests.TooManyRedirects(f"more than {session.max_redirects} redirects")
         assert follow.url is not None

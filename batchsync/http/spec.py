@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from urllib3.exceptions import LocationParseError
@@ -59,6 +59,16 @@ def check_headers(headers: Mapping[str, str | None]) -> None:
                 ) from None
 
 
+Headers = TypeVar("Headers", bound=Mapping[str, str | None] | None)
+
+
+def sendable_headers(value: Headers) -> Headers:
+    """``check_headers`` as a field's validator: the headers given, once each can be sent."""
+    if value is not None:
+        check_headers(value)
+    return value
+
+
 def check_url(url: str) -> str:
     """The URL itself when it is an absolute http(s) URL with a host; else ValueError."""
     try:
@@ -93,12 +103,7 @@ class RequestSpec(BaseModel):
     def _absolute_http_url(cls, value: str) -> str:
         return check_url(value)
 
-    @field_validator("headers")
-    @classmethod
-    def _sendable_headers(cls, value: dict[str, str | None] | None) -> dict[str, str | None] | None:
-        if value:
-            check_headers(value)
-        return value
+    _sendable_headers = field_validator("headers")(staticmethod(sendable_headers))
 
     @field_validator("id")
     @classmethod

@@ -91,8 +91,7 @@ def _fields_of(pieces: _Text) -> list[str]:
 
 
 def _compile_text(value: str, fields: list[str]) -> _Node:
-    """A string of the body: one whole field keeps its value's JSON type, fields within
-    text are filled as text, and a string with no field stays as it is."""
+    """A body string: a whole field keeps its value's JSON type, fields within text are text."""
     pieces = parse_text(value, "the body template")
     fields += _fields_of(pieces)
     if len(pieces) == 1 and isinstance(pieces[0], _Field):
@@ -179,8 +178,7 @@ def _path_fields(pieces: _Text) -> list[str]:
 
 
 def _dot_segments(url: str) -> int:
-    """How many of a URL's path segments are '.' or '..': a value that makes one would move
-    the request to another path (clients resolve them before sending)."""
+    """How many path segments are '.' or '..' (clients resolve them: the path would move)."""
     return sum(segment in (".", "..") for segment in urlsplit(url).path.split("/"))
 
 

@@ -94,9 +94,8 @@ class CallJob:
         return self._told(success(returned), returned, used)
 
     def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
-        """``verdict`` with what an SDK's ``answer`` (its raw response, or the exception it
-        raised with its response) says of the provider's limits, and what it ``used``: the
-        headers an HTTP answer's are, read the same way (``quota.answer_limits``)."""
+        """``verdict`` with what an SDK's ``answer`` (a raw response, or an exception with one)
+        says of the provider's limits, read as an HTTP answer's, and what it ``used``."""
         headers = headers_of(answer)
         quota, announced = (
             (None, None) if headers is None else answer_limits(headers, self.unix_time)

@@ -70,12 +70,9 @@ class HttpJob:
         self._pager, self._reads_link = None, False
         if (paging := options.paging()) is not None:  # (only the link style reads Link)
             self._reads_link = paging.style == "link"
-            self._pager = Pager(
-                paging, max_bytes=options.max_bytes, secrets=self._secrets, guard=self._guard
-            )
-        self._auth: RunAuth | None = None
-        if options.auth is not None:
-            self._auth = RunAuth(options.auth, self._secrets)
+            self._pager = Pager(paging, options.max_bytes, self._secrets, self._guard)
+        self._auth = None if options.auth is None else RunAuth(options.auth, self._secrets)
+        if self._auth is not None:
             self._auth.start()
         self._lane_ok = self._auth is None or self._auth.lane
         # Plain URL items may skip the RequestSpec when nothing needs to be shown one (a
@@ -134,8 +131,7 @@ class HttpJob:
             raise InvalidItem(self._secrets.text(str(exc), self._item_secrets(item))) from None
 
     def _spec_task(self, item: object) -> Task:
-        """The Task of an item read as a RequestSpec: a route for its URL, one for each
-        fallback URL and one for each fallback function, in that order; paged when asked."""
+        """The Task of a RequestSpec: routes for its URL, fallback URLs and fallback functions."""
         continued = item if isinstance(item, Continued) else None
         spec = parse_item(item if continued is None else continued.item)
         urls = (spec.url, *(spec.fallbacks or ()))
@@ -161,8 +157,7 @@ class HttpJob:
         return task
 
     def _item_secrets(self, item: object) -> frozenset[str]:
-        """An item's own secret values (see ``Secrets.of_item``), read from a RequestSpec or
-        from whatever was given, valid or not."""
+        """An item's own secret values (``Secrets.of_item``) from what is given, valid or not."""
         headers: Mapping[str, Any] | None
         params: Mapping[str, Any] | None
         if isinstance(item, Continued):
@@ -206,8 +201,7 @@ class HttpJob:
         return _request_key(spec)
 
     def _outgoing(self, spec: RequestSpec, url: str) -> Outgoing:
-        """The request as it goes out, built once and reused by every attempt: the fast form
-        when the transport allows it (bodiless GET/HEAD, no params), else prepared by requests."""
+        """The request every attempt sends: the fast form when allowed, else requests' own."""
         if (
             self._lane_ok
             and self._transport.fast
@@ -305,11 +299,9 @@ class HttpJob:
     ) -> Verdict:
         """An attempt carrying the run's current token. A 401 renews the token as
         ``auth.after_401`` says and resends within the same attempt (its time bound, not one
-        of the item's retries), until it gives up, the refresh fails or no time is left; each
-        resend is logged at DEBUG. Waiting for another worker's
-        refresh is bounded by the attempt's end (then a retryable timeout); the refresh itself
-        is the source's to bound (an --auth-command's timeout)."""
-        token = auth.current()
+        of the item's retries), until it gives up, the refresh fails or no time is left (a wait
+        for another worker's refresh: a retryable timeout); each resend is logged at DEBUG."""
+        token = auth.current
         renewals = sent = 0  # (every request sent counts in the item's attempts)
         while True:
             verdict = self._sent(auth.apply(request, token), hedge_host, own, wall_end)
@@ -322,7 +314,7 @@ class HttpJob:
                 if facts.status_code is not None:
                     auth.accept(token)
                 return verdict
-            if _from_elsewhere(facts, request):
+            if facts.redirects and not same_origin(facts.final_url or "", request.url):
                 return verdict  # (from another origin, which never got the token)
             step = auth.step(token, renewals)
             if step == "give_up":
@@ -339,7 +331,7 @@ class HttpJob:
                     error = self._secrets.text(f"HTTP 401; no new token: {exc}", own)
                     return replace(verdict, error=error)
             else:
-                token = auth.current()
+                token = auth.current
             if time.monotonic() >= wall_end:  # (a resend that cannot go out is not counted)
                 return replace(retry("timeout", _NO_TIME_TO_RESEND), resent=sent - 1)
             renewals += 1
@@ -352,11 +344,7 @@ class HttpJob:
                 )
 
     def _exchange(
-        self,
-        request: Outgoing,
-        own: frozenset[str],
-        wall_end: float,
-        lost: threading.Event | None,
+        self, request: Outgoing, own: frozenset[str], wall_end: float, lost: threading.Event | None
     ) -> Verdict:
         """Send one request and read its answer; a request that lost a race just closes."""
         try:
@@ -451,16 +439,10 @@ class WrappedJob:
 
 
 def _request_key(spec: RequestSpec) -> Hashable:
-    """What makes two bodiless requests the same: method, URL, params and headers (in any
-    order, header names in any case), fallback URLs."""
+    """What makes two bodiless requests the same (params and headers in any order and case)."""
     params = tuple(sorted((str(k), str(v)) for k, v in (spec.params or {}).items()))
     headers = tuple(sorted((k.lower(), v) for k, v in (spec.headers or {}).items()))
     return (spec.method, spec.url, params, headers, tuple(spec.fallbacks or ()))
-
-
-def _from_elsewhere(facts: HttpFacts, request: Outgoing) -> bool:
-    """Whether an answer came, after redirects, from another origin than the request's."""
-    return bool(facts.redirects) and not same_origin(facts.final_url or "", request.url)
 
 
 def _listed(value: object) -> list[object]:

@@ -11,14 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
@@ -28,7 +21,7 @@ from ..http.hedge import HedgeDelay, Hedger
 from ..http.paginate import Paging, paging
 from ..http.retries import RETRY_STATUSES, RetryIf, parse_statuses
 from ..http.session import Cert, SessionSource, Verify
-from ..http.spec import RequestSpec, check_headers, one_line
+from ..http.spec import RequestSpec, one_line, sendable_headers
 from ..limits.announced import AnnouncedRates
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
@@ -85,9 +78,7 @@ class EngineOptions(BaseModel):
         ),
     ] = Field(default=10, ge=1, le=MAX_CONCURRENCY)
     attempts: Annotated[
-        int,
-        Flag("--attempts", help="Total tries per item, the first included."),
-        HONOURED,
+        int, Flag("--attempts", help="Total tries per item, the first included."), HONOURED
     ] = Field(default=3, ge=1)
     budget: Annotated[
         Seconds,
@@ -274,9 +265,8 @@ class CallOptions(FlowOptions):
 
 
 class _Family(BaseModel):
-    """A family of options: declared together, taken together by what reads them (a
-    consumer typed to take the family sees only its fields, whether it is given the family
-    or the whole options, which are made of their families)."""
+    """A family of options, declared and taken together: a consumer typed to take the family
+    sees only its fields, whether given the family or the whole options made of families."""
 
     model_config = _CONFIG
 
@@ -363,9 +353,7 @@ class Pages(_Family):
     max_pages: Annotated[
         int | None,
         Flag(
-            "--max-pages",
-            metavar="N",
-            help="Fetch at most N pages of each item (with --paginate).",
+            "--max-pages", metavar="N", help="Fetch at most N pages of each item (with --paginate)."
         ),
     ] = Field(default=None, ge=1)
     page_items: Annotated[
@@ -463,9 +451,7 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
     timeout: Annotated[
         Seconds,
         Flag(
-            "--timeout",
-            metavar="SECONDS",
-            help="Wall-clock bound of one attempt, body included.",
+            "--timeout", metavar="SECONDS", help="Wall-clock bound of one attempt, body included."
         ),
         HONOURED,
     ] = 10.0
@@ -496,9 +482,7 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
         ),
     ] = True
     expect: Annotated[
-        Expect,
-        Flag("--expect", help="How to read bodies; bytes are written as base64."),
-        HONOURED,
+        Expect, Flag("--expect", help="How to read bodies; bytes are written as base64."), HONOURED
     ] = "json"
     headers: Annotated[
         dict[str, str] | None,
@@ -608,12 +592,7 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
             )
         return self
 
-    @field_validator("headers")
-    @classmethod
-    def _sendable_headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value:
-            check_headers(value)
-        return value
+    _sendable_headers = field_validator("headers")(staticmethod(sendable_headers))
 
     @field_validator("retry_statuses")
     @classmethod

@@ -8,7 +8,7 @@ item's data with the page and names the next page, or says why there is none to 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,17 +43,15 @@ from ..http.spec import RequestSpec
 RouteTo = Callable[[RequestSpec, str, frozenset[str]], Route]
 
 
+@dataclass(frozen=True)
 class Pager:
     """Makes a Task paged and names each next page; holds nothing of a run but its settings
     (the routes it makes carry the job's ``route_to``, so no cycle ties the job to it)."""
 
-    def __init__(
-        self, paging: Paging, *, max_bytes: int, secrets: Secrets, guard: Guard | None
-    ) -> None:
-        self._paging = paging
-        self._max_bytes = max_bytes
-        self._secrets = secrets
-        self._guard = guard
+    paging: Paging
+    max_bytes: int
+    secrets: Secrets
+    guard: Guard | None
 
     def paged(
         self,
@@ -66,7 +64,7 @@ class Pager:
     ) -> Task:
         """The Task with the item's own route made its first page (or, resumed, the page it
         goes on from), and each fallback URL's route the first page of that URL."""
-        paging = self._paging
+        paging = self.paging
         # the page parameters go in the URL: so do the item's own
         params, spec = spec.params, spec.model_copy(update={"params": None})
         specs = [
@@ -93,7 +91,7 @@ class Pager:
         route = route_to(spec, page.url, own)
         attempt = route.attempt
         if page.number > 1:
-            named = f"page {page.number} ({self._secrets.text(page.url, own)})"
+            named = f"page {page.number} ({self.secrets.text(page.url, own)})"
             attempt = partial(_on_page, named, attempt)
         return replace(
             route,
@@ -121,12 +119,12 @@ class Pager:
     ) -> tuple[Any, Page | Verdict | None]:
         """The item's data with this page, and the next page (None: done; a Verdict: the
         next page cannot be fetched)."""
-        paging = self._paging
+        paging = self.paging
         size = page.size + verdict.size
-        if size > self._max_bytes:  # (the pages so far are kept, memory bounded)
+        if size > self.max_bytes:  # (the pages so far are kept, memory bounded)
             return page.data, terminal("invalid_body", pages_over(page.number, size))
         held = page.held + held_size(records_of(paging, verdict.data))
-        if held > HELD_SHARE * self._max_bytes:  # (decoded, tiny records weigh more)
+        if held > HELD_SHARE * self.max_bytes:  # (decoded, tiny records weigh more)
             return page.data, terminal("invalid_body", pages_held_over(page.number, held))
         try:
             data = gathered(paging, page.data, verdict.data, first=page.number == 1)
@@ -149,20 +147,18 @@ class Pager:
         problem = self._page_problem(spec.url, url, seen)
         if problem is None:
             return data, upcoming
-        shown = f"page {upcoming.number} ({self._secrets.text(url, own)}): {problem}"
+        shown = f"page {upcoming.number} ({self.secrets.text(url, own)}): {problem}"
         return data, terminal("invalid_body", shown)
 
     def _page_problem(self, first_url: str, url: str, seen: frozenset[str]) -> str | None:
-        """Why a next page named by a response is not fetched: it was fetched already (a
-        loop), it is on another origin (the item's headers and secrets stay with its own), or
-        deny_private refuses its host."""
+        """Why a response's next page is not fetched (the item's secrets stay with its origin)."""
         if url in seen:
             return "fetched already: the pages go round in a loop"
         if not same_origin(url, first_url):
             return "the next page is on another origin; not followed"
-        if self._guard is not None:
+        if self.guard is not None:
             try:
-                self._guard.check(urlsplit(url).hostname or "")
+                self.guard.check(urlsplit(url).hostname or "")
             except PrivateAddress as exc:
                 return str(exc)
         return None
