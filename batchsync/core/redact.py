@@ -214,9 +214,7 @@ class Secrets:
         secret = self._outside(own, given)
         masked = self.text(url, secret)
         short = {value for value in secret if len(value) < _MIN_ANYWHERE}
-        if not short:
-            return masked
-        return _mask_segments(masked, short, given)
+        return _mask_segments(masked, short, given) if short else masked
 
     def template(self, text: str) -> str:
         """``text`` masked as a URL template is: a secret parameter whose value is template
@@ -266,9 +264,9 @@ class Secrets:
         """An item's own secret values: its secret headers', its URLs' userinfo and secret
         query parameters', and its secret ``params``'."""
         found = self._of_headers(headers)
-        for url in urls:
-            found.update(self._url_values(url))
-        found.update(self._of_params(params))
+        found.update(*map(self._url_values, urls))
+        params = params or {}
+        found.update(str(v) for k, v in params.items() if str(k).lower() in self.params and v)
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
     def _of_headers(self, headers: Mapping[str, Any] | None) -> set[str]:
@@ -276,12 +274,6 @@ class Secrets:
         if not headers:
             return set()
         return {v for k, v in headers.items() if isinstance(v, str) and self.is_secret(str(k))}
-
-    def _of_params(self, params: Mapping[str, Any] | None) -> Iterable[str]:
-        """The values of the secret ``params`` (those not empty), as text."""
-        if not params:
-            return ()
-        return (str(v) for k, v in params.items() if str(k).lower() in self.params and v)
 
     def of_url(self, url: str) -> frozenset[str]:
         """``of_item`` of a URL given alone: at no cost for one with no parameter, userinfo

@@ -106,9 +106,7 @@ def result_of(
     the Result's own names: the one place a Result is made of an answer, for the engine's
     attempts and a batch's rows alike."""
     answer = answer_of(verdict)
-    sent = 0
-    for record in records:
-        sent += 1 + record.hedged + record.resent
+    sent = sum(1 + record.hedged + record.resent for record in records)
     return Result(
         index=index,
         url=url,

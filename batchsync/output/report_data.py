@@ -234,9 +234,7 @@ def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
     return {index: listing for index, listing in kept.items() if index in wanted}
 
 
-def entries_of(
-    results: Sequence[Result],
-) -> tuple[Iterable[Entry], tuple[float, float] | None]:
+def entries_of(results: Sequence[Result]) -> tuple[Iterable[Entry], tuple[float, float] | None]:
     """Results in memory as the report reads them, and the span of their times: (first
     claim, last finish) in unix seconds over the timed Results, or None."""
     traces = [Trace.of(result) for result in results]

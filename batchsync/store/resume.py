@@ -176,10 +176,7 @@ class Kept:
 
 
 def read_back(
-    path: Path,
-    identity: Mapping[str, str],
-    restore: Callable[[dict[str, Any]], Result],
-    hint: str,
+    path: Path, identity: Mapping[str, str], restore: Callable[[dict[str, Any]], Result], hint: str
 ) -> Kept:
     """The journal at ``path``, made for the items of ``identity`` (JournalMismatch naming
     the problem, then ``hint``, otherwise), read back: each Result as ``restore`` makes it

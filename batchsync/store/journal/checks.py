@@ -371,9 +371,8 @@ class _Check:
         column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        return next(
-            filter(None, (step() for step in (*steps, self._results, self._requests))), None
-        )
+        found = (step() for step in (*steps, self._results, self._requests))
+        return next(filter(None, found), None)
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
         """The rows of ``query`` on ``table``; none when a journal made before it lacks it."""
@@ -469,11 +468,7 @@ def _decoded(raw: bytes) -> Any:
 
 @contextlib.contextmanager
 def resumed(
-    path: Path,
-    identity: Mapping[str, str],
-    what: str,
-    hint: str,
-    requests: Requests | None = None,
+    path: Path, identity: Mapping[str, str], what: str, hint: str, requests: Requests | None = None
 ) -> Iterator[JournalReader]:
     """A reader of the journal to resume, checked to be one of this layout made for these
     ``what`` (their identity), every row of it trusted (``_Check``): JournalMismatch naming

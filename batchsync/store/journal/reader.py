@@ -100,8 +100,7 @@ class JournalReader:
 
     def timeline(self) -> dict[tuple[str, int], float]:
         """Seconds waited at each gate by (gate, unix second), over every process."""
-        query = "SELECT gate, second, seconds FROM waits"
-        rows = self._db.execute(query)
+        rows = self._db.execute("SELECT gate, second, seconds FROM waits")
         return {(str(gate), int(second)): seconds for gate, second, seconds in rows}
 
     def holding(self) -> str:
