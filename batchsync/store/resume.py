@@ -68,10 +68,6 @@ def trusted_continuation(item_url: str | None, continuation: Any) -> bool:
     return isinstance(url, str) and item_url is not None and same_origin(url, item_url)
 
 
-def _none(index: int) -> Result | None:
-    return None
-
-
 @dataclass
 class Left(Generic[T]):
     """What a pass has still to do: ``marks``, what it does with each item (``Pass.does``),
@@ -80,7 +76,7 @@ class Left(Generic[T]):
 
     marks: bytearray
     form: Form[T]
-    stored: Callable[[int], Result | None] = _none
+    stored: Callable[[int], Result | None] = lambda index: None
     # The Results of the items sent again, until their new ones come (``taken``).
     _earlier: dict[int, Result] = field(default_factory=dict, init=False)
 
