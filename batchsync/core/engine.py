@@ -78,8 +78,7 @@ class _Copy:
 
 @dataclass(slots=True)  # one per item carried
 class _Carried:
-    """An item on its way through its routes: its job and Task, when it was claimed, the time
-    it is allowed, and the record of every attempt so far."""
+    """An item on its way through its routes, with the record of every attempt so far."""
 
     job: Job
     task: Task
@@ -557,9 +556,8 @@ class Engine:
     def _sent(
         self, item: _Carried, route: Route, so_far: Result | None, admission: Admission | None
     ) -> tuple[Verdict, float, float]:
-        """One attempt on ``route``, bounded by the job's timeout within the item's allowance,
-        its Verdict told to the limits; with the clock when it began and when it ended. A bug
-        in the attempt is its final failure; an interrupt gives back its place at the limits."""
+        """One attempt, bounded by the job's timeout within the item's allowance and told to
+        the limits, with when it began and ended; a bug in it is its final failure."""
         if self.observers.sees_attempt_started:
             self.observers.attempt_started(item.index)
         began = self._clock()

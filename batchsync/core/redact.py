@@ -241,8 +241,7 @@ class Secrets:
         values = known.union(extra) if extra else known
         if not values:
             return text
-        pattern = self._values_pattern(frozenset(values), known)
-        text = pattern.sub(MASK, text)
+        text = self._values_pattern(frozenset(values), known).sub(MASK, text)
         return _mask_cut(text, values)
 
     def _values_pattern(self, values: frozenset[str], known: frozenset[str]) -> re.Pattern[str]:

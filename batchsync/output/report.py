@@ -31,9 +31,6 @@ HALF_PRICE = (
 )
 
 
-# -- rendering -----------------------------------------------------------------------------
-
-
 def _plotly() -> Any:
     try:
         import plotly.graph_objects as go

@@ -90,9 +90,7 @@ class Left(Generic[T]):
         """``taken``; None when the pass sends no item again and goes on with none, so that
         a run with no Result to add to delivers each new one without a look-up."""
         marks = self.marks
-        if marks.count(DONE) + marks.count(TO_SEND) == len(marks):
-            return None
-        return self.taken
+        return None if marks.count(DONE) + marks.count(TO_SEND) == len(marks) else self.taken
 
     def sent(self, items: Iterable[tuple[int, T]]) -> Iterator[tuple[int, T]]:
         """The (index, item) pairs the pass sends, read lazily: an item with a final Result

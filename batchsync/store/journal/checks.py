@@ -234,8 +234,7 @@ def pass_problem(number: int, retry: object) -> str | None:
 
 
 def _gate_seconds(gates: Any, facts: Facts) -> bool:
-    """Seconds by gate, each gate's name one the summary line can show (a short printable
-    line)."""
+    """Seconds by gate, each gate's name one the summary line can show (short, printable)."""
     return isinstance(gates, dict) and all(
         0 < len(gate) <= 64 and gate.isprintable() and SECONDS(seconds, facts)
         for gate, seconds in gates.items()
@@ -351,11 +350,9 @@ class Requests:
 
 @dataclass
 class _Check:
-    """The check of the journal ``db`` (of this layout, made for ``identity``; ``requests``:
-    what each failed item's request must be, None: the journal keeps none), a table at a
-    time, each read once (the input up to its last failed item), each one's facts kept for
-    those after it: the passes recorded, the items the runs of each pass finished, when the
-    first run started and the last ended (None: no run), the gates they waited at."""
+    """The check of the journal ``db`` made for ``identity`` (``requests``: what each failed
+    item's request must be; None: it keeps none), a table at a time, each read once, each one's
+    facts kept for those after it (``span``: when the runs went, None: no run recorded)."""
 
     db: sqlite3.Connection
     identity: Mapping[str, str]
