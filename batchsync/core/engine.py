@@ -539,9 +539,8 @@ class Engine:
     def _enter(
         self, item: _Carried, route: Route, last: Verdict | None
     ) -> Admission | tuple[Verdict, str] | None:
-        """The place the route's next attempt holds at the limits (None: it is not gated),
-        or, when the budget, the deadline or a limit ends the route first, its last Verdict
-        and error line (see ``_stopped_short``)."""
+        """The place the route's next attempt holds at the limits (None: not gated), or its
+        last Verdict and error line when the budget, the deadline or a limit ends it first."""
         left, nearest = item.allowance.tightest(self._clock())
         if left <= 0:
             return self._stopped_short(last, nearest, route)

@@ -192,9 +192,8 @@ class Secrets:
         return self.text(url, self._outside(own, url))
 
     def _outside(self, own: frozenset[str], url: str) -> frozenset[str]:
-        """``own`` less the secrets of ``url`` (its userinfo, its secret parameters' values,
-        or a piece of one) that its path holds too: text the caller wrote there, which the
-        shape of ``url`` masks where it stands as the secret."""
+        """``own`` less the secrets of ``url`` (or pieces of them) that its path holds too: text
+        the caller wrote there, which the shape of ``url`` masks where it stands as a secret."""
         try:
             path = unquote(urlsplit(url).path)
         except ValueError:
@@ -305,11 +304,8 @@ def _mask_segments(masked: str, short: set[str], given: str) -> str:
     start = len(parts.scheme) + len(parts.netloc) + 3
     if masked[start : start + len(parts.path)] != parts.path or not parts.path:
         return masked
-    kept = {unquote(segment) for segment in written}
-    path = "/".join(
-        MASK if unquote(segment) in short and unquote(segment) not in kept else segment
-        for segment in parts.path.split("/")
-    )
+    hidden = short - {unquote(seg) for seg in written}
+    path = "/".join(MASK if unquote(seg) in hidden else seg for seg in parts.path.split("/"))
     return masked[:start] + path + masked[start + len(parts.path) :]
 
 
@@ -363,9 +359,8 @@ def _mask_around(text: str, form: str, cut: str) -> str:
 
 
 def _overlap(text: str, form: str, *, before: bool) -> int:
-    """The length of the longest start of ``form`` (at least _MIN_PIECE long, shorter than
-    it) that ``text`` ends with (``before`` a cut), or of its longest end (as long) that
-    ``text`` starts with (after one); 0 when there is none."""
+    """The length (from _MIN_PIECE, short of all of it) of the longest start of ``form`` that
+    ``text`` ends with (``before`` a cut), or of its longest end ``text`` starts with; or 0."""
     for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
         if text.endswith(form[:k]) if before else text.startswith(form[-k:]):
             return k

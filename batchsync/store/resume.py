@@ -105,9 +105,8 @@ class Left(Generic[T]):
                 yield index, self._sent(index, item, mark)
 
     def _sent(self, index: int, item: T, mark: int) -> T:
-        """The item as sent, keeping the Result it has for the new one to add to: a
-        paginated item goes on from its next page, or from its first, adding to none, when
-        the journal's next page is not on its origin."""
+        """The item as sent, keeping the Result it has for the new one to add to: a paginated
+        item goes on from its next page (from its first, adding to none, when not on its origin)."""
         before = None if mark == TO_SEND else self.stored(index)
         if mark in (TO_GO_ON, TO_FINISH):
             url = self.form.url(item)

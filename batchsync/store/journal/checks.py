@@ -93,9 +93,8 @@ def _column(name: str) -> Callable[[Any, Facts], bool]:
 
 
 def _near(column: Any, stored: Any, terms: int = 1) -> bool:
-    """Seconds in a column and in the record: the same, but for the rounding to the
-    microsecond (``terms`` times over, for a sum) of columns an earlier batchsync wrote
-    unrounded."""
+    """Seconds in a column and in the record: the same, but for the rounding to the microsecond
+    (``terms`` times over, for a sum) of columns an earlier batchsync wrote unrounded."""
     if not (SECONDS(column, {}) and SECONDS(stored, {})):
         return False
     return bool(abs(column - stored) <= 1e-6 * terms + 1e-9 * abs(column))

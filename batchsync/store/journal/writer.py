@@ -174,8 +174,7 @@ class Journal:
             self._error = exc
 
     def _gather(self, linger: float) -> list[tuple[Result, object] | None]:
-        """The next group to store: what has queued up once the first entry came (and the
-        ``linger`` after it), None for the end."""
+        """The next group: what queued up by the first entry and ``linger`` after (None: end)."""
         first = self._queue.get()
         if first is not None and linger:
             self._sleep(linger)
