@@ -95,6 +95,4 @@ class Tracing(Observer):
 
 def _plain(value: object) -> str | int | float | bool | None:
     """An item id as a span attribute: kept when it is a plain value, else its text."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+# The bounds (seconds) of the attempt latency histogram's buckets.
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 def _client() -> Any:
@@ -59,10 +61,7 @@ class Metrics(Observer):
         )  # fmt: skip
         self._retries = client.Counter("batchsync_retries", "Retries scheduled", registry=registry)
         self._latency = client.Histogram(
-            "batchsync_attempt_seconds",
-            "Time of one attempt",
-            registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            "batchsync_attempt_seconds", "Time of one attempt", registry=registry, buckets=_BUCKETS
         )
         self._in_flight = client.Gauge(
             "batchsync_items_in_flight",

@@ -58,12 +58,10 @@ end
 
 
 def _timed(script: str) -> str:
-    """``script``, the server's time read first into ``now``."""
     return _NOW + script
 
 
 def _timed_keeping(script: str) -> str:
-    """``script``, the server's time read first into ``now`` and ``keep`` defined."""
     return _NOW + _KEEP + script
 
 

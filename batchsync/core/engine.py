@@ -78,8 +78,7 @@ class _Copy:
 
 @dataclass(slots=True)  # one per item carried
 class _Carried:
-    """An item on its way through its routes: its job and Task, when it was claimed, the time
-    it is allowed, and the record of every attempt so far."""
+    """An item on its way through its routes, with the record of every attempt so far."""
 
     job: Job
     task: Task
@@ -100,11 +99,9 @@ class _Flight:
 
 @dataclass
 class _Flights:
-    """Identical requests in flight: the first is sent, copies wait for its Result.
-
-    A key is kept only while its first request is in flight, so memory stays bounded. No
-    lock is shared between keys: the dict's own atomic setdefault/pop decide who leads.
-    """
+    """Identical requests in flight: the first is sent, copies wait for its Result. A key is
+    kept only while its first request is in flight, so memory stays bounded; no lock is shared
+    between keys: the dict's own atomic setdefault/pop decide who leads."""
 
     _flights: dict[Hashable, _Flight] = field(default_factory=dict)
 
@@ -219,7 +216,11 @@ class _Run:
                     return
                 continue
             for result, its_item in delivered:
-                self._hand_over(result, its_item)
+                engine._report(result)
+                try:
+                    self._deliver(result, its_item)
+                except BaseException as exc:  # a sink failed: stop the run and report it
+                    self._fail(exc)
             for _ in delivered[1:]:  # the copies that were parked on this one
                 self._parked.put(None)
 
@@ -242,13 +243,6 @@ class _Run:
                 self._parked.get(timeout=_POLL_SECONDS)
                 return True
         return False
-
-    def _hand_over(self, result: Result, item: object) -> None:
-        self._engine._report(result)
-        try:
-            self._deliver(result, item)
-        except BaseException as exc:  # a sink failed: stop the run and report it
-            self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         self.failures.append(exc)
@@ -330,11 +324,9 @@ class Engine:
         return finished
 
     def _drain(self, run: _Run) -> bool:
-        """Wait until every worker has run out of items.
-
-        After a stop, attempts in flight get the grace; then ``abort`` cuts them (their items
-        end as ``cancelled``) and they get a moment more. False if some are still running.
-        """
+        """Wait until every worker has run out of items. After a stop, attempts in flight get
+        the grace; then ``abort`` cuts them (their items end as ``cancelled``) and they get a
+        moment more. False if some are still running."""
         aborted_at: float | None = None
         while True:
             workers = run.workers
@@ -483,11 +475,9 @@ class Engine:
         self, item: _Carried, route: Route, fallback: int | None, so_far: Result | None
     ) -> tuple[Verdict, str, Steps | None]:
         """A route followed to its end: its last Verdict and error line, and for an item made
-        of steps (pages) how far they came (None for any other).
-
-        After each step's success comes its next step, until one fails or none is left. Each
-        step is a route of its own: its own retries, the item's budget. After a stop no next
-        step starts: the item ends ``cancelled``, to go on from there."""
+        of steps (pages) how far they came (None for any other). Each step is a route of its
+        own (its own retries, the item's budget); after a stop no next step starts: the item
+        ends ``cancelled``, to go on from there."""
         verdict, error = self._follow(item, route, fallback, so_far)
         if route.then is None:  # (an item of one request)
             return verdict, error, None
@@ -511,11 +501,8 @@ class Engine:
     def _follow(
         self, item: _Carried, route: Route, fallback: int | None, so_far: Result | None
     ) -> tuple[Verdict, str]:
-        """Attempts on one route until success, a final failure or no retries left.
-
-        Returns the last Verdict — its outcome ``retry`` only when the retries ran out — and
-        the route's error line.
-        """
+        """Attempts on one route until success, a final failure or no retries left: the last
+        Verdict (outcome ``retry`` only when the retries ran out) and the route's error line."""
         attempts = self.options.attempts
         max_attempts = min(attempts, route.max_attempts or attempts)
         number = 0
@@ -552,9 +539,8 @@ class Engine:
     def _enter(
         self, item: _Carried, route: Route, last: Verdict | None
     ) -> Admission | tuple[Verdict, str] | None:
-        """The place the route's next attempt holds at the limits (None: it is not gated),
-        or, when the budget, the deadline or a limit ends the route first, its last Verdict
-        and error line (see ``_stopped_short``)."""
+        """The place the route's next attempt holds at the limits (None: not gated), or its
+        last Verdict and error line when the budget, the deadline or a limit ends it first."""
         left, nearest = item.allowance.tightest(self._clock())
         if left <= 0:
             return self._stopped_short(last, nearest, route)
@@ -569,9 +555,8 @@ class Engine:
     def _sent(
         self, item: _Carried, route: Route, so_far: Result | None, admission: Admission | None
     ) -> tuple[Verdict, float, float]:
-        """One attempt on ``route``, bounded by the job's timeout within the item's allowance,
-        its Verdict told to the limits; with the clock when it began and when it ended. A bug
-        in the attempt is its final failure; an interrupt gives back its place at the limits."""
+        """One attempt, bounded by the job's timeout within the item's allowance and told to
+        the limits, with when it began and ended; a bug in it is its final failure."""
         if self.observers.sees_attempt_started:
             self.observers.attempt_started(item.index)
         began = self._clock()

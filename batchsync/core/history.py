@@ -27,12 +27,8 @@ class Pass:
     def redoes(self, ok: bool, error_kind: str | None, made_in: int) -> bool:
         """Whether an item whose final Result (``ok``, ``error_kind``) was made in pass
         ``made_in`` is sent again in this pass."""
-        return (
-            self.retry is not None
-            and not ok
-            and made_in < self.number
-            and (not self.retry or error_kind in self.retry)
-        )
+        chosen = self.retry is not None and (not self.retry or error_kind in self.retry)
+        return chosen and not ok and made_in < self.number
 
     def does(self, ok: bool, error_kind: str | None, made_in: int, continued: bool) -> int:
         """What this pass does with an item whose final Result (``ok``, ``error_kind``) was
@@ -84,20 +80,15 @@ class Totals:
 
 def totals(stints: Iterable[Stint]) -> Totals:
     """The sums over ``stints``; ``elapsed`` None when there were none (nothing was run)."""
-    elapsed: float | None = None
-    waits: dict[str, float] = {}
-    circuits = 0
-    for stint in stints:
-        elapsed = (elapsed or 0.0) + stint.elapsed
-        circuits += stint.circuits_opened
-        for gate, seconds in stint.waits.items():
-            waits[gate] = waits.get(gate, 0.0) + seconds
-    return Totals(elapsed, waits, circuits)
+    ran = list(stints)
+    elapsed = sum((stint.elapsed for stint in ran), 0.0) if ran else None
+    waits = merged_timeline(*(stint.waits for stint in ran))
+    return Totals(elapsed, waits, sum(stint.circuits_opened for stint in ran))
 
 
-def merged_timeline(*timelines: Mapping[tuple[str, int], float]) -> dict[tuple[str, int], float]:
-    """Seconds waited by (gate, unix second), summed over several timelines."""
-    merged: dict[tuple[str, int], float] = {}
+def merged_timeline(*timelines: Mapping[_Key, float]) -> dict[_Key, float]:
+    """Seconds waited by (gate, unix second), or by gate, summed over several timelines."""
+    merged: dict[_Key, float] = {}
     for timeline in timelines:
         for key, seconds in timeline.items():
             merged[key] = merged.get(key, 0.0) + seconds

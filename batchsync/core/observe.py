@@ -113,15 +113,6 @@ def log_summary(results: Callable[[], Summary]) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     summary = results()
-    log.info(
-        "batch done: %s",
-        summary,
-        extra={
-            "total": summary.total,
-            "ok": summary.ok,
-            "failed": summary.failed,
-            "error_kinds": summary.error_kinds,
-            "requests": summary.requests_sent,
-            "elapsed": summary.elapsed,
-        },
-    )
+    counts = {name: getattr(summary, name) for name in ("total", "ok", "failed", "error_kinds")}
+    extra = counts | {"requests": summary.requests_sent, "elapsed": summary.elapsed}
+    log.info("batch done: %s", summary, extra=extra)

@@ -192,9 +192,8 @@ class Secrets:
         return self.text(url, self._outside(own, url))
 
     def _outside(self, own: frozenset[str], url: str) -> frozenset[str]:
-        """``own`` less the secrets of ``url`` (its userinfo, its secret parameters' values,
-        or a piece of one) that its path holds too: text the caller wrote there, which the
-        shape of ``url`` masks where it stands as the secret."""
+        """``own`` less the secrets of ``url`` (or pieces of them) that its path holds too: text
+        the caller wrote there, which the shape of ``url`` masks where it stands as a secret."""
         try:
             path = unquote(urlsplit(url).path)
         except ValueError:
@@ -214,9 +213,7 @@ class Secrets:
         secret = self._outside(own, given)
         masked = self.text(url, secret)
         short = {value for value in secret if len(value) < _MIN_ANYWHERE}
-        if not short:
-            return masked
-        return _mask_segments(masked, short, given)
+        return _mask_segments(masked, short, given) if short else masked
 
     def template(self, text: str) -> str:
         """``text`` masked as a URL template is: a secret parameter whose value is template
@@ -243,8 +240,7 @@ class Secrets:
         values = known.union(extra) if extra else known
         if not values:
             return text
-        pattern = self._values_pattern(frozenset(values), known)
-        text = pattern.sub(MASK, text)
+        text = self._values_pattern(frozenset(values), known).sub(MASK, text)
         return _mask_cut(text, values)
 
     def _values_pattern(self, values: frozenset[str], known: frozenset[str]) -> re.Pattern[str]:
@@ -266,9 +262,9 @@ class Secrets:
         """An item's own secret values: its secret headers', its URLs' userinfo and secret
         query parameters', and its secret ``params``'."""
         found = self._of_headers(headers)
-        for url in urls:
-            found.update(self._url_values(url))
-        found.update(self._of_params(params))
+        found.update(*map(self._url_values, urls))
+        params = params or {}
+        found.update(str(v) for k, v in params.items() if str(k).lower() in self.params and v)
         return frozenset(value for value in found if len(value) >= _MIN_VALUE)
 
     def _of_headers(self, headers: Mapping[str, Any] | None) -> set[str]:
@@ -276,12 +272,6 @@ class Secrets:
         if not headers:
             return set()
         return {v for k, v in headers.items() if isinstance(v, str) and self.is_secret(str(k))}
-
-    def _of_params(self, params: Mapping[str, Any] | None) -> Iterable[str]:
-        """The values of the secret ``params`` (those not empty), as text."""
-        if not params:
-            return ()
-        return (str(v) for k, v in params.items() if str(k).lower() in self.params and v)
 
     def of_url(self, url: str) -> frozenset[str]:
         """``of_item`` of a URL given alone: at no cost for one with no parameter, userinfo
@@ -314,11 +304,8 @@ def _mask_segments(masked: str, short: set[str], given: str) -> str:
     start = len(parts.scheme) + len(parts.netloc) + 3
     if masked[start : start + len(parts.path)] != parts.path or not parts.path:
         return masked
-    kept = {unquote(segment) for segment in written}
-    path = "/".join(
-        MASK if unquote(segment) in short and unquote(segment) not in kept else segment
-        for segment in parts.path.split("/")
-    )
+    hidden = short - {unquote(seg) for seg in written}
+    path = "/".join(MASK if unquote(seg) in hidden else seg for seg in parts.path.split("/"))
     return masked[:start] + path + masked[start + len(parts.path) :]
 
 
@@ -372,9 +359,8 @@ def _mask_around(text: str, form: str, cut: str) -> str:
 
 
 def _overlap(text: str, form: str, *, before: bool) -> int:
-    """The length of the longest start of ``form`` (at least _MIN_PIECE long, shorter than
-    it) that ``text`` ends with (``before`` a cut), or of its longest end (as long) that
-    ``text`` starts with (after one); 0 when there is none."""
+    """The length (from _MIN_PIECE, short of all of it) of the longest start of ``form`` that
+    ``text`` ends with (``before`` a cut), or of its longest end ``text`` starts with; or 0."""
     for k in range(len(form) - 1, _MIN_PIECE - 1, -1):
         if text.endswith(form[:k]) if before else text.startswith(form[-k:]):
             return k

@@ -8,7 +8,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -106,9 +106,7 @@ def result_of(
     the Result's own names: the one place a Result is made of an answer, for the engine's
     attempts and a batch's rows alike."""
     answer = answer_of(verdict)
-    sent = 0
-    for record in records:
-        sent += 1 + record.hedged + record.resent
+    sent = sum(1 + record.hedged + record.resent for record in records)
     return Result(
         index=index,
         url=url,
@@ -334,18 +332,13 @@ class Summary:
         return sent
 
     def _repr_html_(self) -> str:
-        rows: list[tuple[str, object]] = [
-            ("items", self.total),
-            ("ok", self.ok),
-            ("failed", self.failed),
-        ]
-        rows += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
-        rows += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
-        rows += self._figures()
+        counts = [("items", self.total), ("ok", self.ok), ("failed", self.failed)]
+        counts += [(f"error: {kind}", n) for kind, n in sorted(self.error_kinds.items())]
+        counts += [(f"HTTP {code}", n) for code, n in sorted(self.status_codes.items())]
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(name))}</th>"
             f"<td>{html.escape(str(value))}</td></tr>"
-            for name, value in rows
+            for name, value in [*counts, *self._figures()]
         )
         return f"<table>{body}</table>"
 
@@ -456,8 +449,6 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
             into[name] = value
 
 
-_Record = TypeVar("_Record", "Trace", "Listing")
-
 # What an attempt of the log says, for the report: status code, error kind, seconds it took,
 # wait after it.
 Tried = tuple[int | None, str | None, float, float | None]
@@ -479,7 +470,8 @@ class Trace:
     @classmethod
     def of(cls, result: Result) -> Trace:
         log = tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log)
-        return _taken_from(cls, result, log=log)
+        taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name != "log"}
+        return cls(**taken, log=log)
 
 
 @dataclass(frozen=True)
@@ -498,10 +490,4 @@ class Listing:
 
     @classmethod
     def of(cls, result: Result) -> Listing:
-        return _taken_from(cls, result)
-
-
-def _taken_from(cls: type[_Record], result: Result, **given: Any) -> _Record:
-    """A ``cls`` of ``result``'s fields of the same names, but those ``given``."""
-    taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name not in given}
-    return cls(**taken, **given)
+        return cls(**{name: getattr(result, name) for name in cls.__dataclass_fields__})

@@ -31,9 +31,6 @@ HALF_PRICE = (
 )
 
 
-# -- rendering -----------------------------------------------------------------------------
-
-
 def _plotly() -> Any:
     try:
         import plotly.graph_objects as go
@@ -310,12 +307,11 @@ def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
             bases.append(when - start)
             lengths.append(max((when if left is None else left) - when, 0.0))
             names.append(f"part {part.number}")
-    figure = go.Figure(
-        [
-            go.Bar(base=bases, x=lengths, y=names, name=state, orientation="h")
-            for state, (bases, lengths, names) in spans.items()
-        ]
-    )
+    bars = [
+        go.Bar(base=bases, x=lengths, y=names, name=state, orientation="h")
+        for state, (bases, lengths, names) in spans.items()
+    ]
+    figure = go.Figure(bars)
     figure.update_layout(
         title="Each part's states over time",
         barmode="overlay",

@@ -180,9 +180,7 @@ class Aggregate:
 
     def per_second(self) -> dict[str, list[float]]:
         """Attempts per second in each bucket, by outcome."""
-        return {
-            name: [count / self.width for count in counts] for name, counts in self.attempts.items()
-        }
+        return self._rates(self.attempts)
 
     def percentiles(self) -> dict[str, list[float | None]]:
         """p50/p95/p99 of the attempts that ended in each bucket (None where none did)."""
@@ -196,10 +194,10 @@ class Aggregate:
     def waiting(self) -> dict[str, list[float]]:
         """Items waiting at each gate, on average over each bucket (seconds waited per
         second): ``backoff`` between attempts, then the gates' waits when they were given."""
-        series = {"backoff": self.backoff, **dict(sorted(self.gates.items()))}
-        return {
-            gate: [seconds / self.width for seconds in values] for gate, values in series.items()
-        }
+        return self._rates({"backoff": self.backoff, **dict(sorted(self.gates.items()))})
+
+    def _rates(self, series: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+        return {name: [value / self.width for value in values] for name, values in series.items()}
 
     def slowest_indexes(self) -> list[int]:
         return [-negative for _, negative in sorted(self.slowest, reverse=True)]
@@ -234,9 +232,7 @@ def _shown(counted: Aggregate, kept: dict[int, Listing]) -> dict[int, Listing]:
     return {index: listing for index, listing in kept.items() if index in wanted}
 
 
-def entries_of(
-    results: Sequence[Result],
-) -> tuple[Iterable[Entry], tuple[float, float] | None]:
+def entries_of(results: Sequence[Result]) -> tuple[Iterable[Entry], tuple[float, float] | None]:
     """Results in memory as the report reads them, and the span of their times: (first
     claim, last finish) in unix seconds over the timed Results, or None."""
     traces = [Trace.of(result) for result in results]

@@ -308,9 +308,8 @@ class StoredResults:
         self.span = None if first == math.inf else (first, last)
 
     def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:
-        """One stored row as a Final; JournalMismatch naming the item when its record is not a
-        Result as this batchsync writes them, or a failure has no line for the failed file
-        (``_RECORD``)."""
+        """One stored row as a Final; JournalMismatch naming the item when its record breaks
+        ``_RECORD`` (not a Result as batchsync writes them, a failure with no failed line)."""
         try:
             fields = json.loads(record)
             facts = {"item": index, "request": request, "finished": finished}

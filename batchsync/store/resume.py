@@ -68,10 +68,6 @@ def trusted_continuation(item_url: str | None, continuation: Any) -> bool:
     return isinstance(url, str) and item_url is not None and same_origin(url, item_url)
 
 
-def _none(index: int) -> Result | None:
-    return None
-
-
 @dataclass
 class Left(Generic[T]):
     """What a pass has still to do: ``marks``, what it does with each item (``Pass.does``),
@@ -80,7 +76,7 @@ class Left(Generic[T]):
 
     marks: bytearray
     form: Form[T]
-    stored: Callable[[int], Result | None] = _none
+    stored: Callable[[int], Result | None] = lambda index: None
     # The Results of the items sent again, until their new ones come (``taken``).
     _earlier: dict[int, Result] = field(default_factory=dict, init=False)
 
@@ -94,9 +90,7 @@ class Left(Generic[T]):
         """``taken``; None when the pass sends no item again and goes on with none, so that
         a run with no Result to add to delivers each new one without a look-up."""
         marks = self.marks
-        if marks.count(DONE) + marks.count(TO_SEND) == len(marks):
-            return None
-        return self.taken
+        return None if marks.count(DONE) + marks.count(TO_SEND) == len(marks) else self.taken
 
     def sent(self, items: Iterable[tuple[int, T]]) -> Iterator[tuple[int, T]]:
         """The (index, item) pairs the pass sends, read lazily: an item with a final Result
@@ -111,9 +105,8 @@ class Left(Generic[T]):
                 yield index, self._sent(index, item, mark)
 
     def _sent(self, index: int, item: T, mark: int) -> T:
-        """The item as sent, keeping the Result it has for the new one to add to: a
-        paginated item goes on from its next page, or from its first, adding to none, when
-        the journal's next page is not on its origin."""
+        """The item as sent, keeping the Result it has for the new one to add to: a paginated
+        item goes on from its next page (from its first, adding to none, when not on its origin)."""
         before = None if mark == TO_SEND else self.stored(index)
         if mark in (TO_GO_ON, TO_FINISH):
             url = self.form.url(item)
@@ -176,10 +169,7 @@ class Kept:
 
 
 def read_back(
-    path: Path,
-    identity: Mapping[str, str],
-    restore: Callable[[dict[str, Any]], Result],
-    hint: str,
+    path: Path, identity: Mapping[str, str], restore: Callable[[dict[str, Any]], Result], hint: str
 ) -> Kept:
     """The journal at ``path``, made for the items of ``identity`` (JournalMismatch naming
     the problem, then ``hint``, otherwise), read back: each Result as ``restore`` makes it

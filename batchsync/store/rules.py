@@ -22,12 +22,8 @@ Facts = Mapping[str, Any]
 # Whether a field's value (``MISSING`` when the record lacks it) is right, given the facts.
 Test = Callable[[Any, Facts], bool]
 
-
-class _Missing:
-    """A field the record does not have: no type test takes it."""
-
-
-MISSING: Any = _Missing()
+# A field the record does not have: no type test takes it.
+MISSING: Any = object()
 # The largest count (attempts, items, a pass, tokens) and the most seconds a record holds:
 # far beyond any run, small enough that no sum of them overflows or loses its units.
 MOST = 2**53
@@ -144,14 +140,9 @@ def _refuse_constant(name: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-class _Unreadable:
-    """A stored value no reader can take back: a text that is not UTF-8, or a JSON text that
-    strict JSON is not."""
-
-
-UNREADABLE: Any = _Unreadable()
+# A stored value no reader can take back: a text that is not UTF-8, or a JSON text that strict
+# JSON is not.
+UNREADABLE: Any = object()
 
 
 def json_value(stored: object) -> Any:

@@ -93,9 +93,8 @@ def _column(name: str) -> Callable[[Any, Facts], bool]:
 
 
 def _near(column: Any, stored: Any, terms: int = 1) -> bool:
-    """Seconds in a column and in the record: the same, but for the rounding to the
-    microsecond (``terms`` times over, for a sum) of columns an earlier batchsync wrote
-    unrounded."""
+    """Seconds in a column and in the record: the same, but for the rounding to the microsecond
+    (``terms`` times over, for a sum) of columns an earlier batchsync wrote unrounded."""
     if not (SECONDS(column, {}) and SECONDS(stored, {})):
         return False
     return bool(abs(column - stored) <= 1e-6 * terms + 1e-9 * abs(column))
@@ -234,8 +233,7 @@ def pass_problem(number: int, retry: object) -> str | None:
 
 
 def _gate_seconds(gates: Any, facts: Facts) -> bool:
-    """Seconds by gate, each gate's name one the summary line can show (a short printable
-    line)."""
+    """Seconds by gate, each gate's name one the summary line can show (short, printable)."""
     return isinstance(gates, dict) and all(
         0 < len(gate) <= 64 and gate.isprintable() and SECONDS(seconds, facts)
         for gate, seconds in gates.items()
@@ -351,11 +349,9 @@ class Requests:
 
 @dataclass
 class _Check:
-    """The check of the journal ``db`` (of this layout, made for ``identity``; ``requests``:
-    what each failed item's request must be, None: the journal keeps none), a table at a
-    time, each read once (the input up to its last failed item), each one's facts kept for
-    those after it: the passes recorded, the items the runs of each pass finished, when the
-    first run started and the last ended (None: no run), the gates they waited at."""
+    """The check of the journal ``db`` made for ``identity`` (``requests``: what each failed
+    item's request must be; None: it keeps none), a table at a time, each read once, each one's
+    facts kept for those after it (``span``: when the runs went, None: no run recorded)."""
 
     db: sqlite3.Connection
     identity: Mapping[str, str]
@@ -371,9 +367,8 @@ class _Check:
         column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        return next(
-            filter(None, (step() for step in (*steps, self._results, self._requests))), None
-        )
+        found = (step() for step in (*steps, self._results, self._requests))
+        return next(filter(None, found), None)
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
         """The rows of ``query`` on ``table``; none when a journal made before it lacks it."""
@@ -469,11 +464,7 @@ def _decoded(raw: bytes) -> Any:
 
 @contextlib.contextmanager
 def resumed(
-    path: Path,
-    identity: Mapping[str, str],
-    what: str,
-    hint: str,
-    requests: Requests | None = None,
+    path: Path, identity: Mapping[str, str], what: str, hint: str, requests: Requests | None = None
 ) -> Iterator[JournalReader]:
     """A reader of the journal to resume, checked to be one of this layout made for these
     ``what`` (their identity), every row of it trusted (``_Check``): JournalMismatch naming

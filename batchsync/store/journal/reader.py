@@ -100,8 +100,7 @@ class JournalReader:
 
     def timeline(self) -> dict[tuple[str, int], float]:
         """Seconds waited at each gate by (gate, unix second), over every process."""
-        query = "SELECT gate, second, seconds FROM waits"
-        rows = self._db.execute(query)
+        rows = self._db.execute("SELECT gate, second, seconds FROM waits")
         return {(str(gate), int(second)): seconds for gate, second, seconds in rows}
 
     def holding(self) -> str:
@@ -111,8 +110,7 @@ class JournalReader:
             "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0) FROM results "
             f"WHERE resume IS NULL OR error_kind IS NULL OR error_kind NOT IN ({_NOT_FINAL})"
         ).fetchone()
-        entries = meta.get("entries", "?")
-        source = meta.get("input")
+        entries, source = meta.get("entries", "?"), meta.get("input")
         what = f"a run of {source}" if source else "a run"
         return f"{what}: {done} of {entries} items done, {failed} failed"
 

@@ -348,6 +348,4 @@ def _columns_problem(
     if missing:
         return f"its table {name} has no column {missing[0]} as batchsync makes it"
     added = [column[0] for column in found if column not in columns]
-    if added:
-        return f"its table {name} has a column {added[0]} batchsync does not make"
-    return None
+    return f"its table {name} has a column {added[0]} batchsync does not make" if added else None

@@ -154,31 +154,27 @@ class Journal:
         return JournalFailed(f"the journal {self.path} cannot be written: {reason}")
 
     def _write(self) -> None:
+        linger = 0.0
         try:
-            self._write_until_closed()
+            window_start, window_results = self._clock(), 0
+            while True:
+                pending = self._gather(linger)
+                taken = [entry for entry in pending if entry is not None]
+                if taken:
+                    self._room.release(len(taken))
+                self._store([self._row(*entry) for entry in taken])
+                if None in pending:
+                    return
+                window_results += len(taken)
+                elapsed = self._clock() - window_start
+                if elapsed >= 1.0:
+                    linger = linger_for(window_results, elapsed)
+                    window_start, window_results = self._clock(), 0
         except BaseException as exc:  # whatever it is, the run must hear of it
             self._error = exc
 
-    def _write_until_closed(self) -> None:
-        linger = 0.0
-        window_start, window_results = self._clock(), 0
-        while True:
-            pending = self._gather(linger)
-            taken = [entry for entry in pending if entry is not None]
-            if taken:
-                self._room.release(len(taken))
-            self._store([self._row(*entry) for entry in taken])
-            if None in pending:
-                return
-            window_results += len(taken)
-            elapsed = self._clock() - window_start
-            if elapsed >= 1.0:
-                linger = linger_for(window_results, elapsed)
-                window_start, window_results = self._clock(), 0
-
     def _gather(self, linger: float) -> list[tuple[Result, object] | None]:
-        """The next group to store: what has queued up once the first entry came (and the
-        ``linger`` after it), None for the end."""
+        """The next group: what queued up by the first entry and ``linger`` after (None: end)."""
         first = self._queue.get()
         if first is not None and linger:
             self._sleep(linger)
@@ -225,9 +221,7 @@ class Journal:
         )  # fmt: skip
 
     def close(
-        self,
-        timeline: Mapping[tuple[str, int], float] | None = None,
-        stint: Stint | None = None,
+        self, timeline: Mapping[tuple[str, int], float] | None = None, stint: Stint | None = None
     ) -> None:
         """Write everything queued, then stop the writer; later adds are ignored. Records
         this process's progress a last time (as ``stint``, when given), with the seconds its
