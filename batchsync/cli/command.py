@@ -54,8 +54,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 class _Command(click.Command):
     """The command, with ``--retry-failed`` and ``--batch-api`` taking their values only after
-    an ``=`` (``--retry-failed=KIND,...``, ``--batch-api=openai``): given bare, they never take
-    the next word (INPUT) for their value."""
+    an ``=``: given bare, they never take the next word (INPUT) for their value."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
@@ -75,17 +74,14 @@ BARE = {RETRY_FAILED: _EVERY_KIND, "--batch-api": "auto"}
 def _usage_errors(
     kinds: type[Exception] | tuple[type[Exception], ...] = ValueError,
 ) -> Iterator[None]:
-    """What raises one of ``kinds`` stops the command with its message as the usage line
-    (exit 2, nothing sent)."""
+    """What raises one of ``kinds`` is a usage line: exit 2, nothing sent."""
     try:
         yield
     except kinds as exc:
         raise click.UsageError(str(exc)) from None
 
 
-def _retry_kinds(
-    context: click.Context, parameter: click.Parameter, value: str | None
-) -> frozenset[str] | None:
+def _retry_kinds(value: str | None) -> frozenset[str] | None:
     """--retry-failed's error kinds (empty: every failure), None when it was not given."""
     if value is None:
         return None
@@ -93,19 +89,15 @@ def _retry_kinds(
         return frozenset()
     kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
     if not kinds:
-        raise click.BadParameter(
+        raise ValueError(
             "names no error kind: give =KIND,... or --retry-failed alone for every failure"
         )
-    try:
-        return error_kinds(kinds)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return error_kinds(kinds)
 
 
 # --cert and --key: a PEM file each.
 _PEM_FILE: dict[str, Any] = {
     "type": FilePath(exists=True, dir_okay=False, readable=True),
-    "default": None,
     "metavar": "FILE",
 }
 
@@ -135,7 +127,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--url",
     "url_template",
-    default=None,
     metavar="TEMPLATE",
     help="Make one request per row of INPUT, a table (CSV/TSV with a header row, or JSON "
     "records): TEMPLATE is the URL with {field} where a row's value goes, percent-encoded "
@@ -153,7 +144,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--body-template",
-    default=None,
     metavar="JSON",
     help='With --url: a JSON body for every row\'s request. A string that is exactly "{field}" '
     "takes the row's value with its type; {field} inside a longer string is put in as text.",
@@ -167,7 +157,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--id-field",
-    default=None,
     metavar="NAME",
     help="With --url: the field that becomes each result's id (with --row-as-body it stays "
     "in the body).  [default: id, when a row has it; with --row-as-body: metadata]",
@@ -182,7 +171,6 @@ _PEM_FILE: dict[str, Any] = {
 @library_options(FetchOptions)
 @click.option(
     "--auth-command",
-    default=None,
     metavar="'CMD'",
     callback=reading(auth_command_text),
     help="Get the token from CMD (run by sh, stdin closed, 30 s at most): what it prints, "
@@ -201,7 +189,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--cacert",
     type=FilePath(exists=True, readable=True),
-    default=None,
     metavar="FILE",
     help="Trust the CA certificates in FILE (PEM; or a directory of them) instead of the "
     "default bundle; wins over REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE.",
@@ -224,7 +211,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--redis",
     "redis_url",
-    default=None,
     metavar="URL",
     callback=reading(redis_url_text),
     help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
@@ -233,7 +219,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--dask",
     "dask_address",
-    default=None,
     metavar="ADDRESS",
     callback=reading(dask_address_text),
     help="Run the batch on the Dask cluster at ADDRESS (tcp://scheduler:8786), a partition "
@@ -248,7 +233,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--metrics-port",
-    default=None,
     metavar="[HOST:]PORT",
     callback=reading(metrics_port_text),
     help="Serve Prometheus metrics on this port, 1 to 65535 (HOST defaults to 127.0.0.1), "
@@ -258,7 +242,6 @@ _PEM_FILE: dict[str, Any] = {
     "-o",
     "--output",
     "prefix",
-    default=None,
     metavar="PREFIX",
     callback=reading(prefix_text),
     help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
@@ -291,9 +274,8 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     RETRY_FAILED,
     "retry_failed",
-    default=None,
     metavar="[=KIND,...]",
-    callback=_retry_kinds,
+    callback=reading(_retry_kinds),
     help="Send again the items whose final result in PREFIX-journal.sqlite3 failed (with "
     "=KIND,...: only those failed with these error kinds, e.g. =status,timeout), each with a "
     "fresh budget, and write the whole input's results in order; the failed file then holds "
@@ -436,8 +418,7 @@ def command(
 
 
 def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) -> FetchSettings:
-    """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``;
-    UsageError for options that contradict or lack each other."""
+    """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``."""
     if insecure and cacert is not None:
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
     verify = False if insecure else cacert
@@ -449,9 +430,7 @@ def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) 
 
 
 def _scaled_out(
-    options: FetchOptions,
-    redis_url: str | None,
-    dask_address: str | None,
+    options: FetchOptions, redis_url: str | None, dask_address: str | None
 ) -> tuple[FetchOptions, Any]:
     """``options`` with limits shared through Redis (--redis), and the Dask client the run
     goes on (--dask; None to run here); UsageError when either cannot be had."""
@@ -479,10 +458,8 @@ def _run(
     metrics_port: str | None,
     progress: bool,
 ) -> tuple[Outcome, Secrets]:
-    """``run`` the batch (``run_batch`` with the command's settings), closing INPUT and the
-    cluster's client after: its outcome, and the secrets that what outlives the run (its
-    summary, the resume line) hides. UsageError for what stops the run before anything is
-    sent."""
+    """``run`` the batch, closing INPUT and the cluster's client after: its outcome, and the
+    secrets that what outlives the run (its summary, the resume line) hides."""
     redirect: AbstractContextManager[object] = (
         logging_redirect_tqdm() if progress else nullcontext()
     )
@@ -524,8 +501,7 @@ def _continuing(
 def _check_batch_api(
     options: FetchOptions, template: Template | None, continuing: Continuing, cluster: Any
 ) -> None:
-    """UsageError for a --batch-api run that cannot be one (and for --cancel or --live that
-    contradict it)."""
+    """UsageError for a --batch-api run that cannot be one, or --cancel, --live against it."""
     if options.batch_api is None:
         if continuing.cancel:
             raise click.UsageError("--cancel goes with --batch-api")

@@ -90,15 +90,9 @@ def _parse_line(where: str, raw: bytes) -> Entry | None:
 
 
 def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
-    number = 0
-    while True:
-        raw = stream.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return
-        number += 1
+    for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
         where = f"line {number}"
-        if number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
+        raw = line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
         if len(raw) > MAX_LINE_BYTES:
             tail = raw
             while tail and not tail.endswith(b"\n"):
@@ -111,19 +105,13 @@ def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
 
 
 class _ArrayReader:
-    """The elements of a JSON array as Entries, read from a byte stream in one pass.
+    """The elements of a JSON array as Entries, read from a byte stream a chunk at a time.
 
-    The text is read a chunk at a time. An element that lies whole within a chunk is decoded
-    there, at once. Otherwise a scanner finds where the element ends — the ``,`` or ``]`` at
-    its own level, outside strings — without decoding it, and then its text, and only that,
-    goes to the JSON decoder, once. An element longer than MAX_ELEMENT_BYTES of UTF-8 (from its
-    first non-blank character to the ``,`` or ``]`` after it) is not kept: it is passed over as
-    it is read and becomes that element's problem, its content neither parsed nor shown. So
-    time is linear in the input, and memory holds a chunk and at most one element of up to
-    MAX_ELEMENT_BYTES.
-
-    What is read must be UTF-8 and each element that is kept valid JSON, else InputError; text
-    after the closing ``]`` is ignored.
+    An element whole within a chunk is decoded at once; else a scanner finds its ``,`` or ``]``
+    without decoding, and its text alone goes to the decoder. One longer than MAX_ELEMENT_BYTES
+    is passed over unkept, that element's problem. So time is linear in the input, and memory
+    holds a chunk and at most one element. Not UTF-8, or a kept element not JSON: InputError;
+    text after the closing ``]`` is ignored.
     """
 
     def __init__(self, stream: IO[bytes]) -> None:
@@ -186,8 +174,10 @@ class _ArrayReader:
         """The chunk and position of the first non-blank character from ``pos`` on."""
         pos = _past(_BLANK, text, pos)
         while pos == len(text):
-            text = _next_chunk(chunks)
-            pos = _past(_BLANK, text, 0)
+            following = next(chunks, None)
+            if following is None:
+                raise InputError("the JSON array ends too soon")
+            text, pos = following, _past(_BLANK, following, 0)
         return text, pos
 
     def _element(
@@ -291,13 +281,6 @@ def _past(pattern: re.Pattern[str], text: str, pos: int) -> int:
     match = pattern.match(text, pos)
     assert match is not None
     return match.end()
-
-
-def _next_chunk(chunks: Iterator[str]) -> str:
-    text = next(chunks, None)
-    if text is None:
-        raise InputError("the JSON array ends too soon")
-    return text
 
 
 def _decode_element(number: int, text: str) -> Any:

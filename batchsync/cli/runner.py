@@ -73,9 +73,7 @@ class EntryRows:
 def encode(result: Result, entry: object) -> tuple[str, str | None]:
     """The journal's stored texts: the output record, and the failed file's line when it
     failed."""
-    request = None
-    if not result.ok and isinstance(entry, Entry):
-        request = failed_request(entry)
+    request = failed_request(entry) if not result.ok and isinstance(entry, Entry) else None
     return dumps(public_record(result)), request
 
 
@@ -262,9 +260,8 @@ def _cluster(
 
 
 def _lock_prefix(held: contextlib.ExitStack, controller: RunController, prefix: str) -> None:
-    """Enter ``controller``, holding its journal's lock, until ``held`` closes: JournalInUse
-    naming the prefix when another run holds it, JournalUnusable when its folder cannot be
-    written."""
+    """Enter ``controller``, holding its journal's lock, until ``held`` closes; errors that
+    name the prefix (in use) or its folder (not writable)."""
     try:
         held.enter_context(controller)
     except JournalInUse:
@@ -298,8 +295,7 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
 
 
 def _check_unreplaced(path: Path, outputs: list[Path], continuing: Continuing) -> None:
-    """Refused when a run without ``fresh`` would replace another's journal or outputs, or
-    retry failures that no journal holds."""
+    """Refused without ``fresh`` (see ``_make_way``)."""
     if path.exists():
         if continuing.resume or continuing.retry is not None:
             return
@@ -341,14 +337,9 @@ def _plan(
     entries = int(identity["entries"])
     if not path.exists():
         return Plan(Pass(), Left(bytearray(entries), EntryRows()))
+    requests = Requests(islice(source, entries), failed_request)
     reader = held.enter_context(
-        resumed(
-            path,
-            identity,
-            "input",
-            "run with --fresh to start over",
-            Requests(islice(source, entries), failed_request),
-        )
+        resumed(path, identity, "input", "run with --fresh to start over", requests)
     )
     current, marks = planned(reader, entries, continuing.retry)
     never = marks.count(TO_SEND) + marks.count(TO_FINISH)
@@ -387,9 +378,8 @@ class _Counted:
 
 
 def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
-    """PREFIX-report.html from the run's final Results (the one kept when nothing was sent);
-    None, with a warning, when it cannot be written: the results are written already, and a
-    report is not worth failing the run for."""
+    """PREFIX-report.html (the one kept when nothing was sent); None, with a warning, when it
+    cannot be written: the results stand, a report is not worth failing the run for."""
     target = report_path(prefix)
     if not sent and target.exists():
         return target
@@ -401,8 +391,7 @@ def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
 
 
 def _stored(result: Result, entry: object) -> None:
-    """Nothing more to do with a Result once the journal has it: the outputs are written
-    from the journal."""
+    """Nothing more to do once the journal has a Result: the outputs are written from it."""
 
 
 def _write(
@@ -421,14 +410,9 @@ def _write(
     mask: Callable[[str], str] = str,
 ) -> Outcome:
     """Write every output from the journal's final Results (``StoredResults``, the one
-    source of the summary, the results and failed files and the report), then say how the
-    run (which ``ran``, in pass ``current``, replacing what ``replaced`` says) ended: with
-    the outputs' paths, the summary and how many items the pass has still to send when the
-    run was stopped.
-
-    Checks first that the journal holds one Result per entry (unless the run was stopped):
-    a results file must never lack a line while the run reports success.
-    """
+    source of them all) and say how the run ended. Checks first that the journal holds one
+    Result per entry (unless the run was stopped): a results file must never lack a line while
+    the run reports success."""
     try:
         reader = JournalReader(path)
     except JournalMismatch as exc:
