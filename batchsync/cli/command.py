@@ -357,14 +357,9 @@ def command(
 ) -> int:
     """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
     retries."""
+    batch = options.get("batch_api") is not None
     template = _template(
-        url_template,
-        method,
-        body_template,
-        id_field,
-        input_format,
-        row_as_body=row_as_body,
-        batch=options.get("batch_api") is not None,
+        url_template, method, body_template, id_field, row_as_body=row_as_body, batch=batch
     )
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
@@ -570,7 +565,6 @@ def _template(
     method: str,
     body: str | None,
     id_field: str | None,
-    input_format: str,
     *,
     row_as_body: bool,
     batch: bool = False,

@@ -52,7 +52,9 @@ def library_options(model: type[BaseModel]) -> Callable[[FC], FC]:
 
 def _option_settings(field: FieldInfo, flag: Flag) -> dict[str, Any]:
     """click.option's keywords for a declared option."""
-    kinds = [k for k in _members(field.annotation) if k is not type(None)]
+    union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+    members = typing.get_args(field.annotation) if union else (field.annotation,)
+    kinds = [k for k in members if k is not type(None)]
     several = any(typing.get_origin(k) in (tuple, dict) for k in kinds)
     said = {"metavar": flag.metavar, "show_default": flag.show_default}
     settings: dict[str, Any] = {"help": flag.help, "multiple": several}
@@ -70,12 +72,6 @@ def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
     if flag.parse is not None:
         return {"callback": reading(flag.parse)}
     return {"type": _click_type(kinds, field.metadata)}
-
-
-def _members(annotation: Any) -> tuple[Any, ...]:
-    """The types a union joins; the type itself when it is none."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    return typing.get_args(annotation) if union else (annotation,)
 
 
 def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, Any] | None:

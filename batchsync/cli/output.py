@@ -126,9 +126,7 @@ def write_outputs(
         results_path, failed_path, modes=(0o666, 0o600), binary=(form == "parquet",)
     ) as (results, failed):
         if form == "jsonl":
-            for record in _results(source(), failed):
-                results.write(record)
-                results.write("\n")
+            results.writelines(f"{record}\n" for record in _results(source(), failed))
         else:
             passes = 0
 

@@ -318,10 +318,8 @@ def _holding(path: Path) -> str:
         reader = JournalReader(path)
     except JournalMismatch as exc:
         return f"something else ({exc})"
-    try:
+    with contextlib.closing(reader):
         return reader.holding()
-    finally:
-        reader.close()
 
 
 def _plan(
