@@ -9,7 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
@@ -53,8 +53,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 class _Command(click.Command):
-    """The command, with ``--retry-failed`` and ``--batch-api`` taking their values only after
-    an ``=``: given bare, they never take the next word (INPUT) for their value."""
+    """The command, whose bare --retry-failed and --batch-api never take INPUT for a value."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
@@ -383,11 +382,7 @@ def command(
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     with _usage_errors(InputError):  # (INPUT opened: its items, or a table's rows)
-        source = (
-            Input(input_name)
-            if template is None
-            else TableInput(input_name, template, input_format)
-        )
+        source = TableInput(input_name, template, input_format) if template else Input(input_name)
     run = partial(
         run_batch,
         continuing=continuing,
@@ -427,8 +422,7 @@ def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) 
 def _scaled_out(
     options: FetchOptions, redis_url: str | None, dask_address: str | None
 ) -> tuple[FetchOptions, Any]:
-    """``options`` with limits shared through Redis (--redis), and the Dask client the run
-    goes on (--dask; None to run here); UsageError when either cannot be had."""
+    """``options`` sharing limits through --redis, and the --dask client to run on (None: here)."""
     with _usage_errors():
         if redis_url is not None:
             shared = contrib.shared_limits(redis_url, options.namespace, options.lease_ttl)
@@ -453,22 +447,18 @@ def _run(
     metrics_port: str | None,
     progress: bool,
 ) -> tuple[Outcome, Secrets]:
-    """``run`` the batch, closing INPUT and the cluster's client after: its outcome, and the
-    secrets that what outlives the run (its summary, the resume line) hides."""
-    redirect: AbstractContextManager[object] = (
-        logging_redirect_tqdm() if progress else nullcontext()
-    )
+    """``run`` the batch, closing INPUT and the cluster's client after: its outcome, secrets."""
+    redirect = logging_redirect_tqdm() if progress else nullcontext()
     tokens = None
     try:
-        _make_folder(journal_path(prefix).parent)
-        if auth_command is not None:  # (once INPUT is known to be there)
-            tokens = _first_token(auth_command, auth_header)
-            options = options.model_copy(update={"auth": tokens})
-        with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
-            options = options.model_copy(update={"metrics": registry})
-            outcome = run(source, options, prefix, on_start=on_start)
-    except (InputError, JournalUnusable, Refused, LaneRefused) as exc:
-        raise click.UsageError(str(exc)) from None
+        with _usage_errors((InputError, JournalUnusable, Refused, LaneRefused)):
+            _make_folder(journal_path(prefix).parent)
+            if auth_command is not None:  # (once INPUT is known to be there)
+                tokens = _first_token(auth_command, auth_header)
+                options = options.model_copy(update={"auth": tokens})
+            with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
+                options = options.model_copy(update={"metrics": registry})
+                outcome = run(source, options, prefix, on_start=on_start)
     finally:
         source.close()
         if cluster is not None:
@@ -543,8 +533,7 @@ def default_prefix(input_name: str) -> str:
 
 
 def _as_resumed(input_name: str) -> list[str]:
-    """The command line as given, INPUT read from standard input when it was a pipe that a
-    resume cannot open again by its name (``/dev/fd/63``)."""
+    """The command line as given, with - for an INPUT pipe that a resume cannot open again."""
     argv = list(click.get_current_context().obj or [])
     if input_name == "-" or not _unnamed_pipe(input_name):
         return argv
@@ -552,8 +541,7 @@ def _as_resumed(input_name: str) -> list[str]:
 
 
 def _unnamed_pipe(input_name: str) -> bool:
-    """Whether INPUT is stdin or a pipe named only by a descriptor (``<(…)``, ``/dev/stdin``):
-    a name that will not be there to read again."""
+    """Whether INPUT is stdin or a descriptor's pipe (``<(…)``): not there to read again."""
     folder = Path(input_name).parent
     return is_spooled(input_name) and (
         input_name == "-" or folder.name == "fd" or str(folder) == "/dev"
@@ -569,9 +557,8 @@ def _template(
     row_as_body: bool,
     batch: bool = False,
 ) -> Template | None:
-    """The checked --url template, or None when INPUT holds items; UsageError otherwise.
-    A body goes with a POST (``--method`` unsaid) when it is each row's (``row_as_body``) or
-    the rows go through a batch endpoint (``batch``)."""
+    """The checked --url template, or None when INPUT holds items. A body goes with a POST
+    (``--method`` unsaid) when it is each row's (``row_as_body``) or goes to a ``batch`` API."""
     context = click.get_current_context()
     if url is None:  # (then none of the options that make the template may be given)
         for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
@@ -595,10 +582,8 @@ def _check_format(form: str, flatten: bool) -> None:
     """UsageError, before anything is sent, for a results format that cannot be written."""
     if flatten and form == "jsonl":
         raise click.UsageError("--flatten goes with --format csv or parquet")
-    if form == "parquet":
-        problem = pyarrow_missing()
-        if problem is not None:
-            raise click.UsageError(problem)
+    if form == "parquet" and (problem := pyarrow_missing()) is not None:
+        raise click.UsageError(problem)
 
 
 def _first_token(command: str, header: str) -> CommandToken:
@@ -614,8 +599,7 @@ def _first_token(command: str, header: str) -> CommandToken:
 
 @contextlib.contextmanager
 def _metrics_server(where: str | None) -> Iterator[object]:
-    """A Prometheus registry served over HTTP for the run's duration (None: no metrics).
-    ``where`` was checked when it was parsed; what binding it raises is a usage line too."""
+    """A Prometheus registry served for the run (None: no metrics); a failed bind: UsageError."""
     if where is None:
         yield None
         return

@@ -117,9 +117,7 @@ class _ArrayReader:
     def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
         # where the scanner is within the current element
-        self._nesting = 0
-        self._in_string = False
-        self._escaped = False
+        self._nesting, self._in_string, self._escaped = 0, False, False
 
     def _chunks(self) -> Iterator[str]:
         """The stream's text a chunk at a time, a leading BOM dropped."""
@@ -183,9 +181,8 @@ class _ArrayReader:
     def _element(
         self, number: int, chunks: Iterator[str], text: str, pos: int
     ) -> tuple[str, int, str | None]:
-        """The element starting at ``pos``, read on through ``chunks`` as far as it goes: the
-        chunk where it ends, where its ``,`` or ``]`` is in that chunk, and its text (None if
-        it is longer than MAX_ELEMENT_BYTES, whose text is not kept)."""
+        """The element from ``pos`` on through ``chunks``: the chunk where it ends, where its
+        ``,`` or ``]`` is there, and its text (None: longer than MAX_ELEMENT_BYTES, not kept)."""
         self._nesting, self._in_string, self._escaped = 0, False, False
         parts: list[str] = []
         size = 0
@@ -207,8 +204,7 @@ class _ArrayReader:
             text, pos = following, 0
 
     def _scan(self, text: str, pos: int) -> int:
-        """Where the current element ends in ``text`` (its ``,`` or ``]``), scanning on from
-        ``pos``; -1 if it goes on past this chunk."""
+        """Where the current element's ``,`` or ``]`` is in ``text`` from ``pos``; -1: not here."""
         nesting, in_string, escaped = self._nesting, self._in_string, self._escaped
         end, size = -1, len(text)
         while pos < size:
@@ -235,10 +231,9 @@ class _ArrayReader:
 
 
 def _through_string(text: str, pos: int, escaped: bool) -> tuple[int, bool, bool]:
-    """Scanning on in a string that goes on from an earlier chunk (maybe megabytes), from
-    escape to escape at the speed of str.find, the next quote found once. ``escaped``: the
-    chunk before ended on its backslash. Where the scan goes on, whether this chunk ends on a
-    backslash, and whether the string goes on past this chunk."""
+    """Scan on in a string begun in an earlier chunk (``escaped``: that one ended on its
+    backslash), escape to escape at str.find's speed: where the scan goes on, whether this
+    chunk ends on a backslash, and whether the string goes on past it."""
     size = len(text)
     if escaped:
         pos += 1
@@ -309,8 +304,7 @@ class Input:
         self.is_array = self._first_significant_byte() == b"["
 
     def _opened(self, path: Path) -> IO[bytes] | None:
-        """Open ``path`` once: a regular file is kept as ``path`` (None returned), anything
-        else is spooled (its spool returned)."""
+        """Open ``path`` once: a regular file is kept as ``path`` (None), anything else spooled."""
         try:
             with path.open("rb") as stream:
                 if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
@@ -417,8 +411,12 @@ class TableInput(Input):
             finally:
                 text.detach()
 
-    def _csv_rows(self) -> Iterator[tuple[str, Any]]:
-        """(where, (header, fields)) for each CSV/TSV row; InputError when it cannot be read."""
+    def _rows(self) -> Iterator[tuple[str, Any]]:
+        """(where, row) for each row: a JSON record's Entry, or a CSV/TSV row's (header,
+        fields); InputError when it cannot be read."""
+        if self.form == "jsonl":
+            yield from ((entry.where, entry) for entry in super().__iter__())
+            return
         with self._csv() as reader:
             number = 0
             try:
@@ -455,12 +453,8 @@ class TableInput(Input):
                 )
 
     def __iter__(self) -> Iterator[Entry]:
-        if self.form == "jsonl":
-            for entry in super().__iter__():
-                yield self._entry(entry.where, entry)
-        else:
-            for where, row in self._csv_rows():
-                yield self._entry(where, row)
+        for where, row in self._rows():
+            yield self._entry(where, row)
 
     def _entry(self, where: str, row: Any) -> Entry:
         if isinstance(row, Entry):  # a JSON record, or a line that is none
@@ -482,9 +476,7 @@ class TableInput(Input):
 
     def count(self) -> int:
         """The number of rows, read without building their requests."""
-        if self.form == "jsonl":
-            return sum(1 for _ in super().__iter__())
-        return sum(1 for _ in self._csv_rows())
+        return sum(1 for _ in self._rows())
 
     def identity(self) -> dict[str, str]:
         """The input's identity and the template's: resuming with other template options

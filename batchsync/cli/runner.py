@@ -251,8 +251,7 @@ def _cluster(
     wrap: Callable[[HttpJob], Job] | None,
     on_start: Callable[[Stoppable], None],
 ) -> Send:
-    """Partitions of the input run on the Dask cluster of the client ``dask``; ``on_start``
-    sees what runs them, to stop it on a signal."""
+    """Partitions of the input run on the Dask client ``dask``; ``on_start`` can stop them."""
     from ..run.cluster import on_cluster, run_partition, worker_settings
 
     task = partial(run_partition, settings=worker_settings(options), wrap=wrap)
@@ -280,9 +279,8 @@ def _output_names(prefix: str) -> list[str]:
 
 
 def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str | None:
-    """Check that the run may use the prefix, replacing its journal with ``fresh``: what the
-    replaced journal held, or None. Refused when a run would replace another's journal or
-    outputs without ``fresh``, or retry failures that no journal holds."""
+    """Refused unless the run may use the prefix; with ``fresh``, replace its journal: what
+    the replaced journal held, or None."""
     outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
     if not continuing.fresh:
         _check_unreplaced(path, outputs, continuing)
@@ -295,7 +293,8 @@ def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str
 
 
 def _check_unreplaced(path: Path, outputs: list[Path], continuing: Continuing) -> None:
-    """Refused without ``fresh`` (see ``_make_way``)."""
+    """Refused when a run without ``fresh`` would replace another's journal or outputs, or
+    retry failures that no journal holds."""
     if path.exists():
         if continuing.resume or continuing.retry is not None:
             return
@@ -329,9 +328,8 @@ def _plan(
     continuing: Continuing,
     path: Path,
 ) -> Plan:
-    """What this run sends: all of INPUT in a first pass, or what the journal at ``path``
-    leaves (``resume.planned``; read from it, kept open until ``held`` closes, as each item is
-    sent). Refused for a retry alone over items never finished (--resume finishes them too)."""
+    """What this run sends: all of INPUT, or what the journal at ``path`` leaves (kept open
+    until ``held`` closes). Refused for a retry alone over items never finished."""
     entries = int(identity["entries"])
     if not path.exists():
         return Plan(Pass(), Left(bytearray(entries), EntryRows()))
@@ -350,8 +348,7 @@ def _plan(
 
 
 class _Counted:
-    """The entries of INPUT, counting those read: ``shrank`` when INPUT ended before the
-    count (lines removed while the run went)."""
+    """The entries of INPUT, counting those read, to tell that INPUT shrank during the run."""
 
     def __init__(self, entries: Iterable[Entry], expected: int) -> None:
         self._entries = entries
@@ -366,8 +363,7 @@ class _Counted:
         self.shrank = self.read < self._expected
 
     def check_whole(self, name: str, journal: Path) -> None:
-        """InputError when INPUT (``name``) ended before the count, saying that what
-        finished is in ``journal``."""
+        """InputError when INPUT ended before the count, naming the ``journal``."""
         if self.shrank:
             raise InputError(
                 f"{name} changed while the run went: it had {self._expected} items, then "
