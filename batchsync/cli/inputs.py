@@ -350,9 +350,8 @@ class Input:
             for block in iter(lambda: stream.read(2**20), b""):
                 digest.update(block)
                 size += len(block)
-        name = self.name if self.path is None else str(self.path.resolve())
         return {
-            "input": name,
+            "input": self.name if self.path is None else str(self.path.resolve()),
             "size": str(size),
             "sha256": digest.hexdigest(),
             "entries": str(self.count()),
