@@ -9,7 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
@@ -53,9 +53,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 class _Command(click.Command):
-    """The command, with ``--retry-failed`` and ``--batch-api`` taking their values only after
-    an ``=`` (``--retry-failed=KIND,...``, ``--batch-api=openai``): given bare, they never take
-    the next word (INPUT) for their value."""
+    """The command, whose bare --retry-failed and --batch-api never take INPUT for a value."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
@@ -75,17 +73,14 @@ BARE = {RETRY_FAILED: _EVERY_KIND, "--batch-api": "auto"}
 def _usage_errors(
     kinds: type[Exception] | tuple[type[Exception], ...] = ValueError,
 ) -> Iterator[None]:
-    """What raises one of ``kinds`` stops the command with its message as the usage line
-    (exit 2, nothing sent)."""
+    """What raises one of ``kinds`` is a usage line: exit 2, nothing sent."""
     try:
         yield
     except kinds as exc:
         raise click.UsageError(str(exc)) from None
 
 
-def _retry_kinds(
-    context: click.Context, parameter: click.Parameter, value: str | None
-) -> frozenset[str] | None:
+def _retry_kinds(value: str | None) -> frozenset[str] | None:
     """--retry-failed's error kinds (empty: every failure), None when it was not given."""
     if value is None:
         return None
@@ -93,19 +88,15 @@ def _retry_kinds(
         return frozenset()
     kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
     if not kinds:
-        raise click.BadParameter(
+        raise ValueError(
             "names no error kind: give =KIND,... or --retry-failed alone for every failure"
         )
-    try:
-        return error_kinds(kinds)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return error_kinds(kinds)
 
 
 # --cert and --key: a PEM file each.
 _PEM_FILE: dict[str, Any] = {
     "type": FilePath(exists=True, dir_okay=False, readable=True),
-    "default": None,
     "metavar": "FILE",
 }
 
@@ -135,7 +126,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--url",
     "url_template",
-    default=None,
     metavar="TEMPLATE",
     help="Make one request per row of INPUT, a table (CSV/TSV with a header row, or JSON "
     "records): TEMPLATE is the URL with {field} where a row's value goes, percent-encoded "
@@ -153,7 +143,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--body-template",
-    default=None,
     metavar="JSON",
     help='With --url: a JSON body for every row\'s request. A string that is exactly "{field}" '
     "takes the row's value with its type; {field} inside a longer string is put in as text.",
@@ -167,7 +156,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--id-field",
-    default=None,
     metavar="NAME",
     help="With --url: the field that becomes each result's id (with --row-as-body it stays "
     "in the body).  [default: id, when a row has it; with --row-as-body: metadata]",
@@ -182,7 +170,6 @@ _PEM_FILE: dict[str, Any] = {
 @library_options(FetchOptions)
 @click.option(
     "--auth-command",
-    default=None,
     metavar="'CMD'",
     callback=reading(auth_command_text),
     help="Get the token from CMD (run by sh, stdin closed, 30 s at most): what it prints, "
@@ -201,7 +188,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--cacert",
     type=FilePath(exists=True, readable=True),
-    default=None,
     metavar="FILE",
     help="Trust the CA certificates in FILE (PEM; or a directory of them) instead of the "
     "default bundle; wins over REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE.",
@@ -224,7 +210,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--redis",
     "redis_url",
-    default=None,
     metavar="URL",
     callback=reading(redis_url_text),
     help="Share the limits (rate, per-host slots, cooldowns, breakers) with other processes "
@@ -233,7 +218,6 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     "--dask",
     "dask_address",
-    default=None,
     metavar="ADDRESS",
     callback=reading(dask_address_text),
     help="Run the batch on the Dask cluster at ADDRESS (tcp://scheduler:8786), a partition "
@@ -248,7 +232,6 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--metrics-port",
-    default=None,
     metavar="[HOST:]PORT",
     callback=reading(metrics_port_text),
     help="Serve Prometheus metrics on this port, 1 to 65535 (HOST defaults to 127.0.0.1), "
@@ -258,7 +241,6 @@ _PEM_FILE: dict[str, Any] = {
     "-o",
     "--output",
     "prefix",
-    default=None,
     metavar="PREFIX",
     callback=reading(prefix_text),
     help="Prefix of the output files (and of PREFIX-journal.sqlite3); its folders are made "
@@ -291,9 +273,8 @@ _PEM_FILE: dict[str, Any] = {
 @click.option(
     RETRY_FAILED,
     "retry_failed",
-    default=None,
     metavar="[=KIND,...]",
-    callback=_retry_kinds,
+    callback=reading(_retry_kinds),
     help="Send again the items whose final result in PREFIX-journal.sqlite3 failed (with "
     "=KIND,...: only those failed with these error kinds, e.g. =status,timeout), each with a "
     "fresh budget, and write the whole input's results in order; the failed file then holds "
@@ -375,14 +356,9 @@ def command(
 ) -> int:
     """Fetch every item of INPUT (a file, a pipe, or - for stdin) with bounded concurrency and
     retries."""
+    batch = options.get("batch_api") is not None
     template = _template(
-        url_template,
-        method,
-        body_template,
-        id_field,
-        input_format,
-        row_as_body=row_as_body,
-        batch=options.get("batch_api") is not None,
+        url_template, method, body_template, id_field, row_as_body=row_as_body, batch=batch
     )
     _check_format(form, flatten)
     tls = _tls(insecure, cacert, client_cert, client_key)
@@ -406,11 +382,7 @@ def command(
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     with _usage_errors(InputError):  # (INPUT opened: its items, or a table's rows)
-        source = (
-            Input(input_name)
-            if template is None
-            else TableInput(input_name, template, input_format)
-        )
+        source = TableInput(input_name, template, input_format) if template else Input(input_name)
     run = partial(
         run_batch,
         continuing=continuing,
@@ -436,8 +408,7 @@ def command(
 
 
 def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) -> FetchSettings:
-    """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``;
-    UsageError for options that contradict or lack each other."""
+    """--insecure, --cacert, --cert and --key as FetchOptions' ``verify`` and ``cert``."""
     if insecure and cacert is not None:
         raise click.UsageError("--insecure and --cacert contradict each other: give one")
     verify = False if insecure else cacert
@@ -449,12 +420,9 @@ def _tls(insecure: bool, cacert: str | None, cert: str | None, key: str | None) 
 
 
 def _scaled_out(
-    options: FetchOptions,
-    redis_url: str | None,
-    dask_address: str | None,
+    options: FetchOptions, redis_url: str | None, dask_address: str | None
 ) -> tuple[FetchOptions, Any]:
-    """``options`` with limits shared through Redis (--redis), and the Dask client the run
-    goes on (--dask; None to run here); UsageError when either cannot be had."""
+    """``options`` sharing limits through --redis, and the --dask client to run on (None: here)."""
     with _usage_errors():
         if redis_url is not None:
             shared = contrib.shared_limits(redis_url, options.namespace, options.lease_ttl)
@@ -479,24 +447,18 @@ def _run(
     metrics_port: str | None,
     progress: bool,
 ) -> tuple[Outcome, Secrets]:
-    """``run`` the batch (``run_batch`` with the command's settings), closing INPUT and the
-    cluster's client after: its outcome, and the secrets that what outlives the run (its
-    summary, the resume line) hides. UsageError for what stops the run before anything is
-    sent."""
-    redirect: AbstractContextManager[object] = (
-        logging_redirect_tqdm() if progress else nullcontext()
-    )
+    """``run`` the batch, closing INPUT and the cluster's client after: its outcome, secrets."""
+    redirect = logging_redirect_tqdm() if progress else nullcontext()
     tokens = None
     try:
-        _make_folder(journal_path(prefix).parent)
-        if auth_command is not None:  # (once INPUT is known to be there)
-            tokens = _first_token(auth_command, auth_header)
-            options = options.model_copy(update={"auth": tokens})
-        with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
-            options = options.model_copy(update={"metrics": registry})
-            outcome = run(source, options, prefix, on_start=on_start)
-    except (InputError, JournalUnusable, Refused, LaneRefused) as exc:
-        raise click.UsageError(str(exc)) from None
+        with _usage_errors((InputError, JournalUnusable, Refused, LaneRefused)):
+            _make_folder(journal_path(prefix).parent)
+            if auth_command is not None:  # (once INPUT is known to be there)
+                tokens = _first_token(auth_command, auth_header)
+                options = options.model_copy(update={"auth": tokens})
+            with stop_on_signals() as on_start, redirect, _metrics_server(metrics_port) as registry:
+                options = options.model_copy(update={"metrics": registry})
+                outcome = run(source, options, prefix, on_start=on_start)
     finally:
         source.close()
         if cluster is not None:
@@ -524,8 +486,7 @@ def _continuing(
 def _check_batch_api(
     options: FetchOptions, template: Template | None, continuing: Continuing, cluster: Any
 ) -> None:
-    """UsageError for a --batch-api run that cannot be one (and for --cancel or --live that
-    contradict it)."""
+    """UsageError for a --batch-api run that cannot be one, or --cancel, --live against it."""
     if options.batch_api is None:
         if continuing.cancel:
             raise click.UsageError("--cancel goes with --batch-api")
@@ -572,8 +533,7 @@ def default_prefix(input_name: str) -> str:
 
 
 def _as_resumed(input_name: str) -> list[str]:
-    """The command line as given, INPUT read from standard input when it was a pipe that a
-    resume cannot open again by its name (``/dev/fd/63``)."""
+    """The command line as given, with - for an INPUT pipe that a resume cannot open again."""
     argv = list(click.get_current_context().obj or [])
     if input_name == "-" or not _unnamed_pipe(input_name):
         return argv
@@ -581,8 +541,7 @@ def _as_resumed(input_name: str) -> list[str]:
 
 
 def _unnamed_pipe(input_name: str) -> bool:
-    """Whether INPUT is stdin or a pipe named only by a descriptor (``<(…)``, ``/dev/stdin``):
-    a name that will not be there to read again."""
+    """Whether INPUT is stdin or a descriptor's pipe (``<(…)``): not there to read again."""
     folder = Path(input_name).parent
     return is_spooled(input_name) and (
         input_name == "-" or folder.name == "fd" or str(folder) == "/dev"
@@ -594,14 +553,12 @@ def _template(
     method: str,
     body: str | None,
     id_field: str | None,
-    input_format: str,
     *,
     row_as_body: bool,
     batch: bool = False,
 ) -> Template | None:
-    """The checked --url template, or None when INPUT holds items; UsageError otherwise.
-    A body goes with a POST (``--method`` unsaid) when it is each row's (``row_as_body``) or
-    the rows go through a batch endpoint (``batch``)."""
+    """The checked --url template, or None when INPUT holds items. A body goes with a POST
+    (``--method`` unsaid) when it is each row's (``row_as_body``) or goes to a ``batch`` API."""
     context = click.get_current_context()
     if url is None:  # (then none of the options that make the template may be given)
         for name in ("method", "body_template", "row_as_body", "id_field", "input_format"):
@@ -625,10 +582,8 @@ def _check_format(form: str, flatten: bool) -> None:
     """UsageError, before anything is sent, for a results format that cannot be written."""
     if flatten and form == "jsonl":
         raise click.UsageError("--flatten goes with --format csv or parquet")
-    if form == "parquet":
-        problem = pyarrow_missing()
-        if problem is not None:
-            raise click.UsageError(problem)
+    if form == "parquet" and (problem := pyarrow_missing()) is not None:
+        raise click.UsageError(problem)
 
 
 def _first_token(command: str, header: str) -> CommandToken:
@@ -644,8 +599,7 @@ def _first_token(command: str, header: str) -> CommandToken:
 
 @contextlib.contextmanager
 def _metrics_server(where: str | None) -> Iterator[object]:
-    """A Prometheus registry served over HTTP for the run's duration (None: no metrics).
-    ``where`` was checked when it was parsed; what binding it raises is a usage line too."""
+    """A Prometheus registry served for the run (None: no metrics); a failed bind: UsageError."""
     if where is None:
         yield None
         return

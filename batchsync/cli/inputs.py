@@ -90,15 +90,9 @@ def _parse_line(where: str, raw: bytes) -> Entry | None:
 
 
 def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
-    number = 0
-    while True:
-        raw = stream.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return
-        number += 1
+    for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
         where = f"line {number}"
-        if number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
+        raw = line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
         if len(raw) > MAX_LINE_BYTES:
             tail = raw
             while tail and not tail.endswith(b"\n"):
@@ -111,27 +105,19 @@ def _read_lines(stream: IO[bytes]) -> Iterator[Entry]:
 
 
 class _ArrayReader:
-    """The elements of a JSON array as Entries, read from a byte stream in one pass.
+    """The elements of a JSON array as Entries, read from a byte stream a chunk at a time.
 
-    The text is read a chunk at a time. An element that lies whole within a chunk is decoded
-    there, at once. Otherwise a scanner finds where the element ends — the ``,`` or ``]`` at
-    its own level, outside strings — without decoding it, and then its text, and only that,
-    goes to the JSON decoder, once. An element longer than MAX_ELEMENT_BYTES of UTF-8 (from its
-    first non-blank character to the ``,`` or ``]`` after it) is not kept: it is passed over as
-    it is read and becomes that element's problem, its content neither parsed nor shown. So
-    time is linear in the input, and memory holds a chunk and at most one element of up to
-    MAX_ELEMENT_BYTES.
-
-    What is read must be UTF-8 and each element that is kept valid JSON, else InputError; text
-    after the closing ``]`` is ignored.
+    An element whole within a chunk is decoded at once; else a scanner finds its ``,`` or ``]``
+    without decoding, and its text alone goes to the decoder. One longer than MAX_ELEMENT_BYTES
+    is passed over unkept, that element's problem. So time is linear in the input, and memory
+    holds a chunk and at most one element. Not UTF-8, or a kept element not JSON: InputError;
+    text after the closing ``]`` is ignored.
     """
 
     def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
         # where the scanner is within the current element
-        self._nesting = 0
-        self._in_string = False
-        self._escaped = False
+        self._nesting, self._in_string, self._escaped = 0, False, False
 
     def _chunks(self) -> Iterator[str]:
         """The stream's text a chunk at a time, a leading BOM dropped."""
@@ -186,16 +172,17 @@ class _ArrayReader:
         """The chunk and position of the first non-blank character from ``pos`` on."""
         pos = _past(_BLANK, text, pos)
         while pos == len(text):
-            text = _next_chunk(chunks)
-            pos = _past(_BLANK, text, 0)
+            following = next(chunks, None)
+            if following is None:
+                raise InputError("the JSON array ends too soon")
+            text, pos = following, _past(_BLANK, following, 0)
         return text, pos
 
     def _element(
         self, number: int, chunks: Iterator[str], text: str, pos: int
     ) -> tuple[str, int, str | None]:
-        """The element starting at ``pos``, read on through ``chunks`` as far as it goes: the
-        chunk where it ends, where its ``,`` or ``]`` is in that chunk, and its text (None if
-        it is longer than MAX_ELEMENT_BYTES, whose text is not kept)."""
+        """The element from ``pos`` on through ``chunks``: the chunk where it ends, where its
+        ``,`` or ``]`` is there, and its text (None: longer than MAX_ELEMENT_BYTES, not kept)."""
         self._nesting, self._in_string, self._escaped = 0, False, False
         parts: list[str] = []
         size = 0
@@ -217,8 +204,7 @@ class _ArrayReader:
             text, pos = following, 0
 
     def _scan(self, text: str, pos: int) -> int:
-        """Where the current element ends in ``text`` (its ``,`` or ``]``), scanning on from
-        ``pos``; -1 if it goes on past this chunk."""
+        """Where the current element's ``,`` or ``]`` is in ``text`` from ``pos``; -1: not here."""
         nesting, in_string, escaped = self._nesting, self._in_string, self._escaped
         end, size = -1, len(text)
         while pos < size:
@@ -245,10 +231,9 @@ class _ArrayReader:
 
 
 def _through_string(text: str, pos: int, escaped: bool) -> tuple[int, bool, bool]:
-    """Scanning on in a string that goes on from an earlier chunk (maybe megabytes), from
-    escape to escape at the speed of str.find, the next quote found once. ``escaped``: the
-    chunk before ended on its backslash. Where the scan goes on, whether this chunk ends on a
-    backslash, and whether the string goes on past this chunk."""
+    """Scan on in a string begun in an earlier chunk (``escaped``: that one ended on its
+    backslash), escape to escape at str.find's speed: where the scan goes on, whether this
+    chunk ends on a backslash, and whether the string goes on past it."""
     size = len(text)
     if escaped:
         pos += 1
@@ -293,13 +278,6 @@ def _past(pattern: re.Pattern[str], text: str, pos: int) -> int:
     return match.end()
 
 
-def _next_chunk(chunks: Iterator[str]) -> str:
-    text = next(chunks, None)
-    if text is None:
-        raise InputError("the JSON array ends too soon")
-    return text
-
-
 def _decode_element(number: int, text: str) -> Any:
     """One element's value, from its text (blank space around it allowed)."""
     try:
@@ -326,8 +304,7 @@ class Input:
         self.is_array = self._first_significant_byte() == b"["
 
     def _opened(self, path: Path) -> IO[bytes] | None:
-        """Open ``path`` once: a regular file is kept as ``path`` (None returned), anything
-        else is spooled (its spool returned)."""
+        """Open ``path`` once: a regular file is kept as ``path`` (None), anything else spooled."""
         try:
             with path.open("rb") as stream:
                 if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
@@ -373,9 +350,8 @@ class Input:
             for block in iter(lambda: stream.read(2**20), b""):
                 digest.update(block)
                 size += len(block)
-        name = self.name if self.path is None else str(self.path.resolve())
         return {
-            "input": name,
+            "input": self.name if self.path is None else str(self.path.resolve()),
             "size": str(size),
             "sha256": digest.hexdigest(),
             "entries": str(self.count()),
@@ -434,8 +410,12 @@ class TableInput(Input):
             finally:
                 text.detach()
 
-    def _csv_rows(self) -> Iterator[tuple[str, Any]]:
-        """(where, (header, fields)) for each CSV/TSV row; InputError when it cannot be read."""
+    def _rows(self) -> Iterator[tuple[str, Any]]:
+        """(where, row) for each row: a JSON record's Entry, or a CSV/TSV row's (header,
+        fields); InputError when it cannot be read."""
+        if self.form == "jsonl":
+            yield from ((entry.where, entry) for entry in super().__iter__())
+            return
         with self._csv() as reader:
             number = 0
             try:
@@ -472,12 +452,8 @@ class TableInput(Input):
                 )
 
     def __iter__(self) -> Iterator[Entry]:
-        if self.form == "jsonl":
-            for entry in super().__iter__():
-                yield self._entry(entry.where, entry)
-        else:
-            for where, row in self._csv_rows():
-                yield self._entry(where, row)
+        for where, row in self._rows():
+            yield self._entry(where, row)
 
     def _entry(self, where: str, row: Any) -> Entry:
         if isinstance(row, Entry):  # a JSON record, or a line that is none
@@ -499,9 +475,7 @@ class TableInput(Input):
 
     def count(self) -> int:
         """The number of rows, read without building their requests."""
-        if self.form == "jsonl":
-            return sum(1 for _ in super().__iter__())
-        return sum(1 for _ in self._csv_rows())
+        return sum(1 for _ in self._rows())
 
     def identity(self) -> dict[str, str]:
         """The input's identity and the template's: resuming with other template options

@@ -34,6 +34,7 @@ class FiniteFloatRange(click.FloatRange):
 
 
 FC = TypeVar("FC", bound=Callable[..., Any])
+_ByName = Mapping[str, click.Option]
 
 
 def library_options(model: type[BaseModel]) -> Callable[[FC], FC]:
@@ -52,7 +53,9 @@ def library_options(model: type[BaseModel]) -> Callable[[FC], FC]:
 
 def _option_settings(field: FieldInfo, flag: Flag) -> dict[str, Any]:
     """click.option's keywords for a declared option."""
-    kinds = [k for k in _members(field.annotation) if k is not type(None)]
+    union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+    members = typing.get_args(field.annotation) if union else (field.annotation,)
+    kinds = [k for k in members if k is not type(None)]
     several = any(typing.get_origin(k) in (tuple, dict) for k in kinds)
     said = {"metavar": flag.metavar, "show_default": flag.show_default}
     settings: dict[str, Any] = {"help": flag.help, "multiple": several}
@@ -63,8 +66,7 @@ def _option_settings(field: FieldInfo, flag: Flag) -> dict[str, Any]:
 
 
 def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
-    """How click reads the option's text: a flag (a bool), the flag's parser, or by the
-    field's type and bounds."""
+    """How click reads the option: a flag (a bool), the flag's parser, or the field's type."""
     if kinds == [bool]:
         return {} if "/" in flag.name else {"is_flag": True}
     if flag.parse is not None:
@@ -72,15 +74,8 @@ def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
     return {"type": _click_type(kinds, field.metadata)}
 
 
-def _members(annotation: Any) -> tuple[Any, ...]:
-    """The types a union joins; the type itself when it is none."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    return typing.get_args(annotation) if union else (annotation,)
-
-
 def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, Any] | None:
-    """The click type that checks what the field's type and bounds would: a choice of its
-    literals, an integer or finite float range; None (text) for anything else."""
+    """The click type checking the field's literals or int/float bounds; None (text) else."""
     choices = [c for k in kinds if typing.get_origin(k) is Literal for c in typing.get_args(k)]
     if choices:
         return click.Choice(choices)
@@ -97,8 +92,7 @@ def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, A
 
 
 def _bounded(kind: Any, metadata: list[Any]) -> tuple[Any, dict[str, Any]]:
-    """A field's type and its bounds (``ge``, ``gt``, ``le``), those of an ``Annotated``
-    type inside a union (``Seconds | None``) included."""
+    """A field's type and bounds (``ge``, ``gt``, ``le``), an ``Annotated`` one's in a union too."""
     constraints = list(metadata)
     if typing.get_origin(kind) is Annotated:
         kind, *inner = typing.get_args(kind)
@@ -251,9 +245,7 @@ def _options_by_name(params: Iterable[click.Parameter]) -> dict[str, click.Optio
     }
 
 
-def _long_option_words(
-    word: str, options: Mapping[str, click.Option], rest: Iterator[str]
-) -> list[str]:
+def _long_option_words(word: str, options: _ByName, rest: Iterator[str]) -> list[str]:
     """``--name=value`` or ``--name value`` (taking the next word from ``rest``), as shown."""
     name, equals, given = word.partition("=")
     option = options.get(name)
@@ -263,9 +255,7 @@ def _long_option_words(
     return _shown_option(name, option, value)
 
 
-def _short_option_words(
-    word: str, options: Mapping[str, click.Option], rest: Iterator[str]
-) -> list[str]:
+def _short_option_words(word: str, options: _ByName, rest: Iterator[str]) -> list[str]:
     """Short options, maybe run together (-vH 'Name: value', -c8): the first one that takes
     a value takes the rest of the word, or the next word from ``rest``."""
     words: list[str] = []
@@ -281,8 +271,7 @@ def _short_option_words(
 
 
 def _takes_value(option: click.Option) -> bool:
-    """Whether the option takes the next word as its value (--retry-failed and --batch-api
-    take theirs only after an =)."""
+    """Whether the option takes the next word (--retry-failed, --batch-api: only after =)."""
     return (
         not option.is_flag and not option.count and option.name not in ("retry_failed", "batch_api")
     )

@@ -94,8 +94,7 @@ def _running(pid: int) -> bool:
 
 
 def _created(path: Path, mode: int, binary: bool = False) -> IO[Any]:
-    """A new file (never an existing one) opened for writing UTF-8 text (or bytes), with
-    ``mode``."""
+    """A new file (never an existing one) for writing UTF-8 text (or bytes), with ``mode``."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     if binary:
         return os.fdopen(descriptor, "wb")
@@ -126,16 +125,12 @@ def write_outputs(
         results_path, failed_path, modes=(0o666, 0o600), binary=(form == "parquet",)
     ) as (results, failed):
         if form == "jsonl":
-            for record in _results(source(), failed):
-                results.write(record)
-                results.write("\n")
+            results.writelines(f"{record}\n" for record in _results(source(), failed))
         else:
-            passes = 0
+            failed_once = iter([failed])  # the failed lines are written on the first pass
 
             def records() -> Iterator[dict[str, Any]]:
-                nonlocal passes
-                passes += 1  # the failed lines are written on the first pass
-                return parsed(_results(source(), failed if passes == 1 else None))
+                return parsed(_results(source(), next(failed_once, None)))
 
             write_table(results, form, records, paged=paged, flatten=flatten)
     return results_path, failed_path
@@ -145,6 +140,5 @@ def _results(rows: Iterable[tuple[str, str | None]], failed: IO[str] | None) -> 
     """The rows' result JSON texts; on the way, the failed requests go to ``failed``."""
     for record, request in rows:
         if request is not None and failed is not None:
-            failed.write(request)
-            failed.write("\n")
+            failed.write(f"{request}\n")
         yield record

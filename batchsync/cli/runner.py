@@ -73,9 +73,7 @@ class EntryRows:
 def encode(result: Result, entry: object) -> tuple[str, str | None]:
     """The journal's stored texts: the output record, and the failed file's line when it
     failed."""
-    request = None
-    if not result.ok and isinstance(entry, Entry):
-        request = failed_request(entry)
+    request = failed_request(entry) if not result.ok and isinstance(entry, Entry) else None
     return dumps(public_record(result)), request
 
 
@@ -253,8 +251,7 @@ def _cluster(
     wrap: Callable[[HttpJob], Job] | None,
     on_start: Callable[[Stoppable], None],
 ) -> Send:
-    """Partitions of the input run on the Dask cluster of the client ``dask``; ``on_start``
-    sees what runs them, to stop it on a signal."""
+    """Partitions of the input run on the Dask client ``dask``; ``on_start`` can stop them."""
     from ..run.cluster import on_cluster, run_partition, worker_settings
 
     task = partial(run_partition, settings=worker_settings(options), wrap=wrap)
@@ -262,9 +259,8 @@ def _cluster(
 
 
 def _lock_prefix(held: contextlib.ExitStack, controller: RunController, prefix: str) -> None:
-    """Enter ``controller``, holding its journal's lock, until ``held`` closes: JournalInUse
-    naming the prefix when another run holds it, JournalUnusable when its folder cannot be
-    written."""
+    """Enter ``controller``, holding its journal's lock, until ``held`` closes; errors that
+    name the prefix (in use) or its folder (not writable)."""
     try:
         held.enter_context(controller)
     except JournalInUse:
@@ -283,9 +279,8 @@ def _output_names(prefix: str) -> list[str]:
 
 
 def _make_way(path: Path, prefix: str, form: str, continuing: Continuing) -> str | None:
-    """Check that the run may use the prefix, replacing its journal with ``fresh``: what the
-    replaced journal held, or None. Refused when a run would replace another's journal or
-    outputs without ``fresh``, or retry failures that no journal holds."""
+    """Refused unless the run may use the prefix; with ``fresh``, replace its journal: what
+    the replaced journal held, or None."""
     outputs = [p for p in (*output_paths(prefix, form), report_path(prefix)) if p.exists()]
     if not continuing.fresh:
         _check_unreplaced(path, outputs, continuing)
@@ -322,10 +317,8 @@ def _holding(path: Path) -> str:
         reader = JournalReader(path)
     except JournalMismatch as exc:
         return f"something else ({exc})"
-    try:
+    with contextlib.closing(reader):
         return reader.holding()
-    finally:
-        reader.close()
 
 
 def _plan(
@@ -335,20 +328,14 @@ def _plan(
     continuing: Continuing,
     path: Path,
 ) -> Plan:
-    """What this run sends: all of INPUT in a first pass, or what the journal at ``path``
-    leaves (``resume.planned``; read from it, kept open until ``held`` closes, as each item is
-    sent). Refused for a retry alone over items never finished (--resume finishes them too)."""
+    """What this run sends: all of INPUT, or what the journal at ``path`` leaves (kept open
+    until ``held`` closes). Refused for a retry alone over items never finished."""
     entries = int(identity["entries"])
     if not path.exists():
         return Plan(Pass(), Left(bytearray(entries), EntryRows()))
+    requests = Requests(islice(source, entries), failed_request)
     reader = held.enter_context(
-        resumed(
-            path,
-            identity,
-            "input",
-            "run with --fresh to start over",
-            Requests(islice(source, entries), failed_request),
-        )
+        resumed(path, identity, "input", "run with --fresh to start over", requests)
     )
     current, marks = planned(reader, entries, continuing.retry)
     never = marks.count(TO_SEND) + marks.count(TO_FINISH)
@@ -361,8 +348,7 @@ def _plan(
 
 
 class _Counted:
-    """The entries of INPUT, counting those read: ``shrank`` when INPUT ended before the
-    count (lines removed while the run went)."""
+    """The entries of INPUT, counting those read, to tell that INPUT shrank during the run."""
 
     def __init__(self, entries: Iterable[Entry], expected: int) -> None:
         self._entries = entries
@@ -377,8 +363,7 @@ class _Counted:
         self.shrank = self.read < self._expected
 
     def check_whole(self, name: str, journal: Path) -> None:
-        """InputError when INPUT (``name``) ended before the count, saying that what
-        finished is in ``journal``."""
+        """InputError when INPUT ended before the count, naming the ``journal``."""
         if self.shrank:
             raise InputError(
                 f"{name} changed while the run went: it had {self._expected} items, then "
@@ -387,9 +372,8 @@ class _Counted:
 
 
 def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
-    """PREFIX-report.html from the run's final Results (the one kept when nothing was sent);
-    None, with a warning, when it cannot be written: the results are written already, and a
-    report is not worth failing the run for."""
+    """PREFIX-report.html (the one kept when nothing was sent); None, with a warning, when it
+    cannot be written: the results stand, a report is not worth failing the run for."""
     target = report_path(prefix)
     if not sent and target.exists():
         return target
@@ -401,8 +385,7 @@ def _report(stored: StoredResults, prefix: str, *, sent: bool) -> Path | None:
 
 
 def _stored(result: Result, entry: object) -> None:
-    """Nothing more to do with a Result once the journal has it: the outputs are written
-    from the journal."""
+    """Nothing more to do once the journal has a Result: the outputs are written from it."""
 
 
 def _write(
@@ -421,14 +404,9 @@ def _write(
     mask: Callable[[str], str] = str,
 ) -> Outcome:
     """Write every output from the journal's final Results (``StoredResults``, the one
-    source of the summary, the results and failed files and the report), then say how the
-    run (which ``ran``, in pass ``current``, replacing what ``replaced`` says) ended: with
-    the outputs' paths, the summary and how many items the pass has still to send when the
-    run was stopped.
-
-    Checks first that the journal holds one Result per entry (unless the run was stopped):
-    a results file must never lack a line while the run reports success.
-    """
+    source of them all) and say how the run ended. Checks first that the journal holds one
+    Result per entry (unless the run was stopped): a results file must never lack a line while
+    the run reports success."""
     try:
         reader = JournalReader(path)
     except JournalMismatch as exc:
