@@ -146,12 +146,9 @@ class Client:
         """The id of the rows uploaded as a JSONL file of purpose batch (OpenAI's Files API)."""
         assert self._files is not None
         content = b"".join(line + b"\n" for line in lines)
+        form = {"file": (name, content, "application/jsonl")}
         answer = self._json(
-            "POST",
-            self._files,
-            "upload the rows",
-            data={"purpose": "batch"},
-            files={"file": (name, content, "application/jsonl")},
+            "POST", self._files, "upload the rows", data={"purpose": "batch"}, files=form
         )
         file_id = well_formed(self.provider.name, "file", answer.get("id"))
         if file_id is None:
@@ -365,6 +362,8 @@ class Client:
         headers = {**calls.headers, **sent.pop("headers", {})}
         request = requests.Request(method, url, headers=headers, **sent)
         recipe = replace(self.transport.prepare(request), follow=False)
+        # (a wait before the next try may not pass the deadline; the budget is not a call's)
+        allowance = Allowance(math.inf, clocks.ends)
         number = 0
         while True:
             number += 1
@@ -377,16 +376,12 @@ class Client:
                 verdict = judged(verdict, calls.retry_if)
             most = calls.attempts if retry else 1
             attempted = Attempted(number, most, calls.attempts, clocks.clock())
-            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), self._allowance())
+            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), allowance)
             if decision.wait is None:
                 final = decision.verdict
-                raise ProviderRefused(
-                    self._masked(f"could not {doing}: {decision.error}{said}"),
-                    status,
-                    retryable=final.outcome == "retry"
-                    or final.error_kind in ("budget", "deadline"),
-                    retry_after=final.retry_after,
-                )
+                text = calls.secrets.text(f"could not {doing}: {decision.error}{said}")
+                again = final.outcome == "retry" or final.error_kind in ("budget", "deadline")
+                raise ProviderRefused(text, status, retryable=again, retry_after=final.retry_after)
             if not clocks.pause(decision.wait):
                 raise Stopped
 
@@ -415,11 +410,6 @@ class Client:
             raise self._passing(doing, "the run's time is over")
         seconds = _DOWNLOAD_SECONDS if download else self.calls.timeout
         return self.clocks.clock() + (seconds if left is None else min(seconds, left))
-
-    def _allowance(self) -> Allowance:
-        """What a wait before the next try may not pass: the deadline (not the budget)."""
-        left = self.clocks.left()
-        return Allowance(math.inf, None if left is None else self.clocks.clock() + left)
 
     def _chunks(self, answer: _Answer) -> Iterator[bytes]:
         """A download's chunks; a body cut short or too slow is a retryable ProviderRefused."""
@@ -456,12 +446,9 @@ class Client:
         if said.tzinfo is not None:
             self.clock_offset = said.timestamp() - self.clocks.unix_time()
 
-    def _masked(self, text: str) -> str:
-        return self.calls.secrets.text(text)
-
     def _passing(self, doing: str, why: str | None) -> ProviderRefused:
         """A call that could not ``doing`` for a reason that may pass: tried again later."""
-        return ProviderRefused(self._masked(f"could not {doing}: {why}"), retryable=True)
+        return ProviderRefused(self.calls.secrets.text(f"could not {doing}: {why}"), retryable=True)
 
 
 @dataclass

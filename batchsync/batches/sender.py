@@ -157,9 +157,8 @@ class _Reading:
             return None
         self.done.add(answer.index)
         self.unread = self.unread or (isinstance(line, Unread) and line.again)
-        used = provider.usage_of(answer.data)
-        self.tokens[0] = min(self.tokens[0] + used[0], MOST_TOKENS - 1)
-        self.tokens[1] = min(self.tokens[1] + used[1], MOST_TOKENS - 1)
+        used = zip(self.tokens, provider.usage_of(answer.data), strict=True)
+        self.tokens[:] = [min(had + more, MOST_TOKENS - 1) for had, more in used]
         return answer
 
 
@@ -307,13 +306,9 @@ class BatchRun:
 
     def _plan_part(self, cut: _Cut) -> None:
         """A new part of the rows cut, recorded, then submitted."""
-        part = Part(
-            cut.number,
-            self.plan.passing,
-            self.plan.endpoint.provider,
-            ranges_of(index for index, _ in cut.lines),
-            tag=cut.tag,
-        ).moved(PLANNED, self._unix_time())
+        rows, plan = ranges_of(index for index, _ in cut.lines), self.plan
+        part = Part(cut.number, plan.passing, plan.endpoint.provider, rows, tag=cut.tag)
+        part = part.moved(PLANNED, self._unix_time())
         self.ledger.save(part)
         self._followed.parts[cut.number] = part
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
@@ -391,7 +386,7 @@ class BatchRun:
 
     def _withdraw(self, part: Part) -> None:
         """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
-        self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
+        self._fail_rest(part, _WITHDRAWN, "batch_cancelled", None)
         self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
@@ -601,9 +596,7 @@ class BatchRun:
         self._fail_rest(part, reason, "batch_errored", status)
         self._save(part.moved(COLLECTED, self._unix_time()))
 
-    def _fail_rest(
-        self, part: Part, reason: str, kind: ErrorKind, status: int | None = None
-    ) -> None:
+    def _fail_rest(self, part: Part, reason: str, kind: ErrorKind, status: int | None) -> None:
         """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
         rest = self._followed.given(part) - self._followed.delivered.get(part.number, set())
         self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
@@ -659,7 +652,7 @@ class BatchRun:
         stays open (``held`` with a batch), so that a later run given its rows reads the same
         batch again and never submits them twice."""
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
-        self._fail_rest(part, reason, kind)
+        self._fail_rest(part, reason, kind, None)
         if part.batch is not None:
             self.ledger.save(part.moved(HELD, self._unix_time()))
         self._followed.parts.pop(part.number)
@@ -769,9 +762,8 @@ class BatchRun:
         )
 
     def _poll_wait(self, rounds: int) -> float:
-        if self.plan.poll is not None:
-            return self.plan.poll
-        return POLL_BACKOFF.wait(rounds, None, 0.5)
+        poll = self.plan.poll
+        return POLL_BACKOFF.wait(rounds, None, 0.5) if poll is None else poll
 
     def _until_next(self, rounds: int) -> float:
         """Seconds to the next round of polls, never past the deadline."""

@@ -25,16 +25,11 @@ from ..core.result import Result, Summary, error_kinds
 from ..http.classify import describe
 from ..http.spec import RequestSpec
 from ..http.template import Template
-from ..jobs.options import (
-    CallOptions,
-    FetchOptions,
-    spelled_out,
-    taken,
-)
+from ..jobs.options import CallOptions, FetchOptions, spelled_out, taken
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from ..store.journal import JournalMismatch
-from ..store.resume import Items, Kept, Left, marks_of
+from ..store.resume import Items, Left, marks_of
 from ..store.submissions import Ledger, Part
 from .assembly import gates_for, run_calls
 from .batched import journal_parts
@@ -115,9 +110,7 @@ class Resumable(Generic[OptionsT]):
         strict: bool = False,
         template: Template | None = None,
     ) -> None:
-        self.items = list(items)
-        self.options = options
-        self._progress = progress
+        self.items, self.options, self._progress = list(items), options, progress
         self._done: dict[int, Result] = {}
         # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
@@ -157,12 +150,9 @@ class Resumable(Generic[OptionsT]):
                 refuse_fresh(journal_parts(self.journal), _WORDS)
                 controller.replace()
             else:
-                self._take(controller.kept(len(self.items), self._restore, hint))
-
-    def _take(self, kept: Kept) -> None:
-        """The state ``kept`` in a journal, as this batch's."""
-        self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
-        self._stints, self._timeline = kept.stints, kept.timeline
+                kept = controller.kept(len(self.items), self._restore, hint)
+                self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
+                self._stints, self._timeline = kept.stints, kept.timeline
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -273,14 +263,8 @@ class Resumable(Generic[OptionsT]):
         plain_answer = result.ok and result.continuation is None
         if plain_answer or result.final:
             self._done[result.index] = result
-            passing = self._pass
-            self._marks[result.index] = (
-                DONE
-                if plain_answer
-                else passing.does(
-                    result.ok, result.error_kind, passing.number, result.continuation is not None
-                )
-            )
+            made, paged = self._pass.number, result.continuation is not None
+            self._marks[result.index] = self._pass.does(result.ok, result.error_kind, made, paged)
 
 
 class Batch(Resumable[FetchOptions]):
@@ -415,9 +399,7 @@ class CallBatch(Resumable[CallOptions]):
                 f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
                 "journal cannot store as JSON: give encode= (and decode=)"
             )
-        self._fn = fn
-        self._encode = encode
-        self._decode = decode
+        self._fn, self._encode, self._decode = fn, encode, decode
         self._start(items, checked, journal, progress, fresh=fresh, strict=True)
 
     def _restore(self, record: dict[str, Any]) -> Result:
