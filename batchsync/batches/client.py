@@ -306,9 +306,8 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------
     def _json(self, method: str, url: str, doing: str, **how: Any) -> Any:
-        """The JSON answer of one call sent as ``_send`` sends it (a 404 with ``missing_ok``:
-        None). An answer that cannot be read (too large, not JSON) may pass, so its
-        ProviderRefused is retryable: it says nothing of what the call did."""
+        """The JSON answer of one call (a 404 with ``missing_ok``: None); one unreadable says
+        nothing of what the call did, so its ProviderRefused is retryable."""
         with self._send(method, url, doing, **how) as answer:
             if answer.reply is None:
                 return None
@@ -354,10 +353,8 @@ class Client:
         download: bool = False,
         **sent: Any,
     ) -> _Answer:
-        """The answer to one call whose headers have come, tried again as a live attempt is
-        (classified, judged by ``retry_if``, waited as ``decide`` says; without ``retry``,
-        retried only after the provider said it did nothing, as a POST is); a ProviderRefused
-        when it cannot be had."""
+        """The answer to one call whose headers came, tried again as a live attempt is (without
+        ``retry``: only once the provider said it did nothing, as a POST); else ProviderRefused."""
         calls, clocks = self.calls, self.clocks
         headers = {**calls.headers, **sent.pop("headers", {})}
         request = requests.Request(method, url, headers=headers, **sent)

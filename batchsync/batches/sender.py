@@ -22,6 +22,7 @@ from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result, result_of
 from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
+from ..http.httpfacts import HttpFacts
 from ..http.spec import RequestSpec
 from ..store.submissions import (
     CLEANED,
@@ -79,10 +80,8 @@ class Plan:
 
 @dataclass
 class _Followed:
-    """The parts this run follows, and what it knows of them: its rows' ids, the lines of
-    parts still to submit, when a waiting part may be submitted again (monotonic), the rows
-    of an earlier part it was given (the others have Results), and by part the rows
-    delivered and the tokens their answers used."""
+    """What this run knows of the parts it follows, by part number (``ids``: by row; ``rows``:
+    an earlier part's rows it was given, the others have Results; ``retry_at``: monotonic)."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
@@ -213,9 +212,8 @@ class BatchRun:
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
-        """Read the rows left: one no batch can carry gets its Result now, one in an open part
-        is followed there, the rest are cut into new parts, each submitted once full; an
-        ended part none of whose rows this run was given (all have Results) is closed."""
+        """Read the rows left: one no batch can carry gets its Result, one in an open part is
+        followed there, the rest are cut into new parts; an ended part with none given closes."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
         cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -280,9 +278,8 @@ class BatchRun:
         return cut
 
     def _settled(self, parts: list[Part]) -> list[Part]:
-        """The open parts of earlier runs that have a batch at the provider (one whose create
-        got no answer is looked for there first); the others are dropped, their rows cut
-        again and their file (found by its name if the upload was cut short) deleted."""
+        """The open parts of earlier runs with a batch at the provider (one whose create got no
+        answer looked for first); the others are dropped (file deleted), their rows cut again."""
         kept = []
         for earlier in parts:
             part = earlier
@@ -309,16 +306,14 @@ class BatchRun:
         rows, plan = ranges_of(index for index, _ in cut.lines), self.plan
         part = Part(cut.number, plan.passing, plan.endpoint.provider, rows, tag=cut.tag)
         part = part.moved(PLANNED, self._unix_time())
-        self.ledger.save(part)
-        self._followed.parts[cut.number] = part
+        self._save(part)
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._submit(part)
 
     # --- submitting -------------------------------------------------------------------------------
     def _submit(self, part: Part) -> None:
-        """Upload (OpenAI) and create the part's batch, recording each step first; a part
-        refused for now waits (``WAITING``), its ``submitted`` kept when a create may have
-        made its batch (looked for before it is created again)."""
+        """Upload (OpenAI) and create the part's batch, recording each step first; one refused
+        for now waits, ``submitted`` kept if a create may have made its batch (looked for first)."""
         sending = _Sending(part, unanswered=part.submitted is not None)
         try:
             recorded = self._submitted(sending)
@@ -328,7 +323,6 @@ class BatchRun:
                 return
             part = sending.part
             log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
-            # (``submitted`` kept only when a create may have made a batch after all)
             sent = part.submitted if sending.unanswered else None
             self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
             self._later(part, exc)
@@ -396,10 +390,8 @@ class BatchRun:
         self._followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
-        """The batch the provider made of a part whose create got no answer (None: none).
-        OpenAI's names the part's file; Anthropic's, made since with as many rows, is the
-        part's only once its results carry the part's nonce. Until it ends, or when a look
-        fails, the part waits (a retryable ProviderRefused): never made twice nor another's."""
+        """The batch made of a part whose create got no answer (None: none, see ``_whose``); a
+        look that fails is retryable: the part waits, never made twice nor taking another's."""
         try:
             return self._look_for(part)
         except ProviderRefused as exc:
@@ -457,9 +449,8 @@ class BatchRun:
         return given is not None and given.startswith(f"{part.nonce}-")
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch the provider made of it, recorded with its status (one not
-        documented: its first, read again at the next poll); an answer naming no batch is a
-        ProviderRefused to try later (the batch is looked for before anything is sent)."""
+        """``part`` with the batch made of it, recorded (an undocumented status: the first); an
+        answer naming no batch is a ProviderRefused (the batch is looked for before a resend)."""
         provider = self._provider
         found = batch if isinstance(batch, Mapping) else {}
         batch_id = well_formed(provider.name, "batch", found.get("id"))
@@ -476,11 +467,12 @@ class BatchRun:
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
-        """Poll the open parts until all are collected, the run stops or its time is out."""
+        """Poll the open parts until all end, it stops or time is out (never waiting past it)."""
         rounds = 0
         while self._round() and not self._out_of_time():
             rounds += 1
-            if not self._clocks.pause(self._until_next(rounds)):
+            wait, left = self._poll_wait(rounds), self._clocks.left()
+            if not self._clocks.pause(wait if left is None else min(wait, left)):
                 return
 
     def _round(self) -> bool:
@@ -544,9 +536,8 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered once as its Result (one too long or unread:
-        ``invalid_body``), results cut short read again next round. Rows not listed, or listed
-        unread, hold the batch for a later run (a paid answer is never thrown away); results
+        """Every row of an ended batch delivered once (cut short: read again next round); a row
+        not listed or unread holds the batch (a paid answer is never thrown away), and results
         listing only others' rows are not the part's: none is taken."""
         reading = _Reading(
             part.nonce,
@@ -602,9 +593,8 @@ class BatchRun:
         self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
 
     def _cancel_all(self) -> None:
-        """--cancel: cancel every open batch of the journal that is its part's; what the
-        followed ones ran is still collected, the others are closed once cancelled (their
-        rows keep their Results). One gone at the provider ends its rows ``batch_errored``."""
+        """--cancel: cancel every open batch of the journal that is its part's (the followed
+        ones are collected still, the others closed); one gone ends its rows ``batch_errored``."""
         for part in self.ledger.parts():
             if part.batch is None or not part.open:
                 continue
@@ -648,9 +638,8 @@ class BatchRun:
                 self._hold(part, reason, kind)
 
     def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
-        """End this run's wait for ``part``: its rows left get a ``kind`` Result, the part
-        stays open (``held`` with a batch), so that a later run given its rows reads the same
-        batch again and never submits them twice."""
+        """End this run's wait for ``part``: its rows left fail as ``kind``, it stays open (held),
+        so that a later run given its rows reads the same batch again, never submitting twice."""
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
         self._fail_rest(part, reason, kind, None)
         if part.batch is not None:
@@ -724,7 +713,8 @@ class BatchRun:
     def _result(self, answer: Answer, elapsed: float) -> Result:
         """A row's Result, made as a live attempt's is: one attempt (none if the batch never
         ran it), its body decoded as ``expect`` says."""
-        facts = _Row(answer.status_code, self.url if answer.status_code is not None else None)
+        # (a row's answer as a live attempt's facts: its status, where it went, no redirect)
+        facts = HttpFacts(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
             try:
                 verdict = success(decode_value(answer.data, self.plan.expect), facts)
@@ -744,7 +734,7 @@ class BatchRun:
         status: int | None = None,
     ) -> Result:
         """The Result of a row that no batch ran."""
-        return self._row_result(index, terminal(kind, reason, _Row(status, None)), (), 0.0)
+        return self._row_result(index, terminal(kind, reason, HttpFacts(status)), (), 0.0)
 
     def _row_result(
         self, index: int, verdict: Verdict, records: tuple[AttemptRecord, ...], elapsed: float
@@ -764,11 +754,6 @@ class BatchRun:
     def _poll_wait(self, rounds: int) -> float:
         poll = self.plan.poll
         return POLL_BACKOFF.wait(rounds, None, 0.5) if poll is None else poll
-
-    def _until_next(self, rounds: int) -> float:
-        """Seconds to the next round of polls, never past the deadline."""
-        wait, left = self._poll_wait(rounds), self._clocks.left()
-        return wait if left is None else min(wait, max(left, 0.0))
 
 
 def _file_name(part: Part) -> str:
@@ -792,12 +777,3 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
     if extra:
         raise InvalidItem(f"a batch row carries only its body: it has {', '.join(extra)}")
     return spec.json_body
-
-
-@dataclass(frozen=True)
-class _Row:
-    """A row's answer as a live attempt's facts: its status, where it went, no redirect."""
-
-    status_code: int | None
-    final_url: str | None
-    redirects: int = 0

@@ -160,7 +160,7 @@ class Resumable(Generic[OptionsT]):
 
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         """The journal's texts for a Result."""
-        raise NotImplementedError
+        return encode_result(result, item)
 
     def _send(self) -> Send:
         """What sends this batch's items: the assembly's engine run for its job."""
@@ -317,9 +317,6 @@ class Batch(Resumable[FetchOptions]):
             return replace(result, data=expect.model_validate(result.data))
         return result
 
-    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
-        return encode_result(result, item)
-
     def _send(self) -> Send:
         template = self._template
         rows = None if template is None else TemplateRows(template)
@@ -458,9 +455,8 @@ def _returned_type(fn: Callable[..., Any]) -> object:
 
 
 def _json_type(hint: object) -> bool:
-    """False only for a hint that says JSON cannot hold the values as they are: a class none
-    of JSON's types (nor a TypedDict, an Enum of str or int), a tuple (back as a list) or a
-    dict keyed by other than str, alone or inside a container."""
+    """False only for a hint JSON cannot hold as it is: a class none of JSON's types (nor a
+    TypedDict, str or int Enum), a tuple or a dict keyed by other than str, even inside."""
     origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
