@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
-from contextlib import closing, suppress
+from contextlib import AbstractContextManager, closing, suppress
 from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from typing import IO, Any
@@ -314,9 +314,8 @@ class Client:
             try:
                 body = self.transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
             except BodyTooLarge:
-                raise self._passing(
-                    doing, "the provider's answer is larger than expected"
-                ) from None
+                why = "the provider's answer is larger than expected"
+                raise self._passing(doing, why) from None
             except Exception as exc:  # (cut short, or too slow)
                 raise self._passing(doing, classify_http_exception(exc).error) from None
         try:
@@ -415,9 +414,8 @@ class Client:
         try:
             yield from chunks
         except Exception as exc:
-            raise self._passing(
-                "download the results", classify_http_exception(exc).error
-            ) from None
+            why = classify_http_exception(exc).error
+            raise self._passing("download the results", why) from None
 
     def _error_text(self, reply: Reply, wall_end: float) -> str:
         """': message' from an error body (its first 16 KiB), the answer closed."""
@@ -449,16 +447,13 @@ class Client:
 
 
 @dataclass
-class _Answer:
+class _Answer(AbstractContextManager["_Answer"]):
     """An answer whose headers have come (``reply`` None: a 404 allowed), to be read within
     ``wall_end``; closed, and its attempt over, on leaving."""
 
     transport: Transport
     reply: Reply | None
     wall_end: float
-
-    def __enter__(self) -> _Answer:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.reply is not None:

@@ -50,7 +50,6 @@ log = logging.getLogger("batchsync")
 
 # Polling when --poll is not given: from a few seconds to a minute.
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
-_UNLISTED = "do not list this row"
 _WITHDRAWN = "cancelled (--cancel) before it was submitted"
 # How long before a part's submission (in the provider's clock) a batch in the provider's
 # list may have been made to be the part's: the ``Date``'s second, the create on its way.
@@ -101,8 +100,6 @@ class _Cut:
     """The new part being filled: its number, its own name, its rows' lines and their bytes."""
 
     number: int
-    tag: str = field(init=False)
-    nonce: str = field(init=False)
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
 
@@ -439,14 +436,9 @@ class BatchRun:
             return None
         if provider.status_of(batch) not in provider.shape.ended:
             return "unsure"
-        return "mine" if self._carries_nonce(batch, part) else None
-
-    def _carries_nonce(self, batch: Mapping[str, Any], part: Part) -> bool:
-        """Whether an ended batch's results are rows of ``part`` (its nonce)."""
-        batch_id = str(batch.get("id"))
-        files = self._provider.files_of(batch)
-        given = self.client.row_of(self.client.first_result(files, batch_id, part.size))
-        return given is not None and given.startswith(f"{part.nonce}-")
+        files = provider.files_of(batch)  # (an ended one is the part's if its rows carry its nonce)
+        given = self.client.row_of(self.client.first_result(files, str(batch_id), part.size)) or ""
+        return "mine" if given.startswith(f"{part.nonce}-") else None
 
     def _record(self, part: Part, batch: Any) -> Part:
         """``part`` with the batch made of it, recorded (an undocumented status: the first); an
@@ -577,7 +569,7 @@ class BatchRun:
             )
         self._give_failures(reading.failures)
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
-            self._hold(part, f"the results of the batch {part.batch} {_UNLISTED}")
+            self._hold(part, f"the results of the batch {part.batch} do not list this row")
             return
         self.ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
