@@ -48,7 +48,6 @@ _DOWNLOAD_SECONDS = 3600.0
 _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
 _PREFIX = 4096
-# Why a row the results list more than once, with different answers, takes none of them.
 _CONFLICT = (
     "the batch's results list this row more than once, with different answers: none is taken"
 )
@@ -157,13 +156,11 @@ class Client:
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
         """The batch object the provider made of the uploaded file or of the rows."""
+        body = self.provider.create_body(self.endpoint, input_file, lines, part)
+        headers = {"Content-Type": "application/json"}
+        # (not retried: a create that got no answer may have been made, it is looked for first)
         return self._json(
-            "POST",
-            self._batches,
-            "create the batch",
-            data=self.provider.create_body(self.endpoint, input_file, lines, part),
-            headers={"Content-Type": "application/json"},
-            retry=False,  # (a create that got no answer may have been made: looked for first)
+            "POST", self._batches, "create the batch", data=body, headers=headers, retry=False
         )
 
     def retrieve(self, batch: str) -> Any:
@@ -213,9 +210,8 @@ class Client:
     def file_named(self, name: str) -> str | None:
         """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
-        answer = self._json(
-            "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
-        )
+        listing = {"purpose": "batch", "limit": 10000}
+        answer = self._json("GET", self._files, "list the files", params=listing)
         files, _ = data_page(answer)
         found = next((file for file in files if file.get("filename") == name), {})
         return well_formed(self.provider.name, "file", found.get("id"))
@@ -237,8 +233,7 @@ class Client:
                 yield Unread(given, _CONFLICT, again=False) if given in listing.conflicts else line
 
     def _kept_results(self, files: Files, batch: str, rows: int, listing: _Listing) -> IO[bytes]:
-        """A temporary file of the lines ``listing`` keeps, rewound; a disk that cannot keep
-        them is a retryable ProviderRefused (the batch is read again)."""
+        """The lines ``listing`` keeps, in a rewound temporary file (a full disk: retryable)."""
         try:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
         except OSError as exc:
@@ -272,8 +267,7 @@ class Client:
         return custom_id_of(line, self.provider.row_key)
 
     def _parsed(self, line: bytes, oversized: bool) -> Any:
-        """One results line, read as the live lane reads a body; one that cannot be is an
-        ``Unread`` named by the custom_id at its start (where the providers write it)."""
+        """One results line read as a live body, else an ``Unread`` named by its custom_id."""
         most = self.calls.max_bytes
         if oversized:
             reason = f"its answer in the batch's results is larger than max_bytes ({most})"
@@ -540,10 +534,8 @@ def _judged(
     status: int, headers: Mapping[str, str], now: float, retryable: frozenset[int]
 ) -> Verdict:
     """A live attempt's Verdict on a non-2xx answer; a redirect, not followed, is final."""
-    said = headers.get(SHOULD_RETRY)
-    verdict = classify_status(
-        status, retry_after_of(headers), now, None, retryable, should_retry=said
-    )
+    after, said = retry_after_of(headers), headers.get(SHOULD_RETRY)
+    verdict = classify_status(status, after, now, None, retryable, should_retry=said)
     if verdict is None:
         return terminal("redirect", f"HTTP {status} (a redirect: not followed)")
     return verdict

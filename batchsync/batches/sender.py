@@ -79,8 +79,7 @@ class Plan:
 
 @dataclass
 class _Followed:
-    """What this run knows of the parts it follows, by part number (``ids``: by row; ``rows``:
-    an earlier part's rows it was given, the others have Results; ``retry_at``: monotonic)."""
+    """What this run knows of the parts it follows, by part number (``ids``: by row index)."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
@@ -126,8 +125,7 @@ class _Sending:
 
 @dataclass
 class _Reading:
-    """What the reads of a part's results found (``done`` and ``tokens``: over every read);
-    ``unread``: a line of its own could not be read, the batch is kept for a later run."""
+    """What a part's results reads found, over every read (``unread``: the batch is kept)."""
 
     nonce: str
     rows: set[int]
@@ -138,8 +136,7 @@ class _Reading:
     unread: bool = False
 
     def take(self, provider: BatchProvider, line: Any) -> Answer | None:
-        """The answer of a results line (``Unread``: ``invalid_body``) for a row of the part
-        not delivered yet; a line naming another part's row counts in ``others``."""
+        """The answer of a results line for an undelivered row of the part (others: counted)."""
         if not isinstance(line, Unread):
             answer = provider.answer_of(line, self.nonce)
         elif (index := index_of(line.custom_id, self.nonce)) is not None:
@@ -209,8 +206,7 @@ class BatchRun:
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
-        """Read the rows left: one no batch can carry gets its Result, one in an open part is
-        followed there, the rest are cut into new parts; an ended part with none given closes."""
+        """Read the rows left: one no batch can carry fails, the others join an open or new part."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
         cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -255,8 +251,7 @@ class BatchRun:
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
-        """The part being cut, with the new row (the full one submitted first); a row too
-        large, or any under --cancel, gets its Result instead."""
+        """The cut with the row (a full cut submitted first); a row too big or withdrawn fails."""
         provider, plan = self._provider, self.plan
         if plan.cancel:
             self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
@@ -358,8 +353,7 @@ class BatchRun:
         return recorded
 
     def _create(self, sending: _Sending, lines: list[bytes]) -> Part:
-        """The part with the batch its create made, marked ``submitting`` first; a create
-        without an answer naming a batch may have made one: it is looked for."""
+        """The part with its new batch (``submitting`` first; a create unanswered: looked for)."""
         part = sending.part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
         sending.part = part
         self._save(part)
@@ -441,8 +435,7 @@ class BatchRun:
         return "mine" if given.startswith(f"{part.nonce}-") else None
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch made of it, recorded (an undocumented status: the first); an
-        answer naming no batch is a ProviderRefused (the batch is looked for before a resend)."""
+        """``part`` with the batch made of it, recorded; an answer naming none: ProviderRefused."""
         provider = self._provider
         found = batch if isinstance(batch, Mapping) else {}
         batch_id = well_formed(provider.name, "batch", found.get("id"))
@@ -505,8 +498,7 @@ class BatchRun:
             self._collect(part, batch)
 
     def _poll(self, part: Part) -> tuple[Mapping[str, Any], str] | None:
-        """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
-        tried later, or the part held; a status unknown: polled again)."""
+        """The batch of ``part`` and its status now; None when the poll tells nothing new."""
         try:
             batch = self.client.retrieve(part.batch or "")
         except ProviderRefused as exc:
@@ -528,15 +520,12 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered once (cut short: read again next round); a row
-        not listed or unread holds the batch (a paid answer is never thrown away), and results
-        listing only others' rows are not the part's: none is taken."""
-        reading = _Reading(
-            part.nonce,
-            self._followed.given(part),
-            self._followed.delivered.setdefault(part.number, set()),
-            self._followed.tokens.setdefault(part.number, [0, 0]),
-        )
+        """Every row of an ended batch delivered once (cut short: read again next round); one not
+        listed or unread holds the batch: a paid answer is never thrown away."""
+        followed = self._followed
+        done = followed.delivered.setdefault(part.number, set())
+        tokens = followed.tokens.setdefault(part.number, [0, 0])
+        reading = _Reading(part.nonce, followed.given(part), done, tokens)
         # (its rows' time in the batch: from the part's submission to now)
         elapsed = 0.0 if part.submitted is None else max(0.0, self._unix_time() - part.submitted)
         files = self._provider.files_of(batch)
@@ -609,8 +598,7 @@ class BatchRun:
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
-        """Hold the parts the deadline or budget leaves no time for (their rows end
-        ``deadline``/``budget``, a later run polls them again); True past the deadline."""
+        """Hold the parts the deadline or budget leaves no time for; True past the deadline."""
         left, budget, now = self._clocks.left(), self.plan.budget, self._unix_time()
         if left is not None and left <= 0:
             self._run_out("deadline", lambda part: True)
@@ -688,8 +676,7 @@ class BatchRun:
         self.observer.item_finished(result)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
-        """Deliver failed Results with their items read again (``again``; the failed file
-        stores each with its item, and the items are not kept while the batches run)."""
+        """Deliver failed Results with their items read again (none is kept while batches run)."""
         if not failures:
             return
         items: dict[int, object] = {}
@@ -763,9 +750,8 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
         raise InvalidItem(f"a batch sends POSTs: this row is a {spec.method}")
     if not isinstance(spec.json_body, Mapping):
         raise InvalidItem("a batch row's body must be a JSON object")
-    extra = [
-        name for name in ("headers", "params", "data", "fallbacks") if getattr(spec, name, None)
-    ]
+    others = ("headers", "params", "data", "fallbacks")
+    extra = [name for name in others if getattr(spec, name, None)]
     if extra:
         raise InvalidItem(f"a batch row carries only its body: it has {', '.join(extra)}")
     return spec.json_body

@@ -55,8 +55,7 @@ def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]
                 f"item {count} cannot be journaled: a journal knows items by their JSON, and "
                 f"{type(value).__name__} has none ({exc}); give JSON items (an id, a dict)"
             ) from None
-        digest.update(text.encode())
-        digest.update(b"\n")
+        digest.update(text.encode() + b"\n")
         count += 1
     return {"entries": str(count), "sha256": digest.hexdigest()}
 
@@ -238,8 +237,7 @@ class Resumable(Generic[OptionsT]):
         self._marks = marks_of(self._done, len(self.items), self._pass)
 
     def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
-        """``ResultSet.retry_failed``: the failures sent again, by a batch made anew with
-        ``changes`` to its options when there are any."""
+        """``ResultSet.retry_failed``: the failures sent again, by a batch remade if ``changes``."""
         if {"journal", "fresh"} & set(changes):
             raise ValueError(
                 "retry_failed keeps the batch's journal: journal and fresh cannot change"
