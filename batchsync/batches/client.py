@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
-from contextlib import closing, suppress
+from contextlib import AbstractContextManager, closing, suppress
 from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from typing import IO, Any
@@ -48,7 +48,6 @@ _DOWNLOAD_SECONDS = 3600.0
 _CONTROL_BYTES = 4 * 2**20
 # How much of a line longer than max_bytes is kept, to read its custom_id.
 _PREFIX = 4096
-# Why a row the results list more than once, with different answers, takes none of them.
 _CONFLICT = (
     "the batch's results list this row more than once, with different answers: none is taken"
 )
@@ -146,12 +145,9 @@ class Client:
         """The id of the rows uploaded as a JSONL file of purpose batch (OpenAI's Files API)."""
         assert self._files is not None
         content = b"".join(line + b"\n" for line in lines)
+        form = {"file": (name, content, "application/jsonl")}
         answer = self._json(
-            "POST",
-            self._files,
-            "upload the rows",
-            data={"purpose": "batch"},
-            files={"file": (name, content, "application/jsonl")},
+            "POST", self._files, "upload the rows", data={"purpose": "batch"}, files=form
         )
         file_id = well_formed(self.provider.name, "file", answer.get("id"))
         if file_id is None:
@@ -160,13 +156,11 @@ class Client:
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
         """The batch object the provider made of the uploaded file or of the rows."""
+        body = self.provider.create_body(self.endpoint, input_file, lines, part)
+        headers = {"Content-Type": "application/json"}
+        # (not retried: a create that got no answer may have been made, it is looked for first)
         return self._json(
-            "POST",
-            self._batches,
-            "create the batch",
-            data=self.provider.create_body(self.endpoint, input_file, lines, part),
-            headers={"Content-Type": "application/json"},
-            retry=False,  # (a create that got no answer may have been made: looked for first)
+            "POST", self._batches, "create the batch", data=body, headers=headers, retry=False
         )
 
     def retrieve(self, batch: str) -> Any:
@@ -216,9 +210,8 @@ class Client:
     def file_named(self, name: str) -> str | None:
         """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
-        answer = self._json(
-            "GET", self._files, "list the files", params={"purpose": "batch", "limit": 10000}
-        )
+        listing = {"purpose": "batch", "limit": 10000}
+        answer = self._json("GET", self._files, "list the files", params=listing)
         files, _ = data_page(answer)
         found = next((file for file in files if file.get("filename") == name), {})
         return well_formed(self.provider.name, "file", found.get("id"))
@@ -240,8 +233,7 @@ class Client:
                 yield Unread(given, _CONFLICT, again=False) if given in listing.conflicts else line
 
     def _kept_results(self, files: Files, batch: str, rows: int, listing: _Listing) -> IO[bytes]:
-        """A temporary file of the lines ``listing`` keeps, rewound; a disk that cannot keep
-        them is a retryable ProviderRefused (the batch is read again)."""
+        """The lines ``listing`` keeps, in a rewound temporary file (a full disk: retryable)."""
         try:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by results, or below)
         except OSError as exc:
@@ -275,8 +267,7 @@ class Client:
         return custom_id_of(line, self.provider.row_key)
 
     def _parsed(self, line: bytes, oversized: bool) -> Any:
-        """One results line, read as the live lane reads a body; one that cannot be is an
-        ``Unread`` named by the custom_id at its start (where the providers write it)."""
+        """One results line read as a live body, else an ``Unread`` named by its custom_id."""
         most = self.calls.max_bytes
         if oversized:
             reason = f"its answer in the batch's results is larger than max_bytes ({most})"
@@ -309,18 +300,16 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------
     def _json(self, method: str, url: str, doing: str, **how: Any) -> Any:
-        """The JSON answer of one call sent as ``_send`` sends it (a 404 with ``missing_ok``:
-        None). An answer that cannot be read (too large, not JSON) may pass, so its
-        ProviderRefused is retryable: it says nothing of what the call did."""
+        """The JSON answer of one call (a 404 with ``missing_ok``: None); one unreadable says
+        nothing of what the call did, so its ProviderRefused is retryable."""
         with self._send(method, url, doing, **how) as answer:
             if answer.reply is None:
                 return None
             try:
                 body = self.transport.read_body(answer.reply, answer.wall_end, _CONTROL_BYTES)
             except BodyTooLarge:
-                raise self._passing(
-                    doing, "the provider's answer is larger than expected"
-                ) from None
+                why = "the provider's answer is larger than expected"
+                raise self._passing(doing, why) from None
             except Exception as exc:  # (cut short, or too slow)
                 raise self._passing(doing, classify_http_exception(exc).error) from None
         try:
@@ -357,14 +346,14 @@ class Client:
         download: bool = False,
         **sent: Any,
     ) -> _Answer:
-        """The answer to one call whose headers have come, tried again as a live attempt is
-        (classified, judged by ``retry_if``, waited as ``decide`` says; without ``retry``,
-        retried only after the provider said it did nothing, as a POST is); a ProviderRefused
-        when it cannot be had."""
+        """The answer to one call whose headers came, tried again as a live attempt is (without
+        ``retry``: only once the provider said it did nothing, as a POST); else ProviderRefused."""
         calls, clocks = self.calls, self.clocks
         headers = {**calls.headers, **sent.pop("headers", {})}
         request = requests.Request(method, url, headers=headers, **sent)
         recipe = replace(self.transport.prepare(request), follow=False)
+        # (a wait before the next try may not pass the deadline; the budget is not a call's)
+        allowance = Allowance(math.inf, clocks.ends)
         number = 0
         while True:
             number += 1
@@ -377,16 +366,12 @@ class Client:
                 verdict = judged(verdict, calls.retry_if)
             most = calls.attempts if retry else 1
             attempted = Attempted(number, most, calls.attempts, clocks.clock())
-            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), self._allowance())
+            decision = decide(verdict, attempted, calls.backoff, clocks.rand(), allowance)
             if decision.wait is None:
                 final = decision.verdict
-                raise ProviderRefused(
-                    self._masked(f"could not {doing}: {decision.error}{said}"),
-                    status,
-                    retryable=final.outcome == "retry"
-                    or final.error_kind in ("budget", "deadline"),
-                    retry_after=final.retry_after,
-                )
+                text = calls.secrets.text(f"could not {doing}: {decision.error}{said}")
+                again = final.outcome == "retry" or final.error_kind in ("budget", "deadline")
+                raise ProviderRefused(text, status, retryable=again, retry_after=final.retry_after)
             if not clocks.pause(decision.wait):
                 raise Stopped
 
@@ -416,11 +401,6 @@ class Client:
         seconds = _DOWNLOAD_SECONDS if download else self.calls.timeout
         return self.clocks.clock() + (seconds if left is None else min(seconds, left))
 
-    def _allowance(self) -> Allowance:
-        """What a wait before the next try may not pass: the deadline (not the budget)."""
-        left = self.clocks.left()
-        return Allowance(math.inf, None if left is None else self.clocks.clock() + left)
-
     def _chunks(self, answer: _Answer) -> Iterator[bytes]:
         """A download's chunks; a body cut short or too slow is a retryable ProviderRefused."""
         assert answer.reply is not None
@@ -428,9 +408,8 @@ class Client:
         try:
             yield from chunks
         except Exception as exc:
-            raise self._passing(
-                "download the results", classify_http_exception(exc).error
-            ) from None
+            why = classify_http_exception(exc).error
+            raise self._passing("download the results", why) from None
 
     def _error_text(self, reply: Reply, wall_end: float) -> str:
         """': message' from an error body (its first 16 KiB), the answer closed."""
@@ -456,25 +435,19 @@ class Client:
         if said.tzinfo is not None:
             self.clock_offset = said.timestamp() - self.clocks.unix_time()
 
-    def _masked(self, text: str) -> str:
-        return self.calls.secrets.text(text)
-
     def _passing(self, doing: str, why: str | None) -> ProviderRefused:
         """A call that could not ``doing`` for a reason that may pass: tried again later."""
-        return ProviderRefused(self._masked(f"could not {doing}: {why}"), retryable=True)
+        return ProviderRefused(self.calls.secrets.text(f"could not {doing}: {why}"), retryable=True)
 
 
 @dataclass
-class _Answer:
+class _Answer(AbstractContextManager["_Answer"]):
     """An answer whose headers have come (``reply`` None: a 404 allowed), to be read within
     ``wall_end``; closed, and its attempt over, on leaving."""
 
     transport: Transport
     reply: Reply | None
     wall_end: float
-
-    def __enter__(self) -> _Answer:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.reply is not None:
@@ -561,10 +534,8 @@ def _judged(
     status: int, headers: Mapping[str, str], now: float, retryable: frozenset[int]
 ) -> Verdict:
     """A live attempt's Verdict on a non-2xx answer; a redirect, not followed, is final."""
-    said = headers.get(SHOULD_RETRY)
-    verdict = classify_status(
-        status, retry_after_of(headers), now, None, retryable, should_retry=said
-    )
+    after, said = retry_after_of(headers), headers.get(SHOULD_RETRY)
+    verdict = classify_status(status, after, now, None, retryable, should_retry=said)
     if verdict is None:
         return terminal("redirect", f"HTTP {status} (a redirect: not followed)")
     return verdict

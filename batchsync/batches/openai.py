@@ -73,19 +73,18 @@ class OpenAI(BatchesApi):
         return part.input_file is not None and batch.get("input_file_id") == part.input_file
 
     def files_of(self, batch: Mapping[str, Any]) -> Files:
-        return Files(
-            well_formed(self.name, "file", batch.get("output_file_id")),
-            well_formed(self.name, "file", batch.get("error_file_id")),
-        )
+        return Files(*self._file_ids(batch, "output_file_id", "error_file_id"))
 
     def results_urls(self, endpoint: Endpoint, batch: str, files: Files) -> list[str]:
         found = (files.output, files.error)
         return [f"{endpoint.base}/files/{file_id}/content" for file_id in found if file_id]
 
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
-        names = ("input_file_id", "output_file_id", "error_file_id")
-        ids = [well_formed(self.name, "file", found.get(name)) for name in names]
+        ids = self._file_ids(found, "input_file_id", "output_file_id", "error_file_id")
         return [f"{endpoint.base}/files/{file_id}" for file_id in ids if file_id]
+
+    def _file_ids(self, batch: Mapping[str, Any], *names: str) -> list[str | None]:
+        return [well_formed(self.name, "file", batch.get(name)) for name in names]
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
         """Failed for the organization's enqueued-token cap: it never ran, may be resubmitted."""

@@ -188,11 +188,9 @@ def token_counts(usage: Any, names: tuple[str, str]) -> tuple[int, int]:
 
 
 def _count(value: object) -> int:
-    return (
-        value
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MOST
-        else 0
-    )
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MOST:
+        return value
+    return 0
 
 
 def data_page(answer: Any) -> tuple[list[Mapping[str, Any]], bool]:

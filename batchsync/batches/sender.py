@@ -22,6 +22,7 @@ from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result, result_of
 from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
+from ..http.httpfacts import HttpFacts
 from ..http.spec import RequestSpec
 from ..store.submissions import (
     CLEANED,
@@ -49,7 +50,6 @@ log = logging.getLogger("batchsync")
 
 # Polling when --poll is not given: from a few seconds to a minute.
 POLL_BACKOFF = Backoff(base=5.0, factor=1.5, max=60.0, jitter=0.1)
-_UNLISTED = "do not list this row"
 _WITHDRAWN = "cancelled (--cancel) before it was submitted"
 # How long before a part's submission (in the provider's clock) a batch in the provider's
 # list may have been made to be the part's: the ``Date``'s second, the create on its way.
@@ -79,10 +79,7 @@ class Plan:
 
 @dataclass
 class _Followed:
-    """The parts this run follows, and what it knows of them: its rows' ids, the lines of
-    parts still to submit, when a waiting part may be submitted again (monotonic), the rows
-    of an earlier part it was given (the others have Results), and by part the rows
-    delivered and the tokens their answers used."""
+    """What this run knows of the parts it follows, by part number (``ids``: by row index)."""
 
     parts: dict[int, Part] = field(default_factory=dict)
     ids: dict[int, Any] = field(default_factory=dict)
@@ -102,8 +99,6 @@ class _Cut:
     """The new part being filled: its number, its own name, its rows' lines and their bytes."""
 
     number: int
-    tag: str = field(init=False)
-    nonce: str = field(init=False)
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
 
@@ -130,8 +125,7 @@ class _Sending:
 
 @dataclass
 class _Reading:
-    """What the reads of a part's results found (``done`` and ``tokens``: over every read);
-    ``unread``: a line of its own could not be read, the batch is kept for a later run."""
+    """What a part's results reads found, over every read (``unread``: the batch is kept)."""
 
     nonce: str
     rows: set[int]
@@ -142,8 +136,7 @@ class _Reading:
     unread: bool = False
 
     def take(self, provider: BatchProvider, line: Any) -> Answer | None:
-        """The answer of a results line (``Unread``: ``invalid_body``) for a row of the part
-        not delivered yet; a line naming another part's row counts in ``others``."""
+        """The answer of a results line for an undelivered row of the part (others: counted)."""
         if not isinstance(line, Unread):
             answer = provider.answer_of(line, self.nonce)
         elif (index := index_of(line.custom_id, self.nonce)) is not None:
@@ -157,9 +150,8 @@ class _Reading:
             return None
         self.done.add(answer.index)
         self.unread = self.unread or (isinstance(line, Unread) and line.again)
-        used = provider.usage_of(answer.data)
-        self.tokens[0] = min(self.tokens[0] + used[0], MOST_TOKENS - 1)
-        self.tokens[1] = min(self.tokens[1] + used[1], MOST_TOKENS - 1)
+        used = zip(self.tokens, provider.usage_of(answer.data), strict=True)
+        self.tokens[:] = [min(had + more, MOST_TOKENS - 1) for had, more in used]
         return answer
 
 
@@ -214,9 +206,7 @@ class BatchRun:
         return self.stopped
 
     def _take(self, items: Iterable[tuple[int, object]]) -> None:
-        """Read the rows left: one no batch can carry gets its Result now, one in an open part
-        is followed there, the rest are cut into new parts, each submitted once full; an
-        ended part none of whose rows this run was given (all have Results) is closed."""
+        """Read the rows left: one no batch can carry fails, the others join an open or new part."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
         cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -261,8 +251,7 @@ class BatchRun:
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
-        """The part being cut, with the new row (the full one submitted first); a row too
-        large, or any under --cancel, gets its Result instead."""
+        """The cut with the row (a full cut submitted first); a row too big or withdrawn fails."""
         provider, plan = self._provider, self.plan
         if plan.cancel:
             self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
@@ -281,9 +270,8 @@ class BatchRun:
         return cut
 
     def _settled(self, parts: list[Part]) -> list[Part]:
-        """The open parts of earlier runs that have a batch at the provider (one whose create
-        got no answer is looked for there first); the others are dropped, their rows cut
-        again and their file (found by its name if the upload was cut short) deleted."""
+        """The open parts of earlier runs with a batch at the provider (one whose create got no
+        answer looked for first); the others are dropped (file deleted), their rows cut again."""
         kept = []
         for earlier in parts:
             part = earlier
@@ -307,23 +295,17 @@ class BatchRun:
 
     def _plan_part(self, cut: _Cut) -> None:
         """A new part of the rows cut, recorded, then submitted."""
-        part = Part(
-            cut.number,
-            self.plan.passing,
-            self.plan.endpoint.provider,
-            ranges_of(index for index, _ in cut.lines),
-            tag=cut.tag,
-        ).moved(PLANNED, self._unix_time())
-        self.ledger.save(part)
-        self._followed.parts[cut.number] = part
+        rows, plan = ranges_of(index for index, _ in cut.lines), self.plan
+        part = Part(cut.number, plan.passing, plan.endpoint.provider, rows, tag=cut.tag)
+        part = part.moved(PLANNED, self._unix_time())
+        self._save(part)
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._submit(part)
 
     # --- submitting -------------------------------------------------------------------------------
     def _submit(self, part: Part) -> None:
-        """Upload (OpenAI) and create the part's batch, recording each step first; a part
-        refused for now waits (``WAITING``), its ``submitted`` kept when a create may have
-        made its batch (looked for before it is created again)."""
+        """Upload (OpenAI) and create the part's batch, recording each step first; one refused
+        for now waits, ``submitted`` kept if a create may have made its batch (looked for first)."""
         sending = _Sending(part, unanswered=part.submitted is not None)
         try:
             recorded = self._submitted(sending)
@@ -333,7 +315,6 @@ class BatchRun:
                 return
             part = sending.part
             log.warning("part %d not submitted yet (%s): trying again later", part.number, exc)
-            # (``submitted`` kept only when a create may have made a batch after all)
             sent = part.submitted if sending.unanswered else None
             self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
             self._later(part, exc)
@@ -372,8 +353,7 @@ class BatchRun:
         return recorded
 
     def _create(self, sending: _Sending, lines: list[bytes]) -> Part:
-        """The part with the batch its create made, marked ``submitting`` first; a create
-        without an answer naming a batch may have made one: it is looked for."""
+        """The part with its new batch (``submitting`` first; a create unanswered: looked for)."""
         part = sending.part.moved(SUBMITTING, self._unix_time(), submitted=self._unix_time())
         sending.part = part
         self._save(part)
@@ -391,7 +371,7 @@ class BatchRun:
 
     def _withdraw(self, part: Part) -> None:
         """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
-        self._fail_rest(part, _WITHDRAWN, "batch_cancelled")
+        self._fail_rest(part, _WITHDRAWN, "batch_cancelled", None)
         self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
@@ -401,10 +381,8 @@ class BatchRun:
         self._followed.retry_at[part.number] = self._clock() + wait
 
     def _find(self, part: Part) -> Mapping[str, Any] | None:
-        """The batch the provider made of a part whose create got no answer (None: none).
-        OpenAI's names the part's file; Anthropic's, made since with as many rows, is the
-        part's only once its results carry the part's nonce. Until it ends, or when a look
-        fails, the part waits (a retryable ProviderRefused): never made twice nor another's."""
+        """The batch made of a part whose create got no answer (None: none, see ``_whose``); a
+        look that fails is retryable: the part waits, never made twice nor taking another's."""
         try:
             return self._look_for(part)
         except ProviderRefused as exc:
@@ -452,19 +430,12 @@ class BatchRun:
             return None
         if provider.status_of(batch) not in provider.shape.ended:
             return "unsure"
-        return "mine" if self._carries_nonce(batch, part) else None
-
-    def _carries_nonce(self, batch: Mapping[str, Any], part: Part) -> bool:
-        """Whether an ended batch's results are rows of ``part`` (its nonce)."""
-        batch_id = str(batch.get("id"))
-        files = self._provider.files_of(batch)
-        given = self.client.row_of(self.client.first_result(files, batch_id, part.size))
-        return given is not None and given.startswith(f"{part.nonce}-")
+        files = provider.files_of(batch)  # (an ended one is the part's if its rows carry its nonce)
+        given = self.client.row_of(self.client.first_result(files, str(batch_id), part.size)) or ""
+        return "mine" if given.startswith(f"{part.nonce}-") else None
 
     def _record(self, part: Part, batch: Any) -> Part:
-        """``part`` with the batch the provider made of it, recorded with its status (one not
-        documented: its first, read again at the next poll); an answer naming no batch is a
-        ProviderRefused to try later (the batch is looked for before anything is sent)."""
+        """``part`` with the batch made of it, recorded; an answer naming none: ProviderRefused."""
         provider = self._provider
         found = batch if isinstance(batch, Mapping) else {}
         batch_id = well_formed(provider.name, "batch", found.get("id"))
@@ -481,11 +452,12 @@ class BatchRun:
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
-        """Poll the open parts until all are collected, the run stops or its time is out."""
+        """Poll the open parts until all end, it stops or time is out (never waiting past it)."""
         rounds = 0
         while self._round() and not self._out_of_time():
             rounds += 1
-            if not self._clocks.pause(self._until_next(rounds)):
+            wait, left = self._poll_wait(rounds), self._clocks.left()
+            if not self._clocks.pause(wait if left is None else min(wait, left)):
                 return
 
     def _round(self) -> bool:
@@ -526,8 +498,7 @@ class BatchRun:
             self._collect(part, batch)
 
     def _poll(self, part: Part) -> tuple[Mapping[str, Any], str] | None:
-        """The batch of ``part`` and its status now; None when the poll tells nothing (refused:
-        tried later, or the part held; a status unknown: polled again)."""
+        """The batch of ``part`` and its status now; None when the poll tells nothing new."""
         try:
             batch = self.client.retrieve(part.batch or "")
         except ProviderRefused as exc:
@@ -549,16 +520,12 @@ class BatchRun:
         return batch, status
 
     def _collect(self, part: Part, batch: Mapping[str, Any]) -> None:
-        """Every row of an ended batch delivered once as its Result (one too long or unread:
-        ``invalid_body``), results cut short read again next round. Rows not listed, or listed
-        unread, hold the batch for a later run (a paid answer is never thrown away); results
-        listing only others' rows are not the part's: none is taken."""
-        reading = _Reading(
-            part.nonce,
-            self._followed.given(part),
-            self._followed.delivered.setdefault(part.number, set()),
-            self._followed.tokens.setdefault(part.number, [0, 0]),
-        )
+        """Every row of an ended batch delivered once (cut short: read again next round); one not
+        listed or unread holds the batch: a paid answer is never thrown away."""
+        followed = self._followed
+        done = followed.delivered.setdefault(part.number, set())
+        tokens = followed.tokens.setdefault(part.number, [0, 0])
+        reading = _Reading(part.nonce, followed.given(part), done, tokens)
         # (its rows' time in the batch: from the part's submission to now)
         elapsed = 0.0 if part.submitted is None else max(0.0, self._unix_time() - part.submitted)
         files = self._provider.files_of(batch)
@@ -591,7 +558,7 @@ class BatchRun:
             )
         self._give_failures(reading.failures)
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
-            self._hold(part, f"the results of the batch {part.batch} {_UNLISTED}")
+            self._hold(part, f"the results of the batch {part.batch} do not list this row")
             return
         self.ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
@@ -601,17 +568,14 @@ class BatchRun:
         self._fail_rest(part, reason, "batch_errored", status)
         self._save(part.moved(COLLECTED, self._unix_time()))
 
-    def _fail_rest(
-        self, part: Part, reason: str, kind: ErrorKind, status: int | None = None
-    ) -> None:
+    def _fail_rest(self, part: Part, reason: str, kind: ErrorKind, status: int | None) -> None:
         """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
         rest = self._followed.given(part) - self._followed.delivered.get(part.number, set())
         self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
 
     def _cancel_all(self) -> None:
-        """--cancel: cancel every open batch of the journal that is its part's; what the
-        followed ones ran is still collected, the others are closed once cancelled (their
-        rows keep their Results). One gone at the provider ends its rows ``batch_errored``."""
+        """--cancel: cancel every open batch of the journal that is its part's (the followed
+        ones are collected still, the others closed); one gone ends its rows ``batch_errored``."""
         for part in self.ledger.parts():
             if part.batch is None or not part.open:
                 continue
@@ -634,8 +598,7 @@ class BatchRun:
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
-        """Hold the parts the deadline or budget leaves no time for (their rows end
-        ``deadline``/``budget``, a later run polls them again); True past the deadline."""
+        """Hold the parts the deadline or budget leaves no time for; True past the deadline."""
         left, budget, now = self._clocks.left(), self.plan.budget, self._unix_time()
         if left is not None and left <= 0:
             self._run_out("deadline", lambda part: True)
@@ -655,11 +618,10 @@ class BatchRun:
                 self._hold(part, reason, kind)
 
     def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
-        """End this run's wait for ``part``: its rows left get a ``kind`` Result, the part
-        stays open (``held`` with a batch), so that a later run given its rows reads the same
-        batch again and never submits them twice."""
+        """End this run's wait for ``part``: its rows left fail as ``kind``, it stays open (held),
+        so that a later run given its rows reads the same batch again, never submitting twice."""
         reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
-        self._fail_rest(part, reason, kind)
+        self._fail_rest(part, reason, kind, None)
         if part.batch is not None:
             self.ledger.save(part.moved(HELD, self._unix_time()))
         self._followed.parts.pop(part.number)
@@ -714,8 +676,7 @@ class BatchRun:
         self.observer.item_finished(result)
 
     def _give_failures(self, failures: Mapping[int, Result]) -> None:
-        """Deliver failed Results with their items read again (``again``; the failed file
-        stores each with its item, and the items are not kept while the batches run)."""
+        """Deliver failed Results with their items read again (none is kept while batches run)."""
         if not failures:
             return
         items: dict[int, object] = {}
@@ -731,7 +692,8 @@ class BatchRun:
     def _result(self, answer: Answer, elapsed: float) -> Result:
         """A row's Result, made as a live attempt's is: one attempt (none if the batch never
         ran it), its body decoded as ``expect`` says."""
-        facts = _Row(answer.status_code, self.url if answer.status_code is not None else None)
+        # (a row's answer as a live attempt's facts: its status, where it went, no redirect)
+        facts = HttpFacts(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
             try:
                 verdict = success(decode_value(answer.data, self.plan.expect), facts)
@@ -751,7 +713,7 @@ class BatchRun:
         status: int | None = None,
     ) -> Result:
         """The Result of a row that no batch ran."""
-        return self._row_result(index, terminal(kind, reason, _Row(status, None)), (), 0.0)
+        return self._row_result(index, terminal(kind, reason, HttpFacts(status)), (), 0.0)
 
     def _row_result(
         self, index: int, verdict: Verdict, records: tuple[AttemptRecord, ...], elapsed: float
@@ -769,14 +731,8 @@ class BatchRun:
         )
 
     def _poll_wait(self, rounds: int) -> float:
-        if self.plan.poll is not None:
-            return self.plan.poll
-        return POLL_BACKOFF.wait(rounds, None, 0.5)
-
-    def _until_next(self, rounds: int) -> float:
-        """Seconds to the next round of polls, never past the deadline."""
-        wait, left = self._poll_wait(rounds), self._clocks.left()
-        return wait if left is None else min(wait, max(left, 0.0))
+        poll = self.plan.poll
+        return POLL_BACKOFF.wait(rounds, None, 0.5) if poll is None else poll
 
 
 def _file_name(part: Part) -> str:
@@ -794,18 +750,8 @@ def _body_of(spec: RequestSpec, endpoint: Endpoint) -> Mapping[str, Any]:
         raise InvalidItem(f"a batch sends POSTs: this row is a {spec.method}")
     if not isinstance(spec.json_body, Mapping):
         raise InvalidItem("a batch row's body must be a JSON object")
-    extra = [
-        name for name in ("headers", "params", "data", "fallbacks") if getattr(spec, name, None)
-    ]
+    others = ("headers", "params", "data", "fallbacks")
+    extra = [name for name in others if getattr(spec, name, None)]
     if extra:
         raise InvalidItem(f"a batch row carries only its body: it has {', '.join(extra)}")
     return spec.json_body
-
-
-@dataclass(frozen=True)
-class _Row:
-    """A row's answer as a live attempt's facts: its status, where it went, no redirect."""
-
-    status_code: int | None
-    final_url: str | None
-    redirects: int = 0

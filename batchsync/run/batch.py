@@ -25,16 +25,11 @@ from ..core.result import Result, Summary, error_kinds
 from ..http.classify import describe
 from ..http.spec import RequestSpec
 from ..http.template import Template
-from ..jobs.options import (
-    CallOptions,
-    FetchOptions,
-    spelled_out,
-    taken,
-)
+from ..jobs.options import CallOptions, FetchOptions, spelled_out, taken
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from ..store.journal import JournalMismatch
-from ..store.resume import Items, Kept, Left, marks_of
+from ..store.resume import Items, Left, marks_of
 from ..store.submissions import Ledger, Part
 from .assembly import gates_for, run_calls
 from .batched import journal_parts
@@ -60,8 +55,7 @@ def identity_of(items: Iterable[Any], *, strict: bool = False) -> dict[str, str]
                 f"item {count} cannot be journaled: a journal knows items by their JSON, and "
                 f"{type(value).__name__} has none ({exc}); give JSON items (an id, a dict)"
             ) from None
-        digest.update(text.encode())
-        digest.update(b"\n")
+        digest.update(text.encode() + b"\n")
         count += 1
     return {"entries": str(count), "sha256": digest.hexdigest()}
 
@@ -115,9 +109,7 @@ class Resumable(Generic[OptionsT]):
         strict: bool = False,
         template: Template | None = None,
     ) -> None:
-        self.items = list(items)
-        self.options = options
-        self._progress = progress
+        self.items, self.options, self._progress = list(items), options, progress
         self._done: dict[int, Result] = {}
         # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
@@ -157,12 +149,9 @@ class Resumable(Generic[OptionsT]):
                 refuse_fresh(journal_parts(self.journal), _WORDS)
                 controller.replace()
             else:
-                self._take(controller.kept(len(self.items), self._restore, hint))
-
-    def _take(self, kept: Kept) -> None:
-        """The state ``kept`` in a journal, as this batch's."""
-        self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
-        self._stints, self._timeline = kept.stints, kept.timeline
+                kept = controller.kept(len(self.items), self._restore, hint)
+                self._done, self._pass, self._marks = kept.done, kept.passing, kept.marks
+                self._stints, self._timeline = kept.stints, kept.timeline
 
     def _restore(self, record: dict[str, Any]) -> Result:
         """A journaled Result as this session would have made it: its data as given."""
@@ -170,7 +159,7 @@ class Resumable(Generic[OptionsT]):
 
     def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
         """The journal's texts for a Result."""
-        raise NotImplementedError
+        return encode_result(result, item)
 
     def _send(self) -> Send:
         """What sends this batch's items: the assembly's engine run for its job."""
@@ -248,8 +237,7 @@ class Resumable(Generic[OptionsT]):
         self._marks = marks_of(self._done, len(self.items), self._pass)
 
     def _retried(self, kinds: frozenset[str], changes: dict[str, Any]) -> ResultSet:
-        """``ResultSet.retry_failed``: the failures sent again, by a batch made anew with
-        ``changes`` to its options when there are any."""
+        """``ResultSet.retry_failed``: the failures sent again, by a batch remade if ``changes``."""
         if {"journal", "fresh"} & set(changes):
             raise ValueError(
                 "retry_failed keeps the batch's journal: journal and fresh cannot change"
@@ -273,14 +261,8 @@ class Resumable(Generic[OptionsT]):
         plain_answer = result.ok and result.continuation is None
         if plain_answer or result.final:
             self._done[result.index] = result
-            passing = self._pass
-            self._marks[result.index] = (
-                DONE
-                if plain_answer
-                else passing.does(
-                    result.ok, result.error_kind, passing.number, result.continuation is not None
-                )
-            )
+            made, paged = self._pass.number, result.continuation is not None
+            self._marks[result.index] = self._pass.does(result.ok, result.error_kind, made, paged)
 
 
 class Batch(Resumable[FetchOptions]):
@@ -332,9 +314,6 @@ class Batch(Resumable[FetchOptions]):
         if result.ok and isinstance(expect, type) and issubclass(expect, BaseModel):
             return replace(result, data=expect.model_validate(result.data))
         return result
-
-    def _stored(self, result: Result, item: object) -> tuple[str, str | None]:
-        return encode_result(result, item)
 
     def _send(self) -> Send:
         template = self._template
@@ -415,9 +394,7 @@ class CallBatch(Resumable[CallOptions]):
                 f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
                 "journal cannot store as JSON: give encode= (and decode=)"
             )
-        self._fn = fn
-        self._encode = encode
-        self._decode = decode
+        self._fn, self._encode, self._decode = fn, encode, decode
         self._start(items, checked, journal, progress, fresh=fresh, strict=True)
 
     def _restore(self, record: dict[str, Any]) -> Result:
@@ -476,9 +453,8 @@ def _returned_type(fn: Callable[..., Any]) -> object:
 
 
 def _json_type(hint: object) -> bool:
-    """False only for a hint that says JSON cannot hold the values as they are: a class none
-    of JSON's types (nor a TypedDict, an Enum of str or int), a tuple (back as a list) or a
-    dict keyed by other than str, alone or inside a container."""
+    """False only for a hint JSON cannot hold as it is: a class none of JSON's types (nor a
+    TypedDict, str or int Enum), a tuple or a dict keyed by other than str, even inside."""
     origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
