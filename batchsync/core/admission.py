@@ -10,10 +10,22 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .budget import Allowance
-from .verdict import ErrorKind, Feedback
+from .verdict import ErrorKind, Feedback, Usage
 
 # The limits' key of an attempt that has no host (a callable's item without a key).
 GLOBAL = "*"
+# Pico-dollars a dollar: what a spend cap counts in, whole, so that its sums are exact.
+PICO = 10**12
+
+
+class Price(Protocol):
+    """What a spend cap needs of a request (``limits.spend.Priced``): the most one attempt
+    can cost, and what an answer's usage says it did, in pico-dollars."""
+
+    @property
+    def worst(self) -> int: ...
+
+    def spent(self, usage: Usage | None) -> int: ...
 
 
 @dataclass(slots=True)
@@ -33,6 +45,14 @@ class Admission:
     why: str | None = None
     # When the attempt was sent, once it was: the gates may have held it long after they took.
     sent: float | None = None
+    # Under a spend cap: what the attempt may cost, then what it did (in pico-dollars).
+    price: Price | None = None
+    spent: int = 0
+
+    @property
+    def cost_in_dollars(self) -> float | None:
+        """What the attempt spent under a spend cap (None: there is none)."""
+        return None if self.price is None else self.spent / PICO
 
     @property
     def probe(self) -> bool:
@@ -53,7 +73,12 @@ class Admitter(Protocol):
     """Lets attempts in by the limits, one at a time, and takes back what each held."""
 
     def enter(
-        self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
+        self,
+        host: str,
+        allowance: Allowance,
+        stop: threading.Event,
+        cost: int = 0,
+        price: Price | None = None,
     ) -> Admission | Refusal:
         """Wait at every limit; an Admission, or the Refusal that ends the item instead."""
 

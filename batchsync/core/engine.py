@@ -417,7 +417,7 @@ class Engine:
         try:
             return job.prepare(item)
         except InvalidItem as exc:
-            invalid = self._failure(job, index, item, "invalid_request", str(exc))
+            invalid = self._failure(job, index, item, exc.kind, str(exc))
             return replace(invalid, elapsed=self._clock() - claimed)
 
     def _attempts(
@@ -523,8 +523,10 @@ class Engine:
             last = decision.verdict
             # The attempt's record, kept in the item's log and shown to the observers.
             status, took = answer_of(last).status_code, ended - began
+            spent = None if admission is None else admission.cost_in_dollars
             record = AttemptRecord(len(item.records) + 1, status, last.error_kind, took,
-                                   decision.wait, fallback, last.hedged, last.resent)  # fmt: skip
+                                   decision.wait, fallback, last.hedged, last.resent,
+                                   spent)  # fmt: skip
             item.records.append(record)
             if self.observers.sees_attempt_finished:
                 self.observers.attempt_finished(item.index, item.task, record)
@@ -547,7 +549,9 @@ class Engine:
         if self._gates is None or not route.gated:
             return None
         task = item.task
-        admitted = self._gates.enter(route.host or GLOBAL, item.allowance, self._stop, task.cost)
+        admitted = self._gates.enter(
+            route.host or GLOBAL, item.allowance, self._stop, task.cost, task.price
+        )
         if isinstance(admitted, Refusal):
             return self._stopped_short(last, admitted.kind, route, admitted.why)
         return admitted

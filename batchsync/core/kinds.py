@@ -60,6 +60,9 @@ KINDS: dict[ErrorKind, Kind] = {
         False, "ignored", "never", final=False, asked=False,
         stopped="stopped before the next try", unstarted="batch stopped before the item started",
     ),
+    # What the spend cap (``max_cost``) could not pay for: sent again by a retry of failures.
+    "cost": Kind(False, "ignored", "never", asked=False,
+                 stopped="the rest of max_cost cannot pay its worst case"),
     "exception": Kind(False, "answer", "outcome"),
     # A row sent through a provider's batch endpoint that the batch ended without running
     # (its window ran out, it was cancelled) or that it answered with an error of its own.

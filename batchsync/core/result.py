@@ -41,6 +41,7 @@ class AttemptRecord:
     fallback: int | None = None
     hedged: bool = False
     resent: int = 0
+    cost: float | None = None  # dollars, under a spend cap
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
@@ -55,7 +56,7 @@ class AttemptRecord:
             "wait": None if self.wait is None else kept(self.wait),
             "fallback": self.fallback,
             "hedged": self.hedged,
-        } | ({"resent": self.resent} if self.resent else {})
+        } | _given(resent=self.resent or None, cost=self.cost)
 
 
 class Answer(Protocol):
@@ -107,6 +108,7 @@ def result_of(
     attempts and a batch's rows alike."""
     answer = answer_of(verdict)
     sent = sum(1 + record.hedged + record.resent for record in records)
+    costs = [record.cost for record in records if record.cost is not None]
     return Result(
         index=index,
         url=url,
@@ -123,9 +125,15 @@ def result_of(
         final_url=answer.final_url,
         redirects=answer.redirects,
         pages=pages,
+        cost=sum(costs) if costs else None,
         continuation=continuation,
         finished=finished,
     )
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields a record has only when they are set."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def describe_attempts(records: Iterable[AttemptRecord]) -> str:
@@ -171,6 +179,8 @@ class Result:
     redirects: int = 0
     # Pages fetched, when the item was paginated (None otherwise).
     pages: int | None = None
+    # Dollars its attempts spent, under a spend cap (None otherwise).
+    cost: float | None = None
     # When the Result was made (unix seconds), for the report's charts over time; None for a
     # Result made outside the engine. Not written to the results file.
     finished: float | None = field(default=None, repr=False, compare=False)
@@ -213,7 +223,7 @@ class Result:
             "elapsed": kept(self.elapsed),
             "attempt_log": [record.to_dict() for record in self.attempt_log],
             "fallback_used": self.fallback_used,
-        } | ({} if self.pages is None else {"pages": self.pages})
+        } | _given(pages=self.pages, cost=self.cost)
 
 
 def error_kinds(kinds: Iterable[str]) -> frozenset[str]:
@@ -236,8 +246,10 @@ def added_to(earlier: Result, later: Result) -> Result:
     renumbered = tuple(
         replace(record, attempt=record.attempt + shift) for record in later.attempt_log
     )
+    costs = [cost for cost in (earlier.cost, later.cost) if cost is not None]
     return replace(
         later,
+        cost=sum(costs) if costs else None,
         attempts=earlier.attempts + later.attempts,
         elapsed=earlier.elapsed + later.elapsed,
         attempt_log=earlier.attempt_log + renumbered,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from .admission import Price
 from .result import Result
 from .verdict import Verdict
 
@@ -61,5 +62,7 @@ class Task:
     subject: object = None
     steps: int | None = None
     data: Any = None
-    # What each attempt weighs at a weighted limit (an LLM request's estimated tokens).
+    # What each attempt weighs at a weighted limit (an LLM request's estimated tokens), and
+    # what it may cost under a spend cap.
     cost: int = 0
+    price: Price | None = None

@@ -17,10 +17,14 @@ Ruling = Literal["success", "retry", "terminal"]
 # failure, how a batch endpoint ended a row (``kinds.KINDS`` says what each one means).
 ErrorKind = Literal[
     "status", "timeout", "connection", "invalid_body", "invalid_request", "redirect", "tls",
-    "budget", "deadline", "circuit_open", "cancelled",
+    "budget", "deadline", "circuit_open", "cancelled", "cost",
     "exception",
     "batch_expired", "batch_cancelled", "batch_errored",
 ]  # fmt: skip
+
+
+# An LLM answer's input, output and total tokens, each None when it does not say them.
+Usage = tuple[int | None, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def retry(
 
 
 class InvalidItem(ValueError):
-    """An item that cannot be run at all (it ends ``invalid_request``, with no attempt)."""
+    """An item that cannot be run at all (it ends ``kind``, with no attempt)."""
+
+    kind: ErrorKind = "invalid_request"
 
 
 class Retryable(Exception):
@@ -112,3 +118,4 @@ class Feedback:
     quota: float | None = None  # seconds until the host's quota resets, none being left (as hold)
     announced: Announced | None = None  # the provider's limits its headers announced (left, when)
     used: int | None = None  # what the answer says it cost (an LLM answer's ``usage``, in tokens)
+    usage: Usage | None = None  # the same by side, under a spend cap

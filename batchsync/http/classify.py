@@ -368,11 +368,14 @@ def host_feedback(verdict: Verdict) -> Feedback:
     slow_down = status in _SLOW_DOWN_STATUSES
     congested = slow_down or kind.congested
     unwell = _unwell(verdict, kind.breaker, status, facts.announced)
-    if slow_down or facts.quota or facts.announced is not None or facts.used is not None:
+    told = facts.announced is not None or facts.used is not None or facts.usage is not None
+    if slow_down or facts.quota or told:
         # (the rare feedback with more than the two judgements: a 429 or 503, whose Retry-After
         # holds the host, or an answer that read a quota or a provider's limits, or its usage)
         hold = verdict.retry_after if slow_down and verdict.retry_after else None
-        return Feedback(congested, unwell, hold, facts.quota, facts.announced, facts.used)
+        return Feedback(
+            congested, unwell, hold, facts.quota, facts.announced, facts.used, facts.usage
+        )
     return _FEEDBACK[congested, unwell]
 
 

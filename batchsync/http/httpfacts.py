@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..core.verdict import Announced, Verdict
+from ..core.verdict import Announced, Usage, Verdict
 
 
 class HttpFacts(NamedTuple):
@@ -20,9 +20,11 @@ class HttpFacts(NamedTuple):
     redirects: int = 0
     quota: float | None = None
     link: str | None = None
-    # The provider's rate-limit headers, and the tokens its answer says it used.
+    # The provider's rate-limit headers, the tokens its answer says it used, and, under a
+    # spend cap, what its usage says by side (``limits.spend.NOTHING``: an error's, unbilled).
     announced: Announced | None = None
     used: int | None = None
+    usage: Usage | None = None
 
 
 NO_FACTS = HttpFacts()

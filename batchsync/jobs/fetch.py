@@ -36,7 +36,9 @@ from ..http.retries import judged, parse_statuses
 from ..http.spec import RequestSpec, item_label, parse_item
 from ..http.transport import Transport
 from ..limits.gates import Gates
+from ..limits.spend import NOTHING, priced
 from ..limits.tokenrate import item_cost, used_tokens
+from ..limits.tokens import usage_parts
 from .calls import fallback_routes
 from .options import FetchOptions
 from .pages import Pager
@@ -83,8 +85,10 @@ class HttpJob:
             and options.on_attempt is None
             and not options.fallbacks
             and options.cost is None
+            and options.spend_cap is None
         )
         self._usage = options.usage_reader
+        self._cap = options.spend_cap
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
@@ -128,7 +132,8 @@ class HttpJob:
                     )
             return self._spec_task(item)
         except InvalidItem as exc:
-            raise InvalidItem(self._secrets.text(str(exc), self._item_secrets(item))) from None
+            masked = self._secrets.text(str(exc), self._item_secrets(item))
+            raise type(exc)(masked) from None
 
     def _spec_task(self, item: object) -> Task:
         """The Task of a RequestSpec: routes for its URL, fallback URLs and fallback functions."""
@@ -149,6 +154,7 @@ class HttpJob:
             self._dedup_key(spec),
             subject=spec,
             cost=item_cost(item, spec.json_body, self._options.cost, self._options.token_rate),
+            price=None if self._cap is None else priced(spec.json_body, self._cap.prices),
         )
         if self._pager is not None:
             return self._pager.paged(
@@ -407,7 +413,10 @@ class HttpJob:
             if failed is not None:
                 self._transport.discard(reply, wall_end)
                 facts = facts_of(failed)._replace(
-                    final_url=landed, redirects=reply.redirects, announced=announced
+                    final_url=landed,
+                    redirects=reply.redirects,
+                    announced=announced,
+                    usage=None if self._cap is None else NOTHING,
                 )
                 return replace(failed, facts=facts)
         body = self._transport.read_body(reply, wall_end, self._options.max_bytes)
@@ -419,7 +428,8 @@ class HttpJob:
             data = decode_body(body, expect, content_type)
         link = reply.headers.get("Link") if self._reads_link else None
         used = None if self._usage is None else used_tokens(self._usage, data)
-        facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used)
+        usage = None if self._cap is None else usage_parts(data, cached=True)
+        facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used, usage)
         return Verdict("success", facts=facts, data=data, size=len(body))
 
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ..http.retries import parse_statuses
 from ..limits.breaker import Breaker
 from ..limits.rates import parse_rate
+from ..limits.spend import Prices, dollars
 
 # The most seconds a timeout, budget, deadline or lease may be, about 31 years: well within
 # what a thread or a socket can wait (``threading.TIMEOUT_MAX``, some 9.2e9 s), even added to
@@ -113,6 +114,18 @@ def token_rate_text(value: str | None) -> str | None:
     if value is not None:
         parse_rate(value, name="token_rate")
     return value
+
+
+def cost_text(value: str | None) -> str | None:
+    """--max-cost as given, once it reads as dollars (the library reads it again)."""
+    if value is not None:
+        dollars(value)
+    return value
+
+
+def prices_text(value: object) -> Prices | None:
+    """--prices (a file) or ``prices=`` (a table, its fields, a file) as the table."""
+    return None if value is None else Prices.of(value)
 
 
 def statuses_text(value: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Collection, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.gates import Gates
 from ..limits.rates import Window, parse_rate
+from ..limits.spend import MaxCost, Prices, dollars
 from ..limits.tokenrate import TokenRate
 from ..limits.tokens import usage_tokens
 from .flags import (
@@ -37,9 +39,11 @@ from .flags import (
     Honoured,
     Takes,
     breaker_text,
+    cost_text,
     header_lines,
     header_names,
     hedge_text,
+    prices_text,
     rate_text,
     statuses_text,
     token_rate_text,
@@ -445,7 +449,61 @@ class BatchApi(_Family):
     ] = False
 
 
-class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
+class Spend(_Family):
+    """A cap on what the run spends, priced by the user's own table (see limits/spend.py)."""
+
+    max_cost: Annotated[
+        Decimal | None,
+        Takes(Decimal | float | str | None),
+        Flag(
+            "--max-cost",
+            metavar="USD",
+            parse=cost_text,
+            help="With --prices: spend at most USD dollars. Before each request is sent, its "
+            "worst case is reserved (every byte of its body as an input token, its max_tokens "
+            "x n as output), and the answer's usage replaces it; no request is sent that could "
+            "take the spend over the cap, whatever is in flight. Items that cannot be "
+            "afforded end unsent as cost, to run again with a larger cap.  [default: none]",
+        ),
+    ] = None
+    prices: Annotated[
+        Prices | None,
+        Takes(Prices | Mapping[str, Any] | str | Path | None),
+        Flag(
+            "--prices",
+            metavar="FILE",
+            parse=prices_text,
+            help="With --max-cost: a JSON file of each model's dollars per million tokens, "
+            '{"models": {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}}. A model it does not '
+            "price is never sent.",
+        ),
+    ] = None
+
+    @property
+    def spend_cap(self) -> MaxCost | None:
+        """The cap, as the gate that holds it (None: none)."""
+        if self.max_cost is None or self.prices is None:
+            return None
+        return MaxCost(dollars(self.max_cost), self.prices)
+
+    @field_validator("max_cost", mode="before")
+    @classmethod
+    def _dollars(cls, value: object) -> object:
+        if value is None or isinstance(value, bool):
+            return value
+        dollars(value)
+        return Decimal(str(value))
+
+    _priced = field_validator("prices", mode="before")(staticmethod(prices_text))
+
+    @model_validator(mode="after")
+    def _together(self) -> Spend:
+        if (self.max_cost is None) != (self.prices is None):
+            raise ValueError("max_cost (--max-cost) and prices (--prices) go together")
+        return self
+
+
+class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
     """What an HTTP batch adds: per-attempt timeout, body handling, headers, session, limits."""
 
     timeout: Annotated[
@@ -569,6 +627,15 @@ class FetchOptions(BatchApi, Pages, Connection, FlowOptions):
         assert found is not None
         if self.expect != "json" and (found.style == "json" or found.records is not None):
             raise ValueError("paginate json:PATH and page_items (--items) read JSON: expect='json'")
+        return self
+
+    @model_validator(mode="after")
+    def _spend_kept_here(self) -> FetchOptions:
+        if self.max_cost is not None and self.limits is not None:
+            raise ValueError(
+                "max_cost (--max-cost) is kept by one process: it cannot apply with limits "
+                "(--redis)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,8 @@ change the declarations, never this file.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from decimal import Decimal
+from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from ..core.backoff import Backoff
@@ -20,6 +22,7 @@ from ..http.session import Cert, SessionSource, Verify
 from ..http.spec import RequestSpec
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
+from ..limits.spend import Prices
 from ..limits.tokenrate import TokenRate
 from .options import Expect, Seconds
 
@@ -61,6 +64,8 @@ class FetchSettings(FlowSettings, total=False):
     cursor_param: str
     max_pages: int | None
     page_items: str | None
+    max_cost: Decimal | float | str | None
+    prices: Prices | Mapping[str, Any] | str | Path | None
     batch_api: str | None
     poll: Seconds | None
     batch_rows: int | None

@@ -11,13 +11,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from ..core.admission import Admission, Refusal
+from ..core.admission import Admission, Price, Refusal
 from ..core.budget import Allowance
 from ..core.clock import SYSTEM, Clock, clock_of
 from ..core.verdict import ErrorKind, Feedback
 from .breaker import BreakerGate
 from .gate import Gate, Waiting, WaitStats
 from .shared import LimitsUnavailable
+from .spend import SpendGate, SpendStore
 
 # (Admission, Refusal and WaitStats are the gates' own, named here too for their callers)
 __all__ = ["Admission", "Gates", "Refusal", "WaitStats"]
@@ -42,6 +43,17 @@ class Gates:
         self._last_warning = float("-inf")
 
     @property
+    def capped(self) -> bool:
+        """Whether the run has a spend cap (``max_cost``)."""
+        return any(isinstance(gate, SpendGate) for gate in self.gates)
+
+    def keep_spend(self, store: SpendStore | None) -> None:
+        """Keep the spend cap's reservations in ``store`` (a journal's; None: in the process)."""
+        for gate in self.gates:
+            if isinstance(gate, SpendGate):
+                gate.ledger.keep(store)
+
+    @property
     def circuits_opened(self) -> int:
         return sum(gate.backend.opened for gate in self._breakers)
 
@@ -58,7 +70,12 @@ class Gates:
         return entered.kind if isinstance(entered, Refusal) else entered
 
     def enter(
-        self, host: str, allowance: Allowance, stop: threading.Event, cost: int = 0
+        self,
+        host: str,
+        allowance: Allowance,
+        stop: threading.Event,
+        cost: int = 0,
+        price: Price | None = None,
     ) -> Admission | Refusal:
         """Wait at each gate; an Admission, or the Refusal that ends the item instead (what
         the gates passed hold is given back then).
@@ -67,7 +84,7 @@ class Gates:
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
         """
         while True:
-            admission = Admission(host, allowance, stop, cost=cost)
+            admission = Admission(host, allowance, stop, cost=cost, price=price)
             try:
                 refusal = self._pass(admission)
             except LimitsUnavailable as exc:

@@ -26,7 +26,12 @@ _REPLY_PRIMING = 2
 _ALLOWANCES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # What an answer's usage adds up when it gives no total: Anthropic's and OpenAI's Responses
 # API's names, then Chat Completions'.
-_USAGE_PAIRS = (("input_tokens", "output_tokens"), ("prompt_tokens", "completion_tokens"))
+# An answer's input and output tokens: Anthropic's and OpenAI's Responses API's names, or Chat
+# Completions' (an answer uses one pair); then Anthropic's cache writes and reads, input tokens
+# its ``input_tokens`` leaves out.
+_USAGE_INPUTS = ("input_tokens", "prompt_tokens")
+_CACHE_INPUTS = ("cache_creation_input_tokens", "cache_read_input_tokens")
+_USAGE_OUTPUTS = ("output_tokens", "completion_tokens")
 # Deeper than any real content (message, parts, a tool result's blocks): junk is not walked.
 _DEPTH = 8
 
@@ -56,14 +61,23 @@ def estimate_tokens(body: object) -> int:
         return 0
     messages, inputs, prompt = body.get("messages"), body.get("input"), body.get("prompt")
     if isinstance(messages, list):
-        tokens, prompts = _chat_tokens(messages, body.get("system")), 1
+        tokens = _chat_tokens(messages, body.get("system"))
     elif isinstance(inputs, str | list):
-        tokens, prompts = _inputs_tokens(inputs), 1
+        tokens = _inputs_tokens(inputs)
     elif isinstance(prompt, str | list):
-        tokens, prompts = _inputs_tokens(prompt), _prompt_count(prompt)
+        tokens = _inputs_tokens(prompt)
     else:
         return 0
-    return min(tokens + _allowance(body) * prompts, MAX_COUNT)
+    return min(tokens + (completion_allowance(body) or 0), MAX_COUNT)
+
+
+def completion_allowance(body: Mapping[object, object]) -> int | None:
+    """The completion tokens a request body allows for (see ``estimate_tokens``); None when it
+    sets no limit."""
+    prompt = body.get("prompt")
+    prompts = _prompt_count(prompt) if isinstance(prompt, str | list) else 1
+    allowance = _allowance(body)
+    return None if allowance is None else min(allowance * prompts, MAX_COUNT)
 
 
 def _chat_tokens(messages: list[object], system: object) -> int:
@@ -100,17 +114,17 @@ def _prompt_count(prompt: str | list[object]) -> int:
     return max(sum(isinstance(element, str | list) for element in prompt), 1)
 
 
-def _allowance(body: Mapping[object, object]) -> int:
-    """The completion tokens the body allows for: its limit times ``n``, each factor taken
-    at most ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget holds,
-    and is that much, not nothing)."""
+def _allowance(body: Mapping[object, object]) -> int | None:
+    """The completion tokens the body allows for a prompt: its limit times ``n``, each factor
+    taken at most ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget
+    holds, and is that much, not nothing); None when it sets no limit."""
     n = body.get("n", 1)
     choices = min(n, MAX_COUNT) if _whole(n) and n > 0 else 1
     for key in _ALLOWANCES:
         limit = body.get(key)
         if _whole(limit):
             return min(limit, MAX_COUNT) * choices
-    return 0
+    return None
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -179,25 +193,43 @@ def usage_tokens(data: object) -> int | None:
     ``prompt_tokens + completion_tokens``, either of a pair standing alone when the other is
     missing. ``data`` is a parsed JSON body or an SDK's return value (read by attribute, or
     through its ``model_dump()``). None when it says no usage; never raises."""
+    parts = usage_parts(data)
+    if parts is None:
+        return None
+    inputs, outputs, total = parts
+    if total is not None:
+        return total
+    return (
+        None
+        if inputs is None and outputs is None
+        else min((inputs or 0) + (outputs or 0), MAX_COUNT)
+    )
+
+
+def usage_parts(
+    data: object, *, cached: bool = False
+) -> tuple[int | None, int | None, int | None] | None:
+    """The input, output and total tokens an answer's usage says (see ``usage_tokens``), each
+    None when not said, with ``cached`` Anthropic's cache reads and writes (billed, and left
+    out of its ``input_tokens``) counted as input; None when it says no count."""
     try:
         usage = _field(data, "usage")
         if usage is None and not isinstance(data, Mapping):
             dump = getattr(data, "model_dump", None)
             usage = _field(dump(), "usage") if callable(dump) else None
-        return None if usage is None else _usage_total(usage)
+        if usage is None:
+            return None
+        inputs = _side(usage, _USAGE_INPUTS + (_CACHE_INPUTS if cached else ()))
+        parts = inputs, _side(usage, _USAGE_OUTPUTS), _tokens(usage, "total_tokens")
+        return None if parts == (None, None, None) else parts
     except Exception:  # an SDK object's property that fails: no usage known
         return None
 
 
-def _usage_total(usage: object) -> int | None:
-    total = _tokens(usage, "total_tokens")
-    if total is not None:
-        return total
-    for first, second in _USAGE_PAIRS:
-        one, other = _tokens(usage, first), _tokens(usage, second)
-        if one is not None or other is not None:
-            return min((one or 0) + (other or 0), MAX_COUNT)
-    return None
+def _side(usage: object, names: tuple[str, ...]) -> int | None:
+    """The sum of the tokens ``usage`` gives under ``names``; None when it gives none."""
+    known = [count for count in (_tokens(usage, name) for name in names) if count is not None]
+    return min(sum(known), MAX_COUNT) if known else None
 
 
 def _tokens(usage: object, key: str) -> int | None:

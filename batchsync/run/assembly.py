@@ -26,7 +26,7 @@ from ..http.guard import Guard
 from ..http.transport import Transport
 from ..jobs.calls import CallJob
 from ..jobs.fetch import HttpJob
-from ..jobs.options import CallOptions, Connection, FetchOptions, FlowOptions
+from ..jobs.options import CallOptions, Connection, FetchOptions, FlowOptions, Spend
 from ..limits.adaptive import Adaptive
 from ..limits.cooldown import Cooldown, Holds
 from ..limits.gate import GateOption
@@ -80,6 +80,7 @@ def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
         None if options.rate_window is None else RateWindow(options.rate_window),
         options.announced_rates,
         options.token_rate,
+        options.spend_cap if isinstance(options, Spend) else None,
     ]
     shared = shared_limits(options)
     built = (

@@ -22,6 +22,7 @@ from ..core.history import Pass, Stint, difference
 from ..core.result import Result, added_to
 from ..limits.gates import Gates
 from ..store.journal import Encode, Journal, JournalUnusable, locked, remove
+from ..store.journal.spend import SpendRecord
 from ..store.resume import Kept, Left, read_back
 from .assembly import Ran
 from .progress import Tally, counter
@@ -140,8 +141,12 @@ class RunController:
         so_far = progress_of(plan.passing, tally, gates)
         before = _timeline(gates)
         journal = None if self.journal is None else self.journal.open(passing, so_far)
+        spend = None
         if journal is not None:
             deliver = journaling(journal, deliver)
+            if gates is not None and gates.capped:
+                spend = SpendRecord(journal.path)
+                gates.keep_spend(spend)
         earlier = left.earlier
         if earlier is not None:
             deliver = adding_to(earlier, deliver)
@@ -152,6 +157,9 @@ class RunController:
             stint = so_far()
             if passing is not None and stints is not None:
                 stints.append(stint)
+            if spend is not None and gates is not None:
+                gates.keep_spend(None)
+                spend.close()
             if journal is not None:
                 journal.close(difference(_timeline(gates), before), stint)
         if isinstance(send, Finishing):  # (every Result it made is journaled by now)

@@ -113,6 +113,7 @@ def present(value: Any, _: Facts) -> bool:
 
 
 SECONDS = number()
+DOLLARS = number()  # what a record says it spent
 MOMENT = number(most=LAST_MOMENT)
 EVER = number(-math.inf, math.inf)  # (any finite number)
 

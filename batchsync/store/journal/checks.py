@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...core.admission import PICO
 from ...core.records import dumps
 from ...core.result import Result
 from ..rules import (
+    DOLLARS,
     MISSING,
     MOMENT,
     SECONDS,
@@ -72,7 +74,7 @@ _OTHER_OPTIONS = {
 # How far a gate's waits may lie outside the runs' time (the wall clock may be set meanwhile).
 _CLOCK_SLACK = 3600.0
 _RECORD_KEYS = frozenset(Result(0, None, False).to_dict())
-_PAGED_KEYS = _RECORD_KEYS | {"pages"}
+_PAGED_KEYS = _RECORD_KEYS | {"pages", "cost"}
 _WRITTEN = "record is not a Result as batchsync writes it"
 
 
@@ -118,6 +120,7 @@ _ATTEMPT = shaped(
     Rule("fallback", optional(count()), ""),
     Rule("hedged", boolean, ""),
     Rule("resent", absent_or(count()), ""),
+    Rule("cost", absent_or(DOLLARS), ""),
 )
 # A record (its fields, and ``row``: the columns beside it) against those columns.
 _RECORD = (
@@ -140,6 +143,7 @@ _RECORD = (
     Rule("redirects", count(), _WRITTEN),
     Rule("fallback_used", optional(count()), _WRITTEN),
     Rule("pages", absent_or(optional(count())), _WRITTEN),
+    Rule("cost", absent_or(DOLLARS), _WRITTEN),
 )  # fmt: skip
 _RESULT_COLUMNS = tuple(column[0] for column in LAYOUT["results"])
 # Where a failed paginated item goes on (``Result.continuation``).
@@ -252,6 +256,16 @@ _RUN = (
     Rule("waits", json_of(_gate_seconds), "waits is not the seconds waited at each gate"),
 )  # fmt: skip
 _RUN_COLUMNS = tuple(column[0] for column in LAYOUT["runs"])
+
+
+# A ``spend`` row, given the number it must have (the attempts are numbered from 1, none
+# missing): its reservation, and what it spent once settled, in pico-dollars.
+_SPEND = (
+    Rule("attempt", lambda number, facts: number == facts["number"],
+         "attempt is not the one after the row before: a row is missing"),
+    Rule("reserved", count(), "reserved is not an amount"),
+    Rule("spent", optional(count()), "spent is not an amount"),
+)  # fmt: skip
 
 
 def run_problem(row: Sequence[Any], passes: Iterable[int]) -> str | None:
@@ -367,7 +381,7 @@ class _Check:
         column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        found = (step() for step in (*steps, self._results, self._requests))
+        found = (step() for step in (*steps, self._results, self._spend, self._requests))
         return next(filter(None, found), None)
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
@@ -437,6 +451,25 @@ class _Check:
             if number > 1 and results > self.finished[number]:
                 return f"runs of pass {number}: items are fewer than the results of that pass"
         return None
+
+    def _spend(self) -> str | None:
+        """Each reservation trusted, none missing, and no less spent than the Results say."""
+        query = "SELECT attempt, reserved, spent FROM spend ORDER BY attempt"
+        total = 0
+        for number, (attempt, reserved, spent) in enumerate(self._rows("spend", query), 1):
+            facts = {"attempt": attempt, "reserved": reserved, "spent": spent, "number": number}
+            found = problem(_SPEND, facts)
+            if found is not None:
+                return f"spend row {attempt}: {found}"
+            total += reserved if spent is None else spent
+        costs = (json_value(record).get("cost") for (record,) in self._costed())
+        paid = sum(cost for cost in costs if isinstance(cost, float | int))
+        if paid * PICO > total * (1 + 1e-9) + 1:
+            return "spend: its rows hold less than the results say they spent"
+        return None
+
+    def _costed(self) -> Iterable[Any]:
+        return self.db.execute("SELECT record FROM results WHERE record LIKE '%\"cost\"%'")
 
     def _requests(self) -> str | None:
         """The first failed item whose stored request is not what the input gives (the

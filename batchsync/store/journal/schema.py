@@ -66,14 +66,20 @@ CREATE TABLE IF NOT EXISTS submissions (
     output_tokens INTEGER NOT NULL,
     tag TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS spend (
+    attempt INTEGER PRIMARY KEY,
+    reserved INTEGER NOT NULL,
+    spent INTEGER
+);
 """
 # ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``
 # the JSON list of the error kinds it retried, empty for all); ``results.pass``: the pass that
 # made each Result. ``runs``: what each process (or batch ``run()``) did, and ``waits`` the
 # seconds its attempts waited at each gate by unix second, summed: a resumed run's report and
 # summary cover every process that worked on it. ``submissions``: each part of a run sent
-# through a provider's batch endpoint (``submissions.py``); a journal made before it has none
-# until a run goes on with it.
+# through a provider's batch endpoint (``submissions.py``); ``spend``: each attempt's
+# reservation under a spend cap, and what it spent once settled (``spend.py``). A journal made
+# before either has none until a run goes on with it.
 
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
 SCHEMA_VERSION = "batchsync-journal 4"
@@ -315,7 +321,7 @@ def declared_problem(
 _V3_TABLES = ("meta", "results")
 # Tables added within this version: a journal made before them lacks them (and gets them when
 # a run opens it for writing).
-_LATER_TABLES = ("submissions",)
+_LATER_TABLES = ("submissions", "spend")
 
 
 def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) -> str | None:

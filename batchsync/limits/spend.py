@@ -1,0 +1,285 @@
+"""A cap on what a run spends (``max_cost``), priced by the user's own table (``prices``).
+
+Before an attempt is sent, its worst case is reserved: every byte of its body as sent counted
+as an input token (a byte-level tokenizer never makes more tokens than bytes), plus four a
+message and two for the reply, at the model's input price, and its completion allowance
+(``max_tokens`` times ``n``) at the output price. The answer's ``usage`` then replaces the
+reservation; an answer that says none, or no answer at all, is charged the worst case. No
+attempt is let through while what was spent, what is reserved and its own worst case would
+go over the cap, so the cap holds whatever is in flight. Amounts are whole pico-dollars, so
+the sums are exact.
+
+No price is ever guessed: a body without a ``model`` the table prices, without a completion
+allowance, or with parts the input bound cannot hold (images, audio, files) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..core.admission import PICO, Admission
+from ..core.clock import Clock
+from ..core.verdict import ErrorKind, Feedback, InvalidItem, Usage
+from .gate import POLL_SECONDS, GateOption, Waiting
+from .shared import SharedLimits
+from .tokens import completion_allowance
+
+_PER = 10**6  # prices are per million tokens
+_MESSAGE_OVERHEAD, _REPLY_PRIMING = 4, 2
+# Parts whose tokens a body's bytes do not bound (an image's URL is short, its tokens many).
+_UNBOUNDED = frozenset(
+    {"image", "image_url", "input_image", "audio", "input_audio", "file", "input_file", "document"}
+)
+_DEPTH = 8
+Price = Annotated[Decimal, Field(ge=0, allow_inf_nan=False)]
+
+
+class ModelPrice(BaseModel):
+    """One model's prices, in dollars per million tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    input: Price
+    output: Price
+
+
+class Prices(BaseModel):
+    """The user's price table: ``models`` by name, and ``batch``, the factor the batch
+    endpoint's prices are of the live ones (0.5: half price); None when not given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    models: dict[str, ModelPrice]
+    batch: Annotated[Decimal, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+
+    @classmethod
+    def of(cls, value: object) -> Prices:
+        """The table from a ``Prices``, a mapping of its fields, or the path of a JSON file
+        of them; a ValueError in one line otherwise."""
+        if isinstance(value, Prices):
+            return value
+        if isinstance(value, str | Path):
+            try:
+                value = json.loads(Path(value).read_text("utf-8"), parse_float=Decimal)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"cannot read {str(value)!r}: {exc}") from None
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            raise ValueError(f"{where}: {problem['msg']}") from None
+
+    def per_million(self, model: object, *, batch: bool) -> tuple[Fraction, Fraction]:
+        """The input and output prices of ``model``, in pico-dollars a million tokens, at the
+        batch factor when ``batch``; Unpriced when the table cannot say."""
+        price = self.models.get(model) if isinstance(model, str) else None
+        if price is None:
+            raise Unpriced(f"no price for model {model!r} in the price table")
+        if batch and self.batch is None:
+            raise Unpriced("the price table gives no batch factor")
+        factor = Fraction(self.batch) if batch and self.batch is not None else Fraction(1)
+        return Fraction(price.input) * PICO * factor, Fraction(price.output) * PICO * factor
+
+
+class Unpriced(InvalidItem):
+    """A request whose worst case cannot be priced: it is never sent under a cap."""
+
+    kind = "cost"
+
+
+def dollars(value: object) -> int:
+    """A cap in dollars as whole pico-dollars, rounded down; a ValueError unless a finite
+    amount of at least 0."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, Decimal | float | int | str):
+            raise InvalidOperation
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"max_cost must be an amount of dollars, got {value!r}") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"max_cost must be an amount of dollars of at least 0, got {value!r}")
+    return math.floor(amount * PICO)
+
+
+def charge(tokens: int, per_million: Fraction) -> int:
+    """``tokens`` at ``per_million`` pico-dollars a million, rounded up."""
+    return math.ceil(tokens * per_million / _PER)
+
+
+# What an answer that came with an error status used: nothing (providers bill no failure).
+NOTHING: Usage = (0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """One request under a cap: the most one attempt of it can cost (``worst``), and its
+    model's input and output prices, in pico-dollars a million tokens."""
+
+    worst: int
+    input: Fraction
+    output: Fraction
+
+    def spent(self, usage: Usage | None) -> int:
+        """What an attempt cost by its answer's ``usage``: the worst case when it says none; a
+        usage that gives only a total at the dearer of the two prices."""
+        if usage is None:
+            return self.worst
+        inputs, outputs, total = usage
+        if inputs is None and outputs is None:
+            return charge(total or 0, max(self.input, self.output))
+        return charge(inputs or 0, self.input) + charge(outputs or 0, self.output)
+
+
+def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
+    """The request ``body`` (a JSON mapping as sent) priced by ``prices``, its worst case as
+    the module says; Unpriced when it has no bound or no price."""
+    if not isinstance(body, Mapping):
+        raise Unpriced("only a JSON request body can be priced")
+    input_price, output_price = prices.per_million(body.get("model"), batch=batch)
+    allowance = completion_allowance(body)
+    if allowance is None:
+        raise Unpriced("no max_tokens: its output has no bound to reserve")
+    if _unbounded(body, 0):
+        raise Unpriced("images, audio and files have no bound a body's size gives")
+    messages = body.get("messages")
+    framing = _MESSAGE_OVERHEAD * len(messages) if isinstance(messages, list) else 0
+    sent = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    inputs = len(sent) + framing + _REPLY_PRIMING
+    worst = charge(inputs, input_price) + charge(allowance, output_price)
+    return Priced(worst, input_price, output_price)
+
+
+def _unbounded(value: object, depth: int) -> bool:
+    if depth > _DEPTH:
+        return True
+    if isinstance(value, Mapping):
+        if value.get("type") in _UNBOUNDED:
+            return True
+        return any(_unbounded(inner, depth + 1) for inner in value.values())
+    if isinstance(value, list):
+        return any(_unbounded(inner, depth + 1) for inner in value)
+    return False
+
+
+@dataclass(frozen=True)
+class MaxCost(GateOption):
+    """``max_cost``: at most ``cap`` pico-dollars spent and reserved at any moment, over all
+    workers."""
+
+    cap: int
+    prices: Prices
+
+    def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> SpendGate:
+        return SpendGate(Ledger(self.cap))
+
+
+class SpendStore(Protocol):
+    """Where a ledger keeps its reservations beyond the process (the journal's ``spend``)."""
+
+    def total(self) -> int: ...
+    def reserve(self, amount: int) -> int: ...
+    def settle(self, number: int, spent: int) -> None: ...
+
+
+@dataclass
+class Ledger:
+    """What was spent and what is reserved, under ``cap``; with a ``store``, each reservation
+    is stored before it is granted, and what earlier runs spent counts."""
+
+    cap: int
+    spent: int = 0
+    reserved: int = 0
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    store: SpendStore | None = None
+
+    def keep(self, store: SpendStore | None) -> None:
+        """Keep reservations in ``store`` from now on (None: in the process only), and count
+        from what it says was spent (this process's own settled spend among it)."""
+        with self.changed:
+            self.store = store
+            if store is not None:
+                self.spent = store.total()
+
+    def reserve(self, amount: int) -> int | bool | None:
+        """Reserve ``amount``: its number in the store (True without one) when done, None
+        when only what is reserved stands in the way (an answer may free it), False when what
+        was spent already does."""
+        with self.changed:
+            if self.spent + amount > self.cap:
+                return False
+            if self.spent + self.reserved + amount > self.cap:
+                return None
+            number = True if self.store is None else self.store.reserve(amount)
+            self.reserved += amount
+            return number
+
+    def settle(self, number: int | bool, reserved: int, spent: int) -> None:
+        """The reservation ``number`` of ``reserved`` turned into ``spent``."""
+        with self.changed:
+            if self.store is not None and not isinstance(number, bool):
+                self.store.settle(number, spent)
+            self.reserved -= reserved
+            self.spent += spent
+            self.changed.notify_all()
+
+    def wait(self, seconds: float) -> None:
+        with self.changed:
+            self.changed.wait(seconds)
+
+
+class SpendGate:
+    """Holds each attempt until its worst case (``Admission.price``) fits under the cap;
+    ends the item as ``cost`` once what was spent leaves it no room. What the attempt spent
+    is left in ``Admission.spent``."""
+
+    name = "spend"
+    rank = 70
+    recheck = False
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
+        if admission.price is None:
+            return None
+        amount = admission.price.worst
+        while True:
+            number = self.ledger.reserve(amount)
+            if number is not None and number is not False:
+                admission.held[self.name] = (number, amount)
+                return None
+            if number is False:
+                rest = self.ledger.cap - self.ledger.spent
+                admission.why = (
+                    f"its worst case, ${amount / PICO:.6f}, is more than the "
+                    f"${rest / PICO:.6f} of max_cost left"
+                )
+                return "cost"
+            left, limit = admission.allowance.tightest(waiting.now())
+            if left <= 0:
+                return limit
+            if admission.stop.is_set():
+                return "cancelled"
+            self.ledger.wait(min(left, POLL_SECONDS))
+
+    def release(self, admission: Admission, feedback: Feedback) -> None:
+        held = admission.held.pop(self.name, None)
+        if held is not None and admission.price is not None:
+            admission.spent = admission.price.spent(feedback.usage)
+            number, amount = held
+            self.ledger.settle(number, amount, admission.spent)
+
+    def abandon(self, admission: Admission) -> None:
+        held = admission.held.pop(self.name, None)
+        if held is not None:
+            number, amount = held
+            self.ledger.settle(number, amount, 0)
