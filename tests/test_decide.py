@@ -50,7 +50,7 @@ def test_a_route_allowed_fewer_attempts_says_why() -> None:
 
 
 def test_a_post_retried_after_its_429s_does_not_say_it_was_not_retried() -> None:
-    refused = Verdict("retry", "status", "HTTP 429", HttpFacts(429), unprocessed=True)
+    refused = Verdict("retry", "status", "HTTP 429", HttpFacts(429), resendable=True)
     attempted = after(3, max_attempts=1, no_retry_reason="POST is not retried without a key")
     assert decide(refused, attempted, BACKOFF, 0.0, ROOMY).error == "HTTP 429 after 3 attempts"
 

@@ -77,6 +77,8 @@ def test_the_server_never_bills_more_than_the_cap_and_the_run_uses_most_of_it(
     assert [r.index for r in rs] == list(range(200))
     assert {r.error_kind for r in rs if not r.ok} == {"cost"}, rs.summary()
     assert abs(sum(r.cost or 0 for r in rs) - float(spent)) < 1e-9
+    assert rs.summary().spent == pytest.approx(float(spent), abs=1e-9)
+    assert f"spent ${float(spent):.6f}" in str(rs.summary())
     assert all(r.attempts == 0 and r.cost is None for r in rs if not r.ok)
 
 
@@ -104,6 +106,7 @@ def test_a_run_killed_then_resumed_stays_under_the_cap(
     results = read_jsonl(tmp_path / "rows-results.jsonl")
     assert [r["index"] for r in results] == list(range(300))
     assert {r["error_kind"] for r in results if not r["ok"]} == {"cost"}
+    assert "spent $" in resumed.stderr
     counted = Fraction(spent_in(tmp_path / "rows-journal.sqlite3"), PICO)
     assert billed(server, key) <= counted <= Fraction("0.2")
 

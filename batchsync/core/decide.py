@@ -55,7 +55,7 @@ def decide(
     if outcome == "success":
         return Decision(verdict, error=verdict.error or "")
     number = attempted.number
-    limit = attempted.attempts if verdict.unprocessed else attempted.max_attempts
+    limit = attempted.attempts if verdict.resendable else attempted.max_attempts
     if outcome != "retry" or number >= limit:
         return Decision(verdict, error=_final_error(verdict, attempted))
     wait = backoff.wait(number, verdict.retry_after, rand)
@@ -74,7 +74,7 @@ def _final_error(verdict: Verdict, attempted: Attempted) -> str:
     error = verdict.error or ""
     number = attempted.number
     # (a 429 is retried as often as any attempt: the route's own limit did not stop it)
-    limited = attempted.max_attempts < attempted.attempts and not verdict.unprocessed
+    limited = attempted.max_attempts < attempted.attempts and not verdict.resendable
     if verdict.outcome == "retry" and limited and attempted.no_retry_reason:
         return f"{error} after {plural(number)} ({attempted.no_retry_reason})"
     if verdict.outcome == "retry" or number > 1:

@@ -63,6 +63,10 @@ KINDS: dict[ErrorKind, Kind] = {
     # What the spend cap (``max_cost``) could not pay for: sent again by a retry of failures.
     "cost": Kind(False, "ignored", "never", asked=False,
                  stopped="the rest of max_cost cannot pay its worst case"),
+    # An LLM answer cut short or filtered, that the caller asked to have again
+    # (``retry_answers``): paid for, and tried again within the attempts.
+    "truncated": Kind(True, "answer", "outcome"),
+    "filtered": Kind(True, "answer", "outcome"),
     "exception": Kind(False, "answer", "outcome"),
     # A row sent through a provider's batch endpoint that the batch ended without running
     # (its window ran out, it was cancelled) or that it answered with an error of its own.

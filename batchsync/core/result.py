@@ -293,6 +293,7 @@ class Summary:
     waits: dict[str, float] = field(default_factory=dict)
     circuits_opened: int = 0
     latency: dict[str, float] = field(default_factory=dict)
+    spent: float | None = None  # dollars, under a spend cap
 
     @property
     def requests_per_second(self) -> float | None:
@@ -315,6 +316,8 @@ class Summary:
         figures += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
         if self.circuits_opened:
             figures.append(("circuits opened", str(self.circuits_opened)))
+        if self.spent is not None:
+            figures.append(("spent", f"${self.spent:.6f}"))
         return figures
 
     def __str__(self) -> str:
@@ -330,6 +333,8 @@ class Summary:
             parts.append(f"waited: {waits}")
         if self.circuits_opened:
             parts.append(f"{self.circuits_opened} circuit(s) opened")
+        if self.spent is not None:
+            parts.append(f"spent ${self.spent:.6f}")
         return "; ".join(parts)
 
     def _sent(self) -> str:
@@ -357,12 +362,14 @@ class Summary:
 
 # What a summary counts of one Result: ok, error_kind, status_code, attempts, seconds of backoff
 # (as its record keeps them, ``kept``).
-Counted = tuple[bool, ErrorKind | None, int | None, int, float]
+# What a summary counts of a Result: ok, its kind, its status, requests sent, seconds of
+# backoff, and what it spent under a spend cap (None: no cap).
+Counted = tuple[bool, ErrorKind | None, int | None, int, float, float | None]
 
 
 def counted(result: Result) -> Counted:
     backoff = sum(kept(record.wait or 0.0) for record in result.attempt_log)
-    return result.ok, result.error_kind, result.status_code, result.attempts, backoff
+    return result.ok, result.error_kind, result.status_code, result.attempts, backoff, result.cost
 
 
 def summarize(
@@ -382,8 +389,10 @@ def summarize(
     backoff = 0.0
     kinds = Counter[str]()
     codes = Counter[int]()
-    for is_ok, kind, code, attempts, waited in rows:
+    costs: list[float] = []
+    for is_ok, kind, code, attempts, waited, cost in rows:
         total += 1
+        costs += () if cost is None else (cost,)
         ok += bool(is_ok)
         sent += attempts
         timed += attempts > 0
@@ -406,6 +415,7 @@ def summarize(
         waits=all_waits,
         circuits_opened=circuits_opened,
         latency=_percentiles(sorted_times, timed),
+        spent=math.fsum(costs) if costs else None,
     )
 
 

@@ -13,10 +13,12 @@ from typing import Any, Literal
 
 Ruling = Literal["success", "retry", "terminal"]
 
-# By line: what an attempt met, what ended an item before its next one, a callable's own
-# failure, how a batch endpoint ended a row (``kinds.KINDS`` says what each one means).
+# By line: what an attempt met, what an LLM answer said of itself, what ended an item before
+# its next one, a callable's own failure, how a batch endpoint ended a row (``kinds.KINDS``
+# says what each one means).
 ErrorKind = Literal[
     "status", "timeout", "connection", "invalid_body", "invalid_request", "redirect", "tls",
+    "truncated", "filtered",
     "budget", "deadline", "circuit_open", "cancelled", "cost",
     "exception",
     "batch_expired", "batch_cancelled", "batch_errored",
@@ -67,9 +69,10 @@ class Verdict:
     resent: int = 0
     # Bytes of the body read (after decompression): an item's pages are bounded in total.
     size: int = 0
-    # The server said it did not act on the request (a 429): retried as often as any
-    # attempt, even on a route that is not retried for fear of acting twice (a POST).
-    unprocessed: bool = False
+    # It may be sent again whatever its method: the server did not act on it (a 429) or said
+    # to try again, or the caller asked for another answer (``retry_answers``). Retried as
+    # often as any attempt, even on a route not retried for fear of acting twice (a POST).
+    resendable: bool = False
 
     @property
     def ok(self) -> bool:

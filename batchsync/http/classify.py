@@ -77,8 +77,8 @@ def classify_status(
     if word or status_code in retryable or (status_code == 403 and wait is not None):
         # (a 429 or 403 refused the request, nothing was done; or the server says a new try
         # is safe: any method may go again)
-        unprocessed = word is True or status_code in _REFUSED_STATUSES
-        return Verdict("retry", "status", error, facts, retry_after=wait, unprocessed=unprocessed)
+        resendable = word is True or status_code in _REFUSED_STATUSES
+        return Verdict("retry", "status", error, facts, retry_after=wait, resendable=resendable)
     return terminal("status", error, facts)
 
 

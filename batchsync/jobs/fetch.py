@@ -16,7 +16,8 @@ import requests
 from ..core.redact import Secrets, item_secrets
 from ..core.result import Result
 from ..core.task import Route, Task
-from ..core.verdict import Feedback, InvalidItem, Verdict, retry, terminal
+from ..core.verdict import Feedback, InvalidItem, Ruling, Verdict, retry
+from ..http.answers import answer_flaw
 from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth
 from ..http.classify import (
     SHOULD_RETRY,
@@ -77,18 +78,11 @@ class HttpJob:
         if self._auth is not None:
             self._auth.start()
         self._lane_ok = self._auth is None or self._auth.lane
-        # Plain URL items may skip the RequestSpec when nothing needs to be shown one (a
-        # hook, a fallback, a cost).
-        self._lean = (
-            self._lane_ok
-            and self._pager is None
-            and options.on_attempt is None
-            and not options.fallbacks
-            and options.cost is None
-            and options.spend_cap is None
-        )
+        # Plain URL items may skip the RequestSpec when nothing needs to be shown one.
+        self._lean = self._lane_ok and self._pager is None and not options.items_shown
         self._usage = options.usage_reader
         self._cap = options.spend_cap
+        self._answers = options.retry_answers
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
         self._retry_if = options.retry_if
@@ -379,7 +373,9 @@ class HttpJob:
                 return self._judge(request.method, reply, wall_end, landed)
             except (InvalidBody, BodyTooLarge) as exc:
                 facts = HttpFacts(reply.status, landed, reply.redirects)
-                return terminal("invalid_body", str(exc), facts)
+                again = isinstance(exc, InvalidBody) and "invalid" in self._answers
+                ruling: Ruling = "retry" if again else "terminal"
+                return Verdict(ruling, "invalid_body", str(exc), facts, resendable=again)
             except Exception as exc:  # a failure while reading the body keeps the status seen
                 facts = HttpFacts(reply.status, landed, reply.redirects)
                 return replace(classify_http_exception(exc), facts=facts)
@@ -430,7 +426,16 @@ class HttpJob:
         used = None if self._usage is None else used_tokens(self._usage, data)
         usage = None if self._cap is None else usage_parts(data, cached=True)
         facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used, usage)
-        return Verdict("success", facts=facts, data=data, size=len(body))
+        return self._taken(Verdict("success", facts=facts, data=data, size=len(body)))
+
+    def _taken(self, answer: Verdict) -> Verdict:
+        """``answer``, or a retry of it when it is an LLM answer cut short or filtered and
+        ``retry_answers`` asks for another (its facts kept: it was paid for)."""
+        flaw = answer_flaw(answer.data) if self._answers else None
+        if flaw is None or flaw[0] not in self._answers:
+            return answer
+        kind, word = flaw
+        return Verdict("retry", kind, f"answer {kind} ({word})", answer.facts, resendable=True)
 
 
 class WrappedJob:

@@ -9,9 +9,9 @@ the CLI shows; ``Takes`` says what a caller may give when it is more than the fi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..http.retries import parse_statuses
 from ..limits.breaker import Breaker
@@ -114,6 +114,24 @@ def token_rate_text(value: str | None) -> str | None:
     if value is not None:
         parse_rate(value, name="token_rate")
     return value
+
+
+# The answers ``retry_answers`` may name: an LLM answer's flaws, and one failing ``expect``.
+AnswerRetried = Literal["truncated", "filtered", "invalid"]
+_ANSWERS_RETRIED: tuple[AnswerRetried, ...] = ("truncated", "filtered", "invalid")
+
+
+def answers_text(value: object) -> frozenset[AnswerRetried]:
+    """--retry-answers (``"truncated,filtered"``) or ``retry_answers`` (names) as the names;
+    ValueError naming the first that is none of them."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, Iterable):
+        raise ValueError(f"must name answers to retry: {', '.join(_ANSWERS_RETRIED)}")
+    chosen = {str(name).strip() for name in names} - {""}
+    for name in sorted(chosen):
+        if name not in _ANSWERS_RETRIED:
+            raise ValueError(f"{name!r} is not one of {', '.join(_ANSWERS_RETRIED)}")
+    return frozenset(name for name in _ANSWERS_RETRIED if name in chosen)
 
 
 def cost_text(value: str | None) -> str | None:

@@ -35,9 +35,11 @@ from .flags import (
     BREAKER_DEFAULT,
     HONOURED,
     MAX_SETTING_SECONDS,
+    AnswerRetried,
     Flag,
     Honoured,
     Takes,
+    answers_text,
     breaker_text,
     cost_text,
     header_lines,
@@ -603,6 +605,24 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         HONOURED,
     ] = RETRY_STATUSES
     retry_if: Annotated[RetryIf | None, HONOURED] = None
+    # LLM answers tried again rather than taken (``http.answers``): "truncated", "filtered",
+    # "invalid" (failing ``expect``), as text ("truncated,filtered") or names.
+    retry_answers: Annotated[
+        frozenset[AnswerRetried],
+        Takes(str | Collection[AnswerRetried]),
+        Flag(
+            "--retry-answers",
+            metavar="truncated,filtered,invalid",
+            typed_default="",
+            show_default=False,
+            parse=answers_text,
+            help="Try again, within --attempts (and --max-cost), an LLM answer cut short by its "
+            "token limit (finish_reason length, stop_reason max_tokens: truncated), held back by "
+            "the provider's filter (content_filter, a refusal: filtered) or failing --expect "
+            "(invalid), whatever the method; each is paid for, and its usage counted. One "
+            "still so after the last attempt fails with that kind.  [default: none]",
+        ),
+    ] = frozenset()
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
@@ -610,6 +630,13 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
     @property
     def slots(self) -> int | None:
         return self.per_host
+
+    @property
+    def items_shown(self) -> bool:
+        """Whether each item must be a RequestSpec to be shown to a hook, a fallback, a cost or
+        the spend cap's prices."""
+        shown = (self.on_attempt, self.cost, self.spend_cap)
+        return bool(self.fallbacks) or any(option is not None for option in shown)
 
     def secrets(self) -> Secrets:
         """The run's secrets: its headers and declared names, and the Redis URL's password."""
@@ -660,6 +687,11 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         return self
 
     _sendable_headers = field_validator("headers")(staticmethod(sendable_headers))
+
+    @field_validator("retry_answers", mode="before")
+    @classmethod
+    def _answers_named(cls, value: object) -> object:
+        return answers_text(value)
 
     @field_validator("retry_statuses")
     @classmethod

@@ -24,6 +24,7 @@ from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.spend import Prices
 from ..limits.tokenrate import TokenRate
+from .flags import AnswerRetried
 from .options import Expect, Seconds
 
 
@@ -83,6 +84,7 @@ class FetchSettings(FlowSettings, total=False):
     max_bytes: int
     retry_statuses: str | Collection[int]
     retry_if: RetryIf | None
+    retry_answers: str | Collection[AnswerRetried]
     auth: Auth | None
 
 

@@ -304,7 +304,8 @@ class StoredResults:
                 first = min(first, final.finished - fields["elapsed"])
                 last = max(last, final.finished)
             ok, kind, status, attempts = _COUNTED(fields)
-            yield ok, kind, status, attempts, sum(e["wait"] or 0.0 for e in fields["attempt_log"])
+            waited = sum(e["wait"] or 0.0 for e in fields["attempt_log"])
+            yield ok, kind, status, attempts, waited, fields.get("cost")
         self.span = None if first == math.inf else (first, last)
 
     def _final(self, index: int, record: str, request: str | None, finished: Any) -> Final:

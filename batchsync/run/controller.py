@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -141,25 +141,18 @@ class RunController:
         so_far = progress_of(plan.passing, tally, gates)
         before = _timeline(gates)
         journal = None if self.journal is None else self.journal.open(passing, so_far)
-        spend = None
         if journal is not None:
             deliver = journaling(journal, deliver)
-            if gates is not None and gates.capped:
-                spend = SpendRecord(journal.path)
-                gates.keep_spend(spend)
         earlier = left.earlier
         if earlier is not None:
             deliver = adding_to(earlier, deliver)
         try:
-            with tally:
+            with tally, _spend_kept(journal, gates):
                 ran = send(left.sent(items), deliver, gates=gates, progress=tally)
         finally:
             stint = so_far()
             if passing is not None and stints is not None:
                 stints.append(stint)
-            if spend is not None and gates is not None:
-                gates.keep_spend(None)
-                spend.close()
             if journal is not None:
                 journal.close(difference(_timeline(gates), before), stint)
         if isinstance(send, Finishing):  # (every Result it made is journaled by now)
@@ -221,3 +214,18 @@ def journaling(journal: Journal, deliver: Deliver) -> Deliver:
             deliver(result, item)
 
     return store_then_deliver
+
+
+@contextmanager
+def _spend_kept(journal: Journal | None, gates: Gates | None) -> Iterator[None]:
+    """The spend cap's reservations kept in ``journal`` for the block, when the run has both."""
+    if journal is None or gates is None or not gates.capped:
+        yield
+        return
+    record = SpendRecord(journal.path)
+    gates.keep_spend(record)
+    try:
+        yield
+    finally:
+        gates.keep_spend(None)
+        record.close()
