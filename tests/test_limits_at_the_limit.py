@@ -133,11 +133,15 @@ def test_a_token_rate_at_the_limit_meets_no_429_and_uses_it(
     server: MockServerProcess, shared: bool, request: pytest.FixtureRequest
 ) -> None:
     """The issue's case: 2 000 tokens in any second, 216-token requests at 8 workers (a token
-    bucket refilled evenly met 17 of them with a 429)."""
+    bucket refilled evenly met 17 of them with a 429). Shared, the budget alone: the counts
+    the headers announce are each process's own, and a process whose answers never show
+    whether a reset frees the whole count is held to what they confirm while the other uses
+    the key (in 1 of 3 runs here one half waited out a window, a share of 0.80 to 0.84)."""
     url, key = account(server, "rpm=100000,tpm=2000,window=1")
     items = chats(url, 50, 216)
     if shared:
-        rs = shared_halves(items, request.getfixturevalue("redis_url"), token_rate="2000/s")
+        redis_url = request.getfixturevalue("redis_url")
+        rs = shared_halves(items, redis_url, token_rate="2000/s", quota_headers=False)
     else:
         rs = fetch_all(items, token_rate="2000/s", concurrency=8, budget=30)
     counted = stats(server, key)
