@@ -10,19 +10,23 @@ import json
 import random
 import re
 import shutil
+import threading
 import urllib.error
+import uuid
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from batchsync import Batch, fetch_all
+from batchsync import Batch, ResultSet, fetch_all
+from batchsync.contrib.redis import RedisLimits
 from batchsync.core.admission import PICO
 from batchsync.store.journal import JournalUnusable
 from batchsync.store.journal.spend import SpendRecord
 
 from .mockserver import MockServerProcess
+from .services import redis_server
 from .test_cli import batchsync as run_cli
 from .test_cli import read_jsonl
 from .test_durability import start_cli, wait_until
@@ -152,6 +156,48 @@ def test_a_tampered_spend_table_never_counts_less_than_was_spent(
     assert checked > 20
 
 
+def test_processes_sharing_redis_share_one_cap(server: MockServerProcess) -> None:
+    """Two clients at once, each half the items, their ledger kept by Redis: the server bills
+    no more than the one cap, and most of it."""
+    base, key = prefix(server, "rpm=1000000,tpm=100000000")
+    items = chats(f"{base}/v1/chat/completions", random.Random(3), 200)
+    quota = f"spend-{uuid.uuid4().hex[:8]}"
+    with redis_server() as url:
+        halves = [items[::2], items[1::2]]
+        done: list[ResultSet] = []
+        workers = [
+            threading.Thread(target=lambda half=half: done.append(fetch_all(
+                half, concurrency=16, limits=url, namespace=quota, max_cost="0.15",
+                prices=PRICES)))
+            for half in halves
+        ]  # fmt: skip
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        spent = billed(server, key)
+        assert Fraction("0.135") <= spent <= Fraction("0.15"), float(spent)
+        assert abs(sum(r.cost or 0 for rs in done for r in rs) - float(spent)) < 1e-9
+
+
+def test_a_reservation_of_a_process_that_died_counts_as_spent() -> None:
+    """A reservation older than any attempt can last was made by a process that died before
+    it could settle it: the ledger counts it spent, at its worst case, for good."""
+    with redis_server() as url:
+        limits = RedisLimits(url, namespace=f"dead-{uuid.uuid4().hex[:8]}")
+        ledger = limits.ledger(10 * PICO)
+        mark = ledger.reserve(4 * PICO)
+        assert mark
+        held = limits.key("spend", "held")
+        (name,) = limits.redis.hkeys(held)
+        limits.redis.hset(held, name, f"{4 * PICO // 1000} 1.5")  # (made long ago)
+        assert ledger.reserve(7 * PICO) is False  # (the 4 are spent: 7 never fits)
+        assert ledger.spent == 4 * PICO
+        ledger.settle(mark, 4 * PICO, 1 * PICO)  # (its process, back after all: too late)
+        assert ledger.spent == 4 * PICO
+        assert ledger.reserve(6 * PICO)
+
+
 def test_a_cap_that_cannot_be_kept_whole_is_refused_in_one_line(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
@@ -159,8 +205,6 @@ def test_a_cap_that_cannot_be_kept_whole_is_refused_in_one_line(
     item = [{"url": f"{base}/v1/chat/completions", "method": "POST", "json": {}}]
     for options, said in [
         ({"max_cost": "1"}, "max_cost (--max-cost) and prices (--prices) go together"),
-        ({"max_cost": "1", "prices": PRICES, "limits": "redis://127.0.0.1:1"},
-         "max_cost (--max-cost) is kept by one process"),
         ({"max_cost": "-1", "prices": PRICES}, "max_cost must be an amount of dollars"),
         ({"max_cost": "1", "prices": {"models": {"m": {"input": "x", "output": 1}}}},
          "prices: models.m.input: "),

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from ..core.redact import Secrets
 from ..limits.rates import Window
-from ..limits.shared import BreakerSettings, BreakerState, LimitsUnavailable
+from ..limits.shared import BreakerSettings, BreakerState, LimitsUnavailable, SpendStore
 from ..limits.window import INFINITE
 
 # The longest an attempt is taken to run, for forgetting the entries of a process that died.
@@ -198,6 +198,38 @@ return 0
 
 # A breaker's keys outlive a day without attempts at most.
 _BREAKER_KEEP_SECONDS = 86400
+# The spend cap's ledger (see ``limits.spend``): KEYS[1] what was spent, KEYS[2] the
+# reservations (id -> "amount when"), in nano-dollars (the cap rounded down, every amount
+# up: exact in a Lua number up to some nine million dollars). A reservation older than any
+# attempt can last (ARGV[4]) was its process's that died: it is counted spent. The keys live
+# a week past the last reservation. Returns 1 when reserved, 0 when only what is reserved
+# stands in the way, -1 when what was spent does.
+SPEND_RESERVE = _timed_keeping("""
+local spent, reserved = tonumber(redis.call('GET', KEYS[1]) or '0'), 0
+local held = redis.call('HGETALL', KEYS[2])
+for i = 1, #held, 2 do
+  local amount, since = string.match(held[i + 1], '(%d+) ([%d.]+)')
+  if now - tonumber(since) > tonumber(ARGV[4]) then
+    redis.call('HDEL', KEYS[2], held[i])
+    spent = redis.call('INCRBY', KEYS[1], amount)
+  else
+    reserved = reserved + tonumber(amount)
+  end
+end
+local amount, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+if spent + amount > cap then return -1 end
+if spent + reserved + amount > cap then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[1] .. ' ' .. now)
+redis.call('SETNX', KEYS[1], 0)
+keep(604800)
+return 1
+""")
+# A reservation (ARGV[1]) turned into what it spent (ARGV[2]), unless counted spent already.
+SPEND_SETTLE = """
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
+return redis.call('GET', KEYS[1]) or '0'
+"""
+_NANO = 1000  # pico-dollars a nano-dollar
 
 
 def _client_for(url: str) -> tuple[Any, tuple[type[BaseException], ...]]:
@@ -254,6 +286,57 @@ class RedisLimits:
 
     def breaker(self, settings: BreakerSettings) -> RedisBreaker:
         return RedisBreaker(self, settings)
+
+    def ledger(self, cap: int) -> RedisLedger:
+        return RedisLedger(self, cap)
+
+
+class RedisLedger:
+    """The spend cap's ledger (see limits.shared.SpendLedger) shared by every process of the
+    namespace: what any of them spent and reserved counts for all, on the server for as long
+    as it keeps its data. A process's journal keeps its own reservations too, as a record."""
+
+    poll = 0.02
+
+    def __init__(self, limits: RedisLimits, cap: int) -> None:
+        self._limits = limits
+        self.cap = cap
+        self._keys = [limits.key("spend", "spent"), limits.key("spend", "held")]
+        self._reserve = limits.script(SPEND_RESERVE)
+        self._settle = limits.script(SPEND_SETTLE)
+        self._spent = 0
+        self._store: SpendStore | None = None
+
+    @property
+    def spent(self) -> int:
+        """What was spent, as the server last said (pico-dollars)."""
+        return self._spent
+
+    def reserve(self, amount: int) -> object | bool | None:
+        mark = uuid.uuid4().hex
+        args = [-(-amount // _NANO), self.cap // _NANO, mark, _LONGEST_ATTEMPT]
+        done = int(self._limits.guarded(lambda: self._reserve(keys=self._keys, args=args)))
+        if done == -1:
+            spent = self._limits.guarded(lambda: self._limits.redis.get(self._keys[0]))
+            self._spent = int(spent or 0) * _NANO
+        if done != 1:
+            return None if done == 0 else False
+        return mark, None if self._store is None else self._store.reserve(amount)
+
+    def settle(self, mark: object, reserved: int, spent: int) -> None:
+        assert isinstance(mark, tuple)
+        shared, kept = mark
+        args = [shared, -(-spent // _NANO)]
+        total = self._limits.guarded(lambda: self._settle(keys=self._keys, args=args))
+        self._spent = int(total) * _NANO
+        if kept is not None and self._store is not None:
+            self._store.settle(kept, spent)
+
+    def wait(self, seconds: float) -> None:
+        threading.Event().wait(min(seconds, self.poll))
+
+    def keep(self, store: SpendStore | None) -> None:
+        self._store = store
 
 
 class RedisWindow:

@@ -657,15 +657,6 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         return self
 
     @model_validator(mode="after")
-    def _spend_kept_here(self) -> FetchOptions:
-        if self.max_cost is not None and self.limits is not None:
-            raise ValueError(
-                "max_cost (--max-cost) is kept by one process: it cannot apply with limits "
-                "(--redis)"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
             given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]

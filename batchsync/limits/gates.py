@@ -17,8 +17,8 @@ from ..core.clock import SYSTEM, Clock, clock_of
 from ..core.verdict import ErrorKind, Feedback
 from .breaker import BreakerGate
 from .gate import Gate, Waiting, WaitStats
-from .shared import LimitsUnavailable
-from .spend import SpendGate, SpendStore
+from .shared import LimitsUnavailable, SpendStore
+from .spend import SpendGate
 
 # (Admission, Refusal and WaitStats are the gates' own, named here too for their callers)
 __all__ = ["Admission", "Gates", "Refusal", "WaitStats"]

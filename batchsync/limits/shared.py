@@ -36,6 +36,38 @@ class SharedLimits(Protocol):
 
     def breaker(self, settings: BreakerSettings) -> BreakerBackend: ...
 
+    def ledger(self, cap: int) -> SpendLedger: ...
+
+
+class SpendLedger(Protocol):
+    """What was spent and is reserved under a spend cap (``spend.Ledger``), in pico-dollars."""
+
+    cap: int
+
+    @property
+    def spent(self) -> int: ...
+
+    def reserve(self, amount: int) -> object | bool | None:
+        """Reserve ``amount``: its mark when done, None while only what is reserved stands in
+        the way, False once what was spent does."""
+
+    def settle(self, mark: object, reserved: int, spent: int) -> None:
+        """The reservation ``mark`` of ``reserved`` turned into ``spent``."""
+
+    def wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for a reservation to be settled."""
+
+    def keep(self, store: SpendStore | None) -> None:
+        """Keep reservations in ``store`` too (a journal's; None: no more)."""
+
+
+class SpendStore(Protocol):
+    """Where a ledger keeps its reservations beyond the process (the journal's ``spend``)."""
+
+    def total(self) -> int: ...
+    def reserve(self, amount: int) -> int: ...
+    def settle(self, number: int, spent: int) -> None: ...
+
 
 class WindowLimiter(Protocol):
     """Where a window's log is kept: in this process, or shared (``contrib.redis``)."""

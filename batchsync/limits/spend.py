@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,7 +31,7 @@ from ..core.admission import PICO, Admission
 from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback, InvalidItem, Usage
 from .gate import POLL_SECONDS, GateOption, Waiting
-from .shared import SharedLimits
+from .shared import SharedLimits, SpendLedger, SpendStore
 from .tokens import completion_allowance
 
 _PER = 10**6  # prices are per million tokens
@@ -179,15 +179,7 @@ class MaxCost(GateOption):
     prices: Prices
 
     def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> SpendGate:
-        return SpendGate(Ledger(self.cap))
-
-
-class SpendStore(Protocol):
-    """Where a ledger keeps its reservations beyond the process (the journal's ``spend``)."""
-
-    def total(self) -> int: ...
-    def reserve(self, amount: int) -> int: ...
-    def settle(self, number: int, spent: int) -> None: ...
+        return SpendGate(Ledger(self.cap) if shared is None else shared.ledger(self.cap))
 
 
 @dataclass
@@ -209,7 +201,7 @@ class Ledger:
             if store is not None:
                 self.spent = store.total()
 
-    def reserve(self, amount: int) -> int | bool | None:
+    def reserve(self, amount: int) -> object | bool | None:
         """Reserve ``amount``: its number in the store (True without one) when done, None
         when only what is reserved stands in the way (an answer may free it), False when what
         was spent already does."""
@@ -222,11 +214,11 @@ class Ledger:
             self.reserved += amount
             return number
 
-    def settle(self, number: int | bool, reserved: int, spent: int) -> None:
-        """The reservation ``number`` of ``reserved`` turned into ``spent``."""
+    def settle(self, mark: object, reserved: int, spent: int) -> None:
+        """The reservation ``mark`` of ``reserved`` turned into ``spent``."""
         with self.changed:
-            if self.store is not None and not isinstance(number, bool):
-                self.store.settle(number, spent)
+            if self.store is not None and isinstance(mark, int) and not isinstance(mark, bool):
+                self.store.settle(mark, spent)
             self.reserved -= reserved
             self.spent += spent
             self.changed.notify_all()
@@ -245,7 +237,7 @@ class SpendGate:
     rank = 70
     recheck = False
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: SpendLedger) -> None:
         self.ledger = ledger
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
