@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+import batchsync
 from batchsync import fetch_all
 from batchsync.http.answers import answer_flaw
 
@@ -114,3 +115,27 @@ def test_a_name_that_is_no_answer_to_retry_is_refused_in_one_line(tmp_path: Any)
     assert refused.returncode == 2, refused.stderr
     assert "'cut' is not one of truncated, filtered, invalid" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+class Completion(BaseModel):
+    """An SDK's completion, as the function of ``run_all`` returns it."""
+
+    choices: list[dict[str, Any]]
+
+
+def test_run_all_tries_again_what_a_function_returns_cut_short() -> None:
+    """A mapping or an SDK's object (read through ``model_dump``): the flaw named is retried,
+    by the same rule as an HTTP answer; one not named is taken."""
+    calls: list[int] = []
+
+    def complete(n: int) -> object:
+        calls.append(n)
+        choice = {"finish_reason": "length" if n < 2 else "stop"}
+        return Completion(choices=[choice]) if n == 0 else {"choices": [choice]}
+
+    rs = batchsync.run_all(complete, [0, 1, 2], attempts=3, retry_answers="truncated")
+    assert [r.error_kind for r in rs] == ["truncated", "truncated", None]
+    assert sorted(calls) == [0, 0, 0, 1, 1, 1, 2]
+    assert rs[0].error == "answer truncated (finish_reason length) after 3 attempts"
+    taken = batchsync.run_all(complete, [0, 1], attempts=3, retry_answers="filtered")
+    assert all(r.ok and r.attempts == 1 for r in taken)

@@ -6,8 +6,10 @@ a Responses API answer (``incomplete_details.reason``) and Anthropic's messages
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Literal
+
+from ..core.verdict import Verdict
 
 Flaw = Literal["truncated", "filtered"]
 # What each provider's word for how an answer ended means.
@@ -46,3 +48,21 @@ def _endings(data: Mapping[str, object]) -> Iterator[tuple[str, object]]:
             message = choice.get("message")
             if isinstance(message, Mapping) and message.get("refusal"):
                 yield "message", "refusal"
+
+
+def taken(answer: Verdict, retried: Collection[str]) -> Verdict:
+    """``answer``, or a retry of it (by any method: the caller asked for another answer)
+    when its data (a JSON body, or an SDK's object) is cut short or filtered and ``retried``
+    names that flaw; its facts kept, as it was paid for."""
+    data = answer.data
+    dump = getattr(data, "model_dump", None)
+    if not isinstance(data, Mapping) and callable(dump):
+        try:
+            data = dump()
+        except Exception:  # an SDK object that cannot say: taken as it is
+            return answer
+    flaw = answer_flaw(data)
+    if flaw is None or flaw[0] not in retried:
+        return answer
+    kind, word = flaw
+    return Verdict("retry", kind, f"answer {kind} ({word})", answer.facts, resendable=True)

@@ -13,6 +13,7 @@ from ..core.redact import Secrets
 from ..core.result import Result
 from ..core.task import Route, Task
 from ..core.verdict import InvalidItem, Verdict, success, terminal
+from ..http.answers import taken
 from ..http.classify import classify_raised, describe, headers_of, host_feedback
 from ..http.httpfacts import facts_of
 from ..http.quota import answer_limits
@@ -91,7 +92,8 @@ class CallJob:
             verdict = replace(verdict, error=self._masked(verdict.error or ""))
             return self._told(verdict, exc, None)
         used = None if self._usage is None else used_tokens(self._usage, returned)
-        return self._told(success(returned), returned, used)
+        answer = self._told(success(returned), returned, used)
+        return taken(answer, self.options.retry_answers) if self.options.retry_answers else answer
 
     def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
         """``verdict`` with what an SDK's ``answer`` (a raw response, or an exception with one)

@@ -17,7 +17,7 @@ from ..core.redact import Secrets, item_secrets
 from ..core.result import Result
 from ..core.task import Route, Task
 from ..core.verdict import Feedback, InvalidItem, Ruling, Verdict, retry
-from ..http.answers import answer_flaw
+from ..http.answers import taken
 from ..http.auth import AuthFailed, RefreshWaitTimedOut, RunAuth
 from ..http.classify import (
     SHOULD_RETRY,
@@ -426,16 +426,8 @@ class HttpJob:
         used = None if self._usage is None else used_tokens(self._usage, data)
         usage = None if self._cap is None else usage_parts(data, cached=True)
         facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used, usage)
-        return self._taken(Verdict("success", facts=facts, data=data, size=len(body)))
-
-    def _taken(self, answer: Verdict) -> Verdict:
-        """``answer``, or a retry of it when it is an LLM answer cut short or filtered and
-        ``retry_answers`` asks for another (its facts kept: it was paid for)."""
-        flaw = answer_flaw(answer.data) if self._answers else None
-        if flaw is None or flaw[0] not in self._answers:
-            return answer
-        kind, word = flaw
-        return Verdict("retry", kind, f"answer {kind} ({word})", answer.facts, resendable=True)
+        answer = Verdict("success", facts=facts, data=data, size=len(body))
+        return taken(answer, self._answers) if self._answers else answer
 
 
 class WrappedJob:

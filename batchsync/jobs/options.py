@@ -151,6 +151,24 @@ class FlowOptions(EngineOptions):
     ] = None
     cost: Callable[[Any], int] | None = None
     usage: Callable[[Any], int | None] | None = None
+    # LLM answers tried again rather than taken (``http.answers``): "truncated", "filtered",
+    # "invalid" (failing ``expect``), as text ("truncated,filtered") or names.
+    retry_answers: Annotated[
+        frozenset[AnswerRetried],
+        Takes(str | Collection[AnswerRetried]),
+        Flag(
+            "--retry-answers",
+            metavar="truncated,filtered,invalid",
+            typed_default="",
+            show_default=False,
+            parse=answers_text,
+            help="Try again, within --attempts (and --max-cost), an LLM answer cut short by its "
+            "token limit (finish_reason length, stop_reason max_tokens: truncated), held back by "
+            "the provider's filter (content_filter, a refusal: filtered) or failing --expect "
+            "(invalid), whatever the method; each is paid for, and its usage counted. One "
+            "still so after the last attempt fails with that kind.  [default: none]",
+        ),
+    ] = frozenset()
     # Seconds (or "p95") after which a slow attempt gets a second, racing one (HTTP: GETs
     # only; calls: only what may safely run twice).
     hedge_after: Annotated[
@@ -245,6 +263,11 @@ class FlowOptions(EngineOptions):
         return Hedger(HedgeDelay(self.hedge_after), workers=2 * self.concurrency, gates=gates)
 
     _rate_readable = field_validator("rate")(staticmethod(rate_text))  # (as --rate reads it)
+
+    @field_validator("retry_answers", mode="before")
+    @classmethod
+    def _answers_named(cls, value: object) -> object:
+        return answers_text(value)
 
     @field_validator("token_rate", mode="before")
     @classmethod
@@ -605,24 +628,6 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         HONOURED,
     ] = RETRY_STATUSES
     retry_if: Annotated[RetryIf | None, HONOURED] = None
-    # LLM answers tried again rather than taken (``http.answers``): "truncated", "filtered",
-    # "invalid" (failing ``expect``), as text ("truncated,filtered") or names.
-    retry_answers: Annotated[
-        frozenset[AnswerRetried],
-        Takes(str | Collection[AnswerRetried]),
-        Flag(
-            "--retry-answers",
-            metavar="truncated,filtered,invalid",
-            typed_default="",
-            show_default=False,
-            parse=answers_text,
-            help="Try again, within --attempts (and --max-cost), an LLM answer cut short by its "
-            "token limit (finish_reason length, stop_reason max_tokens: truncated), held back by "
-            "the provider's filter (content_filter, a refusal: filtered) or failing --expect "
-            "(invalid), whatever the method; each is paid for, and its usage counted. One "
-            "still so after the last attempt fails with that kind.  [default: none]",
-        ),
-    ] = frozenset()
     # Tokens that expire (see auth.py): a callable returning the token's headers, called again
     # for each refresh after a 401, or a requests AuthBase applied to each request.
     auth: Annotated[Any, Takes(Auth | None)] = None
@@ -678,11 +683,6 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         return self
 
     _sendable_headers = field_validator("headers")(staticmethod(sendable_headers))
-
-    @field_validator("retry_answers", mode="before")
-    @classmethod
-    def _answers_named(cls, value: object) -> object:
-        return answers_text(value)
 
     @field_validator("retry_statuses")
     @classmethod

@@ -42,6 +42,7 @@ class FlowSettings(TypedDict, total=False):
     token_rate: TokenRate | float | str | None
     cost: Callable[[Any], int] | None
     usage: Callable[[Any], int | None] | None
+    retry_answers: str | Collection[AnswerRetried]
     hedge_after: Seconds | Literal["p95"] | None
     cooldown: CooldownScope
     breaker: Breaker | None
@@ -84,7 +85,6 @@ class FetchSettings(FlowSettings, total=False):
     max_bytes: int
     retry_statuses: str | Collection[int]
     retry_if: RetryIf | None
-    retry_answers: str | Collection[AnswerRetried]
     auth: Auth | None
 
 
