@@ -54,6 +54,8 @@ def taken(answer: Verdict, retried: Collection[str]) -> Verdict:
     """``answer``, or a retry of it (by any method: the caller asked for another answer)
     when its data (a JSON body, or an SDK's object) is cut short or filtered and ``retried``
     names that flaw; its facts kept, as it was paid for."""
+    if not retried:
+        return answer
     data = answer.data
     dump = getattr(data, "model_dump", None)
     if not isinstance(data, Mapping) and callable(dump):

@@ -92,8 +92,7 @@ class CallJob:
             verdict = replace(verdict, error=self._masked(verdict.error or ""))
             return self._told(verdict, exc, None)
         used = None if self._usage is None else used_tokens(self._usage, returned)
-        answer = self._told(success(returned), returned, used)
-        return taken(answer, self.options.retry_answers) if self.options.retry_answers else answer
+        return taken(self._told(success(returned), returned, used), self.options.retry_answers)
 
     def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
         """``verdict`` with what an SDK's ``answer`` (a raw response, or an exception with one)

@@ -426,8 +426,7 @@ class HttpJob:
         used = None if self._usage is None else used_tokens(self._usage, data)
         usage = None if self._cap is None else usage_parts(data, cached=True)
         facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used, usage)
-        answer = Verdict("success", facts=facts, data=data, size=len(body))
-        return taken(answer, self._answers) if self._answers else answer
+        return taken(Verdict("success", facts=facts, data=data, size=len(body)), self._answers)
 
 
 class WrappedJob:
