@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from batchsync.core.admission import PICO
-from batchsync.limits.spend import Ledger, Prices, Unpriced, charge, dollars, priced
+from batchsync.core.admission import PICO, Admission
+from batchsync.core.budget import Allowance
+from batchsync.core.clock import SYSTEM
+from batchsync.limits.gate import Waiting
+from batchsync.limits.spend import Ledger, Prices, SpendGate, Unpriced, charge, dollars, priced
 from batchsync.limits.tokens import usage_parts
 
 
@@ -233,3 +236,21 @@ def test_many_workers_never_take_the_ledger_over_its_cap() -> None:
     assert not seen_over
     assert cap - 1000 < ledger.spent <= cap
     assert ledger.reserved == 0
+
+
+def test_an_attempt_given_back_unsent_spent_nothing_and_one_sent_its_worst_case() -> None:
+    """The engine gives back an attempt that was never sent (a later gate refused it) and one
+    whose answer the limits could not read: the first spent nothing, the second may have
+    been billed."""
+    ledger = Ledger(100 * PICO)
+    gate = SpendGate(ledger)
+    waiting = Waiting(SYSTEM)
+    price = priced(chat("x", max_tokens=5), PRICES)
+    for sent, spent in ((None, 0), (12.5, price.worst)):
+        admission = Admission("h", Allowance(SYSTEM.now() + 5), threading.Event(), price=price)
+        assert gate.admit(admission, waiting) is None
+        admission.sent = sent
+        before = ledger.spent
+        gate.abandon(admission)
+        assert ledger.spent - before == spent
+        assert ledger.reserved == 0

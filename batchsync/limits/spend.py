@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..core.admission import PICO, Admission
 from ..core.clock import Clock
 from ..core.verdict import ErrorKind, Feedback, InvalidItem, Usage
-from .gate import POLL_SECONDS, GateOption, Waiting
+from .gate import GateOption, Waiting
 from .shared import SharedLimits, SpendLedger, SpendStore
 from .tokens import completion_allowance
 
@@ -244,24 +245,26 @@ class SpendGate:
         if admission.price is None:
             return None
         amount = admission.price.worst
-        while True:
-            number = self.ledger.reserve(amount)
-            if number is not None and number is not False:
-                admission.held[self.name] = (number, amount)
-                return None
-            if number is False:
-                rest = self.ledger.cap - self.ledger.spent
-                admission.why = (
-                    f"its worst case, ${amount / PICO:.6f}, is more than the "
-                    f"${rest / PICO:.6f} of max_cost left"
-                )
-                return "cost"
-            left, limit = admission.allowance.tightest(waiting.now())
-            if left <= 0:
-                return limit
-            if admission.stop.is_set():
-                return "cancelled"
-            self.ledger.wait(min(left, POLL_SECONDS))
+        mark, refusal = waiting.poll(self.name, partial(self._reserved, amount), admission)
+        if mark is None:
+            return refusal
+        if mark is False:
+            rest = self.ledger.cap - self.ledger.spent
+            admission.why = (
+                f"its worst case, ${amount / PICO:.6f}, is more than the "
+                f"${rest / PICO:.6f} of max_cost left"
+            )
+            return "cost"
+        admission.held[self.name] = (mark, amount)
+        return None
+
+    def _reserved(self, amount: int, timeout: float) -> object | None:
+        """The ledger's mark of ``amount`` reserved, False when it never can be, None (after
+        waiting up to ``timeout`` for an answer) while what is reserved stands in the way."""
+        mark = self.ledger.reserve(amount)
+        if mark is None:
+            self.ledger.wait(timeout)
+        return mark
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         held = admission.held.pop(self.name, None)
@@ -271,7 +274,9 @@ class SpendGate:
             self.ledger.settle(number, amount, admission.spent)
 
     def abandon(self, admission: Admission) -> None:
+        """An attempt never sent spent nothing; one sent whose answer could not be read, its
+        worst case."""
         held = admission.held.pop(self.name, None)
         if held is not None:
             number, amount = held
-            self.ledger.settle(number, amount, 0)
+            self.ledger.settle(number, amount, 0 if admission.sent is None else amount)
