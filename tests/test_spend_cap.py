@@ -81,8 +81,9 @@ def test_the_server_never_bills_more_than_the_cap_and_the_run_uses_most_of_it(
     assert [r.index for r in rs] == list(range(200))
     assert {r.error_kind for r in rs if not r.ok} == {"cost"}, rs.summary()
     assert abs(sum(r.cost or 0 for r in rs) - float(spent)) < 1e-9
-    assert rs.summary().spent == pytest.approx(float(spent), abs=1e-9)
-    assert f"spent ${float(spent):.6f}" in str(rs.summary())
+    summary = rs.summary()
+    assert summary.spent == pytest.approx(float(spent), abs=1e-9)
+    assert f"spent ${summary.spent:.6f}" in str(summary)
     assert all(r.attempts == 0 and r.cost is None for r in rs if not r.ok)
 
 
