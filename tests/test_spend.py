@@ -254,3 +254,13 @@ def test_an_attempt_given_back_unsent_spent_nothing_and_one_sent_its_worst_case(
         gate.abandon(admission)
         assert ledger.spent - before == spent
         assert ledger.reserved == 0
+
+
+def test_a_body_offering_tools_reserves_the_providers_own_prompt_too() -> None:
+    """Tools get a system prompt of the provider's, not in the body's bytes: 1 000 tokens."""
+    bare = chat("x", max_tokens=5)
+    tools = [{"name": "t", "input_schema": {"type": "object"}}]
+    offered, plain = priced({**bare, "tools": tools}, PRICES), priced(bare, PRICES)
+    sent = len(json.dumps({**bare, "tools": tools}, ensure_ascii=False).encode())
+    extra = sent - len(json.dumps(bare, ensure_ascii=False).encode()) + 1000
+    assert offered.worst - plain.worst == pytest.approx(charge(extra, plain.input), abs=1)

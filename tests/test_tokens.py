@@ -128,6 +128,8 @@ FRAMING = 4 + 2  # one message's framing and the reply's priming
         # Legacy completions: a prompt, or several, each with its own completions.
         ({"prompt": "Say this is a test", "max_tokens": 7}, 5 + 7),
         ({"prompt": ["abcd", "efgh"], "max_tokens": 5, "n": 2}, 1 + 1 + 5 * 2 * 2),
+        # best_of completions are made (and billed) for each prompt, n of them returned.
+        ({"prompt": "abcd", "max_tokens": 5, "n": 2, "best_of": 4}, 1 + 5 * 4),
         ({"prompt": [1, 2, 3], "max_tokens": 5}, 3 + 5),  # one prompt as a token array
         ({"prompt": [[1, 2], [3]], "max_tokens": 5}, 3 + 5 * 2),
         ({"prompt": [], "max_tokens": 5}, 5),

@@ -2,8 +2,9 @@
 
 Before an attempt is sent, its worst case is reserved: every byte of its body as sent counted
 as an input token (a byte-level tokenizer never makes more tokens than bytes), plus four a
-message and two for the reply, at the model's input price, and its completion allowance
-(``max_tokens`` times ``n``) at the output price. The answer's ``usage`` then replaces the
+message, two for the reply and a thousand for the system prompt a provider adds to a body
+that offers tools, at the model's input price, and its completion allowance (``max_tokens``
+times ``n``, or ``best_of``) at the output price. The answer's ``usage`` then replaces the
 reservation; an answer that says none, or no answer at all, is charged the worst case. No
 attempt is let through while what was spent, what is reserved and its own worst case would
 go over the cap, so the cap holds whatever is in flight. Amounts are whole pico-dollars, so
@@ -37,6 +38,9 @@ from .tokens import completion_allowance
 
 _PER = 10**6  # prices are per million tokens
 _MESSAGE_OVERHEAD, _REPLY_PRIMING = 4, 2
+# A body that offers tools gets a system prompt the provider adds of its own, whose tokens
+# its bytes do not hold (Anthropic documents a few hundred): this many are reserved for it.
+_TOOLS, _TOOL_PROMPT = ("tools", "functions"), 1000
 # Parts whose tokens a body's bytes do not bound (an image's URL is short, its tokens many).
 _UNBOUNDED = frozenset(
     {"image", "image_url", "input_image", "audio", "input_audio", "file", "input_file", "document"}
@@ -154,7 +158,8 @@ def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
     messages = body.get("messages")
     framing = _MESSAGE_OVERHEAD * len(messages) if isinstance(messages, list) else 0
     sent = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    inputs = len(sent) + framing + _REPLY_PRIMING
+    offered = _TOOL_PROMPT if any(body.get(key) for key in _TOOLS) else 0
+    inputs = len(sent) + framing + _REPLY_PRIMING + offered
     worst = charge(inputs, input_price) + charge(allowance, output_price)
     return Priced(worst, input_price, output_price)
 

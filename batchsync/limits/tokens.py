@@ -115,11 +115,12 @@ def _prompt_count(prompt: str | list[object]) -> int:
 
 
 def _allowance(body: Mapping[object, object]) -> int | None:
-    """The completion tokens the body allows for a prompt: its limit times ``n``, each factor
-    taken at most ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget
-    holds, and is that much, not nothing); None when it sets no limit."""
-    n = body.get("n", 1)
-    choices = min(n, MAX_COUNT) if _whole(n) and n > 0 else 1
+    """The completion tokens the body allows for a prompt: its limit times ``n`` (or
+    ``best_of``, the completions made and billed, when more), each factor taken at most
+    ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget holds, and is that
+    much, not nothing); None when it sets no limit."""
+    made = [body.get("n"), body.get("best_of")]
+    choices = max((min(c, MAX_COUNT) for c in made if _whole(c) and c > 0), default=1)
     for key in _ALLOWANCES:
         limit = body.get(key)
         if _whole(limit):
