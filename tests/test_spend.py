@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 from decimal import Decimal
 from fractions import Fraction
@@ -116,13 +117,27 @@ def test_a_worst_case_bounds_any_tokenizer_that_makes_a_token_of_a_byte_at_least
                 [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/a.png"}}],
                 max_tokens=5,
             ),
-            "images, audio and files",
+            "images, audio, video, files",
         ),
         ("not a body", "only a JSON request body"),
+        *(
+            (chat("x", max_tokens=5, **more), "images, audio, video, files")
+            for more in (
+                {"previous_response_id": "resp_1"},
+                {"prompt": {"id": "pmpt_1"}},
+                {"conversation": "conv_1"},
+                {"cached_content": "cachedContents/1"},
+                {"modalities": ["text", "audio"]},
+                {"tools": [{"type": "web_search"}]},
+                {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]},
+                {"messages": [{"role": "user", "content": [{"image_url": {"url": "x"}}]}]},
+                {"messages": [{"role": "user", "content": [{"type": "video_url"}]}]},
+            )
+        ),
     ],
 )
 def test_a_request_without_a_bound_or_a_price_is_refused(body: object, why: str) -> None:
-    with pytest.raises(Unpriced, match=why):
+    with pytest.raises(Unpriced, match=re.escape(why)):
         worst_case(body, PRICES)
 
 
@@ -147,14 +162,34 @@ def test_the_batch_price_needs_the_tables_factor() -> None:
                 "cache_read_input_tokens": 490,
                 "output_tokens": 100,
             },
-            2_500_000_000 + 1_000_000_000,
+            # (a cache write at the dearest rate it is billed at: twice the input price)
+            (10 + 2 * 500 + 490) * 2_500_000 + 1_000_000_000,
         ),
         ({"total_tokens": 1000}, 10_000_000_000),  # (the dearer price: it may all be output)
-        ({"completion_tokens": 100}, 1_000_000_000),
+        ({"completion_tokens": 100, "prompt_tokens": 1000}, 2_500_000_000 + 1_000_000_000),
     ],
 )
 def test_an_answers_usage_is_priced_by_side(usage: dict[str, int], pico: int) -> None:
     assert spent_by({"usage": usage}, chat("x", max_tokens=5), PRICES) == pico
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"completion_tokens": 100},
+        {"prompt_tokens": "1000", "completion_tokens": 100},
+        {"prompt_tokens": 1000.0, "completion_tokens": 100},
+        {"prompt_tokens": -5, "completion_tokens": 100},
+        {"prompt_tokens": 10**40, "completion_tokens": 100},
+    ],
+)
+def test_a_side_the_usage_does_not_count_stands_at_its_worst_case(usage: dict[str, int]) -> None:
+    body = chat("x" * 4000, max_tokens=5)
+    price = priced(body, PRICES)
+    assert (
+        spent_by({"usage": usage}, body, PRICES)
+        == charge(price.inputs, price.input) + 1_000_000_000
+    )
 
 
 @pytest.mark.parametrize("answer", [{}, {"usage": None}, {"usage": {"total_tokens": -1}}, "text"])
@@ -264,3 +299,31 @@ def test_a_body_offering_tools_reserves_the_providers_own_prompt_too() -> None:
     sent = len(json.dumps({**bare, "tools": tools}, ensure_ascii=False).encode())
     extra = sent - len(json.dumps(bare, ensure_ascii=False).encode()) + 1000
     assert offered.worst - plain.worst == pytest.approx(charge(extra, plain.input), abs=1)
+
+
+def test_the_largest_completion_limit_a_body_names_is_reserved() -> None:
+    """Servers differ in which of max_tokens and max_completion_tokens they obey (vLLM: the
+    latter); best_of completions are all made and billed."""
+    both = priced(chat("hi", max_tokens=1, max_completion_tokens=100000), PRICES)
+    assert both.outputs == 100000
+    assert priced(chat("hi", max_tokens=0, max_completion_tokens=9), PRICES).outputs == 9
+    best = {"model": "gpt-mock", "prompt": "hi", "max_tokens": 10, "n": 2, "best_of": 5}
+    assert priced(best, PRICES).outputs == 50
+
+
+@pytest.mark.parametrize("cap", ["1e999999", "1000000001", 10**12])
+def test_a_cap_past_a_billion_dollars_is_refused_in_one_line(cap: object) -> None:
+    with pytest.raises(ValueError, match=r"^max_cost must be an amount of dollars from 0 to "):
+        dollars(cap)
+
+
+@pytest.mark.parametrize("price", ["1e999999999", "1e-999999999", "2000000", "0.000000001"])
+def test_a_price_that_is_no_price_per_million_is_refused_at_once(
+    price: str, tmp_path: Path
+) -> None:
+    """(a price of a hundred-millionth of a dollar a million tokens is fine; finer, or more
+    than a million dollars, is a mistake, and would only make the sums slow)"""
+    path = tmp_path / "prices.json"
+    path.write_text(f'{{"models": {{"m": {{"input": {price}, "output": 1}}}}}}')
+    with pytest.raises(ValueError, match=r"^models\.m\.input: "):
+        Prices.of(path)

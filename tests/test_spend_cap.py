@@ -181,6 +181,22 @@ def test_processes_sharing_redis_share_one_cap(server: MockServerProcess) -> Non
         assert abs(sum(r.cost or 0 for rs in done for r in rs) - float(spent)) < 1e-9
 
 
+def test_a_journal_run_again_with_redis_counts_what_it_spent_before(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A Redis ledger of a namespace new to the journal (or a server that lost its data)
+    starts from what the journal says was spent, not from nothing."""
+    base, key = prefix(server, "rpm=1000000,tpm=100000000")
+    items = chats(f"{base}/v1/chat/completions", random.Random(9), 60)
+    journal = tmp_path / "journal.sqlite3"
+    Batch(items, journal=journal, max_cost="0.05", prices=PRICES).run()
+    with redis_server() as url:
+        again = Batch(items, journal=journal, max_cost="0.05", prices=PRICES, limits=url,
+                      namespace=f"again-{uuid.uuid4().hex[:8]}")  # fmt: skip
+        again.run(retry_failed=True)
+    assert billed(server, key) <= Fraction("0.05")
+
+
 def test_a_reservation_of_a_process_that_died_counts_as_spent() -> None:
     """A reservation older than any attempt can last was made by a process that died before
     it could settle it: the ledger counts it spent, at its worst case, for good."""
@@ -207,6 +223,8 @@ def test_a_cap_that_cannot_be_kept_whole_is_refused_in_one_line(
     for options, said in [
         ({"max_cost": "1"}, "max_cost (--max-cost) and prices (--prices) go together"),
         ({"max_cost": "-1", "prices": PRICES}, "max_cost must be an amount of dollars"),
+        ({"max_cost": "1", "prices": PRICES, "hedge_after": 0.1},
+         "max_cost (--max-cost) cannot reserve the second copy hedge_after"),
         ({"max_cost": "1", "prices": {"models": {"m": {"input": "x", "output": 1}}}},
          "prices: models.m.input: "),
     ]:  # fmt: skip

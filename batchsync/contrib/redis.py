@@ -224,10 +224,21 @@ redis.call('SETNX', KEYS[1], 0)
 keep(604800)
 return 1
 """)
-# A reservation (ARGV[1]) turned into what it spent (ARGV[2]), unless counted spent already.
+# A reservation (ARGV[1]) turned into what it spent (ARGV[2]), unless counted spent already;
+# counted before it is dropped, so that a count Redis refuses leaves the reservation standing.
 SPEND_SETTLE = """
-if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  redis.call('INCRBY', KEYS[1], ARGV[2])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return redis.call('GET', KEYS[1]) or '0'
+"""
+# What was spent is at least ARGV[1] (what a process's journal says it spent).
+SPEND_FLOOR = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return redis.call('GET', KEYS[1])
 """
 _NANO = 1000  # pico-dollars a nano-dollar
 
@@ -304,6 +315,7 @@ class RedisLedger:
         self._keys = [limits.key("spend", "spent"), limits.key("spend", "held")]
         self._reserve = limits.script(SPEND_RESERVE)
         self._settle = limits.script(SPEND_SETTLE)
+        self._floor = limits.script(SPEND_FLOOR)
         self._spent = 0
         self._store: SpendStore | None = None
 
@@ -336,7 +348,13 @@ class RedisLedger:
         threading.Event().wait(min(seconds, self.poll))
 
     def keep(self, store: SpendStore | None) -> None:
+        """Keep this process's reservations in ``store`` too, and count at least what it says
+        was spent (the server may have lost what a journal kept)."""
         self._store = store
+        if store is not None:
+            args = [-(-store.total() // _NANO)]
+            total = self._limits.guarded(lambda: self._floor(keys=self._keys[:1], args=args))
+            self._spent = int(total) * _NANO
 
 
 class RedisWindow:

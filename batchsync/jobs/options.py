@@ -662,6 +662,15 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
         return self
 
     @model_validator(mode="after")
+    def _spend_reserved(self) -> FetchOptions:
+        if self.max_cost is not None and self.hedge_after is not None:
+            raise ValueError(
+                "max_cost (--max-cost) cannot reserve the second copy hedge_after "
+                "(--hedge-after) sends: give one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
             given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]

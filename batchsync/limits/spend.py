@@ -41,12 +41,23 @@ _MESSAGE_OVERHEAD, _REPLY_PRIMING = 4, 2
 # A body that offers tools gets a system prompt the provider adds of its own, whose tokens
 # its bytes do not hold (Anthropic documents a few hundred): this many are reserved for it.
 _TOOLS, _TOOL_PROMPT = ("tools", "functions"), 1000
-# Parts whose tokens a body's bytes do not bound (an image's URL is short, its tokens many).
+# Parts whose tokens a body's bytes do not bound (an image's URL is short, its tokens many),
+# by their type or a key of theirs; a tool of any type but a function the caller runs (the
+# provider's own: a search, a fetch, a code run) bills what it reads; and a body naming input
+# kept elsewhere (an earlier answer, a stored prompt or conversation, a cache) or asking for
+# audio out.
 _UNBOUNDED = frozenset(
-    {"image", "image_url", "input_image", "audio", "input_audio", "file", "input_file", "document"}
-)
+    {"image", "image_url", "input_image", "audio", "input_audio", "file", "input_file",
+     "document", "video", "video_url", "input_video", "file_id", "file_data"}
+)  # fmt: skip
+_PAYLOADS = frozenset({"image_url", "input_audio", "video_url"})  # (a part without its type)
+_CALLERS_TOOLS = frozenset({None, "function", "custom"})
+_ELSEWHERE = ("previous_response_id", "conversation", "cached_content", "audio")
 _DEPTH = 8
-Price = Annotated[Decimal, Field(ge=0, allow_inf_nan=False)]
+# Dollars a million tokens: at most a million, to the millionth of a cent (so that a price
+# reads quickly and exactly).
+Price = Annotated[Decimal, Field(ge=0, le=10**6, decimal_places=8, allow_inf_nan=False)]
+_MOST_DOLLARS = 10**9  # the largest cap
 
 
 class ModelPrice(BaseModel):
@@ -108,11 +119,13 @@ def dollars(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, Decimal | float | int | str):
             raise InvalidOperation
         amount = Decimal(str(value))
-    except InvalidOperation:
-        raise ValueError(f"max_cost must be an amount of dollars, got {value!r}") from None
-    if not amount.is_finite() or amount < 0:
-        raise ValueError(f"max_cost must be an amount of dollars of at least 0, got {value!r}")
-    return math.floor(amount * PICO)
+        if not amount.is_finite() or not 0 <= amount <= _MOST_DOLLARS:
+            raise InvalidOperation
+        return math.floor(amount * PICO)
+    except ArithmeticError:  # (decimal's Overflow and InvalidOperation among them)
+        raise ValueError(
+            f"max_cost must be an amount of dollars from 0 to {_MOST_DOLLARS}, got {value!r}"
+        ) from None
 
 
 def charge(tokens: int, per_million: Fraction) -> int:
@@ -126,22 +139,31 @@ NOTHING: Usage = (0, 0, 0)
 
 @dataclass(frozen=True, slots=True)
 class Priced:
-    """One request under a cap: the most one attempt of it can cost (``worst``), and its
-    model's input and output prices, in pico-dollars a million tokens."""
+    """One request under a cap: the most input and output tokens one attempt of it can take,
+    and its model's input and output prices, in pico-dollars a million tokens."""
 
-    worst: int
+    inputs: int
+    outputs: int
     input: Fraction
     output: Fraction
 
+    @property
+    def worst(self) -> int:
+        """The most one attempt can cost, in pico-dollars."""
+        return charge(self.inputs, self.input) + charge(self.outputs, self.output)
+
     def spent(self, usage: Usage | None) -> int:
-        """What an attempt cost by its answer's ``usage``: the worst case when it says none; a
-        usage that gives only a total at the dearer of the two prices."""
+        """What an attempt cost by its answer's ``usage``, a side it does not say (or says in
+        no count) at its worst case; a usage that gives only a total, at the dearer price."""
         if usage is None:
             return self.worst
         inputs, outputs, total = usage
-        if inputs is None and outputs is None:
-            return charge(total or 0, max(self.input, self.output))
-        return charge(inputs or 0, self.input) + charge(outputs or 0, self.output)
+        if inputs is None and outputs is None and total is not None:
+            return charge(total, max(self.input, self.output))
+        inputs = self.inputs if inputs is None else inputs
+        return charge(inputs, self.input) + charge(
+            self.outputs if outputs is None else outputs, self.output
+        )
 
 
 def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
@@ -153,27 +175,45 @@ def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
     allowance = completion_allowance(body)
     if allowance is None:
         raise Unpriced("no max_tokens: its output has no bound to reserve")
-    if _unbounded(body, 0):
-        raise Unpriced("images, audio and files have no bound a body's size gives")
+    if _elsewhere(body) or _unbounded(body, 0):
+        raise Unpriced(
+            "images, audio, video, files, server-side tools and stored prompts or "
+            "conversations have no bound a body's size gives"
+        )
     messages = body.get("messages")
     framing = _MESSAGE_OVERHEAD * len(messages) if isinstance(messages, list) else 0
     sent = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
     offered = _TOOL_PROMPT if any(body.get(key) for key in _TOOLS) else 0
     inputs = len(sent) + framing + _REPLY_PRIMING + offered
-    worst = charge(inputs, input_price) + charge(allowance, output_price)
-    return Priced(worst, input_price, output_price)
+    return Priced(inputs, allowance, input_price, output_price)
+
+
+def _elsewhere(body: Mapping[str, object]) -> bool:
+    """Whether the body names input kept elsewhere, the provider's own tools or audio out."""
+    modalities, tools = body.get("modalities"), body.get("tools")
+    if isinstance(modalities, list) and "audio" in modalities:
+        return True
+    if isinstance(tools, list) and any(_servers(tool) for tool in tools):
+        return True
+    return isinstance(body.get("prompt"), Mapping) or any(map(body.get, _ELSEWHERE))
 
 
 def _unbounded(value: object, depth: int) -> bool:
+    """Whether ``value`` holds a part its size does not bound (or nests too deep to tell)."""
     if depth > _DEPTH:
         return True
     if isinstance(value, Mapping):
-        if value.get("type") in _UNBOUNDED:
+        if value.get("type") in _UNBOUNDED or not _PAYLOADS.isdisjoint(value):
             return True
         return any(_unbounded(inner, depth + 1) for inner in value.values())
     if isinstance(value, list):
         return any(_unbounded(inner, depth + 1) for inner in value)
     return False
+
+
+def _servers(tool: object) -> bool:
+    """Whether a tool is one the provider runs (any type but the caller's function)."""
+    return isinstance(tool, Mapping) and tool.get("type") not in _CALLERS_TOOLS
 
 
 @dataclass(frozen=True)

@@ -115,17 +115,15 @@ def _prompt_count(prompt: str | list[object]) -> int:
 
 
 def _allowance(body: Mapping[object, object]) -> int | None:
-    """The completion tokens the body allows for a prompt: its limit times ``n`` (or
+    """The completion tokens the body allows for a prompt: its limit (the largest, when it
+    names several: servers differ in which they obey) times ``n`` (or
     ``best_of``, the completions made and billed, when more), each factor taken at most
     ``numbers.MAX_COUNT`` (a 400-digit limit asks for more than any budget holds, and is that
     much, not nothing); None when it sets no limit."""
     made = [body.get("n"), body.get("best_of")]
     choices = max((min(c, MAX_COUNT) for c in made if _whole(c) and c > 0), default=1)
-    for key in _ALLOWANCES:
-        limit = body.get(key)
-        if _whole(limit):
-            return min(limit, MAX_COUNT) * choices
-    return None
+    limits = [min(limit, MAX_COUNT) for limit in map(body.get, _ALLOWANCES) if _whole(limit)]
+    return max(limits) * choices if limits else None
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -212,7 +210,8 @@ def usage_parts(
 ) -> tuple[int | None, int | None, int | None] | None:
     """The input, output and total tokens an answer's usage says (see ``usage_tokens``), each
     None when not said, with ``cached`` Anthropic's cache reads and writes (billed, and left
-    out of its ``input_tokens``) counted as input; None when it says no count."""
+    out of its ``input_tokens``) counted as input, a write twice (the dearest rate Anthropic
+    bills one at); None when it says no count."""
     try:
         usage = _field(data, "usage")
         if usage is None and not isinstance(data, Mapping):
@@ -220,11 +219,18 @@ def usage_parts(
             usage = _field(dump(), "usage") if callable(dump) else None
         if usage is None:
             return None
-        inputs = _side(usage, _USAGE_INPUTS + (_CACHE_INPUTS if cached else ()))
+        inputs = _cached_inputs(usage) if cached else _side(usage, _USAGE_INPUTS)
         parts = inputs, _side(usage, _USAGE_OUTPUTS), _tokens(usage, "total_tokens")
         return None if parts == (None, None, None) else parts
     except Exception:  # an SDK object's property that fails: no usage known
         return None
+
+
+def _cached_inputs(usage: object) -> int | None:
+    """The input tokens with the cache's: its writes twice, its reads once."""
+    inputs = _side(usage, _USAGE_INPUTS + _CACHE_INPUTS)
+    written = _tokens(usage, _CACHE_INPUTS[0]) or 0
+    return None if inputs is None else min(inputs + written, MAX_COUNT)
 
 
 def _side(usage: object, names: tuple[str, ...]) -> int | None:
