@@ -355,7 +355,7 @@ class FlakyWindow:
             raise LimitsUnavailable("Redis at redis://127.0.0.1:1/0: connection refused")
         return object(), 0.0
 
-    def finish(self, entry: object, used: float | None) -> None:
+    def finish(self, entry: object, used: float | None, *, exact: bool = False) -> None:
         """Nothing to end."""
 
     def cancel(self, entry: object) -> None:

@@ -121,6 +121,12 @@ AZURE_NOTHING = [
                 tokens_limit=96000,
                 tokens_remaining=96000,
                 tokens_reset=29.0,
+                input_tokens_limit=80000,
+                input_tokens_remaining=80000,
+                input_tokens_reset=29.0,
+                output_tokens_limit=16000,
+                output_tokens_remaining=16000,
+                output_tokens_reset=30.0,
             ),
         ),
         (
@@ -154,75 +160,66 @@ IN_10 = "2026-12-02T03:04:10Z"
 IN_50 = "2026-12-02T03:04:50Z"
 
 
+Budgets = tuple[tuple[int | None, int | None, float | None], ...]
+
+
 @pytest.mark.parametrize(
-    ("headers", "tokens"),
+    ("headers", "budgets"),
     [
-        # The tighter of input and output when there is no combined set.
+        # Input and output apart, each its own budget, whichever is tighter.
         (
             anthropic_tokens(
                 input_tokens=("80000", "75000", IN_10), output_tokens=("16000", "2000", IN_50)
             ),
-            (16000, 2000, 50.0),
+            ((None, None, None), (80000, 75000, 10.0), (16000, 2000, 50.0)),
         ),
         (
-            anthropic_tokens(
-                input_tokens=("80000", "1000", IN_10), output_tokens=("16000", "2000", IN_50)
-            ),
-            (80000, 1000, 10.0),
+            anthropic_tokens(output_tokens=("16000", "2000", IN_50)),
+            ((None, None, None), (None, None, None), (16000, 2000, 50.0)),
         ),
         (
-            anthropic_tokens(
-                input_tokens=("80000", "2000", IN_10), output_tokens=("16000", "2000", IN_50)
-            ),
-            (80000, 2000, 10.0),  # a tie: the input's
+            anthropic_tokens(input_tokens=("80000", "9", IN_10)),
+            ((None, None, None), (80000, 9, 10.0), (None, None, None)),
         ),
-        (anthropic_tokens(output_tokens=("16000", "2000", IN_50)), (16000, 2000, 50.0)),
-        (anthropic_tokens(input_tokens=("80000", "9", IN_10)), (80000, 9, 10.0)),
-        # The one whose remaining can be read.
+        # A part that cannot be read is None, the others stand.
         (
             anthropic_tokens(
-                input_tokens=("80000", "lots", IN_10), output_tokens=("16000", "2000", IN_50)
+                input_tokens=("80000", "lots", IN_10), output_tokens=("16000", "", IN_50)
             ),
-            (16000, 2000, 50.0),
+            ((None, None, None), (80000, None, 10.0), (16000, None, 50.0)),
         ),
-        (
-            anthropic_tokens(
-                input_tokens=("80000", "1000", IN_10), output_tokens=("16000", "", IN_50)
-            ),
-            (80000, 1000, 10.0),
-        ),
-        (
-            anthropic_tokens(
-                input_tokens=("80000", "x", IN_10), output_tokens=("16000", "y", IN_50)
-            ),
-            (80000, None, 10.0),
-        ),
-        (anthropic_tokens(output_tokens=("16000", "y", IN_50)), (16000, None, 50.0)),
-        # The combined set when there is one, even with a tighter input or output.
+        # The combined set beside them, each read as it is.
         (
             anthropic_tokens(
                 tokens=("96000", "50000", IN_10),
                 input_tokens=("80000", "40000", IN_10),
                 output_tokens=("16000", "10", IN_50),
             ),
-            (96000, 50000, 10.0),
+            ((96000, 50000, 10.0), (80000, 40000, 10.0), (16000, 10, 50.0)),
         ),
         (
             [
                 ("anthropic-ratelimit-tokens-reset", IN_10),
                 *anthropic_tokens(output_tokens=("16000", "10", IN_50)),
             ],
-            (None, None, 10.0),
+            ((None, None, 10.0), (None, None, None), (16000, 10, 50.0)),
         ),
     ],
 )
-def test_anthropics_tokens_are_its_tightest_set(
-    headers: list[tuple[str, str]], tokens: tuple[int | None, int | None, float | None]
+def test_anthropics_input_and_output_tokens_are_budgets_of_their_own(
+    headers: list[tuple[str, str]], budgets: Budgets
 ) -> None:
     said = announced(headers, NOW)
     assert said is not None
-    assert (said.tokens_limit, said.tokens_remaining, said.tokens_reset) == tokens
-    assert (said.requests_limit, said.requests_remaining, said.requests_reset) == (None,) * 3
+    told = dict(said.budgets())
+    assert (
+        tuple(
+            (limit, left, reset)
+            for left, reset, limit in (told[k] for k in ("tokens", "input", "output"))
+        )
+        == budgets
+    )
+    assert told["requests"] == (None,) * 3
 
 
 @pytest.mark.parametrize(

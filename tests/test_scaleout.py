@@ -261,6 +261,29 @@ def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> Non
     assert refused is None and wait == pytest.approx(0.2, abs=0.15)
 
 
+def test_a_settled_output_sets_the_shared_log_and_the_pace_to_what_was_made(
+    redis_url: str,
+) -> None:
+    """An output side's entry (``output_token_rate``) is settled at what its answer made,
+    less as well as more, and gives the pace it took for the rest back to every process."""
+    from batchsync.contrib import shared_limits
+    from batchsync.limits.rates import Window
+    from batchsync.limits.window import INFINITE
+
+    quota, window = namespace(), Window(100, 60)  # 100 in any minute: 0.6 s a token
+    one, other = (shared_limits(redis_url, quota, 10.0).window("output") for _ in range(2))
+    taken, _ = one.take(50, window, object(), 120.0)
+    assert taken is not None
+    refused, wait = other.take(90, window, object(), 120.0)  # paced 30 s behind, no room
+    assert refused is None and wait == INFINITE
+    refused, wait = other.take(20, window, object(), 120.0)
+    assert refused is None and wait == pytest.approx(30, abs=1)
+    one.finish(taken, 10, exact=True)  # made 10: 40 of room and 24 s of pace back
+    one.finish(taken, 50, exact=True)  # (ended already: nothing changes)
+    refused, wait = other.take(90, window, object(), 120.0)  # 10 + 90 fit, in 6 s
+    assert refused is None and wait == pytest.approx(6, abs=1)
+
+
 def test_a_short_take_beside_a_long_attempt_in_flight_shortens_no_key(redis_url: str) -> None:
     """A 300 s attempt in flight, then a take of an attempt with 1 s left beside it: every key
     of the shared log still lives as long as the first needs (each take used to set the keys'

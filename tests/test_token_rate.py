@@ -118,13 +118,14 @@ def test_a_wait_the_items_budget_cannot_cover_ends_it_at_once_and_takes_nothing(
 )
 def test_an_item_whose_cost_is_unusable_or_too_large_is_invalid(cost: Any, error: str) -> None:
     with pytest.raises(InvalidItem, match=error):
-        item_cost({"x": 1}, {}, cost, TokenRate(Rate(60, 60)))
+        item_cost({"x": 1}, {}, cost, [TokenRate(Rate(60, 60))])
 
 
 def test_an_items_cost_defaults_to_its_bodys_estimate() -> None:
     body = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 50, "n": 2}
-    assert item_cost(body, body, None, None) >= 100 + 100
-    assert item_cost("https://a.example/", None, None, None) == 0
+    cost, sides = item_cost(body, body, None, [])
+    assert cost >= 100 + 100 and sides is not None and sides[1] == 100 and sum(sides) == cost
+    assert item_cost("https://a.example/", None, None, []) == (0, (0, 0))
 
 
 def test_usage_that_cannot_be_read_leaves_the_estimate() -> None:
@@ -347,7 +348,7 @@ def test_auto_follows_the_limits_each_answer_announces(caplog: pytest.LogCapture
         "h announced a requests limit of 0, which cannot be a limit: ignored"
     ) == 1
     assert build(FetchOptions, rate="auto", token_rate="60/s").announced_rates == AnnouncedRates(
-        tokens=False
+        own=frozenset({"tokens"})
     )
     assert build(FetchOptions, rate="10/s").announced_rates is None
 

@@ -106,6 +106,8 @@ keep(hold)
 return '0'
 """)
 
+# An entry's end (ARGV: its id, what it used, its period, how: 'finish', 'settle' (what it
+# used, whatever it is, the pace it did not use given back at ARGV[5] a unit) or 'cancel').
 WINDOW_END = _timed_keeping("""
 local id, used, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('ZREM', KEYS[2], id) == 0 then return 0 end
@@ -115,7 +117,13 @@ if ARGV[4] == 'cancel' then
   redis.call('HINCRBYFLOAT', KEYS[1], 'held', -amount)
   return 1
 end
-if used > amount then
+if ARGV[4] == 'settle' and used < amount then
+  local paced = tonumber(redis.call('HGET', KEYS[1], 'paced'))
+  if paced then
+    redis.call('HSET', KEYS[1], 'paced', tostring(paced - (amount - used) * tonumber(ARGV[5])))
+  end
+end
+if used > amount or ARGV[4] == 'settle' then
   redis.call('HSET', KEYS[4], id, tostring(used))
   redis.call('HINCRBYFLOAT', KEYS[1], 'held', used - amount)
 end
@@ -370,7 +378,7 @@ class RedisWindow:
         self._keys = [limits.key(name, part) for part in ("state", "flying", "ended", "amounts")]
         self._take = limits.script(WINDOW_TAKE)
         self._end = limits.script(WINDOW_END)
-        self._periods: dict[str, float] = {}
+        self._periods: dict[str, tuple[float, float]] = {}  # (each entry's period, pace)
 
     def take(
         self, amount: float, window: Window, turn: object, longest: float
@@ -380,19 +388,20 @@ class RedisWindow:
         args = [amount, window.count, window.interval, entry, hold]
         wait = float(self._limits.guarded(lambda: self._take(keys=self._keys, args=args)))
         if wait == 0:
-            self._periods[entry] = window.period
+            self._periods[entry] = window.period, window.interval
             return entry, 0.0
         return None, INFINITE if wait < 0 else wait
 
-    def finish(self, entry: object, used: float | None) -> None:
-        self._ended(entry, used or 0, "finish")
+    def finish(self, entry: object, used: float | None, *, exact: bool = False) -> None:
+        self._ended(entry, used or 0, "settle" if exact and used is not None else "finish")
 
     def cancel(self, entry: object) -> None:
         self._ended(entry, 0, "cancel")
 
     def _ended(self, entry: object, used: float, how: str) -> None:
         assert isinstance(entry, str)
-        args = [entry, used, self._periods.pop(entry, 0.0), how]
+        period, interval = self._periods.pop(entry, (0.0, 0.0))
+        args = [entry, used, period, how, interval]
         self._limits.guarded(lambda: self._end(keys=self._keys, args=args))
 
     def withdraw(self, turn: object) -> None:

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .budget import Allowance
-from .verdict import ErrorKind, Feedback, Usage
+from .verdict import ErrorKind, Feedback, TokenSide, Usage
 
 # The limits' key of an attempt that has no host (a callable's item without a key).
 GLOBAL = "*"
+# An LLM request's input and output tokens, each side's worst case.
+Sides = tuple[int, int]
 # Pico-dollars a dollar: what a spend cap counts in, whole, so that its sums are exact.
 PICO = 10**12
 
@@ -28,6 +30,14 @@ class Price(Protocol):
     def spent(self, usage: Usage | None) -> int: ...
 
 
+def weight_of(cost: int, sides: Sides | None, side: TokenSide) -> int:
+    """What a request of ``cost`` tokens weighs at a budget of ``side``'s: all of it, or its
+    side's share when ``sides`` knows them apart (else all of it, the most either can be)."""
+    if side == "tokens" or sides is None:
+        return cost
+    return sides[side == "output"]
+
+
 @dataclass(slots=True)
 class Admission:
     """One attempt at the gates, then in flight: its host (the limits' key), how long it may
@@ -37,8 +47,10 @@ class Admission:
     allowance: Allowance
     stop: threading.Event
     held: dict[str, Any] = field(default_factory=dict)
-    # What the attempt weighs at a weighted limit (its item's ``Task.cost``: LLM tokens).
+    # What the attempt weighs at a weighted limit (its item's ``Task.cost``: LLM tokens), and
+    # that by side (``Task.sides``).
     cost: int = 0
+    sides: Sides | None = None
     # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
     # Why a gate refused it, when a person needs more than the kind (a reset past the budget).
@@ -48,6 +60,10 @@ class Admission:
     # Under a spend cap: what the attempt may cost, then what it did (in pico-dollars).
     price: Price | None = None
     spent: int = 0
+
+    def weight(self, side: TokenSide) -> int:
+        """What the attempt weighs at a budget of ``side``'s tokens (``weight_of``)."""
+        return weight_of(self.cost, self.sides, side)
 
     @property
     def cost_in_dollars(self) -> float | None:
@@ -78,7 +94,9 @@ class Admitter(Protocol):
         allowance: Allowance,
         stop: threading.Event,
         cost: int = 0,
+        *,
         price: Price | None = None,
+        sides: Sides | None = None,
     ) -> Admission | Refusal:
         """Wait at every limit; an Admission, or the Refusal that ends the item instead."""
 

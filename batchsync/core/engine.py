@@ -550,7 +550,12 @@ class Engine:
             return None
         task = item.task
         admitted = self._gates.enter(
-            route.host or GLOBAL, item.allowance, self._stop, task.cost, task.price
+            route.host or GLOBAL,
+            item.allowance,
+            self._stop,
+            task.cost,
+            price=task.price,
+            sides=task.sides,
         )
         if isinstance(admitted, Refusal):
             return self._stopped_short(last, admitted.kind, route, admitted.why)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import Price
+from .admission import Price, Sides
 from .result import Result
 from .verdict import Verdict
 
@@ -62,7 +62,8 @@ class Task:
     subject: object = None
     steps: int | None = None
     data: Any = None
-    # What each attempt weighs at a weighted limit (an LLM request's estimated tokens), and
-    # what it may cost under a spend cap.
+    # What each attempt weighs at a weighted limit (an LLM request's estimated tokens), what
+    # it may cost under a spend cap, and its tokens by side when they are known apart.
     cost: int = 0
     price: Price | None = None
+    sides: Sides | None = None

@@ -27,6 +27,10 @@ ErrorKind = Literal[
 
 # An LLM answer's input, output and total tokens, each None when it does not say them.
 Usage = tuple[int | None, int | None, int | None]
+# What a token budget counts: all of a request's tokens, or only its input's or its output's.
+TokenSide = Literal["tokens", "input", "output"]
+# What a provider's headers told of one budget: what is left, seconds to its reset, its size.
+Told = tuple[int | None, float | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,28 @@ class Announced:
     retry_after: float | None = None
     # The limit headers that were sent but cannot be a count (-1, text, hundreds of digits).
     unreadable: tuple[str, ...] = ()
+    # Anthropic's input and output tokens, budgets of their own beside its requests.
+    input_tokens_limit: int | None = None
+    input_tokens_remaining: int | None = None
+    input_tokens_reset: float | None = None
+    output_tokens_limit: int | None = None
+    output_tokens_remaining: int | None = None
+    output_tokens_reset: float | None = None
+
+    def budgets(self) -> tuple[tuple[TokenSide | Literal["requests"], Told], ...]:
+        """Each budget's name with what was told of it: (remaining, reset, limit)."""
+        return (
+            ("requests", (self.requests_remaining, self.requests_reset, self.requests_limit)),
+            ("tokens", (self.tokens_remaining, self.tokens_reset, self.tokens_limit)),
+            (
+                "input",
+                (self.input_tokens_remaining, self.input_tokens_reset, self.input_tokens_limit),
+            ),
+            (
+                "output",
+                (self.output_tokens_remaining, self.output_tokens_reset, self.output_tokens_limit),
+            ),
+        )
 
 
 @dataclass(slots=True)  # built per attempt, never changed (frozen would cost 6x to build)
@@ -121,4 +147,10 @@ class Feedback:
     quota: float | None = None  # seconds until the host's quota resets, none being left (as hold)
     announced: Announced | None = None  # the provider's limits its headers announced (left, when)
     used: int | None = None  # what the answer says it cost (an LLM answer's ``usage``, in tokens)
-    usage: Usage | None = None  # the same by side, under a spend cap
+    usage: Usage | None = None  # the same by side, under a spend cap or a budget of one side
+
+    def used_of(self, side: TokenSide) -> int | None:
+        """What the answer says it used of ``side``'s tokens (None: it does not say)."""
+        if side == "tokens":
+            return self.used
+        return None if self.usage is None else self.usage[side == "output"]

@@ -341,11 +341,8 @@ def paces(said: Announced | None) -> bool:
     """Whether a provider's headers say when its limits come back (a reset, a spent count, a
     millisecond wait): a 429 with them is a hold until then, not a sign the host is unwell."""
     return said is not None and (
-        said.requests_reset is not None
-        or said.tokens_reset is not None
-        or said.retry_after is not None
-        or said.requests_remaining == 0
-        or said.tokens_remaining == 0
+        said.retry_after is not None
+        or any(reset is not None or left == 0 for _, (left, reset, _) in said.budgets())
     )
 
 

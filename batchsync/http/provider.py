@@ -58,10 +58,8 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
     """What a response's (name, value) header pairs say of the provider's limits, read once;
     None when there is none of these headers. ``now`` is the Unix time the answer came, for
     Anthropic's reset times. A value that does not parse leaves its part None; where OpenAI's
-    and Anthropic's headers both say a part, OpenAI's wins.
-
-    Anthropic's tokens are its ``tokens-*`` set when it sends one, else the tighter (the
-    smaller remaining) of its ``input-tokens-*`` and ``output-tokens-*`` sets.
+    and Anthropic's headers both say a part, OpenAI's wins. Anthropic's ``input-tokens-*`` and
+    ``output-tokens-*`` sets are budgets of their own, told apart from its ``tokens-*``.
     """
     found: dict[str, str] = {}
     for name, value in headers:  # (one pass: most answers have none of these headers)
@@ -70,7 +68,7 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
             found[lowered] = value
     if not found:
         return None
-    tokens = _anthropic_tokens(found)
+    inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in ANTHROPIC_SETS[2:])
     return Announced(
         requests_limit=_count(found, f"{_OPENAI}limit-requests", f"{_ANTHROPIC}requests-limit"),
         requests_remaining=_count(
@@ -80,10 +78,13 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
             _duration(found, f"{_OPENAI}reset-requests"),
             _until(found, f"{_ANTHROPIC}requests-reset", now),
         ),
-        tokens_limit=_count(found, f"{_OPENAI}limit-tokens", f"{tokens}limit"),
-        tokens_remaining=_count(found, f"{_OPENAI}remaining-tokens", f"{tokens}remaining"),
+        tokens_limit=_count(found, f"{_OPENAI}limit-tokens", f"{_ANTHROPIC}tokens-limit"),
+        tokens_remaining=_count(
+            found, f"{_OPENAI}remaining-tokens", f"{_ANTHROPIC}tokens-remaining"
+        ),
         tokens_reset=_either(
-            _duration(found, f"{_OPENAI}reset-tokens"), _until(found, f"{tokens}reset", now)
+            _duration(found, f"{_OPENAI}reset-tokens"),
+            _until(found, f"{_ANTHROPIC}tokens-reset", now),
         ),
         retry_after=_either(*(seconds_of(found.get(name), scale=1e-3) for name in _RETRY_AFTER_MS)),
         unreadable=tuple(  # (sorted: the headers' order says nothing)
@@ -94,25 +95,13 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
                 if count_of(value) is None
             )
         ),
+        input_tokens_limit=_count(found, f"{inputs}limit"),
+        input_tokens_remaining=_count(found, f"{inputs}remaining"),
+        input_tokens_reset=_until(found, f"{inputs}reset", now),
+        output_tokens_limit=_count(found, f"{outputs}limit"),
+        output_tokens_remaining=_count(found, f"{outputs}remaining"),
+        output_tokens_reset=_until(found, f"{outputs}reset", now),
     )
-
-
-def _anthropic_tokens(found: Mapping[str, str]) -> str:
-    """The prefix of the Anthropic token set to read: ``tokens-`` when it is there, else the
-    one of ``input-tokens-`` and ``output-tokens-`` with less left (the input's on a tie)."""
-    combined, inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in ANTHROPIC_SETS[1:])
-    if _sends(found, combined):
-        return combined
-    left_in, left_out = _count(found, f"{inputs}remaining"), _count(found, f"{outputs}remaining")
-    if left_in is None and left_out is None:  # the one sent, if only one is
-        return outputs if _sends(found, outputs) and not _sends(found, inputs) else inputs
-    if left_in is None or (left_out is not None and left_out < left_in):
-        return outputs
-    return inputs
-
-
-def _sends(found: Mapping[str, str], prefix: str) -> bool:
-    return any(f"{prefix}{part}" in found for part in _PARTS)
 
 
 def _either(*values: _T | None) -> _T | None:

@@ -12,7 +12,7 @@ from ..core.admission import GLOBAL
 from ..core.redact import Secrets
 from ..core.result import Result
 from ..core.task import Route, Task
-from ..core.verdict import InvalidItem, Verdict, success, terminal
+from ..core.verdict import InvalidItem, Usage, Verdict, success, terminal
 from ..http.answers import taken
 from ..http.classify import classify_raised, describe, headers_of, host_feedback
 from ..http.httpfacts import facts_of
@@ -20,6 +20,7 @@ from ..http.quota import answer_limits
 from ..http.spec import item_label
 from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
+from ..limits.tokens import usage_parts
 from .options import CallOptions
 
 
@@ -58,7 +59,7 @@ class CallJob:
 
     def prepare(self, item: object) -> Task:
         try:
-            cost = item_cost(item, item, self.options.cost, self.options.token_rate)
+            cost, sides = item_cost(item, item, self.options.cost, self.options.token_rates)
         except InvalidItem as exc:
             raise InvalidItem(self._masked(str(exc))) from None
         key = None
@@ -70,7 +71,7 @@ class CallJob:
                 raise InvalidItem(f"per_key: {self._masked(describe(exc))}") from None
         fallbacks = fallback_routes(self.options.fallbacks, item, self._masked)
         route = Route(partial(self._call, item, key or GLOBAL), key)
-        return Task(*self.label(item), route, fallbacks, subject=item, cost=cost)
+        return Task(*self.label(item), route, fallbacks, subject=item, cost=cost, sides=sides)
 
     def _call(
         self, item: object, key: str, ends_at: float | None, so_far: Result | None
@@ -92,18 +93,23 @@ class CallJob:
             verdict = replace(verdict, error=self._masked(verdict.error or ""))
             return self._told(verdict, exc, None)
         used = None if self._usage is None else used_tokens(self._usage, returned)
-        return taken(self._told(success(returned), returned, used), self.options.retry_answers)
+        usage = usage_parts(returned, cached=True) if self.options.sides_read else None
+        verdict = self._told(success(returned), returned, used, usage)
+        return taken(verdict, self.options.retry_answers)
 
-    def _told(self, verdict: Verdict, answer: object, used: int | None) -> Verdict:
+    def _told(
+        self, verdict: Verdict, answer: object, used: int | None, usage: Usage | None = None
+    ) -> Verdict:
         """``verdict`` with what an SDK's ``answer`` (a raw response, or an exception with one)
-        says of the provider's limits, read as an HTTP answer's, and what it ``used``."""
+        says of the provider's limits, read as an HTTP answer's, and what it ``used`` (by side:
+        ``usage``)."""
         headers = headers_of(answer)
         quota, announced = (
             (None, None) if headers is None else answer_limits(headers, self.unix_time)
         )
-        if quota is None and announced is None and used is None:
+        if quota is None and announced is None and used is None and usage is None:
             return verdict
-        facts = facts_of(verdict)._replace(quota=quota, announced=announced, used=used)
+        facts = facts_of(verdict)._replace(quota=quota, announced=announced, used=used, usage=usage)
         return replace(verdict, facts=facts)
 
     def _masked(self, text: str) -> str:

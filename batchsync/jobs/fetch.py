@@ -82,6 +82,7 @@ class HttpJob:
         self._lean = self._lane_ok and self._pager is None and not options.items_shown
         self._usage = options.usage_reader
         self._cap = options.spend_cap
+        self._by_side = self._cap is not None or options.sides_read
         self._answers = options.retry_answers
         self._unix_time = unix_time
         self._retryable = parse_statuses(options.retry_statuses)
@@ -140,6 +141,7 @@ class HttpJob:
         routes = [self._url_route(spec, url, own) for url in urls]
         mask = partial(self._secrets.text, extra=own)
         routes += fallback_routes(self._options.fallbacks, spec, mask)
+        cost, sides = item_cost(item, spec.json_body, self._options.cost, self._options.token_rates)
         task = Task(
             self._secrets.given(spec.url, own),
             spec.id,
@@ -147,8 +149,9 @@ class HttpJob:
             tuple(routes[1:]),
             self._dedup_key(spec),
             subject=spec,
-            cost=item_cost(item, spec.json_body, self._options.cost, self._options.token_rate),
+            cost=cost,
             price=None if self._cap is None else priced(spec.json_body, self._cap.prices),
+            sides=sides,
         )
         if self._pager is not None:
             return self._pager.paged(
@@ -424,7 +427,7 @@ class HttpJob:
             data = decode_body(body, expect, content_type)
         link = reply.headers.get("Link") if self._reads_link else None
         used = None if self._usage is None else used_tokens(self._usage, data)
-        usage = None if self._cap is None else usage_parts(data, cached=True)
+        usage = usage_parts(data, cached=True) if self._by_side else None
         facts = HttpFacts(status, landed, reply.redirects, quota, link, announced, used, usage)
         return taken(Verdict("success", facts=facts, data=data, size=len(body)), self._answers)
 

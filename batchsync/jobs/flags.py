@@ -109,10 +109,11 @@ def rate_text(value: str | None) -> str | None:
     return value
 
 
-def token_rate_text(value: str | None) -> str | None:
-    """--token-rate as given, once it reads as a rate: N a second, or N/s, N/min, N/h."""
+def token_rate_text(value: str | None, name: str = "token_rate") -> str | None:
+    """--token-rate (or a side's, the option ``name``) as given, once it reads as a rate: N a
+    second, or N/s, N/min, N/h."""
     if value is not None:
-        parse_rate(value, name="token_rate")
+        parse_rate(value, name=name)
     return value
 
 

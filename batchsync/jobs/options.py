@@ -7,12 +7,21 @@ import inspect
 import typing
 from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
@@ -29,7 +38,7 @@ from ..limits.cooldown import CooldownScope
 from ..limits.gates import Gates
 from ..limits.rates import Window, parse_rate
 from ..limits.spend import MaxCost, Prices, dollars
-from ..limits.tokenrate import TokenRate
+from ..limits.tokenrate import OPTION_OF, TokenRate
 from ..limits.tokens import usage_tokens
 from .flags import (
     BREAKER_DEFAULT,
@@ -62,6 +71,10 @@ MAX_CONCURRENCY = 10_000
 Seconds = Annotated[float, Field(gt=0, le=MAX_SETTING_SECONDS)]
 # Every options model's: frozen, no unknown option, no nan or infinity.
 _CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+
+
+# Each token budget's option by the side it holds.
+_SIDES = {option: side for side, option in OPTION_OF.items()}
 
 
 class EngineOptions(BaseModel):
@@ -146,6 +159,32 @@ class FlowOptions(EngineOptions):
             "takes its request body's estimated tokens (the text of messages, input or prompt "
             "at about 4 characters a token, plus max_tokens x n) before it is sent, or its "
             "usage when the answer says more. An item that needs more than the whole budget "
+            "fails at once, unsent.  [default: none]",
+        ),
+    ] = None
+    # The same of one side of each request (providers that count them apart: Anthropic).
+    input_token_rate: Annotated[
+        TokenRate | None,
+        Takes(TokenRate | float | str | None),
+        Flag(
+            "--input-token-rate",
+            metavar="N[/s|/min|/h]",
+            parse=partial(token_rate_text, name="input_token_rate"),
+            help="At most this many input (prompt) tokens in any second, minute or hour, held "
+            "as --token-rate holds all of them; each item takes its prompt's estimate, or its "
+            "usage's input tokens when the answer says more.  [default: none]",
+        ),
+    ] = None
+    output_token_rate: Annotated[
+        TokenRate | None,
+        Takes(TokenRate | float | str | None),
+        Flag(
+            "--output-token-rate",
+            metavar="N[/s|/min|/h]",
+            parse=partial(token_rate_text, name="output_token_rate"),
+            help="At most this many output (completion) tokens in any second, minute or hour; "
+            "each item takes its completion limit (max_tokens x n) before it is sent, set "
+            "right by its usage's output tokens. An LLM request without a completion limit "
             "fails at once, unsent.  [default: none]",
         ),
     ] = None
@@ -249,12 +288,25 @@ class FlowOptions(EngineOptions):
     @property
     def announced_rates(self) -> AnnouncedRates | None:
         """With ``rate="auto"``: the budgets the provider's headers announce."""
-        return AnnouncedRates(tokens=self.token_rate is None) if self.rate == AUTO else None
+        if self.rate != AUTO:
+            return None
+        return AnnouncedRates(own=frozenset(budget.side for budget in self.token_rates))
+
+    @property
+    def token_rates(self) -> tuple[TokenRate, ...]:
+        """The token budgets given: of all tokens, of the input's, of the output's."""
+        given = (self.token_rate, self.input_token_rate, self.output_token_rate)
+        return tuple(budget for budget in given if budget is not None)
 
     @property
     def usage_reader(self) -> Callable[[Any], int | None] | None:
         """What an answer used, for a token budget to set its estimate right (None: none)."""
-        return None if self.token_rate is None else self.usage or usage_tokens
+        return self.usage or usage_tokens if self.token_rates else None
+
+    @property
+    def sides_read(self) -> bool:
+        """Whether an answer's usage is read by side: for a budget of one side."""
+        return any(budget.side != "tokens" for budget in self.token_rates)
 
     def hedger(self, gates: Gates | None) -> Hedger | None:
         """The run's hedging threads, when ``hedge_after`` asks for them."""
@@ -269,10 +321,11 @@ class FlowOptions(EngineOptions):
     def _answers_named(cls, value: object) -> object:
         return answers_text(value)
 
-    @field_validator("token_rate", mode="before")
+    @field_validator("token_rate", "input_token_rate", "output_token_rate", mode="before")
     @classmethod
-    def _token_rate_of(cls, value: object) -> object:
-        return value if value is None or isinstance(value, TokenRate) else TokenRate.of(value)  # type: ignore[arg-type]
+    def _token_rate_of(cls, value: object, info: ValidationInfo) -> object:
+        side = _SIDES[info.field_name or "token_rate"]
+        return value if value is None else TokenRate.of(value, side)  # type: ignore[arg-type]
 
     def secrets(self) -> Secrets:
         """The run's secrets known up front: the Redis URL's password."""

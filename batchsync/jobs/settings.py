@@ -40,6 +40,8 @@ class FlowSettings(TypedDict, total=False):
     on_result: Callable[[Result], None] | None
     rate: float | str | None
     token_rate: TokenRate | float | str | None
+    input_token_rate: TokenRate | float | str | None
+    output_token_rate: TokenRate | float | str | None
     cost: Callable[[Any], int] | None
     usage: Callable[[Any], int | None] | None
     retry_answers: str | Collection[AnswerRetried]

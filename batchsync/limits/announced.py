@@ -8,34 +8,46 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 from ..core.admission import Admission
 from ..core.clock import Clock
-from ..core.verdict import Announced, ErrorKind, Feedback
+from ..core.verdict import Announced, ErrorKind, Feedback, TokenSide
 from .gate import GateOption, Waiting
 from .rates import Window
 from .shared import SharedLimits, WindowLimiter
-from .window import LocalWindow, enter
+from .window import EXACT_SIDE, LocalWindow, enter
 
 log = logging.getLogger("batchsync")
 # The period of the limits a provider's headers announce: requests and tokens a minute.
 ANNOUNCED_PERIOD = 60.0
+# A budget the headers announce, and the name its waits are counted under.
+Budget = TokenSide | Literal["requests"]
+_NAMES: dict[Budget, str] = {
+    "requests": "announced requests",
+    "tokens": "announced tokens",
+    "input": "announced input tokens",
+    "output": "announced output tokens",
+}
 
 
 @dataclass(frozen=True)
 class AnnouncedRates(GateOption):
     """``rate="auto"``: the requests and tokens a minute a provider's headers announce (OpenAI's
-    and Anthropic's limits), each a window sized by the latest answer that tells it; the
-    tokens' only when the run has no ``token_rate`` of its own."""
+    and Anthropic's limits, Anthropic's input and output tokens apart), each a window sized by
+    the latest answer that tells it; a token budget only when the run has none of that side
+    of its own (``own``: the sides the run's ``token_rate`` options hold)."""
 
-    tokens: bool = True
+    own: frozenset[TokenSide] = frozenset()
 
     def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> AnnouncedGate:
-        def limiter(name: str) -> WindowLimiter:
+        def limiter(budget: Budget) -> WindowLimiter | None:
+            if budget in self.own:
+                return None
+            name = _NAMES[budget]
             return LocalWindow(clock.now) if shared is None else shared.window(name)
 
-        tokens = limiter("announced-tokens") if self.tokens else None
-        return AnnouncedGate(limiter("announced-requests"), tokens)
+        return AnnouncedGate({budget: limiter(budget) for budget in _NAMES})
 
 
 class AnnouncedGate:
@@ -48,20 +60,28 @@ class AnnouncedGate:
     rank = 62
     recheck = False
 
-    def __init__(self, requests: WindowLimiter, tokens: WindowLimiter | None) -> None:
-        self._limiters = {"requests": requests, "tokens": tokens}
-        self.windows: dict[str, Window] = {}
+    def __init__(self, limiters: dict[Budget, WindowLimiter | None]) -> None:
+        self._limiters = limiters
+        self.windows: dict[Budget, Window] = {}
         self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        for kind, amount in (("requests", 1), ("tokens", admission.cost)):
-            limiter, window = self._limiters[kind], self.windows.get(kind)
-            if limiter is None or window is None or amount <= 0:
+        for budget, limiter in self._limiters.items():
+            window = self.windows.get(budget)
+            if limiter is None or window is None:
                 continue
-            name, share = f"announced {kind}", min(amount, window.count)
+            amount = 1 if budget == "requests" else admission.weight(budget)
+            if amount <= 0:
+                continue
+            name = _NAMES[budget]
             entry, refusal = enter(
-                limiter, window, share, name=name, admission=admission, waiting=waiting
+                limiter,
+                window,
+                min(amount, window.count),
+                name=name,
+                admission=admission,
+                waiting=waiting,
             )
             if entry is None:
                 self.abandon(admission)
@@ -70,32 +90,33 @@ class AnnouncedGate:
         return None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
-        for kind, used in (("requests", None), ("tokens", feedback.used)):
-            entry, limiter = admission.held.get(f"announced {kind}"), self._limiters[kind]
+        for budget, limiter in self._limiters.items():
+            entry = admission.held.get(_NAMES[budget])
             if entry is not None and limiter is not None:
-                limiter.finish(entry, used)
+                used = None if budget == "requests" else feedback.used_of(budget)
+                limiter.finish(entry, used, exact=budget == EXACT_SIDE)
         if feedback.announced is not None:
             self._learn(admission.host, feedback.announced)
 
     def abandon(self, admission: Admission) -> None:
-        for kind, limiter in self._limiters.items():
-            entry = admission.held.pop(f"announced {kind}", None)
+        for budget, limiter in self._limiters.items():
+            entry = admission.held.pop(_NAMES[budget], None)
             if entry is not None and limiter is not None:
                 limiter.cancel(entry)
 
     def _learn(self, host: str, said: Announced) -> None:
         for header in said.unreadable:
             self._warn(host, header, "an unreadable value")
-        for kind, limit in (("requests", said.requests_limit), ("tokens", said.tokens_limit)):
-            if limit is None or self._limiters[kind] is None:
+        for budget, (_, _, limit) in said.budgets():
+            if limit is None or self._limiters[budget] is None:
                 continue
             if limit <= 0:
-                self._warn(host, kind, limit)
+                self._warn(host, _NAMES[budget].removeprefix("announced "), limit)
                 continue
             window = Window(float(limit), ANNOUNCED_PERIOD)
-            if self.windows.get(kind) != window:
+            if self.windows.get(budget) != window:
                 with self._lock:
-                    self.windows[kind] = window
+                    self.windows[budget] = window
 
     def _warn(self, host: str, kind: str, value: object) -> None:
         with self._lock:

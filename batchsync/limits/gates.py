@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from ..core.admission import Admission, Price, Refusal
+from ..core.admission import Admission, Price, Refusal, Sides
 from ..core.budget import Allowance
 from ..core.clock import SYSTEM, Clock, clock_of
 from ..core.verdict import ErrorKind, Feedback
@@ -75,7 +75,9 @@ class Gates:
         allowance: Allowance,
         stop: threading.Event,
         cost: int = 0,
+        *,
         price: Price | None = None,
+        sides: Sides | None = None,
     ) -> Admission | Refusal:
         """Wait at each gate; an Admission, or the Refusal that ends the item instead (what
         the gates passed hold is given back then).
@@ -84,7 +86,7 @@ class Gates:
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
         """
         while True:
-            admission = Admission(host, allowance, stop, cost=cost, price=price)
+            admission = Admission(host, allowance, stop, cost=cost, price=price, sides=sides)
             try:
                 refusal = self._pass(admission)
             except LimitsUnavailable as exc:

@@ -4,7 +4,8 @@ rate-limit headers say are left (``AnnouncedCounts``), kept per host between its
 that an attempt waits before it would overdraw them rather than after a 429.
 
 Each answer that tells them (``provider.Announced``: OpenAI's ``x-ratelimit-*``, Anthropic's
-``anthropic-ratelimit-*``) sets the host's count anew, less what attempts let through after the
+``anthropic-ratelimit-*``, its input and output tokens counts of their own) sets the host's
+count anew, less what attempts let through after the
 answered one took (the answer could not count those yet).
 
 What a reset gives back differs between servers, and one answer cannot tell which a host is:
@@ -45,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 
-from ..core.admission import Admission
+from ..core.admission import Admission, Sides, weight_of
 from ..core.clock import Clock
 from ..core.verdict import Announced, ErrorKind, Feedback
 from .cooldown import Holds
@@ -64,7 +65,6 @@ _PERIOD = 60.0
 _KEPT_FOR = 2 * _PERIOD
 # How much later than the instant it means a reset may be written (OpenAI's to the millisecond).
 _ROUNDING = 0.001
-KINDS = ("requests", "tokens")
 
 
 @dataclass
@@ -179,16 +179,21 @@ class AnnouncedCounts:
         self._lock = threading.Lock()
         self._changed = threading.Event()
 
-    def take(self, host: str, cost: int) -> tuple[int | None, float]:
-        """Take one request and ``cost`` tokens of the host's: (the mark of the taking, 0), or
-        (None, the seconds to wait first; infinite until an answer tells)."""
+    def take(self, host: str, cost: int, sides: Sides | None = None) -> tuple[int | None, float]:
+        """Take one request and ``cost`` tokens of the host's (``sides``: those by side, when
+        known apart): (the mark of the taking, 0), or (None, the seconds to wait first;
+        infinite until an answer tells)."""
         known = self._hosts.get(host)
         if (known is None or not known.told_of()) and (cost <= 0 or (known and known.heard)):
             return 0, 0.0  # (most hosts: nothing told, nothing to wait for, nothing kept)
+        amounts = {"requests": 1, "tokens": cost}
+        if cost > 0:  # (and so each side's share, kept for a provider that counts them apart)
+            amounts["input"] = weight_of(cost, sides, "input")
+            amounts["output"] = weight_of(cost, sides, "output")
         with self._lock:
             state = self._hosts.setdefault(host, _Host())
             now = self._clock()
-            return _take(state, cost, now)
+            return _take(state, amounts, now)
 
     def ended(
         self,
@@ -236,14 +241,13 @@ class AnnouncedCounts:
         return self._changed
 
 
-def _take(state: _Host, cost: int, now: float) -> tuple[int | None, float]:
+def _take(state: _Host, amounts: dict[str, int], now: float) -> tuple[int | None, float]:
     """(under the lock) ``AnnouncedCounts.take`` of the host's ``state``."""
     state.log.forget(now)
-    amounts = {"requests": 1, "tokens": cost}
     wait = max(_wait(state, kind, amount, now) for kind, amount in amounts.items())
     if wait > 0:
         return None, wait
-    probe = state.needs_probe(cost, now)
+    probe = state.needs_probe(amounts["tokens"], now)
     if probe and state.probe is not None:
         return None, INFINITE  # (until the probe's answer)
     state.marks += 1
@@ -282,10 +286,7 @@ def _ended(
 
 def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counted: bool) -> None:
     """Set the host's counts from what the answer to ``answered`` told."""
-    for kind, left, reset, whole in (
-        ("requests", said.requests_remaining, said.requests_reset, said.requests_limit),
-        ("tokens", said.tokens_remaining, said.tokens_reset, said.tokens_limit),
-    ):
+    for kind, (left, reset, whole) in said.budgets():
         if left is None:
             if whole is not None:
                 state.alone[kind] = whole
@@ -462,7 +463,7 @@ class QuotaGate:
             return refusal
         while True:
             change = self.counts.changed()
-            mark, wait = self.counts.take(host, admission.cost)
+            mark, wait = self.counts.take(host, admission.cost, admission.sides)
             if mark is not None:
                 if mark:
                     admission.held[self.name] = mark

@@ -83,8 +83,10 @@ class WindowLimiter(Protocol):
         room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
         attempt can last, after which a shared log forgets it (its process may have died)."""
 
-    def finish(self, entry: object, used: float | None) -> None:
-        """The attempt ended now; ``used``: what its answer says it cost, when known."""
+    def finish(self, entry: object, used: float | None, *, exact: bool = False) -> None:
+        """The attempt ended now; ``used``: what its answer says it cost, when known, kept
+        when more than it took, or ``exact``, whatever it is (a server that counts what was
+        used, not what was asked for)."""
 
     def cancel(self, entry: object) -> None:
         """The attempt was never sent."""

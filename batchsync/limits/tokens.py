@@ -57,8 +57,15 @@ def estimate_tokens(body: object) -> int:
     says more than ``numbers.MAX_COUNT`` (a 400-digit ``max_tokens`` is no count to compute
     with).
     """
+    prompt, completion = estimate_sides(body)
+    return min(prompt + (completion or 0), MAX_COUNT)
+
+
+def estimate_sides(body: object) -> tuple[int, int | None]:
+    """``estimate_tokens`` by side: the prompt's tokens, and the completion allowance (None
+    when the body sets no limit, 0 when it is no LLM request body)."""
     if not isinstance(body, Mapping):
-        return 0
+        return 0, 0
     messages, inputs, prompt = body.get("messages"), body.get("input"), body.get("prompt")
     if isinstance(messages, list):
         tokens = _chat_tokens(messages, body.get("system"))
@@ -67,8 +74,8 @@ def estimate_tokens(body: object) -> int:
     elif isinstance(prompt, str | list):
         tokens = _inputs_tokens(prompt)
     else:
-        return 0
-    return min(tokens + (completion_allowance(body) or 0), MAX_COUNT)
+        return 0, 0
+    return min(tokens, MAX_COUNT), completion_allowance(body)
 
 
 def completion_allowance(body: Mapping[object, object]) -> int | None:

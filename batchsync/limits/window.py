@@ -19,7 +19,9 @@ sliding window from when a request reaches them. Two rules keep that by construc
 
 An amount larger than the whole count can never be sent (``token_rate`` refuses such items
 before they start). Entries keep the larger of their amount and what the answer said it
-used: a server may count what was asked for (OpenAI counts ``max_tokens``), never less.
+used: a server may count what was asked for (OpenAI counts ``max_tokens``), never less. An
+output side's entry (``output_token_rate``) keeps what was used, as Anthropic counts it, and
+gives back the pace it took for the rest: sends are paced by what answers make.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from dataclasses import dataclass, field
 
 from ..core.admission import Admission
 from ..core.clock import Clock
-from ..core.verdict import ErrorKind, Feedback
+from ..core.verdict import ErrorKind, Feedback, TokenSide
 from .gate import POLL_SECONDS, GateOption, Waiting
 from .rates import Window
 from .shared import SharedLimits, WindowLimiter
 
 INFINITE = math.inf
+# The side a provider counts as used, not as asked for: Anthropic takes a request's output
+# tokens at its max_tokens when it admits it and sets them to those made when it ends.
+EXACT_SIDE = "output"
 
 
 @dataclass(eq=False, slots=True)
@@ -49,6 +54,7 @@ class Entry:
     period: float
     leaves: float = INFINITE
     paced_from: float = -INFINITE  # the pace before it was taken, given back if it is the last
+    interval: float = 0.0  # the pace's seconds a unit of its amount
 
 
 def room_wait(ended: deque[Entry], held: float, amount: float, count: float, now: float) -> float:
@@ -99,7 +105,9 @@ class LocalWindow:
             if wait > 0:
                 return None, wait
             self._line.popleft()
-            entry = Entry(amount, window.period, paced_from=self._paced_until)
+            entry = Entry(
+                amount, window.period, paced_from=self._paced_until, interval=window.interval
+            )
             self._in_flight.add(entry)
             self._held += amount
             self._paced_until = max(self._paced_until, now) + amount * window.interval
@@ -107,14 +115,16 @@ class LocalWindow:
             self._wake()
             return entry, 0.0
 
-    def finish(self, entry: object, used: float | None) -> None:
+    def finish(self, entry: object, used: float | None, *, exact: bool = False) -> None:
         assert isinstance(entry, Entry)
         with self._lock:
             if entry not in self._in_flight:
                 return
             self._in_flight.remove(entry)
-            if used is not None and used > entry.amount:
+            if used is not None and (used > entry.amount or exact):
                 self._held += used - entry.amount
+                if used < entry.amount:  # (the pace it took for what it did not use, back)
+                    self._paced_until -= (entry.amount - used) * entry.interval
                 entry.amount = used
             entry.leaves = self._clock() + entry.period
             ended = self._ended
@@ -188,18 +198,19 @@ def enter(
 
 @dataclass(eq=False)
 class WindowGate:
-    """A window's gate: one unit per attempt (``rate``) or, ``weighed``, the attempt's cost
-    (``token_rate``); its hold: the attempt's entry in the log."""
+    """A window's gate: one unit per attempt (``rate``) or, ``weighs`` a side, the attempt's
+    tokens of it (``token_rate`` and its input and output kin); its hold: the attempt's entry
+    in the log."""
 
     name: str
     rank: int
     limiter: WindowLimiter
     window: Window
-    weighed: bool = field(kw_only=True)
+    weighs: TokenSide | None = field(kw_only=True)
     recheck = False
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        amount = admission.cost if self.weighed else 1
+        amount = 1 if self.weighs is None else admission.weight(self.weighs)
         if amount <= 0:
             return None
         entry, refusal = enter(
@@ -212,7 +223,9 @@ class WindowGate:
     def release(self, admission: Admission, feedback: Feedback) -> None:
         entry = admission.held.get(self.name)
         if entry is not None:
-            self.limiter.finish(entry, feedback.used if self.weighed else None)
+            weighs = self.weighs
+            used = None if weighs is None else feedback.used_of(weighs)
+            self.limiter.finish(entry, used, exact=weighs == EXACT_SIDE)
 
     def abandon(self, admission: Admission) -> None:
         entry = admission.held.pop(self.name, None)
@@ -232,4 +245,4 @@ class RateWindow(GateOption):
 
     def kept_in(self, limiter: WindowLimiter) -> WindowGate:
         """The rate's gate, its log kept in ``limiter``."""
-        return WindowGate("token", 60, limiter, self.window, weighed=False)
+        return WindowGate("token", 60, limiter, self.window, weighs=None)

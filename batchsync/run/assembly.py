@@ -79,7 +79,7 @@ def gates_for(options: FlowOptions, clock: Clock = SYSTEM) -> Gates:
         QuotaReset(holds),
         None if options.rate_window is None else RateWindow(options.rate_window),
         options.announced_rates,
-        options.token_rate,
+        *options.token_rates,
         options.spend_cap if isinstance(options, Spend) else None,
     ]
     shared = shared_limits(options)

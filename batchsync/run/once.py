@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 class Limits:
-    """Limits kept across calls and threads: a rate, a budget of LLM tokens, a circuit
+    """Limits kept across calls and threads: a rate, budgets of LLM tokens, a circuit
     breaker and a cooldown per key (``key=`` of ``call``; one key for all without it). Give
     the same object to every call that should share them; ``limits="redis://…"`` shares
     them with other processes too."""
@@ -39,6 +39,8 @@ class Limits:
         *,
         rate: float | str | None = CALL_DEFAULT.rate,
         token_rate: TokenRate | float | str | None = CALL_DEFAULT.token_rate,
+        input_token_rate: TokenRate | float | str | None = CALL_DEFAULT.input_token_rate,
+        output_token_rate: TokenRate | float | str | None = CALL_DEFAULT.output_token_rate,
         breaker: Breaker | None = CALL_DEFAULT.breaker,
         cooldown: CooldownScope = CALL_DEFAULT.cooldown,
         limits: Any = CALL_DEFAULT.limits,
@@ -49,6 +51,8 @@ class Limits:
             FlowOptions,
             rate=rate,
             token_rate=token_rate,
+            input_token_rate=input_token_rate,
+            output_token_rate=output_token_rate,
             breaker=breaker,
             cooldown=cooldown,
             limits=limits,
@@ -56,7 +60,7 @@ class Limits:
             lease_ttl=lease_ttl,
         )
         self.gates: Gates = gates_for(options)
-        self.token_rate = options.token_rate
+        self.options = options  # (its token budgets weigh each call)
         # (the Redis URL's password, masked in what the calls sharing these limits report)
         self.secrets: Secrets = options.secrets()
 
@@ -87,9 +91,10 @@ def call(
     fallback) as that keyword argument, the same on every attempt, for SDKs that take one.
     ``limits`` (shared ``Limits``) make the call wait for the rate, a cooldown and an open
     circuit of ``key``, as a batch's items do; without it the call has no limits. With a
-    ``token_rate`` in them, the call weighs ``cost(*args, **kwargs)`` tokens (default: the
-    estimate of its keyword arguments as a request body) until ``usage(returned)`` (default:
-    its ``.usage``) or the provider's headers say what it used. The
+    ``token_rate`` (or ``input_token_rate``, ``output_token_rate``) in them, the call weighs
+    ``cost(*args, **kwargs)`` tokens (default: the estimate of its keyword arguments as a
+    request body) until ``usage(returned)`` (default: its ``.usage``) or the provider's
+    headers say what it used. The
     keyword arguments named as this function's options are its own, not ``fn``'s: to pass
     ``fn`` an argument called ``key``, say, wrap it (``lambda: fn(key=…)``).
     """
@@ -105,7 +110,9 @@ def call(
         retry_if=retry_if,
         on_attempt=on_attempt,
         on_result=on_result,
-        token_rate=None if limits is None else limits.token_rate,
+        token_rate=None if limits is None else limits.options.token_rate,
+        input_token_rate=None if limits is None else limits.options.input_token_rate,
+        output_token_rate=None if limits is None else limits.options.output_token_rate,
         cost=_packed_cost if cost is None else _unpacking(cost),
         usage=usage,
     )
