@@ -16,28 +16,16 @@ These names are exact: OpenAI's ``x-ratelimit-remaining-requests`` is not the
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any
 
 from ..core.numbers import count_of, seconds_of
 from ..core.verdict import Announced
 
-_T = TypeVar("_T")
-
 _OPENAI = "x-ratelimit-"
 _ANTHROPIC = "anthropic-ratelimit-"
-_RETRY_AFTER_MS = ("retry-after-ms", "x-ms-retry-after-ms")
-_PARTS = ("limit", "remaining", "reset")
 ANTHROPIC_SETS = ("requests", "tokens", "input-tokens", "output-tokens")
-_NAMES = frozenset(
-    [
-        *(f"{_OPENAI}{part}-{kind}" for part in _PARTS for kind in ("requests", "tokens")),
-        *(f"{_ANTHROPIC}{kind}-{part}" for kind in ANTHROPIC_SETS for part in _PARTS),
-        *_RETRY_AFTER_MS,
-    ]
-)
-
 # A duration's text longer than this is no reset a server means (and its parts could overflow).
 _LONGEST_DURATION = 40
 # Go's time.Duration text: decimal numbers each with a unit ("1h2m3.5s"), the units longest
@@ -64,66 +52,57 @@ def announced(headers: Iterable[tuple[str, str]], now: float) -> Announced | Non
     found: dict[str, str] = {}
     for name, value in headers:  # (one pass: most answers have none of these headers)
         lowered = name.lower()
-        if lowered in _NAMES:
+        if lowered in _READ:
             found[lowered] = value
     if not found:
         return None
-    inputs, outputs = (f"{_ANTHROPIC}{kind}-" for kind in ANTHROPIC_SETS[2:])
-    return Announced(
-        requests_limit=_count(found, f"{_OPENAI}limit-requests", f"{_ANTHROPIC}requests-limit"),
-        requests_remaining=_count(
-            found, f"{_OPENAI}remaining-requests", f"{_ANTHROPIC}requests-remaining"
-        ),
-        requests_reset=_either(
-            _duration(found, f"{_OPENAI}reset-requests"),
-            _until(found, f"{_ANTHROPIC}requests-reset", now),
-        ),
-        tokens_limit=_count(found, f"{_OPENAI}limit-tokens", f"{_ANTHROPIC}tokens-limit"),
-        tokens_remaining=_count(
-            found, f"{_OPENAI}remaining-tokens", f"{_ANTHROPIC}tokens-remaining"
-        ),
-        tokens_reset=_either(
-            _duration(found, f"{_OPENAI}reset-tokens"),
-            _until(found, f"{_ANTHROPIC}tokens-reset", now),
-        ),
-        retry_after=_either(*(seconds_of(found.get(name), scale=1e-3) for name in _RETRY_AFTER_MS)),
-        unreadable=tuple(  # (sorted: the headers' order says nothing)
-            sorted(
-                name
-                for name, value in found.items()
-                if name.endswith("limit") or "-limit-" in name
-                if count_of(value) is None
-            )
-        ),
-        input_tokens_limit=_count(found, f"{inputs}limit"),
-        input_tokens_remaining=_count(found, f"{inputs}remaining"),
-        input_tokens_reset=_until(found, f"{inputs}reset", now),
-        output_tokens_limit=_count(found, f"{outputs}limit"),
-        output_tokens_remaining=_count(found, f"{outputs}remaining"),
-        output_tokens_reset=_until(found, f"{outputs}reset", now),
-    )
+    told: dict[str, Any] = {}
+    unreadable: list[str] = []
+    for name in sorted(found, key=_RANKS.__getitem__):  # (the one that wins last)
+        part, read = _READ[name]
+        reading = read(found[name], now)
+        if reading is not None:
+            told[part] = reading
+        elif part.endswith("limit"):
+            unreadable.append(name)
+    return Announced(**told, unreadable=tuple(sorted(unreadable)))
 
 
-def _either(*values: _T | None) -> _T | None:
-    """The first part that said something."""
-    return next((value for value in values if value is not None), None)
+def _counted(text: str, now: float) -> int | None:
+    return count_of(text)
 
 
-def _count(found: Mapping[str, str], *names: str) -> int | None:
-    """The first of the headers' counts; None when each is absent or not one (Azure's -1)."""
-    return _either(*(count_of(found.get(name)) for name in names))
+def _go_reset(text: str, now: float) -> float | None:
+    return parse_duration(text)
 
 
-def _duration(found: Mapping[str, str], name: str) -> float | None:
-    text = found.get(name)
-    return None if text is None else parse_duration(text)
-
-
-def _until(found: Mapping[str, str], name: str, now: float) -> float | None:
-    """Seconds from ``now`` until a header's RFC 3339 time, 0 when past; None past MAX_SECONDS."""
-    text = found.get(name)
-    moment = None if text is None else _timestamp(text)
+def _reset_at(text: str, now: float) -> float | None:
+    """Seconds from ``now`` until an RFC 3339 time, 0 when past; None past MAX_SECONDS."""
+    moment = _timestamp(text)
     return None if moment is None else seconds_of(max(moment - now, 0.0))
+
+
+def _milliseconds(text: str, now: float) -> float | None:
+    return seconds_of(text, scale=1e-3)
+
+
+# Each header read: the part of ``Announced`` it tells and how its value reads, given the Unix
+# time of the answer; where two tell a part, the later here wins when it reads.
+_READ: dict[str, tuple[str, Callable[[str, float], float | None]]] = {
+    **{
+        f"{_ANTHROPIC}{kind}-{part}": (f"{kind.replace('-', '_')}_{part}", read)
+        for kind in ANTHROPIC_SETS
+        for part, read in (("limit", _counted), ("remaining", _counted), ("reset", _reset_at))
+    },
+    **{
+        f"{_OPENAI}{part}-{kind}": (f"{kind}_{part}", read)
+        for kind in ("requests", "tokens")
+        for part, read in (("limit", _counted), ("remaining", _counted), ("reset", _go_reset))
+    },
+    "x-ms-retry-after-ms": ("retry_after", _milliseconds),
+    "retry-after-ms": ("retry_after", _milliseconds),
+}
+_RANKS = {name: rank for rank, name in enumerate(_READ)}
 
 
 def parse_duration(text: str) -> float | None:

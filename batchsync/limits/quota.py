@@ -334,6 +334,8 @@ def _held_by(log: TakenLog, kind: str, count: _Count, answered: Taking) -> int:
     in, not counting them again bounds what it holds: an attempt it took before the counted
     one is in the count, and one it took after could have told more left only if more than
     it took had left the count in between."""
+    if not log.ended_after(count.since, kind):  # (most answers: none took any, or none ended)
+        return 0
     return sum(
         taking.amounts.get(kind, 0)
         for taking in log.ended_since(count.since)

@@ -34,6 +34,7 @@ class TakenLog:
     longest: float
     flying: dict[int, Taking] = field(default_factory=dict)
     _ended: list[Taking] = field(default_factory=list)
+    _ends: list[float] = field(default_factory=list)  # (their ends, searched without a key)
     _first: int = 0  # the oldest ended one still kept
     _flying_sum: dict[str, int] = field(default_factory=dict)
     _ended_sum: dict[str, int] = field(default_factory=dict)  # of every one ever ended
@@ -54,6 +55,7 @@ class TakenLog:
         taking.sent_at, taking.ended_at = sent, now
         taking.before = dict(self._ended_sum)
         self._ended.append(taking)
+        self._ends.append(now)
         _add(self._ended_sum, taking.amounts, 1)
 
     def forget(self, now: float) -> None:
@@ -62,11 +64,11 @@ class TakenLog:
             if oldest.sent_at > now - self.longest:
                 break
             self.drop(oldest.mark)
-        ended = self._ended
-        while self._first < len(ended) and _end(ended[self._first]) <= now - self.kept:
+        ends = self._ends
+        while self._first < len(ends) and ends[self._first] <= now - self.kept:
             self._first += 1
-        if self._first > len(ended) // 2:  # (amortised: each is moved once more at most)
-            del ended[: self._first]
+        if self._first > len(ends) // 2:  # (amortised: each is moved once more at most)
+            del self._ended[: self._first], ends[: self._first]
             self._first = 0
 
     def in_flight(self, kind: str) -> int:
@@ -81,7 +83,7 @@ class TakenLog:
 
     def ended_since(self, instant: float) -> Iterator[Taking]:
         """The kept attempts that ended at ``instant`` or after, oldest first."""
-        start = bisect.bisect_left(self._ended, instant, lo=self._first, key=_end)
+        start = bisect.bisect_left(self._ends, instant, lo=self._first)
         for index in range(start, len(self._ended)):
             yield self._ended[index]
 
@@ -91,12 +93,7 @@ class TakenLog:
             yield self._ended[index]
 
     def _after(self, instant: float) -> int:
-        return bisect.bisect_right(self._ended, instant, lo=self._first, key=_end)
-
-
-def _end(taking: Taking) -> float:
-    assert taking.ended_at is not None
-    return taking.ended_at
+        return bisect.bisect_right(self._ends, instant, lo=self._first)
 
 
 def _add(sums: dict[str, int], amounts: dict[str, int], sign: int) -> None:
