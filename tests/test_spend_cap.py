@@ -271,3 +271,45 @@ def test_what_cannot_be_priced_ends_cost_unsent_and_an_error_bills_nothing(
     assert refused and all(entry.cost == 0 for entry in refused)
     assert abs(sum(r.cost or 0 for r in rs) - float(billed(server, key))) < 1e-12
     assert PICO == 10**12
+
+
+def test_the_report_draws_what_a_capped_run_spent_from_memory_and_from_its_journal(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """The spend chart adds up each attempt's cost as it ended: to what the Results say they
+    spent, read from the Results in memory (``fetch_all``) and from the command's journal; a
+    run without a cap draws none."""
+    from batchsync.output import report_data
+    from batchsync.output.resultset import StoredResults
+    from batchsync.store.journal import JournalReader
+
+    pytest.importorskip("plotly")
+    base, key = prefix(server, "rpm=1000000,tpm=100000000")
+    items = chats(f"{base}/v1/chat/completions", random.Random(5), 40)
+    rs = fetch_all(items, max_cost="0.03", prices=PRICES)
+    spent = rs.summary().spent
+    assert spent is not None and 0 < spent <= 0.03 and not all(r.ok for r in rs)
+    memory, _ = report_data.collected(*report_data.entries_of(list(rs)))
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(i["json"]) + "\n" for i in items))
+    (tmp_path / "prices.json").write_text(json.dumps(PRICES))
+    done = run_cli("rows.jsonl", "--url", f"{base}/v1/chat/completions", "--method", "POST",
+                   "--row-as-body", "--max-cost", "0.03", "--prices", "prices.json",
+                   "--no-progress", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # (the rows the cap could not pay for)
+    journal = tmp_path / "rows-journal.sqlite3"
+    reader = JournalReader(journal)
+    try:
+        stored_results = StoredResults(reader, journal)
+        kept, _ = report_data.collected(stored_results.entries(), stored_results.span)
+    finally:
+        reader.close()
+    stored = sum(r.get("cost") or 0 for r in read_jsonl(tmp_path / "rows-results.jsonl"))
+    assert spent + stored == pytest.approx(float(billed(server, key)), abs=1e-9)  # (both runs)
+    for tally, total in ((memory, spent), (kept, stored)):
+        in_all = tally.spending()["in all"]
+        assert in_all[-1] == pytest.approx(total, abs=1e-9) and in_all == sorted(in_all)
+    assert "chart-spend" in (tmp_path / "rows-report.html").read_text()
+    page = rs.report(tmp_path / "r.html").read_text()
+    assert "chart-spend" in page and page.count("Plotly.newPlot") == 6
+    plain = fetch_all(items[:2]).report(tmp_path / "plain.html").read_text()
+    assert "chart-spend" not in plain and plain.count("Plotly.newPlot") == 5

@@ -473,7 +473,7 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
 
 # What an attempt of the log says, for the report: status code, error kind, seconds it took,
 # wait after it.
-Tried = tuple[int | None, str | None, float, float | None]
+Tried = tuple[int | None, str | None, float, float | None, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +491,9 @@ class Trace:
 
     @classmethod
     def of(cls, result: Result) -> Trace:
-        log = tuple((a.status_code, a.error_kind, a.elapsed, a.wait) for a in result.attempt_log)
+        log = tuple(
+            (a.status_code, a.error_kind, a.elapsed, a.wait, a.cost) for a in result.attempt_log
+        )
         taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name != "log"}
         return cls(**taken, log=log)
 

@@ -182,6 +182,15 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
         ).update_layout(title="Outcomes and error kinds", yaxis_title="items",
                         xaxis_type="category", **layout),
     }  # fmt: skip
+    spending = aggregate.spending()
+    if spending:  # (a run under a spend cap: what its attempts spent, as they ended)
+        figures["chart-spend"] = go.Figure(
+            [go.Bar(x=times, y=spending["spent"], name="spent in the step"),
+             go.Scatter(x=times, y=spending["in all"], name="spent in all", mode="lines",
+                        yaxis="y2")]
+        ).update_layout(title="Dollars spent, as attempts ended", yaxis_title="$ in the step",
+                        yaxis2={"title": "$ in all", "overlaying": "y", "side": "right"},
+                        **over_time)  # fmt: skip
     charts = [_chart(pio, name, figure, first=not position)
               for position, (name, figure) in enumerate(figures.items())]  # fmt: skip
     return f"<div class='charts'>{''.join(charts)}</div>"
@@ -195,6 +204,7 @@ def _plain(aggregate: Aggregate) -> str:
         ("rate", "Attempts per second, by outcome", aggregate.per_second()),
         ("latency", "Attempt latency percentiles (seconds, ±10 %)", aggregate.percentiles()),
         ("waits", "Items waiting, by gate", aggregate.waiting()),
+        ("spend", "Dollars spent, as attempts ended", aggregate.spending()),
     )
     return (
         f"<p class='note'>Charts need plotly: <code>{_e(INSTALL_HINT)}</code>. "
@@ -203,6 +213,7 @@ def _plain(aggregate: Aggregate) -> str:
         + "".join(
             f"<details><summary>{_e(title)}</summary>{_series_table(name, times, values)}</details>"
             for name, title, values in series
+            if values
         )
     )
 

@@ -11,6 +11,7 @@ are placed a little later than they were sent; the run's totals of those waits a
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +37,7 @@ FAILED_SHOWN = 1000
 def charted_as(attempt: Tried, last: bool) -> str:
     """The outcome an attempt is counted under: a 429, a success, a failure followed by
     another attempt (``retried``), or the item's last failure."""
-    status, kind, _, _ = attempt
+    status, kind, _, _, _ = attempt
     if status == 429:
         return "429"
     if kind is None:
@@ -49,7 +50,7 @@ def placed(finished: float, log: Sequence[Tried]) -> list[tuple[float, float]]:
     spans: list[tuple[float, float]] = []
     end = finished
     for position in range(len(log) - 1, -1, -1):
-        _, _, elapsed, _ = log[position]
+        elapsed = log[position][2]
         start = end - elapsed
         spans.append((start, end))
         if position:
@@ -113,6 +114,8 @@ class Aggregate:
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
     gates: dict[str, list[float]] = field(default_factory=dict)
+    # Dollars the attempts that ended in each bucket spent, under a spend cap (else empty).
+    spent: list[float] = field(default_factory=list)
     buckets: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
@@ -147,9 +150,13 @@ class Aggregate:
             attempt = log[position]
             self.attempts[charted_as(attempt, position == last)][self.bucket(begun)] += 1
             self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
-            wait = attempt[3]
+            wait, cost = attempt[3], attempt[4]
             if wait and position < last:
                 self._spread(self.backoff, ended, ended + wait)
+            if cost is not None:
+                if not self.spent:
+                    self.spent = [0.0] * self.buckets
+                self.spent[self.bucket(ended)] += cost
 
     def _spread(
         self, series: list[float], begun: float, ended: float, amount: float | None = None
@@ -195,6 +202,12 @@ class Aggregate:
         """Items waiting at each gate, on average over each bucket (seconds waited per
         second): ``backoff`` between attempts, then the gates' waits when they were given."""
         return self._rates({"backoff": self.backoff, **dict(sorted(self.gates.items()))})
+
+    def spending(self) -> dict[str, list[float]]:
+        """Dollars spent in each bucket and in all by its end (empty: no spend cap)."""
+        if not self.spent:
+            return {}
+        return {"spent": self.spent, "in all": list(itertools.accumulate(self.spent))}
 
     def _rates(self, series: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
         return {name: [value / self.width for value in values] for name, values in series.items()}

@@ -26,6 +26,7 @@ from ..core.result import (
     Result,
     Summary,
     Trace,
+    Tried,
     counted,
     error_kinds,
     flat_body,
@@ -251,7 +252,7 @@ class Final:
     finished: float | None
 
     def trace(self) -> Trace:
-        log = tuple(map(_TRIED, self.fields["attempt_log"]))
+        log = tuple(map(_tried, self.fields["attempt_log"]))
         traced = {key: self.fields[key] for key in _TRACED}
         return Trace(index=self.index, finished=self.finished, log=log, **traced)
 
@@ -263,7 +264,19 @@ class Final:
 # summary's counts (``Counted``) hold, in their order.
 _TRACED = ("ok", "error_kind", "status_code", "attempts", "elapsed")
 _COUNTED = itemgetter("ok", "error_kind", "status_code", "attempts")
-_TRIED = itemgetter("status_code", "error_kind", "elapsed", "wait")
+
+
+def _tried(attempt: dict[str, Any]) -> Tried:
+    """A stored attempt as the report reads it (its cost only under a spend cap)."""
+    return (
+        attempt["status_code"],
+        attempt["error_kind"],
+        attempt["elapsed"],
+        attempt["wait"],
+        attempt.get("cost"),
+    )
+
+
 _LISTED = itemgetter("url", "id", "status_code", "error_kind", "error", "attempts", "elapsed")
 
 
