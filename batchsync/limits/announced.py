@@ -44,8 +44,9 @@ class AnnouncedRates(GateOption):
         def limiter(budget: Budget) -> WindowLimiter | None:
             if budget in self.own:
                 return None
-            name = _NAMES[budget]
-            return LocalWindow(clock.now) if shared is None else shared.window(name)
+            if shared is None:
+                return LocalWindow(clock.now)
+            return shared.window(_NAMES[budget].replace(" ", "-"))  # (its keys, as they were)
 
         return AnnouncedGate({budget: limiter(budget) for budget in _NAMES})
 

@@ -71,7 +71,8 @@ class TokenRate(GateOption):
 
     def gate(self, *, concurrency: int, shared: SharedLimits | None, clock: Clock) -> WindowGate:
         name, rank = _GATES[self.side]
-        limiter = LocalWindow(clock.now) if shared is None else shared.window(name)
+        shared_name = name.replace(" ", "-")  # (a key without spaces: "input-tokens")
+        limiter = LocalWindow(clock.now) if shared is None else shared.window(shared_name)
         return WindowGate(name, rank, limiter, Window.of(self.rate), weighs=self.side)
 
     def __str__(self) -> str:
