@@ -147,16 +147,18 @@ class Aggregate:
         log = trace.log
         last = len(log) - 1
         for position, (begun, ended) in enumerate(placed(trace.finished, log)):
-            attempt = log[position]
-            self.attempts[charted_as(attempt, position == last)][self.bucket(begun)] += 1
-            self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
-            wait, cost = attempt[3], attempt[4]
-            if wait and position < last:
-                self._spread(self.backoff, ended, ended + wait)
-            if cost is not None:
-                if not self.spent:
-                    self.spent = [0.0] * self.buckets
-                self.spent[self.bucket(ended)] += cost
+            self._add_attempt(log[position], begun, ended, last=position == last)
+
+    def _add_attempt(self, attempt: Tried, begun: float, ended: float, *, last: bool) -> None:
+        self.attempts[charted_as(attempt, last)][self.bucket(begun)] += 1
+        self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
+        wait, cost = attempt[3], attempt[4]
+        if wait and not last:
+            self._spread(self.backoff, ended, ended + wait)
+        if cost is not None:
+            if not self.spent:
+                self.spent = [0.0] * self.buckets
+            self.spent[self.bucket(ended)] += cost
 
     def _spread(
         self, series: list[float], begun: float, ended: float, amount: float | None = None
