@@ -26,6 +26,7 @@ from pydantic import (
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
+from ..core.verdict import TokenSide
 from ..http.auth import Auth
 from ..http.hedge import HedgeDelay, Hedger
 from ..http.paginate import Paging, paging
@@ -75,6 +76,17 @@ _CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, 
 
 # Each token budget's option by the side it holds.
 _SIDES = {option: side for side, option in OPTION_OF.items()}
+
+
+def budget_flag(side: TokenSide, help: str) -> Flag:
+    """The flag of the token budget of ``side`` (--token-rate, --input-token-rate, …)."""
+    option = OPTION_OF[side]
+    return Flag(
+        f"--{option.replace('_', '-')}",
+        metavar="N[/s|/min|/h]",
+        parse=partial(token_rate_text, name=option),
+        help=help,
+    )
 
 
 class EngineOptions(BaseModel):
@@ -150,11 +162,9 @@ class FlowOptions(EngineOptions):
     token_rate: Annotated[
         TokenRate | None,
         Takes(TokenRate | float | str | None),
-        Flag(
-            "--token-rate",
-            metavar="N[/s|/min|/h]",
-            parse=token_rate_text,
-            help="At most this many LLM tokens in any second, minute or hour over all workers "
+        budget_flag(
+            "tokens",
+            "At most this many LLM tokens in any second, minute or hour over all workers "
             "(200000/min), held as --rate holds its count: give the limit itself. Each item "
             "takes its request body's estimated tokens (the text of messages, input or prompt "
             "at about 4 characters a token, plus max_tokens x n) before it is sent, or its "
@@ -166,25 +176,21 @@ class FlowOptions(EngineOptions):
     input_token_rate: Annotated[
         TokenRate | None,
         Takes(TokenRate | float | str | None),
-        Flag(
-            "--input-token-rate",
-            metavar="N[/s|/min|/h]",
-            parse=partial(token_rate_text, name="input_token_rate"),
-            help="At most this many input (prompt) tokens in any second, minute or hour, held "
-            "as --token-rate holds all of them; each item takes its prompt's estimate, or its "
+        budget_flag(
+            "input",
+            "At most this many input (prompt) tokens in any second, minute or hour, held as "
+            "--token-rate holds all of them; each item takes its prompt's estimate, or its "
             "usage's input tokens when the answer says more.  [default: none]",
         ),
     ] = None
     output_token_rate: Annotated[
         TokenRate | None,
         Takes(TokenRate | float | str | None),
-        Flag(
-            "--output-token-rate",
-            metavar="N[/s|/min|/h]",
-            parse=partial(token_rate_text, name="output_token_rate"),
-            help="At most this many output (completion) tokens in any second, minute or hour; "
-            "each item takes its completion limit (max_tokens x n) before it is sent, set "
-            "right by its usage's output tokens. An LLM request without a completion limit "
+        budget_flag(
+            "output",
+            "At most this many output (completion) tokens in any second, minute or hour; each "
+            "item takes its completion limit (max_tokens x n) before it is sent, then what its "
+            "answer made, as Anthropic counts it. An LLM request without a completion limit "
             "fails at once, unsent.  [default: none]",
         ),
     ] = None
