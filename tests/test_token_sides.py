@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from batchsync import fetch_all, run_all
+from batchsync import Limits, call, fetch_all, run_all
 from batchsync.core.admission import Admission
 from batchsync.core.budget import Allowance
 from batchsync.core.verdict import Announced, Feedback, InvalidItem
@@ -209,3 +209,32 @@ def test_input_and_output_budgets_at_anthropics_limits_meet_no_429(  # noqa: PLR
     seconds = float(counted["elapsed"])
     used = (prompt * count / (inputs * seconds), counted["completion_tokens"] / (outputs * seconds))
     assert max(used) >= 0.6, (used, [w["requests"] for w in counted["windows"]])
+
+
+def test_call_weighs_its_keyword_arguments_by_side() -> None:
+    """``call`` reads its keyword arguments as the request body, by side: an output budget
+    refuses a prompt without a completion limit, unsent, and holds the output at ``max_tokens``
+    alone (not the prompt and the completion together)."""
+    limits = Limits(input_token_rate="1000/s", output_token_rate="100/s")
+    calls: list[dict[str, Any]] = []
+
+    def sdk(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return {"usage": {"input_tokens": 107, "output_tokens": 5}}
+
+    unbounded = call(sdk, limits=limits, model="m", messages=[PROMPT])
+    assert unbounded.error_kind == "invalid_request" and unbounded.attempts == 0 and not calls
+    assert "sets no max_tokens" in (unbounded.error or "")
+    fits = call(sdk, limits=limits, model="m", messages=[PROMPT], max_tokens=100)
+    assert fits.ok and len(calls) == 1  # (107 + 100 on one side would not fit the 100/s)
+
+
+@pytest.mark.parametrize("budget", ["token_rate", "input_token_rate", "output_token_rate"])
+def test_a_token_budget_refuses_the_hedged_copies_it_cannot_weigh(budget: str) -> None:
+    """A hedge's second copy was let through unweighed: 12 calls made 176 output tokens a
+    second against a budget of 100. Refused in one line instead, as the spend cap does."""
+    given: dict[str, Any] = {budget: "100/s", "hedge_after": 0.05}
+    with pytest.raises(ValueError, match=f"{budget} .* cannot weigh the second copy"):
+        fetch_all(["http://127.0.0.1:9/"], **given)
+    with pytest.raises(ValueError, match=f"{budget} .* cannot weigh the second copy"):
+        run_all(lambda item: item, [1], **given)

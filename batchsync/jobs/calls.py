@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import InitVar, dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.admission import GLOBAL
 from ..core.redact import Secrets
@@ -22,6 +22,14 @@ from ..limits.gates import Gates
 from ..limits.tokenrate import item_cost, used_tokens
 from ..limits.tokens import usage_parts
 from .options import CallOptions
+
+
+class CallArguments(NamedTuple):
+    """One ``call``'s arguments: weighed at the token budgets by its keyword arguments, read
+    as a request body (an SDK's ``create(model=…, messages=…, max_tokens=…)``)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
 
 
 @dataclass(eq=False, repr=False)
@@ -59,7 +67,8 @@ class CallJob:
 
     def prepare(self, item: object) -> Task:
         try:
-            cost, sides = item_cost(item, item, self.options.cost, self.options.token_rates)
+            body = item.kwargs if isinstance(item, CallArguments) else item
+            cost, sides = item_cost(item, body, self.options.cost, self.options.token_rates)
         except InvalidItem as exc:
             raise InvalidItem(self._masked(str(exc))) from None
         key = None

@@ -322,6 +322,16 @@ class FlowOptions(EngineOptions):
 
     _rate_readable = field_validator("rate")(staticmethod(rate_text))  # (as --rate reads it)
 
+    @model_validator(mode="after")
+    def _budgets_weigh_every_copy(self) -> FlowOptions:
+        if self.token_rates and self.hedge_after is not None:
+            named = OPTION_OF[self.token_rates[0].side]
+            raise ValueError(
+                f"{named} (--{named.replace('_', '-')}) cannot weigh the second copy "
+                "hedge_after (--hedge-after) sends: give one of them"
+            )
+        return self
+
     @field_validator("retry_answers", mode="before")
     @classmethod
     def _answers_named(cls, value: object) -> object:

@@ -14,13 +14,13 @@ from typing import Any, ParamSpec, TypeVar, Unpack, overload
 from ..core.backoff import Backoff
 from ..core.redact import Secrets
 from ..core.result import AttemptRecord, Result
+from ..jobs.calls import CallArguments
 from ..jobs.options import CALL_DEFAULT, CallOptions, FlowOptions, build
 from ..jobs.settings import CallSettings
 from ..limits.breaker import Breaker
 from ..limits.cooldown import CooldownScope
 from ..limits.gates import Gates
 from ..limits.tokenrate import TokenRate
-from ..limits.tokens import estimate_tokens
 from .assembly import call_once, gates_for
 from .batch import refuse_async
 
@@ -113,7 +113,7 @@ def call(
         token_rate=None if limits is None else limits.options.token_rate,
         input_token_rate=None if limits is None else limits.options.input_token_rate,
         output_token_rate=None if limits is None else limits.options.output_token_rate,
-        cost=_packed_cost if cost is None else _unpacking(cost),
+        cost=None if cost is None else _unpacking(cost),
         usage=usage,
     )
     return _call(fn, args, kwargs, options, limits)
@@ -206,7 +206,8 @@ def _call(
     limits: Limits | None,
 ) -> Result:
     gates, secrets = (None, options.secrets()) if limits is None else (limits.gates, limits.secrets)
-    return call_once(options, _unpacking(fn), (args, kwargs), gates=gates, secrets=secrets)
+    packed = CallArguments(args, kwargs)
+    return call_once(options, _unpacking(fn), packed, gates=gates, secrets=secrets)
 
 
 def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -218,9 +219,3 @@ def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args, **kwargs)
 
     return unpacked
-
-
-def _packed_cost(packed: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
-    """A call's estimated tokens: its keyword arguments read as a request body (an SDK's
-    ``create(model=…, messages=…, max_tokens=…)``)."""
-    return estimate_tokens(packed[1])
