@@ -238,3 +238,22 @@ def test_a_token_budget_refuses_the_hedged_copies_it_cannot_weigh(budget: str) -
         fetch_all(["http://127.0.0.1:9/"], **given)
     with pytest.raises(ValueError, match=f"{budget} .* cannot weigh the second copy"):
         run_all(lambda item: item, [1], **given)
+
+
+def test_an_attempt_sent_then_given_up_stays_counted() -> None:
+    """An attempt the limits hear nothing readable of (an interrupt while it ran, an answer
+    the limits could not read) was sent: its tokens stay counted a period, not given back as
+    if it never went."""
+    clock = FakeClock()
+    gates = side_gates(clock, output_token_rate="100/min")
+    sent = enter(gates, clock, (0, 100))
+    sent.sent = clock.now()
+    gates.abandon(sent)
+    started = clock.now()
+    gates.release(enter(gates, clock, (0, 100)), Feedback())
+    assert clock.now() - started == pytest.approx(60.0)
+    never = enter(gates, clock, (0, 100))  # (a period on: room again) ...
+    assert clock.now() - started == pytest.approx(120.0)
+    gates.abandon(never)  # ... and never sent: all of it back at once
+    enter(gates, clock, (0, 100))
+    assert clock.now() - started == pytest.approx(120.0)

@@ -16,7 +16,7 @@ from ..core.verdict import Announced, ErrorKind, Feedback, TokenSide
 from .gate import GateOption, Waiting
 from .rates import Window
 from .shared import SharedLimits, WindowLimiter
-from .window import EXACT_SIDE, LocalWindow, enter
+from .window import EXACT_SIDE, LocalWindow, enter, given_back
 
 log = logging.getLogger("batchsync")
 # The period of the limits a provider's headers announce: requests and tokens a minute.
@@ -103,7 +103,7 @@ class AnnouncedGate:
         for budget, limiter in self._limiters.items():
             entry = admission.held.pop(_NAMES[budget], None)
             if entry is not None and limiter is not None:
-                limiter.cancel(entry)
+                given_back(limiter, entry, admission)
 
     def _learn(self, host: str, said: Announced) -> None:
         for header in said.unreadable:

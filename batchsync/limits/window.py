@@ -196,6 +196,16 @@ def enter(
         waiting.stats.add(name, waiting.now() - began)
 
 
+def given_back(limiter: WindowLimiter, entry: object, admission: Admission) -> None:
+    """An entry whose attempt came to no answer the limits could read: taken back when it was
+    never sent; when it was, still counted at what it took (the server may have counted it),
+    leaving a period from now."""
+    if admission.sent is None:
+        limiter.cancel(entry)
+    else:
+        limiter.finish(entry, None)
+
+
 @dataclass(eq=False)
 class WindowGate:
     """A window's gate: one unit per attempt (``rate``) or, ``weighs`` a side, the attempt's
@@ -230,7 +240,7 @@ class WindowGate:
     def abandon(self, admission: Admission) -> None:
         entry = admission.held.pop(self.name, None)
         if entry is not None:
-            self.limiter.cancel(entry)
+            given_back(self.limiter, entry, admission)
 
 
 @dataclass(frozen=True)
