@@ -15,6 +15,7 @@ These names are exact: OpenAI's ``x-ratelimit-remaining-requests`` is not the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -105,6 +106,7 @@ _READ: dict[str, tuple[str, Callable[[str, float], float | None]]] = {
 _RANKS = {name: rank for rank, name in enumerate(_READ)}
 
 
+@functools.lru_cache(maxsize=256)  # (a server writes the same few resets again and again)
 def parse_duration(text: str) -> float | None:
     """Seconds of an OpenAI reset, a Go duration: ``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``.
 
