@@ -192,7 +192,7 @@ def test_input_and_output_budgets_at_anthropics_limits_meet_no_429(  # noqa: PLR
     base, key = prefix(server, f"rpm=100000,tpm=10000000,itpm={inputs},otpm={outputs},window=1")
     body = {"model": "claude-mock", "max_tokens": most,
             "messages": [{"role": "user", "content": "word" * (prompt - 6)}]}  # fmt: skip
-    count = 64 if headers is False else 120
+    count = 40 if headers is False else 80
     items = [{"url": f"{base}/v1/messages", "method": "POST", "json": body, "id": n}
              for n in range(count)]  # fmt: skip
     rs = fetch_all(
