@@ -163,12 +163,14 @@ def test_auto_holds_anthropics_input_and_output_limits_apart() -> None:
     assert [at - started for at in went] == pytest.approx([0.0, 10.0, 20.0, 30.0])
 
 
-def test_run_all_holds_each_side_and_refuses_an_unbounded_output() -> None:
-    """A call's item is its body: 106 tokens in a call against 212 a second holds the third
-    call to the next second's room, whatever the function returns."""
+def test_run_all_weighs_each_side_and_refuses_an_unbounded_output() -> None:
+    """A call's item is its body, weighed by side: a prompt of 107 tokens and 5 out passes an
+    output budget of 10 a second (its 112 in all would not) and is refused by an input budget
+    of 100 a second; a prompt without a completion limit is refused by an output budget."""
     answer = {"usage": {"input_tokens": 106, "output_tokens": 2}}
-    rs = run_all(lambda item: answer, [message(5)] * 3, input_token_rate="212/s", concurrency=3)
-    assert all(r.ok for r in rs)
+    assert run_all(lambda item: answer, [message(5)], output_token_rate="10/s")[0].ok
+    too_long = run_all(lambda item: answer, [message(5)], input_token_rate="100/s")[0]
+    assert too_long.error_kind == "invalid_request" and "107 input tokens" in (too_long.error or "")
     refused = run_all(lambda item: answer, [message(None)], output_token_rate="100/s")
     assert refused[0].error_kind == "invalid_request" and refused[0].attempts == 0
 
