@@ -61,6 +61,8 @@ count against the KEY's live limits.
 The batch stats are JSON: ``files_uploaded``, ``files_deleted``, ``files_alive`` (ids of the
 files not deleted, outputs included), ``batches_created`` (creates answered 200, the ones the
 cap fails later included), ``refused_creates`` (creates the cap refused or failed),
+``billed`` (the ``input_tokens`` and ``output_tokens`` of every row answered 200 so far, by
+the usage its answer reports: what the KEY pays at the batch price),
 ``batches_run`` and ``rows_run`` (batches that went in progress, and their rows), ``twice``
 (each request body answered in more than one batch, whatever its custom_ids: a client that
 resubmits what already ran shows here; rows that expired or were cancelled before they ran
@@ -156,6 +158,14 @@ class Settings:
         """The most rows and bytes a batch of ``provider`` may have."""
         rows, size = MOST[provider]
         return self.batch_rows or rows, self.batch_bytes or size
+
+
+# The tokens a KEY's batches billed, by side: the usage of every row answered 200 so far
+# (OpenAI's names, then Anthropic's).
+BILLED = {
+    "input_tokens": ("prompt_tokens", "input_tokens"),
+    "output_tokens": ("completion_tokens", "output_tokens"),
+}
 
 
 def canonical(body: Any) -> str:
@@ -870,11 +880,17 @@ class BatchMock:
                 self._finish(store, batch, now)  # (the output files of the batches now over)
             ran = [b for b in store.batches.values() if b.ran(now)]
             seen: dict[str, list[tuple[str, str]]] = {}
+            billed = dict.fromkeys(BILLED, 0)
             for batch in ran:
                 for index, row in enumerate(batch.rows):
                     if batch.done(index, now):
                         seen.setdefault(row.text, []).append((row.custom_id, batch.id))
+                        status, answer = self._row_answer(store, batch, index)
+                        usage = answer.get("usage") if status == 200 else None
+                        for side, names in BILLED.items():
+                            billed[side] += sum(int((usage or {}).get(n) or 0) for n in names)
             return {
+                "billed": billed,
                 **store.counts,
                 "files_alive": [f.id for f in store.files.values() if not f.deleted],
                 "batches_run": len(ran),

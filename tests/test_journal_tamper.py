@@ -177,8 +177,9 @@ def schema_tables() -> dict[str, list[str]]:
 TABLES = schema_tables()
 # The tables a live run fills (``submissions`` holds nothing in a live run's journal:
 # tests/test_batch_api.py alters it in the journal of a run through a batch endpoint; nor
-# ``spend`` in one without a spend cap: tests/test_spend_cap.py alters it).
-LIVE_TABLES = sorted(set(TABLES) - {"submissions", "spend"})
+# ``spend`` and ``charges`` in one without a spend cap: tests/test_spend_cap.py and
+# tests/test_batch_spend.py alter them).
+LIVE_TABLES = sorted(set(TABLES) - {"submissions", "spend", "charges"})
 # What each column is set to, whatever its type: NULL, text of another type, a negative
 # number, NaN as SQLite keeps it (a text: a float NaN is stored as NULL), an infinity, JSON
 # that does not parse, JSON of another shape, an integer past any count.

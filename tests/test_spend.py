@@ -222,8 +222,12 @@ class Store:
         self.rows.append([amount, None])
         return len(self.rows)
 
-    def settle(self, number: int, spent: int) -> None:
-        self.rows[number - 1][1] = spent
+    def settle(self, number: int, spent: int) -> bool:
+        row = self.rows[number - 1]
+        if row[1] is not None:
+            return False
+        row[1] = spent
+        return True
 
 
 def test_a_kept_ledger_counts_what_earlier_runs_spent_and_reserved() -> None:
@@ -237,6 +241,35 @@ def test_a_kept_ledger_counts_what_earlier_runs_spent_and_reserved() -> None:
     ledger.settle(number, 50, 20)
     assert store.rows[-1] == [50, 20] and ledger.spent == 70
     assert ledger.reserve(31) is False
+
+
+def test_a_reservation_an_earlier_run_made_is_settled_once_by_a_later_one() -> None:
+    """A batch endpoint's part reserved by one run and collected by the next: the next counts
+    it at its worst case until it settles it, then at what it spent; settled again (a run
+    killed between settling and saying so), nothing changes."""
+    store = Store([[30, 10], [40, None]])
+    ledger = Ledger(100)
+    ledger.keep(store)
+    assert (ledger.spent, ledger.reserved) == (50, 0)
+    assert ledger.fits(50) and ledger.fits(51) is False
+    ledger.settle(2, 40, 15)
+    assert store.rows[1] == [40, 15] and (ledger.spent, ledger.reserved) == (25, 0)
+    ledger.settle(2, 40, 15)
+    assert store.rows[1] == [40, 15] and (ledger.spent, ledger.reserved) == (25, 0)
+
+
+def test_a_ledger_kept_again_counts_its_open_reservations_once() -> None:
+    """A part still open when its run ended is reserved in the store: the next run of the same
+    ledger counts it from the store, not twice."""
+    store = Store([])
+    ledger = Ledger(100)
+    ledger.keep(store)
+    number = ledger.reserve(60)
+    ledger.keep(None)
+    ledger.keep(store)
+    assert (ledger.spent, ledger.reserved) == (60, 0) and ledger.fits(41) is False
+    ledger.settle(number, 60, 5)
+    assert (ledger.spent, ledger.reserved) == (5, 0)
 
 
 def test_many_workers_never_take_the_ledger_over_its_cap() -> None:

@@ -13,6 +13,7 @@ import shutil
 import threading
 import urllib.error
 import uuid
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,17 @@ def spent_in(path: Path) -> int:
         return record.total()
 
 
+def tampered_copies(source: Path, table: str, folder: Path) -> Iterator[tuple[Case, Path]]:
+    """Each tampering of ``table`` (``test_journal_tamper.cases``) applied to a copy of the
+    journal ``source`` in ``folder``: the case and the copy (one that cannot be applied left
+    out)."""
+    for number, case in enumerate(cases(source, table)):
+        path = folder / f"{number}.sqlite3"
+        shutil.copy(source, path)
+        if apply(path, case):
+            yield case, path
+
+
 def test_a_tampered_spend_table_never_counts_less_than_was_spent(
     capped_journal: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -142,11 +154,7 @@ def test_a_tampered_spend_table_never_counts_less_than_was_spent(
     spent = spent_in(source)
     assert spent > 0
     checked = 0
-    for number, case in enumerate(cases(source, "spend")):
-        path = tmp_path / f"{number}.sqlite3"
-        shutil.copy(source, path)
-        if not apply(path, case):
-            continue
+    for case, path in tampered_copies(source, "spend", tmp_path):
         checked += 1
         try:
             Batch(items, journal=path, max_cost="0.05", prices=PRICES)

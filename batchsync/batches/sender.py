@@ -3,8 +3,11 @@ the caps, each part uploaded and submitted, the batches polled until they end, a
 row's answer delivered as its Result, in whatever order the provider lists them (the
 journal and the outputs put them in input order).
 
-Every step is recorded in the ledger before the next depends on it: a part is planned, then
-uploaded, then marked ``submitting`` before the create is sent, then holds its batch id.
+Every step is recorded in the ledger before the next depends on it: a part is planned (under
+a spend cap, with its reservation: every row's worst case at the batch price), then uploaded,
+then marked ``submitting`` before the create is sent, then holds its batch id. A row whose
+worst case does not fit in what the cap leaves waits for the parts in flight to be settled by
+what their answers used, and ends ``cost`` if it never fits.
 A run that goes on with the ledger follows each open part from where it stood (a part
 caught ``submitting`` is looked for at the provider before anything is sent again), so a
 part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the provider.
@@ -12,11 +15,14 @@ part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal
 
+from ..core.admission import PICO
 from ..core.backoff import Backoff
 from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result, result_of
@@ -24,6 +30,8 @@ from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
 from ..http.httpfacts import HttpFacts
 from ..http.spec import RequestSpec
+from ..limits import spend
+from ..limits.tokens import usage_parts
 from ..store.submissions import (
     CLEANED,
     COLLECTED,
@@ -34,6 +42,7 @@ from ..store.submissions import (
     SUBMITTING,
     UPLOADED,
     WAITING,
+    Charge,
     Covered,
     Ledger,
     Part,
@@ -69,6 +78,7 @@ class Plan:
     keep_files: bool = False
     cancel: bool = False
     expect: object = "json"
+    prices: spend.Prices | None = None  # (with a spend cap)
 
     @property
     def caps(self) -> tuple[int, int]:
@@ -88,6 +98,11 @@ class _Followed:
     rows: dict[int, set[int]] = field(default_factory=dict)
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
+    # Under a spend cap: each row's worst case and prices, the rows waiting for room under the
+    # cap (their bodies), and by part what the rows read so far spent and had reserved.
+    priced: dict[int, spend.Priced] = field(default_factory=dict)
+    deferred: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    spent: dict[int, list[int]] = field(default_factory=dict)
 
     def given(self, part: Part) -> set[int]:
         """The rows of ``part`` this run is to deliver."""
@@ -101,6 +116,7 @@ class _Cut:
     number: int
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
+    worst: int = 0  # (under a spend cap: what its rows may cost at most)
 
     def __post_init__(self) -> None:
         self.tag = new_tag(self.number)
@@ -173,6 +189,9 @@ class BatchRun:
     observer: Observer = field(default_factory=Observer)
     again: Callable[[], Iterable[tuple[int, object]]] | None = None
     mask: Callable[[str], str] = str
+    spending: spend.Ledger | None = None  # (the spend cap's, with ``plan.prices``)
+    # The Result each row had when the run began (a part's rows an earlier run read).
+    stored: Callable[[int], Result | None] = lambda index: None
 
     def __post_init__(self) -> None:
         self._provider: BatchProvider = self.client.provider
@@ -209,7 +228,7 @@ class BatchRun:
         """Read the rows left: one no batch can carry fails, the others join an open or new part."""
         open_parts = self._settled([part for part in self.ledger.parts() if part.open])
         covered, known = Covered(open_parts), {part.number: part for part in open_parts}
-        cut = _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
+        cut = self._new_cut()
         refusal = self.client.refusal()
         for index, item in items:
             if self.stopped:
@@ -226,7 +245,11 @@ class BatchRun:
             self._plan_part(cut)
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
+                self._settle(part, None)  # (its rows' answers read by an earlier run)
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
+
+    def _new_cut(self) -> _Cut:
+        return _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
 
     def _body(self, index: int, item: object, refusal: str | None) -> Mapping[str, Any] | None:
         """The row's body, its id noted; None for a row no batch can carry (its Result given)."""
@@ -246,15 +269,23 @@ class BatchRun:
         """Follow a row in the earlier run's open part that holds it (with its line, if unsent)."""
         self._followed.parts[earlier.number] = earlier
         self._followed.rows.setdefault(earlier.number, set()).add(index)
+        with contextlib.suppress(spend.Unpriced):  # (its cost then stays at the part's worst)
+            self._price(index, body)
         if earlier.batch is None:
             line = self._provider.request_line(self.plan.endpoint, index, body, earlier.nonce)
             self._followed.lines.setdefault(earlier.number, []).append(line)
 
     def _place(self, index: int, item: object, body: Mapping[str, Any], cut: _Cut) -> _Cut:
-        """The cut with the row (a full cut submitted first); a row too big or withdrawn fails."""
+        """The cut with the row (a full cut submitted first); a row too big, withdrawn or that
+        cannot be priced fails; one the spend cap has no room for waits (``deferred``)."""
         provider, plan = self._provider, self.plan
         if plan.cancel:
             self._give(self._unsent(index, _WITHDRAWN, "batch_cancelled"), item)
+            return cut
+        try:
+            worst = self._price(index, body)
+        except spend.Unpriced as exc:
+            self._give(self._unsent(index, str(exc), exc.kind), item)
             return cut
         line = provider.request_line(plan.endpoint, index, body, cut.nonce)
         if provider.submission_size(1, len(line)) > plan.caps[1]:
@@ -265,9 +296,22 @@ class BatchRun:
             self._plan_part(cut)
             cut = _Cut(cut.number + 1)
             line = provider.request_line(plan.endpoint, index, body, cut.nonce)
+        if self.spending is not None and not self.spending.fits(cut.worst + worst):
+            self._followed.deferred[index] = body
+            return cut
         cut.lines.append((index, line))
         cut.size += len(line)
+        cut.worst += worst
         return cut
+
+    def _price(self, index: int, body: Mapping[str, Any]) -> int:
+        """The row's worst case at the batch price (0 without a cap); Unpriced when the
+        price table cannot say it."""
+        if self.plan.prices is None:
+            return 0
+        priced = spend.priced(body, self.plan.prices, batch=True)
+        self._followed.priced[index] = priced
+        return priced.worst
 
     def _settled(self, parts: list[Part]) -> list[Part]:
         """The open parts of earlier runs with a batch at the provider (one whose create got no
@@ -288,6 +332,7 @@ class BatchRun:
             if part.batch is None:
                 if part.input_file is None and self._provider.shape.uploads:
                     part = replace(part, input_file=self.client.file_named(_file_name(part)))
+                self._settle(part, 0)  # (no batch was made of it: nothing billed)
                 self.ledger.save(part.moved(DROPPED, self._unix_time()))
             else:
                 kept.append(part)
@@ -298,7 +343,7 @@ class BatchRun:
         rows, plan = ranges_of(index for index, _ in cut.lines), self.plan
         part = Part(cut.number, plan.passing, plan.endpoint.provider, rows, tag=cut.tag)
         part = part.moved(PLANNED, self._unix_time())
-        self._save(part)
+        self._save(part, self._reserve(cut.worst))
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._submit(part)
 
@@ -372,6 +417,7 @@ class BatchRun:
     def _withdraw(self, part: Part) -> None:
         """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
         self._fail_rest(part, _WITHDRAWN, "batch_cancelled", None)
+        self._settle(part, 0)
         self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
 
@@ -446,19 +492,105 @@ class BatchRun:
         self.ledger.save(part)
         return part
 
-    def _save(self, part: Part) -> None:
-        self.ledger.save(part)
+    def _save(self, part: Part, charge: Charge | None = None) -> None:
+        self.ledger.save(part, charge)
         self._followed.parts[part.number] = part
+
+    # --- the spend cap ---------------------------------------------------------------------
+    def _reserve(self, amount: int) -> Charge | None:
+        """A new part's charge: ``amount`` reserved under the cap (None without one)."""
+        if self.spending is None:
+            return None
+        mark = self.spending.reserve(amount)
+        if mark is None or mark is False:  # (its rows were placed only while it had room)
+            raise BatchApiFailed("the spend cap refused a part its rows were placed within")
+        return mark, amount
+
+    def _settle(self, part: Part, spent: int | None) -> None:
+        """Settle ``part``'s charge: ``spent`` when nothing of it was billed (0) or known, else
+        what the rows read here spent, the others at their worst case (None: all of them)."""
+        charge = self.ledger.charge_of(part.number)
+        if charge is None or self.spending is None:
+            return
+        mark, reserved = charge
+        if spent is None:
+            read_spent, read_worst = self._followed.spent.get(part.number, (0, 0))
+            unread = set(indexes_in(part.rows)) - self._followed.delivered.get(part.number, set())
+            known_spent, known_worst = self._journaled_costs(unread)
+            spent = read_spent + known_spent + max(0, reserved - read_worst - known_worst)
+        self.spending.settle(mark, reserved, spent)
+        self.ledger.settled(part.number)
+
+    def _journaled_costs(self, unread: set[int]) -> tuple[int, int]:
+        """What the rows of a part an earlier run read spent and had reserved, by their
+        answers' Results (their cost, over every pass: no less than this part's); (0, 0)
+        when the items cannot be read again."""
+        spent = worst = 0
+        if not unread or self.again is None or self.plan.prices is None:
+            return spent, worst
+        for index, item in self.again():
+            stored = self.stored(index) if index in unread else None
+            if stored is None or not stored.ok or stored.cost is None:
+                continue
+            try:
+                body = _body_of(self.request_of(item), self.plan.endpoint)
+                worst += spend.priced(body, self.plan.prices, batch=True).worst
+            except InvalidItem:  # (Unpriced among them: its row stays at its worst case)
+                continue
+            spent += math.ceil(stored.cost * PICO)
+        return spent, worst
+
+    def _charged(self, answer: Answer, part: Part) -> float | None:
+        """What a row's answer cost, in dollars, counted for its part (None: no cap): its
+        usage at the batch price; an error line nothing (failures are not billed), an unread
+        one its worst case."""
+        priced = self._followed.priced.get(answer.index)
+        if priced is None:
+            return None
+        if answer.ok:
+            cost = priced.spent(usage_parts(answer.data, cached=True))
+        else:
+            cost = priced.worst if answer.error_kind == "invalid_body" else 0
+        counted = self._followed.spent.setdefault(part.number, [0, 0])
+        counted[0] += cost
+        counted[1] += priced.worst
+        return cost / PICO
+
+    def _place_deferred(self) -> None:
+        """Put the rows waiting for room under the cap in a new part, as many as fit now."""
+        waiting, self._followed.deferred = self._followed.deferred, {}
+        cut = self._new_cut()
+        for index, body in sorted(waiting.items()):
+            cut = self._place(index, None, body, cut)
+        if cut.lines:
+            self._plan_part(cut)
+
+    def _end_deferred(self) -> None:
+        """The rows the cap never had room for end ``cost``, to run again with a larger cap."""
+        waiting, self._followed.deferred = self._followed.deferred, {}
+        reason = "its worst case did not fit in what max_cost left once the run's batches ended"
+        self._give_failures({index: self._unsent(index, reason, "cost") for index in waiting})
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
         """Poll the open parts until all end, it stops or time is out (never waiting past it)."""
         rounds = 0
-        while self._round() and not self._out_of_time():
+        while self._going_on() and not self._out_of_time():
             rounds += 1
             wait, left = self._poll_wait(rounds), self._clocks.left()
             if not self._clocks.pause(wait if left is None else min(wait, left)):
                 return
+        if not self.stopped:
+            self._end_deferred()
+
+    def _going_on(self) -> bool:
+        """One round; then the rows waiting under the cap placed as far as the parts settled
+        so far leave room. True while some part is still open."""
+        still = self._round()
+        if self._followed.deferred and not self.stopped:
+            self._place_deferred()
+            still = any(part.open for part in self._followed.parts.values())
+        return still
 
     def _round(self) -> bool:
         """One look at each open part; True when some are still open (and not stopped)."""
@@ -537,7 +669,7 @@ class BatchRun:
                 answer = reading.take(self._provider, line)
                 if answer is None:
                     continue
-                result = self._result(answer, elapsed)
+                result = self._result(answer, elapsed, self._charged(answer, part))
                 if result.ok:
                     self._give(result, None)
                 else:
@@ -560,12 +692,15 @@ class BatchRun:
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
             self._hold(part, f"the results of the batch {part.batch} do not list this row")
             return
+        self._settle(part, None)
         self.ledger.save(replace(part, tokens=(reading.tokens[0], reading.tokens[1])))
         self._followed.parts.pop(part.number)  # (every row delivered: closed once journaled)
 
-    def _fail_part(self, part: Part, reason: str, status: int | None) -> None:
-        """A ``batch_errored`` Result for each row left of a part that never ran."""
+    def _fail_part(self, part: Part, reason: str, status: int | None, *, ran: bool = False) -> None:
+        """A ``batch_errored`` Result for each row left of a part that never ran (nothing
+        billed), or whose batch is gone (``ran``: its rows unread at their worst case)."""
         self._fail_rest(part, reason, "batch_errored", status)
+        self._settle(part, None if ran else 0)
         self._save(part.moved(COLLECTED, self._unix_time()))
 
     def _fail_rest(self, part: Part, reason: str, kind: ErrorKind, status: int | None) -> None:
@@ -592,9 +727,11 @@ class BatchRun:
                     log.warning("could not cancel the batch %s: %s", part.batch, exc)
                     continue
                 if part.number in self._followed.parts:
-                    self._fail_part(part, f"the batch {part.batch} is gone at the provider", 404)
+                    gone = f"the batch {part.batch} is gone at the provider"
+                    self._fail_part(part, gone, 404, ran=True)
                     continue
             if part.number not in self._followed.parts:
+                self._settle(part, None)
                 self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _out_of_time(self) -> bool:
@@ -689,9 +826,9 @@ class BatchRun:
         for index in sorted(failures):
             self._give(failures[index], items.get(index))
 
-    def _result(self, answer: Answer, elapsed: float) -> Result:
+    def _result(self, answer: Answer, elapsed: float, cost: float | None) -> Result:
         """A row's Result, made as a live attempt's is: one attempt (none if the batch never
-        ran it), its body decoded as ``expect`` says."""
+        ran it) with its ``cost`` under a spend cap, its body decoded as ``expect`` says."""
         # (a row's answer as a live attempt's facts: its status, where it went, no redirect)
         facts = HttpFacts(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
@@ -702,7 +839,7 @@ class BatchRun:
         else:
             verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
-        record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed)
+        record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed, cost=cost)
         return self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
 
     def _unsent(

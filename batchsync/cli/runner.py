@@ -210,6 +210,7 @@ def run_batch(
             passing=plan.passing.number,
             cancel=continuing.cancel,
             again=lambda: enumerate(islice(source, entries)),
+            stored=plan.left.stored,
             on_start=on_start,
             cluster=None if dask is None else partial(_cluster, options, dask, partition_size),
         )

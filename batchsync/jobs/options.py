@@ -553,11 +553,12 @@ class Spend(_Family):
             "--max-cost",
             metavar="USD",
             parse=cost_text,
-            help="With --prices: spend at most USD dollars. Before each request is sent, its "
-            "worst case is reserved (every byte of its body as an input token, its max_tokens "
-            "x n as output), and the answer's usage replaces it; no request is sent that could "
-            "take the spend over the cap, whatever is in flight. Items that cannot be "
-            "afforded end unsent as cost, to run again with a larger cap.  [default: none]",
+            help="With --prices: spend at most USD dollars. Before each request is sent (with "
+            "--batch-api: each part), its worst case is reserved (every byte of its body as an "
+            "input token, its max_tokens x n as output), and the answer's usage replaces it; "
+            "no request is sent that could take the spend over the cap, whatever is in flight. "
+            "Items that cannot be afforded end unsent as cost, to run again with a larger "
+            "cap.  [default: none]",
         ),
     ] = None
     prices: Annotated[
@@ -568,8 +569,9 @@ class Spend(_Family):
             metavar="FILE",
             parse=prices_text,
             help="With --max-cost: a JSON file of each model's dollars per million tokens, "
-            '{"models": {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}}. A model it does not '
-            "price is never sent.",
+            '{"models": {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}, "batch": 0.5} '
+            "(batch: the batch endpoint's share of the price, for --batch-api). A model it "
+            "does not price is never sent.",
         ),
     ] = None
 
@@ -760,6 +762,15 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
             )
         return self
 
+    @model_validator(mode="after")
+    def _batch_priced(self) -> FetchOptions:
+        if self.batch_api is not None and self.prices is not None and self.prices.batch is None:
+            raise ValueError(
+                "max_cost (--max-cost) with batch_api (--batch-api) prices each row at the "
+                'batch endpoint\'s factor: give it in prices (--prices) as "batch", e.g. 0.5'
+            )
+        return self
+
     _sendable_headers = field_validator("headers")(staticmethod(sendable_headers))
 
     @field_validator("retry_statuses")
@@ -786,6 +797,7 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
 _IN_BATCHES = (
     frozenset(Connection.model_fields)
     | frozenset(BatchApi.model_fields)
+    | frozenset(Spend.model_fields)
     | frozenset(
         name
         for name, field in FetchOptions.model_fields.items()

@@ -17,7 +17,7 @@ from ..core.clock import SYSTEM, Clock, clock_of
 from ..core.verdict import ErrorKind, Feedback
 from .breaker import BreakerGate
 from .gate import Gate, Waiting, WaitStats
-from .shared import LimitsUnavailable, SpendStore
+from .shared import LimitsUnavailable, SpendLedger, SpendStore
 from .spend import SpendGate
 
 # (Admission, Refusal and WaitStats are the gates' own, named here too for their callers)
@@ -43,15 +43,15 @@ class Gates:
         self._last_warning = float("-inf")
 
     @property
-    def capped(self) -> bool:
-        """Whether the run has a spend cap (``max_cost``)."""
-        return any(isinstance(gate, SpendGate) for gate in self.gates)
+    def spend_ledger(self) -> SpendLedger | None:
+        """The spend cap's ledger (None: the run has no ``max_cost``)."""
+        gates = [gate for gate in self.gates if isinstance(gate, SpendGate)]
+        return gates[0].ledger if gates else None
 
     def keep_spend(self, store: SpendStore | None) -> None:
         """Keep the spend cap's reservations in ``store`` (a journal's; None: in the process)."""
-        for gate in self.gates:
-            if isinstance(gate, SpendGate):
-                gate.ledger.keep(store)
+        if self.spend_ledger is not None:
+            self.spend_ledger.keep(store)
 
     @property
     def circuits_opened(self) -> int:

@@ -231,42 +231,64 @@ class MaxCost(GateOption):
 @dataclass
 class Ledger:
     """What was spent and what is reserved, under ``cap``; with a ``store``, each reservation
-    is stored before it is granted, and what earlier runs spent counts."""
+    is stored before it is granted, and what earlier runs spent counts (their reservations
+    not settled yet among it, at their worst case, until a later run settles them: a batch
+    endpoint's part is often collected by another run than the one that sent it)."""
 
     cap: int
     spent: int = 0
     reserved: int = 0
     changed: threading.Condition = field(default_factory=threading.Condition)
     store: SpendStore | None = None
+    # The stored reservations this ledger made itself (counted in ``reserved``, not ``spent``).
+    _own: set[int] = field(default_factory=set)
 
     def keep(self, store: SpendStore | None) -> None:
         """Keep reservations in ``store`` from now on (None: in the process only), and count
-        from what it says was spent (this process's own settled spend among it)."""
+        from what it says was spent (every reservation it holds unsettled among it)."""
         with self.changed:
             self.store = store
             if store is not None:
-                self.spent = store.total()
+                self.spent, self.reserved = store.total(), 0
+                self._own.clear()
+
+    def fits(self, amount: int) -> bool | None:
+        """Whether ``amount`` could be reserved now: None when only what is reserved stands
+        in the way, False when what was spent already does."""
+        with self.changed:
+            if self.spent + amount > self.cap:
+                return False
+            return None if self.spent + self.reserved + amount > self.cap else True
 
     def reserve(self, amount: int) -> object | bool | None:
         """Reserve ``amount``: its number in the store (True without one) when done, None
         when only what is reserved stands in the way (an answer may free it), False when what
         was spent already does."""
         with self.changed:
-            if self.spent + amount > self.cap:
-                return False
-            if self.spent + self.reserved + amount > self.cap:
-                return None
+            room = self.fits(amount)
+            if not room:
+                return room
             number = True if self.store is None else self.store.reserve(amount)
+            if not isinstance(number, bool):
+                self._own.add(number)
             self.reserved += amount
             return number
 
     def settle(self, mark: object, reserved: int, spent: int) -> None:
-        """The reservation ``mark`` of ``reserved`` turned into ``spent``."""
+        """The reservation ``mark`` of ``reserved`` turned into ``spent`` (one an earlier run
+        made, counted in ``spent`` at ``reserved``, unless the store had it settled already)."""
         with self.changed:
-            if self.store is not None and isinstance(mark, int) and not isinstance(mark, bool):
-                self.store.settle(mark, spent)
-            self.reserved -= reserved
-            self.spent += spent
+            number = mark if isinstance(mark, int) and not isinstance(mark, bool) else None
+            settled = True
+            if number is not None and self.store is not None:
+                settled = self.store.settle(number, spent)
+            if number is None or number in self._own:
+                if number is not None:
+                    self._own.discard(number)
+                self.reserved -= reserved
+                self.spent += spent
+            elif settled:
+                self.spent += spent - reserved
             self.changed.notify_all()
 
     def wait(self, seconds: float) -> None:

@@ -326,6 +326,8 @@ class Batch(Resumable[FetchOptions]):
             passing=self._pass.number,
             ledger=self._ledger,
             cancel=self._cancelling,
+            again=lambda: enumerate(self.items),
+            stored=self._done.get,
         )
 
     def _submissions(self) -> list[Part]:

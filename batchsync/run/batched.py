@@ -19,9 +19,12 @@ from ..batches.sender import BatchRun, Plan
 from ..core.engine import Deliver
 from ..core.observe import Hooks, Observers
 from ..core.redact import watching
+from ..core.result import Result
 from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
+from ..limits.gates import Gates
+from ..limits.spend import Ledger as SpendLedger
 from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
 from .assembly import Ran, Stoppable, insecure_said_once, transport_for
@@ -43,6 +46,7 @@ class ThroughBatchApi:
     ledger: Ledger | None = None
     cancel: bool = False
     again: Callable[[], Iterable[tuple[int, object]]] | None = None
+    stored: Callable[[int], Result | None] = lambda index: None
     on_start: Callable[[Stoppable], None] = lambda run: None
     # One stop and deadline for the run and the clean-up after it (made as the run starts).
     _clocks: Clocks | None = field(default=None, init=False)
@@ -52,10 +56,18 @@ class ThroughBatchApi:
         self._endpoint: Endpoint = endpoint_of(self.url, self.options.batch_api)
 
     def __call__(
-        self, items: Iterable[tuple[int, object]], deliver: Deliver, *, progress: Tally, **_: object
+        self,
+        items: Iterable[tuple[int, object]],
+        deliver: Deliver,
+        *,
+        progress: Tally,
+        gates: Gates | None = None,
     ) -> Ran:
-        """Send the rows (a live run's gates are none of theirs: the provider paces them)."""
-        with self._running(progress) as run:
+        """Send the rows (of a live run's gates only the spend cap is theirs: the provider
+        paces them)."""
+        spending = None if gates is None else gates.spend_ledger
+        assert spending is None or isinstance(spending, SpendLedger)  # (no Redis for batches)
+        with self._running(progress, spending) as run:
             self.on_start(run)
             stopped = run.run(items, deliver)
         return Ran(stopped, False, {}, 0)
@@ -66,7 +78,7 @@ class ThroughBatchApi:
             run.finish()
 
     @contextlib.contextmanager
-    def _running(self, progress: Tally) -> Iterator[BatchRun]:
+    def _running(self, progress: Tally, spending: SpendLedger | None = None) -> Iterator[BatchRun]:
         options = self.options
         secrets = options.secrets()
         transport = transport_for(options, options.concurrency, secrets)
@@ -99,6 +111,7 @@ class ThroughBatchApi:
                 keep_files=options.keep_files,
                 cancel=self.cancel,
                 expect=options.expect,
+                prices=None if spending is None else options.prices,
             ),
             client,
             ledger,
@@ -107,6 +120,8 @@ class ThroughBatchApi:
             observer=observer,
             again=self.again,
             mask=secrets.text,
+            spending=spending,
+            stored=self.stored,
         )
         try:
             with insecure_said_once(options.verify is False), watching(secrets):

@@ -219,7 +219,7 @@ def journaling(journal: Journal, deliver: Deliver) -> Deliver:
 @contextmanager
 def _spend_kept(journal: Journal | None, gates: Gates | None) -> Iterator[None]:
     """The spend cap's reservations kept in ``journal`` for the block, when the run has both."""
-    if journal is None or gates is None or not gates.capped:
+    if journal is None or gates is None or gates.spend_ledger is None:
         yield
         return
     record = SpendRecord(journal.path)

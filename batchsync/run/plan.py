@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..core.engine import Job
+from ..core.result import Result
 from ..core.task import Task
 from ..core.verdict import InvalidItem
 from ..http.paginate import Continued
@@ -136,6 +137,7 @@ def plan_send(
     ledger: Ledger | None = None,
     cancel: bool = False,
     again: Callable[[], Iterable[tuple[int, object]]] | None = None,
+    stored: Callable[[int], Result | None] = lambda index: None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
     cluster: Cluster | None = None,
 ) -> Send:
@@ -155,6 +157,7 @@ def plan_send(
             ledger=ledger,
             cancel=cancel,
             again=again,
+            stored=stored,
             on_start=on_start,
         )
     still = open_batches(lane.parts)

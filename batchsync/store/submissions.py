@@ -171,20 +171,38 @@ class Covered:
         return None
 
 
+# A part's reservation under a spend cap: the spend ledger's mark of it, and its amount.
+Charge = tuple[object, int]
+
+
 class Ledger:
-    """The parts of a run kept in memory (a batch without a journal)."""
+    """The parts of a run kept in memory (a batch without a journal), with the charge of
+    each part reserved under a spend cap and not settled yet."""
 
     def __init__(self) -> None:
         self._parts: dict[int, Part] = {}
+        self._charges: dict[int, Charge] = {}
         self._lock = threading.Lock()
 
     def parts(self) -> list[Part]:
         with self._lock:
             return [self._parts[number] for number in sorted(self._parts)]
 
-    def save(self, part: Part) -> None:
+    def charge_of(self, number: int) -> Charge | None:
+        with self._lock:
+            return self._charges.get(number)
+
+    def save(self, part: Part, charge: Charge | None = None) -> None:
+        """Keep ``part`` as it is now, with ``charge`` (its reservation) when given."""
         with self._lock:
             self._parts[part.number] = part
+            if charge is not None:
+                self._charges[part.number] = charge
+
+    def settled(self, number: int) -> None:
+        """Part ``number``'s charge is settled: forget it."""
+        with self._lock:
+            self._charges.pop(number, None)
 
     def close(self) -> None:
         """Nothing to close in memory."""
@@ -200,20 +218,31 @@ _SAVE = f"INSERT OR REPLACE INTO submissions ({COLUMNS}) VALUES ({', '.join('?' 
 
 class JournaledLedger(Ledger):
     """The parts of a run kept in its journal's ``submissions`` table, each change committed
-    before the call that depends on it is made (on a connection of its own: the Results'
-    writer keeps its own)."""
+    before the call that depends on it is made, a part's charge in the same commit as the
+    part (on a connection of its own: the Results' writer keeps its own)."""
 
     def __init__(self, path: Path, connect: Any) -> None:
         super().__init__()
         self._db: sqlite3.Connection = connect(path)
         rows = self._db.execute(f"SELECT {COLUMNS} FROM submissions ORDER BY part")
         self._parts = {part.number: part for part in map(part_of, rows)}
+        charges = self._db.execute("SELECT part, attempt, reserved FROM charges")
+        self._charges = {int(part): (int(mark), int(amount)) for part, mark, amount in charges}
 
-    def save(self, part: Part) -> None:
+    def save(self, part: Part, charge: Charge | None = None) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN")
             self._db.execute(_SAVE, row_of(part))
+            if charge is not None:
+                row = (part.number, charge[0], charge[1])
+                self._db.execute("INSERT OR REPLACE INTO charges VALUES (?, ?, ?)", row)
+                self._charges[part.number] = charge
             self._parts[part.number] = part
+
+    def settled(self, number: int) -> None:
+        with self._lock, self._db:
+            self._db.execute("DELETE FROM charges WHERE part = ?", (number,))
+            self._charges.pop(number, None)
 
     def close(self) -> None:
         self._db.close()

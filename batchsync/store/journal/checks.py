@@ -268,6 +268,21 @@ _SPEND = (
 )  # fmt: skip
 
 
+# A ``charges`` row: a part the journal submitted, and the ``spend`` row of its reservation
+# (one no other part's), whose amount it repeats.
+_CHARGE = (
+    Rule("part", lambda part, facts: part in facts["checks"].parts,
+         "part is not a part in submissions"),
+    Rule("attempt", lambda attempt, facts: attempt in facts["checks"].reservations,
+         "attempt is not a row of spend"),
+    Rule("attempt", lambda attempt, facts: attempt not in facts["charged"],
+         "attempt is another part's charge too"),
+    Rule("reserved", lambda reserved, facts: (
+        facts["checks"].reservations.get(facts["attempt"]) == reserved),
+         "reserved is not what its spend row reserved"),
+)  # fmt: skip
+
+
 def run_problem(row: Sequence[Any], passes: Iterable[int]) -> str | None:
     """What makes a ``runs`` row (its columns in the schema's order) untrustworthy, given the
     numbers of the passes recorded; None: nothing."""
@@ -375,13 +390,16 @@ class _Check:
     finished: Counter[int] = field(default_factory=Counter)
     span: tuple[float, float] | None = None
     gates: set[str] = field(default_factory=set)
+    parts: set[int] = field(default_factory=set)
+    reservations: dict[int, int] = field(default_factory=dict)
 
     def problem(self) -> str | None:
         """The first thing in the journal a run cannot trust, named by its table, row and
         column, or None."""
         self.tables = {str(name) for (name,) in self.db.execute("SELECT name FROM sqlite_master")}
         steps = (self._meta, self._passes, self._runs, self._waits, self._submissions)
-        found = (step() for step in (*steps, self._results, self._spend, self._requests))
+        later = (self._results, self._spend, self._charges, self._requests)
+        found = (step() for step in (*steps, *later))
         return next(filter(None, found), None)
 
     def _rows(self, table: str, query: str) -> Iterable[Any]:
@@ -432,6 +450,7 @@ class _Check:
             if found is not None:
                 return f"submissions row {row[0]}: {found}"
             parts.append(part_of(row))
+        self.parts = {part.number for part in parts}
         return overlap_problem(parts)
 
     def _results(self) -> str | None:
@@ -461,11 +480,24 @@ class _Check:
             found = problem(_SPEND, facts)
             if found is not None:
                 return f"spend row {attempt}: {found}"
+            self.reservations[attempt] = reserved
             total += reserved if spent is None else spent
         costs = (json_value(record).get("cost") for (record,) in self._costed())
         paid = sum(cost for cost in costs if isinstance(cost, float | int))
         if paid * PICO > total * (1 + 1e-9) + 1:
             return "spend: its rows hold less than the results say they spent"
+        return None
+
+    def _charges(self) -> str | None:
+        """Each part's charge a ``spend`` row of its own, of the amount that row reserved (a
+        charge pointing elsewhere would settle another attempt's reservation)."""
+        charged: set[int] = set()
+        for part, attempt, reserved in self._rows("charges", "SELECT * FROM charges"):
+            facts = {"part": part, "attempt": attempt, "reserved": reserved, "charged": charged}
+            found = problem(_CHARGE, facts | {"checks": self})
+            if found is not None:
+                return f"charges row {part}: {found}"
+            charged.add(attempt)
         return None
 
     def _costed(self) -> Iterable[Any]:

@@ -71,6 +71,11 @@ CREATE TABLE IF NOT EXISTS spend (
     reserved INTEGER NOT NULL,
     spent INTEGER
 );
+CREATE TABLE IF NOT EXISTS charges (
+    part INTEGER PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    reserved INTEGER NOT NULL
+);
 """
 # ``passes``: each pass over the items (the first; then each retry of the failures, ``retry``
 # the JSON list of the error kinds it retried, empty for all); ``results.pass``: the pass that
@@ -78,8 +83,9 @@ CREATE TABLE IF NOT EXISTS spend (
 # seconds its attempts waited at each gate by unix second, summed: a resumed run's report and
 # summary cover every process that worked on it. ``submissions``: each part of a run sent
 # through a provider's batch endpoint (``submissions.py``); ``spend``: each attempt's
-# reservation under a spend cap, and what it spent once settled (``spend.py``). A journal made
-# before either has none until a run goes on with it.
+# reservation under a spend cap, and what it spent once settled (``spend.py``); ``charges``:
+# the ``spend`` row holding each part's reservation until the part is settled. A journal made
+# before these has none until a run goes on with it.
 
 # The ``meta`` row that marks a journal of this layout; journals without it are refused.
 SCHEMA_VERSION = "batchsync-journal 4"
@@ -321,7 +327,7 @@ def declared_problem(
 _V3_TABLES = ("meta", "results")
 # Tables added within this version: a journal made before them lacks them (and gets them when
 # a run opens it for writing).
-_LATER_TABLES = ("submissions", "spend")
+_LATER_TABLES = ("submissions", "spend", "charges")
 
 
 def layout_problem(tables: Mapping[str, Sequence[Column]], *, upgradable: bool) -> str | None:

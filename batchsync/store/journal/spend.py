@@ -35,10 +35,12 @@ class SpendRecord:
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
-    def settle(self, number: int, spent: int) -> None:
-        """The reservation ``number`` turned into ``spent``."""
+    def settle(self, number: int, spent: int) -> bool:
+        """The reservation ``number`` turned into ``spent``; False when it was settled before
+        (a run killed after settling a part it collected, before it said so)."""
         with self._lock:
-            self._db.execute("UPDATE spend SET spent = ? WHERE attempt = ?", (spent, number))
+            query = "UPDATE spend SET spent = ? WHERE attempt = ? AND spent IS NULL"
+            return self._db.execute(query, (spent, number)).rowcount == 1
 
     def close(self) -> None:
         with self._lock:
