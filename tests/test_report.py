@@ -13,7 +13,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from batchsync.core.result import AttemptRecord, Result, Trace
+from batchsync.core.result import AttemptRecord, Result, Trace, Tried
 from batchsync.limits.gates import WaitStats
 from batchsync.output import report, report_data
 from batchsync.output.report_data import (
@@ -33,21 +33,21 @@ from .test_cli import batchsync
 
 def test_attempts_are_placed_back_from_the_finish_with_their_waits() -> None:
     log = [
-        (503, "status", 0.5, 1.0, None),
-        (503, "status", 0.25, 2.0, None),
-        (200, None, 0.25, None, None),
+        Tried(503, "status", 0.5, 1.0, None),
+        Tried(503, "status", 0.25, 2.0, None),
+        Tried(200, None, 0.25, None, None),
     ]
     assert placed(100.0, log) == [(96.0, 96.5), (97.5, 97.75), (99.75, 100.0)]
     assert placed(5.0, []) == []
 
 
 def test_each_attempt_counts_under_one_outcome() -> None:
-    assert charted_as((200, None, 0.1, None, None), last=True) == "ok"
-    assert charted_as((429, "status", 0.1, 1.0, None), last=False) == "429"
-    assert charted_as((429, "status", 0.1, None, None), last=True) == "429"
-    assert charted_as((503, "status", 0.1, 1.0, None), last=False) == "retried"
-    assert charted_as((503, "status", 0.1, None, None), last=True) == "failed"
-    assert charted_as((None, "timeout", 10.0, None, None), last=True) == "failed"
+    assert charted_as(Tried(200, None, 0.1, None, None), last=True) == "ok"
+    assert charted_as(Tried(429, "status", 0.1, 1.0, None), last=False) == "429"
+    assert charted_as(Tried(429, "status", 0.1, None, None), last=True) == "429"
+    assert charted_as(Tried(503, "status", 0.1, 1.0, None), last=False) == "retried"
+    assert charted_as(Tried(503, "status", 0.1, None, None), last=True) == "failed"
+    assert charted_as(Tried(None, "timeout", 10.0, None, None), last=True) == "failed"
 
 
 def test_bucket_widths_are_round_and_bounded() -> None:
@@ -74,15 +74,16 @@ def test_latency_percentiles_from_the_histogram_are_within_ten_percent() -> None
 def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
     tally = Aggregate(0.0, 10.0)
     assert tally.width == 0.1 and tally.buckets == 100
-    tally.add(Trace(0, True, None, 200, 1, 0.5, 1.0, ((200, None, 0.5, None, None),)))
+    tally.add(Trace(0, True, None, 200, 1, 0.5, 1.0, (Tried(200, None, 0.5, None, None),)))
     retried = (
-        (503, "status", 0.5, 2.0, None),
-        (429, "status", 0.5, 1.0, None),
-        (503, "status", 1.0, None, None),
+        Tried(503, "status", 0.5, 2.0, None),
+        Tried(429, "status", 0.5, 1.0, None),
+        Tried(503, "status", 1.0, None, None),
     )
     tally.add(Trace(1, False, "status", 503, 3, 5.0, 9.0, retried))
     tally.add(Trace(2, False, "invalid_request", None, 0, 0.0, 9.5, ()))
-    tally.add(Trace(3, True, None, 200, 1, 0.2, None, ((200, None, 0.2, None, None),)))  # untimed
+    untimed = (Tried(200, None, 0.2, None, None),)
+    tally.add(Trace(3, True, None, 200, 1, 0.2, None, untimed))  # (no finish time)
     assert tally.items == 4 and tally.untimed == 1
     assert dict(tally.attempts_per_item) == {1: 2, 3: 1, 0: 1}
     per_bucket = {name: sum(counts) for name, counts in tally.attempts.items()}
@@ -102,12 +103,18 @@ def test_the_tally_counts_attempts_waits_and_items_per_bucket() -> None:
     assert tally.slowest_indexes()[:2] == [1, 0]
     assert tally.failed == [1, 2] and tally.failed_total == 2
     assert tally.spending() == {}  # (no attempt had a cost: no spend cap)
-    tally.add(Trace(4, True, None, 200, 2, 1.0, 3.0, ((429, "status", 0.5, 0.5, 0.0),
-                                                     (200, None, 0.5, None, 0.25))))  # fmt: skip
+    capped = (
+        Tried(429, "status", 0.5, 0.5, 0.0, 1.0, "gpt-mock"),
+        Tried(200, None, 0.5, None, 0.25, 1.0, "gpt-mock"),
+    )
+    tally.add(Trace(4, True, None, 200, 2, 1.0, 3.0, capped))
+    tally.add(Trace(5, True, None, 200, 1, 0.5, 3.0, (Tried(200, None, 0.5, None, 0.5, 0.5, "b"),)))
     spent = tally.spending()
-    ended = tally.bucket(3.0)  # (the 429's cost, 0, where it ended; the answer's at 3.0 s)
-    assert spent["spent"][ended] == 0.25 and sum(spent["spent"]) == 0.25
-    assert spent["in all"][ended - 1] == 0 and spent["in all"][-1] == 0.25
+    ended = tally.bucket(3.0)  # (the 429's cost, 0, where it ended; the answers' at 3.0 s)
+    assert spent["spent"][ended] == 0.75 and sum(spent["spent"]) == 0.75
+    assert spent["reserved"][ended] == 1.5 and sum(spent["reserved"]) == 2.5
+    assert spent["in all"][ended - 1] == 0 and spent["in all"][-1] == 0.75
+    assert tally.spending_by_model() == [("b", 1, 0.5, 0.5), ("gpt-mock", 2, 2.0, 0.25)]
 
 
 def test_gate_waits_are_counted_by_second_and_drawn_per_bucket() -> None:

@@ -316,8 +316,16 @@ def test_the_report_draws_what_a_capped_run_spent_from_memory_and_from_its_journ
     for tally, total in ((memory, spent), (kept, stored)):
         in_all = tally.spending()["in all"]
         assert in_all[-1] == pytest.approx(total, abs=1e-9) and in_all == sorted(in_all)
-    assert "chart-spend" in (tmp_path / "rows-report.html").read_text()
+        # (each answer reserved its worst case, no less than it spent: one model, by name)
+        [(model, attempts, reserved, by_model)] = tally.spending_by_model()
+        assert model == "gpt-mock" and attempts >= 1 and by_model == pytest.approx(total)
+        assert sum(tally.spending()["reserved"]) == pytest.approx(reserved)
+        assert reserved > by_model
+    command_page = (tmp_path / "rows-report.html").read_text()
+    assert "chart-spend" in command_page and "spend-by-model" in command_page
     page = rs.report(tmp_path / "r.html").read_text()
     assert "chart-spend" in page and page.count("Plotly.newPlot") == 6
+    assert "<td>gpt-mock</td>" in page
     plain = fetch_all(items[:2]).report(tmp_path / "plain.html").read_text()
     assert "chart-spend" not in plain and plain.count("Plotly.newPlot") == 5
+    assert "spend-by-model" not in plain

@@ -171,6 +171,10 @@ class _Reading:
         return answer
 
 
+# A row's attempt under a spend cap: dollars spent and reserved, the model priced (or Nones).
+Spent = tuple[float | None, float | None, str | None]
+
+
 class BatchApiFailed(OSError):
     """The run cannot go on without risking a row twice or another's results as its own."""
 
@@ -540,13 +544,13 @@ class BatchRun:
             spent += math.ceil(stored.cost * PICO)
         return spent, worst
 
-    def _charged(self, answer: Answer, part: Part) -> float | None:
-        """What a row's answer cost, in dollars, counted for its part (None: no cap): its
-        usage at the batch price; an error line nothing (failures are not billed), an unread
-        one its worst case."""
+    def _charged(self, answer: Answer, part: Part) -> Spent:
+        """What a row's answer cost and had reserved, in dollars, and its model, counted for
+        its part (None: no cap): its usage at the batch price; an error line nothing (failures
+        are not billed), an unread one its worst case."""
         priced = self._followed.priced.get(answer.index)
         if priced is None:
-            return None
+            return None, None, None
         if answer.ok:
             cost = priced.spent(usage_parts(answer.data, cached=True))
         else:
@@ -554,7 +558,7 @@ class BatchRun:
         counted = self._followed.spent.setdefault(part.number, [0, 0])
         counted[0] += cost
         counted[1] += priced.worst
-        return cost / PICO
+        return cost / PICO, priced.worst / PICO, priced.model
 
     def _place_deferred(self) -> None:
         """Put the rows waiting for room under the cap in a new part, as many as fit now."""
@@ -826,9 +830,10 @@ class BatchRun:
         for index in sorted(failures):
             self._give(failures[index], items.get(index))
 
-    def _result(self, answer: Answer, elapsed: float, cost: float | None) -> Result:
+    def _result(self, answer: Answer, elapsed: float, spent: Spent) -> Result:
         """A row's Result, made as a live attempt's is: one attempt (none if the batch never
-        ran it) with its ``cost`` under a spend cap, its body decoded as ``expect`` says."""
+        ran it) with what it ``spent`` under a spend cap, its body decoded as ``expect``
+        says."""
         # (a row's answer as a live attempt's facts: its status, where it went, no redirect)
         facts = HttpFacts(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
@@ -839,7 +844,8 @@ class BatchRun:
         else:
             verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
-        record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed, cost=cost)
+        record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed, None, None,
+                               False, 0, *spent)  # fmt: skip
         return self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
 
     def _unsent(

@@ -22,10 +22,13 @@ PICO = 10**12
 
 class Price(Protocol):
     """What a spend cap needs of a request (``limits.spend.Priced``): the most one attempt
-    can cost, and what an answer's usage says it did, in pico-dollars."""
+    can cost, and what an answer's usage says it did, in pico-dollars; the model priced."""
 
     @property
     def worst(self) -> int: ...
+
+    @property
+    def model(self) -> str: ...
 
     def spent(self, usage: Usage | None) -> int: ...
 
@@ -69,6 +72,16 @@ class Admission:
     def cost_in_dollars(self) -> float | None:
         """What the attempt spent under a spend cap (None: there is none)."""
         return None if self.price is None else self.spent / PICO
+
+    @property
+    def reserved_in_dollars(self) -> float | None:
+        """What the spend cap reserved for the attempt, its worst case (None: no cap)."""
+        return None if self.price is None else self.price.worst / PICO
+
+    @property
+    def model(self) -> str | None:
+        """The model the spend cap priced the attempt at (None: no cap)."""
+        return None if self.price is None else self.price.model
 
     @property
     def probe(self) -> bool:

@@ -146,6 +146,14 @@ class Job(Protocol):
 _LOGGED = ("url", "attempt", "status_code", "error_kind", "wait")
 
 
+def _priced(admission: Admission | None) -> tuple[float | None, float | None, str | None]:
+    """An attempt's spend under a spend cap, as its record keeps it: dollars spent, dollars
+    reserved, the model priced (all None without a cap)."""
+    if admission is None or admission.price is None:
+        return None, None, None
+    return admission.cost_in_dollars, admission.reserved_in_dollars, admission.model
+
+
 def _log_retry(url: str | None, verdict: Verdict, number: int, limit: int, wait: float) -> None:
     if log.isEnabledFor(logging.INFO):
         logged = (url, number, answer_of(verdict).status_code, verdict.error_kind, wait)
@@ -523,10 +531,9 @@ class Engine:
             last = decision.verdict
             # The attempt's record, kept in the item's log and shown to the observers.
             status, took = answer_of(last).status_code, ended - began
-            spent = None if admission is None else admission.cost_in_dollars
             record = AttemptRecord(len(item.records) + 1, status, last.error_kind, took,
                                    decision.wait, fallback, last.hedged, last.resent,
-                                   spent)  # fmt: skip
+                                   *_priced(admission))  # fmt: skip
             item.records.append(record)
             if self.observers.sees_attempt_finished:
                 self.observers.attempt_finished(item.index, item.task, record)

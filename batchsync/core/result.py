@@ -8,7 +8,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
@@ -41,7 +41,10 @@ class AttemptRecord:
     fallback: int | None = None
     hedged: bool = False
     resent: int = 0
-    cost: float | None = None  # dollars, under a spend cap
+    # Under a spend cap: dollars spent, dollars reserved (its worst case), the model priced.
+    cost: float | None = None
+    reserved: float | None = None
+    model: str | None = None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
@@ -56,7 +59,8 @@ class AttemptRecord:
             "wait": None if self.wait is None else kept(self.wait),
             "fallback": self.fallback,
             "hedged": self.hedged,
-        } | _given(resent=self.resent or None, cost=self.cost)
+        } | _given(resent=self.resent or None, cost=self.cost, reserved=self.reserved,
+                   model=self.model)  # fmt: skip
 
 
 class Answer(Protocol):
@@ -471,9 +475,17 @@ def _spread(data: dict[Any, Any], prefix: str, into: dict[str, Any]) -> None:
             into[name] = value
 
 
-# What an attempt of the log says, for the report: status code, error kind, seconds it took,
-# wait after it.
-Tried = tuple[int | None, str | None, float, float | None, float | None]
+class Tried(NamedTuple):
+    """What an attempt of the log says, for the report (a tuple: a report reads millions)."""
+
+    status_code: int | None
+    error_kind: str | None
+    elapsed: float
+    wait: float | None  # (after it)
+    # Under a spend cap: dollars spent, dollars reserved (its worst case), the model priced.
+    cost: float | None = None
+    reserved: float | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,7 +504,8 @@ class Trace:
     @classmethod
     def of(cls, result: Result) -> Trace:
         log = tuple(
-            (a.status_code, a.error_kind, a.elapsed, a.wait, a.cost) for a in result.attempt_log
+            Tried(a.status_code, a.error_kind, a.elapsed, a.wait, a.cost, a.reserved, a.model)
+            for a in result.attempt_log
         )
         taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name != "log"}
         return cls(**taken, log=log)

@@ -140,12 +140,14 @@ NOTHING: Usage = (0, 0, 0)
 @dataclass(frozen=True, slots=True)
 class Priced:
     """One request under a cap: the most input and output tokens one attempt of it can take,
-    and its model's input and output prices, in pico-dollars a million tokens."""
+    and its model's input and output prices, in pico-dollars a million tokens; ``model``: its
+    name in the price table."""
 
     inputs: int
     outputs: int
     input: Fraction
     output: Fraction
+    model: str = ""
 
     @property
     def worst(self) -> int:
@@ -171,7 +173,8 @@ def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
     the module says; Unpriced when it has no bound or no price."""
     if not isinstance(body, Mapping):
         raise Unpriced("only a JSON request body can be priced")
-    input_price, output_price = prices.per_million(body.get("model"), batch=batch)
+    model = body.get("model")
+    input_price, output_price = prices.per_million(model, batch=batch)
     allowance = completion_allowance(body)
     if allowance is None:
         raise Unpriced("no max_tokens: its output has no bound to reserve")
@@ -185,7 +188,7 @@ def priced(body: object, prices: Prices, *, batch: bool = False) -> Priced:
     sent = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
     offered = _TOOL_PROMPT if any(body.get(key) for key in _TOOLS) else 0
     inputs = len(sent) + framing + _REPLY_PRIMING + offered
-    return Priced(inputs, allowance, input_price, output_price)
+    return Priced(inputs, allowance, input_price, output_price, str(model))
 
 
 def _elsewhere(body: Mapping[str, object]) -> bool:

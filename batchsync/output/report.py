@@ -185,10 +185,12 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     spending = aggregate.spending()
     if spending:  # (a run under a spend cap: what its attempts spent, as they ended)
         figures["chart-spend"] = go.Figure(
-            [go.Bar(x=times, y=spending["spent"], name="spent in the step"),
+            [go.Bar(x=times, y=spending["reserved"], name="reserved in the step (worst cases)"),
+             go.Bar(x=times, y=spending["spent"], name="spent in the step"),
              go.Scatter(x=times, y=spending["in all"], name="spent in all", mode="lines",
                         yaxis="y2")]
-        ).update_layout(title="Dollars spent, as attempts ended", yaxis_title="$ in the step",
+        ).update_layout(title="Dollars reserved and spent, as attempts ended", barmode="overlay",
+                        yaxis_title="$ in the step",
                         yaxis2={"title": "$ in all", "overlaying": "y", "side": "right"},
                         **over_time)  # fmt: skip
     charts = [_chart(pio, name, figure, first=not position)
@@ -204,7 +206,7 @@ def _plain(aggregate: Aggregate) -> str:
         ("rate", "Attempts per second, by outcome", aggregate.per_second()),
         ("latency", "Attempt latency percentiles (seconds, ±10 %)", aggregate.percentiles()),
         ("waits", "Items waiting, by gate", aggregate.waiting()),
-        ("spend", "Dollars spent, as attempts ended", aggregate.spending()),
+        ("spend", "Dollars reserved and spent, as attempts ended", aggregate.spending()),
     )
     return (
         f"<p class='note'>Charts need plotly: <code>{_e(INSTALL_HINT)}</code>. "
@@ -215,6 +217,26 @@ def _plain(aggregate: Aggregate) -> str:
             for name, title, values in series
             if values
         )
+    )
+
+
+def _spend_table(aggregate: Aggregate) -> str:
+    """Under a spend cap: what each model priced had reserved (the attempts' worst cases) and
+    spent, and the share of the reservations the answers used."""
+    rows = [
+        (model, attempts, f"{reserved:.6f}", f"{spent:.6f}",
+         f"{spent / reserved:.0%}" if reserved else "")
+        for model, attempts, reserved, spent in aggregate.spending_by_model()
+    ]  # fmt: skip
+    if not rows:
+        return ""
+    head = ("model", "attempts", "$ reserved", "$ spent", "spent of reserved")
+    return (
+        "<h2>Spend by model</h2><p>Each attempt reserved its worst case under the cap (every "
+        "body byte an input token, its max_tokens at the output price) before it was sent; "
+        "its answer's usage then replaced it. A low share means the cap held back more than "
+        "the answers needed: a smaller max_tokens lets more go at once.</p>"
+        + _table("spend-by-model", head, rows, {1, 2, 3, 4})
     )
 
 
@@ -386,6 +408,7 @@ def report_of(
         "<h2>Outcomes</h2>"
         f"<div style='display:flex;gap:2em;flex-wrap:wrap'>{_counts_table(summary)}"
         f"{_figures_table(summary)}</div>{untimed}{_stints_table(stints)}"
+        f"{_spend_table(aggregate)}"
         + (_charts(aggregate, summary, plotly) if plotly is not None else _plain(aggregate))
         + (
             "<p>The waits chart shows the backoff between attempts, from the attempt logs, "

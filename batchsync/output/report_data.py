@@ -37,7 +37,7 @@ FAILED_SHOWN = 1000
 def charted_as(attempt: Tried, last: bool) -> str:
     """The outcome an attempt is counted under: a 429, a success, a failure followed by
     another attempt (``retried``), or the item's last failure."""
-    status, kind, _, _, _ = attempt
+    status, kind = attempt.status_code, attempt.error_kind
     if status == 429:
         return "429"
     if kind is None:
@@ -50,11 +50,10 @@ def placed(finished: float, log: Sequence[Tried]) -> list[tuple[float, float]]:
     spans: list[tuple[float, float]] = []
     end = finished
     for position in range(len(log) - 1, -1, -1):
-        elapsed = log[position][2]
-        start = end - elapsed
+        start = end - log[position].elapsed
         spans.append((start, end))
         if position:
-            end = start - (log[position - 1][3] or 0.0)
+            end = start - (log[position - 1].wait or 0.0)
     spans.reverse()
     return spans
 
@@ -114,8 +113,11 @@ class Aggregate:
     failed: list[int] = field(default_factory=list)
     failed_total: int = 0
     gates: dict[str, list[float]] = field(default_factory=dict)
-    # Dollars the attempts that ended in each bucket spent, under a spend cap (else empty).
+    # Under a spend cap (else empty): dollars the attempts that ended in each bucket spent and
+    # had reserved (their worst cases), and by the model priced: attempts, reserved, spent.
     spent: list[float] = field(default_factory=list)
+    reserved: list[float] = field(default_factory=list)
+    models: dict[str, list[float]] = field(default_factory=dict)
     buckets: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
@@ -152,13 +154,21 @@ class Aggregate:
     def _add_attempt(self, attempt: Tried, begun: float, ended: float, *, last: bool) -> None:
         self.attempts[charted_as(attempt, last)][self.bucket(begun)] += 1
         self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
-        wait, cost = attempt[3], attempt[4]
-        if wait and not last:
-            self._spread(self.backoff, ended, ended + wait)
-        if cost is not None:
-            if not self.spent:
-                self.spent = [0.0] * self.buckets
-            self.spent[self.bucket(ended)] += cost
+        if attempt.wait and not last:
+            self._spread(self.backoff, ended, ended + attempt.wait)
+        if attempt.cost is not None:
+            self._add_spend(attempt, self.bucket(ended))
+
+    def _add_spend(self, attempt: Tried, bucket: int) -> None:
+        if not self.spent:
+            self.spent, self.reserved = [0.0] * self.buckets, [0.0] * self.buckets
+        reserved = attempt.reserved or 0.0  # (a journal of an earlier batchsync: not kept)
+        self.spent[bucket] += attempt.cost or 0.0
+        self.reserved[bucket] += reserved
+        counted = self.models.setdefault(attempt.model or "(not recorded)", [0, 0.0, 0.0])
+        counted[0] += 1
+        counted[1] += reserved
+        counted[2] += attempt.cost or 0.0
 
     def _spread(
         self, series: list[float], begun: float, ended: float, amount: float | None = None
@@ -206,10 +216,19 @@ class Aggregate:
         return self._rates({"backoff": self.backoff, **dict(sorted(self.gates.items()))})
 
     def spending(self) -> dict[str, list[float]]:
-        """Dollars spent in each bucket and in all by its end (empty: no spend cap)."""
+        """Dollars spent and reserved in each bucket, and spent in all by its end (empty: no
+        spend cap)."""
         if not self.spent:
             return {}
-        return {"spent": self.spent, "in all": list(itertools.accumulate(self.spent))}
+        in_all = list(itertools.accumulate(self.spent))
+        return {"spent": self.spent, "reserved": self.reserved, "in all": in_all}
+
+    def spending_by_model(self) -> list[tuple[str, int, float, float]]:
+        """(model, attempts, dollars reserved, dollars spent), the dearest first."""
+        rows = [
+            (model, int(n), reserved, spent) for model, (n, reserved, spent) in self.models.items()
+        ]
+        return sorted(rows, key=lambda row: (-row[3], row[0]))
 
     def _rates(self, series: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
         return {name: [value / self.width for value in values] for name, values in series.items()}

@@ -267,13 +267,15 @@ _COUNTED = itemgetter("ok", "error_kind", "status_code", "attempts")
 
 
 def _tried(attempt: dict[str, Any]) -> Tried:
-    """A stored attempt as the report reads it (its cost only under a spend cap)."""
-    return (
+    """A stored attempt as the report reads it (its spend only under a spend cap)."""
+    return Tried(
         attempt["status_code"],
         attempt["error_kind"],
         attempt["elapsed"],
         attempt["wait"],
         attempt.get("cost"),
+        attempt.get("reserved"),
+        attempt.get("model"),
     )
 
 

@@ -121,6 +121,8 @@ _ATTEMPT = shaped(
     Rule("hedged", boolean, ""),
     Rule("resent", absent_or(count()), ""),
     Rule("cost", absent_or(DOLLARS), ""),
+    Rule("reserved", absent_or(DOLLARS), ""),
+    Rule("model", absent_or(text), ""),
 )
 # A record (its fields, and ``row``: the columns beside it) against those columns.
 _RECORD = (
