@@ -911,3 +911,30 @@ def test_a_batch_whose_results_are_another_parts_rows_is_not_taken(
     assert done.returncode == 3, done.stderr
     assert "lists rows of another part" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "in-results.jsonl").exists()
+
+
+def test_a_part_made_after_the_deadline_is_kept_for_its_rows_not_closed_unread(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """The deadline ends a run while its create is unanswered (the batch made, its id not
+    heard): the rows end ``deadline``. A --resume finds the batch, ended, though no row of it
+    is given to that run: it is kept (held), not closed unread, and --retry-failed reads its
+    answers instead of submitting the rows again."""
+    source = cookbook(tmp_path / "in.jsonl", 10)
+    url, key = endpoint(server, "openai", "pace=0.4,stall_create=1")
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.05")
+    first = run([*args, "--deadline", "0.5"], tmp_path)
+    assert first.returncode == 1, first.stderr
+    assert {row["error_kind"] for row in results(tmp_path / "in-results.jsonl")} == {"deadline"}
+    end = time.monotonic() + 30
+    while [batch["status"] for batch in stats(server, key)["batches"]] != ["completed"]:
+        assert time.monotonic() < end, "the batch never ended"
+        time.sleep(0.05)
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 1, resumed.stderr
+    assert [state for state, _ in parts(tmp_path / "in-journal.sqlite3")] == ["held"]
+    retried = run([*args, "--retry-failed"], tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    check_in_order(results(tmp_path / "in-results.jsonl"), 10)
+    counts = stats(server, key)
+    assert counts["batches_created"] == 1 and counts["twice"] == [], "no row paid twice"

@@ -63,6 +63,16 @@ def chat_rows(draw: random.Random, count: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def short_rows(count: int) -> list[dict[str, Any]]:
+    """Request bodies of a few words each (none alike) and 400 ``max_tokens``: the answers'
+    output dwarfs the prompts."""
+    return [
+        {"model": "gpt-mock", "max_tokens": 400, "metadata": {"row": n},
+         "messages": [{"role": "user", "content": f"word {n}"}]}
+        for n in range(count)
+    ]  # fmt: skip
+
+
 def billed_batches(server: MockServerProcess, key: str) -> Fraction:
     """What the server billed for the KEY's batch rows, in dollars, at the batch price."""
     tokens = stats(server, key)["billed"]
@@ -140,11 +150,7 @@ def test_a_cap_with_room_for_only_some_rows_sends_the_rest_once_answers_settle(
     parts as their answers settle for less: more parts than the rows need, every row answered,
     and the server's sum under the cap."""
     url, key = endpoint(server, "openai", "pace=0.1")
-    rows = [
-        {"model": "gpt-mock", "max_tokens": 400, "metadata": {"row": n},
-         "messages": [{"role": "user", "content": f"word {n}"}]}
-        for n in range(40)
-    ]  # fmt: skip
+    rows = short_rows(40)
     # Each row's worst case: about 100 bytes at $1.25 and 400 tokens at $5 a million, ~$0.0021;
     # the mock answers with half the allowance on average: the 40 rows bill about $0.04.
     done = Batch(
@@ -355,3 +361,77 @@ def test_a_hostile_provider_never_makes_a_capped_run_pay_twice_or_over_the_cap(
         spent = billed_batches(server, key)
         assert spent <= Fraction("0.05")
         assert spent <= Fraction(spent_in(tmp_path / "in-journal.sqlite3"), 10**12)
+
+
+def test_a_batch_without_a_journal_remade_by_retry_failed_counts_what_it_spent(
+    server: MockServerProcess,
+) -> None:
+    """Parts held at the deadline by a batch without a journal, then its failures retried
+    with other options (a new batch, the same parts): the parts the first one reserved are
+    settled against what it counted, never as room the second one never had."""
+    url, key = endpoint(server, "openai", "pace=0.6")
+    rows = short_rows(60)
+    first = Batch(
+        rows, url=url, batch_api="openai", poll=0.05, progress=False, headers=KEY_HEADER,
+        max_cost="0.03", prices=PRICES, batch_rows=5, deadline=0.4,
+    ).run()  # fmt: skip
+    assert not first.ok and first.summary().error_kinds["deadline"] > 0
+    again = first.retry_failed(deadline=None)
+    assert [r.index for r in again] == list(range(60))
+    assert billed_batches(server, key) <= Fraction("0.03"), float(billed_batches(server, key))
+    assert stats(server, key)["twice"] == []
+
+
+def test_prices_raised_between_runs_never_count_a_billed_row_as_nothing(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A part's first row read by a run that was stopped, then the part's batch gone when a
+    second run, with dearer prices, cancels: the row nobody read stays at its worst case by
+    the dearer prices, not at what the cheaper reservation had left over."""
+    with HostileProvider(upstream=server.url) as hostile:
+        key = uuid.uuid4().hex[:10]
+        url = f"{hostile.url}/llm/{key}/pace=0.2/v1/chat/completions"
+        rows = short_rows(2)
+        journal = tmp_path / "j.sqlite3"
+        same: dict[str, Any] = {
+            "url": url, "batch_api": "openai", "poll": 0.05, "progress": False,
+            "headers": KEY_HEADER, "max_cost": "1", "journal": journal,
+        }  # fmt: skip
+
+        def stop(result: Any) -> None:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            Batch(rows, prices=PRICES, on_result=stop, **same).run()
+        hostile.once("GET", POLL, status=404)
+        dearer = {"models": PRICES["models"], "batch": "1"}
+        Batch(rows, prices=dearer, **same).cancel()
+        assert Fraction(spent_in(journal), 10**12) >= billed_batches(server, key)
+
+
+def test_an_answer_too_large_to_read_is_counted_once_when_a_retry_reads_it(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A results line over --max-bytes keeps its part at the provider and its cost in the
+    part's reservation; --retry-failed with a larger --max-bytes reads it: the Results cost
+    what the server billed, and the journal stays one a run goes on with."""
+    url, key = endpoint(server, "openai", "pace=0.1")
+    rows = short_rows(4)
+    for row, most in zip(rows, (5, 5, 4000, 5), strict=True):  # (row 2's answer: a long line)
+        row["max_tokens"] = most
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "prices.json").write_text(json.dumps(PRICES))
+    more = ["--batch-api", "--poll", "0.05", "--max-cost", "1", "--prices", "prices.json"]
+    args = command(tmp_path / "in.jsonl", url, "openai", *more)
+    first = run([*args, "--max-bytes", "3000"], tmp_path)
+    assert first.returncode == 1, first.stderr
+    assert [r["error_kind"] for r in results(tmp_path / "in-results.jsonl")][2] == "invalid_body"
+    for _ in range(2):  # (read with room, then a run on the same journal again)
+        again = run([*args, "--retry-failed", "--max-bytes", "10000000"], tmp_path)
+        assert again.returncode == 0, again.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    paid = sum(Fraction(row["cost"]) for row in written)
+    assert abs(paid - billed_batches(server, key)) < Fraction(1, 10**9)
+    assert Fraction(spent_in(tmp_path / "in-journal.sqlite3"), 10**12) == billed_batches(
+        server, key
+    )

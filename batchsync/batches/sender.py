@@ -171,6 +171,10 @@ class _Reading:
         return answer
 
 
+# What ends a row's wait for its part without its answer (``_hold``): the deadline, the
+# budget, or a ``batch_errored`` saying so. Such a part is kept for a later run given its rows.
+_WAITED = frozenset({"deadline", "budget"})
+_HELD = ": --retry-failed reads it again, --cancel cancels it"
 # A row's attempt under a spend cap: dollars spent and reserved, the model priced (or Nones).
 Spent = tuple[float | None, float | None, str | None]
 
@@ -249,8 +253,16 @@ class BatchRun:
             self._plan_part(cut)
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
-                self._settle(part, None)  # (its rows' answers read by an earlier run)
-                self.ledger.save(part.moved(COLLECTED, self._unix_time()))
+                self._close_unfollowed(part)
+
+    def _close_unfollowed(self, part: Part) -> None:
+        """An ended part none of the rows given to this run is in: closed when an earlier run
+        read its answers, else kept (held) for the run given its rows: never sent again."""
+        if self._waited_for(part):
+            self.ledger.save(part.moved(HELD, self._unix_time()))
+            return
+        self._settle(part, None)
+        self.ledger.save(part.moved(COLLECTED, self._unix_time()))
 
     def _new_cut(self) -> _Cut:
         return _Cut(max((part.number for part in self.ledger.parts()), default=0) + 1)
@@ -273,8 +285,9 @@ class BatchRun:
         """Follow a row in the earlier run's open part that holds it (with its line, if unsent)."""
         self._followed.parts[earlier.number] = earlier
         self._followed.rows.setdefault(earlier.number, set()).add(index)
-        with contextlib.suppress(spend.Unpriced):  # (its cost then stays at the part's worst)
-            self._price(index, body)
+        if self.ledger.charge_of(earlier.number) is not None:  # (sent under a cap)
+            with contextlib.suppress(spend.Unpriced):  # (its cost then stays at its worst)
+                self._price(index, body)
         if earlier.batch is None:
             line = self._provider.request_line(self.plan.endpoint, index, body, earlier.nonce)
             self._followed.lines.setdefault(earlier.number, []).append(line)
@@ -313,6 +326,9 @@ class BatchRun:
         price table cannot say it."""
         if self.plan.prices is None:
             return 0
+        priced = self._followed.priced.get(index)  # (a row waiting for room: priced already)
+        if priced is not None:
+            return priced.worst
         priced = spend.priced(body, self.plan.prices, batch=True)
         self._followed.priced[index] = priced
         return priced.worst
@@ -511,45 +527,65 @@ class BatchRun:
         return mark, amount
 
     def _settle(self, part: Part, spent: int | None) -> None:
-        """Settle ``part``'s charge: ``spent`` when nothing of it was billed (0) or known, else
-        what the rows read here spent, the others at their worst case (None: all of them)."""
+        """Settle ``part``'s charge at ``spent`` when known (0: nothing of it was billed);
+        else (None) at what its rows read here spent, those an earlier run read at their
+        Results' cost, the others at their worst case by today's prices (at the whole
+        reservation when the items cannot be read again)."""
         charge = self.ledger.charge_of(part.number)
         if charge is None or self.spending is None:
             return
         mark, reserved = charge
         if spent is None:
-            read_spent, read_worst = self._followed.spent.get(part.number, (0, 0))
+            read = self._followed.spent.get(part.number, (0, 0))[0]
             unread = set(indexes_in(part.rows)) - self._followed.delivered.get(part.number, set())
-            known_spent, known_worst = self._journaled_costs(unread)
-            spent = read_spent + known_spent + max(0, reserved - read_worst - known_worst)
+            rest = self._unread_cost(unread)
+            spent = read + (reserved if rest is None else rest)
         self.spending.settle(mark, reserved, spent)
         self.ledger.settled(part.number)
 
-    def _journaled_costs(self, unread: set[int]) -> tuple[int, int]:
-        """What the rows of a part an earlier run read spent and had reserved, by their
-        answers' Results (their cost, over every pass: no less than this part's); (0, 0)
-        when the items cannot be read again."""
-        spent = worst = 0
-        if not unread or self.again is None or self.plan.prices is None:
-            return spent, worst
-        for index, item in self.again():
-            stored = self.stored(index) if index in unread else None
-            if stored is None or not stored.ok or stored.cost is None:
-                continue
-            try:
-                body = _body_of(self.request_of(item), self.plan.endpoint)
-                worst += spend.priced(body, self.plan.prices, batch=True).worst
-            except InvalidItem:  # (Unpriced among them: its row stays at its worst case)
-                continue
-            spent += math.ceil(stored.cost * PICO)
-        return spent, worst
+    def _unread_cost(self, unread: set[int]) -> int | None:
+        """What rows of a part this run did not read may have cost (``_row_cost``); None
+        when one cannot be read again or priced."""
+        if not unread:
+            return 0
+        if self.again is None or self.plan.prices is None:
+            return None
+        costs = [self._row_cost(index, item) for index, item in self.again() if index in unread]
+        if len(costs) < len(unread) or None in costs:
+            return None
+        return sum(cost for cost in costs if cost is not None)
 
-    def _charged(self, answer: Answer, part: Part) -> Spent:
+    def _row_cost(self, index: int, item: object) -> int | None:
+        """A row's answer's cost by its Result (over every pass: no less than its part's),
+        else its worst case; None when it cannot be priced."""
+        stored = self.stored(index)
+        if stored is not None and stored.ok and stored.cost is not None:
+            return math.ceil(stored.cost * PICO)
+        assert self.plan.prices is not None
+        try:
+            body = _body_of(self.request_of(item), self.plan.endpoint)
+            return spend.priced(body, self.plan.prices, batch=True).worst
+        except InvalidItem:  # (Unpriced among them)
+            return None
+
+    def _waited_for(self, part: Part) -> bool:
+        """Whether some row of ``part`` has no answer of it yet: no Result, or one that ended
+        its wait for the part (the deadline, the budget, a batch that could not be read)."""
+        for index in indexes_in(part.rows):
+            stored = self.stored(index)
+            if stored is None or stored.error_kind in _WAITED:
+                return True
+            if stored.error_kind == "batch_errored" and (stored.error or "").endswith(_HELD):
+                return True
+        return False
+
+    def _charged(self, answer: Answer, part: Part, *, again: bool) -> Spent:
         """What a row's answer cost and had reserved, in dollars, and its model, counted for
         its part (None: no cap): its usage at the batch price; an error line nothing (failures
-        are not billed), an unread one its worst case."""
+        are not billed), an unread one its worst case, unless read ``again`` later (its part
+        then kept, its cost counted when it is read)."""
         priced = self._followed.priced.get(answer.index)
-        if priced is None:
+        if priced is None or again:
             return None, None, None
         if answer.ok:
             cost = priced.spent(usage_parts(answer.data, cached=True))
@@ -570,10 +606,16 @@ class BatchRun:
             self._plan_part(cut)
 
     def _end_deferred(self) -> None:
-        """The rows the cap never had room for end ``cost``, to run again with a larger cap."""
+        """The rows the cap never had room for end ``cost``, to run again with a larger cap
+        (or ``deadline``, when it came while they waited)."""
         waiting, self._followed.deferred = self._followed.deferred, {}
-        reason = "its worst case did not fit in what max_cost left once the run's batches ended"
-        self._give_failures({index: self._unsent(index, reason, "cost") for index in waiting})
+        left = self._clocks.left()
+        if left is not None and left <= 0:
+            kind: ErrorKind = "deadline"
+            reason = "the deadline came while it waited for room under max_cost"
+        else:
+            kind, reason = "cost", "its worst case did not fit in what max_cost left"
+        self._give_failures({index: self._unsent(index, reason, kind) for index in waiting})
 
     # --- following -----------------------------------------------------------------------------
     def _follow(self) -> None:
@@ -591,7 +633,8 @@ class BatchRun:
         """One round; then the rows waiting under the cap placed as far as the parts settled
         so far leave room. True while some part is still open."""
         still = self._round()
-        if self._followed.deferred and not self.stopped:
+        left = self._clocks.left()
+        if self._followed.deferred and not self.stopped and (left is None or left > 0):
             self._place_deferred()
             still = any(part.open for part in self._followed.parts.values())
         return still
@@ -673,7 +716,8 @@ class BatchRun:
                 answer = reading.take(self._provider, line)
                 if answer is None:
                     continue
-                result = self._result(answer, elapsed, self._charged(answer, part))
+                again = isinstance(line, Unread) and line.again
+                result = self._result(answer, elapsed, self._charged(answer, part, again=again))
                 if result.ok:
                     self._give(result, None)
                 else:
@@ -761,7 +805,7 @@ class BatchRun:
     def _hold(self, part: Part, reason: str, kind: ErrorKind = "batch_errored") -> None:
         """End this run's wait for ``part``: its rows left fail as ``kind``, it stays open (held),
         so that a later run given its rows reads the same batch again, never submitting twice."""
-        reason = f"{reason}: --retry-failed reads it again, --cancel cancels it"
+        reason = f"{reason}{_HELD}"
         self._fail_rest(part, reason, kind, None)
         if part.batch is not None:
             self.ledger.save(part.moved(HELD, self._unix_time()))

@@ -299,6 +299,33 @@ class Ledger:
             self.changed.wait(seconds)
 
 
+class KeptHere:
+    """A spend store in memory (``SpendStore``), for a ``Batch`` without a journal: its next
+    ``run()``, and a batch ``retry_failed`` remakes, count what it spent and what its parts
+    still hold, as a journal's runs do."""
+
+    def __init__(self) -> None:
+        self._amounts: list[tuple[int, int | None]] = []  # (reserved, spent) by number - 1
+        self._lock = threading.Lock()
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(reserved if spent is None else spent for reserved, spent in self._amounts)
+
+    def reserve(self, amount: int) -> int:
+        with self._lock:
+            self._amounts.append((amount, None))
+            return len(self._amounts)
+
+    def settle(self, number: int, spent: int) -> bool:
+        with self._lock:
+            reserved, settled = self._amounts[number - 1]
+            if settled is not None:
+                return False
+            self._amounts[number - 1] = (reserved, spent)
+            return True
+
+
 class SpendGate:
     """Holds each attempt until its worst case (``Admission.price``) fits under the cap;
     ends the item as ``cost`` once what was spent leaves it no room. What the attempt spent

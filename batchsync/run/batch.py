@@ -27,6 +27,7 @@ from ..http.spec import RequestSpec
 from ..http.template import Template
 from ..jobs.options import CallOptions, FetchOptions, spelled_out, taken
 from ..jobs.settings import CallSettings, FetchSettings
+from ..limits import spend
 from ..output.resultset import ResultSet
 from ..store.journal import JournalMismatch
 from ..store.resume import Items, Left, marks_of
@@ -119,6 +120,10 @@ class Resumable(Generic[OptionsT]):
         self._stints: list[Stint] = []
         self._timeline: dict[tuple[str, int], float] = {}
         self._gates = gates_for(options)
+        # What a spend cap reserved and spent, for a batch without a journal (a journal or a
+        # Redis server keeps its own): its next run() and a batch retry_failed remakes count
+        # from it.
+        self._spend_here = spend.KeptHere()
         # The submissions to a batch endpoint of a batch without a journal.
         self._ledger = Ledger()
         self.journal = None if journal is None else Path(journal)
@@ -216,6 +221,8 @@ class Resumable(Generic[OptionsT]):
                 raise ValueError("retry_failed: name at least one error kind, or give True")
             self._retry_pass(kinds)
         plan = Plan(self._pass, Left(self._marks, self._form, self._done.get))
+        if self.journal is None and isinstance(self._gates.spend_ledger, spend.Ledger):
+            self._gates.keep_spend(self._spend_here)  # (a shared ledger keeps its own)
         with self._controller() as controller:  # JournalInUse: another run has the journal
             try:
                 controller.run(
@@ -248,6 +255,7 @@ class Resumable(Generic[OptionsT]):
             batch = type(self)(*self._remade_with(), **arguments)
             if batch.journal is None:  # (else it has read the same state from the journal)
                 batch._done, batch._pass, batch._ledger = dict(self._done), self._pass, self._ledger
+                batch._spend_here = self._spend_here
                 batch._stints, batch._timeline = list(self._stints), self.results.wait_timeline
         batch._retry_pass(kinds)
         return batch.run()

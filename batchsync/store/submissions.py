@@ -234,6 +234,8 @@ class JournaledLedger(Ledger):
             self._db.execute("BEGIN")
             self._db.execute(_SAVE, row_of(part))
             if charge is not None:
+                # (the journal's own spend row: a ledger not kept in it has none to name)
+                assert type(charge[0]) is int, "a part's charge is a row of the journal's spend"
                 row = (part.number, charge[0], charge[1])
                 self._db.execute("INSERT OR REPLACE INTO charges VALUES (?, ?, ?)", row)
                 self._charges[part.number] = charge
