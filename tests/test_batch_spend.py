@@ -235,12 +235,12 @@ def test_killed_while_its_parts_run_the_resumed_run_settles_them_under_the_cap(
     """The parts in flight at the kill were reserved in the journal with the parts: the
     resumed run counts them at their worst case until it reads their answers, then at what
     they used, and sends the rest within what is left."""
-    url, key = endpoint(server, provider, "pace=0.4")
+    url, key = endpoint(server, provider, "pace=0.2")
     draw = random.Random(3)
-    rows = chat_rows(draw, 120)
+    rows = chat_rows(draw, 60)
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "prices.json").write_text(json.dumps(PRICES))
-    more = ["--batch-api", "--poll", "0.05", "--batch-rows", "20", "--max-cost", "0.04"]
+    more = ["--batch-api", "--poll", "0.05", "--batch-rows", "10", "--max-cost", "0.02"]
     args = command(tmp_path / "in.jsonl", url, provider, *more, "--prices", "prices.json")
     journal = tmp_path / "in-journal.sqlite3"
     first = start(args, tmp_path)
@@ -254,11 +254,11 @@ def test_killed_while_its_parts_run_the_resumed_run_settles_them_under_the_cap(
     resumed = run([*args, "--resume"], tmp_path)
     assert resumed.returncode in (0, 1), resumed.stderr
     written = results(tmp_path / "in-results.jsonl")
-    assert [row["index"] for row in written] == list(range(120))
+    assert [row["index"] for row in written] == list(range(60))
     assert {row["error_kind"] for row in written if not row["ok"]} <= {"cost"}
     spent = billed_batches(server, key)
-    assert spent <= Fraction("0.04")
-    assert spent >= Fraction("0.036"), float(spent)
+    assert spent <= Fraction("0.02")
+    assert spent >= Fraction("0.018"), float(spent)
     assert stats(server, key)["twice"] == []
     assert Fraction(spent_in(journal), 10**12) >= spent, "the journal counts what was billed"
     with contextlib.closing(sqlite3.connect(journal)) as db:
@@ -369,16 +369,16 @@ def test_a_batch_without_a_journal_remade_by_retry_failed_counts_what_it_spent(
     """Parts held at the deadline by a batch without a journal, then its failures retried
     with other options (a new batch, the same parts): the parts the first one reserved are
     settled against what it counted, never as room the second one never had."""
-    url, key = endpoint(server, "openai", "pace=0.6")
-    rows = short_rows(60)
+    url, key = endpoint(server, "openai", "pace=0.3")
+    rows = short_rows(40)
     first = Batch(
         rows, url=url, batch_api="openai", poll=0.05, progress=False, headers=KEY_HEADER,
-        max_cost="0.03", prices=PRICES, batch_rows=5, deadline=0.4,
+        max_cost="0.02", prices=PRICES, batch_rows=5, deadline=0.2,
     ).run()  # fmt: skip
     assert not first.ok and first.summary().error_kinds["deadline"] > 0
     again = first.retry_failed(deadline=None)
-    assert [r.index for r in again] == list(range(60))
-    assert billed_batches(server, key) <= Fraction("0.03"), float(billed_batches(server, key))
+    assert [r.index for r in again] == list(range(40))
+    assert billed_batches(server, key) <= Fraction("0.02"), float(billed_batches(server, key))
     assert stats(server, key)["twice"] == []
 
 

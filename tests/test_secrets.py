@@ -500,7 +500,11 @@ def assert_owner_only(folder: Path, prefix: str) -> None:
     ]  # fmt: skip
     assert {p.name for p in kept} >= {f"{prefix}-failed.jsonl", f"{prefix}-journal.sqlite3"}
     for path in kept:
-        assert path.stat().st_mode & 0o077 == 0, path
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:  # (a -shm the journal's last reader removed on closing)
+            continue
+        assert mode & 0o077 == 0, path
 
 
 # Each output format once, each input kind at least once.
