@@ -417,8 +417,9 @@ def test_an_answer_too_large_to_read_is_counted_once_when_a_retry_reads_it(
     what the server billed, and the journal stays one a run goes on with."""
     url, key = endpoint(server, "openai", "pace=0.1")
     rows = short_rows(4)
-    for row, most in zip(rows, (5, 5, 4000, 5), strict=True):  # (row 2's answer: a long line)
-        row["max_tokens"] = most
+    for row in rows:
+        row["max_tokens"] = 5
+    rows[2] |= {"max_tokens": 400, "n": 20}  # (20 answers of 1 to 400 tokens: a long line)
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "prices.json").write_text(json.dumps(PRICES))
     more = ["--batch-api", "--poll", "0.05", "--max-cost", "1", "--prices", "prices.json"]
