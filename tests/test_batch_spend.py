@@ -436,3 +436,20 @@ def test_an_answer_too_large_to_read_is_counted_once_when_a_retry_reads_it(
     assert Fraction(spent_in(tmp_path / "in-journal.sqlite3"), 10**12) == billed_batches(
         server, key
     )
+
+
+def test_rows_waiting_for_room_when_the_deadline_comes_end_deadline(
+    server: MockServerProcess,
+) -> None:
+    """The deadline ends a run while its parts are still running and rows wait for room
+    under the cap: those rows end ``deadline`` (unsent), as the rows of the held parts do,
+    not ``cost``."""
+    url, key = endpoint(server, "openai", "pace=0.5")
+    done = Batch(
+        short_rows(40), url=url, batch_api="openai", poll=0.05, progress=False,
+        headers=KEY_HEADER, max_cost="0.02", prices=PRICES, batch_rows=5, deadline=0.3,
+    ).run()  # fmt: skip
+    assert done.summary().error_kinds == {"deadline": 40}
+    unsent = [r for r in done if "waited for room under max_cost" in (r.error or "")]
+    assert unsent and all(r.attempts == 0 for r in unsent)
+    assert stats(server, key)["rows_run"] < 40, "the rows that waited were never sent"

@@ -99,10 +99,10 @@ class _Followed:
     delivered: dict[int, set[int]] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
     # Under a spend cap: each row's worst case and prices, the rows waiting for room under the
-    # cap (their bodies), and by part what the rows read so far spent and had reserved.
+    # cap (their bodies), and by part what the rows read so far spent.
     priced: dict[int, spend.Priced] = field(default_factory=dict)
     deferred: dict[int, Mapping[str, Any]] = field(default_factory=dict)
-    spent: dict[int, list[int]] = field(default_factory=dict)
+    spent: dict[int, int] = field(default_factory=dict)
 
     def given(self, part: Part) -> set[int]:
         """The rows of ``part`` this run is to deliver."""
@@ -536,7 +536,7 @@ class BatchRun:
             return
         mark, reserved = charge
         if spent is None:
-            read = self._followed.spent.get(part.number, (0, 0))[0]
+            read = self._followed.spent.get(part.number, 0)
             unread = set(indexes_in(part.rows)) - self._followed.delivered.get(part.number, set())
             rest = self._unread_cost(unread)
             spent = read + (reserved if rest is None else rest)
@@ -591,9 +591,8 @@ class BatchRun:
             cost = priced.spent(usage_parts(answer.data, cached=True))
         else:
             cost = priced.worst if answer.error_kind == "invalid_body" else 0
-        counted = self._followed.spent.setdefault(part.number, [0, 0])
-        counted[0] += cost
-        counted[1] += priced.worst
+        spent = self._followed.spent
+        spent[part.number] = spent.get(part.number, 0) + cost
         return cost / PICO, priced.worst / PICO, priced.model
 
     def _place_deferred(self) -> None:

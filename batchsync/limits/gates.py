@@ -50,8 +50,9 @@ class Gates:
 
     def keep_spend(self, store: SpendStore | None) -> None:
         """Keep the spend cap's reservations in ``store`` (a journal's; None: in the process)."""
-        if self.spend_ledger is not None:
-            self.spend_ledger.keep(store)
+        ledger = self.spend_ledger
+        if ledger is not None:
+            ledger.keep(store)
 
     @property
     def circuits_opened(self) -> int:
