@@ -165,13 +165,18 @@ def test_the_headers_alone_pace_a_sliding_window_and_a_bucket(
     machine's latency a small part of them (at 1 s, 10 of 12 a window in a loaded suite).
     120 requests: a bucket's opening takes up to two windows' worth in the first, and the
     share is judged over the steady windows after it (at 80, one: 18 of 24 in it once, in 34
-    runs on a loaded machine)."""
+    runs on a loaded machine). A bucket's, over 200: held as a window that may be as long as
+    its reset (it cannot be told from one), its attempts come back in waves a reset apart, 1.5
+    to 1.7 s, not the server's 2 s, so one of three windows may hold one wave where the next
+    holds two (0.833 once in CI, 0.847 in 10 runs beside two busy loops; over six, 1.00 and
+    more in 8)."""
     url, key = account(server, f"rpm=100000,tpm=3000,window=2,retry_after=0,refill={refill}")
-    rs = fetch_all(chats(url, 120, 125), concurrency=8, budget=60)
+    count = 200 if refill == "bucket" else 120
+    rs = fetch_all(chats(url, count, 125), concurrency=8, budget=60)
     counted = stats(server, key)
     assert counted["rejected"] <= before_first_answer(counted), counted["windows"]
     assert steady_share(counted, "tokens", 3000) >= USED, counted["windows"]
-    all_ok(rs, 120)
+    all_ok(rs, count)
 
 
 def test_the_command_line_at_the_token_limit_meets_no_429(
