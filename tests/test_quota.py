@@ -17,6 +17,7 @@ from batchsync.core.budget import Allowance
 from batchsync.core.verdict import success
 from batchsync.http.classify import classify_status, host_feedback
 from batchsync.http.httpfacts import HttpFacts
+from batchsync.http.provider import announced
 from batchsync.http.quota import answer_limits, quota_wait
 
 from .mockserver import MockServerProcess
@@ -82,6 +83,32 @@ def test_the_headers_an_answer_is_read_for_are_found_as_its_mapping_finds_names(
     quota, told = answer_limits(mapping(given), lambda: NOW)
     found = mapping is not dict
     assert (quota == 30.0, told is not None) == (found, found)
+
+
+@pytest.mark.parametrize("mapping", [HTTPHeaderDict, CaseInsensitiveDict])
+def test_a_providers_headers_read_by_look_up_say_what_all_of_them_say(
+    mapping: type[Any],
+) -> None:
+    """Only the names the provider's reading knows are looked up, not every header walked: the
+    same Announced as from all the pairs the mapping gives, a name sent twice included
+    (urllib3 gives each value, the last winning; requests joins them, and the joined text is
+    no count)."""
+    sent = HTTPHeaderDict({"Content-Type": "application/json", "X-Request-Id": "abc"})
+    for name, value in [
+        ("X-RateLimit-Limit-Requests", "500"),
+        ("x-ratelimit-remaining-requests", "499"),
+        ("x-ratelimit-remaining-requests", "12"),
+        ("X-RATELIMIT-RESET-TOKENS", "1m2s"),
+        ("anthropic-ratelimit-output-tokens-limit", "0"),
+        ("retry-after-ms", "250"),
+        ("Server", "mock"),
+    ]:
+        sent.add(name, value)
+    answer = mapping(sent)
+    said = answer_limits(answer, lambda: NOW)[1]
+    assert said == announced(list(answer.items()), NOW)
+    assert said is not None and said.requests_limit == 500 and said.tokens_reset == 62.0
+    assert said.requests_remaining == (12 if mapping is HTTPHeaderDict else None)
 
 
 def test_a_403_that_says_the_quota_is_spent_is_a_rate_limit() -> None:

@@ -18,7 +18,8 @@ MAX_COUNT = 10**12
 # About 116 days: longer than any reset, wait or window a server means.
 MAX_SECONDS = 1e7
 
-_DIGITS = re.compile(r"[0-9]{1,13}")
+# (an ASCII text whose every character is a digit is of 0 to 9 only: ``isdigit`` reads no other)
+_MOST_DIGITS = 13
 _DECIMAL = re.compile(r"(?:[0-9]{1,13}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})")
 
 
@@ -31,7 +32,7 @@ def count_of(value: object) -> int | None:
         return value if 0 <= value <= MAX_COUNT else None
     if isinstance(value, str):
         text = value.strip()
-        if _DIGITS.fullmatch(text):
+        if text.isascii() and text.isdigit() and len(text) <= _MOST_DIGITS:
             number = int(text)
             return number if number <= MAX_COUNT else None
     return None

@@ -20,7 +20,7 @@ import operator
 import socket
 import time
 import types
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from http.cookiejar import Cookie, CookieJar, CookiePolicy
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -201,6 +201,22 @@ def lower_names(headers: Mapping[str, str]) -> Collection[str] | None:
         store: dict[str, tuple[str, str]] = vars(headers)["_store"]
         return store.keys()
     return None
+
+
+def items_named(headers: Mapping[str, str], wanted: frozenset[str]) -> Iterable[tuple[str, str]]:
+    """The (name, value) pairs of ``headers.items()`` whose lower-case name is in ``wanted``,
+    as it gives them (urllib3's each value apart, requests' joined): looked up in urllib3's and
+    requests' dicts, not a walk over every header of every answer. Another mapping: all of
+    its pairs."""
+    if type(headers) is QUICK_HEADER_DICT:
+        container = headers._container
+        return [
+            (name, value) for name in wanted & container.keys() for value in container[name][1:]
+        ]
+    if type(headers) is CaseInsensitiveDict and _STORE_SHAPE:
+        store: dict[str, tuple[str, str]] = vars(headers)["_store"]
+        return [store[name] for name in wanted & store.keys()]
+    return headers.items()
 
 
 # urllib3's hooks: a connection opens its socket in ``_new_conn(self)``, a pool hands out a

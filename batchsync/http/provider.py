@@ -104,6 +104,8 @@ _READ: dict[str, tuple[str, Callable[[str, float], float | None]]] = {
     "retry-after-ms": ("retry_after", _milliseconds),
 }
 _RANKS = {name: rank for rank, name in enumerate(_READ)}
+# The names ``announced`` reads, in lower case: an answer's other headers need not be read.
+READ_NAMES = frozenset(_READ)
 
 
 @functools.lru_cache(maxsize=256)  # (a server writes the same few resets again and again)

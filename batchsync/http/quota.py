@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..core.numbers import count_of, seconds_of
 from ..core.verdict import Announced
-from .internals import lower_names
-from .provider import ANTHROPIC_SETS, announced
+from .internals import items_named, lower_names
+from .provider import ANTHROPIC_SETS, READ_NAMES, announced
 
 # A reset above this is an epoch time (2001-09-09), below it a number of seconds: no quota
 # window lasts 31 years, and no server clock is set before 2001.
@@ -60,7 +60,7 @@ def answer_limits(
         told = not _QUOTA_MARKS.isdisjoint(names)
         provider = not _PROVIDER_MARKS.isdisjoint(names)
     quota = quota_wait(headers.items(), unix_time) if told else None
-    return quota, announced(headers.items(), unix_time()) if provider else None
+    return quota, announced(items_named(headers, READ_NAMES), unix_time()) if provider else None
 
 
 def retry_after_of(headers: Mapping[str, str]) -> str | None:

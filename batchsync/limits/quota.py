@@ -71,7 +71,7 @@ _ROUNDING = 0.001
 class _Count:
     """One count of a host as the answer to the taking ``mark`` (sent at ``since``) told it at
     ``told_at``: ``left`` then, ``whole`` back at ``back_at`` (its reset), and in between, on a
-    host whose resets are full, what ``back`` gives back: (instant, amount back by then)."""
+    host whose resets are full, what ``back()`` gives back: (instant, amount back by then)."""
 
     left: int
     whole: int | None
@@ -80,10 +80,18 @@ class _Count:
     mark: int
     since: float
     own: int  # what the answered attempt took of it
-    back: list[tuple[float, int]] = field(default_factory=list)
     # what attempts that ended after ``since`` took that it holds for sure: their answers told
     # more left than it does, so the server counted them first (or freed more than they took)
     held: int = 0
+    # what ``back()`` is reckoned from, at its first need: most counts are replaced by the next
+    # answer before an attempt needs more than they left
+    reckon: Callable[[], list[tuple[float, int]]] | None = None
+    _back: list[tuple[float, int]] = field(default_factory=list)
+
+    def back(self) -> list[tuple[float, int]]:
+        if self.reckon is not None:
+            self._back, self.reckon = self.reckon(), None
+        return self._back
 
 
 @dataclass
@@ -120,7 +128,7 @@ def available(count: _Count, now: float) -> float:
     spent = 0 if count.whole is None else max(count.whole - count.left, 0)
     evenly = spent * (now - count.told_at) / (count.back_at - count.told_at)
     window = 0
-    for instant, amount in count.back:
+    for instant, amount in count.back():
         if instant > now:
             break
         window = amount
@@ -139,6 +147,8 @@ def count_wait(count: _Count, taken: int, amount: int, now: float, *, full: bool
     need = taken + min(amount, max(whole, 1))
     if now >= count.back_at:
         return 0.0 if whole <= 0 or whole >= need else INFINITE
+    if count.left >= need:  # (it holds no less than it left: most takes)
+        return 0.0
     return 0.0 if available(count, now) >= need else _back_wait(count, need, now)
 
 
@@ -150,7 +160,7 @@ def _back_wait(count: _Count, need: int, now: float) -> float:
     evenly_at = (
         count.told_at + missing * (count.back_at - count.told_at) / spent if spent else INFINITE
     )
-    window_at = next((instant for instant, back in count.back if back >= missing), INFINITE)
+    window_at = next((instant for instant, back in count.back() if back >= missing), INFINITE)
     return min(max(evenly_at, window_at), count.back_at) - now
 
 
@@ -177,7 +187,7 @@ class AnnouncedCounts:
         self._clock = clock
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
-        self._changed = threading.Event()
+        self._changed: threading.Event | None = None
 
     def take(self, host: str, cost: int, sides: Sides | None = None) -> tuple[int | None, float]:
         """Take one request and ``cost`` tokens of the host's (``sides``: those by side, when
@@ -191,9 +201,7 @@ class AnnouncedCounts:
             amounts["input"] = weight_of(cost, sides, "input")
             amounts["output"] = weight_of(cost, sides, "output")
         with self._lock:
-            state = self._hosts.setdefault(host, _Host())
-            now = self._clock()
-            return _take(state, amounts, now)
+            return _take(self._host(host), amounts, self._clock())
 
     def ended(
         self,
@@ -212,8 +220,7 @@ class AnnouncedCounts:
         if mark == 0 and said is None and (known is None or known.heard):
             return
         with self._lock:
-            state = self._hosts.setdefault(host, _Host())
-            now = self._clock()
+            state, now = self._host(host), self._clock()
             state.heard = True
             taking = _ended(state, mark, said, sent, now)
             if said is not None:
@@ -225,20 +232,33 @@ class AnnouncedCounts:
     def give_back(self, host: str, mark: int) -> None:
         """The attempt taken as ``mark`` was never sent."""
         with self._lock:
-            state = self._hosts.setdefault(host, _Host())
+            state = self._host(host)
             if state.probe == mark:
                 state.probe = None
             state.log.drop(mark)
             self._wake()
 
+    def _host(self, host: str) -> _Host:
+        """(under the lock) The host's state, made at its first attempt."""
+        state = self._hosts.get(host)
+        if state is None:
+            state = self._hosts[host] = _Host()
+        return state
+
     def _wake(self) -> None:
-        """(under the lock) Wake every waiter for an answer; the next one sets a new event."""
-        self._changed.set()
-        self._changed = threading.Event()
+        """(under the lock) Wake every waiter for an answer, if any: the next one to wait makes
+        a new event (most answers have no waiter, and then make none)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def changed(self) -> threading.Event:
-        """Set at the next answer or giving back: what a waiter for an answer waits on."""
-        return self._changed
+        """Set at the next answer or giving back: what a waiter for an answer waits on, taken
+        before it takes again (an answer between its take and this would not wake it)."""
+        with self._lock:
+            if self._changed is None:
+                self._changed = threading.Event()
+            return self._changed
 
 
 def _take(state: _Host, amounts: dict[str, int], now: float) -> tuple[int | None, float]:
@@ -304,7 +324,7 @@ def _told(state: _Host, said: Announced, answered: Taking, now: float, *, counte
         _read_resets(state, kind, count)
         state.counts[kind] = count
         if count.whole is not None:
-            count.back = _ours_back(state, kind, count, answered, counted=counted)
+            count.reckon = _ours_back(state, kind, count, answered, counted=counted)
 
 
 def _count_of(
@@ -357,17 +377,23 @@ def _read_resets(state: _Host, kind: str, count: _Count) -> None:
 
 def _ours_back(
     state: _Host, kind: str, count: _Count, answered: Taking, *, counted: bool
-) -> list[tuple[float, int]]:
-    """When our attempts in ``count``'s spent part come back, on a full-reset host."""
+) -> Callable[[], list[tuple[float, int]]]:
+    """When our attempts in ``count``'s spent part come back, on a full-reset host: its window
+    bound now, the rest when first asked, from the log as it stands then (which has only
+    forgotten some of the attempts ended by ``since`` meanwhile: never more back)."""
     assert count.whole is not None
-    since = count.since
-    until, age = count.back_at - count.told_at, count.told_at - since
+    since, back_at, own, spent = count.since, count.back_at, count.own, count.whole - count.left
+    until, age = back_at - count.told_at, count.told_at - since
     window = reset_window(state, kind, until, age, counted=counted)
     log, start = state.log, since - window  # (what ended by then had left the window)
-    if count.own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
-        return []  # (nothing of ours to give back: requests that weigh no tokens)
-    ours = chain([answered], log.ended_by(since))
-    return _given_back(ours, kind, spent=count.whole - count.left, window=window, count=count)
+
+    def reckon() -> list[tuple[float, int]]:  # (of plain values: no cycle through ``count``)
+        if own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
+            return []  # (nothing of ours to give back: requests that weigh no tokens)
+        ours = chain([answered], log.ended_by(since))
+        return _given_back(ours, kind, spent=spent, window=window, since=since, back_at=back_at)
+
+    return reckon
 
 
 def _moved_later(anchor: _Count, count: _Count) -> bool:
@@ -407,24 +433,25 @@ def _uncounted(state: _Host, count: _Count, kind: str, now: float) -> int:
 
 
 def _given_back(
-    counted: Iterable[Taking], kind: str, *, spent: int, window: float, count: _Count
+    counted: Iterable[Taking], kind: str, *, spent: int, window: float, since: float, back_at: float
 ) -> list[tuple[float, int]]:
-    """When a sliding window would give back the ``spent`` part of ``count``: the newest of our
-    attempts that it holds for sure (``counted``: the answered one, then those that had ended
-    before it was sent, newest first, as far as those that may still have been in the window
-    when the answer was made: so as many as the limit lets through a window, however long the
-    run), each at its end plus ``window``; (instant, amount back by then), in order."""
+    """When a sliding window would give back the ``spent`` part of a count whose attempt was
+    sent at ``since`` and whose reset is ``back_at``: the newest of our attempts that it holds
+    for sure (``counted``: the answered one, then those that had ended before it was sent,
+    newest first, as far as those that may still have been in the window when the answer was
+    made: so as many as the limit lets through a window, however long the run), each at its
+    end plus ``window``; (instant, amount back by then), in order."""
     returns: list[tuple[float, int]] = []
     explained = 0
     for taking in counted:
         amount = taking.amounts.get(kind, 0)
         # (one that had left the window before the answer was made, and so all older ones,
         # is not in the spent part; nor is what goes beyond it)
-        left_before = taking.ended_at is not None and taking.ended_at + window <= count.since
+        left_before = taking.ended_at is not None and taking.ended_at + window <= since
         if left_before or explained + amount > spent:
             break
         explained += amount
-        if taking.ended_at is not None and taking.ended_at + window < count.back_at:
+        if taking.ended_at is not None and taking.ended_at + window < back_at:
             returns.append((taking.ended_at + window, amount))
     back, total = [], 0
     for instant, amount in sorted(returns):
@@ -463,8 +490,8 @@ class QuotaGate:
         refusal = waiting.sleep(self.name, held, admission, _RESET) if held > 0 else None
         if refusal is not None or self.name in admission.held:
             return refusal
+        change: threading.Event | None = None  # (taken only once a take says to wait for one)
         while True:
-            change = self.counts.changed()
             mark, wait = self.counts.take(host, admission.cost, admission.sides)
             if mark is not None:
                 if mark:
@@ -472,12 +499,16 @@ class QuotaGate:
                 return None
             if wait < INFINITE:
                 refusal = waiting.sleep(self.name, wait, admission, _RESET)
+            elif change is None:  # (then takes again, so that no answer goes unseen)
+                change = self.counts.changed()
+                continue
             else:  # until an answer to the host tells what is left
                 left, limit = admission.allowance.tightest(waiting.now())
                 if left <= 0:
                     return limit
                 waiting.clock.wait(change, min(left, POLL_SECONDS))
                 refusal = "cancelled" if admission.stop.is_set() else None
+            change = None
             if refusal is not None:
                 return refusal
 
