@@ -61,6 +61,48 @@ print(json.dumps({"cpu_ms": (time.process_time() - cpu) * 1000 / count, "ok": le
                   "seconds": time.monotonic() - started}))
 """
 
+# The headers' own cost apart from a run's threads, in one thread on a clock that moves 1 ms an
+# attempt (so that 100 000 attempts outlast the minute an ended attempt is kept): reading an
+# answer's headers, and the quota gate's taking and answer of an attempt, 16 in flight.
+PARTS = """
+import json, sys, time
+from urllib3 import HTTPHeaderDict
+from batchsync.http.quota import answer_limits
+from batchsync.limits.quota import AnnouncedCounts
+count, clock = int(sys.argv[1]), [0.0]
+def answer(served):
+    return HTTPHeaderDict([("Content-Type", "application/json"), ("Content-Length", "12"),
+        ("Date", "Mon, 07 Dec 2026 09:00:00 GMT"), ("Server", "bench"),
+        ("x-ratelimit-limit-requests", "1000000000"),
+        ("x-ratelimit-remaining-requests", str(1000000000 - served)),
+        ("x-ratelimit-reset-requests", "6ms"), ("x-ratelimit-limit-tokens", "1000000000"),
+        ("x-ratelimit-remaining-tokens", "999999000"), ("x-ratelimit-reset-tokens", "1s")])
+answers = [answer(served) for served in range(count)]
+started = time.process_time()
+said = [answer_limits(headers, time.time)[1] for headers in answers]
+read = time.process_time() - started
+counts, flying = AnnouncedCounts(lambda: clock[0]), []
+started = time.process_time()
+for served in range(count):
+    clock[0] += 0.001
+    flying.append((counts.take("host", 0)[0], clock[0]))
+    if len(flying) == 16:
+        mark, sent = flying.pop(0)
+        counts.ended("host", mark, said[served], sent, counted=False)
+kept = time.process_time() - started
+print(json.dumps({"read_us": read * 1e6 / count, "kept_us": kept * 1e6 / count}))
+"""
+
+
+def parts(count: int) -> dict[str, float]:
+    """The headers' own cost an attempt, in microseconds, over ``count`` attempts."""
+    done = subprocess.run(
+        [sys.executable, "-c", PARTS, str(count)], cwd=ROOT, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    figures: dict[str, float] = json.loads(done.stdout)
+    return figures
+
 
 def measure(port: int, count: int, headers: bool) -> dict[str, float]:
     done = subprocess.run(
@@ -96,6 +138,7 @@ def section(quick: bool = False) -> list[str]:
         server.wait(timeout=10)
     first, last = rows[0][1]["cpu_ms"], rows[-1][1]["cpu_ms"]
     worst = max(on["cpu_ms"] / off["cpu_ms"] for _, on, off in rows)
+    alone = [(size, parts(size)) for size in (sizes[0], sizes[-1])]
     return [
         "## Announced limits over a long run",
         "",
@@ -112,6 +155,13 @@ def section(quick: bool = False) -> list[str]:
             f"{on['cpu_ms'] / off['cpu_ms']:.2f} |"
             for size, on, off in rows
         ),
+        "",
+        "The headers' own cost, one thread, in microseconds an attempt (reading an answer's "
+        "headers; the quota gate's taking and answer of it, 16 in flight):",
+        "",
+        "| attempts | reading the headers | the gate's bookkeeping |",
+        "| ---: | ---: | ---: |",
+        *(f"| {size:,} | {cost['read_us']:.1f} | {cost['kept_us']:.1f} |" for size, cost in alone),
     ]
 
 
