@@ -7,8 +7,8 @@ whose every answer carries OpenAI's ``x-ratelimit-*`` headers (a count far from 
 The bookkeeping must cost the same at request 100 000 as at request 2 000 (within 20 %) and
 stay within 1.3x of not reading the headers at all. The server runs in a process of its own;
 the CPU is the client process's (every thread), measured around ``fetch_all`` only. Each size
-is measured ``REPEATS`` times, headers on and off in turn, and their median kept: one run's CPU
-moves by a fifth with the machine's other work, at any size.
+is measured ``REPEATS`` times, headers on and off in turn, every size in each round, and their
+median kept: one run's CPU moves by a fifth with the machine's other work, at any size.
 """
 
 from __future__ import annotations
@@ -115,14 +115,22 @@ def measure(port: int, count: int, headers: bool) -> dict[str, float]:
     return figures
 
 
-def median_of(port: int, count: int, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
-    """The median CPU per request of ``repeats`` runs with the headers read and not, in turn."""
-    on: list[float] = []
-    off: list[float] = []
+def medians(
+    port: int, sizes: list[int], repeats: int
+) -> list[tuple[int, dict[str, float], dict[str, float]]]:
+    """Per size, the median CPU per request of ``repeats`` runs with the headers read and not:
+    each round runs every size, headers on and off in turn, so that a machine slower for a
+    while slows every size alike, not the one measured then."""
+    on: dict[int, list[float]] = {size: [] for size in sizes}
+    off: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(repeats):
-        on.append(measure(port, count, True)["cpu_ms"])
-        off.append(measure(port, count, False)["cpu_ms"])
-    return {"cpu_ms": statistics.median(on)}, {"cpu_ms": statistics.median(off)}
+        for size in sizes:
+            on[size].append(measure(port, size, True)["cpu_ms"])
+            off[size].append(measure(port, size, False)["cpu_ms"])
+    return [
+        (size, {"cpu_ms": statistics.median(on[size])}, {"cpu_ms": statistics.median(off[size])})
+        for size in sizes
+    ]
 
 
 def section(quick: bool = False) -> list[str]:
@@ -132,7 +140,7 @@ def section(quick: bool = False) -> list[str]:
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        rows = [(size, *median_of(port, size, REPEATS)) for size in sizes]
+        rows = medians(port, sizes, REPEATS)
     finally:
         server.terminate()
         server.wait(timeout=10)
