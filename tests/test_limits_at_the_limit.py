@@ -168,8 +168,8 @@ def test_the_headers_alone_pace_a_sliding_window_and_a_bucket(
     runs on a loaded machine). A bucket's, over 200: held as a window that may be as long as
     its reset (it cannot be told from one), its attempts come back in waves a reset apart, 1.5
     to 1.7 s, not the server's 2 s, so one of three windows may hold one wave where the next
-    holds two (0.833 once in CI, 0.847 in 10 runs beside two busy loops; over six, 1.00 and
-    more in 8)."""
+    holds two (at 120: 0.833 once in CI, and 1 run of 10 beside two busy loops at 0.847; at
+    200, six steady windows: 1.00 and more in 8 runs of 8)."""
     url, key = account(server, f"rpm=100000,tpm=3000,window=2,retry_after=0,refill={refill}")
     count = 200 if refill == "bucket" else 120
     rs = fetch_all(chats(url, count, 125), concurrency=8, budget=60)
