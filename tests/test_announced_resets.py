@@ -210,6 +210,33 @@ def test_attempts_whose_answers_told_more_left_are_not_counted_twice(
     assert wait_of(counts) == pytest.approx(1.9)
 
 
+def test_an_attempt_ended_after_an_answer_in_the_same_clock_reading_is_not_in_its_count() -> None:
+    """A clock that moves in ticks (Windows' monotonic, 15.6 ms) reads 100.0 for every step.
+    The fourth answer says 6 tokens of 100 left until 101, on a host its answers showed gives
+    the whole count back; a fifth attempt of 5 tokens is taken and ended after it, in the same
+    reading. That attempt is in no count the answer told, so it comes back with none of them:
+    halfway to the reset, 20 tokens still wait (6 left, and 11 of ours back; before, its 5 were
+    counted back too, and the 20 went)."""
+    clock = Now()
+    counts = AnnouncedCounts(clock)
+
+    def attempt(tokens: int, **said: float) -> None:
+        mark, wait = counts.take("h", tokens)
+        assert mark is not None and wait == 0
+        told = Announced(**said) if said else None  # type: ignore[arg-type]
+        counts.ended("h", mark, told, sent=clock.now, counted=True)
+
+    attempt(200, requests_remaining=5, requests_limit=10, requests_reset=30.0,
+            tokens_remaining=23, tokens_limit=100, tokens_reset=5.0)  # fmt: skip
+    attempt(5, requests_remaining=9, requests_reset=0.0)
+    attempt(5, requests_remaining=1, requests_reset=5.0, tokens_remaining=55, tokens_reset=0.5)
+    attempt(1, requests_remaining=10, requests_limit=10, tokens_remaining=6, tokens_reset=1.0)
+    attempt(5, requests_remaining=10, requests_reset=5.0)
+    clock.now = 100.5
+    mark, wait = counts.take("h", 20)
+    assert mark is None and wait == pytest.approx(0.5)
+
+
 def test_a_refusal_puts_a_full_reset_host_back_to_what_answers_confirm() -> None:
     clock = Now()
     counts = half_spent(clock)

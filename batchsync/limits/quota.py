@@ -377,20 +377,24 @@ def _read_resets(state: _Host, kind: str, count: _Count) -> None:
 
 def _ours_back(
     state: _Host, kind: str, count: _Count, answered: Taking, *, counted: bool
-) -> Callable[[], list[tuple[float, int]]]:
-    """When our attempts in ``count``'s spent part come back, on a full-reset host: its window
-    bound now, the rest when first asked, from the log as it stands then (which has only
-    forgotten some of the attempts ended by ``since`` meanwhile: never more back)."""
+) -> Callable[[], list[tuple[float, int]]] | None:
+    """When our attempts in ``count``'s spent part come back, on a full-reset host (None:
+    none of ours is in it): its window bound now, the rest when first asked, of the attempts
+    that had ended when the answer came (one that ended later, even at the same clock reading,
+    is in no count it told), as far as the log still keeps them (it only forgets: never more
+    back than at the answer)."""
     assert count.whole is not None
     since, back_at, own, spent = count.since, count.back_at, count.own, count.whole - count.left
     until, age = back_at - count.told_at, count.told_at - since
     window = reset_window(state, kind, until, age, counted=counted)
     log, start = state.log, since - window  # (what ended by then had left the window)
+    if own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
+        return None  # (nothing of ours to give back: requests that weigh no tokens)
+    ended = log.ended_count
 
     def reckon() -> list[tuple[float, int]]:  # (of plain values: no cycle through ``count``)
-        if own + log.ended_after(start, kind) - log.ended_after(since, kind) <= 0:
-            return []  # (nothing of ours to give back: requests that weigh no tokens)
-        ours = chain([answered], log.ended_by(since))
+        earlier = (t for t in log.ended_by(since) if t.order < ended and t is not answered)
+        ours = chain([answered], earlier)
         return _given_back(ours, kind, spent=spent, window=window, since=since, back_at=back_at)
 
     return reckon

@@ -22,6 +22,7 @@ class Taking:
     ended_at: float | None = None
     before: dict[str, int] = field(default_factory=dict)
     told: dict[str, int] = field(default_factory=dict)
+    order: int = 0  # how many attempts ended before it, once it has ended
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TakenLog:
     _first: int = 0  # the oldest ended one still kept
     _flying_sum: dict[str, int] = field(default_factory=dict)
     _ended_sum: dict[str, int] = field(default_factory=dict)  # of every one ever ended
+    ended_count: int = 0  # how many ever ended
 
     def take(self, taking: Taking) -> None:
         self.flying[taking.mark] = taking
@@ -53,7 +55,8 @@ class TakenLog:
     def end(self, taking: Taking, sent: float, now: float) -> None:
         """``taking``, out of flight, sent at ``sent``, ended ``now`` (never before the last)."""
         taking.sent_at, taking.ended_at = sent, now
-        taking.before = dict(self._ended_sum)
+        taking.before, taking.order = dict(self._ended_sum), self.ended_count
+        self.ended_count += 1
         self._ended.append(taking)
         self._ends.append(now)
         _add(self._ended_sum, taking.amounts, 1)
