@@ -28,7 +28,7 @@ from .http.auth import AuthFailed
 from .http.spec import RequestSpec
 from .limits.breaker import Breaker
 from .output.resultset import ResultSet
-from .run.api import fetch_all, run_all
+from .run.api import fetch_all, fetch_iter, run_all, run_iter
 from .run.batch import Batch, CallBatch
 from .run.once import Limits, call, resilient
 from .store.journal import JournalFailed, JournalInUse, JournalMismatch, JournalUnusable
@@ -55,8 +55,10 @@ __all__ = [
     "Summary",
     "call",
     "fetch_all",
+    "fetch_iter",
     "resilient",
     "run_all",
+    "run_iter",
 ]
 
 logging.getLogger("batchsync").addHandler(logging.NullHandler())

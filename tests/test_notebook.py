@@ -38,7 +38,7 @@ def test_the_quickstart_notebook_runs_and_shows_the_batch() -> None:
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     errors = [o for cell in code for o in cell.get("outputs", []) if o.output_type == "error"]
     assert errors == []
-    _, fetched, summary, frame, bodies, retried, _ = code
+    _, fetched, summary, frame, bodies, retried, streamed, _ = code
     assert "<table>" in texts(fetched) and "First failures" in texts(fetched)
     assert "HTTP 503 after 2 attempts" in texts(fetched)
     progress = [
@@ -51,6 +51,8 @@ def test_the_quickstart_notebook_runs_and_shows_the_batch() -> None:
     assert "invalid_body" in texts(frame) and "product-z" in texts(frame)
     assert "path" in texts(bodies) and "/ok/product-0" in texts(bodies)
     assert "3 items: 0 ok, 3 failed" in texts(retried)
+    assert "10 yielded, then the loop left;" in texts(streamed)
+    assert "30 yielded in all, each item once: True" in texts(streamed)
 
 
 def test_the_interrupt_button_stops_a_batch_and_leaves_no_thread(

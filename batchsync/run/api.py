@@ -1,11 +1,13 @@
-"""The one-call forms: ``run_all`` for any blocking callable, ``fetch_all`` for HTTP."""
+"""The one-call forms: ``run_all`` for any blocking callable, ``fetch_all`` for HTTP; and
+``run_iter``/``fetch_iter``, the same yielding each Result as it comes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
+from ..core.result import Result
 from ..jobs.options import CallOptions, FetchOptions, spelled_out
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
@@ -81,3 +83,59 @@ def run_all(
         progress=progress,
         **options,
     ).run()
+
+
+@spelled_out(FetchSettings, FetchOptions)
+def fetch_iter(
+    items: Iterable[Item] | Iterable[Mapping[str, Any]],
+    *,
+    url: str | None = None,
+    method: str = "GET",
+    body: Any = None,
+    id_field: str | None = None,
+    journal: str | Path | None = None,
+    fresh: bool = False,
+    progress: bool | None = None,
+    **options: Unpack[FetchSettings],
+) -> Iterator[Result]:
+    """``fetch_all`` yielding each Result as it is kept, in the order they finish (``.index``
+    is its item's): ``Batch(items, **options).stream()``. Leaving the loop stops the run as
+    Ctrl-C does; with ``journal=``, a later call goes on with the rest."""
+    return Batch(
+        items,
+        url=url,
+        method=method,
+        body=body,
+        id_field=id_field,
+        journal=journal,
+        fresh=fresh,
+        progress=progress,
+        **options,
+    ).stream()
+
+
+@spelled_out(CallSettings, CallOptions)
+def run_iter(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    journal: str | Path | None = None,
+    fresh: bool = False,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
+    progress: bool | None = None,
+    **options: Unpack[CallSettings],
+) -> Iterator[Result]:
+    """``run_all`` yielding each Result as it is kept, in the order they finish (``.index``
+    is its item's): ``CallBatch(fn, items, **options).stream()``. Leaving the loop stops the
+    run as Ctrl-C does; with ``journal=``, a later call goes on with the rest."""
+    return CallBatch(
+        fn,
+        items,
+        journal=journal,
+        fresh=fresh,
+        encode=encode,
+        decode=decode,
+        progress=progress,
+        **options,
+    ).stream()

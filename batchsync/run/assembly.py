@@ -225,10 +225,11 @@ def run_calls(
     gates: Gates | None = None,
     progress: Observer | None = None,
     observed: bool = True,
+    on_start: Callable[[Stoppable], None] = lambda run: None,
     clock: Clock = SYSTEM,
 ) -> Ran:
     """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers and engine as
-    an HTTP run (``observed``, ``clock`` as for ``fetch``)."""
+    an HTTP run (``observed``, ``on_start``, ``clock`` as for ``fetch``)."""
     gates = gates_for(options, clock) if gates is None else gates
     secrets = options.secrets()
     job = CallJob(fn, options, secrets, gates)
@@ -243,7 +244,7 @@ def run_calls(
             observed=observed,
             secrets=secrets,
             abort=None,
-            on_start=lambda run: None,
+            on_start=on_start,
             clock=clock,
         )
     finally:

@@ -9,7 +9,7 @@ import json
 import math
 import sqlite3
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any, Generic, Self, TypeVar, Unpack
 from pydantic import BaseModel
 
 from ..batches.providers import endpoint_of
+from ..core.engine import Deliver
 from ..core.history import DONE, Pass, Stint, merged_timeline, totals
 from ..core.observe import log_summary
 from ..core.records import dumps, public_record
@@ -32,11 +33,12 @@ from ..output.resultset import ResultSet
 from ..store.journal import JournalMismatch
 from ..store.resume import Items, Left, marks_of
 from ..store.submissions import Ledger, Part
-from .assembly import gates_for, run_calls
+from .assembly import Stoppable, gates_for, run_calls
 from .batched import journal_parts
 from .controller import Journaled, Plan, RunController, Send
 from .plan import Lane, TemplateRows, Words, plan_send, refuse_fresh
 from .progress import wanted
+from .stream import streamed
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -112,6 +114,8 @@ class Resumable(Generic[OptionsT]):
     ) -> None:
         self.items, self.options, self._progress = list(items), options, progress
         self._done: dict[int, Result] = {}
+        # The Result of each item a ``stream()`` of this batch yielded last.
+        self._streamed: dict[int, Result] = {}
         # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
         self._marks = bytearray(len(self.items))
@@ -166,8 +170,9 @@ class Resumable(Generic[OptionsT]):
         """The journal's texts for a Result."""
         return encode_result(result, item)
 
-    def _send(self) -> Send:
-        """What sends this batch's items: the assembly's engine run for its job."""
+    def _send(self, on_start: Callable[[Stoppable], None]) -> Send:
+        """What sends this batch's items: the assembly's engine run for its job (``on_start``
+        sees what runs them)."""
         raise NotImplementedError
 
     @property
@@ -215,20 +220,59 @@ class Resumable(Generic[OptionsT]):
         or those failed with these error kinds (e.g. ``["status", "timeout"]``), each with
         a fresh budget; a retried item's Result counts the attempts of every pass. An
         interrupted pass is finished by ``run()`` again."""
+        self._begin(retry_failed)
+        self._go(self._keep, lambda run: None)
+        return self.results
+
+    def stream(self, *, retry_failed: bool | Iterable[str] = False) -> Iterator[Result]:
+        """Run as ``run()`` does, yielding each Result as it is kept (journaled first), in the
+        order they finish; ``result.index`` is its item's. The kept Results no stream of this
+        batch has yielded yet come first, in input order (those of an earlier ``run()``, of
+        the journal, or that finished while an earlier stream stopped), so that over one
+        batch every item's Result is yielded once. Leaving the loop (``break``, an exception,
+        Ctrl-C) stops the run as an interrupt does: what finished is kept, a later
+        ``stream()`` or ``run()`` goes on with the rest."""
+        self._begin(retry_failed)
+        return self._streaming()
+
+    def _streaming(self) -> Iterator[Result]:
+        for index, kept in sorted(self._done.items()):
+            if self._marks[index] == DONE and self._streamed.get(index) is not kept:
+                self._streamed[index] = kept
+                yield kept
+
+        def go(give: Callable[[Result], None], on_start: Callable[[Stoppable], None]) -> None:
+            def keep_and_give(result: Result, item: object) -> None:
+                self._keep(result, item)
+                if self._done.get(result.index) is result:
+                    give(result)
+
+            self._go(keep_and_give, on_start)
+
+        for result in streamed(go):
+            self._streamed[result.index] = result
+            yield result
+
+    def _begin(self, retry_failed: bool | Iterable[str]) -> None:
+        """Start the pass ``retry_failed`` asks for (``run()``), if any."""
         if retry_failed is not False:
             kinds = frozenset() if retry_failed is True else error_kinds(retry_failed)
             if retry_failed is not True and not kinds:
                 raise ValueError("retry_failed: name at least one error kind, or give True")
             self._retry_pass(kinds)
+
+    def _go(self, keep: Deliver, on_start: Callable[[Stoppable], None]) -> None:
+        """Send what this pass has left, each Result given to ``keep``; ``on_start`` sees what
+        runs it (to stop it)."""
         plan = Plan(self._pass, Left(self._marks, self._form, self._done.get))
         if self.journal is None and isinstance(self._gates.spend_ledger, spend.Ledger):
             self._gates.keep_spend(self._spend_here)  # (a shared ledger keeps its own)
         with self._controller() as controller:  # JournalInUse: another run has the journal
             try:
                 controller.run(
-                    self._send(),
+                    self._send(on_start),
                     enumerate(self.items),
-                    self._keep,
+                    keep,
                     plan=plan,
                     gates=self._gates,
                     progress=wanted(self._progress),
@@ -236,7 +280,6 @@ class Resumable(Generic[OptionsT]):
                 )
             finally:
                 log_summary(self._summary)
-        return self.results
 
     def _retry_pass(self, kinds: frozenset[str]) -> None:
         """Start a new pass that sends again the failures of ``kinds`` (empty: all)."""
@@ -323,7 +366,7 @@ class Batch(Resumable[FetchOptions]):
             return replace(result, data=expect.model_validate(result.data))
         return result
 
-    def _send(self) -> Send:
+    def _send(self, on_start: Callable[[Stoppable], None]) -> Send:
         template = self._template
         rows = None if template is None else TemplateRows(template)
         lane = Lane(self.options, rows, self._submissions(), _WORDS)
@@ -336,6 +379,7 @@ class Batch(Resumable[FetchOptions]):
             cancel=self._cancelling,
             again=lambda: enumerate(self.items),
             stored=self._done.get,
+            on_start=on_start,
         )
 
     def _submissions(self) -> list[Part]:
@@ -425,8 +469,8 @@ class CallBatch(Resumable[CallOptions]):
             raise ValueError(f"item {result.index} returned {changed}: give encode= (and decode=)")
         return encode_result(result, item)
 
-    def _send(self) -> Send:
-        return partial(run_calls, self.options, self._fn)
+    def _send(self, on_start: Callable[[Stoppable], None]) -> Send:
+        return partial(run_calls, self.options, self._fn, on_start=on_start)
 
     def _remade_with(self) -> tuple[Any, ...]:
         return (self._fn, self.items)
