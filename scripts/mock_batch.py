@@ -65,9 +65,10 @@ cap fails later included), ``refused_creates`` (creates the cap refused or faile
 the usage its answer reports: what the KEY pays at the batch price),
 ``batches_run`` and ``rows_run`` (batches that went in progress, and their rows), ``twice``
 (each request body answered in more than one batch, whatever its custom_ids: a client that
-resubmits what already ran shows here; rows that expired or were cancelled before they ran
-do not count), ``batches_deleted``, ``auth`` (the distinct
-``Authorization`` and ``x-api-key`` values the batch routes saw) and ``batches`` (each one's
+resubmits what already ran shows here; rows that expired or were cancelled before they ran,
+and answers of the provider's own failure (5xx), which are not billed, do not count),
+``batches_deleted``, ``auth`` (the distinct ``Authorization`` and ``x-api-key`` values the
+batch routes saw) and ``batches`` (each one's
 ``id``, ``provider``, ``status``, ``rows``, ``tokens`` and ``created_at``).
 """
 
@@ -884,8 +885,9 @@ class BatchMock:
             for batch in ran:
                 for index, row in enumerate(batch.rows):
                     if batch.done(index, now):
-                        seen.setdefault(row.text, []).append((row.custom_id, batch.id))
                         status, answer = self._row_answer(store, batch, index)
+                        if status < 500:  # (what the provider bills: not its own failures)
+                            seen.setdefault(row.text, []).append((row.custom_id, batch.id))
                         usage = answer.get("usage") if status == 200 else None
                         for side, names in BILLED.items():
                             billed[side] += sum(int((usage or {}).get(n) or 0) for n in names)

@@ -151,7 +151,11 @@ def test_a_cookbook_file_through_the_batch_api_killed_polling_resumed_then_retri
     marks = dict.fromkeys(expired, "[[expire]]") | {7: "[[error]]"}
     source = cookbook(tmp_path / "requests.jsonl", rows, marks)
     url, key = endpoint(server, provider, "pace=0.3,rpm=100000,tpm=100000000")
-    args = command(source, url, provider, "--batch-api", "--poll", "0.1", "--batch-rows", "700")
+    # (--batch-retries 0: the expired rows end so, for --retry-failed --live to send later)
+    args = command(
+        source, url, provider, "--batch-api", "--poll", "0.1", "--batch-rows", "700",
+        "--batch-retries", "0",
+    )  # fmt: skip
     journal = tmp_path / "requests-journal.sqlite3"
 
     first = start(args, tmp_path)
@@ -381,7 +385,7 @@ def test_a_notebooks_batch_submits_then_a_new_batch_later_collects_what_ran(
 
     later = Batch(
         rows, url=url, batch_api="auto", journal=journal, poll=0.05, progress=False,
-        headers=KEY_HEADER,
+        headers=KEY_HEADER, batch_retries=0,
     )  # fmt: skip
     results_set = later.run()
     assert [r.index for r in results_set] == list(range(12))
@@ -581,8 +585,12 @@ def test_keep_files_leaves_the_files_at_the_provider(
     source = cookbook(tmp_path / "in.jsonl", 4, {1: "[[expire]]"})
     url, key = endpoint(server, "openai", "pace=0.1")
     done = run(
-        command(source, url, "openai", "--batch-api", "--poll", "0.05", "--keep-files"), tmp_path
-    )
+        command(
+            source, url, "openai", "--batch-api", "--poll", "0.05", "--keep-files",
+            "--batch-retries", "0",
+        ),
+        tmp_path,
+    )  # fmt: skip
     assert done.returncode == 1, done.stderr
     # The input, output and error files.
     assert len(stats(server, key)["files_alive"]) == 3

@@ -10,8 +10,10 @@ import pytest
 
 from batchsync import Batch
 from batchsync.batches.client import _Listing
-from batchsync.batches.protocol import custom_id, index_of
+from batchsync.batches.protocol import Answer, custom_id, index_of, row_failure
 from batchsync.batches.providers import PROVIDERS, endpoint_of
+from batchsync.http.httpfacts import HttpFacts
+from batchsync.http.retries import RETRYABLE
 from batchsync.store.submissions import (
     Covered,
     Part,
@@ -22,6 +24,7 @@ from batchsync.store.submissions import (
     ranges_of,
     row_of,
     submission_problem,
+    times_sent,
 )
 
 OPENAI = "https://api.openai.com/v1/chat/completions"
@@ -172,6 +175,66 @@ def test_a_parts_rows_are_kept_as_runs_and_found_again() -> None:
     assert [covered.part_of(i) for i in (0, 2, 3, 5, 6, 8, 9, 10, 19, 20)] == [
         1, 1, None, 1, None, 1, None, 2, 2, None,
     ]  # fmt: skip
+
+
+def test_a_row_sent_again_in_a_later_part_is_the_later_parts() -> None:
+    ended = Part(1, 1, "openai", ((0, 9),), state="expired")
+    again = Part(2, 1, "openai", ((3, 3), (7, 8)))
+    other = Part(3, 1, "openai", ((10, 12),))
+    covered = Covered([again, ended, other])  # (in any order)
+    assert [covered.part_of(i) for i in range(14)] == [
+        1, 1, 1, 2, 1, 1, 1, 2, 2, 1, 3, 3, 3, None,
+    ]  # fmt: skip
+    third = Part(4, 1, "openai", ((0, 12),))  # (newest over everything)
+    assert {Covered([ended, again, other, third]).part_of(i) for i in range(13)} == {4}
+    assert times_sent([0, 3, 7, 11, 13], [ended, again, other, third]) == {
+        0: 2, 3: 3, 7: 3, 11: 2, 13: 0,
+    }  # fmt: skip
+    dropped = Part(5, 1, "openai", ((3, 3),), state="dropped")
+    assert times_sent([3], [ended, dropped]) == {3: 1}
+
+
+def test_a_row_may_be_in_a_later_part_of_its_pass_only_once_its_earlier_batch_ended() -> None:
+    running = Part(1, 1, "openai", ((0, 4),)).moved("in_progress", 1.0)
+    ended = running.moved("expired", 2.0)
+    again = Part(2, 1, "openai", ((3, 4),))
+    twice = overlap_problem([running, again])
+    assert twice is not None and "another part" in twice
+    assert overlap_problem([ended, again]) is None
+    # (and once its own batch ended, a third part may hold them again; not before)
+    assert (
+        overlap_problem([ended, again.moved("completed", 3.0), Part(3, 1, "openai", ((4, 4),))])
+        is None
+    )
+    third = overlap_problem(
+        [ended, again.moved("in_progress", 3.0), Part(3, 1, "openai", ((4, 4),))]
+    )
+    assert third is not None
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "retry_if", "again"),
+    [
+        ("batch_expired", None, None, True),  # (never ran: nothing paid)
+        ("status", 503, None, True),
+        ("status", 429, None, True),
+        ("status", 400, None, False),
+        ("batch_errored", 500, None, True),  # (a provider's own error standing for a 500)
+        ("batch_errored", None, None, False),  # (no status: may have run)
+        ("batch_cancelled", None, None, False),
+        ("invalid_body", 200, None, False),  # (an answer that ran, and was paid for)
+        ("status", 400, lambda status, kind: True, True),  # (retry_if asked of statuses)
+        ("status", 503, lambda status, kind: False, False),
+        ("batch_expired", None, lambda status, kind: False, True),  # (not asked: never ran)
+    ],
+)
+def test_a_failed_row_is_sent_again_only_when_the_retry_policy_says_and_it_was_not_paid_for(
+    kind: str, status: int | None, retry_if: object, again: bool
+) -> None:
+    answer = Answer(4, False, status, None, kind, "said")  # type: ignore[arg-type]
+    verdict = row_failure(answer, HttpFacts(status), RETRYABLE, retry_if)  # type: ignore[arg-type]
+    assert (verdict.outcome == "retry") is again
+    assert verdict.error_kind == kind and verdict.error == "said"
 
 
 def test_a_part_round_trips_through_its_journal_row_and_is_trusted() -> None:

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import SplitResult, urlsplit
 
-from ..core.verdict import ErrorKind
+from ..core.verdict import ErrorKind, Verdict, retry, terminal
+from ..http.httpfacts import HttpFacts
 from ..http.origins import host_key
+from ..http.retries import RetryIf, judged
 from ..store.submissions import Part, Shape
 
 # A row's custom_id: its part's nonce and its input index (64 of [A-Za-z0-9_-] at most, the
@@ -149,6 +151,21 @@ class BatchProvider(Protocol):
 
     def usage_of(self, data: Any) -> tuple[int, int]:
         """(input, output) tokens an answer says it used; (0, 0) when it says none."""
+
+
+def row_failure(
+    answer: Answer, facts: HttpFacts, retryable: frozenset[int], retry_if: RetryIf | None
+) -> Verdict:
+    """A failed row's Verdict by the live lane's retry policy: ``retry`` (a new part of the run
+    may send it again, ``--batch-retries``) when its batch did not run it in time, or answered
+    it with a status the policy retries (``retryable``, or as ``retry_if`` says: a response's
+    status, or the one a provider's own error stands for), else terminal. Nothing else is sent
+    again: a row answered otherwise may have been paid for."""
+    kind = answer.error_kind or "batch_errored"
+    answered = kind in ("status", "batch_errored") and answer.status_code in retryable
+    again = kind == "batch_expired" or answered
+    verdict = (retry if again else terminal)(kind, answer.error or "", facts)
+    return verdict if retry_if is None else judged(verdict, retry_if)
 
 
 def custom_id(index: int, nonce: str) -> str:

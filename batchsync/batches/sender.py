@@ -25,7 +25,7 @@ from typing import Any, Literal
 from ..core.admission import PICO
 from ..core.backoff import Backoff
 from ..core.observe import Observer
-from ..core.result import AttemptRecord, Result, result_of
+from ..core.result import AttemptRecord, Result, added_to, result_of
 from ..core.verdict import ErrorKind, InvalidItem, Verdict, success, terminal
 from ..http.decode import InvalidBody, decode_value
 from ..http.httpfacts import HttpFacts
@@ -49,10 +49,11 @@ from ..store.submissions import (
     indexes_in,
     new_tag,
     ranges_of,
+    times_sent,
     well_formed,
 )
 from .client import Client, ProviderRefused, Stopped, Unread, custom_id_of
-from .protocol import Answer, BatchProvider, Endpoint, index_of, is_row_id
+from .protocol import Answer, BatchProvider, Endpoint, index_of, is_row_id, row_failure
 from .providers import provider_of
 
 log = logging.getLogger("batchsync")
@@ -79,6 +80,7 @@ class Plan:
     cancel: bool = False
     expect: object = "json"
     prices: spend.Prices | None = None  # (with a spend cap)
+    retries: int = 0  # (--batch-retries: the new parts a row the policy retries may go in)
 
     @property
     def caps(self) -> tuple[int, int]:
@@ -103,6 +105,10 @@ class _Followed:
     priced: dict[int, spend.Priced] = field(default_factory=dict)
     deferred: dict[int, Mapping[str, Any]] = field(default_factory=dict)
     spent: dict[int, int] = field(default_factory=dict)
+    # Rows whose failure the retry policy lets a new part redo (their failures), and the
+    # failure of each row sent again, added to its next Result.
+    redo: dict[int, Result] = field(default_factory=dict)
+    earlier: dict[int, Result] = field(default_factory=dict)
 
     def given(self, part: Part) -> set[int]:
         """The rows of ``part`` this run is to deliver."""
@@ -148,6 +154,7 @@ class _Reading:
     done: set[int]
     tokens: list[int]
     failures: dict[int, Result] = field(default_factory=dict)
+    redoable: set[int] = field(default_factory=set)
     others: int = 0
     unread: bool = False
 
@@ -253,12 +260,12 @@ class BatchRun:
             self._plan_part(cut)
         for part in open_parts:
             if part.number not in self._followed.parts and part.state in self._provider.shape.ended:
-                self._close_unfollowed(part)
+                self._close_unfollowed(part, covered)
 
-    def _close_unfollowed(self, part: Part) -> None:
+    def _close_unfollowed(self, part: Part, covered: Covered) -> None:
         """An ended part none of the rows given to this run is in: closed when an earlier run
         read its answers, else kept (held) for the run given its rows: never sent again."""
-        if self._waited_for(part):
+        if self._waited_for(part, covered):
             self.ledger.save(part.moved(HELD, self._unix_time()))
             return
         self._settle(part, None)
@@ -568,10 +575,13 @@ class BatchRun:
         except InvalidItem:  # (Unpriced among them)
             return None
 
-    def _waited_for(self, part: Part) -> bool:
-        """Whether some row of ``part`` has no answer of it yet: no Result, or one that ended
-        its wait for the part (the deadline, the budget, a batch that could not be read)."""
+    def _waited_for(self, part: Part, covered: Covered) -> bool:
+        """Whether some row of ``part`` (not sent again in a later open part) has no answer of
+        it yet: no Result, or one that ended its wait for the part (the deadline, the budget, a
+        batch that could not be read)."""
         for index in indexes_in(part.rows):
+            if covered.part_of(index) != part.number:
+                continue
             stored = self.stored(index)
             if stored is None or stored.error_kind in _WAITED:
                 return True
@@ -627,16 +637,56 @@ class BatchRun:
                 return
         if not self.stopped:
             self._end_deferred()
+            self._give_failures(self._followed.redo)  # (no time left to send them again)
 
     def _going_on(self) -> bool:
-        """One round; then the rows waiting under the cap placed as far as the parts settled
-        so far leave room. True while some part is still open."""
+        """One round; then the rows to redo sent in a new part, and the rows waiting under the
+        cap placed as far as the parts settled so far leave room. True while some part is still
+        open."""
         still = self._round()
         left = self._clocks.left()
-        if self._followed.deferred and not self.stopped and (left is None or left > 0):
+        if self.stopped or (left is not None and left <= 0):
+            return still
+        if self._followed.redo:
+            self._send_again()
+        if self._followed.deferred:
             self._place_deferred()
-            still = any(part.open for part in self._followed.parts.values())
-        return still
+        return any(part.open for part in self._followed.parts.values())
+
+    def _end_failures(self, reading: _Reading) -> None:
+        """Deliver the failures read so far; those the retry policy lets a new part redo wait
+        for it (``redo``) while the row has been in at most ``plan.retries`` parts before."""
+        failures, reading.failures = reading.failures, {}
+        redoable = [index for index in failures if index in reading.redoable]
+        if redoable and self.plan.retries and self.again is not None:
+            parts = [p for p in self.ledger.parts() if p.passing == self.plan.passing]
+            sent = times_sent(redoable, parts)
+            for index in redoable:
+                if sent[index] <= self.plan.retries:
+                    self._followed.redo[index] = failures.pop(index)
+        self._give_failures(failures)
+
+    def _send_again(self) -> None:
+        """The rows to redo in a new part of the run (their items read again), each keeping
+        its failure to add to its next Result."""
+        redo, self._followed.redo = self._followed.redo, {}
+        cut = self._new_cut()
+        assert self.again is not None  # (``_end_failures`` keeps none without it)
+        for index, item in self.again():
+            failure = redo.pop(index, None)
+            if failure is None:
+                continue
+            log.info("row %d sent again in a new part: %s", index, failure.error)
+            prior = self._followed.earlier.get(index)
+            self._followed.earlier[index] = failure if prior is None else added_to(prior, failure)
+            body = self._body(index, item, None)
+            if body is not None:
+                cut = self._place(index, item, body, cut)
+            if not redo:
+                break
+        if cut.lines:
+            self._plan_part(cut)
+        self._give_failures(redo)  # (rows the items read again no longer hold)
 
     def _round(self) -> bool:
         """One look at each open part; True when some are still open (and not stopped)."""
@@ -716,13 +766,17 @@ class BatchRun:
                 if answer is None:
                     continue
                 again = isinstance(line, Unread) and line.again
-                result = self._result(answer, elapsed, self._charged(answer, part, again=again))
+                result, redoable = self._result(
+                    answer, elapsed, self._charged(answer, part, again=again)
+                )
                 if result.ok:
                     self._give(result, None)
                 else:
                     reading.failures[result.index] = result
+                if redoable:
+                    reading.redoable.add(result.index)
         except ProviderRefused as exc:
-            self._give_failures(reading.failures)
+            self._end_failures(reading)
             if not exc.retryable:  # (a 404, a refusal, another origin: this run cannot read them)
                 self._hold(part, f"could not read the results of the batch {part.batch}: {exc}")
                 return
@@ -735,7 +789,7 @@ class BatchRun:
                 f"the batch {part.batch} lists rows of another part, none of part "
                 f"{part.number}: it is not this part's batch, and nothing of it is taken"
             )
-        self._give_failures(reading.failures)
+        self._end_failures(reading)
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
             self._hold(part, f"the results of the batch {part.batch} do not list this row")
             return
@@ -854,6 +908,9 @@ class BatchRun:
 
     # --- Results ---------------------------------------------------------------------------------
     def _give(self, result: Result, item: object) -> None:
+        earlier = self._followed.earlier.pop(result.index, None)
+        if earlier is not None:  # (a row sent again: its Result tells both tries)
+            result = added_to(earlier, result)
         if result.error is not None:  # (a provider's message may echo the key)
             result = replace(result, error=self.mask(result.error))
         self._deliver(result, item)  # (journaled first: an observer that raises loses none)
@@ -873,10 +930,10 @@ class BatchRun:
         for index in sorted(failures):
             self._give(failures[index], items.get(index))
 
-    def _result(self, answer: Answer, elapsed: float, spent: Spent) -> Result:
+    def _result(self, answer: Answer, elapsed: float, spent: Spent) -> tuple[Result, bool]:
         """A row's Result, made as a live attempt's is: one attempt (none if the batch never
         ran it) with what it ``spent`` under a spend cap, its body decoded as ``expect``
-        says."""
+        says; and whether the retry policy lets a new part redo it (``row_failure``)."""
         # (a row's answer as a live attempt's facts: its status, where it went, no redirect)
         facts = HttpFacts(answer.status_code, self.url if answer.status_code is not None else None)
         if answer.ok:
@@ -885,11 +942,13 @@ class BatchRun:
             except InvalidBody as exc:
                 verdict = terminal("invalid_body", str(exc), facts)
         else:
-            verdict = terminal(answer.error_kind or "batch_errored", answer.error or "", facts)
+            calls = self.client.calls
+            verdict = row_failure(answer, facts, calls.retryable, calls.retry_if)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
         record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed, None, None,
                                False, 0, *spent)  # fmt: skip
-        return self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
+        result = self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
+        return result, verdict.outcome == "retry"
 
     def _unsent(
         self,

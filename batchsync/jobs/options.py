@@ -532,6 +532,18 @@ class BatchApi(_Family):
             "request).  [default: the provider's cap, OpenAI 200 MB, Anthropic 256 MB]",
         ),
     ] = Field(default=None, ge=1)
+    batch_retries: Annotated[
+        int,
+        Flag(
+            "--batch-retries",
+            metavar="N",
+            help="With --batch-api: a row its batch did not run in time (batch_expired) or "
+            "answered with a status the retry policy retries (--retry-statuses, 429 and 5xx "
+            "by default) is sent again in a new part of the same run, at most N times, while "
+            "the deadline leaves time; its result counts every try. 0: never (--retry-failed "
+            "sends them later).  [default: 2]",
+        ),
+    ] = Field(default=2, ge=0, le=100)
     keep_files: Annotated[
         bool,
         Flag(
@@ -744,7 +756,11 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
     @model_validator(mode="after")
     def _batch_options_known(self) -> FetchOptions:
         if self.batch_api is None:
-            given = [name for name in _BATCH_ONLY if getattr(self, name) not in (None, False)]
+            given = [
+                name
+                for name in _BATCH_ONLY
+                if name in self.model_fields_set and getattr(self, name) not in (None, False)
+            ]
             if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self

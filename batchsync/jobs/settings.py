@@ -74,6 +74,7 @@ class FetchSettings(FlowSettings, total=False):
     poll: Seconds | None
     batch_rows: int | None
     batch_bytes: int | None
+    batch_retries: int
     keep_files: bool
     timeout: Seconds
     per_host: int | None

@@ -112,6 +112,7 @@ class ThroughBatchApi:
                 cancel=self.cancel,
                 expect=options.expect,
                 prices=None if spending is None else options.prices,
+                retries=options.batch_retries,
             ),
             client,
             ledger,

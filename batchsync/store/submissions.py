@@ -8,6 +8,8 @@ A run without a journal keeps them in memory (``Ledger``), for a ``Batch``'s nex
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import re
 import secrets
@@ -157,10 +159,14 @@ _IDS = ("input_file", "batch", "output_file", "error_file")
 
 
 class Covered:
-    """Which input indexes are in a set of parts, looked up by bisection over their runs."""
+    """Which part holds each input index, looked up by bisection over their runs: the newest
+    part that has it (a row an ended batch did not run, sent again in a later part of the run,
+    is the later part's)."""
 
     def __init__(self, parts: Iterable[Part]) -> None:
-        runs = sorted((first, last, part.number) for part in parts for first, last in part.rows)
+        runs = _newest_over(
+            sorted((first, last, part.number) for part in parts for first, last in part.rows)
+        )
         self._starts = [first for first, _, _ in runs]
         self._runs = runs
 
@@ -169,6 +175,33 @@ class Covered:
         if position >= 0 and self._runs[position][1] >= index:
             return self._runs[position][2]
         return None
+
+
+def _newest_over(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Sorted (first, last, part) runs, which may overlap, as disjoint runs each naming the
+    newest (highest-numbered) part holding its indexes."""
+    disjoint: list[tuple[int, int, int]] = []
+    for first, last, number in _newest_segments(runs):
+        if disjoint and disjoint[-1][2] == number and disjoint[-1][1] == first - 1:
+            disjoint[-1] = (disjoint[-1][0], last, number)
+        else:
+            disjoint.append((first, last, number))
+    return disjoint
+
+
+def _newest_segments(runs: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+    """Between each two points where a run begins or ends, the newest part holding the span."""
+    points = sorted({first for first, _, _ in runs} | {last + 1 for _, last, _ in runs})
+    holding: list[tuple[int, int]] = []  # (-part, last) of the runs begun by the point
+    taken = 0
+    for point, after in itertools.pairwise(points):
+        while taken < len(runs) and runs[taken][0] <= point:
+            heapq.heappush(holding, (-runs[taken][2], runs[taken][1]))
+            taken += 1
+        while holding and holding[0][1] < point:
+            heapq.heappop(holding)
+        if holding:
+            yield point, after - 1, -holding[0][0]
 
 
 # A part's reservation under a spend cap: the spend ledger's mark of it, and its amount.
@@ -380,18 +413,39 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
     return problem(_SUBMISSION, facts | {"size": size, "passes": passes, "shape": shape})
 
 
+def times_sent(indexes: Iterable[int], parts: Iterable[Part]) -> dict[int, int]:
+    """How many of ``parts`` (those not dropped) hold each of ``indexes``."""
+    counts = dict.fromkeys(indexes, 0)
+    for part in parts:
+        if part.dropped:
+            continue
+        starts = [first for first, _ in part.rows]
+        for index in counts:
+            position = bisect_right(starts, index) - 1
+            counts[index] += position >= 0 and part.rows[position][1] >= index
+    return counts
+
+
 def overlap_problem(parts: Iterable[Part]) -> str | None:
-    """The first part whose rows another part has too (no row is in two parts of a pass but
-    a dropped one's), or whose number is not the next (parts are numbered 1, 2, …), or
-    None."""
-    taken: set[tuple[int, int]] = set()
+    """The first part whose rows another part of its pass has too, unless each such other is
+    a dropped one or one its provider had ended (a row its batch did not run, sent again in the
+    run: ``--batch-retries``); or whose number is not the next (parts are numbered 1, 2, …);
+    or None."""
+    taken: dict[tuple[int, int], Part] = {}
     for expected, part in enumerate(sorted(parts, key=lambda p: p.number), start=1):
         if part.number != expected:
             return f"submissions row {part.number}: part is not the next number ({expected})"
         if part.dropped:  # (its rows went into a later part)
             continue
         for index in indexes_in(part.rows):
-            if (part.passing, index) in taken:
+            earlier = taken.get((part.passing, index))
+            if earlier is not None and not ended_at_provider(earlier):
                 return f"submissions row {part.number}: rows are in another part of its pass"
-            taken.add((part.passing, index))
+            taken[(part.passing, index)] = part
     return None
+
+
+def ended_at_provider(part: Part) -> bool:
+    """Whether the provider said the part's batch ended (its history holds an ended status)."""
+    shape = SHAPES.get(part.provider)
+    return shape is not None and any(state in shape.ended for _, state in part.history)
