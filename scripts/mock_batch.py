@@ -67,8 +67,10 @@ the usage its answer reports: what the KEY pays at the batch price),
 (each request body answered in more than one batch, whatever its custom_ids: a client that
 resubmits what already ran shows here; rows that expired or were cancelled before they ran,
 and answers of the provider's own failure (5xx), which are not billed, do not count),
-``batches_deleted``, ``auth`` (the distinct ``Authorization`` and ``x-api-key`` values the
-batch routes saw) and ``batches`` (each one's
+``rows_answered`` (the rows answered that count there, over every batch), ``both_lanes``
+(each body answered both by a batch and live, 200, on the same KEY: a client whose rows
+were paid in both lanes shows here), ``batches_deleted``, ``auth`` (the distinct
+``Authorization`` and ``x-api-key`` values the batch routes saw) and ``batches`` (each one's
 ``id``, ``provider``, ``status``, ``rows``, ``tokens`` and ``created_at``).
 """
 
@@ -431,7 +433,7 @@ class BatchMock:
             store = self._stores.get(key)
             if store is None or method != "GET":
                 return 404, {"error": f"no batch requests for key {key!r} yet"}, {}
-            return 200, self._stats(store), {}
+            return 200, self._stats(store, self.llm.answered_live(key)), {}
         rest = parts[3:]
         anthropic = rest[:3] == ["v1", "messages", "batches"]
         try:
@@ -874,7 +876,7 @@ class BatchMock:
         store.files[stored.id] = stored
         return stored.id
 
-    def _stats(self, store: Store) -> dict[str, Any]:
+    def _stats(self, store: Store, live: Mapping[str, int]) -> dict[str, Any]:
         now = time.time()
         with store.lock:
             for batch in store.batches.values():
@@ -893,6 +895,8 @@ class BatchMock:
                             billed[side] += sum(int((usage or {}).get(n) or 0) for n in names)
             return {
                 "billed": billed,
+                "rows_answered": sum(len(runs) for runs in seen.values()),
+                "both_lanes": sorted(text for text in seen if text in live),
                 **store.counts,
                 "files_alive": [f.id for f in store.files.values() if not f.deleted],
                 "batches_run": len(ran),

@@ -355,6 +355,9 @@ class Account:
     events: list[tuple[float, str, int]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     held: dict[str, Window] = field(default_factory=dict)
+    # The bodies (their JSON, keys sorted) answered 200 live, and how often: what the batch
+    # stats compare with the rows the KEY's batches answered.
+    answered_live: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         span = self.limits.window
@@ -580,7 +583,20 @@ class LLMMock:
         invalid = openai_invalid if route != "v1/messages" else anthropic_invalid
         if not isinstance(request, dict):
             return invalid("the body must be a JSON object")
-        return ROUTES[route](account, request, body_seed(account.key, request))
+        reply = ROUTES[route](account, request, body_seed(account.key, request))
+        if reply[0] == 200:
+            text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            with account.lock:
+                account.answered_live[text] = account.answered_live.get(text, 0) + 1
+        return reply
+
+    def answered_live(self, key: str) -> dict[str, int]:
+        """The bodies KEY's live routes answered 200, and how often (none: no request yet)."""
+        account = self._accounts.get(key)
+        if account is None:
+            return {}
+        with account.lock:
+            return dict(account.answered_live)
 
     def account(self, key: str, limits: Limits) -> Account:
         """KEY's account, made with ``limits`` by its first request; a ValueError when an

@@ -66,6 +66,9 @@ def used(results: list[dict[str, Any]], names: tuple[str, str]) -> tuple[int, in
     return sum(u[names[0]] for u in usages), sum(u[names[1]] for u in usages)
 
 
+LANE_BATCH = "answered through the provider's batch endpoint, at its price"
+
+
 @pytest.mark.integration
 def test_the_report_of_an_openai_batch_run_shows_each_part_and_the_tokens(
     server: MockServerProcess, tmp_path: Path
@@ -116,9 +119,15 @@ def test_the_report_of_an_openai_batch_run_shows_each_part_and_the_tokens(
         assert states == [state for _, state in json.loads(entries)]
         assert states[:3] == ["planned", "uploaded", "submitting"]
         assert states[-3:] == ["completed", "collected", "cleaned"]
+    # Which lane answered the rows: all the batch endpoint.
+    assert table(page, "lanes") == [["batch", "12", LANE_BATCH]]
     if importlib.util.find_spec("plotly") is not None:
         assert "chart-submissions" in page
         assert page.count("plotly.js v") <= 1  # (plotly.js once, with the first chart)
+        # The live calls' charts over time are not drawn: no row went live.
+        for chart in ("chart-rate", "chart-latency", "chart-waits"):
+            assert f"id='{chart}'" not in page and f'id="{chart}"' not in page
+        assert "chart-attempts" in page and "chart-outcomes" in page
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ part is never submitted twice. A stop (Ctrl-C) leaves the batches running at the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -31,7 +32,7 @@ from ..http.decode import InvalidBody, decode_value
 from ..http.httpfacts import HttpFacts
 from ..http.spec import RequestSpec
 from ..limits import spend
-from ..limits.tokens import usage_parts
+from ..limits.tokens import estimate_tokens, usage_parts
 from ..store.submissions import (
     CLEANED,
     COLLECTED,
@@ -53,6 +54,7 @@ from ..store.submissions import (
     well_formed,
 )
 from .client import Client, ProviderRefused, Stopped, Unread, custom_id_of
+from .lanes import LivePace, goes_live
 from .protocol import Answer, BatchProvider, Endpoint, index_of, is_row_id, row_failure
 from .providers import provider_of
 
@@ -81,6 +83,7 @@ class Plan:
     expect: object = "json"
     prices: spend.Prices | None = None  # (with a spend cap)
     retries: int = 0  # (--batch-retries: the new parts a row the policy retries may go in)
+    live: LivePace | None = None  # (lanes="auto": the live lane's pace, to plan the deadline)
 
     @property
     def caps(self) -> tuple[int, int]:
@@ -109,6 +112,10 @@ class _Followed:
     # failure of each row sent again, added to its next Result.
     redo: dict[int, Result] = field(default_factory=dict)
     earlier: dict[int, Result] = field(default_factory=dict)
+    # With lanes="auto": each part's rows' estimated tokens, and the rows moved to the live
+    # lane (their batch cancelled, or never made), for it to send once this run has ended.
+    tokens_in: dict[int, int] = field(default_factory=dict)
+    moved: set[int] = field(default_factory=set)
 
     def given(self, part: Part) -> set[int]:
         """The rows of ``part`` this run is to deliver."""
@@ -123,6 +130,7 @@ class _Cut:
     lines: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
     worst: int = 0  # (under a spend cap: what its rows may cost at most)
+    tokens: int = 0  # (with lanes="auto": its rows' estimated tokens)
 
     def __post_init__(self) -> None:
         self.tag = new_tag(self.number)
@@ -221,6 +229,12 @@ class BatchRun:
     def stopped(self) -> bool:
         return self._clocks.stop.is_set()
 
+    @property
+    def moved(self) -> list[int]:
+        """The rows moved to the live lane (``lanes="auto"``), in input order: no batch of
+        this run answered them, nor will."""
+        return sorted(self._followed.moved)
+
     # --- the run --------------------------------------------------------------------------------
     def run(
         self, items: Iterable[tuple[int, object]], deliver: Callable[[Result, object], None]
@@ -228,6 +242,7 @@ class BatchRun:
         """Send what is left of ``items``, delivering each Result; True when stopped first."""
         self._deliver = deliver
         self._followed = _Followed()
+        self._moving = False
         try:
             self._take(items)
             if self.plan.cancel:
@@ -292,6 +307,9 @@ class BatchRun:
         """Follow a row in the earlier run's open part that holds it (with its line, if unsent)."""
         self._followed.parts[earlier.number] = earlier
         self._followed.rows.setdefault(earlier.number, set()).add(index)
+        if self.plan.live is not None:
+            tokens = self._followed.tokens_in
+            tokens[earlier.number] = tokens.get(earlier.number, 0) + estimate_tokens(body)
         if self.ledger.charge_of(earlier.number) is not None:  # (sent under a cap)
             with contextlib.suppress(spend.Unpriced):  # (its cost then stays at its worst)
                 self._price(index, body)
@@ -326,6 +344,7 @@ class BatchRun:
         cut.lines.append((index, line))
         cut.size += len(line)
         cut.worst += worst
+        cut.tokens += 0 if plan.live is None else estimate_tokens(body)
         return cut
 
     def _price(self, index: int, body: Mapping[str, Any]) -> int:
@@ -372,6 +391,7 @@ class BatchRun:
         part = part.moved(PLANNED, self._unix_time())
         self._save(part, self._reserve(cut.worst))
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
+        self._followed.tokens_in[cut.number] = cut.tokens
         self._submit(part)
 
     # --- submitting -------------------------------------------------------------------------------
@@ -391,7 +411,7 @@ class BatchRun:
             self._save(part.moved(WAITING, self._unix_time(), submitted=sent))
             self._later(part, exc)
             return
-        if recorded is None or not self.plan.cancel:
+        if recorded is None or not self._withdrawing:
             return
         try:  # (found after the cancels; one it will not cancel, ended already, is followed)
             self.client.cancel(recorded.batch or "")
@@ -403,8 +423,8 @@ class BatchRun:
         part = sending.part
         # (an OpenAI part submitted again after the token cap refused it has its file)
         lines = self._followed.lines.get(part.number, [])
-        if self.plan.cancel and not sending.unanswered:
-            self._withdraw(part)  # (--cancel submits nothing)
+        if self._withdrawing and not sending.unanswered:
+            self._withdraw(part)  # (--cancel, or rows going live, submit nothing)
             return None
         if part.input_file is None and self._provider.shape.uploads:
             file_id = self.client.upload(lines, _file_name(part))
@@ -415,7 +435,7 @@ class BatchRun:
         batch = self._find(part) if sending.unanswered else None
         if batch is not None:
             recorded = self._record(part, batch)
-        elif self.plan.cancel:  # (its create made no batch: there is none to cancel)
+        elif self._withdrawing:  # (its create made no batch: there is none to cancel)
             self._withdraw(part)
             return None
         else:
@@ -441,9 +461,18 @@ class BatchRun:
                 raise
             return self._record(part, batch)
 
+    @property
+    def _withdrawing(self) -> bool:
+        """Whether parts are cancelled rather than submitted: --cancel, or rows going live."""
+        return self.plan.cancel or self._moving
+
     def _withdraw(self, part: Part) -> None:
-        """--cancel of a part with no batch: its rows end ``batch_cancelled``, it is dropped."""
-        self._fail_rest(part, _WITHDRAWN, "batch_cancelled", None)
+        """A part with no batch dropped (nothing billed): its rows end ``batch_cancelled``
+        (--cancel), or go live."""
+        if self.plan.cancel:
+            self._fail_rest(part, _WITHDRAWN, "batch_cancelled", None)
+        else:
+            self._followed.moved |= self._rest_of(part)
         self._settle(part, 0)
         self.ledger.save(part.moved(DROPPED, self._unix_time(), submitted=None))
         self._followed.parts.pop(part.number, None)
@@ -633,6 +662,8 @@ class BatchRun:
         while self._going_on() and not self._out_of_time():
             rounds += 1
             wait, left = self._poll_wait(rounds), self._clocks.left()
+            if self._live_due(left, wait):
+                self._go_live()
             if not self._clocks.pause(wait if left is None else min(wait, left)):
                 return
         if not self.stopped:
@@ -655,16 +686,88 @@ class BatchRun:
 
     def _end_failures(self, reading: _Reading) -> None:
         """Deliver the failures read so far; those the retry policy lets a new part redo wait
-        for it (``redo``) while the row has been in at most ``plan.retries`` parts before."""
+        for it (``redo``) while the row has been in at most ``plan.retries`` parts before.
+        With ``lanes="auto"``, a row no batch ran (cancelled), or that would be redone once the
+        rows are going live, goes live instead."""
         failures, reading.failures = reading.failures, {}
+        if self.plan.live is not None and not self.plan.cancel:
+            self._move_live(failures, reading)
         redoable = [index for index in failures if index in reading.redoable]
         if redoable and self.plan.retries and self.again is not None:
-            parts = [p for p in self.ledger.parts() if p.passing == self.plan.passing]
-            sent = times_sent(redoable, parts)
-            for index in redoable:
-                if sent[index] <= self.plan.retries:
-                    self._followed.redo[index] = failures.pop(index)
+            self._keep_to_redo(redoable, failures)
         self._give_failures(failures)
+
+    def _move_live(self, failures: dict[int, Result], reading: _Reading) -> None:
+        """Take out of ``failures`` the rows that go live (lanes="auto"): those no batch ran
+        (cancelled), and those to be sent again once the rows are going live."""
+        for index, failure in list(failures.items()):
+            redo = self._moving and index in reading.redoable
+            if redo or failure.error_kind == "batch_cancelled":
+                del failures[index]
+                self._followed.moved.add(index)
+
+    def _keep_to_redo(self, redoable: list[int], failures: dict[int, Result]) -> None:
+        """Take out of ``failures`` the rows that have been in at most ``plan.retries`` parts,
+        for a new part to redo."""
+        parts = [p for p in self.ledger.parts() if p.passing == self.plan.passing]
+        sent = times_sent(redoable, parts)
+        for index in redoable:
+            if sent[index] <= self.plan.retries:
+                self._followed.redo[index] = failures.pop(index)
+
+    # --- the deadline's lanes (lanes="auto") -----------------------------------------------
+    def _live_due(self, left: float | None, poll: float) -> bool:
+        """Whether what is left of the deadline no longer holds a live pass of the rows still
+        open, after their batches' cancel is seen through (``lanes.goes_live``)."""
+        live = self.plan.live
+        if live is None or left is None or self._moving or self.plan.cancel:
+            return False
+        rows, tokens = self._still_open()
+        return goes_live(left, live.seconds_for(rows, tokens), poll, self._longest_step())
+
+    def _still_open(self) -> tuple[int, int]:
+        """The rows no batch of this run has answered yet, and their estimated tokens."""
+        followed = self._followed
+        rows = len(followed.redo) + len(followed.deferred)
+        tokens = 0
+        for part in followed.parts.values():
+            if part.open:
+                given, left = len(followed.given(part)), len(self._rest_of(part))
+                rows += left
+                tokens += followed.tokens_in.get(part.number, 0) * left // max(given, 1)
+        return rows, tokens
+
+    def _longest_step(self) -> float:
+        """The longest a batch of this run stayed in one status of the provider's before the
+        next: about how long it takes to see a cancel through."""
+        statuses = self._provider.shape.statuses
+        longest = 0.0
+        for part in self._followed.parts.values():
+            stays = part.history
+            for (began, state), (ended, _) in itertools.pairwise(stays):
+                if state in statuses:
+                    longest = max(longest, ended - began)
+        return longest
+
+    def _go_live(self) -> None:
+        """The rows still open go live: their batches cancelled (followed to their end, the
+        rows they answered delivered), the parts without one withdrawn, the rows waiting for a
+        new part moved."""
+        self._moving = True
+        rows, _ = self._still_open()
+        log.warning(
+            "the deadline leaves too little time for the batches: the %d rows still open go "
+            "live once their batches are cancelled",
+            rows,
+        )
+        followed = self._followed
+        followed.moved |= set(followed.redo) | set(followed.deferred)
+        followed.redo, followed.deferred = {}, {}
+        for part in [part for part in followed.parts.values() if part.open and part.batch]:
+            try:
+                self.client.cancel(part.batch or "")
+            except ProviderRefused as exc:  # (followed still: what it ran is collected)
+                log.warning("could not cancel the batch %s: %s", part.batch, exc)
 
     def _send_again(self) -> None:
         """The rows to redo in a new part of the run (their items read again), each keeping
@@ -806,8 +909,12 @@ class BatchRun:
 
     def _fail_rest(self, part: Part, reason: str, kind: ErrorKind, status: int | None) -> None:
         """A ``kind`` Result for each row of ``part`` this run is to deliver and has not."""
-        rest = self._followed.given(part) - self._followed.delivered.get(part.number, set())
+        rest = self._rest_of(part)
         self._give_failures({index: self._unsent(index, reason, kind, status) for index in rest})
+
+    def _rest_of(self, part: Part) -> set[int]:
+        """The rows of ``part`` this run is to deliver and has not."""
+        return self._followed.given(part) - self._followed.delivered.get(part.number, set())
 
     def _cancel_all(self) -> None:
         """--cancel: cancel every open batch of the journal that is its part's (the followed
@@ -946,7 +1053,7 @@ class BatchRun:
             verdict = row_failure(answer, facts, calls.retryable, calls.retry_if)
         ran = verdict.error_kind not in ("batch_expired", "batch_cancelled")
         record = AttemptRecord(1, answer.status_code, verdict.error_kind, elapsed, None, None,
-                               False, 0, *spent)  # fmt: skip
+                               False, 0, *spent, lane="batch")  # fmt: skip
         result = self._row_result(answer.index, verdict, (record,) if ran else (), elapsed)
         return result, verdict.outcome == "retry"
 

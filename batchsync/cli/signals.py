@@ -50,10 +50,12 @@ def stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
             run.stop()
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        if engines and not engines[0].stopped:
+        # (what runs the batch: one engine, or a batch endpoint's run then the live lane's)
+        if engines and not all(engine.stopped for engine in engines):
             # Stop before saying so: a second signal may run this handler again in the middle
             # of the first, and must then find the run stopping.
-            engines[0].stop()
+            for engine in engines:
+                engine.stop()
             os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")
             return
         os.write(2, b"Interrupted: quitting now\n")

@@ -8,7 +8,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
@@ -30,7 +30,8 @@ class AttemptRecord:
     ``fallback`` is the index of the fallback route it was made on (None: the item's own);
     ``hedged`` says a second identical request was raced against it; ``resent`` how many
     times it was sent again after a token refresh (requests beyond the one, or the hedged
-    pair, that ``hedged`` counts).
+    pair, that ``hedged`` counts); ``lane`` is ``"batch"`` for a row a provider's batch
+    endpoint answered (None: a live call).
     """
 
     attempt: int
@@ -45,6 +46,7 @@ class AttemptRecord:
     cost: float | None = None
     reserved: float | None = None
     model: str | None = None
+    lane: Literal["batch"] | None = None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AttemptRecord:
@@ -60,7 +62,7 @@ class AttemptRecord:
             "fallback": self.fallback,
             "hedged": self.hedged,
         } | _given(resent=self.resent or None, cost=self.cost, reserved=self.reserved,
-                   model=self.model)  # fmt: skip
+                   model=self.model, lane=self.lane)  # fmt: skip
 
 
 class Answer(Protocol):
@@ -486,6 +488,7 @@ class Tried(NamedTuple):
     cost: float | None = None
     reserved: float | None = None
     model: str | None = None
+    lane: str | None = None  # ("batch": a provider's batch endpoint answered it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +507,9 @@ class Trace:
     @classmethod
     def of(cls, result: Result) -> Trace:
         log = tuple(
-            Tried(a.status_code, a.error_kind, a.elapsed, a.wait, a.cost, a.reserved, a.model)
+            Tried(
+                a.status_code, a.error_kind, a.elapsed, a.wait, a.cost, a.reserved, a.model, a.lane
+            )
             for a in result.attempt_log
         )
         taken = {name: getattr(result, name) for name in cls.__dataclass_fields__ if name != "log"}

@@ -544,6 +544,29 @@ class BatchApi(_Family):
             "sends them later).  [default: 2]",
         ),
     ] = Field(default=2, ge=0, le=100)
+    lanes: Annotated[
+        Literal["batch", "live", "auto"],
+        Flag(
+            "--lanes",
+            metavar="batch|live|auto",
+            help="With --batch-api: which lane answers the rows. batch: every row through the "
+            "batch endpoint. live: every row one call each, at the full price. auto (with "
+            "--deadline): through the batch endpoint, until what is left of the deadline "
+            "would no longer hold a live pass of the rows still open (by --concurrency, "
+            "--rate, --token-rate and --live-latency); then their batches are cancelled, the "
+            "rows they answered collected, and only the others sent live, under every live "
+            "limit. No row is answered by both.  [default: batch]",
+        ),
+    ] = "batch"
+    live_latency: Annotated[
+        Seconds | None,
+        Flag(
+            "--live-latency",
+            metavar="SECONDS",
+            help="With --lanes auto: the seconds one live call takes, to plan the live pass.  "
+            "[default: --timeout]",
+        ),
+    ] = None
     keep_files: Annotated[
         bool,
         Flag(
@@ -764,18 +787,34 @@ class FetchOptions(BatchApi, Spend, Pages, Connection, FlowOptions):
             if given:
                 raise ValueError(f"{', '.join(given)} go with batch_api (--batch-api)")
             return self
-        refused = [
-            name
-            for name in self.model_fields_set - _IN_BATCHES
-            if getattr(self, name) not in (None, False, ())
-        ]
-        if self.expect in ("text", "bytes"):  # (a row's answer comes as JSON in its line)
-            refused.append(f"expect={self.expect}")
+        refused = self._not_for_batches()
         if refused:
             raise ValueError(
                 f"batch_api (--batch-api) sends each row once through the provider's batch "
                 f"endpoint: {', '.join(sorted(refused))} cannot apply to it"
             )
+        return self
+
+    def _not_for_batches(self) -> list[str]:
+        """The options given that a batch's rows cannot honour (what a live lane sends, with
+        lanes "auto" or "live", takes every live option)."""
+        refused = []
+        if self.lanes == "batch":
+            given = self.model_fields_set - _IN_BATCHES
+            refused = [name for name in given if getattr(self, name) not in (None, False, ())]
+        if self.expect in ("text", "bytes") and self.lanes != "live":
+            refused.append(f"expect={self.expect}")  # (a row's answer comes as JSON in its line)
+        return refused
+
+    @model_validator(mode="after")
+    def _lanes_planned(self) -> FetchOptions:
+        if self.lanes == "auto" and self.deadline is None:
+            raise ValueError(
+                "lanes='auto' (--lanes auto) plans the lanes by the deadline: give deadline "
+                "(--deadline)"
+            )
+        if self.live_latency is not None and self.lanes != "auto":
+            raise ValueError("live_latency (--live-latency) goes with lanes='auto' (--lanes auto)")
         return self
 
     @model_validator(mode="after")

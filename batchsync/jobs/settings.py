@@ -75,6 +75,8 @@ class FetchSettings(FlowSettings, total=False):
     batch_rows: int | None
     batch_bytes: int | None
     batch_retries: int
+    lanes: Literal["batch", "live", "auto"]
+    live_latency: Seconds | None
     keep_files: bool
     timeout: Seconds
     per_host: int | None

@@ -148,14 +148,13 @@ def _chart(pio: Any, name: str, figure: Any, *, first: bool = False) -> str:
     return f"<div class='chart'>{chart}</div>"
 
 
-def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
-    go, pio = plotly
+def _live_figures(aggregate: Aggregate, go: Any, over_time: dict[str, Any]) -> dict[str, Any]:
+    """The charts of the live calls over time; none for a run whose rows a batch answered and
+    none went live (a batch's rows are charted with their parts)."""
+    if aggregate.lanes["batch"] and not aggregate.live_attempts:
+        return {}
     times = aggregate.times()
-    layout: dict[str, Any] = {"height": 340, "margin": {"l": 55, "r": 20, "t": 45, "b": 45}}
-    over_time = {"xaxis_title": "seconds from start", **layout}
-    counts = sorted(aggregate.attempts_per_item.items())
-    outcomes = [("ok", summary.ok), *summary.error_kinds.items()]
-    figures = {
+    return {
         "chart-rate": go.Figure(
             [go.Bar(x=times, y=values, name=name, marker_color=_COLORS[name])
              for name, values in aggregate.per_second().items()]
@@ -172,6 +171,18 @@ def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
              for name, values in aggregate.waiting().items()]
         ).update_layout(title="Items waiting, by gate (average over each step)",
                         yaxis_title="items waiting", showlegend=True, **over_time),
+    }  # fmt: skip
+
+
+def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
+    go, pio = plotly
+    times = aggregate.times()
+    layout: dict[str, Any] = {"height": 340, "margin": {"l": 55, "r": 20, "t": 45, "b": 45}}
+    over_time = {"xaxis_title": "seconds from start", **layout}
+    counts = sorted(aggregate.attempts_per_item.items())
+    outcomes = [("ok", summary.ok), *summary.error_kinds.items()]
+    figures: dict[str, Any] = {
+        **_live_figures(aggregate, go, over_time),
         "chart-attempts": go.Figure(
             [go.Bar(x=[str(n) for n, _ in counts], y=[k for _, k in counts], name="items")]
         ).update_layout(title="Attempts per item", xaxis_title="requests sent",
@@ -287,9 +298,24 @@ _PART_NOTES = (
 )  # fmt: skip
 
 
-def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
-    """The parts sent through a batch endpoint: what each is now, how it got there, and the
-    tokens they used; nothing for a run that sent none."""
+# Why the rows of a run that went through a batch endpoint were answered by each lane.
+_LANE_WHY = {
+    "batch": "answered through the provider's batch endpoint, at its price",
+    "live": "sent live, one call each: their batch was cancelled before it ran them (--lanes "
+    "auto, when the deadline left too little time for the batches), or they were in none",
+    "none": "answered by neither: never sent, or their batch did not run them (see the error)",
+}
+
+
+def _lanes_table(lanes: Mapping[str, int]) -> str:
+    """Which lane answered how many rows, and why."""
+    rows = [(lane, lanes[lane], why) for lane, why in _LANE_WHY.items() if lanes.get(lane)]
+    return "<h3 id='lanes'>Lanes</h3>" + _table("lanes", ("lane", "rows", "why"), rows, {1})
+
+
+def _submissions_section(parts: Sequence[Part], plotly: Any, lanes: Mapping[str, int]) -> str:
+    """The parts sent through a batch endpoint: which lane answered the rows, what each part
+    is now, how it got there, and the tokens they used; nothing for a run that sent none."""
     if not parts:
         return ""
     sums = submitted(parts)
@@ -300,6 +326,7 @@ def _submissions_section(parts: Sequence[Part], plotly: Any) -> str:
         f"<p>The rows went through the provider's batch endpoint in {len(parts)} part(s). "
         "A row's seconds run from its part's submission to the collection of its "
         f"results.{_e(notes)}</p>"
+        + _lanes_table(lanes)
         + _table("submissions", _PART_COLUMNS, map(_part_cells, parts), {0, 1, 8, 9})
         + f"<p id='batch-tokens'>Tokens used: {sums['inputs']} input and {sums['outputs']} "
         f"output, as the provider counted them. {_e(HALF_PRICE.format_map(sums))}</p>{chart}"
@@ -416,7 +443,7 @@ def report_of(
             "every process that worked on the run. The totals: "
             f"{_e(gates or 'none')}.</p>"
         )
-        + _submissions_section(submissions, plotly)
+        + _submissions_section(submissions, plotly, aggregate.lanes)
         + _items_table("slowest", "Slowest items", details(aggregate.slowest_indexes()))
         + _items_table("failed", "Failed items", details(aggregate.failed), unlisted)
     )

@@ -118,6 +118,11 @@ class Aggregate:
     spent: list[float] = field(default_factory=list)
     reserved: list[float] = field(default_factory=list)
     models: dict[str, list[float]] = field(default_factory=dict)
+    # Items by the lane that answered them ("batch": a provider's batch endpoint; "live"; "none":
+    # never sent), and the live attempts drawn over time (a batch row's is not: it is charted
+    # with its part).
+    lanes: Counter[str] = field(default_factory=Counter)
+    live_attempts: int = 0
     buckets: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +140,7 @@ class Aggregate:
     def add(self, trace: Trace) -> None:
         self.items += 1
         self.attempts_per_item[trace.attempts] += 1
+        self._add_lane(trace.log)
         if len(self.slowest) < SLOWEST:
             heapq.heappush(self.slowest, (trace.elapsed, -trace.index))
         elif trace.elapsed > self.slowest[0][0]:
@@ -151,7 +157,15 @@ class Aggregate:
         for position, (begun, ended) in enumerate(placed(trace.finished, log)):
             self._add_attempt(log[position], begun, ended, last=position == last)
 
+    def _add_lane(self, log: Sequence[Tried]) -> None:
+        self.lanes[(log[-1].lane or "live") if log else "none"] += 1
+
     def _add_attempt(self, attempt: Tried, begun: float, ended: float, *, last: bool) -> None:
+        if attempt.lane is not None:  # (a batch row: only what it spent)
+            if attempt.cost is not None:
+                self._add_spend(attempt, self.bucket(ended))
+            return
+        self.live_attempts += 1
         self.attempts[charted_as(attempt, last)][self.bucket(begun)] += 1
         self.latency[self.bucket(ended)][latency_bin(attempt[2])] += 1
         if attempt.wait and not last:

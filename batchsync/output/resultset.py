@@ -276,6 +276,7 @@ def _tried(attempt: dict[str, Any]) -> Tried:
         attempt.get("cost"),
         attempt.get("reserved"),
         attempt.get("model"),
+        attempt.get("lane"),
     )
 
 

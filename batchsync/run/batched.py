@@ -7,12 +7,14 @@ controller's ``Send``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from ..batches.client import Calls, Client, Clocks
+from ..batches.lanes import LivePace
 from ..batches.protocol import Endpoint
 from ..batches.providers import endpoint_of
 from ..batches.sender import BatchRun, Plan
@@ -24,11 +26,15 @@ from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
 from ..limits.gates import Gates
+from ..limits.rates import parse_rate
 from ..limits.spend import Ledger as SpendLedger
 from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
 from .assembly import Ran, Stoppable, insecure_said_once, transport_for
+from .controller import Send
 from .progress import Tally
+
+log = logging.getLogger("batchsync")
 
 
 @dataclass
@@ -48,12 +54,17 @@ class ThroughBatchApi:
     again: Callable[[], Iterable[tuple[int, object]]] | None = None
     stored: Callable[[int], Result | None] = lambda index: None
     on_start: Callable[[Stoppable], None] = lambda run: None
+    # What sends rows live, given the options of that pass (used with lanes="auto").
+    live: Callable[[FetchOptions], Send] | None = None
     # One stop and deadline for the run and the clean-up after it (made as the run starts).
     _clocks: Clocks | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         assert self.options.batch_api is not None
         self._endpoint: Endpoint = endpoint_of(self.url, self.options.batch_api)
+        # (lanes="auto": the rows the deadline moves go live, read again)
+        lanes = self.options.lanes
+        self._going_live = lanes == "auto" and self.live is not None and self.again is not None
 
     def __call__(
         self,
@@ -64,13 +75,29 @@ class ThroughBatchApi:
         gates: Gates | None = None,
     ) -> Ran:
         """Send the rows (of a live run's gates only the spend cap is theirs: the provider
-        paces them)."""
+        paces them); with lanes="auto", then those the deadline moved to the live lane, through
+        ``live`` under every gate, in what is left of the deadline."""
         spending = None if gates is None else gates.spend_ledger
         assert spending is None or isinstance(spending, SpendLedger)  # (no Redis for batches)
         with self._running(progress, spending) as run:
             self.on_start(run)
             stopped = run.run(items, deliver)
-        return Ran(stopped, False, {}, 0)
+            moved = run.moved
+        if stopped or not moved:
+            return Ran(stopped, False, {}, 0)
+        return self._live_pass(moved, deliver, gates, progress)
+
+    def _live_pass(
+        self, moved: list[int], deliver: Deliver, gates: Gates | None, progress: Tally
+    ) -> Ran:
+        """The rows ``moved`` sent live, read again, in what is left of the deadline."""
+        assert self.live is not None and self.again is not None and self._clocks is not None
+        left = max(self._clocks.left() or 0.0, 0.001)
+        log.warning("%d rows go live, in the %.1f s the deadline leaves", len(moved), left)
+        send = self.live(self.options.model_copy(update={"batch_api": None, "deadline": left}))
+        chosen = set(moved)
+        rows = ((index, row) for index, row in self.again() if index in chosen)
+        return send(rows, deliver, gates=gates, progress=progress)
 
     def finish(self) -> None:
         """Delete the collected parts' files at the provider (unless kept)."""
@@ -113,6 +140,7 @@ class ThroughBatchApi:
                 expect=options.expect,
                 prices=None if spending is None else options.prices,
                 retries=options.batch_retries,
+                live=live_pace(options) if self._going_live else None,
             ),
             client,
             ledger,
@@ -130,6 +158,23 @@ class ThroughBatchApi:
         finally:
             ledger.close()
             transport.close()
+
+
+def live_pace(options: FetchOptions) -> LivePace:
+    """How fast the live lane may answer, by the run's live limits (``--live-latency``, or
+    the timeout, the most one call may take)."""
+    rate = options.rate
+    per_second = None
+    if rate is not None and rate != "auto":
+        given = parse_rate(rate)
+        per_second = given.count / given.period
+    tokens = options.token_rate
+    return LivePace(
+        options.concurrency,
+        options.live_latency or options.timeout,
+        per_second,
+        None if tokens is None else tokens.rate.count / tokens.rate.period,
+    )
 
 
 def open_batches(parts: Iterable[Part]) -> str | None:

@@ -120,6 +120,16 @@ class Lane:
     words: Words
     live: bool = True
 
+    @property
+    def batched(self) -> bool:
+        """Whether the rows go through a batch endpoint (some may go live: lanes="auto")."""
+        return self.options.batch_api is not None and self.options.lanes != "live"
+
+    @property
+    def going_live(self) -> bool:
+        """Whether going on live from a batch run was said (``live``, or lanes="live")."""
+        return self.live or self.options.lanes == "live"
+
 
 def refuse_fresh(parts: Iterable[Part], words: Words) -> None:
     """LaneRefused when a fresh start would forget batches still open at the provider."""
@@ -146,7 +156,8 @@ def plan_send(
     LaneRefused (before anything is sent) when a live run would send rows that batches at
     the provider still hold, or go on live from a batch run unsaid."""
     options, rows = lane.options, lane.rows
-    if options.batch_api is not None:
+    wrap = None if rows is None else partial(RowsJob, rows=rows)
+    if lane.batched:
         assert rows is not None and url is not None
         return ThroughBatchApi(
             options,
@@ -159,16 +170,26 @@ def plan_send(
             again=again,
             stored=stored,
             on_start=on_start,
+            live=partial(_live, wrap=wrap, on_start=on_start),
         )
     still = open_batches(lane.parts)
     if still is not None:
         raise LaneRefused(f"{still}: {lane.words.go_on}")
-    if lane.parts and not lane.live:
+    if lane.parts and not lane.going_live:
         raise LaneRefused(
             f"{journal or 'the journal'} holds a run sent through {lane.parts[0].provider}'s "
             f"batch endpoint: {lane.words.go_live}"
         )
-    wrap = None if rows is None else partial(RowsJob, rows=rows)
     if cluster is not None:
         return cluster(wrap, on_start)
+    return _live(options, wrap=wrap, on_start=on_start)
+
+
+def _live(
+    options: FetchOptions,
+    *,
+    wrap: Callable[[HttpJob], Job] | None,
+    on_start: Callable[[Stoppable], None],
+) -> Send:
+    """The engine here sending rows live (``wrap``: the job over template rows)."""
     return partial(fetch, options, wrap=wrap, on_start=on_start)

@@ -123,6 +123,7 @@ _ATTEMPT = shaped(
     Rule("cost", absent_or(DOLLARS), ""),
     Rule("reserved", absent_or(DOLLARS), ""),
     Rule("model", absent_or(text), ""),
+    Rule("lane", absent_or(lambda lane, _: lane == "batch"), ""),
 )
 # A record (its fields, and ``row``: the columns beside it) against those columns.
 _RECORD = (

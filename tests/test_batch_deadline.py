@@ -1,0 +1,166 @@
+"""A deadline that picks the lane (``--lanes auto``): rows go through the batch endpoint, and once
+what is left of the deadline would no longer hold a live pass of the rows still open, their
+batches are cancelled, what the batches answered is collected, and only the rest is sent live.
+Counted by the mock: no row answered in both lanes, none twice, the run done by its deadline."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchsync import Batch
+
+from .mockserver import MockServerProcess
+from .test_batch_api import (
+    KEY_HEADER,
+    check_in_order,
+    command,
+    cookbook,
+    endpoint,
+    no_canary_in,
+    parts,
+    results,
+    run,
+    start,
+    stats,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+# The live routes of the mock never refuse here: the deadline, not a 429, sets the pace.
+LIVE = "rpm=1000000,tpm=1000000000,latency=0.05"
+
+
+def lane_of(row: dict[str, Any]) -> str:
+    log = row["attempt_log"]
+    return (log[-1].get("lane") or "live") if log else "none"
+
+
+def live_answered(server: MockServerProcess, key: str) -> int:
+    """The live calls the mock admitted for KEY (none before its first call of any kind)."""
+    try:
+        return int(server.get(f"/llm/{key}/stats")["requests"])
+    except OSError:  # (404: no request of KEY yet)
+        return 0
+
+
+def test_a_deadline_the_batches_cannot_meet_sends_live_only_the_rows_they_did_not_run(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    rows, deadline = 2000, 20.0
+    source = cookbook(tmp_path / "in.jsonl", rows)
+    # Each batch: validating 3 s, in progress 3 s (its rows done one by one), finalizing 3 s.
+    url, key = endpoint(server, "openai", f"pace=3,{LIVE}")
+    args = command(
+        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", str(deadline),
+        "--poll", "0.1", "--batch-rows", "500", "-c", "50", "--live-latency", "0.2",
+    )  # fmt: skip
+    began = time.monotonic()
+    done = run(args, tmp_path)
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert took < deadline + 5, "the run ended by its deadline (the process's start aside)"
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, rows)
+    assert all(row["ok"] for row in written)
+    lanes = [lane_of(row) for row in written]
+    batch, live = lanes.count("batch"), lanes.count("live")
+    assert batch + live == rows
+    assert 0 < live < rows, "the batches answered a share, the live lane the rest"
+    counts = stats(server, key)
+    assert counts["both_lanes"] == [] and counts["twice"] == []
+    assert counts["rows_answered"] == batch, "the mock answered in batches exactly these"
+    assert live_answered(server, key) == live, "and live exactly the others"
+    assert [b["status"] for b in counts["batches"]] == ["cancelled"] * 4
+    report = (tmp_path / "in-report.html").read_text()
+    assert "id='lanes'" in report
+    assert f"<td>batch</td><td class='n'>{batch}</td>" in report
+    assert f"<td>live</td><td class='n'>{live}</td>" in report
+    assert all(state == "cleaned" for state, _ in parts(tmp_path / "in-journal.sqlite3"))
+    no_canary_in(tmp_path)
+
+
+def test_a_generous_deadline_sends_nothing_live(server: MockServerProcess, tmp_path: Path) -> None:
+    url, key = endpoint(server, "openai", f"pace=0.3,{LIVE}")
+    body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+    rows = [{"text": f"question {n}"} for n in range(400)]
+    batch = Batch(
+        rows, url=url, body=body, batch_api="auto", lanes="auto", deadline=60, poll=0.05,
+        batch_rows=100, concurrency=20, live_latency=0.5, headers=KEY_HEADER,
+        journal=tmp_path / "j.sqlite3", progress=False,
+    )  # fmt: skip
+    results_set = batch.run()
+    assert [r.index for r in results_set] == list(range(400))
+    assert all(r.ok and r.attempt_log[-1].lane == "batch" for r in results_set)
+    assert live_answered(server, key) == 0, "not one live call"
+    assert stats(server, key)["rows_answered"] == 400
+
+
+# The moments of a replan a run is killed at: the batches being cancelled, and the live pass.
+MOMENTS = {
+    "cancelling": lambda journal, server, key: "cancelling" in {s for s, _ in parts(journal)},
+    "live": lambda journal, server, key: live_answered(server, key) > 50,
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_killed_during_a_replan_the_resumed_run_answers_no_row_in_both_lanes(
+    server: MockServerProcess, tmp_path: Path, moment: str
+) -> None:
+    rows = 600
+    source = cookbook(tmp_path / "in.jsonl", rows)
+    url, key = endpoint(server, "openai", f"pace=2,{LIVE}")
+    args = command(
+        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", "7",
+        "--poll", "0.05", "--batch-rows", "200", "-c", "20", "--live-latency", "0.2",
+    )  # fmt: skip
+    journal = tmp_path / "in-journal.sqlite3"
+    first = start(args, tmp_path)
+    wait_for(lambda: MOMENTS[moment](journal, server, key), first, f"the replan's {moment}")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, rows)
+    assert all(row["ok"] for row in written)
+    counts = stats(server, key)
+    assert counts["both_lanes"] == [], "a row answered by a batch and live"
+    assert counts["twice"] == [] and counts["batches_created"] == 3
+    batch = sum(lane_of(row) == "batch" for row in written)
+    assert counts["rows_answered"] == batch
+    live = live_answered(server, key)
+    if moment == "cancelling":  # (nothing went live before the kill)
+        assert live == rows - batch
+    else:  # (a live answer the kill kept from the journal is asked again, as in any live run)
+        assert live >= rows - batch
+
+
+def test_lanes_live_sends_every_row_live_and_is_refused_while_batches_are_open(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    url, key = endpoint(server, "openai", f"pace=5,{LIVE}")
+    body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+    rows = [{"text": f"question {n}"} for n in range(30)]
+
+    def batch(lanes: str, journal: str, **more: Any) -> Batch:
+        return Batch(
+            rows, url=url, body=body, batch_api="auto", lanes=lanes, poll=0.05,
+            headers=KEY_HEADER, journal=tmp_path / journal, progress=False, **more,
+        )  # fmt: skip
+
+    live = batch("live", "live.sqlite3", rate="100/s").run()
+    assert all(r.ok and r.attempt_log[-1].lane is None for r in live)
+    assert live_answered(server, key) == 30
+    # A journal whose batches are still open at the provider (pace=5: long after the deadline).
+    held = batch("batch", "open.sqlite3", deadline=1).run()
+    assert {r.error_kind for r in held} == {"deadline"}
+    with pytest.raises(ValueError, match="still open"):
+        batch("live", "open.sqlite3").run()
+    assert live_answered(server, key) == 30, "nothing more went live"
