@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -149,7 +149,7 @@ def test_lanes_live_sends_every_row_live_and_is_refused_while_batches_are_open(
     body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
     rows = [{"text": f"question {n}"} for n in range(30)]
 
-    def batch(lanes: str, journal: str, **more: Any) -> Batch:
+    def batch(lanes: Literal["batch", "live"], journal: str, **more: Any) -> Batch:
         return Batch(
             rows, url=url, body=body, batch_api="auto", lanes=lanes, poll=0.05,
             headers=KEY_HEADER, journal=tmp_path / journal, progress=False, **more,
