@@ -5,6 +5,8 @@ hold to be trusted."""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 
 import pytest
 
@@ -187,11 +189,15 @@ def test_a_row_sent_again_in_a_later_part_is_the_later_parts() -> None:
     ]  # fmt: skip
     third = Part(4, 1, "openai", ((0, 12),))  # (newest over everything)
     assert {Covered([ended, again, other, third]).part_of(i) for i in range(13)} == {4}
-    assert times_sent([0, 3, 7, 11, 13], [ended, again, other, third]) == {
+    sent = times_sent([0, 3, 7, 11, 13], [ended, again, other, third])
+    assert {index: count for index, (count, _) in sent.items()} == {
         0: 2, 3: 3, 7: 3, 11: 2, 13: 0,
     }  # fmt: skip
-    dropped = Part(5, 1, "openai", ((3, 3),), state="dropped")
-    assert times_sent([3], [ended, dropped]) == {3: 1}
+    dropped = Part(5, 1, "openai", ((3, 3),), state="dropped", submitted=1.0)
+    assert times_sent([3], [ended, dropped]) == {3: (1, math.inf)}, "(none submitted)"
+    first = replace(ended, submitted=50.0)
+    later = replace(again, submitted=80.0)
+    assert times_sent([3, 5], [later, first]) == {3: (2, 50.0), 5: (1, 50.0)}
 
 
 def test_a_row_may_be_in_a_later_part_of_its_pass_only_once_its_earlier_batch_ended() -> None:
@@ -210,6 +216,10 @@ def test_a_row_may_be_in_a_later_part_of_its_pass_only_once_its_earlier_batch_en
         [ended, again.moved("in_progress", 3.0), Part(3, 1, "openai", ((4, 4),))]
     )
     assert third is not None
+    # (one failed for the queue's cap, waiting to be submitted again, has not ended)
+    refused = ended.moved("failed", 3.0).moved("waiting", 4.0)
+    assert overlap_problem([refused, again]) is not None
+    assert overlap_problem([ended.moved("collected", 5.0).moved("cleaned", 6.0), again]) is None
 
 
 @pytest.mark.parametrize(
@@ -223,8 +233,13 @@ def test_a_row_may_be_in_a_later_part_of_its_pass_only_once_its_earlier_batch_en
         ("batch_errored", None, None, False),  # (no status: may have run)
         ("batch_cancelled", None, None, False),
         ("invalid_body", 200, None, False),  # (an answer that ran, and was paid for)
-        ("status", 400, lambda status, kind: True, True),  # (retry_if asked of statuses)
-        ("status", 503, lambda status, kind: False, False),
+        ("status", 503, lambda status, kind: False, False),  # (retry_if asked, as live)
+        ("status", 418, lambda status, kind: True, False),  # (answered: may be paid, never)
+        ("status", 400, lambda status, kind: True, False),
+        ("batch_errored", 500, lambda status, kind: False, False),  # (both providers alike)
+        ("batch_errored", 502, lambda status, kind: kind == "status", True),
+        ("status", 500, lambda status, kind: 1 / 0, False),  # (raises: no)
+        ("status", 500, lambda status, kind: "yes", False),  # (no answer: no)
         ("batch_expired", None, lambda status, kind: False, True),  # (not asked: never ran)
     ],
 )

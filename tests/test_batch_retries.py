@@ -195,3 +195,35 @@ def test_killed_before_the_first_parts_answers_were_journaled_they_are_read_not_
     counts = stats(server, key)
     assert counts["twice"] == [], "an answered row was sent again"
     assert counts["batches_created"] == 3
+
+
+def test_no_new_part_once_the_budget_is_spent_or_the_deadline_cannot_hold_one(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A row's budget counts from its first part's submission, over every part it goes in;
+    and a part is made only while the deadline leaves the time the last one took."""
+    source = cookbook(tmp_path / "in.jsonl", 6, {5: "[[expire]]"})
+    # Each batch ends about 0.75 s after its submission (three steps of 0.25 s).
+    url, key = endpoint(server, "openai", "pace=0.25")
+    args = command(source, url, "openai", "--batch-api", "--poll", "0.05", "--budget", "1.2")
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    row = results(tmp_path / "in-results.jsonl")[5]
+    assert row["error_kind"] == "batch_expired"
+    # (once on a machine at its pace; none when a slow spell spent the budget on the first)
+    sent = times_in_parts(tmp_path / "in-journal.sqlite3")[5]
+    assert sent <= 2, "never a third part: the budget was spent by then"
+    assert stats(server, key)["batches_created"] == sent
+
+    url, key = endpoint(server, "openai", "pace=0.25")
+    args = command(
+        source, url, "openai", "--batch-api", "--poll", "0.05", "--deadline", "2.0",
+        "-o", "timed",
+    )  # fmt: skip
+    done = run(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    row = results(tmp_path / "timed-results.jsonl")[5]
+    assert row["error_kind"] == "batch_expired", "its own failure, not a part the deadline cut"
+    sent = times_in_parts(tmp_path / "timed-journal.sqlite3")[5]
+    assert sent <= 2, "never a part the deadline could not hold"
+    assert stats(server, key)["batches_created"] == sent

@@ -4,16 +4,19 @@ later stream goes on with the rest, no item sent twice (counted by the server)."
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from batchsync import Batch, CallBatch, JournalInUse, fetch_iter, run_iter
+from batchsync import Batch, CallBatch, JournalFailed, JournalInUse, fetch_iter, run_iter
 from batchsync.core.result import Result
 
 from .mockserver import MockServerProcess
@@ -192,3 +195,81 @@ def test_the_plain_script_example_runs_against_the_bundled_mock_api() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("50 items: 10 written before the stop, 50 on the second call;")
     assert done.stdout.rstrip().endswith("each once: True")
+
+
+def test_a_result_is_yielded_only_once_the_journal_holds_it(tmp_path: Path) -> None:
+    journal = tmp_path / "kept.sqlite3"
+    batch = CallBatch(lambda n: n, range(300), concurrency=8, journal=journal, progress=False)
+    checked = 0
+    with batch.stream() as results:
+        for result in results:
+            with closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as db:
+                held = db.execute("SELECT 1 FROM results WHERE idx = ?", (result.index,))
+                assert held.fetchone() is not None, f"item {result.index} yielded unjournaled"
+            checked += 1
+            if checked == 40:
+                break
+    assert stream_threads() == []
+
+
+def test_one_run_of_a_batch_at_a_time() -> None:
+    calls: list[int] = []
+
+    def slow(n: int) -> int:
+        calls.append(n)
+        time.sleep(0.02)
+        return n
+
+    batch = CallBatch(slow, range(40), concurrency=4, progress=False)
+    results = batch.stream()
+    next(results)
+    with pytest.raises(ValueError, match="running already"):
+        batch.run()
+    with pytest.raises(ValueError, match="running already"):
+        list(batch.stream())
+    results.close()
+    assert stream_threads() == []
+    batch.run()
+    assert sorted(calls) == list(range(40)), "no item called twice"
+
+
+def test_a_stream_kept_in_a_variable_stops_its_run_when_closed_or_left(
+    server: MockServerProcess,
+) -> None:
+    urls = urls_of(server, 60, delay=0.1)
+    batch = Batch(urls, concurrency=2, progress=False)
+    with batch.stream() as results:
+        for _ in results:
+            break
+    assert stream_threads() == [], "the with block closed it"
+    at_close = sum(sent(server, urls).values())
+    time.sleep(0.5)
+    assert sum(sent(server, urls).values()) == at_close < 60
+
+
+def test_what_a_run_raises_after_the_loop_left_is_raised_by_close_and_logged_if_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def encode(value: int) -> int:
+        if value >= 1:
+            raise RuntimeError("cannot encode")
+        return value
+
+    def fn(n: int) -> int:
+        time.sleep(0.05 if n == 0 else 0.3)
+        return n
+
+    def batch(name: str) -> CallBatch:
+        return CallBatch(
+            fn, range(10), concurrency=4, journal=tmp_path / name, encode=encode,
+            decode=lambda v: v, progress=False,
+        )  # fmt: skip
+
+    results = batch("closed.sqlite3").stream()
+    next(results)
+    with pytest.raises(JournalFailed, match="cannot encode"):
+        results.close()
+    with caplog.at_level(logging.ERROR, logger="batchsync"):
+        for _ in batch("dropped.sqlite3").stream():
+            break
+    assert "stopped its run, which failed" in caplog.text and "cannot encode" in caplog.text

@@ -18,7 +18,7 @@ from urllib.parse import SplitResult, urlsplit
 from ..core.verdict import ErrorKind, Verdict, retry, terminal
 from ..http.httpfacts import HttpFacts
 from ..http.origins import host_key
-from ..http.retries import RetryIf, judged
+from ..http.retries import RetryIf
 from ..store.submissions import Part, Shape
 
 # A row's custom_id: its part's nonce and its input index (64 of [A-Za-z0-9_-] at most, the
@@ -157,15 +157,34 @@ def row_failure(
     answer: Answer, facts: HttpFacts, retryable: frozenset[int], retry_if: RetryIf | None
 ) -> Verdict:
     """A failed row's Verdict by the live lane's retry policy: ``retry`` (a new part of the run
-    may send it again, ``--batch-retries``) when its batch did not run it in time, or answered
-    it with a status the policy retries (``retryable``, or as ``retry_if`` says: a response's
-    status, or the one a provider's own error stands for), else terminal. Nothing else is sent
-    again: a row answered otherwise may have been paid for."""
-    kind = answer.error_kind or "batch_errored"
-    answered = kind in ("status", "batch_errored") and answer.status_code in retryable
-    again = kind == "batch_expired" or answered
-    verdict = (retry if again else terminal)(kind, answer.error or "", facts)
-    return verdict if retry_if is None else judged(verdict, retry_if)
+    may send it again, ``--batch-retries``) only for a row no one pays for: one its batch did
+    not run in time, or one the provider failed (5xx) or refused for its rate (429), whether
+    as a response's status or as its own error standing for one; such a row is retried when
+    its status is ``retryable``, or as ``retry_if(status, "status")`` says, as a live call
+    would be. Anything else is terminal, whatever ``retry_if`` says: it may have been paid."""
+    kind, status = answer.error_kind or "batch_errored", answer.status_code
+    answered = kind in ("status", "batch_errored") and _unpaid(status)
+    again = kind == "batch_expired" or (answered and status in retryable)
+    if answered and retry_if is not None:
+        said = _asked(retry_if, status)
+        again = again if said is None else said
+    return (retry if again else terminal)(kind, answer.error or "", facts)
+
+
+def _unpaid(status: int | None) -> bool:
+    """Whether a row answered ``status`` is one no provider bills: it failed it, or refused it
+    for its rate."""
+    return status is not None and (status == 429 or status >= 500)
+
+
+def _asked(retry_if: RetryIf, status: int | None) -> bool | None:
+    """What ``retry_if`` says of a row failed with ``status``, as of a live call; one that
+    raises or answers other than True, False or None says no."""
+    try:
+        said = retry_if(status, "status")
+    except Exception:
+        return False
+    return said if said is None or isinstance(said, bool) else False
 
 
 def custom_id(index: int, nonce: str) -> str:

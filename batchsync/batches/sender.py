@@ -684,9 +684,9 @@ class BatchRun:
             self._place_deferred()
         return any(part.open for part in self._followed.parts.values())
 
-    def _end_failures(self, reading: _Reading) -> None:
-        """Deliver the failures read so far; those the retry policy lets a new part redo wait
-        for it (``redo``) while the row has been in at most ``plan.retries`` parts before.
+    def _end_failures(self, reading: _Reading, part: Part) -> None:
+        """Deliver the failures read so far (of ``part``); those the retry policy lets a new
+        part redo wait for it (``redo``) while ``_may_redo`` says so.
         With ``lanes="auto"``, a row no batch ran (cancelled), or that would be redone once the
         rows are going live, goes live instead."""
         failures, reading.failures = reading.failures, {}
@@ -694,7 +694,7 @@ class BatchRun:
             self._move_live(failures, reading)
         redoable = [index for index in failures if index in reading.redoable]
         if redoable and self.plan.retries and self.again is not None:
-            self._keep_to_redo(redoable, failures)
+            self._keep_to_redo(redoable, failures, part)
         self._give_failures(failures)
 
     def _move_live(self, failures: dict[int, Result], reading: _Reading) -> None:
@@ -706,13 +706,18 @@ class BatchRun:
                 del failures[index]
                 self._followed.moved.add(index)
 
-    def _keep_to_redo(self, redoable: list[int], failures: dict[int, Result]) -> None:
-        """Take out of ``failures`` the rows that have been in at most ``plan.retries`` parts,
-        for a new part to redo."""
+    def _keep_to_redo(self, redoable: list[int], failures: dict[int, Result], part: Part) -> None:
+        """Take out of ``failures`` the rows a new part may redo: each in at most
+        ``plan.retries`` parts so far, its budget not spent since its first submission, and
+        the deadline leaving at least the time ``part`` took."""
+        now, left = self._unix_time(), self._clocks.left()
+        took = 0.0 if part.submitted is None else max(0.0, now - part.submitted)
+        if left is not None and left < took:
+            return
         parts = [p for p in self.ledger.parts() if p.passing == self.plan.passing]
-        sent = times_sent(redoable, parts)
-        for index in redoable:
-            if sent[index] <= self.plan.retries:
+        budget = math.inf if self.plan.budget is None else self.plan.budget
+        for index, (count, first) in times_sent(redoable, parts).items():
+            if count <= self.plan.retries and now - first < budget:
                 self._followed.redo[index] = failures.pop(index)
 
     # --- the deadline's lanes (lanes="auto") -----------------------------------------------
@@ -879,7 +884,7 @@ class BatchRun:
                 if redoable:
                     reading.redoable.add(result.index)
         except ProviderRefused as exc:
-            self._end_failures(reading)
+            self._end_failures(reading, part)
             if not exc.retryable:  # (a 404, a refusal, another origin: this run cannot read them)
                 self._hold(part, f"could not read the results of the batch {part.batch}: {exc}")
                 return
@@ -892,7 +897,7 @@ class BatchRun:
                 f"the batch {part.batch} lists rows of another part, none of part "
                 f"{part.number}: it is not this part's batch, and nothing of it is taken"
             )
-        self._end_failures(reading)
+        self._end_failures(reading, part)
         if reading.rows - reading.done or reading.unread:  # (a paid answer not read: kept)
             self._hold(part, f"the results of the batch {part.batch} do not list this row")
             return

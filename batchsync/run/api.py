@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
-from ..core.result import Result
 from ..jobs.options import CallOptions, FetchOptions, spelled_out
 from ..jobs.settings import CallSettings, FetchSettings
 from ..output.resultset import ResultSet
 from .batch import Batch, CallBatch, Item
+from .stream import Stream
 
 
 @spelled_out(FetchSettings, FetchOptions)
@@ -97,10 +97,11 @@ def fetch_iter(
     fresh: bool = False,
     progress: bool | None = None,
     **options: Unpack[FetchSettings],
-) -> Iterator[Result]:
+) -> Stream:
     """``fetch_all`` yielding each Result as it is kept, in the order they finish (``.index``
     is its item's): ``Batch(items, **options).stream()``. Leaving the loop stops the run as
-    Ctrl-C does; with ``journal=``, a later call goes on with the rest."""
+    Ctrl-C does (as does closing it: ``with fetch_iter(...) as results:``); with
+    ``journal=``, a later call goes on with the rest."""
     return Batch(
         items,
         url=url,
@@ -125,10 +126,11 @@ def run_iter(
     decode: Callable[[Any], Any] | None = None,
     progress: bool | None = None,
     **options: Unpack[CallSettings],
-) -> Iterator[Result]:
+) -> Stream:
     """``run_all`` yielding each Result as it is kept, in the order they finish (``.index``
     is its item's): ``CallBatch(fn, items, **options).stream()``. Leaving the loop stops the
-    run as Ctrl-C does; with ``journal=``, a later call goes on with the rest."""
+    run as Ctrl-C does (as does closing it); with ``journal=``, a later call goes on with the
+    rest."""
     return CallBatch(
         fn,
         items,

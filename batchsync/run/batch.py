@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import math
 import sqlite3
+import threading
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -38,7 +40,7 @@ from .batched import journal_parts
 from .controller import Journaled, Plan, RunController, Send
 from .plan import Lane, TemplateRows, Words, plan_send, refuse_fresh
 from .progress import wanted
-from .stream import streamed
+from .stream import Stream, streamed
 
 Item = str | Mapping[str, Any] | RequestSpec
 
@@ -83,6 +85,17 @@ def encode_result(result: Result, item: object) -> tuple[str, str | None]:
     return dumps(public_record(result)), None
 
 
+def _kinds_of(retry_failed: bool | Iterable[str]) -> frozenset[str] | None:
+    """The error kinds a retry pass sends again (empty: all; None: no retry pass);
+    ValueError for an empty list."""
+    if retry_failed is False:
+        return None
+    kinds = frozenset() if retry_failed is True else error_kinds(retry_failed)
+    if retry_failed is not True and not kinds:
+        raise ValueError("retry_failed: name at least one error kind, or give True")
+    return kinds
+
+
 OptionsT = TypeVar("OptionsT", FetchOptions, CallOptions)
 
 
@@ -114,8 +127,9 @@ class Resumable(Generic[OptionsT]):
     ) -> None:
         self.items, self.options, self._progress = list(items), options, progress
         self._done: dict[int, Result] = {}
-        # The Result of each item a ``stream()`` of this batch yielded last.
+        # The Result of each item a ``stream()`` of this batch yielded last; held while it runs.
         self._streamed: dict[int, Result] = {}
+        self._running = threading.Lock()
         # The pass this batch is in, and what it does with each item (``Pass.does``).
         self._pass = Pass()
         self._marks = bytearray(len(self.items))
@@ -220,50 +234,64 @@ class Resumable(Generic[OptionsT]):
         or those failed with these error kinds (e.g. ``["status", "timeout"]``), each with
         a fresh budget; a retried item's Result counts the attempts of every pass. An
         interrupted pass is finished by ``run()`` again."""
-        self._begin(retry_failed)
+        kinds = _kinds_of(retry_failed)
+        if kinds is not None:
+            self._retry_pass(kinds)
         self._go(self._keep, lambda run: None)
         return self.results
 
-    def stream(self, *, retry_failed: bool | Iterable[str] = False) -> Iterator[Result]:
-        """Run as ``run()`` does, yielding each Result as it is kept (journaled first), in the
-        order they finish; ``result.index`` is its item's. The kept Results no stream of this
-        batch has yielded yet come first, in input order (those of an earlier ``run()``, of
-        the journal, or that finished while an earlier stream stopped), so that over one
-        batch every item's Result is yielded once. Leaving the loop (``break``, an exception,
-        Ctrl-C) stops the run as an interrupt does: what finished is kept, a later
-        ``stream()`` or ``run()`` goes on with the rest."""
-        self._begin(retry_failed)
-        return self._streaming()
+    def stream(self, *, retry_failed: bool | Iterable[str] = False) -> Stream:
+        """Run as ``run()`` does (once iterated), yielding each Result as it is kept (on disk
+        first, with a journal), in the order they finish; ``result.index`` is its item's. The
+        kept Results no stream of this batch has yielded yet come first, in input order (those
+        of an earlier ``run()``, of the journal, or that finished while an earlier stream
+        stopped), so that over one batch every item's Result is yielded once. Leaving the loop
+        over ``b.stream()`` (``break``, an exception, Ctrl-C), or closing the stream (``with
+        b.stream() as results:``), stops the run as an interrupt does: what finished is kept,
+        a later ``stream()`` or ``run()`` goes on with the rest."""
+        return Stream(self._streaming(_kinds_of(retry_failed)))
 
-    def _streaming(self) -> Iterator[Result]:
+    def _streaming(self, kinds: frozenset[str] | None) -> Generator[Result]:
+        if kinds is not None:
+            self._retry_pass(kinds)
         for index, kept in sorted(self._done.items()):
             if self._marks[index] == DONE and self._streamed.get(index) is not kept:
                 self._streamed[index] = kept
                 yield kept
 
         def go(give: Callable[[Result], None], on_start: Callable[[Stoppable], None]) -> None:
-            def keep_and_give(result: Result, item: object) -> None:
-                self._keep(result, item)
-                if self._done.get(result.index) is result:
-                    give(result)
+            self._go(self._keep, on_start, kept=give)
 
-            self._go(keep_and_give, on_start)
+        with contextlib.closing(streamed(go)) as results:  # (its run stopped as this one is)
+            for result in results:
+                self._streamed[result.index] = result
+                yield result
 
-        for result in streamed(go):
-            self._streamed[result.index] = result
-            yield result
+    def _go(
+        self,
+        keep: Deliver,
+        on_start: Callable[[Stoppable], None],
+        kept: Callable[[Result], None] | None = None,
+    ) -> None:
+        """Send what this pass has left, each Result given to ``keep`` (and each final one to
+        ``kept`` once it is on disk); ``on_start`` sees what runs it (to stop it). One run of
+        a batch at a time: a ValueError while another (a stream not ended) goes on."""
+        if not self._running.acquire(blocking=False):
+            raise ValueError(
+                "this batch is running already (a stream() not ended, or run() in another "
+                "thread): one run of a batch at a time; close the stream first"
+            )
+        try:
+            self._run_pass(keep, on_start, kept)
+        finally:
+            self._running.release()
 
-    def _begin(self, retry_failed: bool | Iterable[str]) -> None:
-        """Start the pass ``retry_failed`` asks for (``run()``), if any."""
-        if retry_failed is not False:
-            kinds = frozenset() if retry_failed is True else error_kinds(retry_failed)
-            if retry_failed is not True and not kinds:
-                raise ValueError("retry_failed: name at least one error kind, or give True")
-            self._retry_pass(kinds)
-
-    def _go(self, keep: Deliver, on_start: Callable[[Stoppable], None]) -> None:
-        """Send what this pass has left, each Result given to ``keep``; ``on_start`` sees what
-        runs it (to stop it)."""
+    def _run_pass(
+        self,
+        keep: Deliver,
+        on_start: Callable[[Stoppable], None],
+        kept: Callable[[Result], None] | None,
+    ) -> None:
         plan = Plan(self._pass, Left(self._marks, self._form, self._done.get))
         if self.journal is None and isinstance(self._gates.spend_ledger, spend.Ledger):
             self._gates.keep_spend(self._spend_here)  # (a shared ledger keeps its own)
@@ -277,6 +305,7 @@ class Resumable(Generic[OptionsT]):
                     gates=self._gates,
                     progress=wanted(self._progress),
                     stints=self._stints,
+                    kept=kept,
                 )
             finally:
                 log_summary(self._summary)

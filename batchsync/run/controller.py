@@ -40,13 +40,20 @@ class Journaled:
     encode: Encode
     identity: Mapping[str, str]
 
-    def open(self, passing: Pass | None, progress: Callable[[], Stint]) -> Journal:
+    def open(
+        self,
+        passing: Pass | None,
+        progress: Callable[[], Stint],
+        committed: Callable[[Result], None] | None = None,
+    ) -> Journal:
         """The journal, new or resumed, or JournalUnusable before anything is sent;
-        ``passing``: the pass of its Results (None: the run sends nothing, records nothing)."""
+        ``passing``: the pass of its Results (None: the run sends nothing, records nothing);
+        ``committed``: told each Result once it is on disk."""
         try:
             return Journal(
-                self.path, self.encode, self.identity, passing=passing, progress=progress
-            )
+                self.path, self.encode, self.identity, passing=passing, progress=progress,
+                committed=committed,
+            )  # fmt: skip
         except sqlite3.Error as exc:
             raise JournalUnusable(f"cannot create the journal {self.path}: {exc}") from None
 
@@ -129,20 +136,24 @@ class RunController:
         gates: Gates | None,
         progress: bool,
         stints: list[Stint] | None = None,
+        kept: Callable[[Result], None] | None = None,
     ) -> Ended:
         """Send what ``plan`` has left of ``items`` (index, item) through ``send``, each
         Result added to its item's earlier one, journaled when final, then delivered;
-        ``progress``: show a bar. However the run ends, its stint (when it sent anything) is
-        added to ``stints`` and to the journal, which is closed; then a ``Finishing`` send
+        ``progress``: show a bar; ``kept``: told each final Result once it is kept (on disk,
+        with a journal). However the run ends, its stint (when it sent anything) is added to
+        ``stints`` and to the journal, which is closed; then a ``Finishing`` send
         finishes."""
         left = plan.left
         passing = plan.passing if left.count else None  # (none: nothing to send)
         tally = counter(left.count, progress)
         so_far = progress_of(plan.passing, tally, gates)
         before = _timeline(gates)
-        journal = None if self.journal is None else self.journal.open(passing, so_far)
+        journal = None if self.journal is None else self.journal.open(passing, so_far, kept)
         if journal is not None:
             deliver = journaling(journal, deliver)
+        elif kept is not None:
+            deliver = telling(kept, deliver)
         earlier = left.earlier
         if earlier is not None:
             deliver = adding_to(earlier, deliver)
@@ -201,6 +212,17 @@ def adding_to(earlier: Earlier, deliver: Deliver) -> Deliver:
         deliver(result if before is None else added_to(before, result), item)
 
     return deliver_added
+
+
+def telling(kept: Callable[[Result], None], deliver: Deliver) -> Deliver:
+    """``deliver``, then ``kept`` told of each final Result (a run without a journal)."""
+
+    def deliver_then_tell(result: Result, item: object) -> None:
+        deliver(result, item)
+        if result.final:
+            kept(result)
+
+    return deliver_then_tell
 
 
 def journaling(journal: Journal, deliver: Deliver) -> Deliver:

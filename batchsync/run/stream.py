@@ -4,13 +4,16 @@ each Result the moment it is journaled; leaving the loop stops the run as Ctrl-C
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Final
 
 from ..core.result import Result
 from .assembly import Stoppable
+
+log = logging.getLogger("batchsync")
 
 # How long the loop waits for a Result before it looks again (a timed wait lets Ctrl-C in).
 _LOOK_SECONDS: Final = 0.2
@@ -41,7 +44,7 @@ class Stopper:
 Running = Callable[[Callable[[Result], None], Callable[[Stoppable], None]], object]
 
 
-def streamed(run: Running) -> Iterator[Result]:
+def streamed(run: Running) -> Generator[Result]:
     """Each Result ``run`` gives, as it gives it; the run goes on in its own thread. Leaving
     the loop (a ``break``, an exception, Ctrl-C) stops the run and waits for it to end as a
     stopped run ends (attempts in flight get their grace); what the run raised is raised."""
@@ -75,3 +78,34 @@ def streamed(run: Running) -> Iterator[Result]:
             thread.join(_LOOK_SECONDS)
         if failed:
             raise failed[0]
+
+
+class Stream(Iterator[Result]):
+    """The Results of ``streamed``, and how to stop its run: ``close()``, or leaving a ``with``
+    block. A stream dropped unclosed (the loop over ``b.stream()`` left) is closed as it is
+    collected, and what its run raised then is logged, having no caller left to reach."""
+
+    def __init__(self, results: Generator[Result]) -> None:
+        self._results = results
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Result:
+        return next(self._results)
+
+    def close(self) -> None:
+        """Stop the run (if it goes on) and wait for it; what it raised is raised."""
+        self._results.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except BaseException as exc:  # (collected: no caller to raise it to)
+            log.error("a stream left unclosed stopped its run, which failed: %s", exc)

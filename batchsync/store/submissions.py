@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import re
 import secrets
 import sqlite3
@@ -413,17 +414,20 @@ def submission_problem(row: Sequence[Any], size: int, passes: set[int]) -> str |
     return problem(_SUBMISSION, facts | {"size": size, "passes": passes, "shape": shape})
 
 
-def times_sent(indexes: Iterable[int], parts: Iterable[Part]) -> dict[int, int]:
-    """How many of ``parts`` (those not dropped) hold each of ``indexes``."""
-    counts = dict.fromkeys(indexes, 0)
+def times_sent(indexes: Iterable[int], parts: Iterable[Part]) -> dict[int, tuple[int, float]]:
+    """How many of ``parts`` (those not dropped) hold each of ``indexes``, and the earliest
+    submission among them (inf: none was submitted)."""
+    sent = dict.fromkeys(indexes, (0, math.inf))
     for part in parts:
         if part.dropped:
             continue
         starts = [first for first, _ in part.rows]
-        for index in counts:
+        submitted = math.inf if part.submitted is None else part.submitted
+        for index, (times, first) in sent.items():
             position = bisect_right(starts, index) - 1
-            counts[index] += position >= 0 and part.rows[position][1] >= index
-    return counts
+            if position >= 0 and part.rows[position][1] >= index:
+                sent[index] = (times + 1, min(first, submitted))
+    return sent
 
 
 def overlap_problem(parts: Iterable[Part]) -> str | None:
@@ -446,6 +450,10 @@ def overlap_problem(parts: Iterable[Part]) -> str | None:
 
 
 def ended_at_provider(part: Part) -> bool:
-    """Whether the provider said the part's batch ended (its history holds an ended status)."""
+    """Whether the part's batch ended at the provider and stays so: its history holds a
+    status the provider ends batches in, and it is in one still or closed (one failed for a
+    queue cap and waiting to be submitted again has not ended)."""
     shape = SHAPES.get(part.provider)
-    return shape is not None and any(state in shape.ended for _, state in part.history)
+    if shape is None or part.state not in (*shape.ended, COLLECTED, CLEANED, HELD):
+        return False
+    return any(state in shape.ended for _, state in part.history)

@@ -84,7 +84,8 @@ class Journal:
     Results belong to (recorded when given: a run that sends nothing records no pass).
     ``progress`` says what this process has done so far: recorded as its row of ``runs``
     with every group of Results (so a process killed at any moment still counts), and once
-    more by ``close``.
+    more by ``close``. ``committed`` is told each Result once it is committed (on the writer
+    thread): what is handed on from there is on disk.
     Workers wait while ``QUEUE_ROWS`` Results are queued; once the writer has failed, ``add``
     and ``close`` raise JournalFailed.
     """
@@ -99,9 +100,11 @@ class Journal:
         progress: Callable[[], Stint] | None = None,
         clock: Clock | Callable[[], float] = SYSTEM,
         sleep: Callable[[float], None] | None = None,
+        committed: Callable[[Result], None] | None = None,
     ) -> None:
         self.path = path
         self._encode = encode
+        self._committed = committed
         # The writer's clock (to measure the pace of results) and its linger (the clock's
         # own sleep unless given): tests pass their own, so that what they check does not
         # depend on the machine's speed.
@@ -162,7 +165,7 @@ class Journal:
                 taken = [entry for entry in pending if entry is not None]
                 if taken:
                     self._room.release(len(taken))
-                self._store([self._row(*entry) for entry in taken])
+                self._store_group(taken)
                 if None in pending:
                     return
                 window_results += len(taken)
@@ -185,6 +188,13 @@ class Journal:
             except queue.Empty:
                 break
         return pending
+
+    def _store_group(self, taken: list[tuple[Result, object]]) -> None:
+        """One group stored, then each of its Results told to ``committed``."""
+        self._store([self._row(*entry) for entry in taken])
+        if self._committed is not None:
+            for result, _ in taken:
+                self._committed(result)
 
     def _store(self, rows: list[Row]) -> None:
         """One group of Results, with this process's progress, in one transaction."""
