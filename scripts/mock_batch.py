@@ -107,7 +107,10 @@ BatchReply = tuple[int, Payload, dict[str, str]]
 JSONReply = tuple[int, dict[str, Any], dict[str, str]]
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
-OPENAI_URLS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
+OPENAI_URLS = (
+    "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses",
+    "/v1/moderations", "/v1/images/generations", "/v1/images/edits", "/v1/videos",
+)  # fmt: skip
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 DAY = 24 * 3600
 # The most rows and bytes of a batch when the knobs do not say.

@@ -6,6 +6,9 @@ completion lengths, so every test and benchmark run gets a state of its own):
 
     POST /llm/KEY/LIMITS/v1/chat/completions   OpenAI's chat completion
     POST /llm/KEY/LIMITS/v1/embeddings         OpenAI's embeddings
+    POST /llm/KEY/LIMITS/v1/responses          OpenAI's Responses API (``input`` a text or
+                                               messages, ``max_output_tokens``, 16 if none)
+    POST /llm/KEY/LIMITS/v1/moderations        OpenAI's moderations (nothing is flagged)
     POST /llm/KEY/LIMITS/v1/messages           Anthropic's messages
     GET  /llm/KEY/stats?log=1                  what the KEY's limits counted (below)
 
@@ -725,6 +728,91 @@ def embeddings(account: Account, request: dict[str, Any], seed: random.Random) -
     return 200, embeddings_answer(request, seed), headers
 
 
+def responses_cost(request: dict[str, Any]) -> int | Reply:
+    """A Responses API request's tokens at admission (its input's and its output limit), or
+    its 400."""
+    given, budget = request.get("input"), request.get("max_output_tokens", 16)
+    if not isinstance(budget, int) or budget < 1:
+        return openai_invalid("'max_output_tokens' must be a positive integer")
+    if isinstance(given, str) and given:
+        return text_tokens(given) + budget
+    if isinstance(given, list) and given:
+        return prompt_tokens(given) + budget
+    return openai_invalid("'input' must be a text or a non-empty list of messages")
+
+
+def responses_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
+    """The body of a response to a valid request, limits aside."""
+    given, budget = request["input"], int(request.get("max_output_tokens", 16))
+    prompt = text_tokens(given) if isinstance(given, str) else prompt_tokens(given)
+    length = seed.randint(1, budget)
+    text = {"type": "output_text", "text": completion_text(length), "annotations": []}
+    message = {
+        "type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed",
+        "role": "assistant", "content": [text],
+    }  # fmt: skip
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed" if length < budget else "incomplete",
+        "model": str(request.get("model", "mock")),
+        "output": [message],
+        "usage": {"input_tokens": prompt, "output_tokens": length, "total_tokens": prompt + length},
+    }
+
+
+def responses(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    cost = responses_cost(request)
+    if not isinstance(cost, int):
+        return cost
+    headers, refused = openai_admission(account, str(request.get("model", "mock")), cost)
+    if refused is not None:
+        return refused
+    answer = responses_answer(request, seed)
+    account.usage(answer["usage"]["input_tokens"], answer["usage"]["output_tokens"])
+    return 200, answer, headers
+
+
+# The categories a moderation answers for (none of them flagged by the mock).
+CATEGORIES = ("harassment", "hate", "self-harm", "sexual", "violence")
+
+
+def moderations_cost(request: dict[str, Any]) -> int | Reply:
+    """A moderation request's tokens (its input's), or its 400."""
+    given = request.get("input")
+    if not given or not isinstance(given, str | list):
+        return openai_invalid("'input' must be a text or a non-empty list of texts")
+    return embedding_tokens(given)
+
+
+def moderations_answer(request: dict[str, Any], seed: random.Random) -> dict[str, Any]:
+    given = request["input"]
+    texts = given if isinstance(given, list) else [given]
+    result = {
+        "flagged": False,
+        "categories": dict.fromkeys(CATEGORIES, False),
+        "category_scores": {name: round(seed.random() / 100, 6) for name in CATEGORIES},
+    }
+    return {
+        "id": f"modr-{uuid.uuid4().hex[:24]}",
+        "model": str(request.get("model", "omni-moderation-latest")),
+        "results": [result for _ in texts],
+    }
+
+
+def moderations(account: Account, request: dict[str, Any], seed: random.Random) -> Reply:
+    cost = moderations_cost(request)
+    if not isinstance(cost, int):
+        return cost
+    model = str(request.get("model", "omni-moderation-latest"))
+    headers, refused = openai_admission(account, model, cost)
+    if refused is not None:
+        return refused
+    account.usage(cost, 0)
+    return 200, moderations_answer(request, seed), headers
+
+
 def messages_invalid(request: dict[str, Any]) -> Reply | None:
     """A messages request's 400, or None when it is valid."""
     given, budget = request.get("messages"), request.get("max_tokens")
@@ -794,11 +882,24 @@ def unlimited_answer(route: str, request: dict[str, Any], key: str) -> Reply:
     if route == "v1/messages":
         invalid = messages_invalid(request)
         return invalid or (200, messages_answer(request, seed), {})
+    if route in _OTHERS:
+        cost_of, answer_of = _OTHERS[route]
+        cost = cost_of(request)
+        return cost if not isinstance(cost, int) else (200, answer_of(request, seed), {})
     return openai_invalid(f"the mock does not answer /{route}")
+
+
+# The OpenAI routes besides chat and embeddings: what each costs, and its answer.
+_OTHERS = {
+    "v1/responses": (responses_cost, responses_answer),
+    "v1/moderations": (moderations_cost, moderations_answer),
+}
 
 
 ROUTES = {
     "v1/chat/completions": chat_completion,
     "v1/embeddings": embeddings,
     "v1/messages": messages,
+    "v1/responses": responses,
+    "v1/moderations": moderations,
 }

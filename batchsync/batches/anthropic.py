@@ -41,7 +41,6 @@ class Anthropic(BatchesApi):
     failed_status: str | None = None  # (its batches do not fail as a whole)
     # (nor for tokens: its queue cap refuses the create itself, with a 429)
     status_field = "processing_status"
-    usage_names = ("input_tokens", "output_tokens")
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")

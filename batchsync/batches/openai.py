@@ -15,7 +15,10 @@ from ..store.submissions import Part, Shape, well_formed
 from .protocol import Answer, BatchesApi, Endpoint, Files, error_message, one_line
 
 # The endpoints a batch may run (one per batch: the URL's path names it).
-ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses")
+ENDPOINTS = (
+    "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/responses",
+    "/v1/moderations", "/v1/images/generations", "/v1/images/edits", "/v1/videos",
+)  # fmt: skip
 
 
 class OpenAI(BatchesApi):
@@ -35,7 +38,6 @@ class OpenAI(BatchesApi):
     cursor = "after"
     failed_status: str | None = "failed"  # (the batch failed as a whole: none of it ran)
     status_field = "status"
-    usage_names = ("prompt_tokens", "completion_tokens")
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:
         path = url.path.rstrip("/")

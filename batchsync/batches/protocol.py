@@ -252,7 +252,6 @@ class BatchesApi:
     shape: Shape
     row_key = "custom_id"
     status_field: str
-    usage_names: tuple[str, str]
 
     def batches_url(self, endpoint: Endpoint) -> str:
         return f"{endpoint.base}/batches"
@@ -279,8 +278,13 @@ class BatchesApi:
         raise NotImplementedError
 
     def usage_of(self, data: Any) -> tuple[int, int]:
+        """Its usage's input and output tokens, however the endpoint names them (a chat
+        completion's prompt and completion tokens, a response's or a message's input and
+        output tokens, an embedding's prompt tokens)."""
         usage = data.get("usage") if isinstance(data, Mapping) else None
-        return token_counts(usage, self.usage_names)
+        inputs, outputs = token_counts(usage, ("input_tokens", "output_tokens"))
+        prompt, completion = token_counts(usage, ("prompt_tokens", "completion_tokens"))
+        return inputs or prompt, outputs or completion
 
     def line(self, index: int, nonce: str, **fields: Any) -> bytes:
         """A row as compact JSON: its ``custom_id``, then ``fields``."""

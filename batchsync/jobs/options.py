@@ -494,8 +494,9 @@ class BatchApi(_Family):
         Flag(
             "--batch-api",
             metavar="[=openai|anthropic]",
-            help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions "
-            "or /v1/responses; Anthropic's /v1/messages) and --row-as-body or --body-template: "
+            help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions, "
+            "/v1/responses, /v1/moderations, /v1/images/generations, /v1/images/edits or "
+            "/v1/videos; Anthropic's /v1/messages) and --row-as-body or --body-template: "
             "send the rows through the provider's batch endpoint (OpenAI's Batch API, "
             "Anthropic's Message Batches: half the price, results within 24 hours) instead of "
             "one call each. The rows are split at the provider's caps, each part journaled as "
