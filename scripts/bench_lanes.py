@@ -15,15 +15,25 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchsync import Batch  # noqa: E402
-from tests.mockserver import start_mock_server  # noqa: E402
+from tests.mockserver import MockServerProcess, start_mock_server  # noqa: E402
 
 LIVE = "rpm=1000000,tpm=1000000000,latency=0.05"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+
+
+def counted(server: MockServerProcess, key: str) -> tuple[dict[str, Any], int]:
+    """The mock's batch counts and live requests for KEY (none: no call of that kind)."""
+    try:
+        batch = server.get(f"/llm/{key}/batch-stats")
+    except OSError:  # (404: no batch call)
+        batch = {"rows_answered": 0, "both_lanes": []}
+    return batch, int(server.get(f"/llm/{key}/stats")["requests"])
 
 
 def main() -> int:
@@ -47,8 +57,7 @@ def main() -> int:
             ).run()  # fmt: skip
             took = time.monotonic() - began
             lanes = [r.attempt_log[-1].lane or "live" for r in results if r.ok]
-            batch = server.get(f"/llm/{key}/batch-stats")
-            live = server.get(f"/llm/{key}/stats")["requests"]
+            batch, live = counted(server, key)
             print(
                 f"{deadline:8.0f} {took:5.1f} {lanes.count('batch'):7d} {lanes.count('live'):6d} "
                 f"{sum(not r.ok for r in results):7d} {batch['rows_answered']:12d} {live:5d} "

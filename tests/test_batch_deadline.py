@@ -116,7 +116,7 @@ def test_killed_during_a_replan_the_resumed_run_answers_no_row_in_both_lanes(
     source = cookbook(tmp_path / "in.jsonl", rows)
     url, key = endpoint(server, "openai", f"pace=2,{LIVE}")
     args = command(
-        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", "7",
+        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", "14",
         "--poll", "0.05", "--batch-rows", "200", "-c", "20", "--live-latency", "0.2",
     )  # fmt: skip
     journal = tmp_path / "in-journal.sqlite3"
@@ -164,3 +164,66 @@ def test_lanes_live_sends_every_row_live_and_is_refused_while_batches_are_open(
     with pytest.raises(ValueError, match="still open"):
         batch("live", "open.sqlite3").run()
     assert live_answered(server, key) == 30, "nothing more went live"
+
+
+def test_cancel_is_refused_with_lanes_live(server: MockServerProcess, tmp_path: Path) -> None:
+    url, key = endpoint(server, "openai", f"pace=1,{LIVE}")
+    body = {"model": "m", "messages": [{"role": "user", "content": "{text}"}], "max_tokens": 5}
+    rows = [{"text": f"question {n}"} for n in range(5)]
+    batch = Batch(rows, url=url, body=body, batch_api="auto", lanes="live", headers=KEY_HEADER,
+                  progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="no batch to cancel"):
+        batch.cancel()
+    assert live_answered(server, key) == 0
+
+
+def test_parts_slow_to_submit_still_leave_the_live_pass_its_time(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Each create is answered 4 s late: the plan is checked before each part is submitted,
+    with a cancel reckoned at least as slow as the slowest call, so the rows go live in time."""
+    rows = 300
+    source = cookbook(tmp_path / "in.jsonl", rows)
+    url, key = endpoint(server, "openai", f"pace=3,stall_create=4,{LIVE}")
+    args = command(
+        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", "14",
+        "--poll", "0.05", "--batch-rows", "100", "-c", "20", "--live-latency", "0.2",
+    )  # fmt: skip
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, rows)
+    assert all(row["ok"] for row in written), {row["error_kind"] for row in written}
+    counts = stats(server, key)
+    assert counts["both_lanes"] == [] and counts["twice"] == []
+    assert counts["batches_created"] < 3, "the last part never went to the provider"
+
+
+@pytest.mark.parametrize("retries", [2, 0])
+def test_a_row_a_batch_failed_goes_live_with_its_batch_try_when_retries_allow(
+    server: MockServerProcess, tmp_path: Path, retries: int
+) -> None:
+    """Row 0 is answered 500 by every batch; its part ends 3 s in, when the deadline no longer
+    leaves the time for another part: it goes live (and counts its batch try), unless
+    --batch-retries 0 says never again."""
+    source = cookbook(tmp_path / "in.jsonl", 20, {0: "[[500]]"})
+    url, key = endpoint(server, "openai", f"pace=1,{LIVE}")
+    args = command(
+        source, url, "openai", "--batch-api", "--lanes", "auto", "--deadline", "6",
+        "--poll", "0.05", "-c", "10", "--live-latency", "0.2", "--batch-retries", str(retries),
+    )  # fmt: skip
+    done = run(args, tmp_path)
+    written = results(tmp_path / "in-results.jsonl")
+    check_in_order(written, 20)
+    row = written[0]
+    if retries:
+        assert done.returncode == 0, done.stderr
+        assert row["ok"] and row["attempts"] == 2
+        tries = [(entry["status_code"], entry.get("lane")) for entry in row["attempt_log"]]
+        assert tries == [(500, "batch"), (200, None)]
+    else:
+        assert done.returncode == 1, done.stderr
+        assert (row["status_code"], row["attempts"]) == (500, 1)
+        assert live_answered(server, key) == 0
+    assert all(other["ok"] and lane_of(other) == "batch" for other in written[1:])
+    assert stats(server, key)["both_lanes"] == []

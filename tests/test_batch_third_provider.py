@@ -48,6 +48,7 @@ class Jobs:
     identifies_rows = True
     cursor = "page_after"
     failed_status: str | None = "failed"
+    working = frozenset({"running"})
     row_key = "key"
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:

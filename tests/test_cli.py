@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -309,3 +311,24 @@ def test_a_bad_hedge_delay_is_a_usage_error(tmp_path: Path, value: str) -> None:
     done = batchsync("urls.txt", "--hedge-after", value, cwd=tmp_path)
     assert done.returncode == 2
     assert "expected a number of seconds above 0, or p95" in done.stderr
+
+
+def test_a_run_that_starts_after_the_first_stop_signal_starts_stopped() -> None:
+    """A batch endpoint's run, then the live lane's engine: a signal between the two stops
+    the second as it starts, and a second signal still quits."""
+    from batchsync.cli.signals import stop_on_signals
+
+    class Run:
+        stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    first, second = Run(), Run()
+    with stop_on_signals() as started:
+        started(first)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # (the handler runs in the main thread, between bytecodes)
+        assert first.stopped
+        started(second)
+        assert second.stopped

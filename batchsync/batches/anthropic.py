@@ -39,6 +39,7 @@ class Anthropic(BatchesApi):
     identifies_rows = False  # (its list says how many rows a batch has, nothing of which)
     cursor = "after_id"
     failed_status: str | None = None  # (its batches do not fail as a whole)
+    working = frozenset({"in_progress"})
     # (nor for tokens: its queue cap refuses the create itself, with a 429)
     status_field = "processing_status"
 

@@ -124,6 +124,8 @@ class Client:
     # How far the provider's clock is ahead of this one, from its last ``Date`` header
     # (None until one came): times the provider stamps are compared in its own clock.
     clock_offset: float | None = field(default=None, init=False)
+    # The seconds the slowest call so far took to be answered (its headers).
+    longest_call: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self.provider = provider_of(self.endpoint)
@@ -358,7 +360,9 @@ class Client:
         while True:
             number += 1
             wall_end = self._attempt_end(doing, download)
+            began = clocks.clock()
             tried = self._try(recipe, wall_end, missing_ok)
+            self.longest_call = max(self.longest_call, clocks.clock() - began)
             if isinstance(tried, _Answer):
                 return tried
             verdict, status, said = tried

@@ -37,6 +37,7 @@ class OpenAI(BatchesApi):
     identifies_rows = True  # (a batch names the file it was made of)
     cursor = "after"
     failed_status: str | None = "failed"  # (the batch failed as a whole: none of it ran)
+    working = frozenset({"in_progress", "finalizing"})
     status_field = "status"
 
     def endpoint(self, url: SplitResult) -> Endpoint | None:

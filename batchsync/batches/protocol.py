@@ -94,6 +94,8 @@ class BatchProvider(Protocol):
     cursor: str
     # The status of a batch that failed as a whole (none of its rows ran), if it has one.
     failed_status: str | None
+    # The statuses in which a batch runs its rows (the others: waiting, or ending).
+    working: frozenset[str]
     # The field by which each results line names its row (its custom_id), written first.
     row_key: str
 

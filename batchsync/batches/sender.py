@@ -235,14 +235,26 @@ class BatchRun:
         this run answered them, nor will."""
         return sorted(self._followed.moved)
 
+    def tries_of_moved(self) -> dict[int, Result]:
+        """What the batches tried of the rows moved live (their failures), by row: to add to
+        each one's live Result."""
+        earlier = self._followed.earlier
+        return {index: earlier[index] for index in self._followed.moved if index in earlier}
+
     # --- the run --------------------------------------------------------------------------------
     def run(
-        self, items: Iterable[tuple[int, object]], deliver: Callable[[Result, object], None]
+        self,
+        items: Iterable[tuple[int, object]],
+        deliver: Callable[[Result, object], None],
+        *,
+        expected: int = 0,
     ) -> bool:
-        """Send what is left of ``items``, delivering each Result; True when stopped first."""
+        """Send what is left of ``items`` (``expected`` of them, when known), delivering each
+        Result; True when stopped first."""
         self._deliver = deliver
         self._followed = _Followed()
         self._moving = False
+        self._expected, self._taken = expected, 0
         try:
             self._take(items)
             if self.plan.cancel:
@@ -263,6 +275,7 @@ class BatchRun:
         for index, item in items:
             if self.stopped:
                 return
+            self._taken += 1
             body = self._body(index, item, refusal)
             if body is None:
                 continue
@@ -392,6 +405,7 @@ class BatchRun:
         self._save(part, self._reserve(cut.worst))
         self._followed.lines[cut.number] = [line for _, line in cut.lines]
         self._followed.tokens_in[cut.number] = cut.tokens
+        self._check_live(self._poll_wait(1))  # (a part that may not be sent at all)
         self._submit(part)
 
     # --- submitting -------------------------------------------------------------------------------
@@ -662,8 +676,7 @@ class BatchRun:
         while self._going_on() and not self._out_of_time():
             rounds += 1
             wait, left = self._poll_wait(rounds), self._clocks.left()
-            if self._live_due(left, wait):
-                self._go_live()
+            self._check_live(wait)
             if not self._clocks.pause(wait if left is None else min(wait, left)):
                 return
         if not self.stopped:
@@ -691,36 +704,48 @@ class BatchRun:
         rows are going live, goes live instead."""
         failures, reading.failures = reading.failures, {}
         if self.plan.live is not None and not self.plan.cancel:
-            self._move_live(failures, reading)
+            self._move_cancelled(failures)
         redoable = [index for index in failures if index in reading.redoable]
         if redoable and self.plan.retries and self.again is not None:
             self._keep_to_redo(redoable, failures, part)
         self._give_failures(failures)
 
-    def _move_live(self, failures: dict[int, Result], reading: _Reading) -> None:
-        """Take out of ``failures`` the rows that go live (lanes="auto"): those no batch ran
-        (cancelled), and those to be sent again once the rows are going live."""
-        for index, failure in list(failures.items()):
-            redo = self._moving and index in reading.redoable
-            if redo or failure.error_kind == "batch_cancelled":
-                del failures[index]
-                self._followed.moved.add(index)
+    def _move_cancelled(self, failures: dict[int, Result]) -> None:
+        """Take out of ``failures`` the rows no batch ran (cancelled): they go live
+        (lanes="auto")."""
+        for index in [i for i, failure in failures.items() if failure.error_kind ==
+                      "batch_cancelled"]:  # fmt: skip
+            self._move(index, failures.pop(index))
 
     def _keep_to_redo(self, redoable: list[int], failures: dict[int, Result], part: Part) -> None:
-        """Take out of ``failures`` the rows a new part may redo: each in at most
-        ``plan.retries`` parts so far, its budget not spent since its first submission, and
-        the deadline leaving at least the time ``part`` took."""
-        now, left = self._unix_time(), self._clocks.left()
-        took = 0.0 if part.submitted is None else max(0.0, now - part.submitted)
-        if left is not None and left < took:
+        """Take out of ``failures`` the rows a new part may redo (or, that going live, the live
+        lane): each in at most ``plan.retries`` parts so far, its budget not spent since its
+        first submission."""
+        live = self._redone_live(part)
+        if live is None:
             return
         parts = [p for p in self.ledger.parts() if p.passing == self.plan.passing]
         budget = math.inf if self.plan.budget is None else self.plan.budget
+        now = self._unix_time()
         for index, (count, first) in times_sent(redoable, parts).items():
             if count <= self.plan.retries and now - first < budget:
-                self._followed.redo[index] = failures.pop(index)
+                self._redo(index, failures.pop(index), live=live)
 
-    # --- the deadline's lanes (lanes="auto") -----------------------------------------------
+    def _redone_live(self, part: Part) -> bool | None:
+        """Whether rows of ``part`` are redone live (True: the rows are going live, or the
+        deadline no longer leaves the time ``part`` took, with lanes="auto"), in a new part
+        (False), or not at all (None: the deadline cannot hold a part)."""
+        left = self._clocks.left()
+        took = 0.0 if part.submitted is None else max(0.0, self._unix_time() - part.submitted)
+        live = self._moving or (left is not None and left < took)
+        return None if live and self.plan.live is None else live
+
+    def _redo(self, index: int, failure: Result, *, live: bool) -> None:
+        if live:
+            self._move(index, failure)
+        else:
+            self._followed.redo[index] = failure
+
     def _live_due(self, left: float | None, poll: float) -> bool:
         """Whether what is left of the deadline no longer holds a live pass of the rows still
         open, after their batches' cancel is seen through (``lanes.goes_live``)."""
@@ -728,25 +753,35 @@ class BatchRun:
         if live is None or left is None or self._moving or self.plan.cancel:
             return False
         rows, tokens = self._still_open()
-        return goes_live(left, live.seconds_for(rows, tokens), poll, self._longest_step())
+        return goes_live(left, live.seconds_for(rows, tokens), poll, self._settling())
+
+    def _check_live(self, poll: float) -> None:
+        """The rows still open moved live now, when the deadline no longer holds more."""
+        if self._live_due(self._clocks.left(), poll):
+            self._go_live()
 
     def _still_open(self) -> tuple[int, int]:
-        """The rows no batch of this run has answered yet, and their estimated tokens."""
+        """The rows no batch of this run has answered yet (those still to be read among them),
+        and their estimated tokens."""
         followed = self._followed
         rows = len(followed.redo) + len(followed.deferred)
-        tokens = 0
+        tokens = placed = 0
         for part in followed.parts.values():
             if part.open:
                 given, left = len(followed.given(part)), len(self._rest_of(part))
                 rows += left
+                placed += given
                 tokens += followed.tokens_in.get(part.number, 0) * left // max(given, 1)
-        return rows, tokens
+        coming = max(0, self._expected - self._taken)
+        each = sum(followed.tokens_in.values()) // max(placed, 1)
+        return rows + coming, tokens + coming * each
 
-    def _longest_step(self) -> float:
-        """The longest a batch of this run stayed in one status of the provider's before the
-        next: about how long it takes to see a cancel through."""
-        statuses = self._provider.shape.statuses
-        longest = 0.0
+    def _settling(self) -> float:
+        """About how long seeing a cancel through takes: the longest a batch of this run
+        waited in one status of the provider's (not one it runs its rows in) before the next,
+        or the slowest call to the provider, whichever is longer."""
+        statuses = set(self._provider.shape.statuses) - self._provider.working
+        longest = self.client.longest_call
         for part in self._followed.parts.values():
             stays = part.history
             for (began, state), (ended, _) in itertools.pairwise(stays):
@@ -766,13 +801,31 @@ class BatchRun:
             rows,
         )
         followed = self._followed
-        followed.moved |= set(followed.redo) | set(followed.deferred)
+        for index, failure in followed.redo.items():
+            self._move(index, failure)
+        followed.moved |= set(followed.deferred)
         followed.redo, followed.deferred = {}, {}
-        for part in [part for part in followed.parts.values() if part.open and part.batch]:
-            try:
-                self.client.cancel(part.batch or "")
-            except ProviderRefused as exc:  # (followed still: what it ran is collected)
-                log.warning("could not cancel the batch %s: %s", part.batch, exc)
+        for part in [part for part in followed.parts.values() if part.open]:
+            if part.batch is not None:
+                self._cancel_for_live(part.batch)
+            elif part.submitted is None:  # (no create sent: nothing to cancel)
+                self._withdraw(part)
+            else:  # (a create may have made it: looked for at once, cancelled if found)
+                followed.retry_at.pop(part.number, None)
+
+    def _cancel_for_live(self, batch: str) -> None:
+        try:
+            self.client.cancel(batch)
+        except ProviderRefused as exc:  # (followed still: what it ran is collected)
+            log.warning("could not cancel the batch %s: %s", batch, exc)
+
+    def _move(self, index: int, failure: Result | None = None) -> None:
+        """Row ``index`` moved live, what a batch tried of it (``failure``) kept for its
+        Result."""
+        self._followed.moved.add(index)
+        if failure is not None and failure.attempts:
+            prior = self._followed.earlier.get(index)
+            self._followed.earlier[index] = failure if prior is None else added_to(prior, failure)
 
     def _send_again(self) -> None:
         """The rows to redo in a new part of the run (their items read again), each keeping
@@ -809,6 +862,7 @@ class BatchRun:
         if self._clock() < self._followed.retry_at.get(part.number, 0.0):
             return
         if part.batch is None:  # (refused for the provider's queue: submitted again)
+            self._check_live(self._poll_wait(1))
             self._submit(part)
             return
         polled = self._poll(part)

@@ -42,18 +42,22 @@ def signals_deferred() -> Iterator[None]:
 def stop_on_signals() -> Iterator[Callable[[Stoppable], None]]:
     """First SIGINT/SIGTERM: stop the run gracefully. A second one: quit at once."""
     engines: list[Stoppable] = []
+    stopping = threading.Event()  # (a run that starts after the first signal starts stopped)
 
     def started(run: Stoppable) -> None:
         engines.append(run)
         if signalled_early.is_set():
             os.write(2, b"Stopping: interrupted before the run began\n")
             run.stop()
+        elif stopping.is_set():
+            run.stop()
 
     def handle(signum: int, frame: FrameType | None) -> None:
         # (what runs the batch: one engine, or a batch endpoint's run then the live lane's)
-        if engines and not all(engine.stopped for engine in engines):
+        if engines and not stopping.is_set():
             # Stop before saying so: a second signal may run this handler again in the middle
             # of the first, and must then find the run stopping.
+            stopping.set()
             for engine in engines:
                 engine.stop()
             os.write(2, b"Stopping: letting requests in flight finish (Ctrl-C again quits now)\n")

@@ -31,7 +31,7 @@ from ..limits.spend import Ledger as SpendLedger
 from ..store.journal import JournalMismatch, JournalReader, connect
 from ..store.submissions import JournaledLedger, Ledger, Part, indexes_in
 from .assembly import Ran, Stoppable, insecure_said_once, transport_for
-from .controller import Send
+from .controller import Send, adding_to
 from .progress import Tally
 
 log = logging.getLogger("batchsync")
@@ -81,16 +81,17 @@ class ThroughBatchApi:
         assert spending is None or isinstance(spending, SpendLedger)  # (no Redis for batches)
         with self._running(progress, spending) as run:
             self.on_start(run)
-            stopped = run.run(items, deliver)
-            moved = run.moved
+            stopped = run.run(items, deliver, expected=progress.total or 0)
+            moved, tried = run.moved, run.tries_of_moved()
         if stopped or not moved:
             return Ran(stopped, False, {}, 0)
-        return self._live_pass(moved, deliver, gates, progress)
+        return self._live_pass(moved, adding_to(tried.get, deliver), gates, progress)
 
     def _live_pass(
         self, moved: list[int], deliver: Deliver, gates: Gates | None, progress: Tally
     ) -> Ran:
-        """The rows ``moved`` sent live, read again, in what is left of the deadline."""
+        """The rows ``moved`` sent live, read again, in what is left of the deadline (each
+        Result counting what the batches tried of it)."""
         assert self.live is not None and self.again is not None and self._clocks is not None
         left = max(self._clocks.left() or 0.0, 0.001)
         log.warning("%d rows go live, in the %.1f s the deadline leaves", len(moved), left)

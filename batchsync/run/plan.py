@@ -172,6 +172,11 @@ def plan_send(
             on_start=on_start,
             live=partial(_live, wrap=wrap, on_start=on_start),
         )
+    if cancel:
+        raise LaneRefused(
+            "lanes='live' (--lanes live) sends no row through a batch: there is "
+            "no batch to cancel; give lanes='batch' or 'auto' to cancel them"
+        )
     still = open_batches(lane.parts)
     if still is not None:
         raise LaneRefused(f"{still}: {lane.words.go_on}")

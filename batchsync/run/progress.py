@@ -49,10 +49,12 @@ class Tally(Observer):
 
     Each worker thread counts into its own share, so counting takes no lock; reading sums
     the shares (the bar does that a few times a second, the summary once).
-    A context manager, like Progress, so either serves the same ``with`` block.
+    A context manager, like Progress, so either serves the same ``with`` block. ``total``:
+    the items the run is to finish (None: not known).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total
         self._lock = threading.Lock()
         self._local = threading.local()
         self._shares: list[_Counts] = []
@@ -97,8 +99,7 @@ class Progress(Tally):
     that its own thread redraws a few times a second, off the hot path."""
 
     def __init__(self, total: int | None) -> None:
-        super().__init__()
-        self._total = total
+        super().__init__(total)
         self._retrying: set[int] = set()
         self._started = time.monotonic()
         self._closing = threading.Event()
@@ -123,7 +124,7 @@ class Progress(Tally):
 
     def __enter__(self) -> Progress:
         self._started = time.monotonic()
-        self._bar = tqdm(total=self._total, unit="item", dynamic_ncols=True)
+        self._bar = tqdm(total=self.total, unit="item", dynamic_ncols=True)
         self._painter = threading.Thread(
             target=self._paint_until_closed, name="batchsync-progress", daemon=True
         )
@@ -157,4 +158,4 @@ class Progress(Tally):
 
 def counter(total: int | None, show: bool) -> Tally:
     """A Progress bar when it is to be shown, else a plain Tally."""
-    return Progress(total) if show else Tally()
+    return Progress(total) if show else Tally(total)
