@@ -698,10 +698,10 @@ class BatchRun:
         return any(part.open for part in self._followed.parts.values())
 
     def _end_failures(self, reading: _Reading, part: Part) -> None:
-        """Deliver the failures read so far (of ``part``); those the retry policy lets a new
-        part redo wait for it (``redo``) while ``_may_redo`` says so.
-        With ``lanes="auto"``, a row no batch ran (cancelled), or that would be redone once the
-        rows are going live, goes live instead."""
+        """Deliver the failures read so far (of ``part``), but those sent again: the rows the
+        retry policy lets a new part redo wait for it (``redo``, ``_keep_to_redo``); with
+        ``lanes="auto"``, a row no batch ran (cancelled) goes live, as does one to redo once
+        the rows are going live or when the deadline holds no other part."""
         failures, reading.failures = reading.failures, {}
         if self.plan.live is not None and not self.plan.cancel:
             self._move_cancelled(failures)
