@@ -46,7 +46,6 @@ class Jobs:
     )
     caps = (1000, 1_000_000)
     identifies_rows = True
-    cursor = "page_after"
     failed_status: str | None = "failed"
     working = frozenset({"running"})
     row_key = "key"
@@ -100,10 +99,27 @@ class Jobs:
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
         return [f"{self.batches_url(endpoint)}/{batch}"]
 
-    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
+    def create_url(self, endpoint: Endpoint) -> str:
+        return self.batches_url(endpoint)
+
+    def batch_url(self, endpoint: Endpoint, batch: str) -> str:
+        return f"{self.batches_url(endpoint)}/{batch}"
+
+    def cancel_url(self, endpoint: Endpoint, batch: str) -> str:
+        return f"{self.batch_url(endpoint, batch)}/cancel"
+
+    def batch_id(self, batch: Mapping[str, Any]) -> object:
+        return batch.get("id")
+
+    def list_params(self, cursor: str | None) -> dict[str, Any]:
+        return {"limit": 100} | ({} if cursor is None else {"page_after": cursor})
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
         items = answer.get("items") if isinstance(answer, Mapping) else None
         page = [job for job in items if isinstance(job, Mapping)] if isinstance(items, list) else []
-        return page, isinstance(answer, Mapping) and answer.get("more") is True
+        last = page[-1].get("id") if page else None
+        more = isinstance(answer, Mapping) and answer.get("more") is True
+        return page, more, last if isinstance(last, str) else None
 
     def refused_for_tokens(self, batch: Mapping[str, Any]) -> bool:
         return False

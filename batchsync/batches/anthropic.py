@@ -88,10 +88,10 @@ class Anthropic(BatchesApi):
         return Files(results_url=url if isinstance(url, str) else None)
 
     def results_urls(self, endpoint: Endpoint, batch: str, files: Files) -> list[str]:
-        return [files.results_url or f"{self.batches_url(endpoint)}/{batch}/results"]
+        return [files.results_url or f"{self.batch_url(endpoint, batch)}/results"]
 
     def leftovers(self, endpoint: Endpoint, batch: str, found: Mapping[str, Any]) -> list[str]:
-        return [f"{self.batches_url(endpoint)}/{batch}"]
+        return [self.batch_url(endpoint, batch)]
 
     def row_answer(self, index: int, line: Mapping[str, Any]) -> Answer:
         result = line.get("result")

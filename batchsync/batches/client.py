@@ -161,40 +161,39 @@ class Client:
         body = self.provider.create_body(self.endpoint, input_file, lines, part)
         headers = {"Content-Type": "application/json"}
         # (not retried: a create that got no answer may have been made, it is looked for first)
-        return self._json(
-            "POST", self._batches, "create the batch", data=body, headers=headers, retry=False
-        )
+        made = self.provider.create_url(self.endpoint)
+        return self._json("POST", made, "create the batch", data=body, headers=headers, retry=False)
 
     def retrieve(self, batch: str) -> Any:
-        return self._json("GET", f"{self._batches}/{batch}", "poll the batch")
+        return self._json("GET", self.provider.batch_url(self.endpoint, batch), "poll the batch")
 
     def cancel(self, batch: str) -> Any:
-        return self._json("POST", f"{self._batches}/{batch}/cancel", "cancel the batch")
+        url = self.provider.cancel_url(self.endpoint, batch)
+        return self._json("POST", url, "cancel the batch")
 
     def recent(self, since: float) -> Iterator[Mapping[str, Any]]:
         """The provider's batches, newest first, back to the page that reaches ``since``
         (``made_since``): to find one a create made unsaid. A list that cannot be followed
         so far is a retryable ProviderRefused: the part is never submitted again on a guess."""
-        params: dict[str, Any] = {"limit": 100}
+        params = self.provider.list_params(None)
         cursors: set[str] = set()
         while True:
             if self.clocks.over():
                 raise ProviderRefused("the run ended while listing the batches", retryable=True)
             answer = self._json("GET", self._batches, "list the batches", params=params)
-            page, more = self.provider.listed(answer)
+            page, more, cursor = self.provider.listed(answer)
             yield from page
             reached = bool(page) and not self.made_since(self.provider.created_at(page[-1]), since)
             if not more or reached:
                 return
-            last = page[-1].get("id") if page else None
-            if not isinstance(last, str) or last in cursors:
+            if cursor is None or cursor in cursors:
                 raise ProviderRefused(
                     "the provider's list of batches cannot be followed back to the part's "
-                    "submission (a page without a last id, or a cursor that repeats)",
+                    "submission (a page without a cursor, or a cursor that repeats)",
                     retryable=True,
                 )
-            cursors.add(last)
-            params = {"limit": 100, self.provider.cursor: last}
+            cursors.add(cursor)
+            params = self.provider.list_params(cursor)
 
     def made_since(self, created: float | None, since: float) -> bool:
         """Whether a batch ``created`` (the provider's clock) may be made since ``since`` (this

@@ -90,8 +90,6 @@ class BatchProvider(Protocol):
     # Whether its batch list names a batch's rows well enough to tell a part's batch by
     # ``belongs_to`` alone; else one is taken only once its results carry the part's nonce.
     identifies_rows: bool
-    # The list of batches' cursor parameter (the last id of the page before).
-    cursor: str
     # The status of a batch that failed as a whole (none of its rows ran), if it has one.
     failed_status: str | None
     # The statuses in which a batch runs its rows (the others: waiting, or ending).
@@ -103,10 +101,26 @@ class BatchProvider(Protocol):
         """The endpoint a live URL is a batch endpoint of (None: none of this provider's)."""
 
     def batches_url(self, endpoint: Endpoint) -> str:
-        """Where its batches are listed and made (``…/{id}``: one; ``…/{id}/cancel``)."""
+        """Where its batches are listed."""
 
-    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        """A page of its list of batches: those on it (newest first), and whether more follow."""
+    def create_url(self, endpoint: Endpoint) -> str:
+        """Where a batch is made."""
+
+    def batch_url(self, endpoint: Endpoint, batch: str) -> str:
+        """One batch: polled, and deleted when the provider keeps batches."""
+
+    def cancel_url(self, endpoint: Endpoint, batch: str) -> str:
+        """Where one batch is cancelled."""
+
+    def batch_id(self, batch: Mapping[str, Any]) -> object:
+        """The id of ``batch`` (one of its objects) as the provider names it."""
+
+    def list_params(self, cursor: str | None) -> dict[str, Any]:
+        """The query of a page of its list of batches: the first, or the one after ``cursor``."""
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+        """A page of its list of batches: those on it (newest first), whether more follow, and
+        the cursor of the next page (None: it gives none)."""
 
     def describe_endpoints(self) -> str:
         """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
@@ -255,11 +269,31 @@ class BatchesApi:
     row_key = "custom_id"
     status_field: str
 
+    # The list's cursor parameter (the last id of the page before).
+    cursor: str
+
     def batches_url(self, endpoint: Endpoint) -> str:
         return f"{endpoint.base}/batches"
 
-    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool]:
-        return data_page(answer)
+    def create_url(self, endpoint: Endpoint) -> str:
+        return self.batches_url(endpoint)
+
+    def batch_url(self, endpoint: Endpoint, batch: str) -> str:
+        return f"{self.batches_url(endpoint)}/{batch}"
+
+    def cancel_url(self, endpoint: Endpoint, batch: str) -> str:
+        return f"{self.batch_url(endpoint, batch)}/cancel"
+
+    def batch_id(self, batch: Mapping[str, Any]) -> object:
+        return batch.get("id")
+
+    def list_params(self, cursor: str | None) -> dict[str, Any]:
+        return {"limit": 100} | ({} if cursor is None else {self.cursor: cursor})
+
+    def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+        page, more = data_page(answer)
+        last = page[-1].get("id") if page else None
+        return page, more, last if isinstance(last, str) else None
 
     def status_of(self, batch: Mapping[str, Any]) -> str | None:
         status = batch.get(self.status_field)

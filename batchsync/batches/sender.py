@@ -536,7 +536,7 @@ class BatchRun:
         """What a batch in the provider's list is to ``part`` (made ``since``): its batch,
         one that may be and has not ended (``unsure``), or none (None)."""
         provider = self._provider
-        batch_id = well_formed(provider.name, "batch", batch.get("id"))
+        batch_id = well_formed(provider.name, "batch", provider.batch_id(batch))
         not_mine = batch_id is None or batch_id in known or not provider.belongs_to(batch, part)
         if not_mine or provider.refused_for_tokens(batch):
             return None
@@ -554,7 +554,7 @@ class BatchRun:
         """``part`` with the batch made of it, recorded; an answer naming none: ProviderRefused."""
         provider = self._provider
         found = batch if isinstance(batch, Mapping) else {}
-        batch_id = well_formed(provider.name, "batch", found.get("id"))
+        batch_id = well_formed(provider.name, "batch", provider.batch_id(found))
         if batch_id is None:
             raise ProviderRefused("the provider answered the create without a batch id")
         status = provider.status_of(found) or provider.shape.statuses[0]
