@@ -130,11 +130,13 @@ import threading
 import time
 import zlib
 from collections import Counter
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from mock_batch import BatchMock
+from mock_gemini import GeminiMock
 from mock_llm import LLMMock
 
 MIB = 2**20
@@ -439,6 +441,9 @@ class Handler(BaseHTTPRequestHandler):
             self._s3_object(path.split("/", 2)[2])
         elif head == "/llm":
             self._llm(path, query, body)
+        elif head == "/gemini":
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            self._reply(*self.server.gemini.answer(self.command, path, query, body, headers))
         elif path == "/v1/chat/completions":
             self._chat_completion(body)
         elif head == "/cookie-each":
@@ -467,15 +472,16 @@ class Handler(BaseHTTPRequestHandler):
             self._json(*self.server.llm.answer(self.command, path, query, body))
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
-        status, payload, extra = self.server.batches.answer(
-            self.command, path, query, body, headers
-        )
+        self._reply(*self.server.batches.answer(self.command, path, query, body, headers))
+
+    def _reply(self, status: int, payload: Any, extra: Mapping[str, str]) -> None:
+        """A mock API's answer: JSON, or bytes with their Content-Type among the headers."""
         if isinstance(payload, bytes):
             extra = dict(extra)
             content_type = extra.pop("Content-Type", "application/octet-stream")
             self._send(status, payload, content_type, extra)
         else:
-            self._json(status, payload, extra)
+            self._json(status, payload, dict(extra))
 
     def _quota(self, family: str, query: dict[str, str]) -> None:
         """A quota of ``limit`` requests a ``window`` for the family, announced in headers of
@@ -780,6 +786,7 @@ class MockServer(ThreadingHTTPServer):
         self.tokens = Tokens()
         self.llm = LLMMock()
         self.batches = BatchMock(self.llm)
+        self.gemini = GeminiMock()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""

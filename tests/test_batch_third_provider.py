@@ -23,6 +23,7 @@ from batchsync.batches.protocol import (
     Answer,
     Endpoint,
     Files,
+    Start,
     custom_id,
     index_of,
     one_line,
@@ -101,6 +102,25 @@ class Jobs:
 
     def create_url(self, endpoint: Endpoint) -> str:
         return self.batches_url(endpoint)
+
+    # (its rows go up inside the create: no file is uploaded, listed or named)
+    def upload_url(self, endpoint: Endpoint) -> str:
+        raise NotImplementedError
+
+    def upload_start(self, name: str, size: int) -> Start | None:
+        raise NotImplementedError
+
+    def upload_finish(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def file_id(self, file: Any) -> object:
+        raise NotImplementedError
+
+    def file_label(self, file: Mapping[str, Any]) -> object:
+        raise NotImplementedError
+
+    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
+        raise NotImplementedError
 
     def batch_url(self, endpoint: Endpoint, batch: str) -> str:
         return f"{self.batches_url(endpoint)}/{batch}"

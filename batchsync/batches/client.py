@@ -39,7 +39,7 @@ from ..http.quota import retry_after_of
 from ..http.retries import RETRYABLE, RetryIf, judged
 from ..http.transport import Transport
 from ..store.submissions import well_formed
-from .protocol import Endpoint, Files, data_page, error_message, index_of, is_row_id
+from .protocol import Endpoint, Files, Start, error_message, index_of, is_row_id
 from .providers import provider_of
 
 # A results download's bound, if the deadline is not sooner (each read's: the timeout).
@@ -144,17 +144,39 @@ class Client:
 
     # --- submitting ----------------------------------------------------------------------------
     def upload(self, lines: Sequence[bytes], name: str) -> str:
-        """The id of the rows uploaded as a JSONL file of purpose batch (OpenAI's Files API)."""
-        assert self._files is not None
+        """The id of the rows uploaded as a JSONL file under ``name`` (the provider's Files
+        API: one form, or a resumable upload's start then its bytes)."""
         content = b"".join(line + b"\n" for line in lines)
-        form = {"file": (name, content, "application/jsonl")}
-        answer = self._json(
-            "POST", self._files, "upload the rows", data={"purpose": "batch"}, files=form
-        )
-        file_id = well_formed(self.provider.name, "file", answer.get("id"))
+        provider, url = self.provider, self.provider.upload_url(self.endpoint)
+        start = provider.upload_start(name, len(content))
+        if start is None:
+            form = {"file": (name, content, "application/jsonl")}
+            answer = self._json(
+                "POST", url, "upload the rows", data={"purpose": "batch"}, files=form
+            )
+        else:
+            answer = self._resumed(url, start, content)
+        file_id = well_formed(provider.name, "file", provider.file_id(answer))
         if file_id is None:
             raise ProviderRefused("the Files API answered without a file id")
         return file_id
+
+    def _resumed(self, url: str, start: Start, content: bytes) -> Any:
+        """A resumable upload: its start, answered with where its bytes go (on the endpoint's
+        origin only), then the bytes in one call that finishes it."""
+        headers, body, said = start
+        with self._send("POST", url, "start the upload", headers=headers, data=body) as answer:
+            assert answer.reply is not None
+            where = answer.reply.headers.get(said)
+        if not isinstance(where, str) or not self.endpoint.same_origin(where):
+            raise ProviderRefused(
+                "the Files API answered the upload's start without a place on the endpoint's "
+                "origin to send the rows to",
+                retryable=True,
+            )
+        finish = self.provider.upload_finish()
+        return self._json("POST", where, "upload the rows", data=content, headers=finish,
+                          retry=False)  # fmt: skip
 
     def create(self, *, input_file: str | None, lines: Sequence[bytes], part: int) -> Any:
         """The batch object the provider made of the uploaded file or of the rows."""
@@ -205,17 +227,17 @@ class Client:
         """The name a file was uploaded under (None: it is gone)."""
         assert self._files is not None
         answer = self._json("GET", f"{self._files}/{file_id}", "look at a file", missing_ok=True)
-        name = answer.get("filename") if isinstance(answer, Mapping) else None
+        name = self.provider.file_label(answer) if isinstance(answer, Mapping) else None
         return name if isinstance(name, str) else None
 
     def file_named(self, name: str) -> str | None:
         """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
-        listing = {"purpose": "batch", "limit": 10000}
+        provider, listing = self.provider, {"purpose": "batch", "limit": 10000}
         answer = self._json("GET", self._files, "list the files", params=listing)
-        files, _ = data_page(answer)
-        found = next((file for file in files if file.get("filename") == name), {})
-        return well_formed(self.provider.name, "file", found.get("id"))
+        files = provider.files_listed(answer)
+        found = next((file for file in files if provider.file_label(file) == name), {})
+        return well_formed(provider.name, "file", provider.file_id(found))
 
     # --- collecting ----------------------------------------------------------------------------
     def results(

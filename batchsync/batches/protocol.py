@@ -64,6 +64,11 @@ class Files:
     results_url: str | None = None
 
 
+# A resumable upload's start: its headers, its body, and the answer's header naming where the
+# bytes go.
+Start = tuple[dict[str, str], bytes, str]
+
+
 @dataclass(frozen=True)
 class Answer:
     """One row's outcome as its results line says it: the status and body a live call would
@@ -124,6 +129,25 @@ class BatchProvider(Protocol):
 
     def describe_endpoints(self) -> str:
         """What a URL it takes must do, for a refusal's message ("end in …", "be …")."""
+
+    def upload_url(self, endpoint: Endpoint) -> str:
+        """Where a file of rows is uploaded (a provider that uploads them)."""
+
+    def upload_start(self, name: str, size: int) -> Start | None:
+        """A resumable upload's start (its headers, its body and the answer's header naming
+        where the bytes go); None: the file goes up as one form."""
+
+    def upload_finish(self) -> dict[str, str]:
+        """The headers of a resumable upload's call that sends the bytes and finishes it."""
+
+    def file_id(self, file: Any) -> object:
+        """The id of a file as an upload's answer, or a list of files, names it."""
+
+    def file_label(self, file: Mapping[str, Any]) -> object:
+        """The name a file was uploaded under."""
+
+    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
+        """The files a list of them names."""
 
     def request_line(
         self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
@@ -277,6 +301,24 @@ class BatchesApi:
 
     def create_url(self, endpoint: Endpoint) -> str:
         return self.batches_url(endpoint)
+
+    def upload_url(self, endpoint: Endpoint) -> str:
+        return f"{endpoint.base}/files"
+
+    def upload_start(self, name: str, size: int) -> Start | None:
+        return None
+
+    def upload_finish(self) -> dict[str, str]:
+        return {}
+
+    def file_id(self, file: Any) -> object:
+        return file.get("id") if isinstance(file, Mapping) else None
+
+    def file_label(self, file: Mapping[str, Any]) -> object:
+        return file.get("filename")
+
+    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
+        return data_page(answer)[0]
 
     def batch_url(self, endpoint: Endpoint, batch: str) -> str:
         return f"{self.batches_url(endpoint)}/{batch}"

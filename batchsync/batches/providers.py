@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ..store.submissions import SHAPES
 from .anthropic import Anthropic
+from .gemini import Gemini
 from .openai import OpenAI
 from .protocol import BatchProvider, Endpoint
 
@@ -28,6 +29,7 @@ def register(provider: BatchProvider) -> None:
 
 register(OpenAI())
 register(Anthropic())
+register(Gemini())
 
 
 def provider_of(endpoint: Endpoint) -> BatchProvider:

@@ -493,17 +493,20 @@ class BatchApi(_Family):
         str | None,
         Flag(
             "--batch-api",
-            metavar="[=openai|anthropic]",
+            metavar="[=openai|anthropic|gemini]",
             help="With --url (OpenAI's /v1/chat/completions, /v1/embeddings, /v1/completions, "
             "/v1/responses, /v1/moderations, /v1/images/generations, /v1/images/edits or "
-            "/v1/videos; Anthropic's /v1/messages) and --row-as-body or --body-template: "
+            "/v1/videos; Anthropic's /v1/messages; Gemini's /v1beta/models/MODEL:generateContent) "
+            "and --row-as-body or --body-template: "
             "send the rows through the provider's batch endpoint (OpenAI's Batch API, "
-            "Anthropic's Message Batches: half the price, results within 24 hours) instead of "
+            "Anthropic's Message Batches, Gemini's batch mode: half the price, results within "
+            "24 hours) instead of "
             "one call each. The rows are split at the provider's caps, each part journaled as "
             "it is uploaded, submitted and polled; Ctrl-C leaves the batches running, and "
             "--resume polls them again, never submitting a part twice. Given alone, the "
-            "provider is the one the URL's path names; =openai or =anthropic for a compatible "
-            "server. The results are written in input order, one per row, as a live run's.",
+            "provider is the one the URL's path names; =openai, =anthropic or =gemini for a "
+            "compatible server. The results are written in input order, one per row, as a "
+            "live run's.",
         ),
     ] = None
     poll: Annotated[
