@@ -246,7 +246,8 @@ class GeminiMock:
     def _list(self, store: Store, query: dict[str, str]) -> Reply:
         names = [n for n, b in reversed(store.batches.items()) if not b.deleted]
         size = int(query.get("pageSize", "50"))
-        start = int(query.get("pageToken", "0") or 0)
+        token = query.get("pageToken", "0")
+        start = int(token) if token.isdigit() else 0  # (a token not its own: from the start)
         page = names[start : start + size]
         answer: dict[str, Any] = {"operations": [self._operation(store, "", store.batches[n])
                                                  for n in page]}  # fmt: skip

@@ -155,3 +155,38 @@ def test_the_google_genai_clients_batch_calls_work_against_the_mock(
     client.batches.cancel(name=other.name)
     client.batches.delete(name=job.name)
     assert stats(server, key)["batches_created"] == 2
+
+
+def test_ids_that_are_path_segments_are_no_ids() -> None:
+    from batchsync.store.submissions import well_formed
+
+    for given in (".", "..", "...", ""):
+        assert well_formed("gemini", "batch", given) is None, given
+        assert well_formed("gemini", "file", given) is None, given
+    assert well_formed("gemini", "batch", "b.1") == "b.1"
+    assert well_formed("openai", "batch", "batch_..") == "batch_.."
+
+
+def test_a_list_that_never_ends_is_given_up_not_followed_for_ever() -> None:
+    """Every page empty with a new token (a hostile or broken provider): the look for a batch
+    stops at a bound, a retryable refusal (the part waits, never submitted again on a guess)."""
+    from batchsync.batches.client import _MOST_PAGES, Client, Clocks, ProviderRefused
+    from batchsync.batches.gemini import Gemini
+
+    asked: list[dict[str, Any]] = []
+
+    class Endless:
+        clocks = Clocks()
+
+        def _json(self, method: str, url: str, doing: str, params: dict[str, Any]) -> Any:
+            asked.append(params)
+            return {"operations": [], "nextPageToken": f"t{len(asked)}"}
+
+    gemini = Gemini()
+    pages = Client._pages(Endless(), "u", "batches", gemini.list_params, gemini.listed)  # type: ignore[arg-type]
+    with pytest.raises(ProviderRefused, match="cannot be followed to its end") as refused:
+        for _ in pages:
+            pass
+    assert refused.value.retryable
+    assert len(asked) == _MOST_PAGES
+    assert asked[1] == {"pageSize": 100, "pageToken": "t1"}

@@ -119,7 +119,10 @@ class Jobs:
     def file_label(self, file: Mapping[str, Any]) -> object:
         raise NotImplementedError
 
-    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
+    def file_params(self, cursor: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def files_listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
         raise NotImplementedError
 
     def batch_url(self, endpoint: Endpoint, batch: str) -> str:

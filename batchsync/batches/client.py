@@ -42,6 +42,8 @@ from ..store.submissions import well_formed
 from .protocol import Endpoint, Files, Start, error_message, index_of, is_row_id
 from .providers import provider_of
 
+# The most pages of a provider's list read for one look (a list that goes on: refused).
+_MOST_PAGES = 1000
 # A results download's bound, if the deadline is not sooner (each read's: the timeout).
 _DOWNLOAD_SECONDS = 3600.0
 # The most a provider's answer to a control call may be (a batch object, a list of them).
@@ -197,25 +199,40 @@ class Client:
         """The provider's batches, newest first, back to the page that reaches ``since``
         (``made_since``): to find one a create made unsaid. A list that cannot be followed
         so far is a retryable ProviderRefused: the part is never submitted again on a guess."""
-        params = self.provider.list_params(None)
-        cursors: set[str] = set()
-        while True:
-            if self.clocks.over():
-                raise ProviderRefused("the run ended while listing the batches", retryable=True)
-            answer = self._json("GET", self._batches, "list the batches", params=params)
-            page, more, cursor = self.provider.listed(answer)
+        provider = self.provider
+        for page in self._pages(self._batches, "batches", provider.list_params, provider.listed):
             yield from page
-            reached = bool(page) and not self.made_since(self.provider.created_at(page[-1]), since)
-            if not more or reached:
+            if page and not self.made_since(provider.created_at(page[-1]), since):
                 return
-            if cursor is None or cursor in cursors:
-                raise ProviderRefused(
-                    "the provider's list of batches cannot be followed back to the part's "
-                    "submission (a page without a cursor, or a cursor that repeats)",
-                    retryable=True,
-                )
-            cursors.add(cursor)
-            params = self.provider.list_params(cursor)
+
+    def _pages(
+        self,
+        url: str,
+        what: str,
+        params_of: Callable[[str | None], dict[str, Any]],
+        listed: Callable[[Any], tuple[list[Mapping[str, Any]], bool, str | None]],
+    ) -> Iterator[list[Mapping[str, Any]]]:
+        """Each page of a list of ``what`` the provider pages by cursor, to its end; one that
+        cannot be followed (a page without a cursor, a cursor that repeats, more than
+        ``_MOST_PAGES`` pages) is a retryable ProviderRefused."""
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(_MOST_PAGES):
+            if self.clocks.over():
+                raise ProviderRefused(f"the run ended while listing the {what}", retryable=True)
+            answer = self._json("GET", url, f"list the {what}", params=params_of(cursor))
+            page, more, cursor = listed(answer)
+            yield page
+            if not more:
+                return
+            if cursor is None or cursor in seen:
+                break
+            seen.add(cursor)
+        raise ProviderRefused(
+            f"the provider's list of {what} cannot be followed to its end (a page without a "
+            f"cursor, a cursor that repeats, or more than {_MOST_PAGES} pages)",
+            retryable=True,
+        )
 
     def made_since(self, created: float | None, since: float) -> bool:
         """Whether a batch ``created`` (the provider's clock) may be made since ``since`` (this
@@ -233,11 +250,12 @@ class Client:
     def file_named(self, name: str) -> str | None:
         """The id of the batch file uploaded under ``name`` (a part's own), if there is one."""
         assert self._files is not None
-        provider, listing = self.provider, {"purpose": "batch", "limit": 10000}
-        answer = self._json("GET", self._files, "list the files", params=listing)
-        files = provider.files_listed(answer)
-        found = next((file for file in files if provider.file_label(file) == name), {})
-        return well_formed(provider.name, "file", provider.file_id(found))
+        provider = self.provider
+        for page in self._pages(self._files, "files", provider.file_params, provider.files_listed):
+            found = next((file for file in page if provider.file_label(file) == name), None)
+            if found is not None:
+                return well_formed(provider.name, "file", provider.file_id(found))
+        return None
 
     # --- collecting ----------------------------------------------------------------------------
     def results(

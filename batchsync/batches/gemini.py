@@ -89,14 +89,7 @@ class Gemini:
         return {"pageSize": 100} | ({} if cursor is None else {"pageToken": cursor})
 
     def listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
-        if not isinstance(answer, Mapping):
-            return [], False, None
-        given = answer.get("operations", answer.get("batches"))
-        page = [batch for batch in given if isinstance(batch, Mapping)] if isinstance(
-            given, list) else []  # fmt: skip
-        token = answer.get("nextPageToken")
-        token = token if isinstance(token, str) and token else None
-        return page, token is not None, token
+        return _page(answer, "operations")
 
     def upload_url(self, endpoint: Endpoint) -> str:
         root, _, version = endpoint.base.rpartition("/")
@@ -122,10 +115,11 @@ class Gemini:
     def file_label(self, file: Mapping[str, Any]) -> object:
         return file.get("displayName")
 
-    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
-        given = answer.get("files") if isinstance(answer, Mapping) else None
-        return [file for file in given if isinstance(file, Mapping)] if isinstance(
-            given, list) else []  # fmt: skip
+    def file_params(self, cursor: str | None) -> dict[str, Any]:
+        return self.list_params(cursor)
+
+    def files_listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+        return _page(answer, "files")
 
     def request_line(
         self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
@@ -210,6 +204,17 @@ class Gemini:
     def usage_of(self, data: Any) -> tuple[int, int]:
         usage = data.get("usageMetadata") if isinstance(data, Mapping) else None
         return token_counts(usage, ("promptTokenCount", "candidatesTokenCount"))
+
+
+def _page(answer: Any, name: str) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+    """A page of a list (its entries under ``name``), whether more follow, and the token of
+    the next page."""
+    given = answer.get(name) if isinstance(answer, Mapping) else None
+    page = [entry for entry in given if isinstance(entry, Mapping)] if isinstance(
+        given, list) else []  # fmt: skip
+    token = answer.get("nextPageToken") if isinstance(answer, Mapping) else None
+    token = token if isinstance(token, str) and token else None
+    return page, token is not None, token
 
 
 def _metadata(batch: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -146,8 +146,13 @@ class BatchProvider(Protocol):
     def file_label(self, file: Mapping[str, Any]) -> object:
         """The name a file was uploaded under."""
 
-    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
-        """The files a list of them names."""
+    def file_params(self, cursor: str | None) -> dict[str, Any]:
+        """The query of a page of its list of batch files: the first, or the one after
+        ``cursor``."""
+
+    def files_listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+        """A page of its list of files: those on it, whether more follow, and the cursor of
+        the next page (None: it gives none)."""
 
     def request_line(
         self, endpoint: Endpoint, index: int, body: Mapping[str, Any], nonce: str
@@ -317,8 +322,11 @@ class BatchesApi:
     def file_label(self, file: Mapping[str, Any]) -> object:
         return file.get("filename")
 
-    def files_listed(self, answer: Any) -> list[Mapping[str, Any]]:
-        return data_page(answer)[0]
+    def file_params(self, cursor: str | None) -> dict[str, Any]:
+        return {"purpose": "batch", "limit": 10000} | ({} if cursor is None else {"after": cursor})
+
+    def files_listed(self, answer: Any) -> tuple[list[Mapping[str, Any]], bool, str | None]:
+        return self.listed(answer)
 
     def batch_url(self, endpoint: Endpoint, batch: str) -> str:
         return f"{self.batches_url(endpoint)}/{batch}"

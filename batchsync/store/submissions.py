@@ -66,6 +66,8 @@ def well_formed(provider: Provider, kind: str, value: object) -> str | None:
     prefix = None if shape is None else shape.id_forms.get(kind)
     if prefix is None or not isinstance(value, str) or not _ID.fullmatch(value):
         return None
+    if not value.strip("."):  # (".", "..": a path's segments, not an id)
+        return None
     return value if value.startswith(prefix) and len(value) > len(prefix) else None
 
 
