@@ -5,12 +5,11 @@ journaled."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
 from ..store.submissions import Part, Shape
-from .protocol import Answer, BatchesApi, Endpoint, Files, one_line
+from .protocol import Answer, BatchesApi, Endpoint, Files, one_line, rfc3339_seconds
 
 # Its error types as the HTTP status a live call would have been answered with.
 _STATUS = {
@@ -68,13 +67,7 @@ class Anthropic(BatchesApi):
         return b'{"requests":[' + b",".join(lines) + b"]}"
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
-        given = batch.get("created_at")  # (RFC 3339)
-        if not isinstance(given, str):
-            return None
-        try:
-            return datetime.fromisoformat(given.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
+        return rfc3339_seconds(batch.get("created_at"))
 
     def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
         counts = batch.get("request_counts")

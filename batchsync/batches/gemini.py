@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 from urllib.parse import SplitResult, urlunsplit
 
@@ -24,6 +23,7 @@ from .protocol import (
     custom_id,
     index_of,
     one_line,
+    rfc3339_seconds,
     token_counts,
 )
 
@@ -144,13 +144,7 @@ class Gemini:
         return state if isinstance(state, str) and state in self.shape.statuses else None
 
     def created_at(self, batch: Mapping[str, Any]) -> float | None:
-        given = _metadata(batch).get("createTime")  # (RFC 3339)
-        if not isinstance(given, str):
-            return None
-        try:
-            return datetime.fromisoformat(given.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
+        return rfc3339_seconds(_metadata(batch).get("createTime"))
 
     def belongs_to(self, batch: Mapping[str, Any], part: Part) -> bool:
         config = _metadata(batch).get("inputConfig")

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import SplitResult, urlsplit
 
@@ -248,6 +249,16 @@ def index_of(given: object, nonce: str) -> int | None:
 def is_row_id(given: object) -> bool:
     """Whether ``given`` is a custom_id as batchsync writes them (of any part)."""
     return isinstance(given, str) and _CUSTOM_ID.fullmatch(given) is not None
+
+
+def rfc3339_seconds(given: object) -> float | None:
+    """The unix seconds of an RFC 3339 time a provider wrote (None: none, or unreadable)."""
+    if not isinstance(given, str):
+        return None
+    try:
+        return datetime.fromisoformat(given.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def one_line(text: object) -> str:
