@@ -1,6 +1,11 @@
 # Every target installs what it needs first, so each one works on a fresh clone.
 PYTHON ?= python3
-VENV   := .venv
+# `make test PYTHON=python3.13`: a name that is not on PATH is looked for among pyenv's
+# versions; each Python other than the default gets a venv of its own beside .venv.
+PYTHON_EXE := $(shell $(PYTHON) -c '' 2>/dev/null && echo $(PYTHON) || \
+	ls -d $$(pyenv root 2>/dev/null)/versions/$(patsubst python%,%,$(PYTHON)).*/bin/$(PYTHON) \
+	2>/dev/null | sort -V | tail -1)
+VENV   := $(if $(filter python3,$(PYTHON)),.venv,.venv-$(notdir $(PYTHON)))
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check
 # The dev extra (tests, lint, every integration) and, apart, what the demo runs: the package
@@ -11,12 +16,13 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sleeps, so more workers than the 2 cores finish sooner. `make test WORKERS=0`: one process.
 WORKERS ?= 4
 
-.PHONY: install services test lint demo bench docs clean
+.PHONY: install services test test-unit lint demo bench docs clean
 
 install: $(STAMP)
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	@test -n '$(PYTHON_EXE)' || (echo 'no $(PYTHON) on PATH or in pyenv' >&2; exit 2)
+	$(PYTHON_EXE) -m venv $(VENV)
 
 $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[dev]'
@@ -43,6 +49,10 @@ services:
 
 test: install services docs
 	$(BIN)/python -m pytest -n $(WORKERS)
+
+# The tests that need no server, no browser and no other process: a fast check of one more Python.
+test-unit: install
+	$(BIN)/python -m pytest -n $(WORKERS) -m 'not integration'
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python scripts/demo.py
@@ -73,4 +83,4 @@ lint: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-* build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -46,11 +46,11 @@ It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Pa
     /stall-upload?hold=S             never reads the request body; closes after S seconds
     /bad-location                    a 302 whose Location is not UTF-8
     /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
-    /surrogate                       200 with {"name": "\ud800"}: a lone surrogate escape
+    /surrogate                       200 with {"name": "\\ud800"}: a lone surrogate escape
     /echo-values?style=status|location  echoes the query's values (a key among them) as
                                      careless servers do: in a status line that is not HTTP
                                      (status), or in a 302 to /404/VALUES (location)
-    /surrogate-key                   200 with {"\ud800": 1, "a": {"\udc00b": 2}}: lone surrogate
+    /surrogate-key                   200 with {"\\ud800": 1, "a": {"\\udc00b": 2}}: lone surrogate
                                      escapes in keys
   An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
     POST /v1/chat/completions        a chat completion whose reply echoes the last message;
@@ -277,6 +277,9 @@ class Tokens:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as real servers set it: the body, written apart from the headers, would
+    # otherwise wait for the client's delayed ACK (40 ms) on a connection with one request out.
+    disable_nagle_algorithm = True
     server: MockServer
 
     def setup(self) -> None:

@@ -348,7 +348,7 @@ class FlakyWindow:
         self.asked = 0
 
     def take(
-        self, amount: float, window: Window, turn: object, longest: float
+        self, amount: float, window: Window, turn: threading.Event, longest: float
     ) -> tuple[object | None, float]:
         self.asked += 1
         if not self.up.is_set():
@@ -361,11 +361,11 @@ class FlakyWindow:
     def cancel(self, entry: object) -> None:
         """Nothing to give back."""
 
-    def withdraw(self, turn: object) -> None:
+    def withdraw(self, turn: threading.Event) -> None:
         """No line."""
 
-    def changed(self) -> threading.Event:
-        return threading.Event()
+    def recheck(self) -> None:
+        """No waiter to wake."""
 
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:

@@ -245,19 +245,19 @@ def test_a_token_window_is_shared_through_redis_by_weight(redis_url: str) -> Non
     window = Window(100, 1)  # 100 tokens in any second, one each 10 ms
     first, second = (shared_limits(redis_url, quota, 10.0) for _ in range(2))
     one, other = first.window("tokens"), second.window("tokens")
-    taken, wait = one.take(40, window, object(), 5.0)
+    taken, wait = one.take(40, window, threading.Event(), 5.0)
     assert taken is not None and wait == 0
-    refused, wait = other.take(40, window, object(), 5.0)  # paced behind the first's 40
+    refused, wait = other.take(40, window, threading.Event(), 5.0)  # paced behind the first's 40
     assert refused is None and wait == pytest.approx(0.4, abs=0.2)
     time.sleep(0.45)
-    refused, wait = other.take(80, window, object(), 5.0)  # 120 > 100, the 40 in flight
+    refused, wait = other.take(80, window, threading.Event(), 5.0)  # 120 > 100, the 40 in flight
     assert refused is None and wait == INFINITE
     one.cancel(taken)  # never sent: its room is back
-    again, wait = other.take(80, window, object(), 5.0)
+    again, wait = other.take(80, window, threading.Event(), 5.0)
     assert again is not None and wait == 0
     other.finish(again, 90)  # the answer said 90: the log holds 90 for a second from now
     time.sleep(0.8)
-    refused, wait = one.take(60, window, object(), 5.0)
+    refused, wait = one.take(60, window, threading.Event(), 5.0)
     assert refused is None and wait == pytest.approx(0.2, abs=0.15)
 
 
@@ -272,15 +272,15 @@ def test_a_settled_output_sets_the_shared_log_and_the_pace_to_what_was_made(
 
     quota, window = namespace(), Window(100, 60)  # 100 in any minute: 0.6 s a token
     one, other = (shared_limits(redis_url, quota, 10.0).window("output") for _ in range(2))
-    taken, _ = one.take(50, window, object(), 120.0)
+    taken, _ = one.take(50, window, threading.Event(), 120.0)
     assert taken is not None
-    refused, wait = other.take(90, window, object(), 120.0)  # paced 30 s behind, no room
+    refused, wait = other.take(90, window, threading.Event(), 120.0)  # paced 30 s behind, no room
     assert refused is None and wait == INFINITE
-    refused, wait = other.take(20, window, object(), 120.0)
+    refused, wait = other.take(20, window, threading.Event(), 120.0)
     assert refused is None and wait == pytest.approx(30, abs=1)
     one.finish(taken, 10, exact=True)  # made 10: 40 of room and 24 s of pace back
     one.finish(taken, 50, exact=True)  # (ended already: nothing changes)
-    refused, wait = other.take(90, window, object(), 120.0)  # 10 + 90 fit, in 6 s
+    refused, wait = other.take(90, window, threading.Event(), 120.0)  # 10 + 90 fit, in 6 s
     assert refused is None and wait == pytest.approx(6, abs=1)
 
 
@@ -296,9 +296,9 @@ def test_a_short_take_beside_a_long_attempt_in_flight_shortens_no_key(redis_url:
 
     quota, window = namespace(), Window(1000, 10)  # (paced one each 10 ms)
     log = shared_limits(redis_url, quota, 10.0).window("requests")
-    long, _ = log.take(1, window, object(), 300.0)
+    long, _ = log.take(1, window, threading.Event(), 300.0)
     time.sleep(0.05)
-    short, _ = log.take(1, window, object(), 1.0)
+    short, _ = log.take(1, window, threading.Event(), 1.0)
     assert long is not None and short is not None
     client = redis.Redis.from_url(redis_url)
 

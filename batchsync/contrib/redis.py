@@ -381,7 +381,7 @@ class RedisWindow:
         self._periods: dict[str, tuple[float, float]] = {}  # (each entry's period, pace)
 
     def take(
-        self, amount: float, window: Window, turn: object, longest: float
+        self, amount: float, window: Window, turn: threading.Event, longest: float
     ) -> tuple[object | None, float]:
         entry = uuid.uuid4().hex
         hold = min(longest, _LONGEST_ATTEMPT) + window.period
@@ -404,11 +404,11 @@ class RedisWindow:
         args = [entry, used, period, how, interval]
         self._limits.guarded(lambda: self._end(keys=self._keys, args=args))
 
-    def withdraw(self, turn: object) -> None:
+    def withdraw(self, turn: threading.Event) -> None:
         """No line is kept."""
 
-    def changed(self) -> threading.Event:
-        return threading.Event()  # (another process's change wakes nothing here: poll)
+    def recheck(self) -> None:
+        """Nothing to wake: every waiter looks again every ``poll`` seconds."""
 
 
 class RedisLeases:
@@ -443,6 +443,9 @@ class RedisLeases:
                 )
                 self._renewer.start()
         return True
+
+    def wake(self) -> None:
+        """Nothing to wake: a waiter looks again within 0.02 s."""
 
     def leave(self, key: str) -> None:
         with self._lock:
@@ -500,6 +503,8 @@ class RedisBreaker:
         self._check = limits.script(BREAKER_CHECK)
         self._record = limits.script(BREAKER_RECORD)
         self.opened = 0
+        # (`+=` reads, then writes: on a free-threaded build two at once could count one)
+        self._counting = threading.Lock()
 
     def _keys(self, key: str) -> list[str]:
         return [self._limits.key("breaker", key), self._limits.key("breaker", key, "window")]
@@ -517,7 +522,8 @@ class RedisBreaker:
         numbers = (settings.ratio, settings.window, settings.min_calls, settings.reset)
         args = [outcome, int(probe), *numbers, _BREAKER_KEEP_SECONDS]
         if self._limits.guarded(lambda: self._record(keys=keys, args=args)):
-            self.opened += 1
+            with self._counting:
+                self.opened += 1
 
     def abandon(self, key: str, probe: bool) -> None:
         if probe:

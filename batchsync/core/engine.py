@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import chain, count
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .observe import Hooks, Observer, Observers
 from .result import AttemptRecord, Result, answer_of, describe_attempts, result_of
+from .stop import Stop
 from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
 
@@ -189,13 +190,29 @@ class _Run:
         self._workers: list[Future[None]] = []
         self._workers_lock = threading.Lock()
         self._closed = False
+        # Workers running, and set when none is: what the main thread waits on (waiting on
+        # every worker's future, ten times a second, cost CPU in proportion to the workers).
+        self._running = 0
+        self.all_ended = threading.Event()
+        self.all_ended.set()
 
     def start(self) -> None:
         """Start one more worker, while the pool has room and the run goes on."""
         with self._workers_lock:
             room = len(self._workers) < self._engine.options.concurrency
             if room and not self._closed and not self._stopped():
-                self._workers.append(self._pool.submit(self.work))
+                self._workers.append(self._pool.submit(self._worker))
+                self._running += 1
+                self.all_ended.clear()
+
+    def _worker(self) -> None:
+        try:
+            self.work()
+        finally:
+            with self._workers_lock:
+                self._running -= 1
+                if not self._running:
+                    self.all_ended.set()
 
     @property
     def workers(self) -> list[Future[None]]:
@@ -283,7 +300,7 @@ class Engine:
         self._time = clock_of(clock)
         self._clock = self._time.now
         self._rand = rand
-        self._stop = threading.Event()
+        self._stop = Stop()
         self._stopped_at = 0.0
 
     def stop(self) -> None:
@@ -336,12 +353,9 @@ class Engine:
         the grace; then ``abort`` cuts them (their items end as ``cancelled``) and they get a
         moment more. False if some are still running."""
         aborted_at: float | None = None
-        while True:
-            workers = run.workers
-            # A timed wait keeps the main thread responsive to Ctrl-C.
-            _, running = wait(workers, timeout=_POLL_SECONDS)
-            if not running and len(run.workers) == len(workers):  # (none started meanwhile)
-                return True
+        # (a timed wait keeps the main thread responsive to Ctrl-C; a worker starts the next
+        # before it ends, so none running means none will)
+        while not run.all_ended.wait(_POLL_SECONDS):
             if not self._stop.is_set() or self._clock() - self._stopped_at < self._grace:
                 continue
             if self._abort is not None and aborted_at is None:
@@ -349,6 +363,7 @@ class Engine:
                 aborted_at = self._clock()
             elif aborted_at is None or self._clock() - aborted_at >= ABORT_GRACE_SECONDS:
                 return False
+        return True
 
     def run_one(self, job: Job, item: object) -> Result:
         """One item carried to its final Result in the calling thread (no pool, no stop)."""

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
+from .kept import Kept
+
 # Headers whose values are secrets wherever they come from.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # Query parameters whose values are secrets (case-insensitive), as many APIs take their keys.
@@ -118,8 +120,8 @@ class Secrets:
     names: frozenset[str] = SECRET_HEADERS
     params: frozenset[str] = SECRET_PARAMS
     values: frozenset[str] = frozenset()
-    _patterns: dict[frozenset[str], re.Pattern[str]] = field(
-        default_factory=dict, init=False, compare=False, repr=False
+    _patterns: Kept[frozenset[str], re.Pattern[str]] = field(
+        default_factory=lambda: Kept(_MAX_PATTERNS), init=False, compare=False, repr=False
     )
     _learned: _Learned = field(default_factory=_Learned, init=False, compare=False, repr=False)
 
@@ -248,9 +250,7 @@ class Secrets:
         if pattern is None:
             pattern = _values_regex({piece for value in values for piece in pieces(value)})
             if values == known:  # the run's own: kept; an item's: made each time
-                if len(self._patterns) >= _MAX_PATTERNS:
-                    self._patterns.clear()
-                self._patterns[values] = pattern
+                self._patterns.keep(values, pattern)
         return pattern
 
     def of_item(

@@ -20,6 +20,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.poolmanager import pool_classes_by_scheme as DEFAULT_POOL_CLASSES
 from urllib3.util import Retry
 
+from ..core.kept import Kept
 from .guard import Guard, PrivateAddress
 from .headers import QUICK_GETRESPONSE, QuickHeadersResponse
 from .internals import (
@@ -44,6 +45,8 @@ _STDLIB_PUTHEADER = http.client.HTTPConnection.putheader
 # afresh (a line is made again on demand, so forgetting one costs its checks, never a byte).
 _MAX_HEADER_LINES = 1024
 _MAX_KEPT_LINE = 256
+# The fewest connection references the ledger holds before it drops those of closed ones.
+_PRUNE_AT_LEAST = 64
 
 
 class _Tracked(ConnectionHooks):
@@ -89,9 +92,7 @@ class _Tracked(ConnectionHooks):
         # (kept when it is one line of at most _MAX_KEPT_LINE bytes: long unique values keep none)
         added = buffer[before:]
         if len(added) == 1 and len(added[0]) <= _MAX_KEPT_LINE:
-            if len(lines) >= _MAX_HEADER_LINES:
-                lines.clear()
-            lines[key] = added[0]
+            lines.keep(key, added[0])
 
     def getresponse(self) -> Any:
         """urllib3's ``getresponse``, without its checks and copy of a header block read the
@@ -126,13 +127,17 @@ class ConnectionLedger:
     def __init__(self, guard: Guard | None = None, watchdog: Watchdog | None = None) -> None:
         self.guard = guard
         self.watchdog = watchdog or Watchdog()
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Weak references kept under the lock and pruned by ``add``, not a WeakSet: a WeakSet
+        # drops an entry from whichever thread collects it, without this lock, which on a
+        # free-threaded build can change the set while ``abort`` copies it.
+        self._connections: list[weakref.ref[Any]] = []
+        self._prune_at = _PRUNE_AT_LEAST
         self._lock = threading.Lock()
         self._tracked: dict[tuple[type, bool], type] = {}
         self.pool_classes = self.tracked(DEFAULT_POOL_CLASSES)
         # Each distinct header line its connections sent, made once (see _Tracked.putheader),
         # by its name and value; kept no longer than the run, as the requests that carry them.
-        self.header_lines: dict[tuple[str, str], bytes] = {}
+        self.header_lines: Kept[tuple[str, str], bytes] = Kept(_MAX_HEADER_LINES)
 
     def tracked(
         self, pool_classes: Mapping[str, type], *, peer_check: bool = True
@@ -162,12 +167,15 @@ class ConnectionLedger:
 
     def add(self, connection: object) -> None:
         with self._lock:
-            self._connections.add(connection)
+            self._connections.append(weakref.ref(connection))
+            if len(self._connections) >= self._prune_at:  # (the list at most twice the live)
+                self._connections = [ref for ref in self._connections if ref() is not None]
+                self._prune_at = max(_PRUNE_AT_LEAST, 2 * len(self._connections))
 
     def abort(self) -> None:
         """Shut down every open connection's socket."""
         with self._lock:
-            connections = list(self._connections)
+            connections = [c for ref in self._connections if (c := ref()) is not None]
         for connection in connections:
             sock = getattr(connection, "sock", None)
             if sock is not None:
@@ -188,6 +196,8 @@ def _tracking_proxies(make: Callable[..., Any], ledger: ConnectionLedger) -> Cal
     return proxy_manager_for
 
 
+# (never iterated, only tested and changed: an entry a collection drops from another thread, as
+# a WeakSet does, cannot disturb a look-up, on a free-threaded build either)
 _LENT: weakref.WeakSet[HTTPAdapter] = weakref.WeakSet()
 _LENT_LOCK = threading.Lock()
 

@@ -18,6 +18,7 @@ from requests.compat import chardet
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers, guess_json_utf
 
+from ..core.kept import Kept
 from .spec import one_line
 
 
@@ -28,22 +29,20 @@ class InvalidBody(ValueError):
 # Content-Type → declared encoding, as worked out once: a run meets few Content-Types. Only
 # those up to _MAX_KEPT_LENGTH characters are kept, at most _MAX_KEPT of them (past that the
 # cache starts afresh; an entry is re-derived on demand).
-_ENCODINGS: dict[str | None, str | None] = {}
 _MAX_KEPT, _MAX_KEPT_LENGTH = 256, 200
+_ENCODINGS: Kept[str | None, str | None] = Kept(_MAX_KEPT)
+_UNKNOWN = object()
 
 
 def declared_encoding(content_type: str | None) -> str | None:
     """The encoding requests gives a response of this Content-Type (``r.encoding``)."""
-    try:
-        return _ENCODINGS[content_type]
-    except KeyError:
-        pass
+    kept = _ENCODINGS.get(content_type, _UNKNOWN)
+    if kept is not _UNKNOWN:
+        return kept  # type: ignore[return-value]
     given = CaseInsensitiveDict({"content-type": content_type}) if content_type else None
     encoding = None if given is None else get_encoding_from_headers(given)
     if content_type is None or len(content_type) <= _MAX_KEPT_LENGTH:
-        if len(_ENCODINGS) >= _MAX_KEPT:
-            _ENCODINGS.clear()
-        _ENCODINGS[content_type] = encoding
+        _ENCODINGS.keep(content_type, encoding)
     return encoding
 
 

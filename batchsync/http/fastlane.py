@@ -19,6 +19,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import ClosedPoolError
 from urllib3.util import Retry
 
+from ..core.kept import Kept
 from .exchange import BodyReader, Origin, Reply, Wire
 from .internals import QUICK_HEADER_DICT
 from .origins import host_key
@@ -78,7 +79,7 @@ class FastLane:
         self._session = sessions.shared
         self._reader = reader
         self._watchdog = reader.watchdog
-        self._pools: dict[Origin, OriginPool] = {}
+        self._pools: Kept[Origin, OriginPool] = Kept(_MAX_CACHED_ORIGINS)
 
     @property
     def open(self) -> bool:
@@ -126,10 +127,7 @@ class FastLane:
                 adapter.cert_verify(pool, probe.url, settings["verify"], settings["cert"])
             except OSError:  # (a CA bundle that is not there: each attempt says so, as requests)
                 pool = None
-        if len(self._pools) >= _MAX_CACHED_ORIGINS:
-            self._pools.clear()
-        found = self._pools[origin] = (pool, host_key(*origin))
-        return found
+        return self._pools.keep(origin, (pool, host_key(*origin)))
 
     def send(self, wire: Wire, wall_end: float) -> Reply:
         """Send ``wire`` on its origin's pool until its answer's headers arrive; an answer
@@ -161,7 +159,7 @@ class FastLane:
 
     def _reopened(self, wire: Wire, wall_end: float) -> Reply:
         """``wire`` sent again on its origin's pool made anew (or the requests way, if none is)."""
-        self._pools.pop(wire.origin, None)
+        self._pools.forget(wire.origin)
         pool = self._pool(wire.origin, wire.url)[0]
         if pool is None:
             return self._sessions.send(self._sessions.recipe(wire), wall_end)

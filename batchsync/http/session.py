@@ -19,6 +19,7 @@ from requests.structures import CaseInsensitiveDict
 from requests.utils import DEFAULT_CA_BUNDLE_PATH, default_headers, resolve_proxies, select_proxy
 from urllib3.response import BaseHTTPResponse
 
+from ..core.kept import Kept
 from ..core.redact import Secrets
 from .classify import BadRedirect
 from .connections import ConnectionLedger, fit_session
@@ -159,7 +160,7 @@ class SessionLane:
         else:
             self._factory = session
         self._local = threading.local()
-        self._settings: dict[tuple[int, str], dict[str, Any]] = {}
+        self._settings: Kept[tuple[int, str], dict[str, Any]] = Kept(_MAX_CACHED_SETTINGS)
         # True said in so many words means certifi's bundle, whatever the environment says.
         self._verify = DEFAULT_CA_BUNDLE_PATH if verify is True else verify
         self._cert = cert
@@ -210,11 +211,9 @@ class SessionLane:
         key = (id(session), f"{parts.scheme}://{parts.netloc}".lower())
         settings = self._settings.get(key)
         if settings is None:
-            if len(self._settings) >= _MAX_CACHED_SETTINGS:
-                self._settings.clear()
             merged = session.merge_environment_settings(url, {}, None, self._verify, self._cert)
             settings = {name: merged[name] for name in ("proxies", "verify", "cert")}
-            self._settings[key] = settings
+            self._settings.keep(key, settings)
         return settings
 
     def has_cookies(self, session: requests.Session) -> bool:

@@ -59,14 +59,15 @@ class Watchdog:
     def arm(self, wall_end: float) -> None:
         """This thread's attempt must be over by ``wall_end`` (a reading of the clock).
 
-        No lock: the slot is unarmed (the last ``disarm`` took the lock, so no cut of an
-        earlier attempt is under way), or armed with this same end (a redirect's next hop).
-        ``end`` is set last, as the watcher reads it first.
+        The three fields are set under the slot's lock, which the watcher reads them under:
+        nothing relies on the order in which another core sees plain stores (which a
+        free-threaded build does not promise). Armed with this same end (a redirect's next
+        hop), the slot is left as it is.
         """
         slot: _Slot = getattr(self._local, "slot", None) or self._new_slot()
         if slot.end != wall_end:
-            slot.sock, slot.cut = None, False
-            slot.end = wall_end
+            with slot.lock:
+                slot.sock, slot.cut, slot.end = None, False, wall_end
 
     def attach(self, sock: socket.socket | None) -> None:
         """The socket this thread's armed attempt now reads or writes."""

@@ -47,12 +47,20 @@ class AdaptiveLimit:
         self._changed = threading.Condition()
 
     def enter(self, timeout: float) -> float | None:
-        """Wait up to ``timeout`` for room; the admission time, or None."""
+        """Room now, or after one wait of at most ``timeout``: the admission time, or None
+        (none came, or the wait was woken for another reason: the caller looks again)."""
         with self._changed:
-            if not self._changed.wait_for(lambda: self._in_flight < self.limit, timeout):
-                return None
+            if self._in_flight >= self.limit:
+                self._changed.wait(timeout)
+                if self._in_flight >= self.limit:
+                    return None
             self._in_flight += 1
             return self._clock()
+
+    def wake(self) -> None:
+        """End every ``enter`` waiting now, for the run's stop."""
+        with self._changed:
+            self._changed.notify_all()
 
     def leave(self, started: float, congested: bool | None) -> None:
         """One attempt done: ``congested`` True or False, or None when it was never sent."""
@@ -62,7 +70,9 @@ class AdaptiveLimit:
                 self._cut(started)
             elif congested is not None:
                 self._grow()
-            self._changed.notify_all()
+            # (as many waiters as there is room for: waking every waiter, each to find the
+            # room taken, cost more CPU than the requests at high concurrency)
+            self._changed.notify(max(0, self.limit - self._in_flight))
 
     def _cut(self, started: float) -> None:
         # React once per round: signals from attempts sent before the last cut describe
@@ -91,7 +101,7 @@ class AdaptiveGate:
     recheck = False
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        since, refusal = waiting.poll(self.name, self.limit.enter, admission)
+        since, refusal = waiting.poll(self.name, self.limit.enter, admission, wake=self.limit.wake)
         if refusal is None:
             admission.held[self.name] = since
         return refusal

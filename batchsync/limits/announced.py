@@ -109,15 +109,20 @@ class AnnouncedGate:
         for header in said.unreadable:
             self._warn(host, header, "an unreadable value")
         for budget, (_, _, limit) in said.budgets():
-            if limit is None or self._limiters[budget] is None:
+            limiter = self._limiters[budget]
+            if limit is None or limiter is None:
                 continue
             if limit <= 0:
                 self._warn(host, _NAMES[budget].removeprefix("announced "), limit)
                 continue
             window = Window(float(limit), ANNOUNCED_PERIOD)
             if self.windows.get(budget) != window:
+                # (compared again under the lock, so that the check and the store are one step
+                # on a free-threaded build too: no store goes by a comparison another made stale)
                 with self._lock:
-                    self.windows[budget] = window
+                    if self.windows.get(budget) != window:
+                        self.windows[budget] = window
+                        limiter.recheck()
 
     def _warn(self, host: str, kind: str, value: object) -> None:
         with self._lock:

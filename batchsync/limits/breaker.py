@@ -165,6 +165,8 @@ class BreakerGate:
 
     backend: BreakerBackend
     refusals: int = field(default=0, init=False)
+    # (`+=` is a read and a write: on a free-threaded build two refusals at once could count one)
+    _counting: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     name = "breaker"
     rank = 10
     recheck = False
@@ -181,7 +183,8 @@ class BreakerGate:
                     return None
                 left, _ = admission.allowance.tightest(waiting.now())
                 if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
-                    self.refusals += 1
+                    with self._counting:
+                        self.refusals += 1
                     return "circuit_open"
                 pause = wait if state == "open" else min(left, POLL_SECONDS)
                 if waiting.clock.wait(admission.stop, pause):

@@ -22,11 +22,20 @@ from typing import Protocol, TypeVar
 
 from ..core.admission import Admission
 from ..core.clock import Clock
+from ..core.stop import woken_by
 from ..core.verdict import ErrorKind, Feedback
 from .shared import SharedLimits
 
 # How often a gate looks again for what nothing wakes it for (room, a probe that ended).
 POLL_SECONDS = 0.05
+# The longest round of a wait that is woken when its turn comes and on a stop (a safety net).
+QUIET_ROUND_SECONDS = 30.0
+
+
+def _nothing() -> None:
+    """Wakes nothing."""
+
+
 T = TypeVar("T")
 
 
@@ -123,15 +132,31 @@ class Waiting:
         return None
 
     def poll(
-        self, gate: str, attempt: Callable[[float], T | None], admission: Admission
+        self,
+        gate: str,
+        attempt: Callable[[float], T | None],
+        admission: Admission,
+        *,
+        wake: Callable[[], None] | None = None,
     ) -> tuple[T | None, ErrorKind | None]:
-        """Call ``attempt(timeout)`` in short rounds until it gives a value or time runs out."""
+        """Call ``attempt(timeout)`` in short rounds until it gives a value or time runs out.
+
+        ``wake``: ends every ``attempt`` waiting, called on the run's stop; with it, a round
+        lasts until the attempt's own wake-up (its turn came) rather than ``POLL_SECONDS``.
+        """
+        with woken_by(admission.stop, wake or _nothing) as stop_wakes:
+            rounds = QUIET_ROUND_SECONDS if stop_wakes and wake is not None else POLL_SECONDS
+            return self._rounds(gate, attempt, admission, rounds)
+
+    def _rounds(
+        self, gate: str, attempt: Callable[[float], T | None], admission: Admission, rounds: float
+    ) -> tuple[T | None, ErrorKind | None]:
         began = self.now()
         while True:
             left, limit = admission.allowance.tightest(self.now())
             if admission.stop.is_set():
                 return None, "cancelled"
-            value = attempt(max(0.0, min(left, POLL_SECONDS)))
+            value = attempt(max(0.0, min(left, rounds)))
             if value is not None:
                 self.stats.add(gate, self.now() - began)
                 return value, None

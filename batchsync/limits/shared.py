@@ -76,12 +76,15 @@ class WindowLimiter(Protocol):
     poll: float
 
     def take(
-        self, amount: float, window: Window, turn: object, longest: float
+        self, amount: float, window: Window, turn: threading.Event, longest: float
     ) -> tuple[object | None, float]:
         """Let ``amount`` through now if the window and the pace allow and ``turn`` is first
         in line: (its entry, 0). Else (None, the seconds to wait first: infinite while the
-        room waits on an attempt in flight or on a turn ahead). ``longest``: how long the
-        attempt can last, after which a shared log forgets it (its process may have died)."""
+        room waits on an attempt in flight or on a turn ahead). ``turn``: the waiter's event,
+        which the limiter sets when that may have changed (a limiter that cannot tell, as a
+        shared one, never sets it: its waiters look again every ``poll`` seconds).
+        ``longest``: how long the attempt can last, after which a shared log forgets it (its
+        process may have died)."""
 
     def finish(self, entry: object, used: float | None, *, exact: bool = False) -> None:
         """The attempt ended now; ``used``: what its answer says it cost, when known, kept
@@ -91,12 +94,11 @@ class WindowLimiter(Protocol):
     def cancel(self, entry: object) -> None:
         """The attempt was never sent."""
 
-    def withdraw(self, turn: object) -> None:
-        """``turn`` gave up waiting."""
+    def withdraw(self, turn: threading.Event) -> None:
+        """``turn`` gave up waiting, or went."""
 
-    def changed(self) -> threading.Event:
-        """An event set at the log's next change (an entry ended, a turn left the line):
-        taken before ``take``, it wakes a waiter for a change that came just after."""
+    def recheck(self) -> None:
+        """The window's limit changed: the waiter first in line looks again."""
 
 
 class SlotPool(Protocol):
@@ -106,6 +108,9 @@ class SlotPool(Protocol):
         """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
 
     def leave(self, key: str) -> None: ...
+
+    def wake(self) -> None:
+        """End every ``enter`` waiting now (False), for the run's stop."""
 
 
 class CooldownBoard(Protocol):

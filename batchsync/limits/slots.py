@@ -23,31 +23,64 @@ class PerHost(GateOption):
         return SlotGate(HostSlots(self.limit) if shared is None else shared.slots(self.limit))
 
 
+class _Host:
+    """A key's attempts in flight and its waiters (a condition on the pool's one lock)."""
+
+    __slots__ = ("freed", "in_flight", "waiting")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.in_flight = 0
+        self.waiting = 0
+        self.freed = threading.Condition(lock)
+
+
 class HostSlots:
-    """At most ``limit`` attempts in flight per key; waiters wake as soon as a slot frees."""
+    """At most ``limit`` attempts in flight per key.
+
+    Quiet: a slot that frees wakes one waiter of its own key (waking every waiter of every
+    key, each to find the one slot taken, cost more CPU than the requests at high
+    concurrency); ``wake`` wakes them all, for the run's stop.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._in_flight: dict[str, int] = {}
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        self._hosts: dict[str, _Host] = {}
 
     def enter(self, key: str, timeout: float) -> bool:
-        with self._changed:
-            if not self._changed.wait_for(
-                lambda: self._in_flight.get(key, 0) < self._limit, timeout
-            ):
-                return False
-            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        """A slot for ``key`` now, or after one wait of at most ``timeout`` (False: none came,
+        or the wait was woken for another reason: the caller looks again)."""
+        with self._lock:
+            host = self._hosts.get(key)
+            if host is None:
+                host = self._hosts[key] = _Host(self._lock)
+            if host.in_flight >= self._limit:
+                host.waiting += 1
+                host.freed.wait(timeout)
+                host.waiting -= 1
+                if host.in_flight >= self._limit:
+                    self._forget_if_idle(key, host)
+                    return False
+            host.in_flight += 1
             return True
 
     def leave(self, key: str) -> None:
-        with self._changed:
-            left = self._in_flight[key] - 1
-            if left:
-                self._in_flight[key] = left
-            else:
-                del self._in_flight[key]
-            self._changed.notify_all()
+        with self._lock:
+            host = self._hosts[key]
+            host.in_flight -= 1
+            if host.waiting:
+                host.freed.notify()
+            self._forget_if_idle(key, host)
+
+    def wake(self) -> None:
+        with self._lock:
+            for host in self._hosts.values():
+                host.freed.notify_all()
+
+    def _forget_if_idle(self, key: str, host: _Host) -> None:
+        """(under the lock) A key with nothing in flight and no waiter is kept no longer."""
+        if not host.in_flight and not host.waiting:
+            del self._hosts[key]
 
 
 @dataclass(eq=False)
@@ -62,7 +95,10 @@ class SlotGate:
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         host, slots = admission.host, self.slots
         taken, refusal = waiting.poll(
-            self.name, lambda timeout: slots.enter(host, timeout) or None, admission
+            self.name,
+            lambda timeout: slots.enter(host, timeout) or None,
+            admission,
+            wake=slots.wake,
         )
         if taken:
             admission.held[self.name] = True
