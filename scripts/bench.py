@@ -3,6 +3,7 @@
     python scripts/bench.py               # the full run (about 15 minutes on 2 cores)
     python scripts/bench.py --quick       # one repeat, concurrency 32 and 64 only
     python scripts/bench.py --only llm    # the "LLM batch" section alone (about 3 minutes)
+    python scripts/bench.py --only quiet  # the limiter's CPU while it holds workers (1 minute)
 
 Every method runs in its own process (``scripts/bench_client.py``), interleaved and repeated,
 against (a) a fast local keep-alive server (nginx when installed, else the bundled asyncio
@@ -12,7 +13,8 @@ N / 50 ms, connections the server saw opened, peak RSS, and the ratio to the han
 baseline of the same run. A peer that is not installed is skipped with a note. Then the CLI's
 peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against these medians.
 Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``), and the cost of the
-announced limits over a long run (``scripts/bench_quota.py``). Writes
+announced limits over a long run (``scripts/bench_quota.py``), and the CPU a limit costs while
+it holds most workers waiting (``scripts/bench_quiet.py``). Writes
 docs/benchmarks.md and docs/benchmarks.png; ``--only llm`` rewrites only that section.
 """
 
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_llm  # noqa: E402
+import bench_quiet  # noqa: E402
 import bench_quota  # noqa: E402
 from bench_durability import peak_rss  # noqa: E402
 
@@ -338,13 +341,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    parser.add_argument("--only", choices=["llm"], help="run this section alone and rewrite it")
+    parser.add_argument(
+        "--only", choices=["llm", "quiet"], help="run this section alone and rewrite it"
+    )
     args = parser.parse_args()
     llm_repeats = 1 if args.quick else 2
-    if args.only == "llm":
+    if args.only is not None:
+        if args.only == "llm":
+            lines, heading = bench_llm.section(llm_repeats), bench_llm.HEADING
+        else:
+            lines, heading = bench_quiet.section(args.quick), bench_quiet.HEADING
         text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
-        args.out.write_text(bench_llm.replace_section(text, bench_llm.section(llm_repeats)))
-        print(f"wrote the LLM batch section of {args.out}")
+        args.out.write_text(bench_llm.replace_section(text, lines, heading))
+        print(f"wrote the {args.only} section of {args.out}")
         return
     levels = [32, 64] if args.quick else [8, 32, 64, 256]
     repeats = 1 if args.quick else args.repeats
@@ -373,6 +382,7 @@ def main() -> None:
             mock.process.wait(timeout=10)
     llm = bench_llm.section(llm_repeats)
     quota = bench_quota.section(args.quick)
+    quiet = bench_quiet.section(args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
@@ -429,6 +439,8 @@ def main() -> None:
         *llm,
         "",
         *quota,
+        "",
+        *quiet,
     ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out} and {picture}")

@@ -258,11 +258,11 @@ def section(repeats: int, methods: list[str] = METHODS) -> list[str]:
     ]
 
 
-def replace_section(text: str, lines: list[str]) -> str:
-    """``text`` (a Markdown document) with its LLM section replaced by ``lines``, or them
-    added at the end."""
+def replace_section(text: str, lines: list[str], heading: str = HEADING) -> str:
+    """``text`` (a Markdown document) with its section under ``heading`` (the LLM one)
+    replaced by ``lines``, or them added at the end."""
     document = text.rstrip("\n").split("\n")
-    starts = [n for n, line in enumerate(document) if line.startswith(HEADING)]
+    starts = [n for n, line in enumerate(document) if line.startswith(heading)]
     if not starts:
         return "\n".join([*document, "", *lines])
     start = starts[0]

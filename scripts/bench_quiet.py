@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from tests.mockserver import start_mock_server  # noqa: E402
 
 COUNT, CONCURRENCY, REPEATS = 400, 256, 3
+HEADING = "## Waiting quietly"
 CASES: dict[str, dict[str, Any]] = {
     "no limit": {},
     'rate="100/s"': {"rate": "100/s"},
@@ -98,7 +99,7 @@ def section(quick: bool = False) -> list[str]:
     base = medians["no limit"]["cpu_ms"]
     rated = medians['rate="100/s"']
     return [
-        "## Waiting quietly: CPU while a limit holds workers",
+        f"{HEADING}: CPU while a limit holds workers",
         "",
         f"`fetch_all` of {COUNT} requests at concurrency {CONCURRENCY} to the mock server, "
         "each run in a fresh process (`scripts/bench_quiet.py`; the median of "
