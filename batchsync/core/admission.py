@@ -6,6 +6,7 @@ engine knows nothing else of them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +57,19 @@ class Admission:
     sides: Sides | None = None
     # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
+    # Whether it waited for capacity other attempts were using (a rate's pace, a host's
+    # slots): an attempt that did not found room no other was using.
+    held_back: bool = False
+    # Called (once) when a gate holds it for its host rather than for capacity (an open
+    # circuit, a cooldown, a quota's reset): what waits on it may start other work meanwhile.
+    going: Callable[[], None] | None = None
+
+    def held_for_host(self) -> None:
+        """A gate holds it for its host: tell ``going`` (the first time)."""
+        going, self.going = self.going, None
+        if going is not None:
+            going()
+
     # Why a gate refused it, when a person needs more than the kind (a reset past the budget).
     why: str | None = None
     # When the attempt was sent, once it was: the gates may have held it long after they took.
@@ -110,8 +124,10 @@ class Admitter(Protocol):
         *,
         price: Price | None = None,
         sides: Sides | None = None,
+        going: Callable[[], None] | None = None,
     ) -> Admission | Refusal:
-        """Wait at every limit; an Admission, or the Refusal that ends the item instead."""
+        """Wait at every limit; an Admission, or the Refusal that ends the item instead.
+        ``going``: see ``Admission.going``."""
 
     def abandon(self, admission: Admission) -> None:
         """Give back what an attempt that was never sent held."""

@@ -87,6 +87,15 @@ class _Carried:
     claimed: float
     allowance: Allowance
     records: list[AttemptRecord] = field(default_factory=list)
+    # Called once, when the item gets going: its first attempt passed the limits without
+    # waiting for capacity others use, or had none to pass, or a limit holds it for its host
+    # (see ``_Run.work``).
+    going: Callable[[], None] | None = None
+
+    def go(self) -> None:
+        going, self.going = self.going, None
+        if going is not None:
+            going()
 
 
 @dataclass(slots=True)
@@ -190,6 +199,9 @@ class _Run:
         self._workers: list[Future[None]] = []
         self._workers_lock = threading.Lock()
         self._closed = False
+        # Workers ready to claim (started, or back for another item): while one is, no other
+        # is started: it would only wait beside it.
+        self._ready = 0
         # Workers running, and set when none is: what the main thread waits on (waiting on
         # every worker's future, ten times a second, cost CPU in proportion to the workers).
         self._running = 0
@@ -197,13 +209,19 @@ class _Run:
         self.all_ended.set()
 
     def start(self) -> None:
-        """Start one more worker, while the pool has room and the run goes on."""
+        """Start one more worker, while the pool has room, the run goes on and no worker is
+        ready to claim."""
         with self._workers_lock:
             room = len(self._workers) < self._engine.options.concurrency
-            if room and not self._closed and not self._stopped():
+            if room and not self._ready and not self._closed and not self._stopped():
                 self._workers.append(self._pool.submit(self._worker))
                 self._running += 1
+                self._ready += 1
                 self.all_ended.clear()
+
+    def _count_ready(self, change: int) -> None:
+        with self._workers_lock:
+            self._ready += change
 
     def _worker(self) -> None:
         try:
@@ -226,20 +244,26 @@ class _Run:
         self._pool.shutdown(wait=wait)
 
     def work(self) -> None:
-        """Claim items until there are none; each worker carries one item at a time, and
-        starts the next worker when it claims its first."""
+        """Claim items until there are none; each worker carries one item at a time.
+
+        Workers follow the work: a worker starts another, while no worker is ready to claim,
+        when its item gets going: its attempt passed the limits without waiting for capacity
+        other attempts were using, or a limit holds it for its host (an open circuit, a
+        cooldown: the items behind it wait just as well, their budgets running together). A
+        worker waiting for capacity (a rate's pace, a host's slots) starts none: another
+        would only wait beside it. The same rule holds for every run, a resume or a retry
+        pass as much as a first run.
+        """
         engine = self._engine
-        started_next = False
-        while (entry := self._claim()) is not None:
-            if not started_next:
-                started_next = True
-                self.start()
+        while True:
+            entry = self._claim()
+            self._count_ready(-1)  # (carrying an item, or ending)
+            if entry is None:
+                return
             index, item = entry
-            delivered = engine.carry(self._job, index, item, self._deadline_end)
-            if not delivered:  # parked on an identical request: hold a slot until it lands
-                if not self._hold_slot():
-                    return
-                continue
+            delivered = engine.carry(self._job, index, item, self._deadline_end, self.start)
+            if not delivered and not self._hold_slot():  # (parked on an identical request:
+                return  # a slot is held until it lands)
             for result, its_item in delivered:
                 engine._report(result)
                 try:
@@ -248,6 +272,7 @@ class _Run:
                     self._fail(exc)
             for _ in delivered[1:]:  # the copies that were parked on this one
                 self._parked.put(None)
+            self._count_ready(1)  # (back for another)
 
     def _claim(self) -> tuple[int, object] | None:
         """The next item, read lazily by whichever worker is free; None when done."""
@@ -385,10 +410,16 @@ class Engine:
             self.observers.item_finished(result)
 
     def carry(
-        self, job: Job, index: int, item: object, deadline_end: float | None
+        self,
+        job: Job,
+        index: int,
+        item: object,
+        deadline_end: float | None,
+        going: Callable[[], None] | None = None,
     ) -> list[tuple[Result, object]]:
         """Claim to final Result: the item's Result, then one for each identical item that
-        waited on it; nothing when the item itself waits on an identical one. Never raises."""
+        waited on it; nothing when the item itself waits on an identical one. Never raises.
+        ``going``: called when its first attempt passes the limits without waiting."""
         claimed = self._clock()
         try:
             task = self._prepare(job, index, item, claimed, deadline_end)
@@ -404,7 +435,7 @@ class Engine:
         if self.observers.sees_item_started:
             self.observers.item_started(index, task)
         try:
-            result = self._attempts(job, task, index, claimed, deadline_end)
+            result = self._attempts(job, task, index, claimed, deadline_end, going=going)
         except Exception as exc:
             result = self._internal_error(job, index, item, exc)
         finally:
@@ -444,12 +475,18 @@ class Engine:
             return replace(invalid, elapsed=self._clock() - claimed)
 
     def _attempts(
-        self, job: Job, task: Task, index: int, claimed: float, deadline_end: float | None
+        self,
+        job: Job,
+        task: Task,
+        index: int,
+        claimed: float,
+        deadline_end: float | None,
+        *,
+        going: Callable[[], None] | None,
     ) -> Result:
         """The item's route, then its fallbacks while they are allowed, to a final Result."""
-        item = _Carried(
-            job, task, index, claimed, Allowance(claimed + self.options.budget, deadline_end)
-        )
+        allowance = Allowance(claimed + self.options.budget, deadline_end)
+        item = _Carried(job, task, index, claimed, allowance, going=going)
         errors: list[str] = []
         so_far: Result | None = None
         # Each route with its number as a fallback (None for the item's own).
@@ -569,6 +606,7 @@ class Engine:
         if left <= 0:
             return self._stopped_short(last, nearest, route)
         if self._gates is None or not route.gated:
+            item.go()
             return None
         task = item.task
         admitted = self._gates.enter(
@@ -578,9 +616,12 @@ class Engine:
             task.cost,
             price=task.price,
             sides=task.sides,
+            going=item.go if item.going is not None else None,
         )
         if isinstance(admitted, Refusal):
             return self._stopped_short(last, admitted.kind, route, admitted.why)
+        if not admitted.held_back:
+            item.go()
         return admitted
 
     def _sent(

@@ -39,6 +39,9 @@ from .spec import METHODS, check_url, json_writable
 
 # The field a row sent as the body keeps apart from it: the cookbook's, its id by default.
 METADATA = "metadata"
+# The deepest a body template may nest, on every Python (where the interpreter's recursion
+# limit fell moved with 3.12, whose comprehensions add no frame).
+MAX_BODY_DEPTH = 256
 
 
 class RowError(ValueError):
@@ -101,13 +104,15 @@ def _compile_text(value: str, fields: list[str]) -> _Node:
     return "".join(piece for piece in pieces if isinstance(piece, str))
 
 
-def _compile_body(value: Any, fields: list[str]) -> _Node:
+def _compile_body(value: Any, fields: list[str], depth: int = 0) -> _Node:
+    if depth > MAX_BODY_DEPTH:
+        raise ValueError("the body template is nested too deeply")
     if isinstance(value, str):
         return _compile_text(value, fields)
     if isinstance(value, Mapping):
-        return {str(k): _compile_body(v, fields) for k, v in value.items()}
+        return {str(k): _compile_body(v, fields, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_compile_body(v, fields) for v in value]
+        return [_compile_body(v, fields, depth + 1) for v in value]
     if not json_writable(value):
         raise ValueError("the body template: it must be JSON (no NaN, infinity or other object)")
     return value

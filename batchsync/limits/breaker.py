@@ -187,6 +187,8 @@ class BreakerGate:
                         self.refusals += 1
                     return "circuit_open"
                 pause = wait if state == "open" else min(left, POLL_SECONDS)
+                admission.waited = True
+                admission.held_for_host()
                 if waiting.clock.wait(admission.stop, pause):
                     return "cancelled"
                 state, wait = self.backend.check(admission.host)

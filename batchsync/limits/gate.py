@@ -125,6 +125,7 @@ class Waiting:
             if cause is not None:
                 admission.why = f"{cause} in {seconds:.1f} s, more than the {limit} left"
             return limit
+        admission.held_for_host()
         if self.clock.wait(admission.stop, seconds):
             return "cancelled"
         admission.waited = True
@@ -152,14 +153,16 @@ class Waiting:
         self, gate: str, attempt: Callable[[float], T | None], admission: Admission, rounds: float
     ) -> tuple[T | None, ErrorKind | None]:
         began = self.now()
+        timeout = 0.0  # (a first look that does not wait: a wait is one the gate says it made)
         while True:
             left, limit = admission.allowance.tightest(self.now())
             if admission.stop.is_set():
                 return None, "cancelled"
-            value = attempt(max(0.0, min(left, rounds)))
+            value = attempt(max(0.0, min(left, timeout)))
             if value is not None:
                 self.stats.add(gate, self.now() - began)
                 return value, None
             if left <= 0:
                 return None, limit
-            admission.waited = True
+            admission.waited = admission.held_back = True
+            timeout = rounds

@@ -79,15 +79,18 @@ class Gates:
         *,
         price: Price | None = None,
         sides: Sides | None = None,
+        going: Callable[[], None] | None = None,
     ) -> Admission | Refusal:
         """Wait at each gate; an Admission, or the Refusal that ends the item instead (what
-        the gates passed hold is given back then).
+        the gates passed hold is given back then); ``going``: see ``Admission.going``.
 
         While a shared backend cannot be reached, wait and ask again (fail closed): an item
         is never sent without its limits; it ends as ``budget``/``deadline`` if time runs out.
         """
         while True:
-            admission = Admission(host, allowance, stop, cost=cost, price=price, sides=sides)
+            admission = Admission(
+                host, allowance, stop, cost=cost, price=price, sides=sides, going=going
+            )
             try:
                 refusal = self._pass(admission)
             except LimitsUnavailable as exc:

@@ -24,22 +24,25 @@ class PerHost(GateOption):
 
 
 class _Host:
-    """A key's attempts in flight and its waiters (a condition on the pool's one lock)."""
+    """A key's attempts in flight, its waiters, and the slots freed for them (a condition on
+    the pool's one lock)."""
 
-    __slots__ = ("freed", "in_flight", "waiting")
+    __slots__ = ("freed", "in_flight", "promised", "waiting")
 
     def __init__(self, lock: threading.Lock) -> None:
         self.in_flight = 0
         self.waiting = 0
+        self.promised = 0  # slots freed for a waiter, which no newcomer may take
         self.freed = threading.Condition(lock)
 
 
 class HostSlots:
     """At most ``limit`` attempts in flight per key.
 
-    Quiet: a slot that frees wakes one waiter of its own key (waking every waiter of every
-    key, each to find the one slot taken, cost more CPU than the requests at high
-    concurrency); ``wake`` wakes them all, for the run's stop.
+    Quiet and in turn: a slot that frees while attempts wait is handed to one of them and
+    wakes that one alone (waking every waiter of every key, each to find the one slot taken,
+    cost more CPU than the requests at high concurrency), and no attempt that arrives
+    meanwhile takes it; ``wake`` wakes them all, for the run's stop.
     """
 
     def __init__(self, limit: int) -> None:
@@ -54,11 +57,15 @@ class HostSlots:
             host = self._hosts.get(key)
             if host is None:
                 host = self._hosts[key] = _Host(self._lock)
-            if host.in_flight >= self._limit:
+            if host.in_flight + host.promised >= self._limit:
+                if timeout <= 0:
+                    return False
                 host.waiting += 1
                 host.freed.wait(timeout)
                 host.waiting -= 1
-                if host.in_flight >= self._limit:
+                if host.promised:  # (one freed for the waiters: this one takes it)
+                    host.promised -= 1
+                elif host.in_flight + host.promised >= self._limit:
                     self._forget_if_idle(key, host)
                     return False
             host.in_flight += 1
@@ -68,7 +75,8 @@ class HostSlots:
         with self._lock:
             host = self._hosts[key]
             host.in_flight -= 1
-            if host.waiting:
+            if host.waiting > host.promised:
+                host.promised += 1
                 host.freed.notify()
             self._forget_if_idle(key, host)
 

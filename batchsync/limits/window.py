@@ -212,7 +212,7 @@ def enter(
                         cause = f"the {name} limit of {window} has room again"
                         admission.why = f"{cause} in {wait:.1f} s, more than the {limit} left"
                     return None, limit
-                admission.waited = True
+                admission.waited = admission.held_back = True
                 seconds = min(left, limiter.poll) if wait == INFINITE else wait
                 if not stop_wakes:  # (a stop that cannot wake it: looked at now and then)
                     seconds = min(seconds, POLL_SECONDS)
