@@ -53,6 +53,11 @@ class Distributor:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def abandoned(self) -> bool:
+        """Never: a cancelled partition leaves nothing running here."""
+        return False
+
     def run(self, work: Iterable[Partition]) -> Iterator[tuple[Partition, list[Result]]]:
         from distributed import as_completed
 
