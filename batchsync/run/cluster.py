@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
 
-from ..contrib.dask import Distributor, Partition, PartitionRun
+from ..contrib.dask import Distributor, Partition, PartitionRun, profiler_off
 from ..core.result import Result
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions, build
 from ..jobs.settings import CallSettings, FetchSettings
@@ -76,6 +76,7 @@ def on_cluster(
     """What sends a run's items to the cluster of ``client`` (``controller.Send``): each
     partition run there by ``task``; the limits are the workers' (the run's ``gates`` are
     left alone)."""
+    profiler_off(client)
     return distributed(lambda gates: Distributor(client, task), partition_size, on_start)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..contrib.dask import Partition
 from ..core.engine import Deliver, Job
 from ..core.result import Result
 from ..jobs.fetch import HttpJob
@@ -16,6 +15,9 @@ from ..limits.gates import Gates
 from .assembly import Ran, Stoppable
 from .controller import Send
 from .progress import Tally
+
+if TYPE_CHECKING:
+    from ..contrib.dask import Partition
 
 # What turns the HTTP job into the one a partition's items need (see ``run_partition``).
 Wrap = Callable[[HttpJob], Job]

@@ -28,9 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ..contrib.dask import Partition
 from ..core.engine import Deliver
 from ..core.redact import RedactingFilter
 from ..core.result import Result
@@ -42,6 +41,9 @@ from .assembly import Ran, Stoppable, fetch, run_calls
 from .controller import Send
 from .distribute import Wrap, distributed
 from .plan import Cluster
+
+if TYPE_CHECKING:
+    from ..contrib.dask import Partition
 
 log = logging.getLogger("batchsync")
 
