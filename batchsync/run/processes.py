@@ -422,6 +422,7 @@ class Workers:
         source = iter(work)
         redo: deque[Partition] = deque()
         live = [self._start(runner) for runner in self._runners]
+        log.info("sending from %d worker processes", len(live))
         exhausted = False
         try:
             while live:
