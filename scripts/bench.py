@@ -4,6 +4,7 @@
     python scripts/bench.py --quick       # one repeat, concurrency 32 and 64 only
     python scripts/bench.py --only llm    # the "LLM batch" section alone (about 3 minutes)
     python scripts/bench.py --only quiet  # the limiter's CPU while it holds workers (1 minute)
+    python scripts/bench.py --only processes  # --processes 2 against 1 (about 3 minutes)
 
 Every method runs in its own process (``scripts/bench_client.py``), interleaved and repeated,
 against (a) a fast local keep-alive server (nginx when installed, else the bundled asyncio
@@ -14,7 +15,8 @@ baseline of the same run. A peer that is not installed is skipped with a note. T
 peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against these medians.
 Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``), and the cost of the
 announced limits over a long run (``scripts/bench_quota.py``), and the CPU a limit costs while
-it holds most workers waiting (``scripts/bench_quiet.py``). Writes
+it holds most workers waiting (``scripts/bench_quiet.py``), and the command line from two
+processes against one (``scripts/bench_processes.py``). Writes
 docs/benchmarks.md and docs/benchmarks.png; ``--only llm`` rewrites only that section.
 """
 
@@ -43,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_llm  # noqa: E402
+import bench_processes  # noqa: E402
 import bench_quiet  # noqa: E402
 import bench_quota  # noqa: E402
 from bench_durability import peak_rss  # noqa: E402
@@ -342,15 +345,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument(
-        "--only", choices=["llm", "quiet"], help="run this section alone and rewrite it"
+        "--only",
+        choices=["llm", "quiet", "processes"],
+        help="run this section alone and rewrite it",
     )
     args = parser.parse_args()
     llm_repeats = 1 if args.quick else 2
     if args.only is not None:
         if args.only == "llm":
             lines, heading = bench_llm.section(llm_repeats), bench_llm.HEADING
-        else:
+        elif args.only == "quiet":
             lines, heading = bench_quiet.section(args.quick), bench_quiet.HEADING
+        else:
+            lines, heading = bench_processes.section(args.quick), bench_processes.HEADING
         text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
         args.out.write_text(bench_llm.replace_section(text, lines, heading))
         print(f"wrote the {args.only} section of {args.out}")
@@ -383,6 +390,7 @@ def main() -> None:
     llm = bench_llm.section(llm_repeats)
     quota = bench_quota.section(args.quick)
     quiet = bench_quiet.section(args.quick)
+    processes = bench_processes.section(args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
@@ -441,6 +449,8 @@ def main() -> None:
         *quota,
         "",
         *quiet,
+        "",
+        *processes,
     ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out} and {picture}")

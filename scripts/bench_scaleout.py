@@ -57,13 +57,16 @@ def three_processes(server: MockServerProcess, redis_url: str, folder: Path, del
 
 
 def dask_rate(base: str, workers: int) -> str:
+    import dask
     import distributed
 
+    from batchsync.contrib.dask import PROFILER_OFF
     from batchsync.run.cluster import fetch_on_cluster
 
-    cluster = distributed.LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-    )
+    with dask.config.set(PROFILER_OFF):  # (cpython#106883: see contrib/dask.py)
+        cluster = distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        )
     client = distributed.Client(cluster)
     try:
         marker = uuid.uuid4().hex[:8]

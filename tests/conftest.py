@@ -29,9 +29,14 @@ def fresh_server(server: MockServerProcess) -> MockServerProcess:
 def cluster() -> Iterator[Any]:
     """A Dask client of a local cluster of two worker processes (skipped without dask)."""
     distributed = pytest.importorskip("distributed")
-    local = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
+    import dask
+
+    from batchsync.contrib.dask import PROFILER_OFF
+
+    with dask.config.set(PROFILER_OFF):  # (the workers take the config as they start)
+        local = distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        )
     client = distributed.Client(local)
     yield client
     client.close()

@@ -310,3 +310,26 @@ def test_a_short_take_beside_a_long_attempt_in_flight_shortens_no_key(redis_url:
     ended = f"batchsync:{quota}:requests:ended".encode()
     after = lives()
     assert after.pop(ended) >= 10 and min(after.values()) >= 300 + 10, lives()
+
+
+def _profiling(dask_worker: Any) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_the_clusters_batchsync_makes_do_not_profile_their_workers(cluster: Any) -> None:
+    # (python/cpython#106883: the profiler's sampling can deadlock a busy worker on 3.11)
+    assert not any(cluster.run(_profiling).values())
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="only 3.11's workers are stopped")
+def test_a_run_on_a_cluster_stops_the_profiler_of_its_3_11_workers() -> None:
+    distributed = pytest.importorskip("distributed")
+    from batchsync.run.cluster import run_on_cluster
+
+    with (
+        distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as local,
+        distributed.Client(local) as client,
+    ):
+        assert all(client.run(_profiling).values())
+        assert [r.data for r in run_on_cluster(abs, [-1, 2], client)] == [1, 2]
+        assert not any(client.run(_profiling).values())

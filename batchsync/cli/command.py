@@ -30,6 +30,7 @@ from ..jobs.options import FetchOptions, build
 from ..jobs.settings import FetchSettings
 from ..output.columnar import FORMATS, MAX_COLUMNS, pyarrow_missing
 from ..run.plan import LaneRefused
+from ..run.processes import process_options
 from ..run.progress import wanted
 from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
@@ -379,6 +380,7 @@ def command(
         )
     checked, cluster = _scaled_out(checked, redis_url, dask_address)
     _check_batch_api(checked, template, continuing, cluster)
+    _check_processes(checked, cluster, metrics_port)
     _configure_logging(verbose, quiet)
     show_progress = not quiet and wanted(progress)
     with _usage_errors(InputError):  # (INPUT opened: its items, or a table's rows)
@@ -503,6 +505,20 @@ def _check_batch_api(
         raise click.UsageError("--batch-api sends through the provider, not a Dask cluster")
     with _usage_errors():
         endpoint_of(template.url, options.batch_api)
+
+
+def _check_processes(options: FetchOptions, cluster: Any, metrics_port: str | None) -> None:
+    """UsageError for --processes with what it cannot hold (``process_options`` says why)."""
+    if options.processes == 1:
+        return
+    if cluster is not None:
+        raise click.UsageError("--processes runs on this machine, --dask on a cluster: give one")
+    if metrics_port is not None:
+        raise click.UsageError(
+            "--metrics-port counts the attempts of this process: --processes sends them from others"
+        )
+    with _usage_errors():
+        process_options(options)
 
 
 def _make_folder(folder: Path) -> None:

@@ -26,7 +26,7 @@ from ..output.resultset import StoredResults
 from ..run.assembly import Ran, Stoppable, gates_for
 from ..run.batched import journal_parts
 from ..run.controller import Journaled, Plan, RunController, Send
-from ..run.plan import Lane, Words, plan_send, refuse_fresh
+from ..run.plan import Cluster, Lane, Words, plan_send, refuse_fresh
 from ..store.journal import (
     JournalFailed,
     JournalInUse,
@@ -212,7 +212,9 @@ def run_batch(
             again=lambda: enumerate(islice(source, entries)),
             stored=plan.left.stored,
             on_start=on_start,
-            cluster=None if dask is None else partial(_cluster, options, dask, partition_size),
+            cluster=_processes(options)
+            if dask is None
+            else partial(_cluster, options, dask, partition_size),
         )
         gates = gates_for(options)
         ran = controller.run(
@@ -257,6 +259,13 @@ def _cluster(
 
     task = partial(run_partition, settings=worker_settings(options), wrap=wrap)
     return on_cluster(dask, task, partition_size, on_start)
+
+
+def _processes(options: FetchOptions) -> Cluster | None:
+    """The worker processes --processes asks for (None: the run is sent from here)."""
+    from ..run.processes import fetch_processes
+
+    return fetch_processes(options)
 
 
 def _lock_prefix(held: contextlib.ExitStack, controller: RunController, prefix: str) -> None:

@@ -6,11 +6,15 @@ Dask itself is imported only when a run asks for a cluster.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..core.result import Result
+
+log = logging.getLogger("batchsync")
 
 # A run of (index, item) pairs; the indexes are the items' places in the whole batch.
 Partition = list[tuple[int, Any]]
@@ -22,6 +26,38 @@ _OUTSTANDING_PER_WORKER = 2
 
 # What runs one partition on a worker (sent there pickled): its Results, batch indexes kept.
 PartitionRun = Callable[[Partition], list[Result]]
+
+
+# Dask's workers sample the stack of every thread (``sys._current_frames``) every 10 ms; on
+# CPython 3.11 that can deadlock a worker whose threads are busy (python/cpython#106883,
+# dask/distributed#8616: a LocalCluster worker hung in 2 of 7 trials on 3.11.7), and a
+# partition runs a thread per item in flight. Clusters made for batchsync set this; the
+# workers of any other are told by ``profiler_off``.
+PROFILER_OFF = {"distributed.worker.profile.enabled": False}
+
+
+def _stop_profiler(dask_worker: Any) -> bool:
+    """Run on a worker: its profiler stopped when its Python is 3.11; whether it was."""
+    if sys.version_info[:2] != (3, 11):
+        return False
+    for name in ("profile", "profile-cycle"):
+        callback = dask_worker.periodic_callbacks.pop(name, None)
+        if callback is not None:
+            callback.stop()
+    return True
+
+
+def profiler_off(client: Any) -> None:
+    """Stop the profiler of the cluster's workers that run CPython 3.11 (see
+    ``PROFILER_OFF``): a run is not worth a hung worker. A cluster that cannot say is left as
+    it is."""
+    try:
+        stopped = client.run(_stop_profiler)
+    except Exception as exc:  # (an old scheduler, a worker gone: the run goes on)
+        log.debug("could not stop the Dask workers' profiler: %s", exc)
+        return
+    if any(stopped.values()):
+        log.info("stopped the profiler of the Dask workers on Python 3.11 (cpython#106883)")
 
 
 def cluster_client(address: str) -> Any:
@@ -52,6 +88,11 @@ class Distributor:
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def abandoned(self) -> bool:
+        """Never: a cancelled partition leaves nothing running here."""
+        return False
 
     def run(self, work: Iterable[Partition]) -> Iterator[tuple[Partition, list[Result]]]:
         from distributed import as_completed

@@ -178,6 +178,15 @@ def breaker_text(value: str) -> Breaker | None:
         ) from None
 
 
+def processes_text(value: object) -> int | str:
+    """--processes: a count of at least 1, or auto (one per core)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    raise ValueError(f"expected a number of processes of at least 1, or auto, got {value!r}")
+
+
 def hedge_text(value: str | None) -> float | str | None:
     """--hedge-after: seconds, or p95."""
     if value is None or value == "p95":

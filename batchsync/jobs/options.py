@@ -56,6 +56,7 @@ from .flags import (
     header_names,
     hedge_text,
     prices_text,
+    processes_text,
     rate_text,
     statuses_text,
     token_rate_text,
@@ -257,6 +258,21 @@ class FlowOptions(EngineOptions):
             "concurrency) until 429, 503 or timeouts, then halve them.",
         ),
     ] = False
+    # Worker processes, each its own thread pool over a share of the items and of every limit
+    # (run/processes.py); "auto": one per core. 1: the items are sent from this process.
+    processes: Annotated[
+        int | Literal["auto"],
+        Flag(
+            "--processes",
+            metavar="N|auto",
+            parse=processes_text,
+            help="Send from N worker processes (auto: one per core), each a thread pool with "
+            "a fixed share of --concurrency, --rate, --token-rate and --per-host that sums to "
+            "the whole (with --redis the shared backend holds them instead); this process "
+            "journals every result and writes the outputs, as one process does. For a fast "
+            "client on a slow API, where one process is bound by its core.",
+        ),
+    ] = 1
     # A prometheus_client CollectorRegistry to keep the run's metrics in.
     metrics: Any = None
     # An OpenTelemetry tracer; None: the global provider's, when one is configured.
@@ -321,6 +337,7 @@ class FlowOptions(EngineOptions):
         return Hedger(HedgeDelay(self.hedge_after), workers=2 * self.concurrency, gates=gates)
 
     _rate_readable = field_validator("rate")(staticmethod(rate_text))  # (as --rate reads it)
+    _processes_readable = field_validator("processes", mode="before")(staticmethod(processes_text))
 
     @model_validator(mode="after")
     def _budgets_weigh_every_copy(self) -> FlowOptions:

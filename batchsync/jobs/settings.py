@@ -49,6 +49,7 @@ class FlowSettings(TypedDict, total=False):
     cooldown: CooldownScope
     breaker: Breaker | None
     adaptive: bool
+    processes: int | Literal["auto"]
     metrics: Any
     tracer: Any
     limits: Any

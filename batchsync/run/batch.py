@@ -39,6 +39,7 @@ from .assembly import Stoppable, gates_for, run_calls
 from .batched import journal_parts
 from .controller import Journaled, Plan, RunController, Send
 from .plan import Lane, TemplateRows, Words, plan_send, refuse_fresh
+from .processes import CallsInWorker, check_callable, fetch_processes, on_processes, process_options
 from .progress import wanted
 from .stream import Stream, streamed
 
@@ -387,6 +388,7 @@ class Batch(Resumable[FetchOptions]):
             # command line's --row-as-body).
             self._template = Template.parse(url, "POST", body, id_field, row_as_body=body is None)
         self._cancelling = False
+        fetch_processes(checked)  # (ValueError: what cannot go to other processes)
         self._start(items, checked, journal, progress, fresh=fresh, template=self._template)
 
     def _restore(self, record: dict[str, Any]) -> Result:
@@ -409,6 +411,7 @@ class Batch(Resumable[FetchOptions]):
             again=lambda: enumerate(self.items),
             stored=self._done.get,
             on_start=on_start,
+            cluster=fetch_processes(self.options),
         )
 
     def _submissions(self) -> list[Part]:
@@ -477,6 +480,8 @@ class CallBatch(Resumable[CallOptions]):
                 f"{getattr(fn, '__name__', 'fn')} returns {_returned_type(fn)!r}, which the "
                 "journal cannot store as JSON: give encode= (and decode=)"
             )
+        if process_options(checked)[1:]:  # (ValueError: what cannot go to other processes)
+            check_callable(fn)
         self._fn, self._encode, self._decode = fn, encode, decode
         self._start(items, checked, journal, progress, fresh=fresh, strict=True)
 
@@ -499,6 +504,9 @@ class CallBatch(Resumable[CallOptions]):
         return encode_result(result, item)
 
     def _send(self, on_start: Callable[[Stoppable], None]) -> Send:
+        shares = process_options(self.options)
+        if len(shares) > 1:
+            return on_processes([CallsInWorker(share, self._fn) for share in shares], on_start)
         return partial(run_calls, self.options, self._fn, on_start=on_start)
 
     def _remade_with(self) -> tuple[Any, ...]:

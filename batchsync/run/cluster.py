@@ -9,28 +9,21 @@ client redoes only the partitions that had not finished.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from itertools import islice
 from pathlib import Path
 from typing import Any, Unpack
 
-from ..contrib.dask import Distributor, Partition, PartitionRun
-from ..core.engine import Deliver, Job
+from ..contrib.dask import Distributor, Partition, PartitionRun, profiler_off
 from ..core.result import Result
-from ..jobs.fetch import HttpJob
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions, build
 from ..jobs.settings import CallSettings, FetchSettings
-from ..limits.gates import Gates
 from ..output.resultset import ResultSet
 from ..store.resume import Items, Left
-from .assembly import Ran, Stoppable, fetch, run_calls
+from .assembly import Stoppable, fetch, run_calls
 from .batch import Item, encode_result, identity_of
 from .controller import Journaled, Plan, RunController, Send
-from .progress import Tally
-
-# What turns the HTTP job into the one a partition's items need (see ``run_partition``).
-Wrap = Callable[[HttpJob], Job]
+from .distribute import Wrap, distributed
 
 
 def run_partition(
@@ -74,42 +67,17 @@ def worker_settings(options: FlowOptions) -> dict[str, Any]:
     return settings
 
 
-def partitions(pairs: Iterable[tuple[int, Any]], size: int) -> Iterator[Partition]:
-    """The (index, item) pairs cut into lists of at most ``size``, read lazily."""
-    source = iter(pairs)
-    while chunk := list(islice(source, size)):
-        yield chunk
-
-
 def on_cluster(
     client: Any,
     task: PartitionRun,
     partition_size: int,
     on_start: Callable[[Stoppable], None] = lambda run: None,
 ) -> Send:
-    """What sends a run's items to the cluster of ``client`` (``controller.Send``): a
-    partition of at most ``partition_size`` at a time, each run there by ``task``, its
-    Results counted and delivered here with their items as it comes back; the limits are the
-    workers' (the run's ``gates`` are left alone). ``on_start`` sees what runs it, to stop it
-    on a signal."""
-
-    def send(
-        items: Iterable[tuple[int, object]],
-        deliver: Deliver,
-        *,
-        gates: Gates | None,
-        progress: Tally,
-    ) -> Ran:
-        distributor = Distributor(client, task)
-        on_start(distributor)
-        for partition, results in distributor.run(partitions(items, partition_size)):
-            sent = dict(partition)
-            for result in results:
-                progress.item_finished(result)
-                deliver(result, sent[result.index])
-        return Ran(distributor.stopped, False, {}, 0)
-
-    return send
+    """What sends a run's items to the cluster of ``client`` (``controller.Send``): each
+    partition run there by ``task``; the limits are the workers' (the run's ``gates`` are
+    left alone)."""
+    profiler_off(client)
+    return distributed(lambda gates: Distributor(client, task), partition_size, on_start)
 
 
 def fetch_on_cluster(
