@@ -367,6 +367,9 @@ class FlakyWindow:
     def recheck(self) -> None:
         """No waiter to wake."""
 
+    def queued(self) -> bool:
+        return False
+
 
 def test_a_backend_that_is_down_holds_attempts_until_it_answers() -> None:
     clock, bucket = FakeClock(), FlakyWindow()
@@ -384,3 +387,14 @@ def test_a_backend_down_for_the_whole_budget_never_lets_the_attempt_through() ->
     gates = Gates([RateWindow(Window(10, 1)).kept_in(bucket)], clock=clock)
     assert admitted(gates, budget=1.2, clock=clock) == "budget"
     assert clock.now() - started < 2
+
+
+def test_a_stop_set_before_a_slot_wait_ends_it_at_once() -> None:
+    """The stop's wake-up came before the wait began and was lost: the wait slept its round."""
+    slots = HostSlots(1)
+    assert slots.enter("a", 0)
+    stop = threading.Event()
+    stop.set()
+    began = time.monotonic()
+    assert not slots.enter("a", 5.0, stop)
+    assert time.monotonic() - began < 1.0

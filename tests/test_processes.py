@@ -44,8 +44,7 @@ def test_a_whole_limit_is_cut_into_shares_that_sum_to_it(
 def test_a_rate_is_cut_into_whole_counts_of_its_period_or_equal_fractions() -> None:
     assert split_rate(parse_rate("100/s"), 3) == [Rate(34, 1), Rate(33, 1), Rate(33, 1)]
     assert split_rate(parse_rate("500/min"), 2) == [Rate(250, 60)] * 2
-    # Fewer than one a share: equal fractions (one in a longer period each), summing to it.
-    assert split_rate(parse_rate("1/s"), 2) == [Rate(0.5, 1)] * 2
+    # Not whole: equal fractions of at least one each, summing to it.
     assert sum(share.count for share in split_rate(parse_rate("2.5/s"), 2)) == 2.5
 
 
@@ -54,14 +53,25 @@ def test_a_token_budget_keeps_its_side_in_each_share() -> None:
     assert [(share.rate, share.side) for share in shares] == [(Rate(45000, 60), "output")] * 2
 
 
-def test_the_process_count_is_what_every_integer_limit_can_be_cut_into() -> None:
-    assert process_count(4, concurrency=256, per_host=None, cpus=2) == 4
-    assert process_count("auto", concurrency=256, per_host=None, cpus=3) == 3
+def test_the_process_count_is_what_every_limit_can_give_one_of_to_each() -> None:
+    assert process_count(4, limits=[256], cpus=2) == 4
+    assert process_count("auto", limits=[256], cpus=3) == 3
     # Each process needs a slot of its own: fewer processes, never a share of none.
-    assert process_count(4, concurrency=2, per_host=None, cpus=8) == 2
-    assert process_count(4, concurrency=256, per_host=3, cpus=8) == 3
+    assert process_count(4, limits=[2], cpus=8) == 2
+    assert process_count(4, limits=[256, 3], cpus=8) == 3
+    # A rate of 1/s over two processes would let each send its first at once: two in a second.
+    assert process_count(2, limits=[256, 1.0], cpus=2) == 1
+    assert process_count(4, limits=[256, 2.5], cpus=8) == 2
     with pytest.raises(ValueError, match="at least 1"):
-        process_count(0, concurrency=4, per_host=None, cpus=2)
+        process_count(0, limits=[4], cpus=2)
+
+
+def test_a_small_rate_runs_in_one_process_and_is_never_overdrawn() -> None:
+    assert len(process_options(FetchOptions(processes=2, rate="1/s"))) == 1
+    shares = process_options(FetchOptions(processes=2, rate="2.5/s"))
+    assert [parse_rate(share.rate).count for share in shares if share.rate] == [1.25, 1.25]
+    with pytest.raises(ValueError, match="one each"):
+        split_rate(Rate(1, 1), 2)
 
 
 def test_each_process_gets_a_share_of_every_limit_and_together_they_hold_it() -> None:

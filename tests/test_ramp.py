@@ -1,8 +1,10 @@
 """Workers follow the work on every entry point (issue 45, item 4): a first run, a resume after
 an interrupt, a retry pass and ``Batch.run()`` again start threads only while their items can
-move. A worker held at a limit starts no other; before, each worker started the next as it
-claimed an item, so a run whose items waited at a limit grew to the concurrency (a resume at
-``-c 10000`` reached 9 139 threads, its attempts timed out and the breaker opened).
+move. A worker waiting in line at a rate starts no other; before, each worker started the
+next as it claimed an item, so a run whose items waited at a limit grew to the concurrency (a
+resume at ``-c 10000`` reached 9 139 threads, its attempts timed out and the breaker opened).
+And enough of them: a rate against slow answers, or hosts' slots with the items grouped by
+host, keep as many workers as the limits let work.
 """
 
 from __future__ import annotations
@@ -20,16 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from batchsync import Batch
+from batchsync import Batch, fetch_all, run_all
 
-from .mockserver import MockServerProcess
+from .mockserver import MockServerProcess, start_mock_server
 
 pytestmark = pytest.mark.integration
 
-COUNT, PER_HOST, DELAY = 2_000, 50, 0.1
-# The most threads a run may have: workers for the host's slots and a few more, and its own
-# (the main thread, the watchdog, the journal's writer, the signal watcher).
-MOST_THREADS = PER_HOST + 30
+COUNT, RATE, DELAY = 1_500, 400, 0.1
+# The most threads a run may have: the workers the rate keeps busy (RATE x DELAY in flight, a
+# few in line) and the run's own (the main thread, the watchdog, the journal's writer).
+MOST_THREADS = int(RATE * DELAY) + 40
 
 
 class PeakThreads:
@@ -75,9 +77,9 @@ def run_watched(
 def test_a_run_its_resume_and_its_retry_pass_keep_to_the_workers_their_items_can_use(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
-    """Every tenth URL fails at once (a 503), the rest are answered after DELAY; the host held
-    to PER_HOST at a time, at ``-c 10000`` (no breaker: an open circuit holds its host's items
-    together, each on a worker, as a cooldown does)."""
+    """Every tenth URL fails at once (a 503), the rest are answered after DELAY, at RATE a
+    second and ``-c 10000`` (no breaker: an open circuit holds its host's items together,
+    each on a worker, as a cooldown does)."""
     marker = uuid.uuid4().hex[:8]
     urls = [
         f"{server.url}/503/{marker}-{n}" if n % 10 == 0
@@ -85,7 +87,7 @@ def test_a_run_its_resume_and_its_retry_pass_keep_to_the_workers_their_items_can
         for n in range(COUNT)
     ]  # fmt: skip
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
-    options = ["-c", "10000", "--per-host", str(PER_HOST), "--attempts", "1", "--breaker", "off"]
+    options = ["-c", "10000", "--rate", str(RATE), "--attempts", "1", "--breaker", "off"]
     options.append("--no-progress")
     code, stderr, first = run_watched(["urls.txt", *options], tmp_path, interrupt_after=1.5)
     assert code == 130, stderr
@@ -111,7 +113,7 @@ def test_batch_run_again_after_a_broken_off_stream_keeps_to_the_workers_its_item
 ) -> None:
     marker = uuid.uuid4().hex[:8]
     urls = [f"{server.url}/slow/{marker}-{n}?delay={DELAY}" for n in range(600)]
-    batch = Batch(urls, journal=tmp_path / "j.sqlite3", concurrency=10_000, per_host=PER_HOST)
+    batch = Batch(urls, journal=tmp_path / "j.sqlite3", concurrency=10_000, rate=RATE)
     before = threading.active_count()
     peak = [0]
     done = threading.Event()
@@ -133,3 +135,42 @@ def test_batch_run_again_after_a_broken_off_stream_keeps_to_the_workers_its_item
         watcher.join()
     assert len(again.ok) == len(urls)
     assert peak[0] - before <= MOST_THREADS, peak[0] - before
+
+
+def test_a_rate_against_slow_calls_keeps_as_many_calls_going_as_it_allows() -> None:
+    """200 a second against calls of 0.5 s: about 100 at once (the workers that waited in
+    line for the pace once started none, and the pool grew by one a round trip)."""
+    in_flight, peak = [0], [0]
+    lock = threading.Lock()
+
+    def call(item: int) -> int:
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.5)
+        with lock:
+            in_flight[0] -= 1
+        return item
+
+    results = run_all(call, range(600), concurrency=256, rate="200/s")
+    assert len(results.ok) == 600
+    assert peak[0] >= 60, peak[0]
+
+
+def test_slots_of_hosts_whose_items_come_grouped_are_used_together(tmp_path: Path) -> None:
+    """``per_host=1`` over two hosts, every item of the first before the second's: both hosts
+    busy at once (a worker waiting for the first's slot once started none, so the second's
+    items waited for the first's to be claimed)."""
+    first, second = start_mock_server(), start_mock_server()
+    try:
+        marker = uuid.uuid4().hex[:8]
+        urls = [f"{first.url}/slow/{marker}-a{n}?delay=0.1" for n in range(15)]
+        urls += [f"{second.url}/slow/{marker}-b{n}?delay=0.1" for n in range(15)]
+        results = fetch_all(urls, concurrency=256, per_host=1)
+        assert len(results.ok) == len(urls)
+        a, b = first.log(marker), second.log(marker)
+        assert min(entry["t"] for entry in b) < sorted(entry["end"] for entry in a)[4]
+    finally:
+        for server in (first, second):
+            server.process.terminate()
+            server.process.wait(timeout=10)

@@ -8,15 +8,19 @@ from collections import deque
 
 import pytest
 
+from batchsync.core.admission import Admission
 from batchsync.core.budget import Allowance
+from batchsync.core.clock import SYSTEM
+from batchsync.core.stop import Stop
 from batchsync.core.verdict import Announced, Feedback, retry
 from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
 from batchsync.limits.cooldown import CooldownGate, Cooldowns
+from batchsync.limits.gate import Waiting
 from batchsync.limits.gates import Gates, Refusal
 from batchsync.limits.quota import AnnouncedCounts, QuotaGate
 from batchsync.limits.rates import Window
-from batchsync.limits.window import INFINITE, Entry, LocalWindow, room_wait
+from batchsync.limits.window import INFINITE, Entry, LocalWindow, enter, room_wait
 
 from .fakeclock import FakeClock
 
@@ -188,3 +192,44 @@ def test_the_window_is_the_least_any_counted_answer_bounds_it_to(counted: bool) 
     counts.ended("h", second, told, sent=100.5, counted=True)
     back = 100.05 + 1.05 if counted else 100.05 + 1.4
     assert counts.take("h", 300)[1] == pytest.approx(back - 100.9)  # (evenly: by 101.025)
+
+
+def _admission(stop: threading.Event, seconds: float = 5.0) -> Admission:
+    return Admission("h", Allowance(SYSTEM.now() + seconds), stop)
+
+
+def test_a_stop_set_before_the_wait_ends_it_at_once() -> None:
+    """The stop's wake came before the wait cleared its turn, and the wait slept its whole
+    allowance (a Ctrl-C held a run 20 s)."""
+    log, window = LocalWindow(SYSTEM.now), Window(1, 60)
+    held, _ = log.take(1, window, threading.Event(), 10)
+    assert held is not None
+    stop = Stop()
+    stop.set()
+    began = SYSTEM.now()
+    entry, refusal = enter(
+        log, lambda: window, 1, name="token", admission=_admission(stop), waiting=Waiting(SYSTEM)
+    )
+    assert (entry, refusal) == (None, "cancelled")
+    assert SYSTEM.now() - began < 1.0
+
+
+def test_a_limit_lowered_while_an_attempt_waits_holds_it() -> None:
+    """An announced limit that goes down reaches the attempts already waiting (each kept the
+    window it began with, and went on at the old limit)."""
+    clock = Now()
+    log, windows = LocalWindow(clock), [Window(600, 60)]
+    for _ in range(3):
+        taken, _ = log.take(1, windows[0], threading.Event(), 10)
+        assert taken is not None
+        clock.now += 1.0  # (past the pace)
+    windows[0] = Window(3, 60)  # (three in flight: no room until one ends and a minute passes)
+    entry, refusal = enter(
+        log,
+        lambda: windows[0],
+        1,
+        name="announced requests",
+        admission=_admission(Stop(), seconds=0.3),
+        waiting=Waiting(SYSTEM),
+    )
+    assert entry is None and refusal == "budget"

@@ -410,6 +410,9 @@ class RedisWindow:
     def recheck(self) -> None:
         """Nothing to wake: every waiter looks again every ``poll`` seconds."""
 
+    def queued(self) -> bool:
+        return False
+
 
 class RedisLeases:
     """Per-host slots as leases (see limits.SlotPool): a sorted set per host, lease id ->
@@ -426,7 +429,7 @@ class RedisLeases:
         self._renewer: threading.Thread | None = None
         self._pause = threading.Event()
 
-    def enter(self, key: str, timeout: float) -> bool:
+    def enter(self, key: str, timeout: float, stop: threading.Event | None = None) -> bool:
         lease = uuid.uuid4().hex
         slots = self._limits.key("slots", key)
         args = [self._limit, self._limits.lease_ttl, lease]

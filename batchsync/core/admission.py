@@ -57,15 +57,16 @@ class Admission:
     sides: Sides | None = None
     # Whether the gate it is at made it wait (see ``Gate.recheck``).
     waited: bool = False
-    # Whether it waited for capacity other attempts were using (a rate's pace, a host's
-    # slots): an attempt that did not found room no other was using.
+    # Whether it passed a run-wide window (a rate, a token budget) while other attempts still
+    # waited in line behind it: the window, not the callers, sets the pace then.
     held_back: bool = False
-    # Called (once) when a gate holds it for its host rather than for capacity (an open
-    # circuit, a cooldown, a quota's reset): what waits on it may start other work meanwhile.
+    # Called (once) when a gate holds it where other items need not wait behind it (a host's
+    # circuit, cooldown, quota or slots; the adaptive limit; the spend cap): its caller may
+    # start other work meanwhile.
     going: Callable[[], None] | None = None
 
-    def held_for_host(self) -> None:
-        """A gate holds it for its host: tell ``going`` (the first time)."""
+    def holding(self) -> None:
+        """A gate holds it (see ``going``): tell ``going``, the first time."""
         going, self.going = self.going, None
         if going is not None:
             going()

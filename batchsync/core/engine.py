@@ -247,12 +247,11 @@ class _Run:
         """Claim items until there are none; each worker carries one item at a time.
 
         Workers follow the work: a worker starts another, while no worker is ready to claim,
-        when its item gets going: its attempt passed the limits without waiting for capacity
-        other attempts were using, or a limit holds it for its host (an open circuit, a
-        cooldown: the items behind it wait just as well, their budgets running together). A
-        worker waiting for capacity (a rate's pace, a host's slots) starts none: another
-        would only wait beside it. The same rule holds for every run, a resume or a retry
-        pass as much as a first run.
+        when its item gets going: its attempt passed the limits with no other attempt left in
+        line behind it at a rate (``Admission.held_back``: the rate, not the workers, sets
+        the pace then), or a limit holds it where other items need not wait behind it (a
+        host's circuit, cooldown or slots: ``Admission.going``). The same rule holds for
+        every run, a resume or a retry pass as much as a first run.
         """
         engine = self._engine
         while True:

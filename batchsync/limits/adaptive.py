@@ -46,11 +46,14 @@ class AdaptiveLimit:
         self._last_cut = float("-inf")
         self._changed = threading.Condition()
 
-    def enter(self, timeout: float) -> float | None:
+    def enter(self, timeout: float, stop: threading.Event | None = None) -> float | None:
         """Room now, or after one wait of at most ``timeout``: the admission time, or None
-        (none came, or the wait was woken for another reason: the caller looks again)."""
+        (none came, or the wait was woken for another reason: the caller looks again).
+        ``stop`` is looked at under the lock ``wake`` takes: a stop's wake-up is never lost."""
         with self._changed:
             if self._in_flight >= self.limit:
+                if stop is not None and stop.is_set():
+                    return None
                 self._changed.wait(timeout)
                 if self._in_flight >= self.limit:
                     return None
@@ -101,7 +104,12 @@ class AdaptiveGate:
     recheck = False
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        since, refusal = waiting.poll(self.name, self.limit.enter, admission, wake=self.limit.wake)
+        since, refusal = waiting.poll(
+            self.name,
+            lambda timeout: self.limit.enter(timeout, admission.stop),
+            admission,
+            wake=self.limit.wake,
+        )
         if refusal is None:
             admission.held[self.name] = since
         return refusal

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from ..core.admission import Admission
@@ -78,8 +79,8 @@ class AnnouncedGate:
             name = _NAMES[budget]
             entry, refusal = enter(
                 limiter,
-                window,
-                min(amount, window.count),
+                partial(self._window, budget, window),  # (as the answers set it meanwhile)
+                amount,
                 name=name,
                 admission=admission,
                 waiting=waiting,
@@ -89,6 +90,11 @@ class AnnouncedGate:
                 return refusal
             admission.held[name] = entry
         return None
+
+    def _window(self, budget: Budget, first: Window) -> Window:
+        """``budget``'s window as the answers set it now (``first``: the one the wait began
+        with, which an announced limit replaces but never removes)."""
+        return self.windows.get(budget, first)
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         for budget, limiter in self._limiters.items():

@@ -188,7 +188,7 @@ class BreakerGate:
                     return "circuit_open"
                 pause = wait if state == "open" else min(left, POLL_SECONDS)
                 admission.waited = True
-                admission.held_for_host()
+                admission.holding()
                 if waiting.clock.wait(admission.stop, pause):
                     return "cancelled"
                 state, wait = self.backend.check(admission.host)

@@ -125,7 +125,7 @@ class Waiting:
             if cause is not None:
                 admission.why = f"{cause} in {seconds:.1f} s, more than the {limit} left"
             return limit
-        admission.held_for_host()
+        admission.holding()
         if self.clock.wait(admission.stop, seconds):
             return "cancelled"
         admission.waited = True
@@ -164,5 +164,6 @@ class Waiting:
                 return value, None
             if left <= 0:
                 return None, limit
-            admission.waited = admission.held_back = True
+            admission.waited = True
+            admission.holding()
             timeout = rounds

@@ -510,7 +510,8 @@ class QuotaGate:
                 left, limit = admission.allowance.tightest(waiting.now())
                 if left <= 0:
                     return limit
-                admission.waited = admission.held_back = True
+                admission.waited = True
+                admission.holding()
                 waiting.clock.wait(change, min(left, POLL_SECONDS))
                 refusal = "cancelled" if admission.stop.is_set() else None
             change = None

@@ -100,12 +100,16 @@ class WindowLimiter(Protocol):
     def recheck(self) -> None:
         """The window's limit changed: the waiter first in line looks again."""
 
+    def queued(self) -> bool:
+        """Whether turns wait in line (a shared log keeps no line: False)."""
+
 
 class SlotPool(Protocol):
     """At most N attempts in flight per key (a host)."""
 
-    def enter(self, key: str, timeout: float) -> bool:
-        """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came."""
+    def enter(self, key: str, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Take a slot for ``key``, waiting up to ``timeout`` seconds; False if none came, or
+        ``stop`` is set."""
 
     def leave(self, key: str) -> None: ...
 

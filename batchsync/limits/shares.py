@@ -6,6 +6,7 @@ together never pass a limit, without talking to each other. Pure functions of th
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .rates import Rate
@@ -25,14 +26,15 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def process_count(asked: int | str, *, concurrency: int, per_host: int | None, cpus: int) -> int:
+def process_count(asked: int | str, *, limits: Sequence[float], cpus: int) -> int:
     """How many worker processes a run gets: ``asked`` (``"auto"``: ``cpus``), never more than
-    an integer limit can be cut into (each process needs at least one of ``concurrency`` and,
-    unless a shared backend holds it, of ``per_host``: None)."""
+    any of ``limits`` has whole units: each process needs at least one of each (of the
+    concurrency, of a host's slots, of a rate's count in its period: a share below one a
+    period lets every process send its first at once, which together overdraw it)."""
     count = cpus if asked == AUTO else int(asked)
     if count < 1:
         raise ValueError(f"processes must be at least 1 or 'auto', got {asked!r}")
-    return max(1, min(count, concurrency, per_host or count))
+    return max(1, min(count, *(int(limit) for limit in limits)))
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -45,11 +47,13 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def split_rate(rate: Rate, parts: int) -> list[Rate]:
-    """A rate cut into ``parts`` shares of the same period that sum to it: whole counts when it
-    has at least one a share (100/s over 3: 34, 33, 33), else equal fractions (one in a longer
-    period each: 1/s over 2 is 0.5/s, one in any 2 s, each)."""
+    """A rate of at least one a share (see ``process_count``) cut into ``parts`` shares of the
+    same period that sum to it: whole counts when it has them (100/s over 3: 34, 33, 33), else
+    equal fractions, each at least one (2.5/s over 2: 1.25/s each)."""
     count = rate.count
-    if float(count).is_integer() and count >= parts:
+    if count < parts:
+        raise ValueError(f"a rate of {rate} cannot give {parts} processes one each")
+    if float(count).is_integer():
         return [Rate(share, rate.period) for share in split(int(count), parts)]
     return [Rate(count / parts, rate.period)] * parts
 

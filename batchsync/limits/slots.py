@@ -50,15 +50,17 @@ class HostSlots:
         self._lock = threading.Lock()
         self._hosts: dict[str, _Host] = {}
 
-    def enter(self, key: str, timeout: float) -> bool:
+    def enter(self, key: str, timeout: float, stop: threading.Event | None = None) -> bool:
         """A slot for ``key`` now, or after one wait of at most ``timeout`` (False: none came,
-        or the wait was woken for another reason: the caller looks again)."""
+        or the wait was woken for another reason: the caller looks again). ``stop`` is looked
+        at under the lock ``wake`` takes: a stop's wake-up is never lost."""
         with self._lock:
             host = self._hosts.get(key)
             if host is None:
                 host = self._hosts[key] = _Host(self._lock)
             if host.in_flight + host.promised >= self._limit:
-                if timeout <= 0:
+                if timeout <= 0 or (stop is not None and stop.is_set()):
+                    self._forget_if_idle(key, host)
                     return False
                 host.waiting += 1
                 host.freed.wait(timeout)
@@ -104,7 +106,7 @@ class SlotGate:
         host, slots = admission.host, self.slots
         taken, refusal = waiting.poll(
             self.name,
-            lambda timeout: slots.enter(host, timeout) or None,
+            lambda timeout: slots.enter(host, timeout, admission.stop) or None,
             admission,
             wake=slots.wake,
         )

@@ -179,6 +179,9 @@ class LocalWindow:
         with self._lock:
             self._wake_first()
 
+    def queued(self) -> bool:
+        return bool(self._line)  # (a deque's length, read in one step)
+
     def _wake_first(self) -> None:
         """(under the lock) Wake the waiter first in line, if any: only it may go."""
         if self._line:
@@ -188,31 +191,38 @@ class LocalWindow:
 
 def enter(
     limiter: WindowLimiter,
-    window: Window,
+    window_now: Callable[[], Window],
     amount: float,
     *,
     name: str,
     admission: Admission,
     waiting: Waiting,
 ) -> tuple[object | None, ErrorKind | None]:
-    """Wait for ``amount`` of ``window`` as long as the item's allowance leaves: (the entry,
-    None), or (None, the kind that ends the item), the reason then in ``admission.why``."""
+    """Wait for ``amount`` of the window ``window_now`` gives (read at each look: an announced
+    limit may change meanwhile), at most its whole count, as long as the item's allowance
+    leaves: (the entry, None), or (None, the kind that ends the item), the reason then in
+    ``admission.why``. An entry taken while other turns wait in line behind it marks the
+    admission ``held_back``: the window, not the workers, sets the pace."""
     turn = threading.Event()  # (set by the limiter when this waiter may go, or by the stop)
     began = waiting.now()
     try:
         with woken_by(admission.stop, turn.set) as stop_wakes:
             while True:
+                turn.clear()  # (before the stop is looked at: a stop's wake after it is kept)
+                if admission.stop.is_set():
+                    return None, "cancelled"
                 left, limit = admission.allowance.tightest(waiting.now())
-                turn.clear()  # (before the take: a wake after it is kept)
-                entry, wait = limiter.take(amount, window, turn, max(left, 0.0))
+                window = window_now()
+                entry, wait = limiter.take(min(amount, window.count), window, turn, max(left, 0.0))
                 if entry is not None:
+                    admission.held_back = admission.held_back or limiter.queued()
                     return entry, None
                 if left <= 0 or left <= wait < INFINITE:
                     if wait < INFINITE:
                         cause = f"the {name} limit of {window} has room again"
                         admission.why = f"{cause} in {wait:.1f} s, more than the {limit} left"
                     return None, limit
-                admission.waited = admission.held_back = True
+                admission.waited = True
                 seconds = min(left, limiter.poll) if wait == INFINITE else wait
                 if not stop_wakes:  # (a stop that cannot wake it: looked at now and then)
                     seconds = min(seconds, POLL_SECONDS)
@@ -251,9 +261,11 @@ class WindowGate:
         amount = 1 if self.weighs is None else admission.weight(self.weighs)
         if amount <= 0:
             return None
+        window = self.window
         entry, refusal = enter(
-            self.limiter, self.window, amount, name=self.name, admission=admission, waiting=waiting
-        )
+            self.limiter, lambda: window, amount, name=self.name, admission=admission,
+            waiting=waiting,
+        )  # fmt: skip
         if entry is not None:
             admission.held[self.name] = entry
         return refusal

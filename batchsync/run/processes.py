@@ -74,18 +74,15 @@ def process_options(options: OptionsT) -> list[OptionsT]:
     """The options of each worker process: its share of the concurrency and of every limit
     that no shared backend holds; one entry: the run is sent from this process. ValueError,
     before anything is sent, for what cannot be held across processes or sent to them."""
-    shared = options.limits is not None
-    slots = None if shared else options.slots
-    count = process_count(
-        options.processes, concurrency=options.concurrency, per_host=slots, cpus=cores()
-    )
+    limits = _whole_limits(options)
+    count = process_count(options.processes, limits=list(limits.values()), cpus=cores())
     if count == 1:
         return [options]
     if options.processes != "auto" and count < int(options.processes):
+        given = ", ".join(f"{name} {value:g}" for name, value in limits.items())
         log.warning(
-            "processes=%s: every process needs at least one of concurrency %d%s: %d processes",
-            options.processes, options.concurrency,
-            "" if slots is None else f" and per_host {slots}", count,
+            "processes=%s: every process needs at least one of each of %s: %d processes",
+            options.processes, given, count,
         )  # fmt: skip
     for name, why in _REFUSED.items():
         if getattr(options, name, None) is not None:
@@ -98,6 +95,23 @@ def process_options(options: OptionsT) -> list[OptionsT]:
     shares = [_share(options, index, count) for index in range(count)]
     _check_pickles(shares[0])
     return shares
+
+
+def _whole_limits(options: FlowOptions) -> dict[str, float]:
+    """The limits each process needs at least one of, by name: the concurrency, and the slots,
+    rates and token budgets no shared backend holds."""
+    limits: dict[str, float] = {"concurrency": options.concurrency}
+    if options.limits is not None:
+        return limits
+    if options.slots is not None:
+        limits["per_host"] = options.slots
+    if options.rate is not None and options.rate != "auto":
+        limits["rate"] = parse_rate(options.rate).count
+    for name in ("token_rate", "input_token_rate", "output_token_rate"):
+        budget = getattr(options, name)
+        if budget is not None:
+            limits[name] = budget.rate.count
+    return limits
 
 
 def _share(options: OptionsT, index: int, count: int) -> OptionsT:
