@@ -226,9 +226,7 @@ def enter(
                 seconds = min(left, limiter.poll) if wait == INFINITE else wait
                 if not stop_wakes:  # (a stop that cannot wake it: looked at now and then)
                     seconds = min(seconds, POLL_SECONDS)
-                waiting.clock.wait(turn, seconds)
-                if admission.stop.is_set():
-                    return None, "cancelled"
+                waiting.clock.wait(turn, seconds)  # (a stop is looked at above)
     finally:
         limiter.withdraw(turn)
         waiting.stats.add(name, waiting.now() - began)
