@@ -26,6 +26,7 @@ from batchsync.limits.tokenrate import TokenRate
 from batchsync.run.processes import process_options
 
 from .mockserver import MockServerProcess, busiest_second, in_flight_peak
+from .test_durability import run_cli, write_urls
 
 # --- the shares: pure ---
 
@@ -165,20 +166,6 @@ def cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "batchsync", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
-def write_urls(folder: Path, server: MockServerProcess, count: int, delay: float) -> list[str]:
-    key = uuid.uuid4().hex[:8]
-    targets = [f"/ok/{key}-{n}?delay={delay}" for n in range(count)]
-    (folder / "urls.txt").write_text("".join(f"{server.url}{t}\n" for t in targets))
-    return targets
 
 
 def served(server: MockServerProcess, targets: list[str]) -> list[int]:

@@ -39,7 +39,13 @@ from .assembly import Stoppable, gates_for, run_calls
 from .batched import journal_parts
 from .controller import Journaled, Plan, RunController, Send
 from .plan import Lane, TemplateRows, Words, plan_send, refuse_fresh
-from .processes import CallsInWorker, check_callable, fetch_processes, on_processes, process_options
+from .processes import (
+    calls_in_worker,
+    check_callable,
+    fetch_processes,
+    on_processes,
+    process_options,
+)
 from .progress import wanted
 from .stream import Stream, streamed
 
@@ -506,7 +512,7 @@ class CallBatch(Resumable[CallOptions]):
     def _send(self, on_start: Callable[[Stoppable], None]) -> Send:
         shares = process_options(self.options)
         if len(shares) > 1:
-            return on_processes([CallsInWorker(share, self._fn) for share in shares], on_start)
+            return on_processes([calls_in_worker(share, self._fn) for share in shares], on_start)
         return partial(run_calls, self.options, self._fn, on_start=on_start)
 
     def _remade_with(self) -> tuple[Any, ...]:

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("batchsync")
 
 OptionsT = TypeVar("OptionsT", FetchOptions, CallOptions)
+FlowT = TypeVar("FlowT", bound=FlowOptions)
 
 # The options that are observed or called where the attempts run: a worker process cannot
 # give them to this one's (hooks, a metrics registry, a tracer, the provider's announced
@@ -181,7 +183,7 @@ class Runner(Protocol):
     ) -> Ran: ...
 
 
-def _left_of(options: OptionsT, started: float) -> OptionsT:
+def _left_of(options: FlowT, started: float) -> FlowT:
     """``options`` with the batch deadline counted from ``started``, not from the worker's
     own start."""
     if options.deadline is None:
@@ -191,33 +193,13 @@ def _left_of(options: OptionsT, started: float) -> OptionsT:
 
 
 @dataclass(frozen=True)
-class FetchInWorker:
-    """A worker's HTTP run (``assembly.fetch``); ``wrap`` as in ``cluster.run_partition``."""
+class InWorker:
+    """A worker's run over the items it is handed: ``send`` (``assembly.fetch``, or
+    ``run_calls`` with its function bound: see ``fetch_in_worker``, ``calls_in_worker``) with
+    the worker's share of the options."""
 
-    options: FetchOptions
-    wrap: Wrap | None = None
-
-    @property
-    def concurrency(self) -> int:
-        return self.options.concurrency
-
-    def __call__(
-        self,
-        items: Iterable[tuple[int, object]],
-        deliver: Deliver,
-        on_start: Callable[[Stoppable], None],
-        started: float,
-    ) -> Ran:
-        options = _left_of(self.options, started)
-        return fetch(options, items, deliver, observed=False, wrap=self.wrap, on_start=on_start)
-
-
-@dataclass(frozen=True)
-class CallsInWorker:
-    """A worker's run of calls of ``fn`` (``assembly.run_calls``)."""
-
-    options: CallOptions
-    fn: Callable[[Any], Any]
+    options: FlowOptions
+    send: Callable[..., Ran]
 
     @property
     def concurrency(self) -> int:
@@ -231,7 +213,28 @@ class CallsInWorker:
         started: float,
     ) -> Ran:
         options = _left_of(self.options, started)
-        return run_calls(options, self.fn, items, deliver, observed=False, on_start=on_start)
+        return self.send(options, items, deliver, observed=False, on_start=on_start)
+
+
+def fetch_in_worker(options: FetchOptions, wrap: Wrap | None = None) -> InWorker:
+    """A worker's HTTP run (``wrap`` as in ``cluster.run_partition``)."""
+    return InWorker(options, partial(fetch, wrap=wrap))
+
+
+def calls_in_worker(options: CallOptions, fn: Callable[[Any], Any]) -> InWorker:
+    """A worker's run of calls of ``fn``."""
+    return InWorker(options, partial(_calls, fn=fn))
+
+
+def _calls(
+    options: CallOptions,
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    fn: Callable[[Any], Any],
+    **flags: Any,
+) -> Ran:
+    return run_calls(options, fn, items, deliver, **flags)
 
 
 def on_processes(runners: Sequence[Runner], on_start: Callable[[Stoppable], None]) -> Send:
@@ -248,7 +251,7 @@ def fetch_processes(options: FetchOptions) -> Cluster | None:
         return None
 
     def make(wrap: Wrap | None, on_start: Callable[[Stoppable], None]) -> Send:
-        return on_processes([FetchInWorker(share, wrap) for share in shares], on_start)
+        return on_processes([fetch_in_worker(share, wrap) for share in shares], on_start)
 
     return make
 
