@@ -87,9 +87,9 @@ class _Carried:
     claimed: float
     allowance: Allowance
     records: list[AttemptRecord] = field(default_factory=list)
-    # Called once, when the item gets going: its first attempt passed the limits without
-    # waiting for capacity others use, or had none to pass, or a limit holds it for its host
-    # (see ``_Run.work``).
+    # Called once, when the item gets going: its first attempt passed the limits (with no
+    # other left in line behind it at a rate), or had none to pass, or a limit holds it where
+    # other items need not wait behind it (see ``_Run.work``).
     going: Callable[[], None] | None = None
 
     def go(self) -> None:
