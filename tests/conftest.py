@@ -33,11 +33,13 @@ def cluster() -> Iterator[Any]:
 
     from batchsync.contrib.dask import PROFILER_OFF
 
-    with dask.config.set(PROFILER_OFF):  # (the workers take the config as they start)
+    # (the workers take the config as they start, and so does one started again after a
+    # worker was lost: it holds for the cluster's whole life)
+    with dask.config.set(PROFILER_OFF):
         local = distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         )
-    client = distributed.Client(local)
-    yield client
-    client.close()
-    local.close()
+        client = distributed.Client(local)
+        yield client
+        client.close()
+        local.close()

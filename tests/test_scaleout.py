@@ -324,9 +324,12 @@ def test_the_clusters_batchsync_makes_do_not_profile_their_workers(cluster: Any)
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="only 3.11's workers are stopped")
 def test_a_run_on_a_cluster_stops_the_profiler_of_its_3_11_workers() -> None:
     distributed = pytest.importorskip("distributed")
+    import dask
+
     from batchsync.run.cluster import run_on_cluster
 
     with (
+        dask.config.set({"distributed.worker.profile.enabled": True}),  # (a user's cluster)
         distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as local,
         distributed.Client(local) as client,
     ):

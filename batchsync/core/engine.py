@@ -418,7 +418,7 @@ class Engine:
     ) -> list[tuple[Result, object]]:
         """Claim to final Result: the item's Result, then one for each identical item that
         waited on it; nothing when the item itself waits on an identical one. Never raises.
-        ``going``: called when its first attempt passes the limits without waiting."""
+        ``going``: called when the item gets going (see ``_Run.work``), or parks on its twin."""
         claimed = self._clock()
         try:
             task = self._prepare(job, index, item, claimed, deadline_end)
@@ -430,6 +430,8 @@ class Engine:
         if key is not None and self._flights.join(
             key, _Copy(index, item, task.url, task.id, claimed)
         ):
+            if going is not None:  # (parked on its twin: another worker takes the next item)
+                going()
             return []
         if self.observers.sees_item_started:
             self.observers.item_started(index, task)
