@@ -182,7 +182,10 @@ class Stats:
         return entry
 
     def end(self, entry: dict[str, Any], status: int | None) -> None:
+        """The request is answered: counted out once (a body's last write comes after)."""
         with self._lock:
+            if "end" in entry:
+                return
             self.in_flight -= 1
             self.in_flight_by_host[entry["host"]] -= 1
             entry["status"] = status
@@ -295,6 +298,7 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_GET
 
     def _handle(self) -> None:
+        self.entry: dict[str, Any] = {}  # (the log's entry, once it is counted in)
         if self.path.startswith("/stall-upload"):  # before reading the body: that is the point
             self._stall_upload()
             return
@@ -313,8 +317,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self.counted_connection:
             self.counted_connection = True
             stats.connected()
-        entry = stats.begin(self.path, self.headers.get("Host", ""))
-        self.entry = entry  # (a route may add to its log entry)
+        entry = self.entry = stats.begin(self.path, self.headers.get("Host", ""))  # (a route
+        # may add to its log entry)
         self.status: int | None = None
         try:
             self._route(path, query, body)
@@ -651,6 +655,10 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
+        # (counted out before the body goes: a client that has the whole answer may send the
+        # next at once, and must not be seen with both in flight)
+        if self.entry:
+            self.server.stats.end(self.entry, self.status)
         if self.command != "HEAD":
             self.wfile.write(body)
 
