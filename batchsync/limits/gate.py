@@ -32,10 +32,6 @@ POLL_SECONDS = 0.05
 QUIET_ROUND_SECONDS = 30.0
 
 
-def _nothing() -> None:
-    """Wakes nothing."""
-
-
 T = TypeVar("T")
 
 
@@ -145,8 +141,10 @@ class Waiting:
         ``wake``: ends every ``attempt`` waiting, called on the run's stop; with it, a round
         lasts until the attempt's own wake-up (its turn came) rather than ``POLL_SECONDS``.
         """
-        with woken_by(admission.stop, wake or _nothing) as stop_wakes:
-            rounds = QUIET_ROUND_SECONDS if stop_wakes and wake is not None else POLL_SECONDS
+        if wake is None:
+            return self._rounds(gate, attempt, admission, POLL_SECONDS)
+        with woken_by(admission.stop, wake) as stop_wakes:
+            rounds = QUIET_ROUND_SECONDS if stop_wakes else POLL_SECONDS
             return self._rounds(gate, attempt, admission, rounds)
 
     def _rounds(
