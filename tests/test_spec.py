@@ -54,6 +54,7 @@ def test_a_request_spec_passes_through() -> None:
         ({"url": "http://h.test", "id": object()}, "id: strict JSON cannot hold it"),
         ("http://user:PW@127.0.0.1:99999/", "^not a valid URL: its host or port cannot be read$"),
         ("http://user:PW@[::1/", "^not a valid URL: its host or port cannot be read$"),
+        ("http://h .test/", "^not a valid URL: its host or port cannot be read$"),
         ({"url": "http://h.test", "headers": {"X": 1}}, "headers.X"),
         (42, "not int"),
         (None, "not NoneType"),

@@ -69,12 +69,20 @@ def sendable_headers(value: Headers) -> Headers:
     return value
 
 
+# A space or a control character in a host: urllib3 2.8 refuses it as it parses, an older
+# release (setup.cfg admits 2.6) reads it as a host; refused here on every release.
+_NOT_IN_A_HOST = re.compile(r"[\x00-\x20\x7f]")
+_UNREADABLE = "not a valid URL: its host or port cannot be read"
+
+
 def check_url(url: str) -> str:
     """The URL itself when it is an absolute http(s) URL with a host; else ValueError."""
     try:
         parsed = parse_url(url)
     except LocationParseError:  # (its message repeats the URL, passwords and all)
-        raise ValueError("not a valid URL: its host or port cannot be read") from None
+        raise ValueError(_UNREADABLE) from None
+    if _NOT_IN_A_HOST.search(parsed.host or ""):
+        raise ValueError(_UNREADABLE)
     scheme = (parsed.scheme or "").lower()
     if scheme not in ("http", "https"):
         raise ValueError(f"scheme must be http or https, got {parsed.scheme or 'none'!r}")
