@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.admission import PICO, Admission
 from ..core.clock import Clock
@@ -56,7 +56,21 @@ _ELSEWHERE = ("previous_response_id", "conversation", "cached_content", "audio")
 _DEPTH = 8
 # Dollars a million tokens: at most a million, to the millionth of a cent (so that a price
 # reads quickly and exactly).
-Price = Annotated[Decimal, Field(ge=0, le=10**6, decimal_places=8, allow_inf_nan=False)]
+_PRICE_STEP = Decimal("1e-8")
+
+
+def _eight_places_at_most(price: Decimal) -> Decimal:
+    """The price when it has at most 8 decimal places. (pydantic's ``decimal_places`` before
+    2.14 rounds the value in the default context first: 1e-999999999 went through as 0, and
+    its exact sums would carry a billion digits.)"""
+    if price != price.quantize(_PRICE_STEP):
+        raise ValueError("a price has at most 8 decimal places")
+    return price
+
+
+Price = Annotated[
+    Decimal, Field(ge=0, le=10**6, allow_inf_nan=False), AfterValidator(_eight_places_at_most)
+]
 _MOST_DOLLARS = 10**9  # the largest cap
 
 
