@@ -24,6 +24,7 @@ def free_port() -> int:
 def redis_server(password: str | None = None) -> Iterator[str]:
     """A real redis-server on 127.0.0.1 (CI installs it; elsewhere its absence skips); yields
     its URL, with the password in it when one is required."""
+    redis = pytest.importorskip("redis", reason="the redis extra is not installed")
     binary = shutil.which("redis-server")
     if binary is None:
         if os.environ.get("CI"):
@@ -45,8 +46,6 @@ def redis_server(password: str | None = None) -> Iterator[str]:
         command += ["--requirepass", password]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
-    import redis
-
     client = redis.Redis.from_url(url)
     try:
         for _ in range(100):

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import requests
+import urllib3.connection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from urllib3 import HTTPHeaderDict
-from urllib3.connection import _normalize_header_values as urllib3_normalize
 from urllib3.util.response import assert_header_parsing as urllib3_assert_header_parsing
 
 from batchsync import fetch_all
@@ -277,6 +277,9 @@ def test_real_responses_skip_the_email_parser(
 def test_urllib3_gets_the_header_dict_it_builds_itself(block: bytes, quick: bool) -> None:
     """A block read the quick way skips urllib3's checks and copy, and its HTTPHeaderDict is
     the one urllib3 builds, repeated names and all; any other block goes urllib3's way."""
+    urllib3_normalize = vars(urllib3.connection).get("_normalize_header_values")
+    if urllib3_normalize is None:
+        pytest.skip("urllib3 before 2.8 has no _normalize_header_values: nothing to stand in for")
     message = parse_headers(io.BytesIO(block))
     items = _normalize_header_values(message)
     assert (type(items) is _QuickItems) is quick
