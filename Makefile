@@ -16,7 +16,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # sleeps, so more workers than the 2 cores finish sooner. `make test WORKERS=0`: one process.
 WORKERS ?= 4
 
-.PHONY: install services test test-unit lint demo bench docs clean
+.PHONY: install services test test-unit test-floors lint demo bench docs clean
 
 install: $(STAMP)
 
@@ -56,6 +56,31 @@ test-unit: install
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python scripts/demo.py
+
+# The lowest versions setup.cfg admits, in a venv of their own: each install_requires floor
+# pinned (scripts/floors.py reads them from setup.cfg) as a constraints file, so that nothing
+# installed beside the package can pull one up; with it the report extra (as `make demo`) and
+# what collecting the unit tests imports (pytest imports every module, those that
+# -m 'not integration' deselects too). A test of another extra skips without it. Then `pip
+# freeze` must show every floor, and the unit tests and the demo run there.
+FLOORS       := $(VENV)-floors
+FLOORS_PINS  := $(FLOORS)/floors.txt
+FLOORS_STAMP := $(FLOORS)/.installed
+FLOORS_TOOLS := pytest pytest-xdist hypothesis responses trustme openai anthropic httpx boto3
+
+$(FLOORS_STAMP): setup.cfg pyproject.toml scripts/floors.py
+	@test -n '$(PYTHON_EXE)' || (echo 'no $(PYTHON) on PATH or in pyenv' >&2; exit 2)
+	rm -rf $(FLOORS)
+	$(PYTHON_EXE) -m venv $(FLOORS)
+	$(FLOORS)/bin/python scripts/floors.py > $(FLOORS_PINS)
+	$(FLOORS)/bin/pip install --quiet --disable-pip-version-check -c $(FLOORS_PINS) \
+		-e '.[report]' $(FLOORS_TOOLS)
+	touch $(FLOORS_STAMP)
+
+test-floors: $(FLOORS_STAMP)
+	$(FLOORS)/bin/pip freeze | $(FLOORS)/bin/python scripts/floors.py --check
+	$(FLOORS)/bin/python -m pytest -n $(WORKERS) -m 'not integration'
+	$(FLOORS)/bin/python scripts/demo.py
 
 # The peers from the bench extra; nginx for the fast server when the machine can install it
 # (without it, the bundled asyncio server stands in and the report says so).
