@@ -33,6 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "getting-started.md"
+DEMO_OUT = ROOT / "demo-out"
 SAMPLE_PORT = 8765
 sys.path.insert(0, str(ROOT))
 
@@ -114,10 +115,11 @@ def next_steps(base: str, out: Path) -> str:
     port = base.rsplit(":", 1)[1]
     retry = ["-m", "batchsync", shown(out / "urls.txt"), "-o", shown(out / "batch"),
              "--retry-failed"]  # fmt: skip
+    activate = Path(sys.executable).parent / "activate"
+    or_activate = f"; or run\n# `. {shown(activate)}` first, then plain `python`"
     return (
-        f"# Next, from this directory, with the demo's Python ({PYTHON}; or run\n"
-        f"# `. {shown(Path(sys.executable).parent / 'activate')}` first, then plain `python`)."
-        " In another terminal, the mock API again:\n"
+        f"# Next, from this directory, with the demo's Python ({PYTHON}"
+        f"{or_activate if activate.exists() else ''}). In another terminal, the mock API again:\n"
         f"#   {PYTHON} -m batchsync.mock --port {port}\n"
         "# then send the first run's failures again (the mock API fails them again):\n"
         f"$ {PYTHON} {shlex.join(retry)}\n"
@@ -200,15 +202,17 @@ def check_docs(samples: dict[str, str]) -> list[str]:
     return differences
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="a mock API already running (python -m batchsync.mock)")
-    parser.add_argument("--out", type=Path, default=ROOT / "demo-out", help="the outputs' folder")
+    parser.add_argument("--out", type=Path, default=DEMO_OUT, help="a folder for the outputs")
     docs = parser.add_mutually_exclusive_group()
     docs.add_argument("--write-docs", action="store_true", help=f"write the samples of {DOC.name}")
     docs.add_argument("--check-docs", action="store_true", help=f"check the samples of {DOC.name}")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     out: Path = args.out.resolve()
+    if out != DEMO_OUT and out.exists() and any(out.iterdir()):
+        parser.error(f"--out {args.out}: give a new or empty folder")
     # A demo starts from nothing: its own earlier outputs would be refused as another run's.
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
