@@ -190,6 +190,23 @@ def counts_in(page: str) -> dict[str, int]:
     return {key: int(n) for key, n in found}
 
 
+def test_the_latency_axis_ticks_are_round_durations_with_their_unit() -> None:
+    # two decades: 1, 2 and 5 of each; four: 1 and 3; more: the decades (a tenth either side)
+    assert report._latency_ticks([[0.004, None], [0.2]])["ticktext"] == [
+        "500 µs", "1 ms", "2 ms", "5 ms", "10 ms", "20 ms", "50 ms", "100 ms", "200 ms",
+        "500 ms", "1 s", "2 s",
+    ]  # fmt: skip
+    assert report._latency_ticks([[0.002, 3.0]])["ticktext"] == [
+        "300 µs", "1 ms", "3 ms", "10 ms", "30 ms", "100 ms", "300 ms", "1 s", "3 s", "10 s",
+        "30 s",
+    ]  # fmt: skip
+    wide = report._latency_ticks([[0.0005, 120.0]])
+    assert wide["ticktext"] == ["100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s", "100 s",
+                                "1000 s"]  # fmt: skip
+    assert report._latency_ticks([[0.002, 3.0]])["tickvals"][:3] == [0.0003, 0.001, 0.003]
+    assert report._latency_ticks([[None]]) == {}
+
+
 def test_a_result_set_writes_one_self_contained_page_with_charts(tmp_path: Path) -> None:
     pytest.importorskip("plotly")
     path = results().report(tmp_path / "r.html")

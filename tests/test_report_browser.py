@@ -3,16 +3,14 @@ fetched from the network, charts drawn with the run's data, the counts the run's
 
 Needs Debian's ``chromium`` (``make test`` installs it where apt-get can) and the
 ``playwright`` package (the dev extra), which drives it; ``playwright install`` is never
-needed. Without either, the test is skipped, saying why. With BATCHSYNC_REPORT_SCREENSHOT set
-to a path (``docs/report.png``), the page's screenshot is saved there too.
+needed. Without either, the test is skipped, saying why. (``scripts/report_picture.py`` takes
+the README's picture of a report the same way.)
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -143,10 +141,27 @@ def test_the_report_of_a_faulty_run_renders_in_chromium(
     assert page.locator("#failed-shown").inner_text() == "5"
     page.fill("input[data-table='failed']", "")
 
-    page.set_viewport_size({"width": 1400, "height": 1150})
-    page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(tmp_path / "report.png"))  # the summary and the charts
-    wanted = os.environ.get("BATCHSYNC_REPORT_SCREENSHOT")
-    if wanted:
-        shutil.copyfile(tmp_path / "report.png", wanted)
+    # The latency chart: ticks with their unit, each percentile a line of its own, and plotly's
+    # toolbar, shown while the pointer is over a chart, not over its title.
+    ticks = page.locator("#chart-latency .ytick text").all_text_contents()
+    assert ticks and all(re.fullmatch(r"\d+ (µs|ms|s)", tick) for tick in ticks), ticks
+    looks = page.evaluate(
+        """() => document.getElementById('chart-latency').data
+            .map((t) => [t.name, (t.line || {}).dash, (t.marker || {}).symbol])"""
+    )
+    assert sorted(name for name, _, _ in looks) == ["p50", "p95", "p99"]
+    assert len({(dash, symbol) for _, dash, symbol in looks}) == 3, looks
+    for chart in CHARTS:
+        page.hover(f"#{chart} .main-svg")
+        overlap = page.evaluate(
+            """(id) => {
+                const chart = document.getElementById(id).closest('.chart');
+                const bar = chart.querySelector('.modebar').getBoundingClientRect();
+                const title = chart.querySelector('h3, .gtitle').getBoundingClientRect();
+                return bar.width > 0 && bar.left < title.right && title.left < bar.right
+                    && bar.top < title.bottom && title.top < bar.bottom;
+            }""",
+            chart,
+        )
+        assert not overlap, chart
     page.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import math
 import os
 import secrets
 import time
@@ -48,6 +49,7 @@ th{background:#f4f4f4;text-align:left} td.n{text-align:right;font-variant-numeri
 .note{background:#fff7e0;border:1px solid #f0d080;padding:.5em .8em}
 .charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1em}
 .chart{border:1px solid #eee;min-height:320px} input.filter{width:30em;padding:.3em}
+.chart h3{font-size:1em;font-weight:normal;margin:.6em .8em 0}
 .summary{font-family:ui-monospace,monospace;font-size:.9em}
 """
 
@@ -139,13 +141,64 @@ def _series_table(name: str, times: Sequence[float], series: Mapping[str, Sequen
 
 
 _COLORS = {"ok": "#2ca02c", "retried": "#ff7f0e", "failed": "#d62728", "429": "#9467bd"}
+# Each percentile its own line and mark, and the higher ones drawn first, wider: where two are
+# equal (a step with few attempts) the one below still shows around the one on top.
+_PERCENTILE_LOOKS = {
+    "p99": {"color": "#d62728", "dash": "dot", "symbol": "diamond-open", "size": 11},
+    "p95": {"color": "#ff7f0e", "dash": "dash", "symbol": "square-open", "size": 8},
+    "p50": {"color": "#1f77b4", "dash": "solid", "symbol": "circle", "size": 5},
+}
+# A log axis's ticks where plotly would put bare "2" and "5" between its decades, labelled with
+# their unit: 1, 2 and 5 of each decade when the latencies span at most two decades, 1 and 3
+# up to four, the decades alone beyond.
+_DECADES = [10.0**power for power in range(-6, 5)]
+
+
+def _duration(seconds: float) -> str:
+    """A tick's label: 1 µs ... 500 ms, 1 s ... 10000 s."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds / 1e-6:g} µs"
+
+
+def _latency_ticks(series: Iterable[Sequence[float | None]]) -> dict[str, Any]:
+    values = [value for values in series for value in values if value]
+    if not values:
+        return {}
+    low, high = min(values), max(values)
+    ticks = _log_ticks(math.log10(high / low))
+    shown = [tick for tick in ticks if low / 10 <= tick <= high * 10]
+    return {"tickvals": shown, "ticktext": [_duration(tick) for tick in shown]}
+
+
+def _log_ticks(decades: float) -> list[float]:
+    steps = (1.0, 2.0, 5.0) if decades <= 2 else (1.0, 3.0) if decades <= 4 else (1.0,)
+    return [round(decade * step, 9) for decade in _DECADES for step in steps]
+
+
+def _latency_figure(aggregate: Aggregate, go: Any, over_time: dict[str, Any]) -> Any:
+    times, percentiles = aggregate.times(), aggregate.percentiles()
+    lines = [
+        go.Scatter(x=times, y=percentiles[name], name=name, mode="lines+markers",
+                   connectgaps=True, line={"color": look["color"], "dash": look["dash"]},
+                   marker={"symbol": look["symbol"], "size": look["size"], "color": look["color"]})
+        for name, look in _PERCENTILE_LOOKS.items()
+    ]  # fmt: skip
+    return go.Figure(lines).update_layout(
+        title="Attempt latency percentiles (±10 %; lines join the steps with attempts)",
+        yaxis={"title": "latency", "type": "log", **_latency_ticks(percentiles.values())},
+        legend={"traceorder": "reversed"}, **over_time)  # fmt: skip
 
 
 def _chart(pio: Any, name: str, figure: Any, *, first: bool = False) -> str:
-    """One chart's div; the ``first`` brings the page's one copy of plotly.js."""
+    """One chart's div under its title; the ``first`` brings the page's one copy of plotly.js.
+    The title is the page's, not the figure's: plotly's toolbar shows over a figure's top."""
+    title = figure.layout.title.text
+    figure.update_layout(title=None)
     config = {"displaylogo": False, "responsive": True}
     chart = pio.to_html(figure, include_plotlyjs=first, full_html=False, div_id=name, config=config)
-    return f"<div class='chart'>{chart}</div>"
+    return f"<div class='chart'><h3>{_e(title)}</h3>{chart}</div>"
 
 
 def _live_figures(aggregate: Aggregate, go: Any, over_time: dict[str, Any]) -> dict[str, Any]:
@@ -160,12 +213,7 @@ def _live_figures(aggregate: Aggregate, go: Any, over_time: dict[str, Any]) -> d
              for name, values in aggregate.per_second().items()]
         ).update_layout(title="Attempts per second, by outcome", barmode="stack", bargap=0,
                         yaxis_title="attempts / s", **over_time),
-        "chart-latency": go.Figure(
-            [go.Scatter(x=times, y=values, name=name, mode="lines+markers", connectgaps=True)
-             for name, values in aggregate.percentiles().items()]
-        ).update_layout(
-            title="Attempt latency percentiles (±10 %; lines join the steps with attempts)",
-            yaxis_title="seconds", yaxis_type="log", **over_time),
+        "chart-latency": _latency_figure(aggregate, go, over_time),
         "chart-waits": go.Figure(
             [go.Scatter(x=times, y=values, name=name, mode="lines", fill="tozeroy")
              for name, values in aggregate.waiting().items()]
@@ -177,7 +225,7 @@ def _live_figures(aggregate: Aggregate, go: Any, over_time: dict[str, Any]) -> d
 def _charts(aggregate: Aggregate, summary: Summary, plotly: Any) -> str:
     go, pio = plotly
     times = aggregate.times()
-    layout: dict[str, Any] = {"height": 340, "margin": {"l": 55, "r": 20, "t": 45, "b": 45}}
+    layout: dict[str, Any] = {"height": 320, "margin": {"l": 60, "r": 20, "t": 30, "b": 45}}
     over_time = {"xaxis_title": "seconds from start", **layout}
     counts = sorted(aggregate.attempts_per_item.items())
     outcomes = [("ok", summary.ok), *summary.error_kinds.items()]
@@ -378,7 +426,7 @@ def _submissions_chart(parts: Sequence[Part], plotly: Any) -> str:
         xaxis_title="seconds from the first part's start",
         yaxis={"autorange": "reversed", "type": "category"},
         height=max(220, 60 + 28 * len(parts)),
-        margin={"l": 70, "r": 20, "t": 45, "b": 45},
+        margin={"l": 70, "r": 20, "t": 30, "b": 45},
     )
     return _chart(pio, "chart-submissions", figure)
 
