@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchsync.core.engine import Deliver
+from batchsync.core.engine import Deliver, Earlier
 from batchsync.core.history import DONE, TO_REDO, TO_SEND, Pass, Stint
 from batchsync.core.result import Result
 from batchsync.limits.gates import Gates
@@ -28,7 +28,12 @@ def journaled(tmp_path: Path) -> Journaled:
 
 
 def answering(
-    items: Iterable[tuple[int, object]], deliver: Deliver, *, gates: Gates | None, progress: Tally
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None,
+    progress: Tally,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """A Send that answers every item it is given at its first attempt."""
     for index, item in items:
@@ -39,7 +44,12 @@ def answering(
 
 
 def interrupted(
-    items: Iterable[tuple[int, object]], deliver: Deliver, *, gates: Gates | None, progress: Tally
+    items: Iterable[tuple[int, object]],
+    deliver: Deliver,
+    *,
+    gates: Gates | None,
+    progress: Tally,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """A Send that answers the first item, then is interrupted (a notebook's Ctrl-C)."""
     index, item = next(iter(items))

@@ -32,7 +32,7 @@ from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .observe import Hooks, Observer, Observers
-from .result import AttemptRecord, Result, answer_of, describe_attempts, result_of
+from .result import AttemptRecord, Result, answer_of, describe_attempts, repeats, result_of
 from .stop import Stop
 from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
@@ -41,6 +41,8 @@ log = logging.getLogger("batchsync")
 
 # Receives each final Result with the item it is for, from worker threads.
 Deliver = Callable[[Result, object], None]
+# An item's Result from an earlier pass, by its index (None: it has none).
+Earlier = Callable[[int], Result | None]
 
 _POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 3.0
@@ -91,6 +93,8 @@ class _Carried:
     # other left in line behind it at a rate), or had none to pass, or a limit holds it where
     # other items need not wait behind it (see ``_Run.work``).
     going: Callable[[], None] | None = None
+    # Its Result from an earlier pass, when a retry pass sends it again (see ``repeats``).
+    earlier: Result | None = None
 
     def go(self) -> None:
         going, self.going = self.going, None
@@ -181,8 +185,11 @@ class _Run:
         source: Iterator[tuple[int, object]],
         deliver: Deliver,
         deadline_end: float | None,
+        *,
+        earlier: Earlier | None,
     ) -> None:
         self._engine = engine
+        self._earlier = earlier
         self._job = job
         self._source = source
         self._source_lock = threading.Lock()
@@ -260,7 +267,10 @@ class _Run:
             if entry is None:
                 return
             index, item = entry
-            delivered = engine.carry(self._job, index, item, self._deadline_end, self.start)
+            before = None if self._earlier is None else self._earlier(index)
+            delivered = engine.carry(
+                self._job, index, item, self._deadline_end, going=self.start, earlier=before
+            )
             if not delivered and not self._hold_slot():  # (parked on an identical request:
                 return  # a slot is held until it lands)
             for result, its_item in delivered:
@@ -340,8 +350,16 @@ class Engine:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
-    def run(self, job: Job, items: Iterable[tuple[int, object]], deliver: Deliver) -> bool:
-        """Deliver one Result per (index, item) pair, from worker threads, as each finishes.
+    def run(
+        self,
+        job: Job,
+        items: Iterable[tuple[int, object]],
+        deliver: Deliver,
+        *,
+        earlier: Earlier | None = None,
+    ) -> bool:
+        """Deliver one Result per (index, item) pair, from worker threads, as each finishes;
+        ``earlier``: an item's Result from an earlier pass, by its index (a retry pass's).
 
         Returns False when, after a stop or an interrupt, attempts still in flight were
         abandoned once the grace had passed and ``abort`` (if any) did not end them (their
@@ -353,7 +371,7 @@ class Engine:
         self._stop.clear()
         started = self._clock()
         deadline_end = None if options.deadline is None else started + options.deadline
-        run = _Run(self, job, iter(items), deliver, deadline_end)
+        run = _Run(self, job, iter(items), deliver, deadline_end, earlier=earlier)
         finished = False
         try:
             run.start()
@@ -414,11 +432,14 @@ class Engine:
         index: int,
         item: object,
         deadline_end: float | None,
+        *,
         going: Callable[[], None] | None = None,
+        earlier: Result | None = None,
     ) -> list[tuple[Result, object]]:
         """Claim to final Result: the item's Result, then one for each identical item that
         waited on it; nothing when the item itself waits on an identical one. Never raises.
-        ``going``: called when the item gets going (see ``_Run.work``), or parks on its twin."""
+        ``going``: called when the item gets going (see ``_Run.work``), or parks on its twin;
+        ``earlier``: its Result from an earlier pass (a retry pass sends it again)."""
         claimed = self._clock()
         try:
             task = self._prepare(job, index, item, claimed, deadline_end)
@@ -436,7 +457,9 @@ class Engine:
         if self.observers.sees_item_started:
             self.observers.item_started(index, task)
         try:
-            result = self._attempts(job, task, index, claimed, deadline_end, going=going)
+            result = self._attempts(
+                job, task, index, claimed, deadline_end, going=going, earlier=earlier
+            )
         except Exception as exc:
             result = self._internal_error(job, index, item, exc)
         finally:
@@ -484,10 +507,11 @@ class Engine:
         deadline_end: float | None,
         *,
         going: Callable[[], None] | None,
+        earlier: Result | None,
     ) -> Result:
         """The item's route, then its fallbacks while they are allowed, to a final Result."""
         allowance = Allowance(claimed + self.options.budget, deadline_end)
-        item = _Carried(job, task, index, claimed, allowance, going=going)
+        item = _Carried(job, task, index, claimed, allowance, going=going, earlier=earlier)
         errors: list[str] = []
         so_far: Result | None = None
         # Each route with its number as a fallback (None for the item's own).
@@ -653,20 +677,23 @@ class Engine:
             # (a timeout the budget cut short says nothing of the host: its limits see that)
             verdict = cut_short(verdict, limit)
         if admission is not None:
-            self._release(admission, item.job, verdict, item.task)
+            self._release(admission, item, verdict)
         return verdict, began, ended
 
-    def _release(self, admission: Admission, job: Job, verdict: Verdict, task: Task) -> None:
+    def _release(self, admission: Admission, item: _Carried, verdict: Verdict) -> None:
         """Tell the limits what an attempt came to (``Gates.release`` keeps each gate's failure
         to itself). Whatever reading the answer for them raises, the attempt stays counted and
-        its answer kept; the limits get back what they held, and learn nothing from it."""
+        its answer kept; the limits get back what they held, and learn nothing from it. The
+        failure an item had in an earlier pass, repeated, is not the breaker's (``repeats``)."""
         if self._gates is None:
             return
         try:
-            feedback = job.feedback(verdict)
+            feedback = item.job.feedback(verdict)
+            if feedback.unwell and item.earlier is not None and repeats(item.earlier, verdict):
+                feedback = replace(feedback, unwell=None)
         except Exception as exc:
             log.warning(
-                "the limits could not read an answer of %s: %s", task.url, type(exc).__name__
+                "the limits could not read an answer of %s: %s", item.task.url, type(exc).__name__
             )
             log.debug("the limits' failure", exc_info=True)
             with contextlib.suppress(Exception):

@@ -94,6 +94,19 @@ def answer_of(verdict: Verdict) -> Answer:
     return _UNANSWERED if facts is None else facts
 
 
+def repeats(earlier: Result, verdict: Verdict) -> bool:
+    """Whether an attempt failed as its item did in an earlier pass: the same kind, the same
+    status. A retry pass sends only failed items, so that failure again is the item's own
+    news, not the host's: the breaker does not count it (a host that went down fails them
+    otherwise: refused connections, timeouts, other statuses)."""
+    return (
+        not earlier.ok
+        and verdict.outcome != "success"
+        and earlier.error_kind == verdict.error_kind
+        and earlier.status_code == answer_of(verdict).status_code
+    )
+
+
 def result_of(
     verdict: Verdict,
     records: Sequence[AttemptRecord],

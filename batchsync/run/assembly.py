@@ -18,7 +18,7 @@ from urllib3.exceptions import InsecureRequestWarning
 
 from .. import contrib
 from ..core.clock import SYSTEM, Clock
-from ..core.engine import Deliver, Engine, Job
+from ..core.engine import Deliver, Earlier, Engine, Job
 from ..core.observe import Observer
 from ..core.redact import Secrets, watching
 from ..core.result import Result
@@ -117,12 +117,14 @@ def fetch(
     wrap: Callable[[HttpJob], Job] | None = None,
     on_start: Callable[[Stoppable], None] = lambda run: None,
     clock: Clock = SYSTEM,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """One HTTP run: transport, job, gates, observers and engine, set up and taken down
     together. ``gates`` carry limits across runs (a ``Batch``'s); ``observed=False`` leaves
     metrics and traces out (a Dask partition's: its client observes the run); ``wrap`` turns
     the HTTP job into the one the items need (the command line's input entries); ``on_start``
-    sees the engine before it starts; ``clock`` measures every wait (a test's own)."""
+    sees the engine before it starts; ``clock`` measures every wait (a test's own);
+    ``earlier``: an item's Result from an earlier pass (``Engine.run``)."""
     gates = gates_for(options, clock) if gates is None else gates
     # One Secrets for the transport and the job: the tokens auth= hands out join it as they come.
     secrets = options.secrets()
@@ -146,6 +148,7 @@ def fetch(
                 abort=transport.abort,
                 on_start=on_start,
                 clock=clock,
+                earlier=earlier,
             )
     finally:
         job.close()
@@ -227,6 +230,7 @@ def run_calls(
     observed: bool = True,
     on_start: Callable[[Stoppable], None] = lambda run: None,
     clock: Clock = SYSTEM,
+    earlier: Earlier | None = None,
 ) -> Ran:
     """One run of calls of ``fn`` (``calls.CallJob``): the same gates, observers and engine as
     an HTTP run (``observed``, ``on_start``, ``clock`` as for ``fetch``)."""
@@ -246,6 +250,7 @@ def run_calls(
             abort=None,
             on_start=on_start,
             clock=clock,
+            earlier=earlier,
         )
     finally:
         job.close()
@@ -282,12 +287,13 @@ def _run(
     abort: Callable[[], None] | None,
     on_start: Callable[[Stoppable], None],
     clock: Clock,
+    earlier: Earlier | None,
 ) -> Ran:
     observers = observers_for(options, gates, progress) if observed else []
     engine = Engine(options, gates=gates, observers=observers, abort=abort, clock=clock)
     on_start(engine)
     with watching(secrets):
-        finished = engine.run(job, items, deliver)
+        finished = engine.run(job, items, deliver, earlier=earlier)
     return Ran(
         engine.stopped,
         not finished,

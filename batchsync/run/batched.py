@@ -18,7 +18,7 @@ from ..batches.lanes import LivePace
 from ..batches.protocol import Endpoint
 from ..batches.providers import endpoint_of
 from ..batches.sender import BatchRun, Plan
-from ..core.engine import Deliver
+from ..core.engine import Deliver, Earlier
 from ..core.observe import Hooks, Observers
 from ..core.redact import watching
 from ..core.result import Result
@@ -73,10 +73,12 @@ class ThroughBatchApi:
         *,
         progress: Tally,
         gates: Gates | None = None,
+        earlier: Earlier | None = None,
     ) -> Ran:
         """Send the rows (of a live run's gates only the spend cap is theirs: the provider
         paces them); with lanes="auto", then those the deadline moved to the live lane, through
-        ``live`` under every gate, in what is left of the deadline."""
+        ``live`` under every gate, in what is left of the deadline (``earlier``: each row's
+        Result of an earlier pass, for the live lane's breaker)."""
         spending = None if gates is None else gates.spend_ledger
         assert spending is None or isinstance(spending, SpendLedger)  # (no Redis for batches)
         with self._running(progress, spending) as run:
@@ -85,10 +87,15 @@ class ThroughBatchApi:
             moved, tried = run.moved, run.tries_of_moved()
         if stopped or not moved:
             return Ran(stopped, False, {}, 0)
-        return self._live_pass(moved, adding_to(tried.get, deliver), gates, progress)
+        return self._live_pass(moved, adding_to(tried.get, deliver), gates, progress, earlier)
 
     def _live_pass(
-        self, moved: list[int], deliver: Deliver, gates: Gates | None, progress: Tally
+        self,
+        moved: list[int],
+        deliver: Deliver,
+        gates: Gates | None,
+        progress: Tally,
+        earlier: Earlier | None,
     ) -> Ran:
         """The rows ``moved`` sent live, read again, in what is left of the deadline (each
         Result counting what the batches tried of it)."""
@@ -98,7 +105,7 @@ class ThroughBatchApi:
         send = self.live(self.options.model_copy(update={"batch_api": None, "deadline": left}))
         chosen = set(moved)
         rows = ((index, row) for index, row in self.again() if index in chosen)
-        return send(rows, deliver, gates=gates, progress=progress)
+        return send(rows, deliver, gates=gates, progress=progress, earlier=earlier)
 
     def finish(self) -> None:
         """Delete the collected parts' files at the provider (unless kept)."""

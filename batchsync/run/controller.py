@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..core.engine import Deliver
+from ..core.engine import Deliver, Earlier
 from ..core.history import Pass, Stint, difference
 from ..core.result import Result, added_to
 from ..limits.gates import Gates
@@ -26,9 +26,6 @@ from ..store.journal.spend import SpendRecord
 from ..store.resume import Kept, Left, read_back
 from .assembly import Ran
 from .progress import Tally, counter
-
-# The Result an item already has from an earlier pass or process, by its index (None: none).
-Earlier = Callable[[int], Result | None]
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,8 @@ class Send(Protocol):
     """What sends the items left and delivers each Result: the engine here
     (``assembly.fetch``, ``assembly.run_calls``) or a cluster (``cluster.on_cluster``);
     ``gates`` are the run's limits (None: a cluster's workers keep their own), ``progress``
-    counts each finished item."""
+    counts each finished item, ``earlier`` gives an item sent again its Result of an earlier
+    pass (``Engine.run``)."""
 
     def __call__(
         self,
@@ -79,6 +77,7 @@ class Send(Protocol):
         *,
         gates: Gates | None,
         progress: Tally,
+        earlier: Earlier | None = None,
     ) -> Ran: ...
 
 
@@ -146,7 +145,7 @@ class RunController:
         finishes."""
         left = plan.left
         passing = plan.passing if left.count else None  # (none: nothing to send)
-        tally = counter(left.count, progress)
+        tally = counter(left.count, progress, None if gates is None else gates.holding)
         so_far = progress_of(plan.passing, tally, gates)
         before = _timeline(gates)
         journal = None if self.journal is None else self.journal.open(passing, so_far, kept)
@@ -159,7 +158,9 @@ class RunController:
             deliver = adding_to(earlier, deliver)
         try:
             with tally, _spend_kept(journal, gates):
-                ran = send(left.sent(items), deliver, gates=gates, progress=tally)
+                ran = send(
+                    left.sent(items), deliver, gates=gates, progress=tally, earlier=left.before
+                )
         finally:
             stint = so_far()
             if passing is not None and stints is not None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.engine import Deliver, Job
+from ..core.engine import Deliver, Earlier, Job
 from ..core.result import Result
 from ..jobs.fetch import HttpJob
 from ..limits.gates import Gates
@@ -55,7 +55,8 @@ def distributed(
     ``start`` for the run's ``gates`` (which it may add its waits to): a partition of at most
     ``partition_size`` at a time, each one's Results counted and delivered here with their
     items as they come back, so that journal, progress and outputs are those of any run.
-    ``on_start`` sees what runs it, to stop it on a signal."""
+    ``on_start`` sees what runs it, to stop it on a signal. Each worker's breaker judges its
+    hosts by what it sees: ``earlier`` stays here (see ``Engine.run``)."""
 
     def send(
         items: Iterable[tuple[int, object]],
@@ -63,6 +64,7 @@ def distributed(
         *,
         gates: Gates | None,
         progress: Tally,
+        earlier: Earlier | None = None,
     ) -> Ran:
         distributor = start(gates)
         on_start(distributor)

@@ -118,6 +118,12 @@ class Left(Generic[T]):
             self._earlier[index] = before
         return item
 
+    @property
+    def before(self) -> Callable[[int], Result | None] | None:
+        """An item's Result from an earlier pass while it is sent again (its new one not yet
+        come); None when the pass sends no item again (see ``earlier``)."""
+        return None if self.earlier is None else self._earlier.get
+
     def taken(self, index: int) -> Result | None:
         """The Result an item sent again had (None: it had none), given once, when its new
         one comes."""
