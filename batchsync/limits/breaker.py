@@ -4,6 +4,7 @@ for a while, then tried again with one probe.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -177,22 +178,23 @@ class BreakerGate:
             return None
         began = waiting.now()
         try:
-            while state != "closed":
-                if state == "probe":
-                    admission.held["breaker"] = True
-                    return None
-                left, _ = admission.allowance.tightest(waiting.now())
-                if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
-                    with self._counting:
-                        self.refusals += 1
-                    return "circuit_open"
-                pause = wait if state == "open" else min(left, POLL_SECONDS)
-                admission.waited = True
-                admission.holding()
-                if waiting.clock.wait(admission.stop, pause):
-                    return "cancelled"
-                state, wait = self.backend.check(admission.host)
-            return None
+            with contextlib.ExitStack() as hold:
+                while state != "closed":
+                    if state == "probe":
+                        admission.held["breaker"] = True
+                        return None
+                    left, _ = admission.allowance.tightest(waiting.now())
+                    if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
+                        with self._counting:
+                            self.refusals += 1
+                        return "circuit_open"
+                    if not admission.waited:  # (the first wait: the hold begins)
+                        hold.enter_context(waiting.holding(self.name, admission))
+                    pause = wait if state == "open" else min(left, POLL_SECONDS)
+                    if waiting.clock.wait(admission.stop, pause):
+                        return "cancelled"
+                    state, wait = self.backend.check(admission.host)
+                return None
         finally:
             waiting.stats.add("breaker", waiting.now() - began)
 

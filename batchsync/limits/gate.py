@@ -16,7 +16,8 @@ import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -99,14 +100,69 @@ class WaitStats:
                     second += 1
 
 
+@dataclass(frozen=True)
+class Hold:
+    """A gate holding a host's attempts right now: how many, and for how long without a
+    break (``HeldNow.longest``)."""
+
+    gate: str
+    host: str
+    attempts: int
+    seconds: float
+
+
+class HeldNow:
+    """The hosts each gate holds attempts of right now, and since when: what the progress
+    line names when a gate holds the run. Only a wait that begins touches it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str], list[float]] = {}  # (gate, host): [attempts, since]
+
+    def begin(self, gate: str, host: str, now: float) -> tuple[str, str]:
+        key = (gate, host)
+        with self._lock:
+            entry = self._held.setdefault(key, [0, now])
+            entry[0] += 1
+        return key
+
+    def end(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            entry = self._held[key]
+            entry[0] -= 1
+            if not entry[0]:
+                del self._held[key]
+
+    def longest(self, now: float) -> Hold | None:
+        """The hold that has lasted longest (None: nothing is held)."""
+        with self._lock:
+            if not self._held:
+                return None
+            (gate, host), (attempts, since) = min(self._held.items(), key=lambda kv: kv[1][1])
+        return Hold(gate, host, int(attempts), now - since)
+
+
 class Waiting:
     """The waits a gate makes: each bounded by what is left of the item's allowance, ended
-    by the run's stop, measured on the clock and counted in ``stats`` under the gate's name."""
+    by the run's stop, measured on the clock and counted in ``stats`` under the gate's name;
+    ``held_now`` the holds going on."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.now = clock.now
         self.stats = WaitStats()
+        self.held_now = HeldNow()
+
+    @contextmanager
+    def holding(self, gate: str, admission: Admission) -> Iterator[None]:
+        """A hold of the attempt's host by ``gate`` while the block runs (see ``held_now``)."""
+        admission.waited = True
+        admission.holding()
+        key = self.held_now.begin(gate, admission.host, self.now())
+        try:
+            yield
+        finally:
+            self.held_now.end(key)
 
     def sleep(
         self, gate: str, seconds: float, admission: Admission, cause: str | None = None
@@ -121,10 +177,9 @@ class Waiting:
             if cause is not None:
                 admission.why = f"{cause} in {seconds:.1f} s, more than the {limit} left"
             return limit
-        admission.holding()
-        if self.clock.wait(admission.stop, seconds):
-            return "cancelled"
-        admission.waited = True
+        with self.holding(gate, admission):
+            if self.clock.wait(admission.stop, seconds):
+                return "cancelled"
         self.stats.add(gate, seconds)
         return None
 
@@ -151,17 +206,27 @@ class Waiting:
         self, gate: str, attempt: Callable[[float], T | None], admission: Admission, rounds: float
     ) -> tuple[T | None, ErrorKind | None]:
         began = self.now()
-        timeout = 0.0  # (a first look that does not wait: a wait is one the gate says it made)
-        while True:
-            left, limit = admission.allowance.tightest(self.now())
-            if admission.stop.is_set():
-                return None, "cancelled"
-            value = attempt(max(0.0, min(left, timeout)))
-            if value is not None:
-                self.stats.add(gate, self.now() - began)
-                return value, None
-            if left <= 0:
-                return None, limit
-            admission.waited = True
-            admission.holding()
-            timeout = rounds
+        # A first look that does not wait (a wait is one the gate says it made), then rounds.
+        value, refusal = self._round(attempt, admission, 0.0)
+        if value is not None or refusal is not None:
+            return value, refusal
+        with self.holding(gate, admission):
+            while True:
+                value, refusal = self._round(attempt, admission, rounds)
+                if value is not None:
+                    self.stats.add(gate, self.now() - began)
+                if value is not None or refusal is not None:
+                    return value, refusal
+
+    def _round(
+        self, attempt: Callable[[float], T | None], admission: Admission, timeout: float
+    ) -> tuple[T | None, ErrorKind | None]:
+        """One look, waiting at most ``timeout`` within the allowance: a value, or the kind
+        that ends the item, or neither (look again)."""
+        left, limit = admission.allowance.tightest(self.now())
+        if admission.stop.is_set():
+            return None, "cancelled"
+        value = attempt(max(0.0, min(left, timeout)))
+        if value is None and left <= 0:
+            return None, limit
+        return value, None

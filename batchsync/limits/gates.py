@@ -16,7 +16,7 @@ from ..core.budget import Allowance
 from ..core.clock import SYSTEM, Clock, clock_of
 from ..core.verdict import ErrorKind, Feedback
 from .breaker import BreakerGate
-from .gate import Gate, Waiting, WaitStats
+from .gate import Gate, Hold, Waiting, WaitStats
 from .shared import LimitsUnavailable, SpendLedger, SpendStore
 from .spend import SpendGate
 
@@ -25,6 +25,16 @@ __all__ = ["Admission", "Gates", "Refusal", "WaitStats"]
 
 _BACKEND_RETRY_SECONDS = 0.5
 _WARN_EVERY_SECONDS = 10.0
+# What turns off (or loosens) each gate that holds a host's attempts: the progress line says it
+# when the gate has held the run a while (the library's option has the same name).
+TURNED_OFF_BY = {
+    "breaker": "--breaker off",
+    "cooldown": "--cooldown off",
+    "quota": "--no-quota-headers",
+    "host_slot": "a higher --per-host",
+    "adaptive": "no --adaptive",
+    "spend": "a higher --max-cost",
+}
 log = logging.getLogger("batchsync")
 
 
@@ -53,6 +63,12 @@ class Gates:
         ledger = self.spend_ledger
         if ledger is not None:
             ledger.keep(store)
+
+    def holding(self) -> tuple[Hold, str] | None:
+        """The gate holding a host's attempts longest right now, and what turns it off
+        (None: none holds any)."""
+        hold = self._waiting.held_now.longest(self._now())
+        return None if hold is None else (hold, TURNED_OFF_BY.get(hold.gate, ""))
 
     @property
     def circuits_opened(self) -> int:

@@ -5,17 +5,33 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from tqdm.auto import tqdm
 
 from ..core.observe import Observer
 from ..core.result import AttemptRecord, Result
+from ..limits.gate import Hold
 
 if TYPE_CHECKING:
     from ..core.task import Task
 
 REFRESH_SECONDS = 0.25
+# A hold the bar names: one that has held a host's attempts this long without a break.
+HELD_SHOWN_SECONDS = 3.0
+# The gate holding a host's attempts longest right now, and what turns it off (``Gates.holding``).
+Holding = Callable[[], tuple[Hold, str] | None]
+
+
+def held_words(hold: Hold, off: str) -> str | None:
+    """What the bar says of the longest hold going on: which gate, which host, for how long,
+    and what turns it off; None while it is short (a cooldown of a second is no news)."""
+    if hold.seconds < HELD_SHOWN_SECONDS:
+        return None
+    waiting = f"{hold.attempts} waiting" if hold.attempts > 1 else "1 waiting"
+    hint = f"; {off} turns it off" if off.startswith("--") else f"; {off} lets more through"
+    return f"{hold.gate} holds {hold.host} ({waiting}, {hold.seconds:.0f} s{hint if off else ''})"
 
 
 def in_notebook() -> bool:
@@ -95,11 +111,13 @@ class Tally(Observer):
 
 
 class Progress(Tally):
-    """A Tally shown as a bar — done/total, ok, failed, items waiting to retry, requests/s —
-    that its own thread redraws a few times a second, off the hot path."""
+    """A Tally shown as a bar — done/total, ok, failed, items waiting to retry, requests/s,
+    and a gate that has held a host's attempts a while (``holding``) — that its own thread
+    redraws a few times a second, off the hot path."""
 
-    def __init__(self, total: int | None) -> None:
+    def __init__(self, total: int | None, holding: Holding | None = None) -> None:
         super().__init__(total)
+        self._holding = holding
         self._retrying: set[int] = set()
         self._started = time.monotonic()
         self._closing = threading.Event()
@@ -150,12 +168,21 @@ class Progress(Tally):
             retrying = len(self._retrying)
         rate = requests / max(time.monotonic() - self._started, 1e-9)
         self._bar.n = done
-        self._bar.set_postfix(
-            ok=done - failed, failed=failed, retrying=retrying, req_s=f"{rate:.0f}", refresh=False
-        )
+        fields = {
+            "ok": done - failed,
+            "failed": failed,
+            "retrying": retrying,
+            "req_s": f"{rate:.0f}",
+        }
+        holding = None if self._holding is None else self._holding()
+        held = None if holding is None else held_words(*holding)
+        if held is not None:
+            fields["held"] = held
+        self._bar.set_postfix(fields, refresh=False)
         self._bar.refresh()
 
 
-def counter(total: int | None, show: bool) -> Tally:
-    """A Progress bar when it is to be shown, else a plain Tally."""
-    return Progress(total) if show else Tally(total)
+def counter(total: int | None, show: bool, holding: Holding | None = None) -> Tally:
+    """A Progress bar when it is to be shown (naming what ``holding`` says holds the run),
+    else a plain Tally."""
+    return Progress(total, holding) if show else Tally(total)
