@@ -18,7 +18,7 @@ def test_every_limit_asked_for_is_a_gate_in_rank_order() -> None:
     gates = gates_for(options).gates
     assert [(gate.name, gate.rank) for gate in gates] == [
         ("breaker", 10), ("adaptive", 20), ("host_slot", 30), ("cooldown", 40),
-        ("quota", 50), ("token", 60), ("tokens", 65),
+        ("quota", 50), ("rate", 60), ("tokens", 65),
     ]  # fmt: skip
 
 

@@ -302,7 +302,7 @@ def test_gates_record_time_spent_waiting() -> None:
         assert isinstance(admission, Admission)
         gates.release(admission, host_feedback(success(None, HttpFacts(200))))
     # the first goes at once; the next two are paced 0.1 s apart
-    assert gates.waits.seconds["token"] == pytest.approx(0.2, abs=0.05)
+    assert gates.waits.seconds["rate"] == pytest.approx(0.2, abs=0.05)
 
 
 def test_a_host_slot_is_held_during_the_attempt_and_given_back() -> None:

@@ -136,7 +136,7 @@ def test_metrics_are_served_from_the_callers_registry(server: MockServerProcess)
     assert samples[("batchsync_attempt_seconds_count", ())] == 7
     assert samples[("batchsync_items_in_flight", ())] == 0
     assert samples[("batchsync_wait_seconds_total", (("cause", "backoff"),))] > 0
-    assert ("batchsync_wait_seconds_total", (("cause", "token"),)) in samples
+    assert ("batchsync_wait_seconds_total", (("cause", "rate"),)) in samples
 
 
 @pytest.mark.integration

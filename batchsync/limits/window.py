@@ -293,4 +293,4 @@ class RateWindow(GateOption):
 
     def kept_in(self, limiter: WindowLimiter) -> WindowGate:
         """The rate's gate, its log kept in ``limiter``."""
-        return WindowGate("token", 60, limiter, self.window, weighs=None)
+        return WindowGate("rate", 60, limiter, self.window, weighs=None)

@@ -93,15 +93,18 @@ class JournalReader:
             "LEFT JOIN passes ON passes.number = runs.pass ORDER BY started"
         )
         return [
-            Stint(_pass(number, retry), started, elapsed, items, sent, json.loads(waits), circuits)
+            Stint(_pass(number, retry), started, elapsed, items, sent, _by_gate(waits), circuits)
             for number, retry, started, elapsed, items, sent, waits, circuits
             in self._db.execute(query)
         ]  # fmt: skip
 
     def timeline(self) -> dict[tuple[str, int], float]:
         """Seconds waited at each gate by (gate, unix second), over every process."""
-        rows = self._db.execute("SELECT gate, second, seconds FROM waits")
-        return {(str(gate), int(second)): seconds for gate, second, seconds in rows}
+        timeline: dict[tuple[str, int], float] = {}
+        for gate, second, seconds in self._db.execute("SELECT gate, second, seconds FROM waits"):
+            key = (RENAMED_GATES.get(gate, str(gate)), int(second))
+            timeline[key] = timeline.get(key, 0.0) + seconds
+        return timeline
 
     def holding(self) -> str:
         """What the journal holds, in a few words: its input, items done of all, failed."""
@@ -113,6 +116,19 @@ class JournalReader:
         entries, source = meta.get("entries", "?"), meta.get("input")
         what = f"a run of {source}" if source else "a run"
         return f"{what}: {done} of {entries} items done, {failed} failed"
+
+
+# Gates a journal of an earlier batchsync named otherwise: the request rate was "token".
+RENAMED_GATES = {"token": "rate"}
+
+
+def _by_gate(waits: str) -> dict[str, float]:
+    """A run's seconds waited by gate, under the gates' names of today."""
+    named: dict[str, float] = {}
+    for gate, seconds in json.loads(waits).items():
+        gate = RENAMED_GATES.get(gate, gate)
+        named[gate] = named.get(gate, 0.0) + seconds
+    return named
 
 
 def _pass(number: int, retry: str | None) -> Pass:

@@ -1,0 +1,126 @@
+"""The breaker judges a host by evidence a retry pass does not bias: an item sent again that
+fails as it failed before is its own news, not the host's. Counted by the server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from batchsync import Backoff, Batch, Breaker
+from batchsync.core.result import Result, repeats
+from batchsync.core.verdict import Verdict
+from batchsync.limits.gate import HeldNow, Hold
+from batchsync.limits.gates import TURNED_OFF_BY
+from batchsync.run.progress import held_words
+
+from .mockserver import MockServerProcess, start_mock_server
+
+
+class _Answered:
+    def __init__(self, status: int | None) -> None:
+        self.status_code = status
+        self.final_url = None
+        self.redirects = 0
+
+
+def failed(kind: str, status: int | None) -> Result:
+    return Result(0, "u", False, error_kind=kind, status_code=status)  # type: ignore[arg-type]
+
+
+def attempt(outcome: str, kind: str | None, status: int | None) -> Verdict:
+    return Verdict(outcome, kind, "e", facts=_Answered(status))  # type: ignore[arg-type]
+
+
+def test_a_failure_repeated_is_the_items_own() -> None:
+    assert repeats(failed("status", 503), attempt("retry", "status", 503))
+    assert repeats(failed("timeout", None), attempt("retry", "timeout", None))
+
+
+def test_another_failure_or_a_success_is_news_of_the_host() -> None:
+    assert not repeats(failed("status", 503), attempt("retry", "connection", None))
+    assert not repeats(failed("status", 404), attempt("retry", "status", 503))
+    assert not repeats(failed("status", 503), attempt("success", None, 200))
+    ok = Result(0, "u", True, status_code=200)
+    assert not repeats(ok, attempt("retry", "status", 503))
+
+
+BREAKER = Breaker(min_calls=5, reset=30)
+
+
+def first_run(url: str, marker: str, journal: Path) -> Batch:
+    """80 items, every 4th always 503: a quarter failing, which the breaker tolerates."""
+    items = [
+        f"{url}/503/{marker}-{n}" if n % 4 == 0 else f"{url}/ok/{marker}-{n}" for n in range(80)
+    ]
+    batch = Batch(items, journal=journal, concurrency=4, attempts=2, breaker=BREAKER,
+                  backoff=Backoff(base=0.01), cooldown="off", budget=10)  # fmt: skip
+    rs = batch.run()
+    assert [r.ok for r in rs].count(False) == 20
+    assert rs.summary().circuits_opened == 0
+    return batch
+
+
+@pytest.mark.integration
+def test_a_retry_pass_of_known_failures_does_not_open_the_breaker(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex[:10]
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3")
+    before = len(server.log(marker))
+    rs = batch.run(retry_failed=True)
+    # Each of the 20 was sent its 2 attempts again: none held, none ended circuit_open (on
+    # the code before, the circuit opened after 5 and held the rest past their budget).
+    assert len(server.log(marker)) - before == 40
+    assert {r.error_kind for r in rs if not r.ok} == {"status"}
+    assert rs.summary().circuits_opened == 0
+
+
+@pytest.mark.integration
+def test_a_host_that_went_down_still_opens_it_in_a_retry_pass(tmp_path: Path) -> None:
+    own = start_mock_server()
+    try:
+        batch = first_run(own.url, uuid.uuid4().hex[:10], tmp_path / "j.sqlite3")
+    finally:
+        own.process.terminate()
+        own.process.wait()
+    rs = batch.run(retry_failed=True)  # every connection refused: the host's failure
+    assert rs.summary().circuits_opened >= 1
+    assert "circuit_open" in {r.error_kind for r in rs}
+
+
+def test_the_bar_names_a_hold_once_it_has_lasted_with_what_turns_it_off() -> None:
+    held = HeldNow()
+    first = held.begin("breaker", "api.test:443", now=100.0)
+    held.begin("breaker", "api.test:443", now=101.0)
+    held.begin("cooldown", "other.test:443", now=102.0)
+    hold = held.longest(now=104.5)
+    assert hold == Hold("breaker", "api.test:443", 2, 4.5)
+    assert held_words(hold, TURNED_OFF_BY["breaker"]) == (
+        "breaker holds api.test:443 (2 waiting, 4 s; --breaker off turns it off)"
+    )
+    assert held_words(Hold("cooldown", "h", 1, 2.9), "--cooldown off") is None  # (no news yet)
+    held.end(first)
+    held.end(first)
+    assert held.longest(now=105.0) == Hold("cooldown", "other.test:443", 1, 3.0)
+
+
+@pytest.mark.integration
+def test_the_progress_line_says_which_gate_holds_which_host(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex[:10]
+    (tmp_path / "urls.txt").write_text(
+        "".join(f"{server.url}/503/{marker}-{n}\n" for n in range(6)), encoding="utf-8"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "batchsync", "urls.txt", "--progress", "-c", "2",
+         "--attempts", "1", "--breaker", "0.5:4:2:6", "--budget", "8"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    host = server.url.removeprefix("http://")
+    assert f"breaker holds {host} (" in run.stderr
+    assert "--breaker off turns it off)" in run.stderr
