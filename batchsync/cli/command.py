@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import sys
@@ -12,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from functools import partial
+from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -75,6 +75,10 @@ class _Command(click.Command):
                 ctx,
             ) from None
 
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """INPUT, then the options in --help's order (the generated reference lists them so)."""
+        return sorted(super().get_params(ctx), key=_help_place)
+
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The options by section, in the order users reach for them."""
         params = self.get_params(ctx)
@@ -83,6 +87,15 @@ class _Command(click.Command):
             records = [by_name[name].get_help_record(ctx) for name in names]
             with formatter.section(title):
                 formatter.write_dl([record for record in records if record is not None])
+
+
+# Each option's place in --help: its section's, then its own in the section.
+_HELP_PLACE = {name: n for n, name in enumerate(chain.from_iterable(HELP_SECTIONS.values()))}
+
+
+def _help_place(param: click.Parameter) -> int:
+    """Where ``param`` stands in --help: INPUT first, then each option in its section."""
+    return _HELP_PLACE[long_name(param)] if isinstance(param, click.Option) else -1
 
 
 RETRY_FAILED = "--retry-failed"
@@ -111,7 +124,7 @@ _VALUE_OF: dict[str, Callable[[str], bool]] = {
 def _value_apart(args: Sequence[str]) -> str | None:
     """``--batch-api=openai`` when ``args`` give ``--batch-api openai`` (one of BARE, then a
     value of it, which click reads as an argument): what was meant, or None."""
-    for option, word in itertools.pairwise(args):
+    for option, word in pairwise(args):
         if option in _VALUE_OF and _VALUE_OF[option](word):
             return f"{option}={word}"
     return None
