@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -68,6 +69,20 @@ def test_the_help_lists_input_output_resume_and_limits_first() -> None:
     assert at("--url") < at("-o, --output") < at("--resume") < at("-c, --concurrency")
     assert at("--resume") < 80  # (it was line 246, after the template and batch options)
     assert at("-c, --concurrency") < at("--batch-api") < at("-h, --help")
+
+
+def test_the_cli_pages_options_table_has_the_sections_of_the_help() -> None:
+    """docs/cli.md's short table, "## Options", in --help's sections: each row under the
+    section of the option it names first."""
+    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    table = text.split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    blocks = table.split("\n### ")[1:]
+    assert [block.split("\n", 1)[0] for block in blocks] == list(HELP_SECTIONS)
+    for block in blocks:
+        title, rows = block.split("\n", 1)
+        for row in (line for line in rows.splitlines() if line.startswith("| `-")):
+            named = re.search(r"--[a-z][a-z-]*", row.split(" | ")[0])
+            assert named is not None and named[0] in HELP_SECTIONS[title], (title, row)
 
 
 @pytest.mark.parametrize(

@@ -48,14 +48,12 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
         "--url", "--method", "--body-template", "--row-as-body", "--id-field", "--input-format",
     ),
     "Output": ("--output", "--format", "--flatten", "--report", "--expect", "--max-bytes"),
-    "Resume and retry": (
-        "--resume", "--retry-failed", "--fresh", "--attempts", "--retry-statuses",
-        "--retry-answers",
-    ),
+    "Resume and retry": ("--resume", "--retry-failed", "--fresh"),
     "Limits": (
         "--concurrency", "--rate", "--per-host", "--timeout", "--budget", "--deadline",
-        "--cooldown", "--breaker", "--adaptive", "--quota-headers", "--token-rate",
-        "--input-token-rate", "--output-token-rate", "--max-cost", "--prices",
+        "--attempts", "--retry-statuses", "--retry-answers", "--cooldown", "--breaker",
+        "--adaptive", "--quota-headers", "--token-rate", "--input-token-rate",
+        "--output-token-rate", "--max-cost", "--prices",
     ),
     "Requests": (
         "--header", "--secret-header", "--secret-param", "--auth-command", "--auth-header",
