@@ -267,9 +267,11 @@ def test_remove_deletes_the_journal_and_its_wal(tmp_path: Path) -> None:
 def test_mismatch_names_what_differs() -> None:
     assert mismatch(IDENTITY, dict(IDENTITY, input="elsewhere/urls.txt")) is None
     assert mismatch(IDENTITY, dict(IDENTITY, sha256="def")) == (
-        "its sha256 was abc, the input's is def"
+        "its input's SHA-256 was abc, this one's is def"
     )
-    assert mismatch(IDENTITY, dict(IDENTITY, entries="4")) == "its entries was 3, the input's is 4"
+    assert mismatch(IDENTITY, dict(IDENTITY, entries="4")) == (
+        "its input had 3 entries, this one has 4 entries"
+    )
 
 
 def test_result_round_trips_through_its_dict() -> None:

@@ -198,7 +198,7 @@ def test_the_resume_line_keeps_template_fields_and_masks_values() -> None:
     from batchsync.cli.options import resume_command
 
     argv = ["rows.csv", "--url", "https://h.test/{id}?api_key={tok}&token=l1teral-k3y&key={{x}}"]
-    assert resume_command(argv, RUN, command.params) == (
+    assert resume_command(argv, RUN, command.params).line == (
         "python -m batchsync rows.csv --url "
         "'https://h.test/{id}?api_key={tok}&token=***&key=***' --resume"
     )

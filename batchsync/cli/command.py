@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from functools import partial
+from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -20,7 +21,7 @@ from click.core import ParameterSource
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__, contrib
-from ..batches.providers import endpoint_of
+from ..batches.providers import PROVIDERS, endpoint_of
 from ..core.redact import RedactingFilter, Secrets
 from ..core.result import error_kinds
 from ..http.auth import AuthFailed, CommandToken
@@ -35,10 +36,12 @@ from ..run.progress import wanted
 from ..store.journal import JournalUnusable
 from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
+    HELP_SECTIONS,
     FilePath,
     auth_command_text,
     dask_address_text,
     library_options,
+    long_name,
     metrics_port_text,
     names_folder,
     prefix_text,
@@ -54,12 +57,45 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 class _Command(click.Command):
-    """The command, whose bare --retry-failed and --batch-api never take INPUT for a value."""
+    """The command, whose bare --retry-failed and --batch-api never take INPUT for a value,
+    and whose help lists its options by section (``HELP_SECTIONS``)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
         bare = [f"{word}={BARE[word]}" if word in BARE else word for word in args[:end]]
-        return super().parse_args(ctx, [*bare, *args[end:]])
+        try:
+            return super().parse_args(ctx, [*bare, *args[end:]])
+        except click.UsageError as exc:
+            meant = _value_apart(args[:end])
+            if type(exc) is not click.UsageError or meant is None:
+                raise
+            raise click.UsageError(
+                f"{exc.message}: did you mean {meant}? ({meant.partition('=')[0]} takes its "
+                "value after =)",
+                ctx,
+            ) from None
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """INPUT, then the options in --help's order (the generated reference lists them so)."""
+        return sorted(super().get_params(ctx), key=_help_place)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The options by section, in the order users reach for them."""
+        params = self.get_params(ctx)
+        by_name = {long_name(p): p for p in params if isinstance(p, click.Option)}
+        for title, names in HELP_SECTIONS.items():
+            records = [by_name[name].get_help_record(ctx) for name in names]
+            with formatter.section(title):
+                formatter.write_dl([record for record in records if record is not None])
+
+
+# Each option's place in --help: its section's, then its own in the section.
+_HELP_PLACE = {name: n for n, name in enumerate(chain.from_iterable(HELP_SECTIONS.values()))}
+
+
+def _help_place(param: click.Parameter) -> int:
+    """Where ``param`` stands in --help: INPUT first, then each option in its section."""
+    return _HELP_PLACE[long_name(param)] if isinstance(param, click.Option) else -1
 
 
 RETRY_FAILED = "--retry-failed"
@@ -68,6 +104,30 @@ RETRY_FAILED = "--retry-failed"
 _EVERY_KIND = "\0"
 # What each option given bare stands for (--batch-api: the provider the URL names).
 BARE = {RETRY_FAILED: _EVERY_KIND, "--batch-api": "auto"}
+
+
+def _names_kinds(word: str) -> bool:
+    try:
+        error_kinds(word.split(","))
+    except ValueError:
+        return False
+    return True
+
+
+# Whether a word is a value of each option in BARE (given apart, it is an extra argument).
+_VALUE_OF: dict[str, Callable[[str], bool]] = {
+    RETRY_FAILED: _names_kinds,
+    "--batch-api": lambda word: word in ("auto", *PROVIDERS),
+}
+
+
+def _value_apart(args: Sequence[str]) -> str | None:
+    """``--batch-api=openai`` when ``args`` give ``--batch-api openai`` (one of BARE, then a
+    value of it, which click reads as an argument): what was meant, or None."""
+    for option, word in pairwise(args):
+        if option in _VALUE_OF and _VALUE_OF[option](word):
+            return f"{option}={word}"
+    return None
 
 
 @contextlib.contextmanager
@@ -651,12 +711,14 @@ def _report(outcome: Outcome, quiet: bool, argv: Sequence[str], secrets: Secrets
             err=True,
         )
     if outcome.stopped:
+        resume = resume_command(argv, secrets, command.params)
         click.echo(
             f"Interrupted: {outcome.entries - outcome.left} of {outcome.entries} done — resume "
-            f"with: {resume_command(argv, secrets, command.params)}"
-            + (" (the same input on standard input)" if "-" in argv else ""),
+            f"with: {resume.line}" + (" (the same input on standard input)" if "-" in argv else ""),
             err=True,
         )
+        if resume.hint is not None:
+            click.echo(resume.hint, err=True)
         if outcome.abandoned:
             # Attempts still in flight hold worker threads that the interpreter would wait for;
             # everything finished is journaled and written, so leave now.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import types
 import typing
@@ -24,13 +25,57 @@ from ..jobs.flags import Flag
 
 class FiniteFloatRange(click.FloatRange):
     """click.FloatRange that refuses nan and infinity too: nan fails every comparison, so a
-    range lets it through, and 1e400 (or 400 digits) reads as infinity."""
+    range lets it through, and 1e400 (or 400 digits) reads as infinity. A value that is no
+    number at all is told the form it must have (``5s``: seconds take no unit)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            seconds = isinstance(param, click.Option) and param.metavar == "SECONDS"
+            what = "seconds as a plain number" if seconds else "a plain number"
+            self.fail(f"expected {what}, e.g. 5 or 2.5; got {value!r}", param, ctx)
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+# The sections of --help, in the order users reach for them, each option by its long name:
+# every option is in exactly one (tests/test_cli_words.py), in the order it is listed.
+HELP_SECTIONS: dict[str, tuple[str, ...]] = {
+    "Input": (
+        "--url", "--method", "--body-template", "--row-as-body", "--id-field", "--input-format",
+    ),
+    "Output": ("--output", "--format", "--flatten", "--report", "--expect", "--max-bytes"),
+    "Resume and retry": ("--resume", "--retry-failed", "--fresh"),
+    "Limits": (
+        "--concurrency", "--rate", "--per-host", "--timeout", "--budget", "--deadline",
+        "--attempts", "--retry-statuses", "--retry-answers", "--cooldown", "--breaker",
+        "--adaptive", "--quota-headers", "--token-rate", "--input-token-rate",
+        "--output-token-rate", "--max-cost", "--prices",
+    ),
+    "Requests": (
+        "--header", "--secret-header", "--secret-param", "--auth-command", "--auth-header",
+        "--cookies", "--dedup", "--hedge-after", "--deny-private", "--paginate",
+        "--cursor-param", "--max-pages", "--items",
+    ),
+    "TLS": ("--cacert", "--cert", "--key", "--insecure"),
+    "LLM batch endpoints": (
+        "--batch-api", "--poll", "--batch-rows", "--batch-bytes", "--batch-retries", "--lanes",
+        "--live-latency", "--keep-files", "--cancel", "--live",
+    ),
+    "Scaling out": (
+        "--processes", "--redis", "--namespace", "--lease-ttl", "--dask", "--partition-size",
+        "--metrics-port",
+    ),
+    "Display": ("--progress", "--verbose", "--quiet", "--version", "--help"),
+}  # fmt: skip
+
+
+def long_name(option: click.Parameter) -> str:
+    """The name an option goes by in --help's sections: its first --name."""
+    return next(name for name in option.opts if name.startswith("--"))
 
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -213,11 +258,32 @@ def auth_command_text(value: str | None) -> str | None:
     return value
 
 
-def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click.Parameter]) -> str:
+class Resume(typing.NamedTuple):
+    """The command line that continues a run, and a hint when it shows a header as ``***``."""
+
+    line: str
+    hint: str | None
+
+
+class _FromEnvironment(str):
+    """A -H value whose secret is an environment variable's, shown as ``"Name: $VARIABLE"``
+    (in double quotes: the shell puts the secret back in when the line is run)."""
+
+    __slots__ = ()
+
+    def quoted(self) -> str:
+        given, _, variable = self.rpartition("$")
+        return '"' + re.sub(r'([\\"$`])', r"\\\1", given) + "${" + variable + '}"'
+
+
+def resume_command(
+    argv: Sequence[str], secrets: Secrets, params: Iterable[click.Parameter]
+) -> Resume:
     """The command line that continues this run: ``argv`` read as click reads it (short flags
-    run together, ``--name=value``), ``-H`` values masked and every word masked by
-    ``secrets`` (the Redis URL's password, secret query parameters) but its template fields
-    (``--url '…?api_key={tok}'`` names no secret, and must stay to be run again)."""
+    run together, ``--name=value``), ``-H`` values masked (or named by the environment
+    variable that holds them, ``_shown_header``) and every word masked by ``secrets`` (the
+    Redis URL's password, secret query parameters) but its template fields (``--url
+    '…?api_key={tok}'`` names no secret, and must stay to be run again)."""
     options = _options_by_name(params)
     words: list[str] = []
     rest = iter(argv)
@@ -230,9 +296,53 @@ def resume_command(argv: Sequence[str], secrets: Secrets, params: Iterable[click
             words.extend(_long_option_words(word, options, rest))
         else:
             words.extend(_short_option_words(word, options, rest))
-    words = [secrets.template(word) for word in words]
     end = words.index("--") if "--" in words else len(words)
-    return shlex.join(["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]])
+    shown = ["python", "-m", "batchsync", *words[:end], "--resume", *words[end:]]
+    return Resume(" ".join(_shell_word(word, secrets) for word in shown), _header_hint(words))
+
+
+def _shell_word(word: str, secrets: Secrets) -> str:
+    """A word of the resume line as the shell reads it back, masked by ``secrets``."""
+    if isinstance(word, _FromEnvironment):
+        return word.quoted()
+    return shlex.quote(secrets.template(word))
+
+
+def _header_hint(words: Sequence[str]) -> str | None:
+    """How to give a -H value the resume line shows as ``***`` without typing it again."""
+    return _HEADER_HINT if any(word.endswith(f": {MASK}") for word in words) else None
+
+
+_HEADER_HINT = (
+    "(-H values are shown as ***: type them again; or give them from an environment variable, "
+    'e.g. -H "Authorization: Bearer $TOKEN", and the line to resume names it instead)'
+)
+# An environment variable's name, as a shell expands it.
+_VARIABLE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# The shortest value taken for a secret's source (shorter ones hold no credential).
+_SHORTEST_SECRET = 8
+
+
+def _shown_header(value: str) -> str:
+    """A -H value as the resume line shows it: ``Name: $VARIABLE`` when an environment
+    variable holds its value (or the credential after its scheme, ``Bearer $TOKEN``), so that
+    the line runs as it is; else ``Name: ***``."""
+    name, _, content = value.partition(":")
+    content = content.strip()
+    scheme, space, credential = content.partition(" ")
+    for secret, before in ((content, ""), (credential.strip(), f"{scheme} " if space else "")):
+        variable = _variable_holding(secret)
+        if variable is not None:
+            return _FromEnvironment(f"{name}: {before}${variable}")
+    return f"{name}: {MASK}"
+
+
+def _variable_holding(secret: str) -> str | None:
+    """The first (by name) environment variable whose value is ``secret``, None if none."""
+    if len(secret) < _SHORTEST_SECRET:
+        return None
+    names = (n for n, v in os.environ.items() if v == secret and _VARIABLE.fullmatch(n))
+    return min(names, default=None)
 
 
 def _options_by_name(params: Iterable[click.Parameter]) -> dict[str, click.Option]:
@@ -283,5 +393,5 @@ def _shown_option(name: str, option: click.Option | None, value: str | None) -> 
     if value is None:
         return [name]
     if option is not None and option.name == "headers":
-        value = f"{value.partition(':')[0]}: {MASK}"
+        value = _shown_header(value)
     return [name, value]

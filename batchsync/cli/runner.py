@@ -15,7 +15,7 @@ from typing import Any
 from ..core.engine import Job
 from ..core.history import DONE, TO_FINISH, TO_SEND, Pass
 from ..core.records import dumps, public_record
-from ..core.result import Result, Summary
+from ..core.result import Result, Summary, how_many
 from ..core.verdict import InvalidItem
 from ..http.paginate import Continued
 from ..http.spec import item_label
@@ -351,8 +351,8 @@ def _plan(
     never = marks.count(TO_SEND) + marks.count(TO_FINISH)
     if never and not continuing.resume:
         raise Refused(
-            f"{never} of the {entries} items of {reader.holding().partition(':')[0]} were "
-            "never finished: add --resume to finish them as well"
+            f"{never} of the {how_many(entries, 'item')} of {reader.holding().partition(':')[0]} "
+            f"{'was' if never == 1 else 'were'} never finished: add --resume to finish them as well"
         )
     return Plan(current, Left(marks, EntryRows(), stored_in(reader, entries)))
 
@@ -376,7 +376,8 @@ class _Counted:
         """InputError when INPUT ended before the count, naming the ``journal``."""
         if self.shrank:
             raise InputError(
-                f"{name} changed while the run went: it had {self._expected} items, then "
+                f"{name} changed while the run went: it had "
+                f"{how_many(self._expected, 'item')}, then "
                 f"{self.read}; what finished is journaled in {journal} (--fresh starts over)"
             )
 
@@ -427,7 +428,8 @@ def _write(
         summary = stored.summary
         if not stopped and summary.total != entries:
             raise MissingResults(
-                f"the journal {path} holds {summary.total} results for {entries} items"
+                f"the journal {path} holds {how_many(summary.total, 'result')} for "
+                f"{how_many(entries, 'item')}"
             )
         results_path, failed_path = write_outputs(
             prefix, stored.rows, form=form, flatten=flatten, paged=paged

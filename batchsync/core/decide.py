@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from .backoff import Backoff
 from .budget import Allowance, Limit
 from .kinds import KINDS
+from .result import how_many
 from .verdict import Verdict
 
 
@@ -83,4 +84,4 @@ def _final_error(verdict: Verdict, attempted: Attempted) -> str:
 
 
 def plural(count: int) -> str:
-    return f"{count} attempt" if count == 1 else f"{count} attempts"
+    return how_many(count, "attempt")

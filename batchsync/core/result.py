@@ -260,19 +260,30 @@ def added_to(earlier: Result, later: Result) -> Result:
     """``later``, the Result of an item sent again (a retry of its failure, a paginated item
     going on from its next page), counting ``earlier``'s attempts and time too, so that it
     tells the item's whole story: ``attempts``, ``elapsed`` and ``attempt_log`` (numbered
-    on from ``earlier``'s) cover both."""
+    on from ``earlier``'s) cover both, and a failure's ``error`` (whose "after N attempts"
+    counts this sending's) says how many there were in all, as ``attempts`` does."""
     shift = max((record.attempt for record in earlier.attempt_log), default=0)
     renumbered = tuple(
         replace(record, attempt=record.attempt + shift) for record in later.attempt_log
     )
     costs = [cost for cost in (earlier.cost, later.cost) if cost is not None]
+    attempts = earlier.attempts + later.attempts
+    error = later.error
+    if error is not None and earlier.attempts:
+        error = f"{error}; {how_many(attempts, 'attempt')} in all"
     return replace(
         later,
         cost=sum(costs) if costs else None,
-        attempts=earlier.attempts + later.attempts,
+        attempts=attempts,
+        error=error,
         elapsed=earlier.elapsed + later.elapsed,
         attempt_log=earlier.attempt_log + renumbered,
     )
+
+
+def how_many(count: int | str | None, noun: str, nouns: str | None = None) -> str:
+    """``count`` and ``noun``, plural unless it is 1: "1 attempt", "3 attempts"."""
+    return f"{count} {noun}" if str(count) == "1" else f"{count} {nouns or noun + 's'}"
 
 
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}

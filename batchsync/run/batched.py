@@ -21,7 +21,7 @@ from ..batches.sender import BatchRun, Plan
 from ..core.engine import Deliver, Earlier
 from ..core.observe import Hooks, Observers
 from ..core.redact import watching
-from ..core.result import Result
+from ..core.result import Result, how_many
 from ..http.retries import parse_statuses
 from ..http.spec import RequestSpec
 from ..jobs.options import FetchOptions
@@ -193,7 +193,9 @@ def open_batches(parts: Iterable[Part]) -> str | None:
     if not still:
         return None
     rows = sum(1 for part in still for _ in indexes_in(part.rows))
-    return f"{rows} rows are in {len(still)} batch(es) still open at {still[0].provider}"
+    held = f"{how_many(rows, 'row')} {'is' if rows == 1 else 'are'}"
+    batches = how_many(len(still), "batch", "batches")
+    return f"{held} in {batches} still open at {still[0].provider}"
 
 
 def journal_parts(path: Path | None) -> list[Part]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...core.admission import PICO
 from ...core.records import dumps
-from ...core.result import Result
+from ...core.result import Result, how_many
 from ..rules import (
     DOLLARS,
     MISSING,
@@ -64,8 +64,10 @@ from .schema import (
 # ``template``: the options that turn a table's rows into requests (absent: none).
 # ``paging``: how items were paginated (absent: they were not).
 IDENTITY_KEYS = ("entries", "sha256", "template", "paging")
-# What a difference in each of the options says (the others: their two values).
-_OTHER_OPTIONS = {
+# What a difference in each key of the identity says.
+_DIFFERENCES = {
+    "entries": "its input had {was}, this one has {now}",
+    "sha256": "its input's SHA-256 was {was}, this one's is {now}",
     "template": "its template options were different: the URL template, method, body template "
     "(or --row-as-body), id field and table format must be the ones it was made with",
     "paging": "its pagination options were different: --paginate (paginate), --items "
@@ -83,7 +85,9 @@ def mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str | Non
     for key in IDENTITY_KEYS:
         was, now = stored.get(key), current.get(key)
         if was != now:
-            return _OTHER_OPTIONS.get(key, f"its {key} was {was}, the input's is {now}")
+            if key == "entries":
+                was, now = (how_many(n, "entry", "entries") for n in (was, now))
+            return _DIFFERENCES[key].format(was=was, now=now)
     return None
 
 
