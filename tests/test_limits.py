@@ -287,7 +287,7 @@ def test_a_rate_wait_past_the_budget_gives_up_at_once_and_says_why() -> None:
     began = clock.now()
     refused = gates.enter("h", Allowance(clock.now() + 1.0), threading.Event())
     assert refused == Refusal(
-        "budget", "the token limit of 1 per 2 s has room again in 2.0 s, more than the budget left"
+        "budget", "the rate limit of 1 per 2 s has room again in 2.0 s, more than the budget left"
     )
     assert clock.now() == began  # (refused without waiting for what cannot come in time)
     clock.time += 2.0  # the refused attempt took nothing: the next one goes at once
@@ -398,3 +398,51 @@ def test_a_stop_set_before_a_slot_wait_ends_it_at_once() -> None:
     began = time.monotonic()
     assert not slots.enter("a", 5.0, stop)
     assert time.monotonic() - began < 1.0
+
+
+REFUSED = retry("status", "HTTP 429", HttpFacts(429), retry_after=30)
+ANSWERED = success(None, HttpFacts(200))
+
+
+def sent_at(gate: CooldownGate, moment: float, verdict: object, host: str = "h") -> None:
+    """An attempt sent at ``moment`` that came to ``verdict``, told to the cooldown."""
+    admission = Admission(host, Allowance(1e9), threading.Event(), sent=moment)
+    gate.release(admission, host_feedback(verdict))  # type: ignore[arg-type]
+
+
+def test_an_answer_to_an_attempt_sent_after_the_refusal_ends_the_hold() -> None:
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    sent_at(gate, 10.0, REFUSED)
+    assert board.remaining("h") > 29
+    sent_at(gate, 9.0, ANSWERED)  # (sent before the refusal: no news)
+    assert board.remaining("h") > 29
+    sent_at(gate, 10.5, ANSWERED, host="other")  # (another host's answer: no news of this one)
+    assert board.remaining("h") > 29
+    sent_at(gate, 10.1, retry("status", "HTTP 503", HttpFacts(503)))  # (a refusal too)
+    assert board.remaining("h") > 29
+    sent_at(gate, 10.2, ANSWERED)  # the host served an attempt sent after it refused one
+    assert board.remaining("h") == 0
+
+
+def test_a_refusal_of_an_attempt_sent_before_an_answered_one_holds_nothing() -> None:
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    sent_at(gate, 10.2, ANSWERED)
+    sent_at(gate, 10.0, REFUSED)  # (its answer came later, but it was sent before)
+    assert board.remaining("h") == 0
+    sent_at(gate, 10.3, REFUSED)  # a refusal after the last answer holds the host
+    assert board.remaining("h") > 29
+
+
+def test_a_host_that_refuses_every_caller_stays_held_and_a_global_hold_lasts() -> None:
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    for moment in (10.0, 10.1, 10.2):
+        sent_at(gate, moment, REFUSED)
+    assert board.remaining("h") > 29
+    everyone = Cooldowns()
+    wide = CooldownGate(everyone, "global")
+    sent_at(wide, 10.0, REFUSED)
+    sent_at(wide, 10.2, ANSWERED)
+    assert everyone.remaining("*") > 29

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.admission import GLOBAL, Admission
@@ -59,6 +59,10 @@ class Cooldowns:
             if until > self._until.get(key, 0.0):
                 self._until[key] = until
 
+    def lift(self, key: str) -> None:
+        with self._lock:
+            self._until.pop(key, None)
+
     def remaining(self, key: str) -> float:
         until = self._until.get(key)
         if until is None:
@@ -75,21 +79,50 @@ class Cooldowns:
 @dataclass(eq=False)
 class CooldownGate:
     """Holds attempts while a server's Retry-After (a 429 or 503) holds their host, or every
-    host (``global``)."""
+    host (``global``).
+
+    A host's hold ends early when the host answers an attempt sent after the refused one:
+    the refusal was that item's alone (a limit of one key, one resource), and that item still
+    waits its Retry-After. A host that refuses every caller gives no such answer, and its
+    hold lasts. A ``global`` hold lasts whatever the hosts answer."""
 
     board: CooldownBoard
     scope: CooldownScope
     name = "cooldown"
     rank = 40
     recheck = True
+    # By host: when the latest attempt it answered was sent, and when the refusal that holds
+    # it was (this process's clock: ``Admission.sent``).
+    _answered: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _refused: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
         held = self.board.remaining(GLOBAL if self.scope == "global" else admission.host)
         return waiting.sleep(self.name, held, admission) if held > 0 else None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
+        if self.scope == "global":
+            if feedback.hold:
+                self.board.hold(GLOBAL, feedback.hold)
+            return
+        host, sent = admission.host, admission.sent
         if feedback.hold:
-            self.board.hold(GLOBAL if self.scope == "global" else admission.host, feedback.hold)
+            if not answered_after(self._answered.get(host), sent):
+                if sent is not None:
+                    self._refused[host] = max(sent, self._refused.get(host, sent))
+                self.board.hold(host, feedback.hold)
+        elif sent is not None and not feedback.congested:
+            if sent > self._answered.get(host, sent - 1):
+                self._answered[host] = sent
+            if answered_after(sent, self._refused.get(host)):
+                self._refused.pop(host, None)
+                self.board.lift(host)
 
     def abandon(self, admission: Admission) -> None:
         """Nothing is held."""
+
+
+def answered_after(answered: float | None, refused: float | None) -> bool:
+    """Whether a host answered an attempt sent after a refused one (when each was sent):
+    then the refusal was the item's own, not the host's."""
+    return answered is not None and refused is not None and answered > refused
