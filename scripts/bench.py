@@ -5,6 +5,7 @@
     python scripts/bench.py --only llm    # the "LLM batch" section alone (about 3 minutes)
     python scripts/bench.py --only quiet  # the limiter's CPU while it holds workers (1 minute)
     python scripts/bench.py --only processes  # --processes 2 against 1 (about 3 minutes)
+    python scripts/bench.py --only defaults   # the defaults against a hand-written pool (25 min)
 
 Every method runs in its own process (``scripts/bench_client.py``), interleaved and repeated,
 against (a) a fast local keep-alive server (nginx when installed, else the bundled asyncio
@@ -16,7 +17,8 @@ peak RSS for 10^4..10^6 items, and batchsync's speed targets checked against the
 Then an LLM batch against RPM and TPM limits (``scripts/bench_llm.py``), and the cost of the
 announced limits over a long run (``scripts/bench_quota.py``), and the CPU a limit costs while
 it holds most workers waiting (``scripts/bench_quiet.py``), and the command line from two
-processes against one (``scripts/bench_processes.py``). Writes
+processes against one (``scripts/bench_processes.py``), and the defaults against a hand-written
+pool on the fault server (``scripts/bench_defaults.py``). Writes
 docs/benchmarks.md and docs/benchmarks.png; ``--only llm`` rewrites only that section.
 """
 
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_defaults  # noqa: E402
 import bench_llm  # noqa: E402
 import bench_processes  # noqa: E402
 import bench_quiet  # noqa: E402
@@ -346,7 +349,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument(
         "--only",
-        choices=["llm", "quiet", "processes"],
+        choices=["llm", "quiet", "processes", "defaults"],
         help="run this section alone and rewrite it",
     )
     args = parser.parse_args()
@@ -356,6 +359,8 @@ def main() -> None:
             lines, heading = bench_llm.section(llm_repeats), bench_llm.HEADING
         elif args.only == "quiet":
             lines, heading = bench_quiet.section(args.quick), bench_quiet.HEADING
+        elif args.only == "defaults":
+            lines, heading = bench_defaults.section(args.quick), bench_defaults.HEADING
         else:
             lines, heading = bench_processes.section(args.quick), bench_processes.HEADING
         text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
@@ -391,6 +396,7 @@ def main() -> None:
     quota = bench_quota.section(args.quick)
     quiet = bench_quiet.section(args.quick)
     processes = bench_processes.section(args.quick)
+    defaults = bench_defaults.section(args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     picture = args.out.with_suffix(".png")
     plot(fast, slow, methods, levels, picture)
@@ -451,6 +457,8 @@ def main() -> None:
         *quiet,
         "",
         *processes,
+        "",
+        *defaults,
     ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out} and {picture}")

@@ -448,11 +448,9 @@ class Engine:
         except Exception as exc:  # a bug must not cost the item its Result
             return [(self._internal_error(job, index, item, exc), item)]
         key = task.dedup_key
-        if key is not None and self._flights.join(
-            key, _Copy(index, item, task.url, task.id, claimed)
+        if key is not None and self._parked(
+            key, _Copy(index, item, task.url, task.id, claimed), going
         ):
-            if going is not None:  # (parked on its twin: another worker takes the next item)
-                going()
             return []
         if self.observers.sees_item_started:
             self.observers.item_started(index, task)
@@ -467,6 +465,15 @@ class Engine:
         if not copies:
             return [(result, item)]
         return [(result, item), *((self._copy(result, copy), copy.item) for copy in copies)]
+
+    def _parked(self, key: Hashable, copy: _Copy, going: Callable[[], None] | None) -> bool:
+        """Whether the item waits on an identical request in flight, whose Result will be its
+        too; then another worker takes the next item (``going``)."""
+        if not self._flights.join(key, copy):
+            return False
+        if going is not None:
+            going()
+        return True
 
     def _internal_error(self, job: Job, index: int, item: object, exc: Exception) -> Result:
         log.exception("internal error on item %d", index)

@@ -4,7 +4,6 @@ for a while, then tried again with one probe.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -178,25 +177,43 @@ class BreakerGate:
             return None
         began = waiting.now()
         try:
-            with contextlib.ExitStack() as hold:
-                while state != "closed":
-                    if state == "probe":
-                        admission.held["breaker"] = True
-                        return None
-                    left, _ = admission.allowance.tightest(waiting.now())
-                    if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
-                        with self._counting:
-                            self.refusals += 1
-                        return "circuit_open"
-                    if not admission.waited:  # (the first wait: the hold begins)
-                        hold.enter_context(waiting.holding(self.name, admission))
-                    pause = wait if state == "open" else min(left, POLL_SECONDS)
-                    if waiting.clock.wait(admission.stop, pause):
-                        return "cancelled"
-                    state, wait = self.backend.check(admission.host)
-                return None
+            refusal = self._refusal(state, wait, admission, waiting.now())
+            if state == "probe" or refusal is not None:
+                return refusal
+            with waiting.holding(self.name, admission):
+                return self._held(state, wait, admission, waiting)
         finally:
             waiting.stats.add("breaker", waiting.now() - began)
+
+    def _held(
+        self, state: BreakerState, wait: float, admission: Admission, waiting: Waiting
+    ) -> ErrorKind | None:
+        """Wait while the circuit is open or another attempt probes it; then go (as the probe,
+        or the circuit closed), or end the item as ``_refusal`` says."""
+        while True:
+            left, _ = admission.allowance.tightest(waiting.now())
+            pause = wait if state == "open" else min(left, POLL_SECONDS)
+            if waiting.clock.wait(admission.stop, pause):
+                return "cancelled"
+            state, wait = self.backend.check(admission.host)
+            refusal = self._refusal(state, wait, admission, waiting.now())
+            if state in ("closed", "probe") or refusal is not None:
+                return refusal
+
+    def _refusal(
+        self, state: BreakerState, wait: float, admission: Admission, now: float
+    ) -> ErrorKind | None:
+        """``circuit_open`` when the item's budget or the deadline cannot cover the break (or
+        the probe another attempt makes); the probe is taken here (``held``)."""
+        if state == "probe":
+            admission.held["breaker"] = True
+            return None
+        left, _ = admission.allowance.tightest(now)
+        if (state == "open" and wait >= left) or (state == "probing" and left <= 0):
+            with self._counting:
+                self.refusals += 1
+            return "circuit_open"
+        return None
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
         self.backend.record(admission.host, feedback.unwell, self.name in admission.held)

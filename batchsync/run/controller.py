@@ -149,13 +149,7 @@ class RunController:
         so_far = progress_of(plan.passing, tally, gates)
         before = _timeline(gates)
         journal = None if self.journal is None else self.journal.open(passing, so_far, kept)
-        if journal is not None:
-            deliver = journaling(journal, deliver)
-        elif kept is not None:
-            deliver = telling(kept, deliver)
-        earlier = left.earlier
-        if earlier is not None:
-            deliver = adding_to(earlier, deliver)
+        deliver = _delivering(deliver, journal, kept, left.earlier)
         try:
             with tally, _spend_kept(journal, gates):
                 ran = send(
@@ -170,6 +164,21 @@ class RunController:
         if isinstance(send, Finishing):  # (every Result it made is journaled by now)
             send.finish()
         return Ended(ran, stint)
+
+
+def _delivering(
+    deliver: Deliver,
+    journal: Journal | None,
+    kept: Callable[[Result], None] | None,
+    earlier: Earlier | None,
+) -> Deliver:
+    """``deliver`` behind what a run does first with each Result: add it to the item's
+    ``earlier`` one, then journal it (or tell ``kept``)."""
+    if journal is not None:
+        deliver = journaling(journal, deliver)
+    elif kept is not None:
+        deliver = telling(kept, deliver)
+    return deliver if earlier is None else adding_to(earlier, deliver)
 
 
 def _timeline(gates: Gates | None) -> dict[tuple[str, int], float]:
