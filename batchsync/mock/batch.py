@@ -1,5 +1,5 @@
 """A mock of OpenAI's Batch API (with its Files API) and Anthropic's Message Batches API,
-served by ``scripts/mock_server.py`` under the mock LLM API's prefix (``scripts/mock_llm.py``),
+served by ``batchsync.mock.server`` under the mock LLM API's prefix (``batchsync.mock.llm``),
 so that a client of either SDK can submit, poll, cancel and download batches without a key.
 
 Paths (KEY and LIMITS as for the live routes: each KEY has its own files and batches, kept
@@ -90,7 +90,7 @@ from email import policy
 from email.parser import BytesParser
 from typing import Any
 
-from mock_llm import (
+from .llm import (
     Limits,
     LLMMock,
     chat_cost,
@@ -399,6 +399,39 @@ class Store:
     def __post_init__(self) -> None:
         names = ("files_uploaded", "files_deleted", "batches_created", "refused_creates")
         self.counts = dict.fromkeys((*names, "batches_deleted"), 0)
+
+
+# The batch routes under ``/llm/KEY/LIMITS/`` (``BatchMock.handles`` says which paths are
+# theirs), as ``--help`` shows them.
+ROUTES_HELP = (
+    ("POST /llm/KEY/LIMITS/v1/files", "OpenAI's Files API: an upload (multipart: purpose, file)."),
+    ("GET /llm/KEY/LIMITS/v1/files", "The KEY's files, newest first."),
+    ("GET|DELETE /llm/KEY/LIMITS/v1/files/ID", "A file object; delete it."),
+    ("GET /llm/KEY/LIMITS/v1/files/ID/content", "A file's bytes."),
+    (
+        "POST /llm/KEY/LIMITS/v1/batches",
+        "OpenAI's Batch API: a batch of an uploaded file, its states stepped by the clock.",
+    ),
+    ("GET /llm/KEY/LIMITS/v1/batches?limit=N&after=ID", "The KEY's batches, newest first."),
+    ("GET /llm/KEY/LIMITS/v1/batches/ID", "A batch object."),
+    ("POST /llm/KEY/LIMITS/v1/batches/ID/cancel", "Cancels a batch."),
+    (
+        "POST /llm/KEY/LIMITS/v1/messages/batches",
+        "Anthropic's Message Batches API: a batch of requests.",
+    ),
+    (
+        "GET /llm/KEY/LIMITS/v1/messages/batches?limit=N&after_id=ID&before_id=ID",
+        "The KEY's message batches.",
+    ),
+    ("GET|DELETE /llm/KEY/LIMITS/v1/messages/batches/ID", "A message batch; delete an ended one."),
+    ("GET /llm/KEY/LIMITS/v1/messages/batches/ID/results", "Its results, JSONL, once ended."),
+    ("POST /llm/KEY/LIMITS/v1/messages/batches/ID/cancel", "Cancels a message batch."),
+    (
+        "GET /llm/KEY/batch-stats",
+        "JSON: files and batches of the KEY, rows run, rows run twice, refused creates, the "
+        "keys seen.",
+    ),
+)
 
 
 class BatchMock:

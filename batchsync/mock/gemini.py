@@ -1,5 +1,5 @@
 """A mock of Google's Gemini API batch mode (with its Files API), served by
-``scripts/mock_server.py`` under ``/gemini/KEY/KNOBS``, so that a client (batchsync's, or the
+``batchsync.mock.server`` under ``/gemini/KEY/KNOBS``, so that a client (batchsync's, or the
 google-genai SDK's with that base URL) can upload, batch, poll, cancel and download without a
 key. Each KEY has its own files and batches, kept in memory.
 
@@ -132,6 +132,31 @@ class _Call:
     headers: dict[str, str]
     pace: float
     prefix: str
+
+
+# The routes under ``/gemini/KEY/KNOBS`` (``GeminiMock._route`` answers them; any API
+# version in place of v1beta), as ``--help`` shows them.
+ROUTES_HELP = (
+    (
+        "POST /gemini/KEY/KNOBS/upload/v1beta/files",
+        "A resumable upload: X-Goog-Upload-Command: start answers an X-Goog-Upload-URL; a "
+        "POST there with upload, finalize stores the bytes.",
+    ),
+    ("GET /gemini/KEY/KNOBS/v1beta/files", "The KEY's files."),
+    ("GET|DELETE /gemini/KEY/KNOBS/v1beta/files/ID", "A file; delete it."),
+    ("GET /gemini/KEY/KNOBS/download/v1beta/files/ID:download?alt=media", "A file's bytes."),
+    (
+        "POST /gemini/KEY/KNOBS/v1beta/models/MODEL:batchGenerateContent",
+        "A batch of an uploaded JSONL file: PENDING a pace, RUNNING a pace, then SUCCEEDED.",
+    ),
+    ("GET /gemini/KEY/KNOBS/v1beta/batches?pageSize=N&pageToken=T", "The KEY's batches."),
+    ("GET|DELETE /gemini/KEY/KNOBS/v1beta/batches/ID", "A batch; delete it."),
+    ("POST /gemini/KEY/KNOBS/v1beta/batches/ID:cancel", "Cancels a batch."),
+    (
+        "GET /gemini/KEY/batch-stats",
+        "JSON: batches_created, rows_answered, twice, files_alive, batches.",
+    ),
+)
 
 
 class GeminiMock:
