@@ -70,9 +70,7 @@ def in_flight_peak(entries: list[dict[str, Any]]) -> int:
 
 
 def start_mock_server() -> MockServerProcess:
-    process = subprocess.Popen(
-        mock_server_command(0), stdout=subprocess.PIPE, text=True, cwd=ROOT
-    )
+    process = subprocess.Popen(mock_server_command(0), stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.startswith("listening on "):

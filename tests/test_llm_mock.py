@@ -23,10 +23,9 @@ import openai
 import pytest
 import requests
 
-from .mockserver import ROOT, MockServerProcess
-
-
 from batchsync.mock.llm import Bucket, Window, go_duration, nearest_thousand, parse_limits, rfc3339
+
+from .mockserver import ROOT, MockServerProcess
 
 pytestmark = pytest.mark.integration
 
