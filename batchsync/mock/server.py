@@ -224,11 +224,9 @@ class Handler(BaseHTTPRequestHandler):
         route = route_of(path)
         # (a route that never reads the body answers before it is read: that is its point)
         length = int(self.headers.get("Content-Length") or 0)
-        reads = route is None or route.reads_body
-        call = Call(
-            path, head_of(path), query, self.rfile.read(length) if length and reads else b""
-        )
-        if route is not None and not route.counted:
+        body = self.rfile.read(length) if length and route.reads_body else b""
+        call = Call(path, head_of(path), query, body)
+        if not route.counted:
             route.answer(self, call)
             return
         stats = self.server.stats
@@ -239,13 +237,10 @@ class Handler(BaseHTTPRequestHandler):
         # may add to its log entry)
         self.status: int | None = None
         try:
-            delay = float(query.get("delay", route.delay if route else 0.0))
+            delay = float(query.get("delay", route.delay))
             if delay:
                 time.sleep(delay)
-            if route is None:
-                self._json(404, {"error": f"no route {path}"})
-            else:
-                route.answer(self, call)
+            route.answer(self, call)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
@@ -901,9 +896,13 @@ _EXACT = {route.path: route for route in ROUTES if route.exact}
 _BY_HEAD = {route.path: route for route in ROUTES if not route.exact}
 
 
-def route_of(path: str) -> Route | None:
+# (what answers a path no route names)
+_NO_ROUTE = Route("", "", "404.", lambda h, c: h._json(404, {"error": f"no route {c.path}"}))
+
+
+def route_of(path: str) -> Route:
     """The route answering ``path``: its own when one is exact, else its first segment's."""
-    return _EXACT.get(path) or _BY_HEAD.get(head_of(path))
+    return _EXACT.get(path) or _BY_HEAD.get(head_of(path)) or _NO_ROUTE
 
 
 def routes_help(width: int = 96) -> str:
