@@ -1,5 +1,6 @@
-"""The mock server's routes, its ``--help`` and its page (docs/mock.md) list the same routes:
-each one the table answers is on the page, and each one on the page is in the table."""
+"""The mock server (``batchsync.mock``): its routes, its ``--help`` and its page (docs/mock.md)
+list the same routes, each one the table answers on the page and each one on the page in the
+table; and it stands beside the library, which never imports it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from batchsync.mock.server import PROXY_HELP, ROUTES, route_of
 
 from .mockserver import ROOT
+from .test_layers import folder_of, imports_of, modules
 
 PAGE = ROOT / "docs" / "mock.md"
 
@@ -40,3 +42,17 @@ def test_each_route_answers_its_own_path() -> None:
     for route in ROUTES:
         assert route_of(route.path) is route
         assert route.exact or route_of(route.path + "/more") is route
+
+
+def test_nothing_in_the_library_imports_the_mock() -> None:
+    importers = {
+        name: sorted(module for module in imports_of(name, path)[0] if folder_of(module) == "mock")
+        for name, path in modules().items()
+        if folder_of(name) != "mock"
+    }
+    assert {name: found for name, found in importers.items() if found} == {}
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, batchsync; print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
+    ).stdout  # fmt: skip
+    assert "batchsync.mock" not in loaded
