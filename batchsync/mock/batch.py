@@ -710,10 +710,20 @@ class BatchMock:
             return anthropic_error(
                 404, f"No message batch with id {route[0]!r}.", "not_found_error"
             )
+        reply = self._anthropic_batch(store, method, batch, route[1:], now=now, prefix=prefix)
+        return reply or anthropic_error(
+            404, f"no route {method} {'/'.join(route)}", "not_found_error"
+        )
+
+    def _anthropic_batch(
+        self, store: Store, method: str, batch: Batch, action: list[str], *, now: float, prefix: str
+    ) -> BatchReply | None:
+        """The routes of one message batch (``action``: the path after its id); None: no such
+        route."""
         ended = batch.status(now) == "ended"
-        if len(route) == 1 and method == "GET":
+        if not action and method == "GET":
             return 200, self._anthropic_object(store, batch, now, prefix), {}
-        if len(route) == 1 and method == "DELETE":
+        if not action and method == "DELETE":
             if not ended:
                 return anthropic_error(
                     400, f"Batch {batch.id} cannot be deleted until it has ended; cancel it first."
@@ -721,19 +731,19 @@ class BatchMock:
             batch.deleted = True
             store.counts["batches_deleted"] += 1
             return 200, {"id": batch.id, "type": "message_batch_deleted"}, {}
-        if route[1:] == ["results"] and method == "GET":
+        if action == ["results"] and method == "GET":
             if not ended:
                 return anthropic_error(
                     404, f"Batch {batch.id} has not ended: no results yet.", "not_found_error"
                 )
             self._finish(store, batch, now)
             return 200, batch.results, {"Content-Type": "application/binary"}
-        if route[1:] == ["cancel"] and method == "POST":
+        if action == ["cancel"] and method == "POST":
             if batch.status(now) != "in_progress":
                 return anthropic_error(400, f"Batch {batch.id} is {batch.status(now)}.")
             batch.cancel_at = now
             return 200, self._anthropic_object(store, batch, now, prefix), {}
-        return anthropic_error(404, f"no route {method} {'/'.join(route)}", "not_found_error")
+        return None
 
     def _create_anthropic(self, store: Store, body: bytes, now: float, prefix: str) -> BatchReply:
         try:
