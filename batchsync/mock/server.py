@@ -695,7 +695,7 @@ class Route:
 
     ``path`` is a first segment (``/ok`` answers /ok and /ok/...) or, ``exact``, the whole
     path. ``delay`` is the default of the ``delay=S`` every counted route takes; a route not
-    ``counted`` stays out of the stats, one that does not ``read_body`` answers before the
+    ``counted`` stays out of the stats, one that does not ``reads_body`` answers before the
     body is read. ``more`` lists the routes under it that a mock of their own answers."""
 
     path: str
