@@ -1,5 +1,5 @@
 """The "LLM batch" section of ``make bench``: a batch of chat requests of mixed length against
-the mock LLM API (``scripts/mock_llm.py``) limited to RPM 600 and TPM 60 000, sent by
+the mock LLM API (``batchsync/mock/llm.py``) limited to RPM 600 and TPM 60 000, sent by
 batchsync (CLI and library) and by the usual asyncio script (``scripts/llm_peer.py``).
 
     python scripts/bench.py --only llm      # this section alone, into docs/benchmarks.md
@@ -231,7 +231,7 @@ def section(repeats: int, methods: list[str] = METHODS) -> list[str]:
     return [
         f"{HEADING}: {ROWS:,} chat requests against RPM {RPM}, TPM {TPM:,}",
         "",
-        f"The mock LLM API (`scripts/mock_llm.py`) counts {RPM} requests and {TPM:,} tokens a "
+        f"The mock LLM API (`batchsync/mock/llm.py`) counts {RPM} requests and {TPM:,} tokens a "
         f"sliding window of {WINDOW:g} s, a minute shortened {60 / WINDOW:g} times with the "
         "same counts (every rate below is scaled the same way), and answers after "
         f"{LATENCY * 1000:.0f} ms. It counts a request as OpenAI does, when it admits it: the "

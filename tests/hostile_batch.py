@@ -1,5 +1,5 @@
 """A hostile batch provider: a fault-injecting reverse proxy in front of the project's mock of
-OpenAI's Batch API and Anthropic's Message Batches (scripts/mock_batch.py).
+OpenAI's Batch API and Anthropic's Message Batches (batchsync/mock/batch.py).
 
 Tests put it between a batch client and the mock, so that the client meets what a real
 provider may do to it and the mock alone does not: an answer it never hears (while the

@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MOCK_SERVER = ROOT / "scripts" / "mock_server.py"
+
+
+def mock_server_command(port: int) -> list[str]:
+    """The command that starts the mock server on ``port`` (0: a free one); run it from ROOT,
+    so that this tree's batchsync is the one started."""
+    return [sys.executable, "-m", "batchsync.mock", "--port", str(port)]
 
 
 @dataclass
 class MockServerProcess:
-    """A running ``scripts/mock_server.py`` and a window on what it saw."""
+    """A running ``python -m batchsync.mock`` and a window on what it saw."""
 
     url: str
     process: subprocess.Popen[str]
@@ -65,11 +70,7 @@ def in_flight_peak(entries: list[dict[str, Any]]) -> int:
 
 
 def start_mock_server() -> MockServerProcess:
-    process = subprocess.Popen(
-        [sys.executable, str(MOCK_SERVER), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = subprocess.Popen(mock_server_command(0), stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.startswith("listening on "):

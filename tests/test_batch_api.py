@@ -1,5 +1,5 @@
 """Runs through the providers' batch endpoints (``--batch-api``, ``batch_api=``) against the
-mock of both batch APIs (scripts/mock_batch.py): the command line and the library, split into
+mock of both batch APIs (batchsync/mock/batch.py): the command line and the library, split into
 parts, killed in each phase and resumed, interrupted, cancelled, refused for the enqueued-token
 cap, retried live; every row one Result, in input order, shaped as a live run's; no part
 submitted twice, as the mock counts; no secret in any byte written."""

@@ -2,7 +2,7 @@
 GenerateContentRequest bodies split into parts, each uploaded through the Files API
 (resumable), made a batch with ``models/MODEL:batchGenerateContent``, polled, its results read
 by key and put in input order; a run killed while it polls, or while a create is unanswered,
-is resumed without making a batch twice. Counted by the mock (scripts/mock_gemini.py)."""
+is resumed without making a batch twice. Counted by the mock (batchsync/mock/gemini.py)."""
 
 from __future__ import annotations
 

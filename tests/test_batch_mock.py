@@ -1,4 +1,4 @@
-"""The mock batch APIs (scripts/mock_batch.py, served by the mock server) driven by the real
+"""The mock batch APIs (batchsync/mock/batch.py, served by the mock server) driven by the real
 ``openai`` and ``anthropic`` clients: files uploaded and downloaded, batches that step through
 their states by the clock, rows answered as the live routes answer them, failed, expired and
 cancelled rows in the providers' shapes, the enqueued-token cap as each provider applies it,

@@ -33,7 +33,7 @@ from tests.mockserver import MockServerProcess
 
 pytestmark = pytest.mark.integration
 
-# Paths of the mock server (see scripts/mock_server.py), the hostile ones among them.
+# Paths of the mock server (see python -m batchsync.mock --help), the hostile ones among them.
 PATHS = [
     "/ok/{key}",
     "/ok/{key}?delay=0.2",

@@ -1,4 +1,4 @@
-"""The mock LLM API (scripts/mock_llm.py, served by the mock server) driven by the real
+"""The mock LLM API (batchsync.mock.llm, served by the mock server) driven by the real
 ``openai`` and ``anthropic`` clients: answers as theirs are, limits as the services count
 them, 429s that the SDKs raise as their RateLimitError with the providers' headers, and a
 window that slides (server-side counts)."""
@@ -23,11 +23,9 @@ import openai
 import pytest
 import requests
 
+from batchsync.mock.llm import Bucket, Window, go_duration, nearest_thousand, parse_limits, rfc3339
+
 from .mockserver import ROOT, MockServerProcess
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from mock_llm import Bucket, Window, go_duration, nearest_thousand, parse_limits, rfc3339
 
 pytestmark = pytest.mark.integration
 

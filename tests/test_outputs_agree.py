@@ -31,7 +31,7 @@ from tests.test_invariants import BROKEN_LINES, run_cli, strict_json
 
 pytestmark = pytest.mark.integration
 
-# Quick paths of the mock server (see scripts/mock_server.py): answers, failures, retries.
+# Quick paths of the mock server (see python -m batchsync.mock --help): answers, failures, retries.
 PATHS = [
     "/ok/{key}",
     "/ok/{key}?delay=0.3",

@@ -36,7 +36,7 @@ from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
 from batchsync.jobs.options import EngineOptions
 
-from .mockserver import MOCK_SERVER, MockServerProcess
+from .mockserver import ROOT, MockServerProcess, mock_server_command
 
 FAST = Backoff(base=0.005, factor=2.0, max=0.02, jitter=0.5)
 
@@ -166,7 +166,7 @@ def free_port() -> int:
 
 def start_server_on(port: int) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, str(MOCK_SERVER), "--port", str(port)], stdout=subprocess.PIPE, text=True
+        mock_server_command(port), stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
     assert process.stdout is not None
     assert process.stdout.readline().startswith("listening on ")

@@ -1,5 +1,5 @@
 """The report's section on the parts sent through a provider's batch endpoint: the real
-command line run through the mock server's batch routes (scripts/mock_batch.py), its
+command line run through the mock server's batch routes (batchsync/mock/batch.py), its
 report read back against the journal and the results; the section escaped, drawn without
 plotly, and absent from a live run's report."""
 

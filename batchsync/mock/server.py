@@ -1,115 +1,12 @@
-"""A local fault-injecting HTTP/1.1 keep-alive API for tests, the demo and by-hand experiments.
+"""batchsync's local fault-injecting HTTP/1.1 keep-alive API: for tests, the demo, the recipes
+and trying a run without touching a real service.
 
-    python scripts/mock_server.py --port 8788      # port 0 (default) picks a free one
+    python -m batchsync.mock --port 8788      # port 0 (default) picks a free one
 
-It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Paths:
+It prints ``listening on http://127.0.0.1:PORT`` once it accepts connections. Its routes are
+the table ``SECTIONS`` below, which both answers the requests and writes ``--help``.
 
-    /ok[/anything]?delay=S           200 JSON {"path": ..., "ok": true}, after S seconds
-    /slow[/anything]?delay=S         the same, default delay 2 s
-    /429-once/KEY?retry_after=N      first request per KEY: 429, Retry-After: N seconds; then 200
-    /429-date/KEY?retry_after=N      the same with Retry-After as an HTTP-date N seconds ahead
-    /503[/anything]                  always 503
-    /404[/anything]                  always 404
-    /broken-json                     200 with a body that is not JSON
-    /retry-after-60                  always 429 with Retry-After: 60
-    /account/ACCOUNT/...?retry_after=N   the first request of an ACCOUNT: 429 with Retry-After: N
-                                     for the whole account; every later one: 200
-    /limited/...?max_inflight=K&max_rate=R&work=S&family=F
-                                     a server with a capacity: 429 when more than K requests of
-                                     family F are in flight or more than R arrived in the last
-                                     second; else 200 after S seconds of work
-    /503-then-ok/FAMILY/...?after=N  the first N requests of a FAMILY: 503; later ones: 200
-    /jitter/FAMILY/...?every=N&slow=S  200; every Nth request of a FAMILY only after S seconds
-    /trickle?interval=S&bytes=N      200 headers at once, then one body byte every S seconds
-    /huge?mb=N&gzip=1&chunked=1      200 with an N MiB body: gzip-compressed (gzip=1), or
-                                     without a Content-Length (chunked=1)
-    /many-headers?n=N                200 with N extra headers (X-Header-0 ... ; default 150)
-    /text, /bytes                    200 text/plain UTF-8, 200 application/octet-stream
-    /encoded?text=T&charset=C&type=CT  200 with T (default "café") encoded in C (default
-                                     utf-8), Content-Type CT exactly as given (none without
-                                     type): charsets declared, missing or wrong
-    /echo                            200 JSON of the request: method, path, query, headers, body
-    /redirect?to=URL&code=302        a redirect to URL
-    /status/CODE                     an answer with that status and nothing else (a 3xx with
-                                     no Location)
-    /sized?bytes=N                   200 with an N-byte body (none to a HEAD: a large file's)
-    CONNECT HOST:PORT                407 with Proxy-Authenticate: a proxy that refuses tunnels
-    /set-cookie?name=N&value=V       200 that sets a cookie
-    /cookie-each[/anything]?size=N   200 that sets a new cookie each time (c1, c2, … with N
-                                     bytes of value, default 100): a jar that grows without end
-    /half                            200 announcing 100 bytes, then 9 of them and a hang-up
-  Hostile servers, for testing that every phase of an attempt stays within its limits:
-    /trickle-headers?interval=S&lines=N  the status line, then one header line every S seconds
-                                     (N of them, default 60), then a small JSON body
-    /redirect-body?to=URL&mb=N&interval=S  a 302 to URL (default /ok) with an N MiB body
-                                     (default 300), or, with interval, one byte every S seconds
-    /stall-upload?hold=S             never reads the request body; closes after S seconds
-    /bad-location                    a 302 whose Location is not UTF-8
-    /deep?depth=N                    200 with JSON nested N arrays deep (default 1000)
-    /surrogate                       200 with {"name": "\\ud800"}: a lone surrogate escape
-    /echo-values?style=status|location  echoes the query's values (a key among them) as
-                                     careless servers do: in a status line that is not HTTP
-                                     (status), or in a 302 to /404/VALUES (location)
-    /surrogate-key                   200 with {"\\ud800": 1, "a": {"\\udc00b": 2}}: lone surrogate
-                                     escapes in keys
-  An OpenAI-compatible endpoint, for SDK clients (base URL http://127.0.0.1:PORT/v1):
-    POST /v1/chat/completions        a chat completion whose reply echoes the last message;
-                                     a message "429-once:KEY" gets, the first time per KEY, a
-                                     429 with Retry-After: 1, and "500-once:KEY" a 500
-  A mock LLM API limiting requests and tokens per minute like OpenAI and Anthropic (see
-  scripts/mock_llm.py: LIMITS is e.g. rpm=600,tpm=60000,window=6,latency=0.05, or -):
-    POST /llm/KEY/LIMITS/v1/chat/completions, /llm/KEY/LIMITS/v1/embeddings (OpenAI) and
-         /llm/KEY/LIMITS/v1/messages (Anthropic): answers with `usage` and random lengths,
-                                     429s with the providers' bodies, every answer with their
-                                     rate-limit headers; each KEY has its own sliding window
-    GET /llm/KEY/stats?log=1         JSON: what the KEY's limits counted, window by window
-  Their batch APIs on the same prefix (see scripts/mock_batch.py: knobs pace, expire, fail,
-  enqueued, shuffle, batch_rows and batch_bytes among the LIMITS; files and batches per KEY):
-    POST /llm/KEY/LIMITS/v1/files (multipart upload), GET /v1/files, GET|DELETE
-         /v1/files/ID, GET /v1/files/ID/content: OpenAI's Files API
-    POST|GET /llm/KEY/LIMITS/v1/batches (?limit=N&after=ID), GET /v1/batches/ID, POST
-         /v1/batches/ID/cancel: OpenAI's Batch API, states stepped by the clock
-    POST|GET /llm/KEY/LIMITS/v1/messages/batches, GET|DELETE /v1/messages/batches/ID, GET
-         .../ID/results (JSONL), POST .../ID/cancel: Anthropic's Message Batches API
-    GET /llm/KEY/batch-stats         JSON: files and batches of the KEY, rows run, rows run
-                                     twice, refused creates, the keys seen
-  Quotas announced in rate-limit headers, with a real per-window counter:
-    /quota/FAMILY/...?limit=N&window=S&style=x|github|ietf
-                                     N requests of a FAMILY per S-second window, each answer
-                                     saying how many are left and when the window resets
-                                     (X-RateLimit-* with seconds left; GitHub's epoch reset and
-                                     403; the IETF RateLimit field); over it: 429 (GitHub: 403)
-  Paginated collections of TOTAL records {"n": i}, SIZE a page, the next page named by STYLE:
-    /pages/STYLE/...?total=N&size=K&fail=P&fail_times=T&tag=X&base=URL&limit=L&window=S
-                                     link (a Link header), cursor (an opaque "next" in the
-                                     body, sent back as cursor=), next (the next path in the
-                                     body), page (page=1, 2, … until an empty page), offset
-                                     (offset=0, K, … until an empty page); page P answers 503
-                                     its first T requests (always without fail_times); a
-                                     next page is named on the server at base when given;
-                                     with limit, a quota as /quota's (family, style x)
-    /endless-pages?kb=N&cursor=C     a collection that never ends: pages of about N KiB
-                                     (default 1024) whose "next" is always a new cursor
-  An S3-compatible bucket, for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style):
-    GET/HEAD /s3-mock/KEY            the object KEY ("object KEY"); a KEY starting with
-                                     "slowdown-once" gets, the first time, a 503 SlowDown
-                                     with Retry-After: 1, and "missing" a 404 NoSuchKey
-  Tokens that expire, for auth= and --auth-command (per REALM, so tests do not share):
-    /token/REALM?uses=N&ttl=S&refuse=1&format=header
-                                     issue a fresh random bearer token good for N requests
-                                     (default 10) and S seconds (default 3600); refuse=1: one
-                                     /protected refuses anyway. JSON {"access_token": ...};
-                                     format=header: the text "Bearer TOKEN"
-    /protected/REALM/...             200 JSON for "Authorization: Bearer TOKEN" with a live
-                                     token of REALM; else 401 (WWW-Authenticate, and a body
-                                     that echoes the token, as careless servers do)
-    /tokens/REALM                    JSON: tokens issued, tokens that expired (refused once
-                                     used up or out of time), 401s answered
-    /stats?log=1                     JSON: requests per target, peak concurrency, connections
-                                     (with log=1 also each request's arrival time and status)
-    /stats/reset                     clear the stats
-
-Every path except /stats counts towards the stats: ``counts`` (per path with query),
+Every route but /stats counts towards the stats: ``counts`` (per path with query),
 ``requests``, ``peak_concurrency`` (requests being handled at once), ``peak_by_host`` (the
 same per Host header), ``connections`` (TCP connections that carried at least one of those
 requests) and ``log`` (arrival ``t`` and ``end`` as Unix times, ``target``, ``host``,
@@ -125,19 +22,23 @@ import functools
 import json
 import math
 import secrets
+import signal
 import sys
+import textwrap
 import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from mock_batch import BatchMock
-from mock_gemini import GeminiMock
-from mock_llm import LLMMock
+from . import batch, gemini, llm
+from .batch import BatchMock
+from .gemini import GeminiMock
+from .llm import LLMMock
 
 MIB = 2**20
 
@@ -278,6 +179,25 @@ class Tokens:
             return {name: counts[name] for name in ("issued", "expired", "used", "unauthorized")}
 
 
+@dataclass(frozen=True)
+class Call:
+    """One request as a route sees it: its path, the path's first segment, its query (each
+    name's last value) and its body."""
+
+    path: str
+    head: str
+    query: dict[str, str]
+    body: bytes
+
+    def segment(self, index: int) -> str:
+        """The path's segment ``index`` (0: the route's own name)."""
+        return self.path.strip("/").split("/")[index]
+
+
+def head_of(path: str) -> str:
+    return "/" + path.strip("/").split("/", 1)[0]
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # TCP_NODELAY, as real servers set it: the body, written apart from the headers, would
@@ -299,19 +219,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         self.entry: dict[str, Any] = {}  # (the log's entry, once it is counted in)
-        if self.path.startswith("/stall-upload"):  # before reading the body: that is the point
-            self._stall_upload()
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
         parts = urlsplit(self.path)
         path, query = parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        if path == "/stats":
-            self._json(200, self.server.stats.snapshot(with_log=query.get("log") == "1"))
-            return
-        if path == "/stats/reset":
-            self.server.stats.reset()
-            self._json(200, {"reset": True})
+        route = route_of(path)
+        # (a route that never reads the body answers before it is read: that is its point)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length and route.reads_body else b""
+        call = Call(path, head_of(path), query, body)
+        if not route.counted:
+            route.answer(self, call)
             return
         stats = self.server.stats
         if not self.counted_connection:
@@ -321,7 +237,10 @@ class Handler(BaseHTTPRequestHandler):
         # may add to its log entry)
         self.status: int | None = None
         try:
-            self._route(path, query, body)
+            delay = float(query.get("delay", route.delay))
+            if delay:
+                time.sleep(delay)
+            route.answer(self, call)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
@@ -331,150 +250,101 @@ class Handler(BaseHTTPRequestHandler):
         self.status = code
         super().send_response(code, message)
 
-    def _route(self, path: str, query: dict[str, str], body: bytes) -> None:
-        head = "/" + path.strip("/").split("/", 1)[0]
-        delay = float(query.get("delay", 2.0 if head == "/slow" else 0.0))
-        if delay:
-            time.sleep(delay)
-        if head in ("/ok", "/slow"):
-            self._json(200, {"path": path, "ok": True})
-        elif head in ("/429-once", "/429-date"):
-            wait = float(query.get("retry_after", "1"))
-            if self.server.stats.times_seen(path) == 1:
-                when = (
-                    email.utils.formatdate(time.time() + wait, usegmt=True)
-                    if head == "/429-date"
-                    else f"{wait:g}"
-                )
-                self._json(429, {"error": "slow down"}, {"Retry-After": when})
-            else:
-                self._json(200, {"path": path, "ok": True})
-        elif head == "/account":
-            account = path.strip("/").split("/")[1]
-            if self.server.stats.times_seen(f"account {account}") == 1:
-                retry_after = query.get("retry_after", "1")
-                self._json(429, {"error": "account limit"}, {"Retry-After": retry_after})
-            else:
-                self._json(200, {"path": path, "ok": True})
-        elif head == "/limited":
-            self._limited(query)
-        elif head == "/503-then-ok":
-            family = path.strip("/").split("/")[1]
-            if self.server.stats.times_seen(f"503-then-ok {family}") <= int(
-                query.get("after", "3")
-            ):
-                self._json(503, {"error": "unavailable"})
-            else:
-                self._json(200, {"path": path, "ok": True})
-        elif head == "/jitter":
-            family = path.strip("/").split("/")[1]
-            if (
-                self.server.stats.times_seen(f"jitter {family}") % int(query.get("every", "20"))
-                == 0
-            ):
-                time.sleep(float(query.get("slow", "2")))
-            self._json(200, {"path": path, "ok": True})
-        elif head == "/503":
-            extra = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
-            self._json(503, {"error": "unavailable"}, extra)
-        elif head == "/404":
-            self._json(404, {"error": "not found"})
-        elif head == "/broken-json":
-            self._send(200, b'{"truncated": ', "application/json")
-        elif head == "/retry-after-60":
-            self._json(429, {"error": "slow down"}, {"Retry-After": "60"})
-        elif head == "/trickle":
-            self._trickle(float(query.get("interval", "0.2")), int(query.get("bytes", "50")))
-        elif head == "/huge":
-            self._huge(
-                int(query.get("mb", "256")), query.get("gzip") == "1", query.get("chunked") == "1"
-            )
-        elif head == "/many-headers":
-            extra = {f"X-Header-{n}": str(n) for n in range(int(query.get("n", "150")))}
-            self._json(200, {"headers": len(extra)}, extra)
-        elif head == "/trickle-headers":
-            self._trickle_headers(
-                float(query.get("interval", "0.1")), int(query.get("lines", "60"))
-            )
-        elif head == "/redirect-body":
-            self._redirect_body(
-                query.get("to", "/ok"), int(query.get("mb", "300")), query.get("interval")
-            )
-        elif head == "/bad-location":
-            self._send(302, b"", "text/plain", {"Location": "/ok/\xff\xfe"})
-        elif head == "/deep":
-            depth = int(query.get("depth", "1000"))
-            self._send(200, b"[" * depth + b"]" * depth, "application/json")
-        elif head == "/echo-values":
-            self._echo_values(query)
-        elif head == "/surrogate":
-            self._send(200, b'{"name": "\\ud800"}', "application/json")
-        elif head == "/surrogate-key":
-            self._send(200, b'{"\\ud800": 1, "a": {"\\udc00b": 2}}', "application/json")
-        elif head == "/text":
-            self._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")
-        elif head == "/encoded":
-            self._encoded(query)
-        elif head == "/bytes":
-            self._send(200, bytes(range(256)), "application/octet-stream")
-        elif head == "/echo":
-            self._json(
-                200,
-                {
-                    "method": self.command,
-                    "path": path,
-                    "query": query,
-                    "headers": dict(self.headers.items()),
-                    "body": body.decode("utf-8", errors="replace"),
-                },
-            )
-        elif head == "/half":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", "100")
-            self.end_headers()
-            self.wfile.write(b'{"cut": "')
-            self.wfile.flush()
-            self.close_connection = True
-        elif head == "/quota":
-            self._quota(path.strip("/").split("/")[1], query)
-        elif head == "/endless-pages":
-            number = int(query.get("cursor", "0"))
-            pad = "x" * (int(query.get("kb", "1024")) * 1024)
-            self._json(200, {"items": [{"n": number, "pad": pad}], "next": str(number + 1)})
-        elif head == "/pages":
-            self._page(path, path.strip("/").split("/")[1], query)
-        elif head == "/s3-mock":
-            self._s3_object(path.split("/", 2)[2])
-        elif head == "/llm":
-            self._llm(path, query, body)
-        elif head == "/gemini":
-            headers = {name.lower(): value for name, value in self.headers.items()}
-            self._reply(*self.server.gemini.answer(self.command, path, query, body, headers))
-        elif path == "/v1/chat/completions":
-            self._chat_completion(body)
-        elif head == "/cookie-each":
-            number = self.server.stats.times_seen("cookie-each")
-            cookie = f"c{number}={'v' * int(query.get('size', '100'))}; Path=/"
-            self._json(200, {"set": f"c{number}"}, {"Set-Cookie": cookie})
-        elif head == "/set-cookie":
-            cookie = f"{query.get('name', 'session')}={query.get('value', '1')}; Path=/"
-            self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
-        elif head in ("/token", "/tokens", "/protected"):
-            self._bearer(head, path.strip("/").split("/")[1], query)
-        elif head == "/redirect":
-            code = int(query.get("code", "302"))
-            self._send(code, b"", "text/plain", {"Location": query.get("to", "/ok")})
-        elif head == "/status":
-            self._send(int(path.strip("/").split("/")[1]), b"status", "text/plain")
-        elif head == "/sized":
-            self._sized(int(query.get("bytes", "0")))
-        else:
-            self._json(404, {"error": f"no route {path}"})
+    def _ok(self, call: Call) -> None:
+        self._json(200, {"path": call.path, "ok": True})
 
-    def _llm(self, path: str, query: dict[str, str], body: bytes) -> None:
+    def _429_once(self, call: Call) -> None:
+        wait = float(call.query.get("retry_after", "1"))
+        if self.server.stats.times_seen(call.path) != 1:
+            self._ok(call)
+            return
+        when = (
+            email.utils.formatdate(time.time() + wait, usegmt=True)
+            if call.head == "/429-date"
+            else f"{wait:g}"
+        )
+        self._json(429, {"error": "slow down"}, {"Retry-After": when})
+
+    def _account(self, call: Call) -> None:
+        if self.server.stats.times_seen(f"account {call.segment(1)}") == 1:
+            retry_after = call.query.get("retry_after", "1")
+            self._json(429, {"error": "account limit"}, {"Retry-After": retry_after})
+        else:
+            self._ok(call)
+
+    def _503_then_ok(self, call: Call) -> None:
+        seen = self.server.stats.times_seen(f"503-then-ok {call.segment(1)}")
+        if seen <= int(call.query.get("after", "3")):
+            self._json(503, {"error": "unavailable"})
+        else:
+            self._ok(call)
+
+    def _jitter(self, call: Call) -> None:
+        seen = self.server.stats.times_seen(f"jitter {call.segment(1)}")
+        if seen % int(call.query.get("every", "20")) == 0:
+            time.sleep(float(call.query.get("slow", "2")))
+        self._ok(call)
+
+    def _503(self, call: Call) -> None:
+        query = call.query
+        extra = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
+        self._json(503, {"error": "unavailable"}, extra)
+
+    def _echo(self, call: Call) -> None:
+        self._json(
+            200,
+            {
+                "method": self.command,
+                "path": call.path,
+                "query": call.query,
+                "headers": dict(self.headers.items()),
+                "body": call.body.decode("utf-8", errors="replace"),
+            },
+        )
+
+    def _half(self, call: Call) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"cut": "')
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _endless_pages(self, call: Call) -> None:
+        number = int(call.query.get("cursor", "0"))
+        pad = "x" * (int(call.query.get("kb", "1024")) * 1024)
+        self._json(200, {"items": [{"n": number, "pad": pad}], "next": str(number + 1)})
+
+    def _gemini(self, call: Call) -> None:
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        gemini_mock = self.server.gemini
+        self._reply(*gemini_mock.answer(self.command, call.path, call.query, call.body, headers))
+
+    def _cookie_each(self, call: Call) -> None:
+        number = self.server.stats.times_seen("cookie-each")
+        cookie = f"c{number}={'v' * int(call.query.get('size', '100'))}; Path=/"
+        self._json(200, {"set": f"c{number}"}, {"Set-Cookie": cookie})
+
+    def _set_cookie(self, call: Call) -> None:
+        cookie = f"{call.query.get('name', 'session')}={call.query.get('value', '1')}; Path=/"
+        self._json(200, {"set": cookie}, {"Set-Cookie": cookie})
+
+    def _redirect(self, call: Call) -> None:
+        code = int(call.query.get("code", "302"))
+        self._send(code, b"", "text/plain", {"Location": call.query.get("to", "/ok")})
+
+    def _stats(self, call: Call) -> None:
+        self._json(200, self.server.stats.snapshot(with_log=call.query.get("log") == "1"))
+
+    def _stats_reset(self, call: Call) -> None:
+        self.server.stats.reset()
+        self._json(200, {"reset": True})
+
+    def _llm(self, call: Call) -> None:
         """The mock LLM API: its batch routes (which read the request's headers: the upload's
         Content-Type, the Host of a results URL, the key) and its live ones."""
+        path, query, body = call.path, call.query, call.body
         if not BatchMock.handles(path):
             self._json(*self.server.llm.answer(self.command, path, query, body))
             return
@@ -743,10 +613,16 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(302, b"", "text/plain", {"Location": f"/404/{values}"})
 
-    def _stall_upload(self) -> None:
+    def _stall_upload(self, hold: float) -> None:
         self.close_connection = True
-        query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
-        time.sleep(float(query.get("hold", "10")))
+        time.sleep(hold)
+
+    def _many_headers(self, count: int) -> None:
+        extra = {f"X-Header-{n}": str(n) for n in range(count)}
+        self._json(200, {"headers": len(extra)}, extra)
+
+    def _deep(self, depth: int) -> None:
+        self._send(200, b"[" * depth + b"]" * depth, "application/json")
 
     def _huge(self, mebibytes: int, compressed: bool, chunked: bool) -> None:
         self.send_response(200)
@@ -810,19 +686,266 @@ class MockServer(ThreadingHTTPServer):
         return f"http://{host!s}:{port}"
 
 
+Answer = Callable[[Handler, Call], None]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: the path it answers, how the help shows it, and its answer.
+
+    ``path`` is a first segment (``/ok`` answers /ok and /ok/...) or, ``exact``, the whole
+    path. ``delay`` is the default of the ``delay=S`` every counted route takes; a route not
+    ``counted`` stays out of the stats, one that does not ``reads_body`` answers before the
+    body is read. ``more`` lists the routes under it that a mock of their own answers."""
+
+    path: str
+    usage: str
+    does: str
+    answer: Answer
+    exact: bool = False
+    delay: float = 0.0
+    counted: bool = True
+    reads_body: bool = True
+    more: tuple[tuple[str, str], ...] = ()
+
+
+SECTIONS: tuple[tuple[str, tuple[Route, ...]], ...] = (
+    ("Answers and failures", (
+        Route("/ok", "/ok[/anything]?delay=S",
+              'Answers 200 JSON {"path": ..., "ok": true}, after S seconds (every counted '
+              "route takes delay=S).", Handler._ok),
+        Route("/slow", "/slow[/anything]?delay=S", "The same as /ok, after 2 s by default.",
+              Handler._ok, delay=2.0),
+        Route("/429-once", "/429-once/KEY?retry_after=N",
+              "The first request of each KEY: 429 with Retry-After: N seconds (1); later: 200.",
+              Handler._429_once),
+        Route("/429-date", "/429-date/KEY?retry_after=N",
+              "The same with Retry-After as an HTTP-date N seconds ahead.", Handler._429_once),
+        Route("/503", "/503[/anything]?retry_after=N",
+              "Always 503 (with Retry-After: N when given).", Handler._503),
+        Route("/404", "/404[/anything]", "Always 404.",
+              lambda h, c: h._json(404, {"error": "not found"})),
+        Route("/broken-json", "/broken-json", "200 with a body that is not JSON.",
+              lambda h, c: h._send(200, b'{"truncated": ', "application/json")),
+        Route("/retry-after-60", "/retry-after-60", "Always 429 with Retry-After: 60.",
+              lambda h, c: h._json(429, {"error": "slow down"}, {"Retry-After": "60"})),
+        Route("/account", "/account/ACCOUNT/...?retry_after=N",
+              "The first request of an ACCOUNT: 429 with Retry-After: N for the whole "
+              "account; every later one: 200.", Handler._account),
+        Route("/limited", "/limited/...?max_inflight=K&max_rate=R&work=S&family=F&retry_after=N",
+              "A server with a capacity: 429 when more than K requests of family F are in "
+              "flight or more than R arrived in the last second; else 200 after S seconds of "
+              "work.", lambda h, c: h._limited(c.query)),
+        Route("/503-then-ok", "/503-then-ok/FAMILY/...?after=N",
+              "The first N requests (3) of a FAMILY: 503; later ones: 200.",
+              Handler._503_then_ok),
+        Route("/jitter", "/jitter/FAMILY/...?every=N&slow=S",
+              "200; every Nth request (20) of a FAMILY only after S seconds (2).",
+              Handler._jitter),
+    )),
+    ("Bodies, headers, redirects", (
+        Route("/trickle", "/trickle?interval=S&bytes=N",
+              "200 headers at once, then one body byte every S seconds (0.2; 50 bytes).",
+              lambda h, c: h._trickle(
+                  float(c.query.get("interval", "0.2")), int(c.query.get("bytes", "50")))),
+        Route("/huge", "/huge?mb=N&gzip=1&chunked=1",
+              "200 with an N MiB body (256): gzip-compressed (gzip=1), or without a "
+              "Content-Length (chunked=1).",
+              lambda h, c: h._huge(int(c.query.get("mb", "256")), c.query.get("gzip") == "1",
+                                   c.query.get("chunked") == "1")),
+        Route("/many-headers", "/many-headers?n=N",
+              "200 with N extra headers (X-Header-0 ...; 150).",
+              lambda h, c: h._many_headers(int(c.query.get("n", "150")))),
+        Route("/text", "/text", "200 text/plain in UTF-8.",
+              lambda h, c: h._send(200, "héllo wörld".encode(), "text/plain; charset=utf-8")),
+        Route("/bytes", "/bytes", "200 application/octet-stream: the 256 byte values.",
+              lambda h, c: h._send(200, bytes(range(256)), "application/octet-stream")),
+        Route("/encoded", "/encoded?text=T&charset=C&type=CT",
+              '200 with T ("café") encoded in C (utf-8), Content-Type CT exactly as given '
+              "(none without type): charsets declared, missing or wrong.",
+              lambda h, c: h._encoded(c.query)),
+        Route("/echo", "/echo", "200 JSON of the request: method, path, query, headers, body.",
+              Handler._echo),
+        Route("/redirect", "/redirect?to=URL&code=C",
+              "A redirect (C, 302) to URL (/ok).", Handler._redirect),
+        Route("/status", "/status/CODE",
+              "An answer with that status and nothing else (a 3xx with no Location).",
+              lambda h, c: h._send(int(c.segment(1)), b"status", "text/plain")),
+        Route("/sized", "/sized?bytes=N",
+              "200 with an N-byte body (none to a HEAD: a large file's).",
+              lambda h, c: h._sized(int(c.query.get("bytes", "0")))),
+        Route("/set-cookie", "/set-cookie?name=N&value=V", "200 that sets a cookie.",
+              Handler._set_cookie),
+        Route("/cookie-each", "/cookie-each[/anything]?size=N",
+              "200 that sets a new cookie each time (c1, c2, ... with N bytes of value, 100): "
+              "a jar that grows without end.", Handler._cookie_each),
+        Route("/half", "/half", "200 announcing 100 bytes, then 9 of them and a hang-up.",
+              Handler._half),
+    )),
+    ("Hostile servers: every phase of an attempt must stay within its limits", (
+        Route("/trickle-headers", "/trickle-headers?interval=S&lines=N",
+              "The status line, then one header line every S seconds (0.1; N of them, 60), "
+              "then a small JSON body.",
+              lambda h, c: h._trickle_headers(
+                  float(c.query.get("interval", "0.1")), int(c.query.get("lines", "60")))),
+        Route("/redirect-body", "/redirect-body?to=URL&mb=N&interval=S",
+              "A 302 to URL (/ok) with an N MiB body (300), or, with interval, one byte every "
+              "S seconds.",
+              lambda h, c: h._redirect_body(c.query.get("to", "/ok"),
+                                            int(c.query.get("mb", "300")),
+                                            c.query.get("interval"))),
+        Route("/stall-upload", "/stall-upload?hold=S",
+              "Never reads the request body; closes after S seconds (10). Not counted.",
+              lambda h, c: h._stall_upload(float(c.query.get("hold", "10"))),
+              counted=False, reads_body=False),
+        Route("/bad-location", "/bad-location", "A 302 whose Location is not UTF-8.",
+              lambda h, c: h._send(302, b"", "text/plain", {"Location": "/ok/\xff\xfe"})),
+        Route("/deep", "/deep?depth=N", "200 with JSON nested N arrays deep (1000).",
+              lambda h, c: h._deep(int(c.query.get("depth", "1000")))),
+        Route("/surrogate", "/surrogate", '200 with {"name": "\\ud800"}: a lone surrogate '
+              "escape.", lambda h, c: h._send(200, b'{"name": "\\ud800"}', "application/json")),
+        Route("/surrogate-key", "/surrogate-key",
+              '200 with {"\\ud800": 1, "a": {"\\udc00b": 2}}: lone surrogate escapes in keys.',
+              lambda h, c: h._send(200, b'{"\\ud800": 1, "a": {"\\udc00b": 2}}',
+                                   "application/json")),
+        Route("/echo-values", "/echo-values?style=S&...",
+              "Echoes the query's values (a key among them) as careless servers do: in a "
+              "status line that is not HTTP (style=status), or in a 302 to /404/VALUES "
+              "(style=location).", lambda h, c: h._echo_values(c.query)),
+    )),
+    ("An OpenAI-compatible endpoint for SDK clients (base URL http://127.0.0.1:PORT/v1)", (
+        Route("/v1/chat/completions", "POST /v1/chat/completions",
+              'A chat completion whose reply echoes the last message; a message '
+              '"429-once:KEY" gets, the first time per KEY, a 429 with Retry-After: 1, and '
+              '"500-once:KEY" a 500.', lambda h, c: h._chat_completion(c.body), exact=True),
+    )),
+    ("A mock LLM API: requests and tokens per minute limited as OpenAI and Anthropic do", (
+        Route("/llm", "/llm/KEY/LIMITS/...",
+              "KEY: any name, with limits, counters, files and batches of its own. LIMITS: "
+              "name=value pairs joined by commas, or - for the defaults: rpm (500), tpm "
+              "(200000), itpm and otpm (Anthropic's input and output tokens, tpm), window "
+              "(seconds, 60: the period the limits count over, and their resets tell), "
+              "latency (seconds, 0), refill (window, oldest or bucket), retry_after (1 or 0), "
+              "and the batch knobs pace, expire, fail, enqueued, shuffle, batch_rows, "
+              "batch_bytes, stall_upload, stall_create, stall_results. SDK base URLs: "
+              ".../llm/KEY/LIMITS/v1 for openai, .../llm/KEY/LIMITS for anthropic.",
+              Handler._llm, more=llm.ROUTES_HELP + batch.ROUTES_HELP),
+    )),
+    ("A mock of Gemini's batch mode (SDK base URL http://127.0.0.1:PORT/gemini/KEY/KNOBS)", (
+        Route("/gemini", "/gemini/KEY/KNOBS/...",
+              "KNOBS: pace (seconds, 0.5: each state's length), stall_create (seconds before "
+              "a create is answered), or -. A request whose text holds [[error]] is answered "
+              "an error of code 3, one with [[500]] code 13.",
+              Handler._gemini, more=gemini.ROUTES_HELP),
+    )),
+    ("Quotas announced in rate-limit headers, with a real per-window counter", (
+        Route("/quota", "/quota/FAMILY/...?limit=N&window=S&style=x,github,ietf",
+              "N requests (5) of a FAMILY per S-second window (2), each answer saying how "
+              "many are left and when the window resets: X-RateLimit-* with seconds left "
+              "(x), GitHub's epoch reset and 403 (github), the IETF RateLimit field (ietf); "
+              "over it: 429 (GitHub: 403).",
+              lambda h, c: h._quota(c.segment(1), c.query)),
+    )),
+    ("Paginated collections", (
+        Route("/pages", "/pages/STYLE/...?total=N&size=K&fail=P&fail_times=T&tag=X&base=URL"
+              "&limit=L&window=S",
+              'TOTAL records {"n": i} (10), SIZE a page (3), the next page named by STYLE: '
+              "link (a Link header), cursor (an opaque next in the body, sent back as "
+              "cursor=), next (the next path in the body), page (page=1, 2, ... until an "
+              "empty page), offset (offset=0, K, ... until an empty page); page P answers 503 "
+              "its first T requests (always without fail_times); a next page is named on the "
+              "server at base when given; with limit, a quota as /quota's (style x).",
+              lambda h, c: h._page(c.path, c.segment(1), c.query)),
+        Route("/endless-pages", "/endless-pages?kb=N&cursor=C",
+              "A collection that never ends: pages of about N KiB (1024) whose next is "
+              "always a new cursor.", Handler._endless_pages),
+    )),
+    ("An S3-compatible bucket for boto3 (endpoint_url=http://127.0.0.1:PORT, path-style)", (
+        Route("/s3-mock", "GET|HEAD /s3-mock/KEY",
+              'The object KEY ("object KEY"); a KEY starting with slowdown-once gets, the '
+              "first time, a 503 SlowDown with Retry-After: 1, and missing a 404 NoSuchKey.",
+              lambda h, c: h._s3_object(c.path.split("/", 2)[2])),
+    )),
+    ("Tokens that expire, for auth= and --auth-command (per REALM)", (
+        Route("/token", "/token/REALM?uses=N&ttl=S&refuse=1&format=header",
+              "Issues a fresh random bearer token good for N requests (10) and S seconds "
+              "(3600); refuse=1: one /protected refuses anyway. JSON {\"access_token\": ...}; "
+              'format=header: the text "Bearer TOKEN".',
+              lambda h, c: h._bearer(c.head, c.segment(1), c.query)),
+        Route("/protected", "/protected/REALM/...",
+              "200 JSON for Authorization: Bearer TOKEN with a live token of REALM; else 401 "
+              "(WWW-Authenticate, and a body that echoes the token, as careless servers do).",
+              lambda h, c: h._bearer(c.head, c.segment(1), c.query)),
+        Route("/tokens", "/tokens/REALM",
+              "JSON: tokens issued, tokens that expired (refused once used up or out of "
+              "time), 401s answered.",
+              lambda h, c: h._bearer(c.head, c.segment(1), c.query)),
+    )),
+    ("What the server saw", (
+        Route("/stats", "/stats?log=1",
+              "JSON: requests per target, peak concurrency, connections (with log=1 also "
+              "each request's arrival time and status). Not counted.",
+              Handler._stats, exact=True, counted=False),
+        Route("/stats/reset", "/stats/reset", "Clears the stats. Not counted.",
+              Handler._stats_reset, exact=True, counted=False),
+    )),
+)  # fmt: skip
+
+ROUTES = tuple(route for _, routes in SECTIONS for route in routes)
+_EXACT = {route.path: route for route in ROUTES if route.exact}
+_BY_HEAD = {route.path: route for route in ROUTES if not route.exact}
+
+
+# (what answers a path no route names)
+_NO_ROUTE = Route("", "", "404.", lambda h, c: h._json(404, {"error": f"no route {c.path}"}))
+
+
+def route_of(path: str) -> Route:
+    """The route answering ``path``: its own when one is exact, else its first segment's."""
+    return _EXACT.get(path) or _BY_HEAD.get(head_of(path)) or _NO_ROUTE
+
+
+def routes_help(width: int = 96) -> str:
+    """Every route of the table, section by section, as ``--help`` shows them."""
+    lines = []
+    for title, routes in SECTIONS:
+        lines += ["", f"{title}:"]
+        for route in routes:
+            lines += [f"  {route.usage}", *_wrapped(route.does, width, 6)]
+            for usage, does in route.more:
+                lines += [f"    {usage}", *_wrapped(does, width, 8)]
+    usage, does = PROXY_HELP
+    lines += ["", "A proxy:", f"  {usage}", *_wrapped(does, width, 6)]
+    return "\n".join(lines)
+
+
+# (answered by ``Handler.do_CONNECT``: CONNECT names no path for the table)
+PROXY_HELP = ("CONNECT HOST:PORT", "407 with Proxy-Authenticate: a forward proxy that refuses "
+              "every tunnel.")  # fmt: skip
+
+
+def _wrapped(text: str, width: int, indent: int) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=" " * indent, subsequent_indent=" " * indent)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="batchsync's local fault-injecting API")
+    # (Ctrl-C stops the server: not the command line's "nothing was sent" of the package)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    parser = argparse.ArgumentParser(
+        prog="python -m batchsync.mock",
+        description="batchsync's local fault-injecting API: every route below on one port.",
+        epilog="routes (each name in capitals is any name of yours; N, S: numbers):"
+        + routes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free one)")
     args = parser.parse_args()
     server = MockServer(args.port)
-    print(f"listening on {server.url}", flush=True)
+    sys.stdout.write(f"listening on {server.url}\n")  # (what a caller waits for)
+    sys.stdout.flush()
     try:
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
-
-
-if __name__ == "__main__":
-    main()

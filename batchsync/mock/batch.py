@@ -1,28 +1,11 @@
 """A mock of OpenAI's Batch API (with its Files API) and Anthropic's Message Batches API,
-served by ``scripts/mock_server.py`` under the mock LLM API's prefix (``scripts/mock_llm.py``),
+served by ``batchsync.mock.server`` under the mock LLM API's prefix (``batchsync.mock.llm``),
 so that a client of either SDK can submit, poll, cancel and download batches without a key.
 
-Paths (KEY and LIMITS as for the live routes: each KEY has its own files and batches, kept
-in memory; the first request of a KEY, live or batch, fixes its limits and knobs):
-
-  OpenAI (SDK base URL ``http://HOST:PORT/llm/KEY/LIMITS/v1``):
-    POST   /llm/KEY/LIMITS/v1/files                  upload (multipart: ``purpose``, ``file``)
-    GET    /llm/KEY/LIMITS/v1/files                  the KEY's files, newest first
-    GET    /llm/KEY/LIMITS/v1/files/ID               a file object
-    GET    /llm/KEY/LIMITS/v1/files/ID/content       its bytes (application/octet-stream)
-    DELETE /llm/KEY/LIMITS/v1/files/ID               delete it
-    POST   /llm/KEY/LIMITS/v1/batches                create a batch of an uploaded file
-    GET    /llm/KEY/LIMITS/v1/batches?limit=N&after=ID   the KEY's batches, newest first
-    GET    /llm/KEY/LIMITS/v1/batches/ID             a batch object
-    POST   /llm/KEY/LIMITS/v1/batches/ID/cancel      cancel it
-  Anthropic (SDK base URL ``http://HOST:PORT/llm/KEY/LIMITS``):
-    POST   /llm/KEY/LIMITS/v1/messages/batches       create a batch of ``requests``
-    GET    /llm/KEY/LIMITS/v1/messages/batches?limit=N&after_id=ID&before_id=ID
-    GET    /llm/KEY/LIMITS/v1/messages/batches/ID    a message batch
-    GET    /llm/KEY/LIMITS/v1/messages/batches/ID/results   its results, JSONL, once ended
-    POST   /llm/KEY/LIMITS/v1/messages/batches/ID/cancel    cancel it
-    DELETE /llm/KEY/LIMITS/v1/messages/batches/ID    delete an ended batch
-  GET /llm/KEY/batch-stats                           what the KEY's batches did (below)
+Its routes are ``ROUTES_HELP`` below (KEY and LIMITS as for the live routes: each KEY has
+its own files and batches, kept in memory; the first request of a KEY, live or batch, fixes
+its limits and knobs). SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for OpenAI's,
+``http://HOST:PORT/llm/KEY/LIMITS`` for Anthropic's.
 
 Knobs, given in LIMITS next to the live limits (``pace=0.1,expire=0.2,enqueued=5000``):
 
@@ -90,7 +73,7 @@ from email import policy
 from email.parser import BytesParser
 from typing import Any
 
-from mock_llm import (
+from .llm import (
     Limits,
     LLMMock,
     chat_cost,
@@ -401,6 +384,39 @@ class Store:
         self.counts = dict.fromkeys((*names, "batches_deleted"), 0)
 
 
+# The batch routes under ``/llm/KEY/LIMITS/`` (``BatchMock.handles`` says which paths are
+# theirs), as ``--help`` shows them.
+ROUTES_HELP = (
+    ("POST /llm/KEY/LIMITS/v1/files", "OpenAI's Files API: an upload (multipart: purpose, file)."),
+    ("GET /llm/KEY/LIMITS/v1/files", "The KEY's files, newest first."),
+    ("GET|DELETE /llm/KEY/LIMITS/v1/files/ID", "A file object; delete it."),
+    ("GET /llm/KEY/LIMITS/v1/files/ID/content", "A file's bytes."),
+    (
+        "POST /llm/KEY/LIMITS/v1/batches",
+        "OpenAI's Batch API: a batch of an uploaded file, its states stepped by the clock.",
+    ),
+    ("GET /llm/KEY/LIMITS/v1/batches?limit=N&after=ID", "The KEY's batches, newest first."),
+    ("GET /llm/KEY/LIMITS/v1/batches/ID", "A batch object."),
+    ("POST /llm/KEY/LIMITS/v1/batches/ID/cancel", "Cancels a batch."),
+    (
+        "POST /llm/KEY/LIMITS/v1/messages/batches",
+        "Anthropic's Message Batches API: a batch of requests.",
+    ),
+    (
+        "GET /llm/KEY/LIMITS/v1/messages/batches?limit=N&after_id=ID&before_id=ID",
+        "The KEY's message batches.",
+    ),
+    ("GET|DELETE /llm/KEY/LIMITS/v1/messages/batches/ID", "A message batch; delete an ended one."),
+    ("GET /llm/KEY/LIMITS/v1/messages/batches/ID/results", "Its results, JSONL, once ended."),
+    ("POST /llm/KEY/LIMITS/v1/messages/batches/ID/cancel", "Cancels a message batch."),
+    (
+        "GET /llm/KEY/batch-stats",
+        "JSON: files and batches of the KEY, rows run, rows run twice, refused creates, the "
+        "keys seen.",
+    ),
+)
+
+
 class BatchMock:
     """Every KEY's files and batches, and the answers of the batch routes under ``/llm/``."""
 
@@ -483,44 +499,74 @@ class BatchMock:
         """The Files and Batch routes (``route``: the path after ``v1``)."""
         now = time.time()
         head, tail = route[0], route[1:]
+        reply = None
         if head == "files":
-            if not tail and method == "POST":
-                return self._upload(store, headers.get("content-type", ""), body, now)
-            if not tail and method == "GET":
-                alive = [f for f in store.files.values() if not f.deleted]
-                if "purpose" in query:
-                    alive = [f for f in alive if f.purpose == query["purpose"]]
-                return 200, openai_list([f.object() for f in reversed(alive)], query), {}
-            stored = store.files.get(tail[0])
-            if stored is None or stored.deleted:
-                return openai_error(404, f"No such File object: {tail[0]}", param="id")
-            if tail[1:] == ["content"] and method == "GET":
-                return 200, stored.data, {"Content-Type": "application/octet-stream"}
-            if len(tail) == 1 and method == "GET":
-                return 200, stored.object(), {}
-            if len(tail) == 1 and method == "DELETE":
-                stored.deleted = True
-                store.counts["files_deleted"] += 1
-                return 200, {"id": stored.id, "object": "file", "deleted": True}, {}
+            reply = self._files(store, method, tail, query=query, upload=(headers, body), now=now)
         elif head == "batches":
-            if not tail and method == "POST":
-                return self._create_openai(store, body, now)
-            if not tail and method == "GET":
-                batches = [b for b in store.batches.values() if b.provider == OPENAI]
-                objects = [self._openai_object(store, b, now) for b in reversed(batches)]
-                return 200, openai_list(objects, query), {}
-            batch = store.batches.get(tail[0])
-            if batch is None or batch.provider != OPENAI:
-                return openai_error(404, f"No batch found with id '{tail[0]}'.", param="id")
-            if len(tail) == 1 and method == "GET":
-                return 200, self._openai_object(store, batch, now), {}
-            if tail[1:] == ["cancel"] and method == "POST":
-                status = batch.status(now)
-                if status not in ("validating", "in_progress"):
-                    return openai_error(400, f"Cannot cancel a batch with status '{status}'.")
-                batch.cancel_at = now
-                return 200, self._openai_object(store, batch, now), {}
-        return openai_error(404, f"no route {method} /v1/{'/'.join(route)}")
+            reply = self._batches(store, method, tail, query=query, body=body, now=now)
+        return reply or openai_error(404, f"no route {method} /v1/{'/'.join(route)}")
+
+    def _files(
+        self,
+        store: Store,
+        method: str,
+        tail: list[str],
+        *,
+        query: dict[str, str],
+        upload: tuple[Mapping[str, str], bytes],
+        now: float,
+    ) -> BatchReply | None:
+        """The Files routes (``tail``: the path after ``files``); None: no such route."""
+        if not tail and method == "POST":
+            headers, body = upload
+            return self._upload(store, headers.get("content-type", ""), body, now)
+        if not tail and method == "GET":
+            alive = [f for f in store.files.values() if not f.deleted]
+            if "purpose" in query:
+                alive = [f for f in alive if f.purpose == query["purpose"]]
+            return 200, openai_list([f.object() for f in reversed(alive)], query), {}
+        stored = store.files.get(tail[0])
+        if stored is None or stored.deleted:
+            return openai_error(404, f"No such File object: {tail[0]}", param="id")
+        if tail[1:] == ["content"] and method == "GET":
+            return 200, stored.data, {"Content-Type": "application/octet-stream"}
+        if len(tail) == 1 and method == "GET":
+            return 200, stored.object(), {}
+        if len(tail) == 1 and method == "DELETE":
+            stored.deleted = True
+            store.counts["files_deleted"] += 1
+            return 200, {"id": stored.id, "object": "file", "deleted": True}, {}
+        return None
+
+    def _batches(
+        self,
+        store: Store,
+        method: str,
+        tail: list[str],
+        *,
+        query: dict[str, str],
+        body: bytes,
+        now: float,
+    ) -> BatchReply | None:
+        """The Batch routes (``tail``: the path after ``batches``); None: no such route."""
+        if not tail and method == "POST":
+            return self._create_openai(store, body, now)
+        if not tail and method == "GET":
+            batches = [b for b in store.batches.values() if b.provider == OPENAI]
+            objects = [self._openai_object(store, b, now) for b in reversed(batches)]
+            return 200, openai_list(objects, query), {}
+        batch = store.batches.get(tail[0])
+        if batch is None or batch.provider != OPENAI:
+            return openai_error(404, f"No batch found with id '{tail[0]}'.", param="id")
+        if len(tail) == 1 and method == "GET":
+            return 200, self._openai_object(store, batch, now), {}
+        if tail[1:] == ["cancel"] and method == "POST":
+            status = batch.status(now)
+            if status not in ("validating", "in_progress"):
+                return openai_error(400, f"Cannot cancel a batch with status '{status}'.")
+            batch.cancel_at = now
+            return 200, self._openai_object(store, batch, now), {}
+        return None
 
     def _upload(self, store: Store, content_type: str, body: bytes, now: float) -> BatchReply:
         try:
@@ -664,10 +710,20 @@ class BatchMock:
             return anthropic_error(
                 404, f"No message batch with id {route[0]!r}.", "not_found_error"
             )
+        reply = self._anthropic_batch(store, method, batch, route[1:], now=now, prefix=prefix)
+        return reply or anthropic_error(
+            404, f"no route {method} {'/'.join(route)}", "not_found_error"
+        )
+
+    def _anthropic_batch(
+        self, store: Store, method: str, batch: Batch, action: list[str], *, now: float, prefix: str
+    ) -> BatchReply | None:
+        """The routes of one message batch (``action``: the path after its id); None: no such
+        route."""
         ended = batch.status(now) == "ended"
-        if len(route) == 1 and method == "GET":
+        if not action and method == "GET":
             return 200, self._anthropic_object(store, batch, now, prefix), {}
-        if len(route) == 1 and method == "DELETE":
+        if not action and method == "DELETE":
             if not ended:
                 return anthropic_error(
                     400, f"Batch {batch.id} cannot be deleted until it has ended; cancel it first."
@@ -675,19 +731,19 @@ class BatchMock:
             batch.deleted = True
             store.counts["batches_deleted"] += 1
             return 200, {"id": batch.id, "type": "message_batch_deleted"}, {}
-        if route[1:] == ["results"] and method == "GET":
+        if action == ["results"] and method == "GET":
             if not ended:
                 return anthropic_error(
                     404, f"Batch {batch.id} has not ended: no results yet.", "not_found_error"
                 )
             self._finish(store, batch, now)
             return 200, batch.results, {"Content-Type": "application/binary"}
-        if route[1:] == ["cancel"] and method == "POST":
+        if action == ["cancel"] and method == "POST":
             if batch.status(now) != "in_progress":
                 return anthropic_error(400, f"Batch {batch.id} is {batch.status(now)}.")
             batch.cancel_at = now
             return 200, self._anthropic_object(store, batch, now, prefix), {}
-        return anthropic_error(404, f"no route {method} {'/'.join(route)}", "not_found_error")
+        return None
 
     def _create_anthropic(self, store: Store, body: bytes, now: float, prefix: str) -> BatchReply:
         try:

@@ -1,19 +1,10 @@
 """A mock of Google's Gemini API batch mode (with its Files API), served by
-``scripts/mock_server.py`` under ``/gemini/KEY/KNOBS``, so that a client (batchsync's, or the
+``batchsync.mock.server`` under ``/gemini/KEY/KNOBS``, so that a client (batchsync's, or the
 google-genai SDK's with that base URL) can upload, batch, poll, cancel and download without a
 key. Each KEY has its own files and batches, kept in memory.
 
-Paths (under ``/gemini/KEY/KNOBS``; the SDK's base URL is ``http://HOST:PORT/gemini/KEY/KNOBS``):
-    POST   /upload/v1beta/files                   a resumable upload: ``X-Goog-Upload-Command:
-                                                  start`` answers an ``X-Goog-Upload-URL``; a POST
-                                                  there with ``upload, finalize`` stores the bytes
-    GET    /v1beta/files, /v1beta/files/ID; DELETE /v1beta/files/ID
-    GET    /download/v1beta/files/ID:download?alt=media     the file's bytes
-    POST   /v1beta/models/MODEL:batchGenerateContent        a batch of an uploaded JSONL file
-    GET    /v1beta/batches?pageSize=N&pageToken=T; GET|DELETE /v1beta/batches/ID
-    POST   /v1beta/batches/ID:cancel
-    GET    /gemini/KEY/batch-stats                JSON: batches_created, rows_answered, twice,
-                                                  files_alive, batches
+Its routes are ``ROUTES_HELP`` below; the SDK's base URL is
+``http://HOST:PORT/gemini/KEY/KNOBS``.
 
 KNOBS: ``pace`` (seconds, 0.5: a batch is PENDING a pace, RUNNING a pace, its row k of n done
 ``pace * (k + 1) / n`` into it, then SUCCEEDED; a cancel ends it CANCELLED a pace later, keeping
@@ -132,6 +123,31 @@ class _Call:
     headers: dict[str, str]
     pace: float
     prefix: str
+
+
+# The routes under ``/gemini/KEY/KNOBS`` (``GeminiMock._route`` answers them; any API
+# version in place of v1beta), as ``--help`` shows them.
+ROUTES_HELP = (
+    (
+        "POST /gemini/KEY/KNOBS/upload/v1beta/files",
+        "A resumable upload: X-Goog-Upload-Command: start answers an X-Goog-Upload-URL; a "
+        "POST there with upload, finalize stores the bytes.",
+    ),
+    ("GET /gemini/KEY/KNOBS/v1beta/files", "The KEY's files."),
+    ("GET|DELETE /gemini/KEY/KNOBS/v1beta/files/ID", "A file; delete it."),
+    ("GET /gemini/KEY/KNOBS/download/v1beta/files/ID:download?alt=media", "A file's bytes."),
+    (
+        "POST /gemini/KEY/KNOBS/v1beta/models/MODEL:batchGenerateContent",
+        "A batch of an uploaded JSONL file: PENDING a pace, RUNNING a pace, then SUCCEEDED.",
+    ),
+    ("GET /gemini/KEY/KNOBS/v1beta/batches?pageSize=N&pageToken=T", "The KEY's batches."),
+    ("GET|DELETE /gemini/KEY/KNOBS/v1beta/batches/ID", "A batch; delete it."),
+    ("POST /gemini/KEY/KNOBS/v1beta/batches/ID:cancel", "Cancels a batch."),
+    (
+        "GET /gemini/KEY/batch-stats",
+        "JSON: batches_created, rows_answered, twice, files_alive, batches.",
+    ),
+)
 
 
 class GeminiMock:

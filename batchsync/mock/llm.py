@@ -1,26 +1,20 @@
 """A mock LLM API that limits requests and tokens per minute the way OpenAI and Anthropic do,
-served by ``scripts/mock_server.py`` under ``/llm/``: a batch can meet it without a key.
+served by ``batchsync.mock.server`` under ``/llm/``: a batch can meet it without a key.
 
-Paths (KEY is any name without a slash; each KEY has its own limits, counters and random
-completion lengths, so every test and benchmark run gets a state of its own):
-
-    POST /llm/KEY/LIMITS/v1/chat/completions   OpenAI's chat completion
-    POST /llm/KEY/LIMITS/v1/embeddings         OpenAI's embeddings
-    POST /llm/KEY/LIMITS/v1/responses          OpenAI's Responses API (``input`` a text or
-                                               messages, ``max_output_tokens``, 16 if none)
-    POST /llm/KEY/LIMITS/v1/moderations        OpenAI's moderations (nothing is flagged)
-    POST /llm/KEY/LIMITS/v1/messages           Anthropic's messages
-    GET  /llm/KEY/stats?log=1                  what the KEY's limits counted (below)
+Its routes are ``ROUTES`` below (KEY is any name without a slash; each KEY has its own
+limits, counters and random completion lengths, so every test and benchmark run gets a
+state of its own).
 
 LIMITS is ``name=value`` pairs joined by commas, any of them left out for its default, or
 ``-`` for all the defaults: ``rpm`` (requests a window, 500), ``tpm`` (tokens a window,
 200000), ``itpm`` and ``otpm`` (Anthropic's input and output tokens a window, each ``tpm``
-by default), ``window`` (seconds, 60: a shorter "minute" with the same counts makes a test
-or a benchmark fast), ``latency`` (seconds before each answer, 0), ``refill`` (``window``,
-the default, ``oldest`` or ``bucket``: below) and ``retry_after`` (1, the default, or 0); the knobs
-of the KEY's batches (``pace``, ``expire``, ``fail``, ``enqueued``, ``shuffle``,
-``batch_rows``, ``batch_bytes``, ``stall_upload``, ``stall_create``, ``stall_results``: see
-scripts/mock_batch.py) may be given among them. The
+by default), ``window`` (seconds, 60: the period the counts hold over, the providers'
+minute; a shorter one makes a test or a benchmark fast, and the resets announced say so,
+never more than ``window`` ahead), ``latency`` (seconds before each answer, 0), ``refill``
+(``window``, the default, ``oldest`` or ``bucket``: below) and ``retry_after`` (1, the
+default, or 0); the knobs of the KEY's batches (``pace``, ``expire``, ``fail``,
+``enqueued``, ``shuffle``, ``batch_rows``, ``batch_bytes``, ``stall_upload``,
+``stall_create``, ``stall_results``: see batchsync.mock.batch) may be given among them. The
 first request of a KEY sets its limits and knobs; a later one naming others is answered 400.
 SDK base URLs: ``http://HOST:PORT/llm/KEY/LIMITS/v1`` for ``openai``,
 ``http://HOST:PORT/llm/KEY/LIMITS`` for ``anthropic``.
@@ -66,7 +60,7 @@ nothing. Every answer, 200 or 429, carries the provider's headers:
 A completion is as long as a draw between 1 and ``max_tokens`` tokens (for each of ``n``
 choices), the draw seeded by the KEY and the request's body (its JSON with the keys sorted):
 a rerun gets the same lengths whatever order its requests arrive in, and a batch row
-(scripts/mock_batch.py) the same answer as the same body sent live. ``finish_reason`` is
+(batchsync.mock.batch) the same answer as the same body sent live. ``finish_reason`` is
 ``length`` (Anthropic's ``stop_reason`` ``max_tokens``) when the draw is the whole budget,
 else ``stop`` (``end_turn``). Every 200 has ``usage``.
 
@@ -92,13 +86,14 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 DEFAULTS = {"rpm": 500.0, "tpm": 200_000.0, "window": 60.0, "latency": 0.0}
 NAMES = {"rpm", "tpm", "itpm", "otpm", "window", "latency", "retry_after"}
-# The knobs of the KEY's batches (scripts/mock_batch.py), given among the limits: each value's
+# The knobs of the KEY's batches (batchsync.mock.batch), given among the limits: each value's
 # range; a batch row never counts against the limits above.
 BATCH_KNOBS = {
     "pace": (1e-3, math.inf),
@@ -531,11 +526,12 @@ def openai_refusal(model: str, refusal: Refusal) -> dict[str, Any]:
     }
 
 
-def anthropic_refusal(refusal: Refusal) -> dict[str, Any]:
+def anthropic_refusal(refusal: Refusal, window: float) -> dict[str, Any]:
     limit = ANTHROPIC_LIMIT_NAMES[refusal.limit]
+    period = "minute" if window == 60 else f"{window:g} s"  # (the window it counts over)
     message = (
         f"This request would exceed the mock's rate limit of {refusal.size:,} {limit} per "
-        f"minute (used {refusal.used:,}, requested {refusal.requested:,}). See the response "
+        f"{period} (used {refusal.used:,}, requested {refusal.requested:,}). See the response "
         "headers for current usage; reduce the prompt or max_tokens, or try again later."
     )
     return {"type": "error", "error": {"type": "rate_limit_error", "message": message}}
@@ -586,7 +582,7 @@ class LLMMock:
         invalid = openai_invalid if route != "v1/messages" else anthropic_invalid
         if not isinstance(request, dict):
             return invalid("the body must be a JSON object")
-        reply = ROUTES[route](account, request, body_seed(account.key, request))
+        reply = ROUTES[route][0](account, request, body_seed(account.key, request))
         if reply[0] == 200:
             text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
             with account.lock:
@@ -858,7 +854,8 @@ def messages(account: Account, request: dict[str, Any], seed: random.Random) -> 
     refusal = account.admit(charges)
     if refusal is not None:
         headers = anthropic_headers(account.state())
-        return 429, anthropic_refusal(refusal), {**headers, **retry_after(refusal, account.limits)}
+        wait = retry_after(refusal, account.limits)
+        return 429, anthropic_refusal(refusal, account.limits.window), {**headers, **wait}
     time.sleep(account.limits.latency)
     answer = messages_answer(request, seed)
     length = answer["usage"]["output_tokens"]
@@ -896,10 +893,21 @@ _OTHERS = {
 }
 
 
-ROUTES = {
-    "v1/chat/completions": chat_completion,
-    "v1/embeddings": embeddings,
-    "v1/messages": messages,
-    "v1/responses": responses,
-    "v1/moderations": moderations,
+# The live routes under ``/llm/KEY/LIMITS/``: each one's answer, and what ``--help`` says of it.
+ROUTES: dict[str, tuple[Callable[[Account, dict[str, Any], random.Random], Reply], str]] = {
+    "v1/chat/completions": (chat_completion, "OpenAI's chat completion."),
+    "v1/embeddings": (embeddings, "OpenAI's embeddings."),
+    "v1/responses": (
+        responses,
+        "OpenAI's Responses API (input a text or messages, max_output_tokens, 16 if none).",
+    ),
+    "v1/moderations": (moderations, "OpenAI's moderations (nothing is flagged)."),
+    "v1/messages": (messages, "Anthropic's messages."),
 }
+ROUTES_HELP = (
+    *((f"POST /llm/KEY/LIMITS/{route}", does) for route, (_, does) in ROUTES.items()),
+    (
+        "GET /llm/KEY/stats?log=1",
+        "JSON: what the KEY's limits counted, window by window (with log=1 each event).",
+    ),
+)
