@@ -266,9 +266,15 @@ class Handler(BaseHTTPRequestHandler):
         self._json(429, {"error": "slow down"}, {"Retry-After": when})
 
     def _account(self, call: Call) -> None:
-        if self.server.stats.times_seen(f"account {call.segment(1)}") == 1:
-            retry_after = call.query.get("retry_after", "1")
-            self._json(429, {"error": "account limit"}, {"Retry-After": retry_after})
+        """An account's limit: its first request starts N seconds in which every request of
+        the account is refused, each told the time left."""
+        now = time.monotonic()
+        with self.server.accounts_lock:
+            until = self.server.accounts.setdefault(
+                call.segment(1), now + float(call.query.get("retry_after", "1"))
+            )
+        if now < until:
+            self._json(429, {"error": "account limit"}, {"Retry-After": f"{until - now:.3f}"})
         else:
             self._ok(call)
 
@@ -674,6 +680,9 @@ class MockServer(ThreadingHTTPServer):
         self.llm = LLMMock()
         self.batches = BatchMock(self.llm)
         self.gemini = GeminiMock()
+        # Each account's limit ends at this moment (monotonic), from its first request.
+        self.accounts: dict[str, float] = {}
+        self.accounts_lock = threading.Lock()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Clients hanging up (timeouts, refused bodies) are part of the job, not errors."""
@@ -730,8 +739,9 @@ SECTIONS: tuple[tuple[str, tuple[Route, ...]], ...] = (
         Route("/retry-after-60", "/retry-after-60", "Always 429 with Retry-After: 60.",
               lambda h, c: h._json(429, {"error": "slow down"}, {"Retry-After": "60"})),
         Route("/account", "/account/ACCOUNT/...?retry_after=N",
-              "The first request of an ACCOUNT: 429 with Retry-After: N for the whole "
-              "account; every later one: 200.", Handler._account),
+              "The first request of an ACCOUNT starts its limit: every request of the "
+              "account in the N seconds after it gets 429 with Retry-After: the seconds "
+              "left; later ones: 200.", Handler._account),
         Route("/limited", "/limited/...?max_inflight=K&max_rate=R&work=S&family=F&retry_after=N",
               "A server with a capacity: 429 when more than K requests of family F are in "
               "flight or more than R arrived in the last second; else 200 after S seconds of "
