@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchsync import Backoff, Batch, Breaker
-from batchsync.core.result import Result, repeats
+from batchsync.core.result import Result, added_to, repeats
 from batchsync.core.verdict import Verdict
 from batchsync.limits.gate import HeldNow, Hold
 from batchsync.limits.gates import TURNED_OFF_BY
@@ -37,7 +37,7 @@ def attempt(outcome: str, kind: str | None, status: int | None) -> Verdict:
 
 def test_a_failure_repeated_is_the_items_own() -> None:
     assert repeats(failed("status", 503), attempt("retry", "status", 503))
-    assert repeats(failed("timeout", None), attempt("retry", "timeout", None))
+    assert repeats(failed("invalid_body", 200), attempt("terminal", "invalid_body", 200))
 
 
 def test_another_failure_or_a_success_is_news_of_the_host() -> None:
@@ -124,3 +124,21 @@ def test_the_progress_line_says_which_gate_holds_which_host(
     host = server.url.removeprefix("http://")
     assert f"breaker holds {host} (" in run.stderr
     assert "--breaker off turns it off)" in run.stderr
+
+
+def test_no_answer_is_never_the_items_own() -> None:
+    assert not repeats(failed("connection", None), attempt("retry", "connection", None))
+    assert not repeats(failed("timeout", None), attempt("retry", "timeout", None))
+
+
+def test_the_attempts_in_all_are_said_once_however_often_a_result_is_added_to() -> None:
+    first = Result(
+        0, "u", False, attempts=2, error_kind="status", error="HTTP 503 after 2 attempts"
+    )
+    second = Result(0, "u", False, attempts=1, error_kind="status", error="HTTP 503")
+    third = Result(
+        0, "u", False, attempts=2, error_kind="status", error="HTTP 503 after 2 attempts"
+    )
+    twice = added_to(first, added_to(second, third))
+    assert twice.attempts == 5
+    assert twice.error == "HTTP 503 after 2 attempts; 5 attempts in all"

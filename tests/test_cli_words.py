@@ -180,6 +180,15 @@ def test_the_resume_line_names_the_variable_a_header_came_from(
     assert f"X-Key: {whole}" in printed
 
 
+def test_only_an_auth_scheme_is_shown_before_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    ident, secret = f"id{uuid.uuid4().hex}", f"key{uuid.uuid4().hex}"
+    monkeypatch.setenv("WORDS_SECRET", secret)
+    argv = ["u.txt", "-H", f"X-Creds: {ident} {secret}"]  # (a first word that is no scheme)
+    resume = resume_command(argv, Secrets(), command.params)
+    assert ident not in resume.line
+    assert "-H 'X-Creds: ***'" in resume.line
+
+
 def test_a_header_given_literally_is_masked_with_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORDS_SHORT", "abc")  # (too short to be taken for a secret's source)
     argv = ["u.txt", "-vH", "X-Api-Key: literal-secret-value", "-H", "X-Short: abc"]

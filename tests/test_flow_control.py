@@ -182,7 +182,7 @@ def test_the_cli_applies_rate_and_per_host_limits(
     arrivals = [entry["t"] for entry in fresh_server.log(marker)]
     assert busiest_second(arrivals) <= 20 + 8
     assert max(fresh_server.stats()["peak_by_host"].values()) <= 2
-    assert "waited: " in done.stderr and " token " in done.stderr
+    assert "waited: " in done.stderr and " rate " in done.stderr
     results = [json.loads(line) for line in (tmp_path / "urls-results.jsonl").open()]
     assert len(results) == 60
 

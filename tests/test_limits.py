@@ -8,6 +8,7 @@ import time
 import pytest
 
 from batchsync.core.budget import Allowance
+from batchsync.core.stop import Stop
 from batchsync.core.verdict import retry, success, terminal
 from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
@@ -319,7 +320,7 @@ def test_a_stop_cancels_a_wait_at_the_gates() -> None:
     clock = FakeClock()
     board = Cooldowns(clock.now)
     board.hold("h", 30)
-    stop = threading.Event()
+    stop = Stop()  # (the engine's: its set wakes every wait at once)
     clock.at(0.1, stop.set)
     gates = Gates([CooldownGate(board, "host"), QuotaGate(board, clock.now)], clock=clock)
     assert gates.admit("h", Allowance(clock.now() + 60), stop) == "cancelled"
@@ -446,3 +447,29 @@ def test_a_host_that_refuses_every_caller_stays_held_and_a_global_hold_lasts() -
     sent_at(wide, 10.0, REFUSED)
     sent_at(wide, 10.2, ANSWERED)
     assert everyone.remaining("*") > 29
+
+
+def test_only_an_answer_ends_a_hold_not_a_lost_connection_or_a_cut_attempt() -> None:
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    sent_at(gate, 10.0, REFUSED)
+    sent_at(gate, 10.1, retry("connection", "connection refused"))
+    sent_at(gate, 10.2, terminal("budget", "cut short by the budget"))
+    sent_at(gate, 10.3, retry("status", "HTTP 403", HttpFacts(403), retry_after=5))
+    assert board.remaining("h") > 29
+
+
+def test_a_hold_on_a_shared_board_is_never_lifted_here() -> None:
+    shared = Cooldowns()
+    board = type("Elsewhere", (), {"hold": shared.hold, "remaining": shared.remaining})()
+    gate = CooldownGate(board, "host")
+    sent_at(gate, 10.0, REFUSED)
+    sent_at(gate, 10.2, ANSWERED)
+    assert shared.remaining("h") > 29
+
+
+def test_the_hosts_the_cooldown_remembers_are_bounded() -> None:
+    gate = CooldownGate(Cooldowns(), "host")
+    for n in range(10_000):
+        sent_at(gate, float(n), ANSWERED, host=f"h{n}")
+    assert len(gate._answered) <= 4096

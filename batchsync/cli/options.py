@@ -319,6 +319,8 @@ _HEADER_HINT = (
 )
 # An environment variable's name, as a shell expands it.
 _VARIABLE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# The words before a credential that are no secret: the HTTP authentication schemes.
+AUTH_SCHEMES = frozenset({"basic", "bearer", "digest", "token", "negotiate", "hoba", "mutual"})
 # The shortest value taken for a secret's source (shorter ones hold no credential).
 _SHORTEST_SECRET = 8
 
@@ -329,8 +331,11 @@ def _shown_header(value: str) -> str:
     the line runs as it is; else ``Name: ***``."""
     name, _, content = value.partition(":")
     content = content.strip()
-    scheme, space, credential = content.partition(" ")
-    for secret, before in ((content, ""), (credential.strip(), f"{scheme} " if space else "")):
+    scheme, _, credential = content.partition(" ")
+    sources = [(content, "")]
+    if scheme.lower() in AUTH_SCHEMES:  # (any other first word may be part of the secret)
+        sources.append((credential.strip(), f"{scheme} "))
+    for secret, before in sources:
         variable = _variable_holding(secret)
         if variable is not None:
             return _FromEnvironment(f"{name}: {before}${variable}")

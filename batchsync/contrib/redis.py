@@ -493,10 +493,6 @@ class RedisCooldowns:
         milliseconds = int(self._limits.guarded(lambda: self._limits.redis.pttl(name)))
         return max(milliseconds, 0) / 1000
 
-    def lift(self, key: str) -> None:
-        name = self._limits.key("cooldown", key)
-        self._limits.guarded(lambda: self._limits.redis.delete(name))
-
 
 class RedisBreaker:
     """Circuit breakers shared by every process, with the semantics of the in-process

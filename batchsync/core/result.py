@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -95,15 +96,17 @@ def answer_of(verdict: Verdict) -> Answer:
 
 
 def repeats(earlier: Result, verdict: Verdict) -> bool:
-    """Whether an attempt failed as its item did in an earlier pass: the same kind, the same
-    status. A retry pass sends only failed items, so that failure again is the item's own
-    news, not the host's: the breaker does not count it (a host that went down fails them
-    otherwise: refused connections, timeouts, other statuses)."""
+    """Whether an attempt was answered as its item was in an earlier pass: a failure of the
+    same kind with the same status. A retry pass sends only failed items, so that answer
+    again is the item's own news, not the host's: the breaker does not count it. No answer
+    (a refused connection, a timeout) always counts: it is the host's."""
+    status = answer_of(verdict).status_code
     return (
         not earlier.ok
+        and status is not None
         and verdict.outcome != "success"
         and earlier.error_kind == verdict.error_kind
-        and earlier.status_code == answer_of(verdict).status_code
+        and earlier.status_code == status
     )
 
 
@@ -270,7 +273,7 @@ def added_to(earlier: Result, later: Result) -> Result:
     attempts = earlier.attempts + later.attempts
     error = later.error
     if error is not None and earlier.attempts:
-        error = f"{error}; {how_many(attempts, 'attempt')} in all"
+        error = f"{_IN_ALL.sub('', error)}; {how_many(attempts, 'attempt')} in all"
     return replace(
         later,
         cost=sum(costs) if costs else None,
@@ -281,12 +284,18 @@ def added_to(earlier: Result, later: Result) -> Result:
     )
 
 
+# What ``added_to`` says of the attempts in all (said once, however often it adds).
+_IN_ALL = re.compile(r"; [0-9]+ attempts? in all$")
+
+
 def how_many(count: int | str | None, noun: str, nouns: str | None = None) -> str:
     """``count`` and ``noun``, plural unless it is 1: "1 attempt", "3 attempts"."""
     return f"{count} {noun}" if str(count) == "1" else f"{count} {nouns or noun + 's'}"
 
 
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+# The shortest wait the summary shows (in seconds; ``waits`` keeps every one).
+SHOWN_WAIT = 0.05
 
 
 def rank(count: int, share: float) -> int:
@@ -343,12 +352,17 @@ class Summary:
         if self.requests_per_second is not None:
             figures.append(("requests/s", f"{self.requests_per_second:.0f}"))
         figures += [(f"latency {name}", f"{value:.3f} s") for name, value in self.latency.items()]
-        figures += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in sorted(self.waits.items())]
+        figures += [(f"waited: {cause}", f"{s:.1f} s") for cause, s in self._waits_shown()]
         if self.circuits_opened:
             figures.append(("circuits opened", str(self.circuits_opened)))
         if self.spent is not None:
             figures.append(("spent", f"${self.spent:.6f}"))
         return figures
+
+    def _waits_shown(self) -> list[tuple[str, float]]:
+        """The waits by cause, those that show as 0.1 s or more (less would read 0.0 s:
+        a hold lifted as it began), in order of their names."""
+        return [(cause, s) for cause, s in sorted(self.waits.items()) if s >= SHOWN_WAIT]
 
     def __str__(self) -> str:
         parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
@@ -358,9 +372,9 @@ class Summary:
         parts.append(self._sent())
         if self.latency:
             parts.append("latency " + ", ".join(f"{k} {v:.3f} s" for k, v in self.latency.items()))
-        if self.waits:
-            waits = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.waits.items()))
-            parts.append(f"waited: {waits}")
+        shown = self._waits_shown()
+        if shown:
+            parts.append("waited: " + ", ".join(f"{k} {v:.1f} s" for k, v in shown))
         if self.circuits_opened:
             parts.append(f"{self.circuits_opened} circuit(s) opened")
         if self.spent is not None:

@@ -95,6 +95,8 @@ class Hedger:
         if gates is not None and room is None:
             return self._observed(first.result(), started)
         second_lost = threading.Event()
+        if room is not None:  # (when it was sent: the cooldown judges a refusal by it)
+            room.sent = self._clock()
         second = self._pool.submit(exchange, second_lost)
         if gates is not None and room is not None:
             second.add_done_callback(lambda done: gates.release(room, host_feedback(done.result())))

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from ..core.admission import GLOBAL, Admission
@@ -84,42 +85,93 @@ class CooldownGate:
     A host's hold ends early when the host answers an attempt sent after the refused one:
     the refusal was that item's alone (a limit of one key, one resource), and that item still
     waits its Retry-After. A host that refuses every caller gives no such answer, and its
-    hold lasts. A ``global`` hold lasts whatever the hosts answer."""
+    hold lasts. A ``global`` hold lasts whatever the hosts answer, and so does a hold on a
+    shared board (``--redis``): another process's refusal cannot be judged here."""
 
     board: CooldownBoard
     scope: CooldownScope
     name = "cooldown"
     rank = 40
     recheck = True
-    # By host: when the latest attempt it answered was sent, and when the refusal that holds
-    # it was (this process's clock: ``Admission.sent``).
+    # By host: when the latest attempt it answered was sent (a few thousand hosts at most:
+    # forgotten, a refusal holds, as without), and when the refusal that holds it was (this
+    # process's clock: ``Admission.sent``); the lock keeps a refusal and a lift apart.
     _answered: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _refused: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    # Set when a hold is lifted here (then a new one takes its place): its waiters go at
+    # once, not at its end.
+    _lifted: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def admit(self, admission: Admission, waiting: Waiting) -> ErrorKind | None:
-        held = self.board.remaining(GLOBAL if self.scope == "global" else admission.host)
-        return waiting.sleep(self.name, held, admission) if held > 0 else None
+        key = GLOBAL if self.scope == "global" else admission.host
+        held = self.board.remaining(key)
+        if held <= 0:
+            return None
+        if held >= admission.allowance.tightest(waiting.now())[0]:
+            return waiting.sleep(self.name, held, admission)  # (refused at once: too long)
+        ended = partial(self._ended, key, waiting.clock)
+        _, refusal = waiting.poll(self.name, ended, admission, wake=self._wake)
+        return refusal
+
+    def _ended(self, key: str, clock: Clock, timeout: float) -> bool | None:
+        """True once the key's hold has passed or was lifted; else None, after waiting for
+        that at most ``timeout``."""
+        lifted = self._lifted  # (before the look: a lift after it sets this one)
+        held = self.board.remaining(key)
+        if held > 0 and timeout > 0:
+            clock.wait(lifted, min(timeout, held))
+            held = self.board.remaining(key)
+        return True if held <= 0 else None
+
+    def _wake(self) -> None:
+        """Wake every waiter (a hold lifted, or the run's stop)."""
+        lifted, self._lifted = self._lifted, threading.Event()
+        lifted.set()
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
-        if self.scope == "global":
+        board = self.board
+        if self.scope == "global" or not isinstance(board, Cooldowns):
             if feedback.hold:
-                self.board.hold(GLOBAL, feedback.hold)
+                board.hold(GLOBAL if self.scope == "global" else admission.host, feedback.hold)
             return
         host, sent = admission.host, admission.sent
         if feedback.hold:
-            if not answered_after(self._answered.get(host), sent):
-                if sent is not None:
-                    self._refused[host] = max(sent, self._refused.get(host, sent))
-                self.board.hold(host, feedback.hold)
-        elif sent is not None and not feedback.congested:
-            if sent > self._answered.get(host, sent - 1):
-                self._answered[host] = sent
+            self._refused_at(host, sent, feedback.hold, board)
+        elif sent is not None and feedback.unwell is False and not feedback.congested:
+            self._answered_at(host, sent, board)
+
+    def _refused_at(self, host: str, sent: float | None, hold: float, board: Cooldowns) -> None:
+        """The host refused an attempt sent at ``sent`` for ``hold`` seconds: its attempts are
+        held, unless it answered one sent after it (then the refusal was the item's own)."""
+        with self._lock:
+            if answered_after(self._answered.get(host), sent):
+                return
+            if sent is not None:
+                self._refused[host] = max(sent, self._refused.get(host, sent))
+            board.hold(host, hold)
+
+    def _answered_at(self, host: str, sent: float, board: Cooldowns) -> None:
+        """The host answered an attempt sent at ``sent`` (an answer, not a refusal, a lost
+        connection or an attempt cut short): a hold set by a refusal sent before it ends."""
+        if sent > self._answered.get(host, sent - 1):
+            if len(self._answered) >= _HOSTS_KEPT:
+                self._answered.clear()
+            self._answered[host] = sent
+        if host not in self._refused:  # (most answers: no hold to judge)
+            return
+        with self._lock:
             if answered_after(sent, self._refused.get(host)):
-                self._refused.pop(host, None)
-                self.board.lift(host)
+                del self._refused[host]
+                board.lift(host)
+        self._wake()
 
     def abandon(self, admission: Admission) -> None:
         """Nothing is held."""
+
+
+# The hosts whose latest answer the cooldown keeps (see ``CooldownGate._answered``).
+_HOSTS_KEPT = 4096
 
 
 def answered_after(answered: float | None, refused: float | None) -> bool:

@@ -125,9 +125,6 @@ class CooldownBoard(Protocol):
     def remaining(self, key: str) -> float:
         """Seconds left in the key's cooldown (0 when there is none)."""
 
-    def lift(self, key: str) -> None:
-        """End the key's cooldown now."""
-
 
 @dataclass(frozen=True)
 class BreakerSettings:

@@ -126,8 +126,8 @@ def _by_gate(waits: str) -> dict[str, float]:
     """A run's seconds waited by gate, under the gates' names of today."""
     named: dict[str, float] = {}
     for gate, seconds in json.loads(waits).items():
-        gate = RENAMED_GATES.get(gate, gate)
-        named[gate] = named.get(gate, 0.0) + seconds
+        name = RENAMED_GATES.get(gate, gate)
+        named[name] = named.get(name, 0.0) + seconds
     return named
 
 
