@@ -464,11 +464,14 @@ def test_a_resumed_run_counts_every_process_and_a_resume_that_sends_nothing_chan
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     key = uuid.uuid4().hex[:8]
-    # The first item holds its host for 1 s (a 429 with Retry-After: 1): a cooldown wait.
+    # The first item holds every host for 1 s (a 429 with Retry-After: 1, the cooldown
+    # global: a host's own hold would end as it answers the others): a cooldown wait.
     lines = [f"{server.url}/429-once/{key}?retry_after=1"]
     lines += [f"{server.url}/ok/{key}-{n}?delay=0.2" for n in range(40)]
     (tmp_path / "urls.txt").write_text("\n".join(lines) + "\n")
-    process = start_cli("urls.txt", "-c", "2", "--no-progress", cwd=tmp_path)
+    process = start_cli(
+        "urls.txt", "-c", "2", "--cooldown", "global", "--no-progress", cwd=tmp_path
+    )
     wait_until(lambda: server.count(f"/ok/{key}-4?delay=0.2") > 0)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
