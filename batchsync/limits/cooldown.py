@@ -126,7 +126,8 @@ class CooldownGate:
 
     def _wake(self) -> None:
         """Wake every waiter (a hold lifted, or the run's stop)."""
-        lifted, self._lifted = self._lifted, threading.Event()
+        with self._lock:  # (two at once must not leave a waiter on an event none sets)
+            lifted, self._lifted = self._lifted, threading.Event()
         lifted.set()
 
     def release(self, admission: Admission, feedback: Feedback) -> None:
