@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -59,16 +60,19 @@ class PeakThreads:
 
 
 def run_watched(
-    args: list[str], cwd: Path, *, interrupt_after: float | None = None
+    args: list[str], cwd: Path, *, interrupt_when: Callable[[], bool] | None = None
 ) -> tuple[int, str, int]:
-    """The CLI run with ``args``: its exit code, stderr and peak thread count."""
+    """The CLI run with ``args``: its exit code, stderr and peak thread count; interrupted
+    (SIGINT) once ``interrupt_when`` says so."""
     process = subprocess.Popen(
         [sys.executable, "-m", "batchsync", *args],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     threads = PeakThreads(process.pid)
-    if interrupt_after is not None:
-        time.sleep(interrupt_after)
+    if interrupt_when is not None:
+        deadline = time.monotonic() + 60
+        while not interrupt_when() and time.monotonic() < deadline:
+            time.sleep(0.05)
         process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=300)
     return process.returncode, stderr, threads.stop()
@@ -89,7 +93,11 @@ def test_a_run_its_resume_and_its_retry_pass_keep_to_the_workers_their_items_can
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     options = ["-c", "10000", "--rate", str(RATE), "--attempts", "1", "--breaker", "off"]
     options.append("--no-progress")
-    code, stderr, first = run_watched(["urls.txt", *options], tmp_path, interrupt_after=1.5)
+    # Interrupted once some items were sent (not by the clock: a loaded machine may take a
+    # while to start Python, and a run stopped before it sends has no resume line to print).
+    code, stderr, first = run_watched(
+        ["urls.txt", *options], tmp_path, interrupt_when=lambda: len(server.log(marker)) >= 300
+    )
     assert code == 130, stderr
     resume_line = next(line for line in stderr.splitlines() if "--resume" in line)
     command = shlex.split(resume_line[resume_line.index("python") :])
