@@ -162,10 +162,12 @@ class CooldownGate:
         if host not in self._refused:  # (most answers: no hold to judge)
             return
         with self._lock:
-            if answered_after(sent, self._refused.get(host)):
+            lifted = answered_after(sent, self._refused.get(host))
+            if lifted:
                 del self._refused[host]
                 board.lift(host)
-        self._wake()
+        if lifted:
+            self._wake()
 
     def abandon(self, admission: Admission) -> None:
         """Nothing is held."""

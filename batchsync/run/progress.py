@@ -29,9 +29,9 @@ def held_words(hold: Hold, off: str) -> str | None:
     and what turns it off; None while it is short (a cooldown of a second is no news)."""
     if hold.seconds < HELD_SHOWN_SECONDS:
         return None
-    waiting = f"{hold.attempts} waiting" if hold.attempts > 1 else "1 waiting"
-    hint = f"; {off} turns it off" if off.startswith("--") else f"; {off} lets more through"
-    return f"{hold.gate} holds {hold.host} ({waiting}, {hold.seconds:.0f} s{hint if off else ''})"
+    verb = "turns it off" if off.startswith("--") else "lets more through"
+    hint = f"; {off} {verb}" if off else ""
+    return f"{hold.gate} holds {hold.host} ({hold.attempts} waiting, {hold.seconds:.0f} s{hint})"
 
 
 def in_notebook() -> bool:
