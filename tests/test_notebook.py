@@ -107,6 +107,19 @@ def test_the_interrupt_button_stops_a_batch_and_leaves_no_thread(
         manager.shutdown_kernel(now=True)
 
 
+def test_a_cell_the_kernel_aborted_after_an_error_is_sent_again() -> None:
+    """evaluate's own check: the interrupt test's next cell can reach an aborting kernel."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        client.execute("raise ValueError('a failed cell')")
+        # Queued behind the failing cell, before its reply: the kernel aborts it unrun.
+        assert evaluate(client, "'ran'") == "ran"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
     give_up = time.monotonic() + timeout
     while not condition():
@@ -134,8 +147,15 @@ def evaluate(client: Any, code: str) -> str:
 
     A value, not a print: the kernel publishes it before going idle, where printed text may
     come after on a loaded machine. An error in the cell fails the test, saying which.
+
+    After a cell's error the kernel aborts the requests that reach it before it has finished
+    the error's reply (ipykernel's stop_on_error): one sent right after that reply can be
+    aborted, unrun, on a loaded machine. An aborted cell is sent again.
     """
-    message_id = client.execute(code)
+    for _ in range(10):
+        message_id = client.execute(code)
+        if shell_reply(client, message_id)["content"]["status"] != "aborted":
+            break
     value = None
     while True:
         message = client.get_iopub_msg(timeout=30)
