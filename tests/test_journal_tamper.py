@@ -379,7 +379,7 @@ def outputs(folder: Path) -> tuple[list[tuple[int, bool, str | None]], bytes, tu
 
 
 def summary_counts(stderr: str) -> tuple[int, ...]:
-    found = re.search(r"^(\d+) items: (\d+) ok, (\d+) failed", stderr, re.MULTILINE)
+    found = re.search(r"^(\d+) items?: (\d+) ok, (\d+) failed", stderr, re.MULTILINE)
     assert found, stderr
     return tuple(int(n) for n in found.groups())
 

@@ -319,7 +319,7 @@ def summary_of(stderr: str) -> str:
 
 def stated(stderr: str) -> dict[str, int]:
     """The counts of the summary line on stderr (``5 items: 3 ok, 2 failed (status 2)``)."""
-    found = re.search(r"(\d+) items: (\d+) ok, (\d+) failed(?: \(([^)]*)\))?", stderr)
+    found = re.search(r"(\d+) items?: (\d+) ok, (\d+) failed(?: \(([^)]*)\))?", stderr)
     assert found is not None, stderr
     counts = {"items": int(found[1]), "ok": int(found[2]), "failed": int(found[3])}
     for part in (found[4] or "").split(", "):

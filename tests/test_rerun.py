@@ -284,9 +284,9 @@ def test_a_batch_read_back_from_its_journal_shows_the_summary_its_run_showed(
     again = [loaded.results.summary(), loaded.run().summary()]
     assert [str(summary) for summary in again] == [str(shown)] * 2
     assert str(shown) == (
-        "1 items: 0 ok, 1 failed (status 1); 2 requests (2.00 per item) in 3.00 s, 1/s; "
+        "1 item: 0 ok, 1 failed (status 1); 2 requests (2.00 per item) in 3.00 s, 1/s; "
         "latency p50 0.013 s, p95 0.013 s, p99 0.013 s; waited: backoff 0.1 s, breaker 1.5 s; "
-        "2 circuit(s) opened"
+        "2 circuits opened"
     )
 
 
@@ -622,7 +622,7 @@ def test_a_refused_run_leaves_a_journal_of_the_version_before_as_it_was(tmp_path
     db.close()
     before = digest(path)
     refused = run_cli("urls.txt", cwd=tmp_path)
-    assert refused.returncode == 2 and "a run of elsewhere: 0 of 1 items done" in refused.stderr
+    assert refused.returncode == 2 and "a run of elsewhere: 0 of 1 item done" in refused.stderr
     other = run_cli("urls.txt", "--resume", cwd=tmp_path)  # made for other input
     assert other.returncode == 2 and "was made for other input" in other.stderr
     assert digest(path) == before

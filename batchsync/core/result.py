@@ -365,7 +365,7 @@ class Summary:
         return [(cause, s) for cause, s in sorted(self.waits.items()) if s >= SHOWN_WAIT]
 
     def __str__(self) -> str:
-        parts = [f"{self.total} items: {self.ok} ok, {self.failed} failed"]
+        parts = [f"{how_many(self.total, 'item')}: {self.ok} ok, {self.failed} failed"]
         if self.error_kinds:
             kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
             parts[0] += f" ({kinds})"
@@ -376,14 +376,14 @@ class Summary:
         if shown:
             parts.append("waited: " + ", ".join(f"{k} {v:.1f} s" for k, v in shown))
         if self.circuits_opened:
-            parts.append(f"{self.circuits_opened} circuit(s) opened")
+            parts.append(f"{how_many(self.circuits_opened, 'circuit')} opened")
         if self.spent is not None:
             parts.append(f"spent ${self.spent:.6f}")
         return "; ".join(parts)
 
     def _sent(self) -> str:
         """The requests part of the text form: how many, per item, in what time, how fast."""
-        sent = f"{self.requests_sent} requests"
+        sent = how_many(self.requests_sent, "request")
         if self.attempts_per_item is not None:
             sent += f" ({self.attempts_per_item:.2f} per item)"
         if self.elapsed is not None:

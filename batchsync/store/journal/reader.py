@@ -12,6 +12,7 @@ from typing import Any
 
 from ...core.history import Pass, Stint
 from ...core.kinds import NOT_FINAL
+from ...core.result import how_many
 from ..submissions import COLUMNS, Part, part_of
 from .schema import open_for_reading, upgrade
 
@@ -115,7 +116,7 @@ class JournalReader:
         ).fetchone()
         entries, source = meta.get("entries", "?"), meta.get("input")
         what = f"a run of {source}" if source else "a run"
-        return f"{what}: {done} of {entries} items done, {failed} failed"
+        return f"{what}: {done} of {how_many(entries, 'item')} done, {failed} failed"
 
 
 # Gates a journal of an earlier batchsync named otherwise: the request rate was "token".
