@@ -129,6 +129,29 @@ def test_seconds_with_a_unit_are_refused_saying_the_form_they_take(option: str) 
     )
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--concurrency", "5x", "'-c' / '--concurrency'"),
+        ("--attempts", "2.5", "'--attempts'"),
+        ("--partition-size", "1k", "'--partition-size'"),
+    ],
+)
+def test_a_count_that_is_no_whole_number_is_refused_saying_the_form_it_takes(
+    option: str, value: str, named: str
+) -> None:
+    code, _, err = run("urls.txt", option, value)
+    assert code == 2
+    assert err == (
+        f"Error: Invalid value for {named}: expected a whole number, e.g. 5 or 20; got {value!r}\n"
+    )
+
+
+def test_a_count_out_of_its_range_is_still_told_its_range() -> None:
+    code, _, err = run("urls.txt", "--concurrency", "0")
+    assert code == 2 and "0 is not in the range 1<=x<=" in err
+
+
 def test_a_result_sent_again_counts_its_attempts_in_all_in_its_error() -> None:
     earlier = Result(0, "http://h.test/", False, attempts=3, error="HTTP 503 after 3 attempts")
     later = Result(0, "http://h.test/", False, attempts=3, error="HTTP 503 after 3 attempts")

@@ -38,6 +38,7 @@ from .inputs import TABLE_FORMATS, Input, InputError, TableInput, is_spooled
 from .options import (
     HELP_SECTIONS,
     FilePath,
+    WholeNumberRange,
     auth_command_text,
     dask_address_text,
     library_options,
@@ -286,7 +287,7 @@ _PEM_FILE: dict[str, Any] = {
 )
 @click.option(
     "--partition-size",
-    type=click.IntRange(min=1),
+    type=WholeNumberRange(min=1),
     default=1000,
     metavar="N",
     help="With --dask: items per partition.",

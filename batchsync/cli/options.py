@@ -41,6 +41,18 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class WholeNumberRange(click.IntRange):
+    """click.IntRange that tells a value that is no whole number (``5x``, ``2.5``) the form
+    it must have, where click says "is not a valid integer range"."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            int(value)
+        except (TypeError, ValueError):
+            self.fail(f"expected a whole number, e.g. 5 or 20; got {value!r}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 # The sections of --help, in the order users reach for them, each option by its long name:
 # every option is in exactly one (tests/test_cli_words.py), in the order it is listed.
 HELP_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -128,7 +140,7 @@ def _click_type(kinds: list[Any], metadata: list[Any]) -> click.ParamType[Any, A
         return None
     kind, bounds = _bounded(kinds[0], metadata)
     if kind is int:
-        return click.IntRange(min=bounds.get("ge"), max=bounds.get("le"))
+        return WholeNumberRange(min=bounds.get("ge"), max=bounds.get("le"))
     if kind is float:
         above = "gt" in bounds
         low = bounds["gt"] if above else bounds.get("ge")
