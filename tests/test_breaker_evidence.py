@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,13 +52,14 @@ def test_another_failure_or_a_success_is_news_of_the_host() -> None:
 BREAKER = Breaker(min_calls=5, reset=30)
 
 
-def first_run(url: str, marker: str, journal: Path) -> Batch:
+def first_run(url: str, marker: str, journal: Path, **options: Any) -> Batch:
     """80 items, every 4th always 503: a quarter failing, which the breaker tolerates."""
     items = [
         f"{url}/503/{marker}-{n}" if n % 4 == 0 else f"{url}/ok/{marker}-{n}" for n in range(80)
     ]
-    batch = Batch(items, journal=journal, concurrency=4, attempts=2, breaker=BREAKER,
-                  backoff=Backoff(base=0.01), cooldown="off", budget=10)  # fmt: skip
+    options = {"breaker": BREAKER, **options}
+    batch = Batch(items, journal=journal, concurrency=4, attempts=2, cooldown="off",
+                  backoff=Backoff(base=0.01), budget=10, **options)  # fmt: skip
     rs = batch.run()
     assert [r.ok for r in rs].count(False) == 20
     assert rs.summary().circuits_opened == 0
@@ -74,6 +76,26 @@ def test_a_retry_pass_of_known_failures_does_not_open_the_breaker(
     rs = batch.run(retry_failed=True)
     # Each of the 20 was sent its 2 attempts again: none held, none ended circuit_open (on
     # the code before, the circuit opened after 5 and held the rest past their budget).
+    assert len(server.log(marker)) - before == 40
+    assert {r.error_kind for r in rs if not r.ok} == {"status"}
+    assert rs.summary().circuits_opened == 0
+
+
+@pytest.mark.integration
+def test_worker_processes_judge_a_retry_pass_as_one_process_does(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """Each worker process is handed its items' earlier Results with them. (A worker's share
+    of the items comes in runs of a few: its first window can hold more failures than the
+    whole, so the ratio here is one the first pass's mix stays under, and a pass of only
+    failures goes over.)"""
+    marker = uuid.uuid4().hex[:10]
+    breaker = Breaker(ratio=0.75, min_calls=10, reset=30)
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", processes=2, breaker=breaker)
+    before = len(server.log(marker))
+    rs = batch.run(retry_failed=True)
+    # On the code before, each worker's circuit opened after its first 10 failures and held
+    # the rest of its items past their budget: they ended circuit_open, fewer sent.
     assert len(server.log(marker)) - before == 40
     assert {r.error_kind for r in rs if not r.ok} == {"status"}
     assert rs.summary().circuits_opened == 0

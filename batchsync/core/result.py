@@ -110,6 +110,13 @@ def repeats(earlier: Result, verdict: Verdict) -> bool:
     )
 
 
+def judged_by(earlier: Result) -> Result:
+    """What ``repeats`` reads of an earlier Result, and nothing else: light to send to
+    another process, and without its data or where it would go on (which may hold secrets)."""
+    kind, status = earlier.error_kind, earlier.status_code
+    return Result(earlier.index, None, earlier.ok, status_code=status, error_kind=kind)
+
+
 def result_of(
     verdict: Verdict,
     records: Sequence[AttemptRecord],

@@ -75,9 +75,10 @@ def on_cluster(
 ) -> Send:
     """What sends a run's items to the cluster of ``client`` (``controller.Send``): each
     partition run there by ``task``; the limits are the workers' (the run's ``gates`` are
-    left alone)."""
+    left alone). A cluster's run keeps one pass, so its items have no earlier Results to
+    hand on: each worker's breaker judges its hosts by what it sees."""
     profiler_off(client)
-    return distributed(lambda gates: Distributor(client, task), partition_size, on_start)
+    return distributed(lambda gates, earlier: Distributor(client, task), partition_size, on_start)
 
 
 def fetch_on_cluster(

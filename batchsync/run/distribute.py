@@ -47,16 +47,16 @@ class Distributing(Protocol):
 
 
 def distributed(
-    start: Callable[[Gates | None], Distributing],
+    start: Callable[[Gates | None, Earlier | None], Distributing],
     partition_size: int,
     on_start: Callable[[Stoppable], None] = lambda run: None,
 ) -> Send:
     """What sends a run's items through a ``Distributing`` (``controller.Send``), made by
-    ``start`` for the run's ``gates`` (which it may add its waits to): a partition of at most
+    ``start`` for the run's ``gates`` (which it may add its waits to) and the items' ``earlier``
+    Results (which it may hand on with them: see ``Engine.run``): a partition of at most
     ``partition_size`` at a time, each one's Results counted and delivered here with their
     items as they come back, so that journal, progress and outputs are those of any run.
-    ``on_start`` sees what runs it, to stop it on a signal. Each worker's breaker judges its
-    hosts by what it sees: ``earlier`` stays here (see ``Engine.run``)."""
+    ``on_start`` sees what runs it, to stop it on a signal."""
 
     def send(
         items: Iterable[tuple[int, object]],
@@ -66,7 +66,7 @@ def distributed(
         progress: Tally,
         earlier: Earlier | None = None,
     ) -> Ran:
-        distributor = start(gates)
+        distributor = start(gates, earlier)
         on_start(distributor)
         for partition, results in distributor.run(partitions(items, partition_size)):
             sent = dict(partition)

@@ -31,9 +31,9 @@ from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from ..core.engine import Deliver
+from ..core.engine import Deliver, Earlier
 from ..core.redact import RedactingFilter
-from ..core.result import Result
+from ..core.result import Result, judged_by
 from ..jobs.options import CallOptions, FetchOptions, FlowOptions
 from ..limits.gates import Gates
 from ..limits.rates import parse_rate
@@ -180,6 +180,7 @@ class Runner(Protocol):
         deliver: Deliver,
         on_start: Callable[[Stoppable], None],
         started: float,
+        earlier: Earlier,
     ) -> Ran: ...
 
 
@@ -211,9 +212,12 @@ class InWorker:
         deliver: Deliver,
         on_start: Callable[[Stoppable], None],
         started: float,
+        earlier: Earlier,
     ) -> Ran:
         options = _left_of(self.options, started)
-        return self.send(options, items, deliver, observed=False, on_start=on_start)
+        return self.send(
+            options, items, deliver, observed=False, on_start=on_start, earlier=earlier
+        )
 
 
 def fetch_in_worker(options: FetchOptions, wrap: Wrap | None = None) -> InWorker:
@@ -240,7 +244,9 @@ def _calls(
 def on_processes(runners: Sequence[Runner], on_start: Callable[[Stoppable], None]) -> Send:
     """What sends a run's items to worker processes, one per runner (``controller.Send``)."""
     chunk = max(1, min(runner.concurrency for runner in runners) // 4)
-    return distributed(lambda gates: Workers(runners, gates=gates), chunk, on_start)
+    return distributed(
+        lambda gates, earlier: Workers(runners, gates=gates, earlier=earlier), chunk, on_start
+    )
 
 
 def fetch_processes(options: FetchOptions) -> Cluster | None:
@@ -280,7 +286,7 @@ def _worker_main(
     sender.start()
     try:
         try:
-            ran = runner(side.items(), side.deliver, side.started, started)
+            ran = runner(side.items(), side.deliver, side.started, started, side.earlier)
         finally:
             side.outbox.put(None)
             sender.join()
@@ -295,11 +301,13 @@ def _worker_main(
 
 class _WorkerSide:
     """A worker process's ends of its pipes: the items it is handed, queued for its engine's
-    workers to claim, and its Results, queued for the thread that sends them back."""
+    workers to claim with the earlier Results some came with, and its Results, queued for the
+    thread that sends them back."""
 
     def __init__(self, tasks: Connection, answers: Connection) -> None:
         self._tasks, self._answers = tasks, answers
         self._inbox: queue.SimpleQueue[tuple[int, object] | None] = queue.SimpleQueue()
+        self._earlier: dict[int, Result] = {}
         self.outbox: queue.SimpleQueue[Result | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._engines: list[Stoppable] = []
@@ -320,7 +328,9 @@ class _WorkerSide:
             while True:
                 kind, payload = self._tasks.recv()
                 if kind == "items":
-                    for pair in payload:
+                    pairs, earlier = payload
+                    self._earlier.update(earlier)
+                    for pair in pairs:
                         self._inbox.put(pair)
                 elif kind == "end":
                     self._inbox.put(_END)
@@ -340,7 +350,12 @@ class _WorkerSide:
                 return
             yield pair
 
+    def earlier(self, index: int) -> Result | None:
+        """An item's Result from an earlier pass, as the parent handed it on (see ``Workers``)."""
+        return self._earlier.get(index)
+
     def deliver(self, result: Result, item: object) -> None:
+        self._earlier.pop(result.index, None)
         self.outbox.put(result)
 
     def send(self) -> None:
@@ -421,11 +436,20 @@ class Workers:
     (twice its concurrency), handed chunks as its Results come back; ``stop()`` asks each to
     stop its engine. A worker that dies has its unanswered items handed to the others;
     WorkersLost when none is left to take them; a worker's failure is raised once every
-    worker has stopped."""
+    worker has stopped. The items of a retry pass go with what the breaker needs of their
+    ``earlier`` Results (``judged_by``), so that each worker judges its hosts as one process
+    would."""
 
-    def __init__(self, runners: Sequence[Runner], *, gates: Gates | None = None) -> None:
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        *,
+        gates: Gates | None = None,
+        earlier: Earlier | None = None,
+    ) -> None:
         self._runners = list(runners)
         self._gates = gates
+        self._earlier = earlier
         self._stop = threading.Event()
         self._abandoned = False
         self._failed: BaseException | None = None
@@ -497,10 +521,17 @@ class Workers:
         for worker in sorted(live, key=lambda w: len(w.given)):
             while len(worker.given) < worker.ahead and (chunk := self._next_chunk()):
                 worker.given.update(chunk)
-                if not worker.tell(("items", chunk)):
+                if not worker.tell(("items", (chunk, self._earlier_of(chunk)))):
                     break  # (its items are handed on once its end is seen)
         if self._exhausted and not self._redo and not any(w.given for w in live):
             _tell_each(live, "end")
+
+    def _earlier_of(self, chunk: Partition) -> dict[int, Result]:
+        """What the breaker needs of the earlier Results of ``chunk``'s items that have one."""
+        earlier = self._earlier
+        if earlier is None:
+            return {}
+        return {index: judged_by(r) for index, _ in chunk if (r := earlier(index)) is not None}
 
     def _next_chunk(self) -> Partition | None:
         """A dead worker's unanswered items first, then the input's next chunk."""
