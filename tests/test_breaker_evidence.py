@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchsync import Backoff, Batch, Breaker
-from batchsync.core.result import Result, added_to, repeats
+from batchsync.core.result import Result, added_to, judged_by, repeats
 from batchsync.core.verdict import Verdict
 from batchsync.limits.gate import HeldNow, Hold
 from batchsync.limits.gates import TURNED_OFF_BY
@@ -47,6 +47,18 @@ def test_another_failure_or_a_success_is_news_of_the_host() -> None:
     assert not repeats(failed("status", 503), attempt("success", None, 200))
     ok = Result(0, "u", True, status_code=200)
     assert not repeats(ok, attempt("retry", "status", 503))
+
+
+def test_what_goes_to_a_worker_is_what_the_breaker_judges_by_and_nothing_else() -> None:
+    earlier = Result(
+        3, "http://h.test/?key=canary-7f3", False, status_code=503, error_kind="status",
+        data={"body": "big"}, continuation={"Authorization": "Bearer canary-7f3"},
+    )  # fmt: skip
+    sent = judged_by(earlier)
+    assert (sent.index, sent.ok, sent.error_kind, sent.status_code) == (3, False, "status", 503)
+    assert "canary" not in repr((sent, sent.continuation)) and sent.data is None
+    verdict = attempt("retry", "status", 503)
+    assert repeats(sent, verdict) == repeats(earlier, verdict) is True
 
 
 BREAKER = Breaker(min_calls=5, reset=30)
