@@ -6,6 +6,7 @@ submitted twice, as the mock counts; no secret in any byte written."""
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import os
@@ -120,6 +121,28 @@ def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str], what
             process.kill()
             raise AssertionError(f"never {what}")
         time.sleep(0.01)
+
+
+def write_when_read(fifo: Path, text: str, reader: subprocess.Popen[str]) -> None:
+    """Write ``text`` to the named pipe ``fifo`` once ``reader`` has opened it: an error, not
+    a test that hangs, when it ends before."""
+    end = time.monotonic() + 60
+    while True:
+        try:
+            descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:  # (ENXIO: no reader yet)
+            if exc.errno != errno.ENXIO:
+                raise
+            if reader.poll() is not None:
+                raise AssertionError(
+                    f"the run ended before it read: {reader.communicate()}"
+                ) from None
+            assert time.monotonic() < end, "the run never read its input"
+            time.sleep(0.01)
+    os.set_blocking(descriptor, True)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as pipe:
+        pipe.write(text)
 
 
 def stats(server: MockServerProcess, key: str) -> dict[str, Any]:
@@ -810,16 +833,25 @@ def test_an_anthropic_part_refused_for_the_queue_never_takes_another_runs_batch(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     """Two runs on one account: the second's part is refused (429) while the first's batch of
-    as many rows runs; it waits and is submitted itself, never taking the first's batch."""
-    url, key = endpoint(server, "anthropic", "pace=1,enqueued=250")
+    as many rows runs; it waits and is submitted itself, never taking the first's batch.
+
+    The second run is started first, reading its rows from a named pipe: they are written
+    once the first's batch is in, so that the second's create comes within the first's
+    4 s in progress however long a loaded machine takes to start a Python."""
+    url, key = endpoint(server, "anthropic", "pace=2,enqueued=250")
     first_rows = cookbook(tmp_path / "first.jsonl", 10)
     second_rows = tmp_path / "second.jsonl"
-    second_rows.write_text(first_rows.read_text().replace("question", "other question"))
+    os.mkfifo(second_rows)
+    second = start(
+        command(second_rows, url, "anthropic", "--batch-api", "--poll", "0.1", "-o", "second"),
+        tmp_path,
+    )
     first = start(command(first_rows, url, "anthropic", "--batch-api", "--poll", "0.1"), tmp_path)
     wait_for(lambda: any(b for _, b in parts(tmp_path / "first-journal.sqlite3")), first, "sent")
-    second = run(command(second_rows, url, "anthropic", "--batch-api", "--poll", "0.1"), tmp_path)
+    write_when_read(second_rows, first_rows.read_text().replace("question", "other"), second)
+    _, said = second.communicate(timeout=120)
     first.wait(timeout=60)
-    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert first.returncode == 0 and second.returncode == 0, said
     counts = stats(server, key)
     assert counts["refused_creates"] > 0 and counts["batches_run"] == 2
     assert counts["rows_run"] == 20 and counts["twice"] == []
