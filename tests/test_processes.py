@@ -304,3 +304,12 @@ def test_the_cli_refuses_processes_beside_a_cluster(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "rate='auto'" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_cli_takes_processes_auto(tmp_path: Path) -> None:
+    """--processes auto is read as its parser reads it, not as a number (its default, 1, is
+    one): the run's next check, --rate auto beside it, is what refuses it."""
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/x\n")
+    refused = run_cli("urls.txt", "--processes", "auto", "--rate", "auto", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "rate='auto'" in refused.stderr, refused.stderr
