@@ -41,6 +41,16 @@ def test_a_failure_repeated_is_the_items_own() -> None:
     assert repeats(failed("invalid_body", 200), attempt("terminal", "invalid_body", 200))
 
 
+def test_a_failure_a_limit_ended_is_repeated_by_its_last_answer() -> None:
+    """An item whose last answer was a 503 and that a limit then ended (the budget could not
+    wait its Retry-After, its circuit was open) failed as a 503: a 503 again is a repeat (on
+    the code before, the kinds differed and the retry pass opened the breaker)."""
+    for ended in ("budget", "deadline", "circuit_open"):
+        assert repeats(failed(ended, 503), attempt("retry", "status", 503))
+    assert not repeats(failed("budget", 503), attempt("retry", "status", 500))
+    assert not repeats(failed("budget", None), attempt("retry", "status", 503))
+
+
 def test_another_failure_or_a_success_is_news_of_the_host() -> None:
     assert not repeats(failed("status", 503), attempt("retry", "connection", None))
     assert not repeats(failed("status", 404), attempt("retry", "status", 503))
@@ -64,10 +74,12 @@ def test_what_goes_to_a_worker_is_what_the_breaker_judges_by_and_nothing_else() 
 BREAKER = Breaker(min_calls=5, reset=30)
 
 
-def first_run(url: str, marker: str, journal: Path, **options: Any) -> Batch:
-    """80 items, every 4th always 503: a quarter failing, which the breaker tolerates."""
+def first_run(url: str, marker: str, journal: Path, query: str = "", **options: Any) -> Batch:
+    """80 items, every 4th always 503 (with ``query``): a quarter failing, which the breaker
+    tolerates."""
     items = [
-        f"{url}/503/{marker}-{n}" if n % 4 == 0 else f"{url}/ok/{marker}-{n}" for n in range(80)
+        f"{url}/503/{marker}-{n}{query}" if n % 4 == 0 else f"{url}/ok/{marker}-{n}"
+        for n in range(80)
     ]
     options = {"breaker": BREAKER, **options}
     batch = Batch(items, journal=journal, concurrency=4, attempts=2, cooldown="off",
@@ -110,6 +122,24 @@ def test_worker_processes_judge_a_retry_pass_as_one_process_does(
     # the rest of its items past their budget: they ended circuit_open, fewer sent.
     assert len(server.log(marker)) - before == 40
     assert {r.error_kind for r in rs if not r.ok} == {"status"}
+    assert rs.summary().circuits_opened == 0
+
+
+@pytest.mark.integration
+def test_a_retry_pass_of_failures_a_limit_ended_does_not_open_the_breaker(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex[:10]
+    # A Retry-After past the budget: each 503 ends its item as budget, after one attempt;
+    # a window of 20 calls, which the retry pass fills with its own.
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", "?retry_after=100",
+                      breaker=Breaker(window=20, min_calls=5, reset=30))  # fmt: skip
+    before = len(server.log(marker))
+    rs = batch.run(retry_failed=True)
+    # Each of the 20 was sent again (on the code before, the circuit opened after 5 and the
+    # rest ended circuit_open unsent).
+    assert len(server.log(marker)) - before == 20
+    assert {r.error_kind for r in rs if not r.ok} == {"budget"}
     assert rs.summary().circuits_opened == 0
 
 

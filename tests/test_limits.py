@@ -473,3 +473,26 @@ def test_the_hosts_the_cooldown_remembers_are_bounded() -> None:
     for n in range(10_000):
         sent_at(gate, float(n), ANSWERED, host=f"h{n}")
     assert len(gate._answered) <= 4096
+
+
+def test_an_answer_told_while_a_refusal_is_told_still_ends_its_hold() -> None:
+    """An answer to an attempt sent after the refused one, told (by another thread) just after
+    the refusal looked for such an answer and before it set the hold: the answer still ends
+    the hold (on the code before, it looked for the refusal too early, and the host stayed
+    held for the whole Retry-After)."""
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    answering = threading.Thread(target=sent_at, args=(gate, 10.2, ANSWERED))
+
+    class AnsweredMeanwhile(dict[str, float]):
+        def get(self, host: str, default: float | None = None) -> float | None:  # type: ignore[override]
+            seen = super().get(host, default)
+            if answering.ident is None:  # (the first look: the refusal's)
+                answering.start()
+                answering.join(timeout=2.0)  # (it may wait for the refusal's lock)
+            return seen
+
+    gate._answered = AnsweredMeanwhile()
+    sent_at(gate, 10.0, REFUSED)
+    answering.join()
+    assert board.remaining("h") == 0

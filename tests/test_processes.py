@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from batchsync import fetch_all, run_all
+from batchsync.jobs.flags import processes_text
 from batchsync.jobs.options import CallOptions, FetchOptions
 from batchsync.limits.rates import Rate, parse_rate
 from batchsync.limits.shares import process_count, split, split_rate, split_token_rate
@@ -304,3 +305,22 @@ def test_the_cli_refuses_processes_beside_a_cluster(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "rate='auto'" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_cli_takes_processes_auto(tmp_path: Path) -> None:
+    """--processes auto is read as its parser reads it, not as a number (its default, 1, is
+    one): the run's next check, --rate auto beside it, is what refuses it."""
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/x\n")
+    refused = run_cli("urls.txt", "--processes", "auto", "--rate", "auto", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "rate='auto'" in refused.stderr, refused.stderr
+
+
+def test_a_count_of_processes_reads_as_a_count_of_workers_does() -> None:
+    """--processes reads a count as -c does (int's reading); what int() refuses, a digit such
+    as "²" among them, gets the option's own line (on the code before, "²" passed isdigit and
+    the line was int()'s "invalid literal for int() with base 10")."""
+    assert [processes_text(text) for text in ("2", " 3 ", "+2", "auto")] == [2, 3, 2, "auto"]
+    for text in ("²", "0", "-1", "2.5", "x"):
+        with pytest.raises(ValueError, match="expected a number of processes of at least 1"):
+            processes_text(text)

@@ -126,8 +126,8 @@ def _reading(kinds: list[Any], field: FieldInfo, flag: Flag) -> dict[str, Any]:
     """How click reads the option: a flag (a bool), the flag's parser, or the field's type."""
     if kinds == [bool]:
         return {} if "/" in flag.name else {"is_flag": True}
-    if flag.parse is not None:
-        return {"callback": reading(flag.parse)}
+    if flag.parse is not None:  # (text: click would read a number's default as its type)
+        return {"callback": reading(flag.parse), "type": click.STRING}
     return {"type": _click_type(kinds, field.metadata)}
 
 

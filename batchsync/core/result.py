@@ -97,16 +97,19 @@ def answer_of(verdict: Verdict) -> Answer:
 
 def repeats(earlier: Result, verdict: Verdict) -> bool:
     """Whether an attempt was answered as its item was in an earlier pass: a failure of the
-    same kind with the same status. A retry pass sends only failed items, so that answer
-    again is the item's own news, not the host's: the breaker does not count it. No answer
-    (a refused connection, a timeout) always counts: it is the host's."""
+    same kind with the same status, or with the status its last answer had when a limit or a
+    stop ended it (a 503 whose Retry-After the budget could not wait: ``budget``). A retry
+    pass sends only failed items, so that answer again is the item's own news, not the
+    host's: the breaker does not count it. No answer (a refused connection, a timeout) always
+    counts: it is the host's."""
     status = answer_of(verdict).status_code
+    kind = earlier.error_kind
     return (
         not earlier.ok
         and status is not None
         and verdict.outcome != "success"
-        and earlier.error_kind == verdict.error_kind
         and earlier.status_code == status
+        and (kind == verdict.error_kind or (kind in KINDS and KINDS[kind].breaker == "ignored"))
     )
 
 

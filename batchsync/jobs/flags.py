@@ -9,6 +9,7 @@ the CLI shows; ``Takes`` says what a caller may give when it is more than the fi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -179,11 +180,13 @@ def breaker_text(value: str) -> Breaker | None:
 
 
 def processes_text(value: object) -> int | str:
-    """--processes: a count of at least 1, or auto (one per core)."""
+    """--processes: a count of at least 1 (text read as ``int`` reads it, as -c's), or auto
+    (one per core)."""
+    if isinstance(value, str) and value != "auto":
+        with contextlib.suppress(ValueError):  # ("²" is a digit that int() refuses)
+            value = int(value)
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
-    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
-        return int(value)
     raise ValueError(f"expected a number of processes of at least 1, or auto, got {value!r}")
 
 

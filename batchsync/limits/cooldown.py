@@ -146,10 +146,10 @@ class CooldownGate:
         """The host refused an attempt sent at ``sent`` for ``hold`` seconds: its attempts are
         held, unless it answered one sent after it (then the refusal was the item's own)."""
         with self._lock:
+            if sent is not None:  # (first: an answer told meanwhile then sees it, and lifts)
+                self._refused[host] = max(sent, self._refused.get(host, sent))
             if answered_after(self._answered.get(host), sent):
                 return
-            if sent is not None:
-                self._refused[host] = max(sent, self._refused.get(host, sent))
             board.hold(host, hold)
 
     def _answered_at(self, host: str, sent: float, board: Cooldowns) -> None:
@@ -159,7 +159,9 @@ class CooldownGate:
             if len(self._answered) >= _HOSTS_KEPT:
                 self._answered.clear()
             self._answered[host] = sent
-        if host not in self._refused:  # (most answers: no hold to judge)
+        # (most answers: no hold to judge; a refusal told meanwhile is noted before it looks at
+        # the answers, so that it sees this one or this one sees it)
+        if host not in self._refused:
             return
         with self._lock:
             lifted = answered_after(sent, self._refused.get(host))
