@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,29 @@ def test_what_goes_to_a_worker_is_what_the_breaker_judges_by_and_nothing_else() 
     assert repeats(sent, verdict) == repeats(earlier, verdict) is True
 
 
-BREAKER = Breaker(min_calls=5, reset=30)
+# A ratio and a number of calls the first pass's mix (a quarter of its items failing) stays
+# under however its answers come, and a pass of only failures goes over.
+BREAKER = Breaker(ratio=0.75, window=20, min_calls=10, reset=30)
 
 
-def first_run(url: str, marker: str, journal: Path, query: str = "", **options: Any) -> Batch:
+def items_of(url: str, marker: str, query: str = "") -> list[str]:
     """80 items, every 4th always 503 (with ``query``): a quarter failing, which the breaker
     tolerates."""
-    items = [
+    return [
         f"{url}/503/{marker}-{n}{query}" if n % 4 == 0 else f"{url}/ok/{marker}-{n}"
         for n in range(80)
     ]
+
+
+def batch_of(items: list[str], journal: Path, **options: Any) -> Batch:
     options = {"breaker": BREAKER, **options}
-    batch = Batch(items, journal=journal, concurrency=4, attempts=2, cooldown="off",
-                  backoff=Backoff(base=0.01), budget=10, **options)  # fmt: skip
+    return Batch(items, journal=journal, concurrency=4, attempts=2, cooldown="off",
+                 backoff=Backoff(base=0.01), budget=10, **options)  # fmt: skip
+
+
+def first_run(url: str, marker: str, journal: Path, query: str = "", **options: Any) -> Batch:
+    """The items of ``items_of`` run once: their 20 failures, no circuit opened."""
+    batch = batch_of(items_of(url, marker, query), journal, **options)
     rs = batch.run()
     assert [r.ok for r in rs].count(False) == 20
     assert rs.summary().circuits_opened == 0
@@ -99,7 +110,7 @@ def test_a_retry_pass_of_known_failures_does_not_open_the_breaker(
     before = len(server.log(marker))
     rs = batch.run(retry_failed=True)
     # Each of the 20 was sent its 2 attempts again: none held, none ended circuit_open (on
-    # the code before, the circuit opened after 5 and held the rest past their budget).
+    # the code before, the circuit opened and held the rest past their budget).
     assert len(server.log(marker)) - before == 40
     assert {r.error_kind for r in rs if not r.ok} == {"status"}
     assert rs.summary().circuits_opened == 0
@@ -109,13 +120,9 @@ def test_a_retry_pass_of_known_failures_does_not_open_the_breaker(
 def test_worker_processes_judge_a_retry_pass_as_one_process_does(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
-    """Each worker process is handed its items' earlier Results with them. (A worker's share
-    of the items comes in runs of a few: its first window can hold more failures than the
-    whole, so the ratio here is one the first pass's mix stays under, and a pass of only
-    failures goes over.)"""
+    """Each worker process is handed its items' earlier Results with them."""
     marker = uuid.uuid4().hex[:10]
-    breaker = Breaker(ratio=0.75, min_calls=10, reset=30)
-    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", processes=2, breaker=breaker)
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", processes=2)
     before = len(server.log(marker))
     rs = batch.run(retry_failed=True)
     # On the code before, each worker's circuit opened after its first 10 failures and held
@@ -130,16 +137,34 @@ def test_a_retry_pass_of_failures_a_limit_ended_does_not_open_the_breaker(
     server: MockServerProcess, tmp_path: Path
 ) -> None:
     marker = uuid.uuid4().hex[:10]
-    # A Retry-After past the budget: each 503 ends its item as budget, after one attempt;
-    # a window of 20 calls, which the retry pass fills with its own.
-    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", "?retry_after=100",
-                      breaker=Breaker(window=20, min_calls=5, reset=30))  # fmt: skip
+    # A Retry-After past the budget: each 503 ends its item as budget, after one attempt.
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", "?retry_after=100")
     before = len(server.log(marker))
     rs = batch.run(retry_failed=True)
-    # Each of the 20 was sent again (on the code before, the circuit opened after 5 and the
-    # rest ended circuit_open unsent).
+    # Each of the 20 was sent again (on the code before, the circuit opened and
+    # the rest ended circuit_open unsent).
     assert len(server.log(marker)) - before == 20
     assert {r.error_kind for r in rs if not r.ok} == {"budget"}
+    assert rs.summary().circuits_opened == 0
+
+
+@pytest.mark.integration
+def test_a_hedges_second_request_in_a_retry_pass_is_judged_as_its_attempt_is(
+    server: MockServerProcess, tmp_path: Path
+) -> None:
+    """A slow 503 is hedged: its second request, a 503 again, repeats the item's earlier
+    Result as its first does. (Only the retry pass is hedged: a first pass whose every 503
+    is sent twice over could open the circuit itself.)"""
+    marker, journal = uuid.uuid4().hex[:10], tmp_path / "j.sqlite3"
+    first_run(server.url, marker, journal, "?delay=0.3")
+    hedged = batch_of(items_of(server.url, marker, "?delay=0.3"), journal, hedge_after=0.05)
+    before = len(server.log(marker))
+    rs = hedged.run(retry_failed=True)
+    sent = Counter(entry["target"] for entry in server.log(marker)[before:])
+    # Every item's 2 attempts sent again, hedged: on the code before, the hedges' 503s
+    # counted for the breaker, and the circuit opened.
+    assert len(sent) == 20 and min(sent.values()) >= 3, sent
+    assert {r.error_kind for r in rs if not r.ok} == {"status"}
     assert rs.summary().circuits_opened == 0
 
 

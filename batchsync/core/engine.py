@@ -32,7 +32,15 @@ from .clock import SYSTEM, Clock, clock_of
 from .decide import Attempted, Decision, cut_short, decide, plural
 from .kinds import may_fall_back, stopped_reason, unstarted_reason
 from .observe import Hooks, Observer, Observers
-from .result import AttemptRecord, Result, answer_of, describe_attempts, repeats, result_of
+from .result import (
+    ATTEMPT_EARLIER,
+    AttemptRecord,
+    Result,
+    answer_of,
+    describe_attempts,
+    for_the_limits,
+    result_of,
+)
 from .stop import Stop
 from .task import Route, Task
 from .verdict import ErrorKind, Feedback, InvalidItem, Verdict
@@ -516,9 +524,22 @@ class Engine:
         going: Callable[[], None] | None,
         earlier: Result | None,
     ) -> Result:
-        """The item's route, then its fallbacks while they are allowed, to a final Result."""
+        """The item's final Result (``_routes``); in a retry pass, with its ``earlier`` Result
+        known to the requests its attempts send beside their own (``ATTEMPT_EARLIER``: a
+        hedge's is judged as the attempt is)."""
         allowance = Allowance(claimed + self.options.budget, deadline_end)
         item = _Carried(job, task, index, claimed, allowance, going=going, earlier=earlier)
+        if earlier is None:  # (most items)
+            return self._routes(item)
+        known = ATTEMPT_EARLIER.set(earlier)
+        try:
+            return self._routes(item)
+        finally:
+            ATTEMPT_EARLIER.reset(known)
+
+    def _routes(self, item: _Carried) -> Result:
+        """The item's route, then its fallbacks while they are allowed, to a final Result."""
+        task = item.task
         errors: list[str] = []
         so_far: Result | None = None
         # Each route with its number as a fallback (None for the item's own).
@@ -696,8 +717,8 @@ class Engine:
             return
         try:
             feedback = item.job.feedback(verdict)
-            if feedback.unwell and item.earlier is not None and repeats(item.earlier, verdict):
-                feedback = replace(feedback, unwell=None)
+            if item.earlier is not None:  # (most attempts: no call more)
+                feedback = for_the_limits(feedback, verdict, item.earlier)
         except Exception as exc:
             log.warning(
                 "the limits could not read an answer of %s: %s", item.task.url, type(exc).__name__

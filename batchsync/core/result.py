@@ -8,13 +8,14 @@ import re
 import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
 from .kinds import KINDS, NOT_FINAL
-from .verdict import ErrorKind, Verdict
+from .verdict import ErrorKind, Feedback, Verdict
 
 
 def kept(seconds: float) -> float:
@@ -111,6 +112,19 @@ def repeats(earlier: Result, verdict: Verdict) -> bool:
         and earlier.status_code == status
         and (kind == verdict.error_kind or (kind in KINDS and KINDS[kind].breaker == "ignored"))
     )
+
+
+def for_the_limits(feedback: Feedback, verdict: Verdict, earlier: Result | None) -> Feedback:
+    """What an attempt tells the limits, less a failure that repeats its item's ``earlier``
+    Result: not the breaker's (``repeats``)."""
+    if feedback.unwell and earlier is not None and repeats(earlier, verdict):
+        return replace(feedback, unwell=None)
+    return feedback
+
+
+# The earlier Result of the item whose attempt runs in this context (a retry pass's), for the
+# requests the attempt sends beside its own (a hedge's second one): see ``for_the_limits``.
+ATTEMPT_EARLIER: ContextVar[Result | None] = ContextVar("attempt_earlier", default=None)
 
 
 def judged_by(earlier: Result) -> Result:

@@ -11,7 +11,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Literal
 
-from ..core.result import percentile
+from ..core.result import ATTEMPT_EARLIER, for_the_limits, percentile
 from ..core.verdict import Verdict
 from ..limits.gates import Gates
 from .classify import host_feedback
@@ -99,7 +99,13 @@ class Hedger:
             room.sent = self._clock()
         second = self._pool.submit(exchange, second_lost)
         if gates is not None and room is not None:
-            second.add_done_callback(lambda done: gates.release(room, host_feedback(done.result())))
+            earlier = ATTEMPT_EARLIER.get()  # (the item's, in a retry pass: as its own attempt)
+
+            def release(done: Future[Verdict]) -> None:
+                verdict = done.result()
+                gates.release(room, for_the_limits(host_feedback(verdict), verdict, earlier))
+
+            second.add_done_callback(release)
         winner = _first_answer(first, second)
         (second_lost if winner is first else first_lost).set()
         # Slow answers count too: a p95 fed only the fast ones would fall and hedge everything.
