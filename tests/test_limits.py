@@ -14,7 +14,7 @@ from batchsync.http.classify import host_feedback
 from batchsync.http.httpfacts import HttpFacts
 from batchsync.limits.adaptive import AdaptiveLimit
 from batchsync.limits.breaker import Breaker, BreakerGate, CircuitBreaker
-from batchsync.limits.cooldown import CooldownGate, Cooldowns
+from batchsync.limits.cooldown import _HOSTS_KEPT, CooldownGate, Cooldowns
 from batchsync.limits.gates import Admission, Gates, Refusal
 from batchsync.limits.quota import QuotaGate
 from batchsync.limits.rates import Window, parse_rate
@@ -473,6 +473,19 @@ def test_the_hosts_the_cooldown_remembers_are_bounded() -> None:
     for n in range(10_000):
         sent_at(gate, float(n), ANSWERED, host=f"h{n}")
     assert len(gate._answered) <= 4096
+
+
+def test_the_cooldown_keeps_the_refusals_of_a_bounded_number_of_hosts() -> None:
+    """A run over many hosts that refuse and never answer again does not keep them all; a
+    hold it forgot stays, and passes as it would have."""
+    board = Cooldowns()
+    gate = CooldownGate(board, "host")
+    for n in range(_HOSTS_KEPT + 10):
+        sent_at(gate, 10.0, REFUSED, host=f"h{n}")
+    assert len(gate._refused) <= _HOSTS_KEPT
+    assert board.remaining("h0") > 0
+    sent_at(gate, 11.0, ANSWERED, host="h0")
+    assert board.remaining("h0") > 0
 
 
 def test_an_answer_told_while_a_refusal_is_told_still_ends_its_hold() -> None:

@@ -147,7 +147,10 @@ class CooldownGate:
         held, unless it answered one sent after it (then the refusal was the item's own)."""
         with self._lock:
             if sent is not None:  # (first: an answer told meanwhile then sees it, and lifts)
-                self._refused[host] = max(sent, self._refused.get(host, sent))
+                refused = self._refused
+                if host not in refused and len(refused) >= _HOSTS_KEPT:
+                    refused.clear()  # (their holds stay, and pass as they would have)
+                refused[host] = max(sent, refused.get(host, sent))
             if answered_after(self._answered.get(host), sent):
                 return
             board.hold(host, hold)
@@ -175,7 +178,8 @@ class CooldownGate:
         """Nothing is held."""
 
 
-# The hosts whose latest answer the cooldown keeps (see ``CooldownGate._answered``).
+# The hosts whose latest answer, and latest refusal, the cooldown keeps (see
+# ``CooldownGate._answered``, ``_refused``).
 _HOSTS_KEPT = 4096
 
 
