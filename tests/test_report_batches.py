@@ -207,7 +207,7 @@ def test_the_section_escapes_what_the_provider_named_and_draws_no_chart_without_
     assert shown[0][3] == "8 (0-2, 4, 6, 8, …)"
     assert (shown[1][4], shown[1][6], shown[1][8]) == ("", "", "0")
     assert "these 30 input and 40 output tokens cost half" in page
-    assert "1 part(s) were dropped" in page and "1 part(s) are still open" in page
+    assert "Parts dropped: 1 (" in page and "Parts still open at the provider: 1 (" in page
     history = table(page, "submission-history")
     assert [c[:2] + c[3:] for c in history] == [
         ["1", "planned", "0.0", "1.0"],

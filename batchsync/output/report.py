@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.history import Stint
-from ..core.result import Listing, Summary
+from ..core.result import Listing, Summary, how_many
 from ..store.submissions import Part
 from .report_data import Aggregate, Entry, collected, submitted
 
@@ -339,10 +339,10 @@ def _part_cells(part: Part) -> tuple[object, ...]:
 
 # What the section says of parts dropped and of parts still open, when there are any.
 _PART_NOTES = (
-    ("dropped", " {} part(s) were dropped: a later run found them without a batch at the "
-     "provider and put their rows in new parts."),
-    ("still_open", " {} part(s) are still open at the provider: --batch-api with --resume or "
-     "--retry-failed goes on with them (a live run is refused meanwhile)."),
+    ("dropped", " Parts dropped: {} (a later run found each without a batch at the provider "
+     "and put its rows in new parts)."),
+    ("still_open", " Parts still open at the provider: {} (--batch-api with --resume or "
+     "--retry-failed goes on with them; a live run is refused meanwhile)."),
 )  # fmt: skip
 
 
@@ -369,9 +369,10 @@ def _submissions_section(parts: Sequence[Part], plotly: Any, lanes: Mapping[str,
     sums = submitted(parts)
     notes = "".join(note.format(sums[name]) for name, note in _PART_NOTES if sums[name])
     chart = _submissions_chart(parts, plotly) if plotly is not None else ""
+    count = how_many(len(parts), "part")
     return (
         "<h2 id='batch-submissions'>Batch submissions</h2>"
-        f"<p>The rows went through the provider's batch endpoint in {len(parts)} part(s). "
+        f"<p>The rows went through the provider's batch endpoint in {count}. "
         "A row's seconds run from its part's submission to the collection of its "
         f"results.{_e(notes)}</p>"
         + _lanes_table(lanes)
@@ -469,8 +470,8 @@ def report_of(
     plotly = _plotly() if charts else None
     started = _moment(aggregate.start) if aggregate.items else ""
     untimed = (
-        f"<p class='note'>{aggregate.untimed} item(s) have no finish time (finished by an older "
-        "run) and are counted, but not drawn over time.</p>"
+        f"<p class='note'>Items with no finish time (finished by an older run): "
+        f"{aggregate.untimed}. They are counted, but not drawn over time.</p>"
         if aggregate.untimed
         else ""
     )
