@@ -3,8 +3,10 @@ fails as it failed before is its own news, not the host's. Counted by the server
 
 from __future__ import annotations
 
+import contextvars
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -13,10 +15,14 @@ from typing import Any
 import pytest
 
 from batchsync import Backoff, Batch, Breaker
-from batchsync.core.result import Result, added_to, judged_by, repeats
+from batchsync.core.engine import Engine
+from batchsync.core.result import ATTEMPT_EARLIER, Result, added_to, judged_by, repeats
 from batchsync.core.verdict import Verdict
+from batchsync.jobs.calls import CallJob
+from batchsync.jobs.options import CallOptions, build
 from batchsync.limits.gate import HeldNow, Hold
 from batchsync.limits.gates import TURNED_OFF_BY
+from batchsync.run.assembly import gates_for
 from batchsync.run.progress import held_words
 
 from .mockserver import MockServerProcess, start_mock_server
@@ -231,3 +237,38 @@ def test_the_attempts_in_all_are_said_once_however_often_a_result_is_added_to() 
     twice = added_to(first, added_to(second, third))
     assert twice.attempts == 5
     assert twice.error == "HTTP 503 after 2 attempts; 5 attempts in all"
+
+
+class _Unavailable(Exception):
+    status_code = 503
+
+
+def slow_unavailable(item: object) -> None:
+    time.sleep(1.0)  # (long past hedge_after however loaded the machine)
+    raise _Unavailable("unavailable")
+
+
+def test_an_item_with_no_earlier_result_counts_its_hedge_whatever_its_thread_was_given() -> None:
+    """A thread that inherited another item's earlier Result (a free-threaded Python 3.14
+    starts a thread with a copy of its starter's context: an engine's worker started by an
+    attempt of a retry pass) carries an item with none: its hedge's 503 counts, as its own
+    attempt's does. (On the code before, the hedge read the other item's Result: the
+    circuit, which two failures open, saw one.)"""
+    options = build(CallOptions, attempts=1, hedge_after=0.05, cooldown="off",
+                    breaker=Breaker(ratio=1.0, window=2, min_calls=2, reset=30))  # fmt: skip
+    gates = gates_for(options)
+    job = CallJob(slow_unavailable, options, options.secrets(), gates)
+
+    def in_an_inherited_context() -> Result:
+        ATTEMPT_EARLIER.set(Result(7, None, False, status_code=503, error_kind="status"))
+        return Engine(options, gates=gates).run_one(job, "item")
+
+    try:
+        result = contextvars.copy_context().run(in_an_inherited_context)
+        assert result.status_code == 503 and result.attempt_log[-1].hedged, result
+        give_up = time.monotonic() + 10
+        while gates.circuits_opened == 0 and time.monotonic() < give_up:
+            time.sleep(0.01)
+    finally:
+        job.close()
+    assert gates.circuits_opened == 1

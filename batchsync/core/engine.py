@@ -529,7 +529,9 @@ class Engine:
         hedge's is judged as the attempt is)."""
         allowance = Allowance(claimed + self.options.budget, deadline_end)
         item = _Carried(job, task, index, claimed, allowance, going=going, earlier=earlier)
-        if earlier is None:  # (most items)
+        # (most items; none known in the thread either: one started by another item's
+        # attempt may hold that item's: a free-threaded 3.14 copies the starter's context)
+        if earlier is None and ATTEMPT_EARLIER.get() is None:
             return self._routes(item)
         known = ATTEMPT_EARLIER.set(earlier)
         try:
