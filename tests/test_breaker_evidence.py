@@ -108,49 +108,31 @@ def first_run(url: str, marker: str, journal: Path, query: str = "", **options: 
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("", {}, 40, "status"),  # each of the 20 sent its 2 attempts again
+        # Each worker process is handed its items' earlier Results with them.
+        ("", {"processes": 2}, 40, "status"),
+        # A Retry-After past the budget: each 503 ended its item as budget, after one attempt.
+        ("?retry_after=100", {}, 20, "budget"),
+    ],
+    ids=["known-failures", "worker-processes", "failures-a-limit-ended"],
+)
 def test_a_retry_pass_of_known_failures_does_not_open_the_breaker(
-    server: MockServerProcess, tmp_path: Path
+    server: MockServerProcess, tmp_path: Path, case: tuple[str, dict[str, Any], int, str]
 ) -> None:
+    """None held, none ended circuit_open: on the code before each case's fix, the circuit
+    opened (in each worker process, for the second) and held the rest past their budget;
+    they ended circuit_open, fewer sent. A case: the 503s' query, the run's options, the
+    requests the pass sends, the kind its failures end with."""
+    query, options, resent, kind = case
     marker = uuid.uuid4().hex[:10]
-    batch = first_run(server.url, marker, tmp_path / "j.sqlite3")
+    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", query, **options)
     before = len(server.log(marker))
     rs = batch.run(retry_failed=True)
-    # Each of the 20 was sent its 2 attempts again: none held, none ended circuit_open (on
-    # the code before, the circuit opened and held the rest past their budget).
-    assert len(server.log(marker)) - before == 40
-    assert {r.error_kind for r in rs if not r.ok} == {"status"}
-    assert rs.summary().circuits_opened == 0
-
-
-@pytest.mark.integration
-def test_worker_processes_judge_a_retry_pass_as_one_process_does(
-    server: MockServerProcess, tmp_path: Path
-) -> None:
-    """Each worker process is handed its items' earlier Results with them."""
-    marker = uuid.uuid4().hex[:10]
-    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", processes=2)
-    before = len(server.log(marker))
-    rs = batch.run(retry_failed=True)
-    # On the code before, each worker's circuit opened after its first 10 failures and held
-    # the rest of its items past their budget: they ended circuit_open, fewer sent.
-    assert len(server.log(marker)) - before == 40
-    assert {r.error_kind for r in rs if not r.ok} == {"status"}
-    assert rs.summary().circuits_opened == 0
-
-
-@pytest.mark.integration
-def test_a_retry_pass_of_failures_a_limit_ended_does_not_open_the_breaker(
-    server: MockServerProcess, tmp_path: Path
-) -> None:
-    marker = uuid.uuid4().hex[:10]
-    # A Retry-After past the budget: each 503 ends its item as budget, after one attempt.
-    batch = first_run(server.url, marker, tmp_path / "j.sqlite3", "?retry_after=100")
-    before = len(server.log(marker))
-    rs = batch.run(retry_failed=True)
-    # Each of the 20 was sent again (on the code before, the circuit opened and
-    # the rest ended circuit_open unsent).
-    assert len(server.log(marker)) - before == 20
-    assert {r.error_kind for r in rs if not r.ok} == {"budget"}
+    assert len(server.log(marker)) - before == resent
+    assert {r.error_kind for r in rs if not r.ok} == {kind}
     assert rs.summary().circuits_opened == 0
 
 
