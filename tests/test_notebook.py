@@ -112,9 +112,20 @@ def test_a_cell_the_kernel_aborted_after_an_error_is_sent_again() -> None:
     jupyter_client = pytest.importorskip("jupyter_client")
     manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3")
     try:
-        client.execute("raise ValueError('a failed cell')")
+        # (a second's work first: the next cell reaches the kernel while this one runs)
+        client.execute("import time; time.sleep(1); raise ValueError('a failed cell')")
+        sent: list[str] = []
+        execute = client.execute
+
+        def counted(code: str) -> str:
+            sent.append(code)
+            message_id: str = execute(code)
+            return message_id
+
+        client.execute = counted
         # Queued behind the failing cell, before its reply: the kernel aborts it unrun.
         assert evaluate(client, "'ran'") == "ran"
+        assert sent == ["'ran'", "'ran'"], "the first was not aborted: nothing was sent again"
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
