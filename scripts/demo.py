@@ -166,11 +166,15 @@ def canonical(text: str, base: str, out: Path) -> str:
 SECONDS = re.compile(r"\b\d+(\.\d+)? s\b")
 PER_SECOND = re.compile(r"\b\d+(\.\d+)?/s\b")
 LOG_LINE = re.compile(r"(retry|failed) ")
+# The summary's waits: which gates held the run long enough to show (0.05 s) is timing too.
+WAITED = re.compile(r"waited: [^;\n]*")
 
 
 def comparable(sample: str) -> str:
-    """A sample less what differs between runs: seconds, rates, the order of items' log lines."""
-    lines = PER_SECOND.sub("N/s", SECONDS.sub("N s", sample)).splitlines()
+    """A sample less what differs between runs: seconds, rates, which gates were waited at,
+    the order of items' log lines."""
+    masked = WAITED.sub("waited: …", SECONDS.sub("N s", sample))
+    lines = PER_SECOND.sub("N/s", masked).splitlines()
     kept: list[str] = []
     for logged, group in groupby(lines, key=lambda line: bool(LOG_LINE.match(line))):
         same_kind = list(group)
